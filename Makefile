@@ -1,0 +1,35 @@
+# Aliases for the README's commands. Each target creates .venv and installs first if needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: up test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated agents
+	$(BIN)/gpuadmin up
+
+test: $(STAMP)  ## the whole suite (integration tests included)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff check + format check + missing migrations
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/gpuadmin manage makemigrations --check --dry-run
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP)  ## every benchmark script; each ends with its headline figures
+	for script in bench/*.py; do $(BIN)/python $$script || exit 1; done
+
+clean:  ## stop the embedded servers and delete their data
+	-$(BIN)/gpuadmin services stop
+	rm -rf .gpuadmin

@@ -1,0 +1,3 @@
+"""gpuadmin: run an NVIDIA GPU fleet."""
+
+__version__ = "0.1.0"

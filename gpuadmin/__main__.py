@@ -1,0 +1,5 @@
+import sys
+
+from gpuadmin.cli import main
+
+sys.exit(main())

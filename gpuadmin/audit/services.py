@@ -1,0 +1,66 @@
+"""Writing the audit log."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, transaction
+
+from gpuadmin.audit.models import AuditEvent
+
+
+class AuditOutsideTransaction(RuntimeError):
+    """``record()`` was called without an open transaction."""
+
+
+def _json_safe(value: Any) -> Any:
+    """Dates, decimals and UUIDs become the strings DjangoJSONEncoder writes."""
+    if value is None:
+        return None
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+def record(
+    event_type: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    actor_name: str | None = None,
+    target: models.Model | None = None,
+    target_type: str = "",
+    target_id: str | int = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    message: str = "",
+    request_id: uuid.UUID | None = None,
+) -> AuditEvent:
+    """Write one audit row inside the caller's transaction.
+
+    The row commits or rolls back with the change it describes, so the log can never claim a
+    change that did not happen, nor miss one that did. Calling it outside ``transaction.atomic``
+    is a programming error and raises ``AuditOutsideTransaction``.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise AuditOutsideTransaction(
+            f"audit record({event_type!r}) must run inside the transaction of the change"
+        )
+    if actor is None and not actor_name:
+        raise ValueError("record() needs an actor or an actor_name (e.g. 'placement-loop')")
+    if target is not None:
+        target_type = target_type or target._meta.label_lower
+        target_id = target_id or target.pk
+    return AuditEvent.objects.create(
+        event_type=event_type,
+        actor=actor,
+        actor_name=actor_name or actor.get_username(),
+        target_type=target_type,
+        target_id=str(target_id),
+        object_repr=str(target)[:200] if target is not None else "",
+        before=_json_safe(before),
+        after=_json_safe(after),
+        message=message,
+        request_id=request_id,
+    )

@@ -1,0 +1,364 @@
+"""The ``gpuadmin`` console command: the whole stack, its processes, and the NVML tools.
+
+Verbs that need Django (``up``, ``serve``, ``worker``, ``beat``, ``agent``, ``manage``) first
+make sure ``DATABASE_URL``/``REDIS_URL`` point somewhere: when they are unset, private embedded
+servers are started under the data directory and stopped again when the verb that started them
+exits. ``scan`` and ``sim`` need no database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
+
+DEFAULT_BIND = "127.0.0.1:8000"
+CHILD_STOP_GRACE_S = 10.0
+
+
+# Environment and Django bootstrap ----------------------------------------------------------
+
+
+def _ensure_secret_key(data_dir: Path) -> None:
+    """Outside DEBUG, a missing SECRET_KEY becomes a random key kept in the data directory."""
+    if os.environ.get("SECRET_KEY") or os.environ.get("SECRET_KEY_FILE"):
+        return
+    key_file = data_dir / "secret_key"
+    if not key_file.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        key_file.touch(mode=0o600)
+        key_file.write_text(secrets.token_urlsafe(50))
+    os.environ["SECRET_KEY_FILE"] = str(key_file)
+
+
+def _bootstrap_django() -> EmbeddedServices | None:
+    """Fill the environment, start embedded services when needed, and set Django up."""
+    data_dir = data_dir_from_env()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
+    _ensure_secret_key(data_dir)
+    services = ensure_service_urls(data_dir)
+    import django
+
+    django.setup()
+    return services
+
+
+def _with_django(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a verb with Django set up, stopping any embedded servers it had to start."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        services = _bootstrap_django()
+        try:
+            return run(args)
+        finally:
+            if services is not None:
+                services.stop()
+
+    return wrapper
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like Ctrl-C, so ``finally`` blocks stop what we started."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+# Verbs ---------------------------------------------------------------------------------------
+
+
+@_with_django
+def cmd_manage(args: argparse.Namespace) -> int:
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["gpuadmin manage", *args.rest])
+    return 0
+
+
+@_with_django
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gunicorn.app.wsgiapp import WSGIApplication
+
+    sys.argv = [
+        "gunicorn",
+        "gpuadmin.wsgi:application",
+        "--bind", args.bind,
+        "--workers", str(args.workers),
+        "--access-logfile", "-",
+        "--graceful-timeout", "10",
+    ]  # fmt: skip
+    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]").run()
+    return 0
+
+
+def _celery(argv: list[str]) -> int:
+    from gpuadmin.celery import app
+
+    try:
+        app.worker_main(argv) if argv[0] == "worker" else app.start(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+@_with_django
+def cmd_worker(args: argparse.Namespace) -> int:
+    return _celery(
+        ["worker", "-Q", args.queues, "-n", "central@%h", "-c", str(args.concurrency), "-l", "INFO"]
+    )
+
+
+@_with_django
+def cmd_beat(args: argparse.Namespace) -> int:
+    schedule = data_dir_from_env() / "celerybeat-schedule"
+    return _celery(["beat", "-l", "INFO", "-s", str(schedule)])
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    """A node agent: scan this node through NVML, then serve the node's Celery queue."""
+    os.environ["GPUADMIN_NODE_NAME"] = args.node
+    if args.sim:
+        os.environ["GPUADMIN_NVML"] = "sim"
+        os.environ["GPUADMIN_SIM_MODEL"] = args.sim
+
+    @_with_django
+    def run(_: argparse.Namespace) -> int:
+        from inventory.agent import node_queue, scan_this_node
+
+        scan = scan_this_node()
+        summary = f"{len(scan.devices)} GPUs, driver {scan.system.driver_version or 'n/a'}"
+        print(f"agent {args.node}: {summary}" + (f" ({scan.error})" if scan.error else ""))
+        return _celery(
+            [
+                "worker",
+                "-Q", node_queue(args.node),
+                "-n", f"agent.{args.node}@%h",
+                "-P", "solo",
+                "-l", "INFO",
+            ]
+        )  # fmt: skip
+
+    return run(args)
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    """One node's NVML scan, like a structured ``nvidia-smi``."""
+    from inventory.nvml.scanner import scan
+
+    from inventory.nvml import open_backend
+
+    if args.sim:
+        backend = open_backend(
+            "sim",
+            sim_model=args.sim,
+            node_name=args.node or f"{args.sim}-01",
+            state_dir=args.state_dir,
+        )
+    else:
+        backend = open_backend("real")
+    result = scan(backend)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_scan_table(result)
+    if result.error:
+        print(f"gpuadmin scan: {result.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_scan_table(result: object) -> None:
+    system = result.system
+    print(
+        f"Driver {system.driver_version or 'n/a'}  CUDA {system.cuda_driver_version or 'n/a'}  "
+        f"NVML {system.nvml_version or 'n/a'}  GPUs {len(result.devices)}"
+    )
+    for device in result.devices:
+        facts = device.facts
+        if facts.error_message:
+            print(f"  GPU {facts.index}  {facts.uuid or '?'}  ERROR: {facts.error_message}")
+            continue
+        metrics = device.metrics
+        util = (
+            f"{metrics.utilization_gpu}%"
+            if metrics and metrics.utilization_gpu is not None
+            else "-"
+        )
+        temp = f"{metrics.temperature_c}C" if metrics and metrics.temperature_c is not None else "-"
+        mig = "MIG" if facts.mig_mode_current else ""
+        numa = "-" if facts.numa_node is None else facts.numa_node
+        print(
+            f"  GPU {facts.index}  {facts.name:<28} {facts.pci_bus_id}  "
+            f"{facts.memory_total_mib:>6} MiB  NUMA {numa:<3} util {util:>4}  {temp:>4}  {mig}"
+        )
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from inventory.nvml.sim.cli import main as sim_main
+
+    rest = list(args.rest)
+    if "--state-dir" not in rest and rest and rest[0] != "import":
+        rest += ["--state-dir", str(data_dir_from_env() / "sim")]
+    return sim_main(rest)
+
+
+def cmd_services(args: argparse.Namespace) -> int:
+    services = EmbeddedServices(data_dir_from_env())
+    if args.action == "start":
+        for name, url in services.start().items():
+            print(f"{name}={url}")
+    elif args.action == "stop":
+        services.stop(everything=True)
+        print("embedded services stopped")
+    else:
+        for name, url in services.status().items():
+            print(f"{name}={url or '(not running)'}")
+    return 0
+
+
+# up: the whole stack for one machine ---------------------------------------------------------
+
+
+def _ensure_admin() -> None:
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if user_model.objects.filter(is_superuser=True).exists():
+        print("admin user: exists (credentials were printed when it was created)")
+        return
+    password = secrets.token_urlsafe(12)
+    user_model.objects.create_superuser("admin", "admin@localhost", password)
+    print(f"admin user created: username 'admin', password '{password}' (shown only this once)")
+
+
+def _demo_nodes(fleet_path: str) -> list[tuple[str, str]]:
+    """(node name, machine model) for each node of the simulated demo fleet."""
+    spec = json.loads(Path(fleet_path).read_text())
+    return [(node["name"], node["model"]) for node in spec["nodes"]]
+
+
+def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
+    print(f"starting {name}: gpuadmin {' '.join(argv)}")
+    return subprocess.Popen([sys.executable, "-m", "gpuadmin", *argv], start_new_session=True)
+
+
+def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    for child in children.values():
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_GRACE_S
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    _exit_on_sigterm()
+    services = _bootstrap_django()
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        from django.conf import settings
+        from django.core.management import call_command
+
+        call_command("migrate", interactive=False, verbosity=0)
+        print("database: migrated")
+        _ensure_admin()
+        children["web"] = _start_child(["serve", "--bind", args.bind], "web")
+        children["worker"] = _start_child(["worker"], "worker")
+        children["beat"] = _start_child(["beat"], "beat")
+        if not args.no_agents:
+            for node, model in _demo_nodes(settings.GPUADMIN_SIM_FLEET):
+                children[f"agent {node}"] = _start_child(
+                    ["agent", "--node", node, "--sim", model], f"agent {node}"
+                )
+        print(f"\ngpuadmin is up: http://{args.bind}/  (admin: http://{args.bind}/admin/)")
+        print("Press Ctrl-C to stop everything.\n", flush=True)
+        while True:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    print(f"{name} exited with status {child.returncode}; stopping everything")
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping...")
+        return 0
+    finally:
+        _stop_children(children)
+        if services is not None:
+            services.stop()
+
+
+# Argument parsing ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuadmin", description=__doc__.splitlines()[0])
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    up = verbs.add_parser("up", help="the whole stack for one machine (web, worker, beat, agents)")
+    up.add_argument("--bind", default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND))
+    up.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
+    up.set_defaults(run=cmd_up)
+
+    serve = verbs.add_parser("serve", help="the web server (gunicorn)")
+    serve.add_argument("--bind", default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND))
+    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
+    serve.set_defaults(run=cmd_serve)
+
+    worker = verbs.add_parser("worker", help="the central Celery worker")
+    worker.add_argument("--queues", default="default")
+    worker.add_argument("--concurrency", type=int, default=2)
+    worker.set_defaults(run=cmd_worker)
+
+    beat = verbs.add_parser("beat", help="the Celery beat scheduler")
+    beat.set_defaults(run=cmd_beat)
+
+    agent = verbs.add_parser("agent", help="a node agent: NVML scan + Celery worker on node.NAME")
+    agent.add_argument("--node", required=True, help="node name (its hostname)")
+    agent.add_argument("--sim", metavar="MODEL", help="simulate this machine model")
+    agent.set_defaults(run=cmd_agent)
+
+    scan = verbs.add_parser("scan", help="scan this node's GPUs through NVML")
+    scan.add_argument("--sim", metavar="MODEL", help="scan a simulated machine model instead")
+    scan.add_argument("--node", help="simulated node name (default: MODEL-01)")
+    scan.add_argument("--state-dir", help="simulator state directory (faults, MIG layout)")
+    scan.add_argument("--json", action="store_true", help="print the whole scan as JSON")
+    scan.set_defaults(run=cmd_scan)
+
+    manage = verbs.add_parser("manage", help="Django's manage.py", add_help=False)
+    manage.add_argument("rest", nargs=argparse.REMAINDER)
+    manage.set_defaults(run=cmd_manage)
+
+    sim = verbs.add_parser(
+        "sim", help="NVML simulator: models, inject faults, import", add_help=False
+    )
+    sim.add_argument("rest", nargs=argparse.REMAINDER)
+    sim.set_defaults(run=cmd_sim)
+
+    services = verbs.add_parser("services", help="the embedded PostgreSQL and Redis")
+    services.add_argument("action", choices=("start", "stop", "status"))
+    services.set_defaults(run=cmd_services)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Project-level pages: the home page and the health probe."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from gpuadmin import __version__
+from gpuadmin.audit.models import AuditEvent
+
+RECENT_EVENTS = 10
+
+
+def _service_status() -> dict[str, str]:
+    """'ok' or the error for each backing service; never raises."""
+    import redis
+
+    status: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        status["database"] = "ok"
+    except DatabaseError as exc:
+        status["database"] = f"error: {exc}"
+    try:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1).ping()
+        status["redis"] = "ok"
+    except redis.RedisError as exc:
+        status["redis"] = f"error: {exc}"
+    return status
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    context = {
+        "version": __version__,
+        "nvml_backend": settings.GPUADMIN_NVML,
+        "services": _service_status(),
+        "recent_events": AuditEvent.objects.all()[:RECENT_EVENTS] if request.user.is_staff else [],
+    }
+    return render(request, "home.html", context)
+
+
+@require_GET
+def health(request: HttpRequest) -> JsonResponse:
+    """Liveness/readiness probe for load balancers and docker-compose healthchecks."""
+    services = _service_status()
+    healthy = all(value == "ok" for value in services.values())
+    return JsonResponse(
+        {"status": "ok" if healthy else "degraded", "version": __version__, **services},
+        status=200 if healthy else 503,
+    )

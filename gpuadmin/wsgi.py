@@ -1,0 +1,9 @@
+"""WSGI entry point for gunicorn (``gpuadmin serve``)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
+
+application = get_wsgi_application()

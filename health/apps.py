@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HealthConfig(AppConfig):
+    verbose_name = "Health: telemetry, faults, recovery"
+    name = "health"

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class InventoryConfig(AppConfig):
+    verbose_name = "Inventory: nodes, GPUs, MIG, topology"
+    name = "inventory"

@@ -1,0 +1,65 @@
+"""Fixtures shared by every suite."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+SHARED_DIR = REPO_DIR.parent / "shared"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the embedded servers tests/settings.py started (none when URLs were given)."""
+    settings_module = sys.modules.get("tests.settings")
+    services = getattr(settings_module, "EMBEDDED_SERVICES", None)
+    if services is not None:
+        services.stop()
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a `gpuadmin` child process sharing this session's servers."""
+    from django.conf import settings
+
+    env = dict(os.environ)
+    env.update(
+        {
+            "DATABASE_URL": os.environ["DATABASE_URL"],
+            "REDIS_URL": settings.CELERY_BROKER_URL,
+            "GPUADMIN_DATA_DIR": str(tmp_path / "data"),
+            "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+@pytest.fixture
+def run_gpuadmin(gpuadmin_env: dict[str, str]) -> Iterator[object]:
+    """Run `gpuadmin ARGS...` to completion and return the CompletedProcess."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120):
+        return subprocess.run(
+            [sys.executable, "-m", "gpuadmin", *args],
+            env=env or gpuadmin_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO_DIR,
+        )
+
+    yield run

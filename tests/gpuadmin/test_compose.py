@@ -1,0 +1,54 @@
+"""docker-compose.yml cannot run here (no Docker engine): check it against the settings."""
+
+import re
+
+import yaml
+
+from tests.conftest import REPO_DIR
+
+COMPOSE = yaml.safe_load((REPO_DIR / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+SETTINGS_SOURCE = (REPO_DIR / "gpuadmin" / "settings.py").read_text()
+ENV_EXAMPLE = (REPO_DIR / ".env.example").read_text()
+
+
+def test_services_and_images():
+    assert set(SERVICES) == {"postgres", "redis", "web", "worker", "beat", "agent"}
+    assert SERVICES["postgres"]["image"] == "postgres:16"
+    assert SERVICES["redis"]["image"] == "redis:7"
+
+
+def test_app_services_run_the_gpuadmin_verbs():
+    assert "gpuadmin serve --bind 0.0.0.0:8000" in " ".join(SERVICES["web"]["command"])
+    assert SERVICES["worker"]["command"] == ["gpuadmin", "worker"]
+    assert SERVICES["beat"]["command"] == ["gpuadmin", "beat"]
+    assert "gpuadmin agent --node" in " ".join(SERVICES["agent"]["command"])
+    for name in ("web", "worker", "beat", "agent"):
+        depends = SERVICES[name]["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy"
+        assert depends["redis"]["condition"] == "service_healthy"
+
+
+def test_agent_is_a_gpu_profile_service_on_the_nvidia_runtime():
+    agent = SERVICES["agent"]
+    assert agent["profiles"] == ["gpu"]
+    devices = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert agent["environment"]["GPUADMIN_NVML"] == "real"
+
+
+def test_environment_names_are_settings_the_app_reads():
+    read_by_settings = set(re.findall(r'env_\w+\("([A-Z_]+)"', SETTINGS_SOURCE))
+    documented = set(re.findall(r"^#?\s*([A-Z][A-Z_]+)=", ENV_EXAMPLE, re.MULTILINE))
+    compose_only = {"POSTGRES_PASSWORD", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+    cli_only = {"GPUADMIN_BIND", "WEB_CONCURRENCY", "GPUADMIN_DATA_DIR", "SECRET_KEY_FILE"}
+    for name in ("web", "worker", "beat", "agent"):
+        env = set(SERVICES[name]["environment"])
+        assert env - compose_only <= read_by_settings, name
+    assert read_by_settings <= documented, "every setting is in .env.example"
+    assert documented <= read_by_settings | compose_only | cli_only, "no stale names"
+    database_url = SERVICES["web"]["environment"]["DATABASE_URL"]
+    assert database_url.startswith("postgresql://gpuadmin:") and database_url.endswith(
+        "@postgres:5432/gpuadmin"
+    )
+    assert SERVICES["web"]["environment"]["REDIS_URL"] == "redis://redis:6379/0"

@@ -1,0 +1,81 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from gpuadmin.env import env_bool, env_choice, env_int, env_list, env_str, parse_database_url
+
+
+def test_env_bool_reads_words_and_refuses_anything_else(monkeypatch):
+    monkeypatch.setenv("FLAG", "Yes")
+    assert env_bool("FLAG", False) is True
+    monkeypatch.setenv("FLAG", "0")
+    assert env_bool("FLAG", True) is False
+    monkeypatch.setenv("FLAG", "")
+    assert env_bool("FLAG", True) is True
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG='maybe' is not a boolean"):
+        env_bool("FLAG", False)
+
+
+def test_env_int_checks_type_and_minimum(monkeypatch):
+    monkeypatch.setenv("N", "12")
+    assert env_int("N", 3) == 12
+    monkeypatch.setenv("N", "twelve")
+    with pytest.raises(ImproperlyConfigured, match="N='twelve' is not an integer"):
+        env_int("N", 3)
+    monkeypatch.setenv("N", "-1")
+    with pytest.raises(ImproperlyConfigured, match="below the minimum of 0"):
+        env_int("N", 3, minimum=0)
+
+
+def test_env_list_and_choice(monkeypatch):
+    monkeypatch.setenv("HOSTS", "a.example, b.example,,")
+    assert env_list("HOSTS", ["x"]) == ["a.example", "b.example"]
+    monkeypatch.delenv("HOSTS")
+    assert env_list("HOSTS", ["x"]) == ["x"]
+    monkeypatch.setenv("MODE", "SIM")
+    assert env_choice("MODE", ("real", "sim"), "real") == "sim"
+    monkeypatch.setenv("MODE", "fake")
+    with pytest.raises(ImproperlyConfigured, match="MODE='fake' must be one of: real, sim"):
+        env_choice("MODE", ("real", "sim"), "real")
+
+
+def test_env_str_prefers_the_secret_file(monkeypatch, tmp_path):
+    secret = tmp_path / "key"
+    secret.write_text("from-file\n")
+    monkeypatch.setenv("TOKEN", "from-env")
+    monkeypatch.setenv("TOKEN_FILE", str(secret))
+    assert env_str("TOKEN") == "from-file"
+    monkeypatch.setenv("TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="TOKEN_FILE=.* cannot be read"):
+        env_str("TOKEN")
+
+
+def test_parse_database_url_tcp_and_socket():
+    tcp = parse_database_url("postgresql://gpu:s%40cret@db.internal:5433/fleet?sslmode=require")
+    assert tcp == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "fleet",
+        "USER": "gpu",
+        "PASSWORD": "s@cret",
+        "HOST": "db.internal",
+        "PORT": "5433",
+        "OPTIONS": {"sslmode": "require"},
+    }
+    socket_url = parse_database_url("postgresql://postgres:@/gpuadmin?host=/data/pgdata")
+    assert socket_url["HOST"] == "/data/pgdata"
+    assert socket_url["NAME"] == "gpuadmin"
+    assert socket_url["PORT"] == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite:///db.sqlite3", "scheme 'sqlite' is not supported"),
+        ("mysql://root@localhost/x", "scheme 'mysql' is not supported"),
+        ("postgresql://localhost:5432/", "has no database name"),
+        ("postgresql://localhost/db?timeout=3", "unknown parameters: timeout"),
+    ],
+)
+def test_parse_database_url_refuses_bad_urls(url, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        parse_database_url(url)

@@ -1,0 +1,66 @@
+"""The settings module refuses to start on unsafe or unusable configuration."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO_DIR
+
+GOOD_KEY = "k" * 40
+
+
+def import_settings(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {
+        "PATH": "/usr/bin:/bin",
+        "DATABASE_URL": "postgresql://u@h/db",
+        "REDIS_URL": "redis://h",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "import gpuadmin.settings"],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        cwd=REPO_DIR,
+    )
+
+
+def test_production_refuses_the_dev_secret_key():
+    from gpuadmin.settings import DEV_SECRET_KEY
+
+    result = import_settings({"DEBUG": "false", "SECRET_KEY": DEV_SECRET_KEY})
+    assert result.returncode == 1
+    assert "SECRET_KEY is unset or is the development key while DEBUG is off" in result.stderr
+
+
+def test_production_refuses_a_missing_secret_key():
+    result = import_settings({})
+    assert result.returncode == 1
+    assert "SECRET_KEY is unset" in result.stderr
+
+
+def test_debug_may_use_the_dev_key_and_a_real_key_works():
+    assert import_settings({"DEBUG": "true"}).returncode == 0
+    assert import_settings({"SECRET_KEY": GOOD_KEY}).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SECRET_KEY": "short"}, "SECRET_KEY must be at least 32 characters"),
+        ({"SECRET_KEY": GOOD_KEY, "DEBUG": "perhaps"}, "DEBUG='perhaps' is not a boolean"),
+        ({"SECRET_KEY": GOOD_KEY, "GPUADMIN_NVML": "cuda"}, "GPUADMIN_NVML='cuda' must be one of"),
+        ({"SECRET_KEY": GOOD_KEY, "DATABASE_URL": ""}, "DATABASE_URL and REDIS_URL must be set"),
+        ({"SECRET_KEY": GOOD_KEY, "DATABASE_URL": "sqlite:///x"}, "needs PostgreSQL"),
+    ],
+)
+def test_bad_settings_fail_loudly(env, message):
+    result = import_settings(env)
+    assert result.returncode == 1
+    assert message in result.stderr
+
+
+def test_database_settings_come_from_the_url(settings):
+    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    assert settings.CELERY_BROKER_URL.startswith("redis://")
+    assert settings.CELERY_RESULT_BACKEND == settings.CELERY_BROKER_URL

@@ -1,0 +1,16 @@
+"""Test settings: the real settings module, with the test environment filled in first.
+
+With DATABASE_URL/REDIS_URL unset, private embedded servers are started under the data
+directory (and stopped at the end of the session by tests/conftest.py).
+"""
+
+import os
+
+from gpuadmin.embedded import data_dir_from_env, ensure_service_urls
+
+os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
+EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
+
+from gpuadmin.settings import *  # noqa: E402, F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
