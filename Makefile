@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml
 up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated agents
 	$(BIN)/gpuadmin up
 
-test: $(STAMP)  ## the whole suite (integration tests included)
+test: $(STAMP)  ## the whole suite (browser and integration tests included)
+	sh .ci/install-chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff check + format check + missing migrations
