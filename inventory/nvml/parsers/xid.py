@@ -1,0 +1,80 @@
+"""Parser for NVIDIA kernel Xid lines (``dmesg``, ``dmesg -T``, ``journalctl -k``, ``/dev/kmsg``).
+
+A line looks like ``NVRM: Xid (PCI:0000:8a:00): 79, pid=123, name=python, GPU has fallen off
+the bus.``. Seen in the captures: legacy lines without ``pid``/``name`` (2015 laptops, NVLink5
+Xids 144-149 on GB200), ``pid='<unknown>', name=<unknown>``, ``pid`` without ``name``, 4-digit
+PCI domains other than 0000, and the timestamp prefixes of ``dmesg`` (``[24128.828315]``),
+``dmesg -T`` (``[Sun Feb 23 16:24:18 2025]``) and ``dmesg --time-format=iso``. Lines that merely
+mention Xid (``_kgspLogXid119:`` banners, "fallen off the bus" blocks) are not events.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .common import normalize_bus_id, parse_int
+
+__all__ = ["XidEvent", "parse_xid_line", "parse_xid_log"]
+
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?P<pci>PCI:[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):\s*"
+    r"(?P<xid>\d+),\s*"
+    r"(?:pid=(?P<pid>'[^']*'|[^,\s]*),\s*)?"
+    r"(?:name=(?P<name>[^,]*),\s*)?"
+    r"(?P<message>.*)$"
+)
+_ISO_TS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:?\d{2}|Z)?")
+_BRACKET_TS_RE = re.compile(
+    r"\[\s*(\d+\.\d+|[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4})\s*\]"
+)
+_CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d+)")
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid report. ``timestamp`` is the prefix as printed (seconds since boot for plain
+    ``dmesg``, wall-clock text for ``-T``/ISO), ``None`` when the line had none."""
+
+    xid: int
+    pci_bus_id: str
+    message: str
+    pid: int | None = None
+    process_name: str | None = None
+    caused_by_xid: int | None = None
+    timestamp: str | None = None
+
+
+def _timestamp(prefix: str) -> str | None:
+    if match := _ISO_TS_RE.search(prefix):
+        return match[0]
+    if match := _BRACKET_TS_RE.search(prefix):
+        return match[1]
+    return None
+
+
+def parse_xid_line(line: str) -> XidEvent | None:
+    """Parse one kernel log line; ``None`` if it is not an ``NVRM: Xid (PCI:...)`` report."""
+    match = _XID_RE.search(line)
+    if match is None:
+        return None
+    prefix = line[: match.start()]
+    message = match["message"].strip()
+    if prefix.rstrip().endswith('"'):  # quoted by a log tool: "NVRM: Xid ...."
+        message = message.removesuffix('"')
+    name = (match["name"] or "").strip()
+    caused_by = _CAUSED_BY_RE.search(message)
+    return XidEvent(
+        xid=int(match["xid"]),
+        pci_bus_id=normalize_bus_id(match["pci"]) or match["pci"],
+        message=message,
+        pid=parse_int((match["pid"] or "").strip("'")),
+        process_name=None if not name or name == "<unknown>" else name,
+        caused_by_xid=int(caused_by[1]) if caused_by else None,
+        timestamp=_timestamp(prefix),
+    )
+
+
+def parse_xid_log(text: str) -> list[XidEvent]:
+    """All Xid events in a kernel log, in order; other lines are ignored."""
+    return [event for line in text.splitlines() if (event := parse_xid_line(line)) is not None]
