@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import signal
@@ -18,8 +19,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
+
+if TYPE_CHECKING:
+    from inventory.nvml.scanner import NodeScan
 
 DEFAULT_BIND = "127.0.0.1:8000"
 CHILD_STOP_GRACE_S = 10.0
@@ -137,8 +142,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from inventory.agent import node_queue, scan_this_node
 
         scan = scan_this_node()
-        summary = f"{len(scan.devices)} GPUs, driver {scan.system.driver_version or 'n/a'}"
-        print(f"agent {args.node}: {summary}" + (f" ({scan.error})" if scan.error else ""))
+        system = scan.system
+        summary = f"{len(scan.gpus)} GPUs, driver {system.driver_version or 'n/a'}"
+        print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
         return _celery(
             [
                 "worker",
@@ -154,9 +160,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 def cmd_scan(args: argparse.Namespace) -> int:
     """One node's NVML scan, like a structured ``nvidia-smi``."""
-    from inventory.nvml.scanner import scan
-
     from inventory.nvml import open_backend
+    from inventory.nvml.scanner import scan
 
     if args.sim:
         backend = open_backend(
@@ -167,50 +172,57 @@ def cmd_scan(args: argparse.Namespace) -> int:
         )
     else:
         backend = open_backend("real")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.ERROR,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     result = scan(backend)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-    else:
+    elif result.gpus:
         _print_scan_table(result)
-    if result.error:
-        print(f"gpuadmin scan: {result.error}", file=sys.stderr)
+    if result.system.error:
+        print(f"gpuadmin scan: no usable NVIDIA GPU: {result.system.error}", file=sys.stderr)
         return 1
     return 0
 
 
-def _print_scan_table(result: object) -> None:
+def _print_scan_table(result: NodeScan) -> None:
     system = result.system
     print(
         f"Driver {system.driver_version or 'n/a'}  CUDA {system.cuda_driver_version or 'n/a'}  "
-        f"NVML {system.nvml_version or 'n/a'}  GPUs {len(result.devices)}"
+        f"NVML {system.nvml_version or 'n/a'}  GPUs {len(result.gpus)}"
     )
-    for device in result.devices:
-        facts = device.facts
+    for gpu in result.gpus:
+        facts, metrics = gpu.facts, gpu.metrics
         if facts.error_message:
             print(f"  GPU {facts.index}  {facts.uuid or '?'}  ERROR: {facts.error_message}")
             continue
-        metrics = device.metrics
-        util = (
-            f"{metrics.utilization_gpu}%"
-            if metrics and metrics.utilization_gpu is not None
-            else "-"
-        )
-        temp = f"{metrics.temperature_c}C" if metrics and metrics.temperature_c is not None else "-"
-        mig = "MIG" if facts.mig_mode_current else ""
-        numa = "-" if facts.numa_node is None else facts.numa_node
+        util = _or_dash(metrics and metrics.utilization_gpu_pct, "%")
+        temp = _or_dash(metrics and metrics.temperature_c, "C")
+        power = _or_dash(metrics and metrics.power_w, "W")
         print(
             f"  GPU {facts.index}  {facts.name:<28} {facts.pci_bus_id}  "
-            f"{facts.memory_total_mib:>6} MiB  NUMA {numa:<3} util {util:>4}  {temp:>4}  {mig}"
+            f"{facts.memory_used_mib:>6}/{facts.memory_total_mib} MiB  util {util:>4}  "
+            f"{temp:>4}  {power:>7}  NUMA {_or_dash(facts.numa_node)}"
+            + ("  MIG" if facts.mig_enabled else "")
         )
+
+
+def _or_dash(value: object, unit: str = "") -> str:
+    return "-" if value is None else f"{value}{unit}"
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
+    """The simulator's own CLI; ``import`` turns a captured machine into a machine model."""
+    if args.rest[:1] == ["import"]:
+        from inventory.nvml.importer import main as import_main
+
+        return import_main(args.rest[1:])
     from inventory.nvml.sim.cli import main as sim_main
 
-    rest = list(args.rest)
-    if "--state-dir" not in rest and rest and rest[0] != "import":
-        rest += ["--state-dir", str(data_dir_from_env() / "sim")]
-    return sim_main(rest)
+    os.environ.setdefault("GPUADMIN_SIM_STATE_DIR", str(data_dir_from_env() / "sim"))
+    return sim_main(args.rest)
 
 
 def cmd_services(args: argparse.Namespace) -> int:
@@ -337,17 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--node", help="simulated node name (default: MODEL-01)")
     scan.add_argument("--state-dir", help="simulator state directory (faults, MIG layout)")
     scan.add_argument("--json", action="store_true", help="print the whole scan as JSON")
+    scan.add_argument("-v", "--verbose", action="store_true", help="log what NVML answers")
     scan.set_defaults(run=cmd_scan)
 
-    manage = verbs.add_parser("manage", help="Django's manage.py", add_help=False)
-    manage.add_argument("rest", nargs=argparse.REMAINDER)
-    manage.set_defaults(run=cmd_manage)
-
-    sim = verbs.add_parser(
-        "sim", help="NVML simulator: models, inject faults, import", add_help=False
-    )
-    sim.add_argument("rest", nargs=argparse.REMAINDER)
-    sim.set_defaults(run=cmd_sim)
+    # Listed for --help only: main() hands their arguments to Django's and the simulator's CLIs.
+    verbs.add_parser("manage", help="Django's manage.py (gpuadmin manage help)")
+    verbs.add_parser("sim", help="NVML simulator: models, inject, proc, reset, import")
 
     services = verbs.add_parser("services", help="the embedded PostgreSQL and Redis")
     services.add_argument("action", choices=("start", "stop", "status"))
@@ -355,7 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PASS_THROUGH_VERBS = {"manage": cmd_manage, "sim": cmd_sim}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASS_THROUGH_VERBS:
+        # Their arguments (options included) belong to Django's and the simulator's own CLIs.
+        return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.run(args)
 

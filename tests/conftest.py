@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A scratch directory for embedded servers, outside pytest's tmp_path.
+
+    As root, the embedded PostgreSQL runs as the `pgserver` user, which must traverse every
+    parent directory; pytest resets its own base directory to mode 0700 whenever a session
+    starts, which would lock a running server out of its data.
+    """
+    path = Path(tempfile.mkdtemp(prefix="gpuadmin-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ def wait_gone(pid: int, timeout: float = 10) -> bool:
 
 
 @pytest.fixture
-def services(tmp_path):
-    started = EmbeddedServices(tmp_path / "data")
+def services(server_dir):
+    started = EmbeddedServices(server_dir / "data")
     yield started
     started.stop(everything=True)
 

@@ -1,0 +1,315 @@
+"""Fault injection and simulated workload for a node's GPUs.
+
+Every function takes a *target* and a node name: either a state directory (the change is written
+to ``<state_dir>/<node>.json`` under its lock, and every ``SimulatedNvml`` of that node sees it on
+its next poll), or a ``SimulatedNvml`` instance (``node`` may then be ``None``), which is how
+in-memory simulators are driven.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from . import metrics
+from . import state as statemod
+from .backend import SimulatedNvml
+from .model import MachineModel, load_model
+from .state import NO_ID, FileStore
+
+Target = str | os.PathLike[str] | SimulatedNvml
+
+XID_FALLEN_OFF_BUS = 79
+
+
+def _edit(
+    target: Target,
+    node: str | None,
+    change: Callable[[dict[str, Any], float], Any],
+    now: float | None = None,
+) -> Any:
+    """Apply ``change(state, now)``; ``now`` defaults to the simulator's clock (or wall time)."""
+    if isinstance(target, SimulatedNvml):
+        if node is not None and node != target.node_name:
+            raise ValueError(f"simulator is node {target.node_name!r}, not {node!r}")
+        t = target.clock() if now is None else now
+        return target.edit_state(lambda state: change(state, t))
+    if node is None:
+        raise ValueError("node is required with a state directory")
+    t = time.time() if now is None else now
+    with FileStore(target, node).transaction() as state:
+        return change(state, t)
+
+
+def _gpu(state: dict[str, Any], index: int) -> dict[str, Any]:
+    if not 0 <= index < len(state["gpus"]):
+        raise ValueError(f"node {state['node']} has no GPU {index}")
+    return state["gpus"][index]
+
+
+def _machine(state: dict[str, Any]) -> MachineModel:
+    return load_model(state["model"])
+
+
+def ensure_node(state_dir: str | os.PathLike[str], node: str, model: str | dict[str, Any]) -> None:
+    """Create the node's state file from the model if no agent has created it yet."""
+    machine = load_model(model)
+    fresh = statemod.new_state(machine, node, model, 0, {}, time.time())
+    FileStore(state_dir, node).create_if_missing(fresh)
+
+
+def inject_xid(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    xid: int,
+    *,
+    message: str = "",
+    gpu_instance: int | None = None,
+    compute_instance: int | None = None,
+    now: float | None = None,
+) -> None:
+    """Deliver XID ``xid`` to event sets registered for NVML_EVENT_TYPE_XID_CRITICAL_ERROR."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        _gpu(state, gpu_index)
+        statemod.add_event(
+            state,
+            gpu_index,
+            pynvml.nvmlEventTypeXidCriticalError,
+            xid,
+            t,
+            gi=NO_ID if gpu_instance is None else gpu_instance,
+            ci=NO_ID if compute_instance is None else compute_instance,
+            message=message,
+        )
+
+    _edit(target, node, change, now)
+
+
+def set_ecc(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    *,
+    count: int,
+    error: str = "uncorrected",
+    counter: str = "both",
+    location: str = "dram",
+    now: float | None = None,
+) -> None:
+    """Set an ECC counter (``error`` corrected|uncorrected, ``counter`` volatile|aggregate|both,
+    ``location`` dram|sram). A rise of the volatile count raises the matching NVML ECC event."""
+    if error not in ("corrected", "uncorrected") or location not in ("dram", "sram"):
+        raise ValueError("error must be corrected|uncorrected and location dram|sram")
+    counters = ("volatile", "aggregate") if counter == "both" else (counter,)
+    if any(c not in ("volatile", "aggregate") for c in counters):
+        raise ValueError("counter must be volatile, aggregate or both")
+
+    def change(state: dict[str, Any], t: float) -> None:
+        if not _machine(state).gpus[gpu_index].type.ecc:
+            raise ValueError(f"GPU {gpu_index} has no ECC")
+        ecc = _gpu(state, gpu_index)["ecc"]
+        before = ecc["volatile"][error][location]
+        for name in counters:
+            ecc[name][error][location] = count
+        if ecc["volatile"][error][location] > before:
+            kind = (
+                pynvml.nvmlEventTypeSingleBitEccError
+                if error == "corrected"
+                else pynvml.nvmlEventTypeDoubleBitEccError
+            )
+            statemod.add_event(state, gpu_index, kind, 0, t)
+
+    _edit(target, node, change, now)
+
+
+def remap_rows(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    *,
+    correctable: int | None = None,
+    uncorrectable: int | None = None,
+    pending: bool | None = None,
+    failure: bool | None = None,
+) -> None:
+    """Set the row-remapper counters (Ampere and later; a reset clears ``pending``)."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        if _machine(state).gpus[gpu_index].type.row_remapper_banks is None:
+            raise ValueError(f"GPU {gpu_index} has no row remapper")
+        rows = _gpu(state, gpu_index)["remapped_rows"]
+        for key, value in (("correctable", correctable), ("uncorrectable", uncorrectable),
+                           ("pending", pending), ("failure", failure)):  # fmt: skip
+            if value is not None:
+                rows[key] = value
+
+    _edit(target, node, change)
+
+
+def add_retired_pages(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    addresses: list[int],
+    *,
+    cause: str = "double_bit",
+    pending: bool = True,
+    now: float | None = None,
+) -> None:
+    """Retire pages (pre-Ampere boards only; Ampere+ models refuse, as NVML reports N/A)."""
+    if cause not in ("single_bit", "double_bit"):
+        raise ValueError("cause must be single_bit or double_bit")
+
+    def change(state: dict[str, Any], t: float) -> None:
+        if not _machine(state).gpus[gpu_index].type.page_retirement:
+            raise ValueError(f"GPU {gpu_index} uses row remapping, not page retirement")
+        pages = _gpu(state, gpu_index)["retired_pages"]
+        stamp = int(t)
+        pages[cause].extend({"address": a, "timestamp": stamp} for a in addresses)
+        pages["pending"] = pending
+
+    _edit(target, node, change, now)
+
+
+def set_temperature(target: Target, node: str | None, gpu_index: int, celsius: int | None) -> None:
+    """Pin the GPU temperature (``None`` returns to the load model). Clock-event reasons follow:
+    SW_THERMAL at the max operating temperature, HW_SLOWDOWN|HW_THERMAL at the slowdown one."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        _gpu(state, gpu_index)["temperature_c"] = celsius
+
+    _edit(target, node, change)
+
+
+def fall_off_bus(
+    target: Target, node: str | None, gpu_index: int, *, now: float | None = None
+) -> None:
+    """XID 79, then every call on the GPU (and getting its handle) raises GPU_IS_LOST."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        _gpu(state, gpu_index)["lost"] = True
+        statemod.add_event(
+            state,
+            gpu_index,
+            pynvml.nvmlEventTypeXidCriticalError,
+            XID_FALLEN_OFF_BUS,
+            t,
+            message="GPU has fallen off the bus.",
+        )
+
+    _edit(target, node, change, now)
+
+
+def fail_queries(
+    target: Target, node: str | None, gpu_index: int, code: int = pynvml.NVML_ERROR_UNKNOWN
+) -> None:
+    """Every query on this GPU raises NVMLError(code); its handle can still be obtained."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        _gpu(state, gpu_index)["fail_code"] = code
+
+    _edit(target, node, change)
+
+
+def clear(target: Target, node: str | None, gpu_index: int | None = None) -> None:
+    """Remove injected faults (temperature, lost, failing queries, ECC, remaps, retired pages)
+    from one GPU or all of them. MIG layouts and processes are left alone."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        indexes = range(len(state["gpus"])) if gpu_index is None else [gpu_index]
+        for index in indexes:
+            gpu = _gpu(state, index)
+            fresh = statemod.new_gpu_state(gpu["mig"] is not None)
+            for key in ("ecc", "retired_pages", "remapped_rows", "temperature_c", "lost",
+                        "fail_code"):  # fmt: skip
+                gpu[key] = fresh[key]
+
+    _edit(target, node, change)
+
+
+def start_process(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    pid: int,
+    *,
+    used_mib: int,
+    util: int = 100,
+    gpu_instance: int | None = None,
+    compute_instance: int | None = None,
+    name: str = "python",
+    now: float | None = None,
+) -> None:
+    """Run a compute process on a GPU, or on a MIG device (``gpu_instance``/``compute_instance``
+    of a MIG-enabled GPU). It drives utilization, memory, power and temperature."""
+    if not 0 <= util <= 100 or used_mib < 0:
+        raise ValueError("util must be 0-100 and used_mib >= 0")
+
+    def change(state: dict[str, Any], t: float) -> None:
+        gpu = _gpu(state, gpu_index)
+        gpu_type = _machine(state).gpus[gpu_index].type
+        if any(p["pid"] == pid for p in state["processes"]):
+            raise ValueError(f"pid {pid} is already running")
+        mig_on = gpu["mig"] is not None and gpu["mig"]["current"]
+        if mig_on != (gpu_instance is not None):
+            raise ValueError("a MIG-enabled GPU needs gpu_instance; other GPUs take none")
+        fraction = 1.0
+        ci_id = None
+        if mig_on:
+            gi = next((g for g in gpu["mig"]["instances"] if g["id"] == gpu_instance), None)
+            ci_id = 0 if compute_instance is None else compute_instance
+            ci = gi and next((c for c in gi["compute_instances"] if c["id"] == ci_id), None)
+            if ci is None:
+                raise ValueError(f"GPU {gpu_index} has no MIG device {gpu_instance}/{ci_id}")
+            fraction = ci["size"] / gpu_type.mig_table.compute_slices
+        state["processes"].append(
+            {
+                "pid": pid,
+                "gpu": gpu_index,
+                "gi": gpu_instance,
+                "ci": ci_id,
+                "used_mib": used_mib,
+                "util": util,
+                "fraction": fraction,
+                "extra_w": metrics.process_extra_w(gpu_type, util, fraction),
+                "started_at": t,
+                "name": name,
+            }
+        )
+
+    _edit(target, node, change, now)
+
+
+def stop_process(target: Target, node: str | None, pid: int, *, now: float | None = None) -> None:
+    """End a process started with :func:`start_process`."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        proc = next((p for p in state["processes"] if p["pid"] == pid), None)
+        if proc is None:
+            raise ValueError(f"no simulated process {pid}")
+        statemod.end_process(state, proc, t)
+
+    _edit(target, node, change, now)
+
+
+def reset_gpu(
+    target: Target, node: str | None, gpu_index: int, *, now: float | None = None
+) -> None:
+    """``nvidia-smi -r``: pending MIG mode becomes current, MIG instances and processes go."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        _gpu(state, gpu_index)
+        statemod.reset_gpu(state, gpu_index, t)
+
+    _edit(target, node, change, now)
+
+
+def reboot(target: Target, node: str | None, *, now: float | None = None) -> None:
+    """Reboot the node: every GPU is reset and energy counters restart."""
+    _edit(target, node, lambda state, t: statemod.reboot(state, t), now)

@@ -1,0 +1,129 @@
+"""Live metrics of a simulated GPU: idle values from the captures, rising with the load of the
+registered processes, plus a small noise that is a pure function of (seed, second), so a test with
+a fixed clock sees fixed numbers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from .model import GpuType
+
+TEMP_TIME_CONSTANT_S = 20.0  # how fast the die heats towards its loaded temperature
+_MASK64 = (1 << 64) - 1
+
+_R = pynvml
+REASON_IDLE = _R.nvmlClocksEventReasonGpuIdle
+REASON_SW_POWER_CAP = _R.nvmlClocksEventReasonSwPowerCap
+REASON_HW_SLOWDOWN = _R.nvmlClocksEventReasonHwSlowdown
+REASON_SW_THERMAL = _R.nvmlClocksEventReasonSwThermalSlowdown
+REASON_HW_THERMAL = _R.nvmlClocksEventReasonHwThermalSlowdown
+
+
+def noise(seed: int, second: int, channel: int) -> float:
+    """Deterministic value in [-1, 1] (splitmix64 of seed/second/channel)."""
+    x = seed * 0x9E3779B97F4A7C15 + second * 0xBF58476D1CE4E5B9 + channel * 0x94D049BB133111EB
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x ^= x >> 31
+    return (x & 0xFFFF) / 32767.5 - 1.0
+
+
+def process_load(proc: dict[str, Any]) -> float:
+    """Share of the whole GPU a process keeps busy (a MIG process only loads its slices)."""
+    return proc["util"] / 100.0 * proc["fraction"]
+
+
+def process_extra_w(gpu_type: GpuType, util: float, fraction: float) -> float:
+    """Watts a process adds above idle, at its utilization on its share of the GPU."""
+    span = gpu_type.power["full_load"] - gpu_type.power["idle"]
+    return span * util / 100.0 * fraction
+
+
+@dataclass(slots=True)
+class Snapshot:
+    util: int
+    mem_util: int
+    temperature: int
+    power_mw: int
+    clocks: tuple[int, int, int, int]  # graphics, sm, mem, video (NVML_CLOCK_* order)
+    pstate: int
+    reasons: int
+    fan: int | None
+    pcie_kbs: int
+
+
+def snapshot(
+    gpu_type: GpuType, gpu_state: dict[str, Any], procs: list[dict[str, Any]], t: float, seed: int
+) -> Snapshot:
+    load = min(1.0, sum(process_load(p) for p in procs))
+    second = int(t)
+    temps = gpu_type.temperature
+    if gpu_state["temperature_c"] is not None:
+        temp = float(gpu_state["temperature_c"])
+    else:
+        temp = float(temps["idle"])
+        if load:
+            heating = t - max(p["started_at"] for p in procs)
+            ramp = 1.0 - math.exp(-max(0.0, heating) / TEMP_TIME_CONSTANT_S)
+            temp += (temps["full_load"] - temps["idle"]) * load * ramp
+        temp += 0.6 * noise(seed, second, 1)
+    temperature = round(temp)
+
+    power = gpu_type.power
+    watts = power["idle"] + sum(p["extra_w"] for p in procs)
+    watts *= 1.0 + 0.01 * noise(seed, second, 2)
+    reasons = 0 if load else REASON_IDLE
+    if watts > power["default_limit"]:
+        watts = power["default_limit"]
+        reasons |= REASON_SW_POWER_CAP
+
+    source = gpu_type.clocks_max if load else gpu_type.clocks_idle
+    scale = 1.0
+    if temps["slowdown"] is not None and temperature >= temps["slowdown"]:
+        reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL
+        scale = 0.5
+    elif temps["gpu_max"] is not None and temperature >= temps["gpu_max"]:
+        reasons |= REASON_SW_THERMAL
+        scale = 0.8
+    graphics = max(gpu_type.clocks_idle["graphics"], int(source["graphics"] * scale))
+    sm = max(gpu_type.clocks_idle["sm"], int(source["sm"] * scale))
+
+    fan = None
+    if gpu_type.fan is not None:
+        curve = gpu_type.fan
+        if temperature < curve["start_c"]:
+            fan = 0
+        else:
+            slope = (100 - curve["min_pct"]) / (curve["full_c"] - curve["start_c"])
+            fan = min(100, round(curve["min_pct"] + (temperature - curve["start_c"]) * slope))
+
+    pcie = gpu_type.pcie_kbs
+    return Snapshot(
+        util=round(load * 100),
+        mem_util=round(load * gpu_type.mem_util_at_full_load),
+        temperature=temperature,
+        power_mw=round(watts * 1000),
+        clocks=(graphics, sm, source["mem"], source["video"]),
+        pstate=gpu_type.pstate["load" if load else "idle"],
+        reasons=reasons,
+        fan=fan,
+        pcie_kbs=round(pcie["idle"] + (pcie["full_load"] - pcie["idle"]) * load),
+    )
+
+
+def energy_mj(
+    gpu_type: GpuType,
+    gpu_state: dict[str, Any],
+    procs: list[dict[str, Any]],
+    boot_time: float,
+    t: float,
+) -> int:
+    """Energy since the driver loaded: idle draw plus what every process added while it ran."""
+    total = gpu_type.power["idle"] * max(0.0, t - boot_time) * 1000.0 + gpu_state["energy_mj"]
+    total += sum(p["extra_w"] * max(0.0, t - p["started_at"]) * 1000.0 for p in procs)
+    return int(total)

@@ -1,0 +1,39 @@
+"""A real node agent (Celery worker on the real Redis) runs a real task end to end."""
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from inventory.agent import node_queue
+from inventory.tasks import scan_node
+from tests.conftest import REPO_DIR
+
+pytestmark = pytest.mark.integration
+
+
+def test_agent_serves_its_node_queue_and_returns_a_simulated_scan(gpuadmin_env):
+    node = f"it-{uuid.uuid4().hex[:8]}"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuadmin", "agent", "--node", node, "--sim", "dgx-a100-40gb"],
+        env=gpuadmin_env,
+        cwd=REPO_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        result = scan_node.apply_async(queue=node_queue(node)).get(timeout=120)
+    finally:
+        agent.terminate()
+        output, _ = agent.communicate(timeout=30)
+
+    assert f"agent {node}: 8 GPUs" in output
+    assert "celery@" in output or f"agent.{node}@" in output
+    gpus = result["gpus"]
+    assert [gpu["facts"]["index"] for gpu in gpus] == list(range(8))
+    assert {gpu["facts"]["name"] for gpu in gpus} == {"NVIDIA A100-SXM4-40GB"}
+    assert result["system"]["error"] is None
+    # A second agent of another node never receives this node's work: queues are per node.
+    assert agent.returncode in (0, -15)

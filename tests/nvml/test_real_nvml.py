@@ -1,0 +1,68 @@
+"""The scanner against the real pynvml backend: invariants on a GPU host, a clear "why not"
+everywhere else."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from inventory.nvml import NodeScan, open_backend, scan
+from inventory.nvml.real import probe
+from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip, assert_sane_mig
+
+
+@pytest.fixture(scope="module")
+def real_scan() -> NodeScan:
+    status = probe()
+    if not status.available:
+        pytest.skip(f"no NVIDIA driver/GPU: {status.reason}")
+    return scan(open_backend("real"))
+
+
+@pytest.mark.gpu
+def test_real_scan_is_clean_and_self_consistent(real_scan: NodeScan) -> None:
+    assert_clean_scan(real_scan)
+
+
+@pytest.mark.gpu
+def test_real_scan_matches_probe(real_scan: NodeScan) -> None:
+    status = probe()
+    assert real_scan.system.gpu_count == status.gpu_count
+    assert real_scan.system.driver_version == status.driver_version
+
+
+@pytest.mark.gpu
+def test_real_mig_profile_table_is_sane_on_mig_capable_gpus(real_scan: NodeScan) -> None:
+    capable = [gpu.index for gpu in real_scan.gpus if gpu.facts.mig_enabled is not None]
+    if not capable:
+        pytest.skip("no MIG-capable GPU on this host")
+    for index in capable:
+        assert_sane_mig(real_scan, index)
+
+
+@pytest.mark.gpu
+def test_real_scan_sections_can_be_left_out(real_scan: NodeScan) -> None:
+    facts_only = scan(open_backend("real"), include=("facts",))
+    assert facts_only.topology is None
+    assert [gpu.uuid for gpu in facts_only.gpus] == [gpu.uuid for gpu in real_scan.gpus]
+    assert all(gpu.metrics is None and gpu.mig is None for gpu in facts_only.gpus)
+
+
+def test_scan_without_nvml_library_returns_no_gpus_and_says_why() -> None:
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("libnvidia-ml.so.1 is installed on this host")
+
+    result = scan(open_backend("real"))
+
+    reason = "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver installed"
+    assert result.system.error == reason
+    assert result.system.gpu_count == 0
+    assert result.gpus == ()
+    assert result.topology is None
+    assert probe().reason == reason
+    assert_round_trip(result)
