@@ -250,10 +250,13 @@ class SimulatedNvml:
             _Gpu(
                 self,
                 slot,
-                gpu_uuid(machine.name, node_name, slot.index, salt),
-                gpu_serial(slot.type.serial_prefix, machine.name, node_name, slot.index, salt)
-                if slot.type.serial_prefix
-                else None,
+                slot.uuid or gpu_uuid(machine.name, node_name, slot.index, salt),
+                slot.serial
+                or (
+                    gpu_serial(slot.type.serial_prefix, machine.name, node_name, slot.index, salt)
+                    if slot.type.serial_prefix
+                    else None
+                ),
             )
             for slot in machine.gpus
         ]
@@ -705,6 +708,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, handle: Any, cpuSetSize: int, scope: int) -> Any:
         gpu = self._gpu(handle)
+        if gpu.slot.numa_node is None and gpu.slot.cpu_affinity is not None:
+            # Single-socket desktops: topo -m shows "NUMA Affinity N/A" yet a CPU affinity.
+            return _bitmask(list(gpu.slot.cpu_affinity), cpuSetSize)
         cpus = [c for n in self._numa_nodes(gpu, scope) for c in self.machine.numa_cpus[n]]
         return _bitmask(cpus, cpuSetSize)
 

@@ -87,6 +87,10 @@ class GpuSlot:
     pcie_path: tuple[str, ...]  # host bridge first, then PCIe switches towards the GPU
     nvlink_switch_links: tuple[int, ...]  # remote NVSwitch index per link
     nvlink_gpu_links: tuple[int, ...]  # remote GPU index per link (bridged boards)
+    # Identities of a machine imported from a capture (`gpuadmin sim import`); None = generated.
+    uuid: str | None = None
+    serial: str | None = None
+    cpu_affinity: tuple[int, ...] | None = None  # only for GPUs with no NUMA node
 
 
 @dataclass(frozen=True)
@@ -189,6 +193,11 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
                 pcie_path=tuple(merged["pcie_path"]),
                 nvlink_switch_links=tuple(merged.get("nvlink_switch_links", ())),
                 nvlink_gpu_links=tuple(merged.get("nvlink_gpu_links", ())),
+                uuid=merged.get("uuid"),
+                serial=merged.get("serial"),
+                cpu_affinity=tuple(parse_cpulist(merged["cpu_affinity"]))
+                if merged.get("cpu_affinity")
+                else None,
             )
         )
     switches = []
@@ -299,7 +308,7 @@ def load_fleet(spec: str | os.PathLike[str] | dict[str, Any] | list[Any]) -> lis
             serials = {
                 gpu_serial(g.type.serial_prefix, model.name, name, g.index, salt)
                 for g in model.gpus
-                if g.type.serial_prefix
+                if g.type.serial_prefix and not g.serial  # a captured serial never changes
             }
             if seen_serials.isdisjoint(serials):
                 break

@@ -1,0 +1,876 @@
+"""Captured ``nvidia-smi`` output -> simulator machine model (``gpuadmin sim import``).
+
+``model_from_capture`` (``-q -x``) and ``model_from_smi_text`` (``-q``) turn one machine's capture,
+optionally with its ``nvidia-smi topo -m``, into a schema-1 machine model dict (see
+``sim/README.md``) whose scan gives back the captured values. Every value the schema needs but the
+capture lacks gets a conservative default, listed in the model's ``"sources"`` as
+``"assumed: ..."``; every captured group names the file it came from.
+
+Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity, the NVLinks (``NV#``) and the
+PCIe levels. Every GPU pair at the same ``NV#`` on 4 or more GPUs is modelled as an NVSwitch
+fabric, anything else as direct GPU-to-GPU links. PCIe paths are synthesized so the simulator
+derives exactly the captured levels (SYS = different NUMA nodes, NODE = different host bridges,
+PHB = same host bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the NUMA
+nodes are unknown (``null``) and every GPU sits on its own host bridge, so every pair is NODE.
+
+Plain Python, no Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import mig_catalog
+from .parsers import GpuInfo, ParseError, SmiLog, TopoMatrix, parse_topo_matrix
+from .parsers.common import parse_bool, parse_celsius, parse_hex_id, parse_int
+from .parsers.smi_model import Node, build_smi_log
+from .parsers.smi_text import _tree as _text_tree
+from .parsers.smi_xml import _to_node as _xml_node
+from .sim import mig as sim_mig
+from .sim.model import parse_model
+
+__all__ = [
+    "CaptureError",
+    "main",
+    "model_from_capture",
+    "model_from_smi_text",
+    "pcie_level",
+    "synthesize_pcie_paths",
+]
+
+
+class CaptureError(ValueError):
+    """The capture cannot be turned into a machine model (the message says why)."""
+
+
+# XML ``product_architecture`` -> pynvml constant; anything else (and old drivers, which do not
+# print the field) -> NVML_DEVICE_ARCH_UNKNOWN, which NVML itself returns for unknown chips.
+_ARCHITECTURES = {
+    "Kepler": "NVML_DEVICE_ARCH_KEPLER",
+    "Maxwell": "NVML_DEVICE_ARCH_MAXWELL",
+    "Pascal": "NVML_DEVICE_ARCH_PASCAL",
+    "Volta": "NVML_DEVICE_ARCH_VOLTA",
+    "Turing": "NVML_DEVICE_ARCH_TURING",
+    "Ampere": "NVML_DEVICE_ARCH_AMPERE",
+    "Ada Lovelace": "NVML_DEVICE_ARCH_ADA",
+    "Hopper": "NVML_DEVICE_ARCH_HOPPER",
+    "Blackwell": "NVML_DEVICE_ARCH_BLACKWELL",
+}
+_ARCH_FALLBACK = "NVML_DEVICE_ARCH_UNKNOWN"
+
+# CUDA compute capability per architecture (not in -q output); datacenter parts that differ from
+# their architecture's consumer parts by name.
+_COMPUTE_CAPABILITY = {
+    "NVML_DEVICE_ARCH_KEPLER": (3, 5),
+    "NVML_DEVICE_ARCH_MAXWELL": (5, 2),
+    "NVML_DEVICE_ARCH_PASCAL": (6, 1),
+    "NVML_DEVICE_ARCH_VOLTA": (7, 0),
+    "NVML_DEVICE_ARCH_TURING": (7, 5),
+    "NVML_DEVICE_ARCH_AMPERE": (8, 6),
+    "NVML_DEVICE_ARCH_ADA": (8, 9),
+    "NVML_DEVICE_ARCH_HOPPER": (9, 0),
+    "NVML_DEVICE_ARCH_BLACKWELL": (10, 0),
+}
+_COMPUTE_CAPABILITY_BY_NAME = {"A100": (8, 0), "A30": (8, 0), "P100": (6, 0)}
+
+# ``product_brand`` -> pynvml constant; unknown brands -> NVML_BRAND_UNKNOWN.
+_BRANDS = {
+    "NVIDIA": "NVML_BRAND_NVIDIA",
+    "GeForce": "NVML_BRAND_GEFORCE",
+    "GeForce RTX": "NVML_BRAND_GEFORCE_RTX",
+    "Quadro": "NVML_BRAND_QUADRO",
+    "Quadro RTX": "NVML_BRAND_QUADRO_RTX",
+    "NVIDIA RTX": "NVML_BRAND_NVIDIA_RTX",
+    "Tesla": "NVML_BRAND_TESLA",
+    "Titan": "NVML_BRAND_TITAN",
+    "TITAN": "NVML_BRAND_TITAN",
+    "NVS": "NVML_BRAND_NVS",
+    "GRID": "NVML_BRAND_GRID",
+    "NVIDIA RTX Virtual Workstation": "NVML_BRAND_NVIDIA_VWS",
+    "NVIDIA Virtual PC": "NVML_BRAND_NVIDIA_VPC",
+    "NVIDIA Virtual Compute Server": "NVML_BRAND_NVIDIA_VCS",
+}
+_COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
+
+_NVLINK_VERSIONS = {
+    "NVML_DEVICE_ARCH_PASCAL": "NVML_NVLINK_VERSION_1_0",
+    "NVML_DEVICE_ARCH_VOLTA": "NVML_NVLINK_VERSION_2_0",
+    "NVML_DEVICE_ARCH_AMPERE": "NVML_NVLINK_VERSION_3_0",
+    "NVML_DEVICE_ARCH_HOPPER": "NVML_NVLINK_VERSION_4_0",
+    "NVML_DEVICE_ARCH_BLACKWELL": "NVML_NVLINK_VERSION_5_0",
+}
+# What A100 and H800 report (nvlink/ fixtures): every capability but "Link is supported".
+_NVLINK_CAPABILITIES = {
+    "NVML_NVLINK_CAP_P2P_SUPPORTED": 1,
+    "NVML_NVLINK_CAP_SYSMEM_ACCESS": 1,
+    "NVML_NVLINK_CAP_P2P_ATOMICS": 1,
+    "NVML_NVLINK_CAP_SYSMEM_ATOMICS": 1,
+    "NVML_NVLINK_CAP_SLI_BRIDGE": 1,
+    "NVML_NVLINK_CAP_VALID": 0,
+}
+# NVSwitch chips per baseboard and their PCI device id (DGX/HGX A100: 6, HGX H100: 4).
+_NVSWITCHES = {
+    "NVML_DEVICE_ARCH_AMPERE": (6, "0x1AF110DE"),
+    "NVML_DEVICE_ARCH_HOPPER": (4, "0x22A310DE"),
+}
+_NVSWITCH_FALLBACK = (1, "0x00000000")
+_MIN_FABRIC_GPUS = 4
+
+_PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first, as NVML orders them
+_RANK = {level: rank for rank, level in enumerate(_PCIE_LEVELS)}
+
+# Conservative defaults for what a capture lacks (each use is listed in "sources").
+_FALLBACK_POWER_LIMIT_W = 75.0  # PCIe slot power: the smallest board limit there is
+_FULL_LOAD_POWER_SHARE = 0.9  # of the default power limit
+_IDLE_POWER_SHARE = 0.1
+_FULL_LOAD_TEMP_C = 70
+_IDLE_TEMP_C = 30
+_FALLBACK_BAR1_MIB = 256
+_MEM_UTIL_AT_FULL_LOAD = 30
+_PCIE_FULL_LOAD_KBS = 10000
+_FAN_CURVE = {"min_pct": 30, "full_c": 90}  # a zero-RPM fan starts 10 C above the idle temp
+_IDLE_READINGS = (
+    ("memory", "idle_used_mib"),
+    ("memory", "bar1_idle_used_mib"),
+    ("power_w", "idle"),
+    ("pstate", "idle"),
+    ("pcie_kbs", "idle"),
+)
+_TLIMIT_THRESHOLDS = {  # absolute threshold = T.Limit temperature - printed offset
+    "shutdown": ("gpu_temp_max_tlimit_threshold", "gpu_shutdown_t_limit_temp"),
+    "slowdown": ("gpu_temp_slow_tlimit_threshold", "gpu_slowdown_t_limit_temp"),
+    "gpu_max": ("gpu_temp_max_gpu_tlimit_threshold", "gpu_max_operating_t_limit_temp"),
+}
+
+
+class _Sources:
+    """The model's ``"sources"``: where each value comes from, or what was assumed."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, str] = {}
+
+    def pick(self, field: str, value: Any, fallback: Any, why: str) -> Any:
+        """``value`` when captured, else ``fallback`` (recorded as an assumption)."""
+        if value is not None:
+            return value
+        self.entries.setdefault(field, f"assumed: {why}")
+        return fallback
+
+    def note(self, field: str, text: str) -> None:
+        self.entries.setdefault(field, text)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def model_from_capture(
+    smi_xml_text: str | bytes,
+    topo_text: str | None = None,
+    *,
+    name: str,
+    smi_source: str = "nvidia-smi -q -x",
+    topo_source: str = "nvidia-smi topo -m",
+) -> dict[str, Any]:
+    """A schema-1 machine model from ``nvidia-smi -q -x`` (and ``topo -m``) output.
+
+    ``smi_source`` / ``topo_source`` name the files in the model's ``"sources"``. Raises
+    :class:`CaptureError` for unreadable, incomplete or inconsistent input.
+    """
+    try:
+        root = _xml_node(ET.fromstring(smi_xml_text))
+    except ET.ParseError as exc:
+        raise CaptureError(f"{smi_source}: not well-formed nvidia-smi XML: {exc}") from exc
+    if root.key != "nvidia_smi_log":
+        raise CaptureError(f"{smi_source}: expected <nvidia_smi_log> root, got <{root.key}>")
+    return _build(root, topo_text, name, smi_source, topo_source)
+
+
+def model_from_smi_text(
+    smi_text: str,
+    topo_text: str | None = None,
+    *,
+    name: str,
+    smi_source: str = "nvidia-smi -q",
+    topo_source: str = "nvidia-smi topo -m",
+) -> dict[str, Any]:
+    """Like :func:`model_from_capture`, from ``nvidia-smi -q`` (or ``-a``) text."""
+    return _build(_text_tree(smi_text), topo_text, name, smi_source, topo_source)
+
+
+# --------------------------------------------------------------------------- the builder
+
+
+def _build(
+    root: Node, topo_text: str | None, name: str, smi_source: str, topo_source: str
+) -> dict[str, Any]:
+    log = build_smi_log(root)
+    nodes = root.find_all("gpu")
+    _check_complete(log, smi_source)
+    src = _Sources()
+    driver = log.driver_version
+    cuda = src.pick(
+        "system.cuda_driver_version",
+        _cuda_version(log.cuda_version),
+        0,
+        "0 (no CUDA Version in the capture)",
+    )
+    src.note("system.driver_version, cuda_driver_version", f"{smi_source} (driver {driver})")
+    src.note("system.nvml_version", "derived: NVML reports <CUDA major>.<driver>")
+
+    type_keys, gpu_types = _gpu_types(log.gpus, nodes, src, smi_source)
+    topo = _topology(log, topo_text, topo_source, smi_source, src)
+    nvswitches, gpu_defaults = _nvswitches(topo.fabric_links, gpu_types, src, topo_source)
+    if len(gpu_types) == 1:
+        gpu_defaults["type"] = next(iter(gpu_types))
+
+    gpus = []
+    for index, gpu in enumerate(log.gpus):
+        entry: dict[str, Any] = {
+            "bus_id": gpu.pci_bus_id,
+            "numa_node": topo.numa[index],
+            "pcie_path": topo.paths[index],
+        }
+        if len(gpu_types) > 1:
+            entry["type"] = type_keys[index]
+        if topo.gpu_links[index]:
+            entry["nvlink_gpu_links"] = topo.gpu_links[index]
+        if topo.orphan_cpus[index]:
+            entry["cpu_affinity"] = topo.orphan_cpus[index]
+        entry.update(_identity(gpu, log.gpus))
+        gpus.append(entry)
+    src.note("gpus[].bus_id, order", smi_source)
+    src.note("gpus[].uuid, serial", f"{smi_source} (uuid only where unique in the capture)")
+    if log.attached_gpus is not None and log.attached_gpus != len(log.gpus):
+        src.note("gpus", f"{smi_source} lists {len(log.gpus)} of {log.attached_gpus} attached GPUs")
+
+    initial_mig = _initial_mig(log.gpus, gpu_types, type_keys, src, smi_source)
+    gpu_names = sorted({t["name"] for t in gpu_types.values()})
+    model: dict[str, Any] = {
+        "schema": 1,
+        "name": name,
+        "description": f"Imported from {smi_source}: {len(gpus)}x {', '.join(gpu_names)}",
+        "sources": {},
+        "system": {
+            "driver_version": driver,
+            "cuda_driver_version": cuda,
+            "nvml_version": f"{cuda // 1000}.{driver}",
+        },
+        "numa_nodes": dict(sorted(topo.numa_nodes.items(), key=lambda item: int(item[0]))),
+        "pcie_p2p_max_level": "NVML_TOPOLOGY_HOSTBRIDGE",
+        "nvswitches": nvswitches,
+        "gpu_types": gpu_types,
+        "gpu_defaults": gpu_defaults,
+        "gpus": gpus,
+    }
+    src.note("pcie_p2p_max_level", "assumed: PCIe P2P works up to a shared host bridge (PHB)")
+    if initial_mig:
+        model["initial_state"] = {"mig": initial_mig}
+    model["sources"] = src.entries
+    return model
+
+
+def _check_complete(log: SmiLog, smi_source: str) -> None:
+    if not log.gpus:
+        raise CaptureError(f"{smi_source}: no GPU in the capture")
+    if log.driver_version is None:
+        raise CaptureError(f"{smi_source}: no driver version (a trimmed fragment?)")
+    for index, gpu in enumerate(log.gpus):
+        missing = [
+            label
+            for label, value in (
+                ("product name", gpu.product_name),
+                ("PCI bus id", gpu.pci_bus_id),
+                ("FB memory total", gpu.fb_memory.total_mib),
+            )
+            if value is None
+        ]
+        if missing:
+            raise CaptureError(
+                f"{smi_source}: GPU {index} lacks {', '.join(missing)} (a trimmed fragment?)"
+            )
+    bus_ids = [gpu.pci_bus_id for gpu in log.gpus]
+    if len(set(bus_ids)) != len(bus_ids):
+        raise CaptureError(f"{smi_source}: duplicate PCI bus ids {bus_ids}")
+
+
+def _cuda_version(text: str | None) -> int | None:
+    """``"12.2"`` -> 12020 (NVML's ``cudaDriverVersion`` encoding)."""
+    match = re.fullmatch(r"(\d+)\.(\d+)", text or "")
+    return None if match is None else int(match[1]) * 1000 + int(match[2]) * 10
+
+
+def _identity(gpu: GpuInfo, all_gpus: Sequence[GpuInfo]) -> dict[str, str]:
+    """Captured UUID (when unique: scrubbed captures repeat one) and serial of one GPU."""
+    out = {}
+    if gpu.uuid is not None and sum(g.uuid == gpu.uuid for g in all_gpus) == 1:
+        out["uuid"] = gpu.uuid
+    if gpu.serial is not None:
+        out["serial"] = gpu.serial
+    return out
+
+
+# --------------------------------------------------------------------------- GPU types
+
+
+def _type_key(product_name: str, taken: dict[str, Any]) -> str:
+    base = re.sub(r"[^A-Za-z0-9]+", "-", product_name.removeprefix("NVIDIA ")).strip("-")
+    key, n = base, 1
+    while key in taken:
+        n += 1
+        key = f"{base}-{n}"
+    return key
+
+
+def _static_view(spec: dict[str, Any]) -> str:
+    """The type's facts without its idle readings and serial prefix (GPUs of one board type
+    differ in those; each GPU keeps its captured serial). Temperatures are all readings: the
+    thresholds newer drivers print are offsets from the current T.Limit."""
+    view = json.loads(json.dumps(spec))
+    if view["fan"] is not None:
+        view["fan"] = True  # the curve follows the idle temperature
+    view["clocks_idle_mhz"] = view["serial_prefix"] = view["temperature_c"] = None
+    for group, key in _IDLE_READINGS:
+        view[group][key] = None
+    return json.dumps(view, sort_keys=True)
+
+
+def _gpu_types(
+    gpus: Sequence[GpuInfo], nodes: Sequence[Node], src: _Sources, smi_source: str
+) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """One type per distinct set of board facts; idle readings and the serial prefix come from
+    its first GPU."""
+    types: dict[str, dict[str, Any]] = {}
+    by_view: dict[str, str] = {}
+    keys = []
+    for index, (gpu, node) in enumerate(zip(gpus, nodes, strict=True)):
+        notes = _Sources()
+        spec = _gpu_type(gpu, node, notes)
+        view = _static_view(spec)
+        if view not in by_view:
+            key = _type_key(spec["name"], types)
+            by_view[view] = key
+            types[key] = spec
+            src.note(
+                f"gpu_types.{key}",
+                f"{smi_source} (GPU {index} {gpu.pci_bus_id}; idle readings from this GPU)",
+            )
+            for field, text in notes.entries.items():
+                src.note(f"gpu_types.{key}.{field}", text)
+        keys.append(by_view[view])
+    return keys, types
+
+
+def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
+    arch_name = gpu.architecture
+    architecture = _ARCHITECTURES.get(arch_name or "")
+    if architecture is None:
+        src.note("architecture", f"assumed: {_ARCH_FALLBACK} (capture says {arch_name!r})")
+        architecture = _ARCH_FALLBACK
+    brand = _BRANDS.get(gpu.product_brand or "")
+    if brand is None:
+        src.note("brand", f"assumed: NVML_BRAND_UNKNOWN (capture says {gpu.product_brand!r})")
+        brand = "NVML_BRAND_UNKNOWN"
+    serial = gpu.serial
+    default_limit = src.pick(
+        "power_w.default_limit",
+        gpu.power.default_limit_w or gpu.power.limit_w,
+        _FALLBACK_POWER_LIMIT_W,
+        f"{_FALLBACK_POWER_LIMIT_W} W (no power limit captured)",
+    )
+    temperature = _temperatures(gpu, node, src)
+    src.note("num_gpu_cores, gpu_numa_id", "assumed: null / false (not in -q output)")
+    src.note(
+        "power_w.full_load, pstate.load, mem_util_at_full_load, pcie_kbs.full_load",
+        f"assumed (no loaded capture): {_FULL_LOAD_POWER_SHARE:.0%} of the default power "
+        f"limit, P0, {_MEM_UTIL_AT_FULL_LOAD} %, {_PCIE_FULL_LOAD_KBS} KB/s",
+    )
+    return {
+        "name": gpu.product_name,
+        "brand": brand,
+        "architecture": architecture,
+        "cuda_compute_capability": list(_compute_capability(gpu.product_name, architecture, src)),
+        "num_gpu_cores": None,
+        "pci_device_id": _hex(gpu.pci_device_id, "pci_device_id", src),
+        "pci_subsystem_id": _hex(
+            parse_hex_id(node.get("pci", ("pci_sub_system_id", "sub_system_id"))),
+            "pci_subsystem_id",
+            src,
+        ),
+        "board_part_number": gpu.board_part_number,
+        "vbios_version": src.pick(
+            "vbios_version", gpu.vbios_version, "00.00.00.00.00", "00.00.00.00.00 (not captured)"
+        ),
+        "inforom_image_version": node.get("inforom_version", ("img_version", "image_version")),
+        "serial_prefix": serial[:4] if serial and serial.isdigit() else None,
+        "multi_gpu_board": int(
+            src.pick("multi_gpu_board", parse_bool(node.get("multigpu_board")), False, "No")
+        ),
+        "persistence_mode": int(
+            src.pick(
+                "persistence_mode", gpu.persistence_mode, False, "0 / Disabled (N/A in the capture)"
+            )
+        ),
+        "compute_mode": src.pick(
+            "compute_mode",
+            _COMPUTE_MODES.get(gpu.compute_mode or ""),
+            0,
+            "0 / Default (not captured)",
+        ),
+        "gpu_numa_id": False,
+        "memory": {
+            "total_mib": gpu.fb_memory.total_mib,
+            "reserved_mib": src.pick(
+                "memory.reserved_mib", gpu.fb_memory.reserved_mib, 0, "0 (not captured)"
+            ),
+            "idle_used_mib": src.pick("memory.idle_used_mib", gpu.fb_memory.used_mib, 0, "0"),
+            "bar1_total_mib": src.pick(
+                "memory.bar1_total_mib",
+                gpu.bar1_memory.total_mib,
+                _FALLBACK_BAR1_MIB,
+                f"{_FALLBACK_BAR1_MIB} MiB (legacy BAR1 size)",
+            ),
+            "bar1_idle_used_mib": src.pick(
+                "memory.bar1_idle_used_mib", gpu.bar1_memory.used_mib, 0, "0"
+            ),
+        },
+        "clocks_max_mhz": _clocks(gpu.max_clocks, gpu.clocks, "clocks_max_mhz", src),
+        "clocks_idle_mhz": _clocks(gpu.clocks, gpu.max_clocks, "clocks_idle_mhz", src),
+        "power_w": {
+            "default_limit": default_limit,
+            "min_limit": src.pick(
+                "power_w.min_limit", gpu.power.min_limit_w, default_limit, "the default limit"
+            ),
+            "max_limit": src.pick(
+                "power_w.max_limit", gpu.power.max_limit_w, default_limit, "the default limit"
+            ),
+            "idle": src.pick(
+                "power_w.idle",
+                gpu.power.draw_w,
+                round(default_limit * _IDLE_POWER_SHARE, 2),
+                f"{_IDLE_POWER_SHARE:.0%} of the default limit",
+            ),
+            "full_load": round(default_limit * _FULL_LOAD_POWER_SHARE, 2),
+        },
+        "temperature_c": temperature,
+        "pstate": {
+            "idle": src.pick(
+                "pstate.idle", parse_int((gpu.performance_state or "")[1:]), 0, "P0 (not captured)"
+            ),
+            "load": 0,
+        },
+        "fan": _fan(gpu.fan_speed_pct, temperature),
+        "ecc": bool(gpu.ecc_current),
+        "page_retirement": gpu.retired_pages.single_bit is not None,
+        "row_remapper_banks": _row_remapper_banks(gpu, node, src),
+        "mig_table": _mig_table(gpu, src),
+        "mem_util_at_full_load": _MEM_UTIL_AT_FULL_LOAD,
+        "pcie_kbs": {
+            "idle": src.pick(
+                "pcie_kbs.idle",
+                _kbs(node.get("pci", ("tx_util", "tx_throughput"))),
+                0,
+                "0 KB/s (not captured)",
+            ),
+            "full_load": _PCIE_FULL_LOAD_KBS,
+        },
+        "nvlink": None,
+    }
+
+
+def _compute_capability(name: str, architecture: str, src: _Sources) -> tuple[int, int]:
+    by_name = (cc for part, cc in _COMPUTE_CAPABILITY_BY_NAME.items() if part in name)
+    capability = next(by_name, _COMPUTE_CAPABILITY.get(architecture, (0, 0)))
+    src.note("cuda_compute_capability", "assumed: by architecture/name (not in -q output)")
+    return capability
+
+
+def _hex(value: str | None, field: str, src: _Sources) -> str:
+    return "0x" + src.pick(field, value, "00000000", "0x00000000 (not captured)")
+
+
+def _kbs(value: str | None) -> int | None:
+    """``"502 KB/s"`` -> 502."""
+    match = re.fullmatch(r"(\d+)\s*KB/s", value or "")
+    return None if match is None else int(match[1])
+
+
+def _clocks(clocks: Any, fallback: Any, field: str, src: _Sources) -> dict[str, int]:
+    out = {}
+    for key, attr in (
+        ("graphics", "graphics_mhz"),
+        ("sm", "sm_mhz"),
+        ("mem", "memory_mhz"),
+        ("video", "video_mhz"),
+    ):
+        other = getattr(fallback, attr)
+        out[key] = src.pick(
+            f"{field}.{key}",
+            getattr(clocks, attr),
+            0 if other is None else other,
+            "the other clock set, else 0",
+        )
+    return out
+
+
+def _temperatures(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, int | None]:
+    """Absolute thresholds, else derived from the T.Limit offsets newer drivers print."""
+    temps = gpu.temperature
+    idle = src.pick("temperature_c.idle", temps.gpu_c, _IDLE_TEMP_C, f"{_IDLE_TEMP_C} C")
+    thresholds: dict[str, int | None] = {
+        "shutdown": temps.shutdown_c,
+        "slowdown": temps.slowdown_c,
+        "gpu_max": temps.max_operating_c,
+    }
+    if temps.tlimit_c is not None and temps.gpu_c is not None:
+        tlimit = temps.gpu_c + temps.tlimit_c
+        for key, tags in _TLIMIT_THRESHOLDS.items():
+            offset = parse_celsius(node.get("temperature", tags))
+            if thresholds[key] is None and offset is not None:
+                thresholds[key] = tlimit - offset
+                src.note(f"temperature_c.{key}", "derived: GPU temp + T.Limit margin - offset")
+    gpu_max = thresholds["gpu_max"]
+    full_load = _FULL_LOAD_TEMP_C if gpu_max is None else min(_FULL_LOAD_TEMP_C, gpu_max - 5)
+    src.note("temperature_c.full_load", f"assumed: {full_load} C (no loaded capture)")
+    mem_max = parse_celsius(
+        node.get("temperature", ("gpu_temp_max_mem_threshold", "memory_max_operating_temp"))
+    )
+    return {"idle": idle, "full_load": full_load, **thresholds, "mem_max": mem_max}
+
+
+def _fan(pct: int | None, temperature: dict[str, int | None]) -> dict[str, int] | None:
+    """A fan curve that gives the captured speed at the captured temperature (None: no fan)."""
+    if pct is None:
+        return None
+    idle = temperature["idle"]
+    if pct == 0:
+        return {"start_c": idle + 10, **_FAN_CURVE}
+    return {"start_c": idle, "min_pct": pct, "full_c": max(idle + 1, _FAN_CURVE["full_c"])}
+
+
+def _row_remapper_banks(gpu: GpuInfo, node: Node, src: _Sources) -> int | None:
+    """Total banks of the row remapper histogram; None when the GPU has no row remapper."""
+    if gpu.remapped_rows.correctable is None:
+        return None
+    histogram = node.at(
+        "remapped_rows",
+        ("row_remapper_histogram", "bank_remap_availability_histogram"),
+    )
+    banks = [
+        int(match[1])
+        for child in (histogram.children if histogram else [])
+        if (match := re.fullmatch(r"(\d+) bank\(s\)", child.value or ""))
+    ]
+    return src.pick(
+        "row_remapper_banks", sum(banks) if banks else None, 0, "0 (no histogram captured)"
+    )
+
+
+def _mig_table(gpu: GpuInfo, src: _Sources) -> str | None:
+    if gpu.mig_current is None:  # not MIG-capable: nvidia-smi prints MIG Mode N/A
+        return None
+    table = mig_catalog.table_for_gpu(gpu.product_name)
+    if table is None:
+        src.note(
+            "mig_table",
+            f"assumed: null (MIG-capable, but no table for "
+            f"{gpu.product_name!r} in inventory/nvml/mig_profiles)",
+        )
+        return None
+    return table["table"]
+
+
+# --------------------------------------------------------------------------- MIG layouts
+
+
+def _initial_mig(
+    gpus: Sequence[GpuInfo],
+    types: dict[str, dict[str, Any]],
+    keys: Sequence[str],
+    src: _Sources,
+    smi_source: str,
+) -> dict[str, list[Any]]:
+    """Captured MIG devices -> ``initial_state.mig`` layouts for the MIG-enabled GPUs."""
+    layouts = {}
+    for index, (gpu, key) in enumerate(zip(gpus, keys, strict=True)):
+        table_name = types[key]["mig_table"]
+        if gpu.mig_current and table_name:
+            layouts[str(index)] = _layout(gpu, sim_mig.load_table(table_name))
+    if layouts:
+        src.note(
+            "initial_state.mig",
+            f"{smi_source} (MIG devices: GI size from GI id, profile "
+            "from SM counts; placements by NVML's default rule)",
+        )
+    return layouts
+
+
+def _gi_size(gi_id: int) -> int:
+    """Memory slices of a GI from its id (inverse of ``sim.mig.gpu_instance_id``)."""
+    return 8 if gi_id == 0 else 4 if gi_id <= 2 else 2 if gi_id <= 6 else 1
+
+
+def _layout(gpu: GpuInfo, table: sim_mig.MigTable) -> list[Any]:
+    by_gi: dict[int, list[int]] = {}
+    for dev in gpu.mig_devices:
+        if dev.gpu_instance_id is not None:
+            by_gi.setdefault(dev.gpu_instance_id, []).append(dev.multiprocessor_count or 0)
+    layout = []
+    # Largest GIs first: NVML's default placement then lands them where the capture has them.
+    for gi_id in sorted(by_gi, key=lambda i: (-_gi_size(i), i)):
+        sms = by_gi[gi_id]
+        candidates = [p for p in table.profiles if p.memory_slices == _gi_size(gi_id)]
+        if not candidates:
+            raise CaptureError(f"{table.name}: no MIG profile for GPU instance {gi_id}")
+        profile = next((p for p in candidates if p.sm == sum(sms)), candidates[0])
+        ci_names = {ci.sm: ci.name for ci in table.ci_profiles(profile).values()}
+        layout.append(
+            {
+                "gpu_instance": profile.name,
+                "compute_instances": [ci_names.get(sm, profile.name) for sm in sms],
+            }
+        )
+    return layout
+
+
+# --------------------------------------------------------------------------- topology
+
+
+class _Topology:
+    """Per-GPU NUMA node, PCIe path, direct NVLinks; NUMA node CPUs; the NVSwitch fabric."""
+
+    def __init__(self, count: int) -> None:
+        self.numa: list[int | None] = [None] * count
+        self.orphan_cpus: list[str | None] = [None] * count  # CPU affinity with NUMA N/A
+        self.numa_nodes: dict[str, dict[str, Any]] = {}
+        self.paths: list[list[str]] = [[f"hb{i}"] for i in range(count)]
+        self.gpu_links: list[list[int]] = [[] for _ in range(count)]
+        self.fabric_links = 0  # NV# of an NVSwitch fabric, 0 if none
+
+
+def _topology(
+    log: SmiLog, topo_text: str | None, topo_source: str, smi_source: str, src: _Sources
+) -> _Topology:
+    count = len(log.gpus)
+    topo = _Topology(count)
+    if topo_text is None:
+        src.note(
+            "gpus[].numa_node, pcie_path",
+            "assumed: no topo -m: NUMA unknown (null), each "
+            "GPU on its own host bridge (every pair NODE), no NVLink",
+        )
+        return topo
+    try:
+        matrix = parse_topo_matrix(topo_text)
+    except ParseError as exc:
+        raise CaptureError(f"{topo_source}: {exc}") from exc
+    names = [device.name for device in matrix.gpus]
+    if len(names) != count:
+        raise CaptureError(f"{topo_source} shows {len(names)} GPUs but {smi_source} has {count}")
+    _numa(matrix, names, topo, topo_source)
+    levels: dict[tuple[int, int], str] = {}
+    nvlinks: dict[tuple[int, int], int] = {}
+    for a in range(count):
+        for b in range(a + 1, count):
+            link = matrix.links.get((names[a], names[b])) or matrix.links.get((names[b], names[a]))
+            if link is None:
+                continue
+            link = "SYS" if link == "SOC" else link  # the pre-SYS spelling of old drivers
+            if link.startswith("NV"):
+                nvlinks[(a, b)] = matrix.nvlink_count(names[a], names[b])
+            elif link in _RANK:
+                levels[(a, b)] = link
+            else:
+                raise CaptureError(f"{topo_source}: {names[a]}-{names[b]} link {link!r} unknown")
+    topo.paths = synthesize_pcie_paths(levels, topo.numa)
+    pairs = count * (count - 1) // 2
+    if count >= _MIN_FABRIC_GPUS and len(nvlinks) == pairs and len(set(nvlinks.values())) == 1:
+        topo.fabric_links = next(iter(nvlinks.values()))
+    else:
+        for (a, b), n in sorted(nvlinks.items()):
+            topo.gpu_links[a] += [b] * n
+            topo.gpu_links[b] += [a] * n
+    src.note(
+        "gpus[].numa_node, numa_nodes[].cpus, pcie_path, nvlinks",
+        f"{topo_source} (PCIe paths synthesized to reproduce its matrix)",
+    )
+    src.note("numa_nodes[].socket", "assumed: one socket per NUMA node")
+    return topo
+
+
+def _numa(matrix: TopoMatrix, names: Sequence[str], topo: _Topology, topo_source: str) -> None:
+    for index, gpu_name in enumerate(names):
+        device = matrix.device(gpu_name)
+        node = device.numa_node
+        topo.numa[index] = node
+        if node is None:
+            topo.orphan_cpus[index] = device.cpu_affinity if device.cpus else None
+            continue
+        if device.cpus is None:
+            raise CaptureError(
+                f"{topo_source}: {gpu_name} has NUMA node {node} but no readable "
+                f"CPU affinity ({device.cpu_affinity!r})"
+            )
+        known = topo.numa_nodes.setdefault(str(node), {"socket": node, "cpus": device.cpu_affinity})
+        if known["cpus"] != device.cpu_affinity:
+            raise CaptureError(
+                f"{topo_source}: NUMA node {node} has CPUs {known['cpus']} and "
+                f"{device.cpu_affinity}"
+            )
+
+
+def pcie_level(
+    path_a: Sequence[str], numa_a: int | None, path_b: Sequence[str], numa_b: int | None
+) -> str:
+    """The ``topo -m`` level the simulator derives for two distinct GPUs (its rules, verbatim)."""
+    if numa_a != numa_b:
+        return "SYS"
+    if path_a[0] != path_b[0]:
+        return "NODE"
+    common = 0
+    while common < min(len(path_a), len(path_b)) and path_a[common] == path_b[common]:
+        common += 1
+    if common == 1:
+        return "PHB"
+    return "PIX" if common == len(path_a) == len(path_b) else "PXB"
+
+
+def _classes(count: int, levels: dict[tuple[int, int], str], within: str) -> list[int]:
+    """Connected components of the pairs at level ``within`` or nearer, numbered in GPU order."""
+    parent = list(range(count))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for (a, b), level in levels.items():
+        if _RANK[level] <= _RANK[within]:
+            parent[find(a)] = find(b)
+    numbers: dict[int, int] = {}
+    return [numbers.setdefault(find(i), len(numbers)) for i in range(count)]
+
+
+def synthesize_pcie_paths(
+    levels: dict[tuple[int, int], str], numa: Sequence[int | None]
+) -> list[list[str]]:
+    """PCIe paths (host bridge, switch, leaf switch) that reproduce ``levels`` exactly.
+
+    ``levels`` maps GPU index pairs to PIX/PXB/PHB/NODE/SYS (pairs joined by NVLink are left out:
+    any path does). GPUs joined by PHB or nearer share a host bridge, by PXB or nearer a switch,
+    by PIX a leaf switch. Raises :class:`CaptureError` when the matrix cannot be reproduced: SYS
+    within one NUMA node (or a nearer level across two), or levels that are not transitive.
+    """
+    for (a, b), level in sorted(levels.items()):
+        if (level == "SYS") == (numa[a] == numa[b]):
+            raise CaptureError(
+                f"GPU{a}-GPU{b} is {level} but their NUMA nodes are {numa[a]} and {numa[b]}: "
+                "the simulator derives SYS from different NUMA nodes and nothing else"
+            )
+    hb, sw, leaf = (_classes(len(numa), levels, level) for level in ("PHB", "PXB", "PIX"))
+    paths = [[f"hb{hb[i]}", f"sw{sw[i]}", f"sw{sw[i]}.{leaf[i]}"] for i in range(len(numa))]
+    for (a, b), level in sorted(levels.items()):
+        got = pcie_level(paths[a], numa[a], paths[b], numa[b])
+        if got != level:
+            raise CaptureError(
+                f"inconsistent topo matrix: GPU{a}-GPU{b} is {level}, but the other pairs put "
+                f"them at {got}"
+            )
+    return paths
+
+
+def _nvswitches(
+    links: int, types: dict[str, dict[str, Any]], src: _Sources, topo_source: str
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """NVSwitch chips and per-GPU switch links for an ``NV<links>`` fabric (none if 0)."""
+    if not links:
+        return [], {}
+    architectures = {spec["architecture"] for spec in types.values()}
+    count, device_id = _NVSWITCHES.get(architectures.pop(), _NVSWITCH_FALLBACK)
+    count = min(count, links)
+    for spec in types.values():
+        spec["nvlink"] = {
+            "version": _NVLINK_VERSIONS.get(spec["architecture"], "NVML_NVLINK_VERSION_INVALID"),
+            "capabilities": dict(_NVLINK_CAPABILITIES),
+        }
+    switches = [
+        {
+            "bus_id": f"00000000:{0xFF - i:02X}:00.0",
+            "pci_device_id": device_id,
+            "pci_subsystem_id": "0x00000000",
+        }
+        for i in range(count)
+    ]
+    src.note(
+        "nvswitches",
+        f"modelled: NV{links} on every GPU pair in {topo_source} = NVSwitch "
+        f"fabric; {count} switches, PCI addresses and ids assumed",
+    )
+    src.note(
+        "gpu_types.*.nvlink",
+        "assumed: NVLink version by architecture, capabilities as the captured A100/H800 reports",
+    )
+    return switches, {"nvlink_switch_links": [i * count // links for i in range(links)]}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise CaptureError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
+def _default_name(path: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", Path(path).stem).strip("-.") or "imported"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuadmin sim import",
+        description="Turn nvidia-smi -q -x (or -q) output, and optionally nvidia-smi topo -m "
+        "output, into a simulator machine model (JSON).",
+    )
+    parser.add_argument("smi", metavar="XML", help="nvidia-smi -q -x output (or -q text)")
+    parser.add_argument("topo", metavar="TOPO", nargs="?", help="nvidia-smi topo -m output")
+    parser.add_argument("--name", help="model name (default: the XML file's name)")
+    parser.add_argument("--output", "-o", help="write the model here (default: stdout)")
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``gpuadmin sim import XML [TOPO] [--name NAME] [--output FILE]``; exit status 0 or 2."""
+    args = _parser().parse_args(list(argv))
+    try:
+        smi = _read(args.smi)
+        topo = None if args.topo is None else _read(args.topo)
+        build = model_from_capture if smi.lstrip().startswith("<") else model_from_smi_text
+        model = build(
+            smi,
+            topo,
+            name=args.name or _default_name(args.smi),
+            smi_source=Path(args.smi).name,
+            topo_source=Path(args.topo).name if args.topo else "nvidia-smi topo -m",
+        )
+        try:
+            parse_model(model)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CaptureError(f"the generated model does not load: {exc!r}") from exc
+        text = json.dumps(model, indent=2) + "\n"
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+    except (CaptureError, OSError) as exc:
+        sys.stderr.write(f"gpuadmin sim import: {exc}\n")
+        return 2
+    return 0
