@@ -167,7 +167,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         backend = open_backend(
             "sim",
             sim_model=args.sim,
-            node_name=args.node or f"{args.sim}-01",
+            node_name=args.node or f"{Path(args.sim).stem}-01",
             state_dir=args.state_dir,
         )
     else:
@@ -345,7 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.set_defaults(run=cmd_agent)
 
     scan = verbs.add_parser("scan", help="scan this node's GPUs through NVML")
-    scan.add_argument("--sim", metavar="MODEL", help="scan a simulated machine model instead")
+    scan.add_argument(
+        "--sim", metavar="MODEL", help="scan a simulated machine model (a name or a .json file)"
+    )
     scan.add_argument("--node", help="simulated node name (default: MODEL-01)")
     scan.add_argument("--state-dir", help="simulator state directory (faults, MIG layout)")
     scan.add_argument("--json", action="store_true", help="print the whole scan as JSON")

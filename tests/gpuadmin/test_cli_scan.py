@@ -102,3 +102,28 @@ def test_a_fault_injected_from_the_cli_shows_in_the_next_scan(run_gpuadmin, tmp_
     assert "NVML_ERROR_GPU_IS_LOST" in gpus[3]["facts"]["error_message"]
     assert gpus[3]["health"]["gpu_lost"] is True
     assert [gpu["facts"]["error_message"] for i, gpu in enumerate(gpus) if i != 3] == [None] * 7
+
+
+def test_an_imported_capture_scans_back_to_the_captured_machine(run_gpuadmin, tmp_path):
+    from tests.conftest import SHARED_DIR
+
+    real = SHARED_DIR / "fixtures" / "real"
+    model = tmp_path / "h100-box.json"
+    imported = run_gpuadmin(
+        "sim",
+        "import",
+        str(real / "nvidia-smi-q-xml" / "k8s-test-infra__hardware__qx-h100.xml"),
+        str(real / "topo" / "stas00-ml-engineering__8xH100-SXM__topo-m_no-NICs.txt"),
+        "--name",
+        "h100-box",
+        "--output",
+        str(model),
+    )
+    assert imported.returncode == 0, imported.stderr
+
+    scanned = json.loads(run_gpuadmin("scan", "--sim", str(model), "--json").stdout)
+
+    assert [gpu["facts"]["name"] for gpu in scanned["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
+    assert scanned["system"]["driver_version"] == "580.105.08"
+    matrix = scanned["topology"]["matrix"]
+    assert {matrix[i][j] for i in range(8) for j in range(8) if i != j} == {"NV18"}

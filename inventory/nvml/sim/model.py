@@ -245,11 +245,14 @@ def _load_named(name: str) -> MachineModel:
 
 
 def load_model(model: str | dict[str, Any] | MachineModel) -> MachineModel:
-    """A shipped model by name, or an inline model dict (same schema)."""
+    """A shipped model by name, a model JSON file (``*.json``, e.g. from ``gpuadmin sim
+    import``), or an inline model dict (same schema)."""
     if isinstance(model, MachineModel):
         return model
     if isinstance(model, dict):
         return parse_model(model)
+    if model.endswith(".json"):
+        return parse_model(json.loads(Path(model).read_text()))
     return _load_named(model)
 
 
