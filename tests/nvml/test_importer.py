@@ -21,9 +21,9 @@ from inventory.nvml.parsers import SmiLog, parse_smi_text, parse_smi_xml, parse_
 from inventory.nvml.scanner import NodeScan, scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import parse_model
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 XML_DIR = REAL / "nvidia-smi-q-xml"
 TOPO_DIR = REAL / "topo"
 XML_FILES = sorted(p.name for p in XML_DIR.glob("*.xml"))

@@ -13,9 +13,9 @@ from inventory.nvml.parsers import (
     parse_topo_matrix,
     split_capture_bundle,
 )
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 BUNDLES = sorted(
     p
     for p in (REAL / "capture-bundles").glob("nvidia_gpu_exporter__*-x86_64__*.txt")

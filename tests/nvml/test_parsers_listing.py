@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import parse_gpu_list
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 LIST_FILES = sorted(
     p for p in (REAL / "mig").glob("*nvidia-smi-L-*.txt") if not p.name.endswith(".source.txt")
 )

@@ -1,7 +1,6 @@
 """``nvidia-smi mig -lgip/-lgipp/-lgi/-lci/-lcip`` parsers over every real MIG capture."""
 
 import csv
-from pathlib import Path
 
 import pytest
 
@@ -12,9 +11,9 @@ from inventory.nvml.parsers import (
     parse_mig_gpu_instances,
     parse_mig_placements,
 )
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 MIG = REAL / "mig"
 DERIVED = REAL / "mig-profiles" / "mig_profiles__A100-40GB_A100-80GB_H100-80GB_H200.DERIVED.csv"
 

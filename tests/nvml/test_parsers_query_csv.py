@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import parse_query_csv
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 CSV_FILES = sorted((REAL / "query-csv").glob("*.csv"))
 
 # (rows, fields per row, {field: value of the first row}), read off the files.

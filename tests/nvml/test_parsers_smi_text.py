@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import ParseError, parse_smi_text
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 TEXT_FILES = sorted(
     p for p in (REAL / "nvidia-smi-q-text").glob("*.txt") if not p.name.endswith(".source.txt")
 )

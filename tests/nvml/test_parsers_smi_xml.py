@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import ParseError, parse_smi_xml
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 XML_FILES = sorted((REAL / "nvidia-smi-q-xml").glob("*.xml"))
 
 # Per capture, read off the file by hand: (number of <gpu>, root driver_version, first GPU's

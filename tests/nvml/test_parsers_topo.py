@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import ParseError, parse_topo_matrix
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 # topo -c output ("GPUs with affinity to CPU n") is a different command.
 TOPO_FILES = sorted(
     p

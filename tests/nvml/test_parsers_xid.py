@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import normalize_bus_id, parse_xid_line, parse_xid_log
+from tests.nvml.captures import REAL, needs_real_captures
 
-REAL = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real"
-pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason=f"real fixtures not found at {REAL}")
+pytestmark = needs_real_captures
 LOG_FILES = sorted(
     p for p in (REAL / "xid-logs").iterdir() if p.is_file() and not p.name.endswith(".source.txt")
 )

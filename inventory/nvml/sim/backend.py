@@ -14,7 +14,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -53,6 +53,21 @@ _EVENTS_BASE = (
     pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeClock
 )
 _SUPPORTED_REASONS = 0x1FF  # clocks_event_reasons.supported in the captures
+
+
+_T = TypeVar("_T")
+
+
+def _supported(value: _T | None) -> _T:
+    """A fact the board may lack: ``None`` in the model is NVML's NOT_SUPPORTED."""
+    if value is None:
+        raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    return value
+
+
+def _physical(obj: _Gpu | _MigDevice) -> _Gpu:
+    """The physical GPU behind a GPU or MIG device."""
+    return obj if obj.__class__ is _Gpu else obj.parent
 
 
 def _err(code: int) -> pynvml.NVMLError:
@@ -527,8 +542,7 @@ class SimulatedNvml:
         obj = self._by_uuid.get(_text(uuid))
         if obj is None or (obj.__class__ is _MigDevice and not obj.alive):
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
-        gpu = obj if obj.__class__ is _Gpu else obj.parent
-        if gpu.gs["lost"]:
+        if _physical(obj).gs["lost"]:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
         return obj.handle
 
@@ -562,44 +576,28 @@ class SimulatedNvml:
         return self._any(handle).uuid
 
     def nvmlDeviceGetSerial(self, handle: Any) -> str:
-        gpu = self._gpu(handle)
-        if gpu.serial is None:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return gpu.serial
+        return _supported(self._gpu(handle).serial)
 
     def nvmlDeviceGetBoardPartNumber(self, handle: Any) -> str:
-        part = self._gpu(handle).type.board_part_number
-        if part is None:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return part
+        return _supported(self._gpu(handle).type.board_part_number)
 
     def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
         return self._gpu(handle).type.vbios_version
 
     def nvmlDeviceGetInforomImageVersion(self, handle: Any) -> str:
-        version = self._gpu(handle).type.inforom_image_version
-        if version is None:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return version
+        return _supported(self._gpu(handle).type.inforom_image_version)
 
     def nvmlDeviceGetBrand(self, handle: Any) -> int:
         return self._gpu(handle).type.brand
 
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
-        obj = self._any(handle)
-        gpu = obj if obj.__class__ is _Gpu else obj.parent
-        return gpu.type.architecture
+        return _physical(self._any(handle)).type.architecture
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
-        obj = self._any(handle)
-        gpu = obj if obj.__class__ is _Gpu else obj.parent
-        return gpu.type.cuda_cc
+        return _physical(self._any(handle)).type.cuda_cc
 
     def nvmlDeviceGetNumGpuCores(self, handle: Any) -> int:
-        cores = self._gpu(handle).type.num_gpu_cores
-        if cores is None:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return cores
+        return _supported(self._gpu(handle).type.num_gpu_cores)
 
     def nvmlDeviceGetMultiGpuBoard(self, handle: Any) -> int:
         return self._gpu(handle).type.multi_gpu_board
