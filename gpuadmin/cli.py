@@ -200,7 +200,7 @@ def _print_scan_table(result: NodeScan) -> None:
             continue
         util = _or_dash(metrics and metrics.utilization_gpu_pct, "%")
         temp = _or_dash(metrics and metrics.temperature_c, "C")
-        power = _or_dash(metrics and metrics.power_w, "W")
+        power = "-" if not metrics or metrics.power_w is None else f"{metrics.power_w:.0f}W"
         print(
             f"  GPU {facts.index}  {facts.name:<28} {facts.pci_bus_id}  "
             f"{facts.memory_used_mib:>6}/{facts.memory_total_mib} MiB  util {util:>4}  "

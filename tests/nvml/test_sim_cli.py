@@ -83,7 +83,8 @@ def test_errors_exit_2_with_a_message(
 
     assert capsys.readouterr().err.splitlines() == [
         "gpuadmin sim: node dgx-01 has no GPU 9",
-        f"gpuadmin sim: no simulator state for node at {tmp_path / 'nobody.json'}",
+        f"gpuadmin sim: no simulator state for node at {tmp_path / 'nobody.json'}: is its agent "
+        "running (gpuadmin up, or gpuadmin agent --node NAME --sim MODEL)?",
         "gpuadmin sim: --state-dir (or $GPUADMIN_SIM_STATE_DIR) is required",
     ]
 

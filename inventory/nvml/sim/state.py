@@ -194,7 +194,10 @@ class FileStore:
                 st = os.fstat(fh.fileno())
                 state = json.loads(fh.read())
         except FileNotFoundError as exc:
-            raise SimStateError(f"no simulator state for node at {self.path}") from exc
+            raise SimStateError(
+                f"no simulator state for node at {self.path}: is its agent running "
+                "(gpuadmin up, or gpuadmin agent --node NAME --sim MODEL)?"
+            ) from exc
         if state.get("schema") != SCHEMA:
             raise SimStateError(f"{self.path}: unsupported state schema {state.get('schema')}")
         return state, (st.st_mtime_ns, st.st_ino, st.st_size)
