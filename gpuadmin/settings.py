@@ -43,6 +43,11 @@ GPUADMIN_SIM_STATE_DIR = GPUADMIN_DATA_DIR / "sim"
 # What a node agent scans: its node name, and the simulated machine model when GPUADMIN_NVML=sim.
 GPUADMIN_NODE_NAME = env_str("GPUADMIN_NODE_NAME") or socket.gethostname()
 GPUADMIN_SIM_MODEL = env_str("GPUADMIN_SIM_MODEL")
+# Node agents: how often they heartbeat and re-scan, and how long silence is tolerated before
+# a node is shown unreachable.
+GPUADMIN_HEARTBEAT_INTERVAL_S = env_int("GPUADMIN_HEARTBEAT_INTERVAL_S", 10, minimum=1)
+GPUADMIN_HEARTBEAT_GRACE_S = env_int("GPUADMIN_HEARTBEAT_GRACE_S", 30, minimum=1)
+GPUADMIN_RESCAN_INTERVAL_S = env_int("GPUADMIN_RESCAN_INTERVAL_S", 300, minimum=5)
 
 _database_url = env_str("DATABASE_URL")
 _redis_url = env_str("REDIS_URL")
@@ -62,6 +67,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.postgres",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from . import mig_catalog
-from .parsers import GpuInfo, ParseError, SmiLog, TopoMatrix, parse_topo_matrix
+from .parsers import (
+    GpuInfo,
+    ParseError,
+    PowerReadings,
+    SmiLog,
+    TopoMatrix,
+    parse_topo_matrix,
+)
 from .parsers.common import parse_bool, parse_celsius, parse_hex_id, parse_int
 from .parsers.smi_model import Node, build_smi_log
 from .parsers.smi_text import _tree as _text_tree
@@ -129,7 +136,6 @@ _RANK = {level: rank for rank, level in enumerate(_PCIE_LEVELS)}
 # Conservative defaults for what a capture lacks (each use is listed in "sources").
 _FALLBACK_POWER_LIMIT_W = 75.0  # PCIe slot power: the smallest board limit there is
 _FULL_LOAD_POWER_SHARE = 0.9  # of the default power limit
-_IDLE_POWER_SHARE = 0.1
 _FULL_LOAD_TEMP_C = 70
 _IDLE_TEMP_C = 30
 _FALLBACK_BAR1_MIB = 256
@@ -165,6 +171,12 @@ class _Sources:
 
     def note(self, field: str, text: str) -> None:
         self.entries.setdefault(field, text)
+
+    def not_supported(self, field: str, value: Any) -> Any:
+        """``value``; ``None`` is the capture's "N/A", which NVML answers as NOT_SUPPORTED."""
+        if value is None:
+            self.note(field, "capture says N/A: null (NVML_ERROR_NOT_SUPPORTED)")
+        return value
 
 
 # --------------------------------------------------------------------------- public API
@@ -378,12 +390,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         src.note("brand", f"assumed: NVML_BRAND_UNKNOWN (capture says {gpu.product_brand!r})")
         brand = "NVML_BRAND_UNKNOWN"
     serial = gpu.serial
-    default_limit = src.pick(
-        "power_w.default_limit",
-        gpu.power.default_limit_w or gpu.power.limit_w,
-        _FALLBACK_POWER_LIMIT_W,
-        f"{_FALLBACK_POWER_LIMIT_W} W (no power limit captured)",
-    )
+    persistence = src.not_supported("persistence_mode", gpu.persistence_mode)
     temperature = _temperatures(gpu, node, src)
     src.note("num_gpu_cores, gpu_numa_id", "assumed: null / false (not in -q output)")
     src.note(
@@ -412,11 +419,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         "multi_gpu_board": int(
             src.pick("multi_gpu_board", parse_bool(node.get("multigpu_board")), False, "No")
         ),
-        "persistence_mode": int(
-            src.pick(
-                "persistence_mode", gpu.persistence_mode, False, "0 / Disabled (N/A in the capture)"
-            )
-        ),
+        "persistence_mode": None if persistence is None else int(persistence),
         "compute_mode": src.pick(
             "compute_mode",
             _COMPUTE_MODES.get(gpu.compute_mode or ""),
@@ -442,22 +445,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         },
         "clocks_max_mhz": _clocks(gpu.max_clocks, gpu.clocks, "clocks_max_mhz", src),
         "clocks_idle_mhz": _clocks(gpu.clocks, gpu.max_clocks, "clocks_idle_mhz", src),
-        "power_w": {
-            "default_limit": default_limit,
-            "min_limit": src.pick(
-                "power_w.min_limit", gpu.power.min_limit_w, default_limit, "the default limit"
-            ),
-            "max_limit": src.pick(
-                "power_w.max_limit", gpu.power.max_limit_w, default_limit, "the default limit"
-            ),
-            "idle": src.pick(
-                "power_w.idle",
-                gpu.power.draw_w,
-                round(default_limit * _IDLE_POWER_SHARE, 2),
-                f"{_IDLE_POWER_SHARE:.0%} of the default limit",
-            ),
-            "full_load": round(default_limit * _FULL_LOAD_POWER_SHARE, 2),
-        },
+        "power_w": _power(gpu.power, src),
         "temperature_c": temperature,
         "pstate": {
             "idle": src.pick(
@@ -466,7 +454,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
             "load": 0,
         },
         "fan": _fan(gpu.fan_speed_pct, temperature),
-        "ecc": bool(gpu.ecc_current),
+        "ecc": _ecc(gpu),
         "page_retirement": gpu.retired_pages.single_bit is not None,
         "row_remapper_banks": _row_remapper_banks(gpu, node, src),
         "mig_table": _mig_table(gpu, src),
@@ -482,6 +470,48 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         },
         "nvlink": None,
     }
+
+
+def _power(power: PowerReadings, src: _Sources) -> dict[str, float | None]:
+    """Captured limits and idle draw; "N/A" limits (no power management) and an "N/A" draw (no
+    power readings) stay null. The enforced limit is the captured current one (``-pl``)."""
+    default_limit = src.not_supported("power_w.*_limit", power.default_limit_w or power.limit_w)
+    out: dict[str, float | None] = dict.fromkeys(("default_limit", "min_limit", "max_limit"))
+    if default_limit is not None:
+        out.update(
+            default_limit=default_limit,
+            min_limit=src.pick(
+                "power_w.min_limit", power.min_limit_w, default_limit, "the default limit"
+            ),
+            max_limit=src.pick(
+                "power_w.max_limit", power.max_limit_w, default_limit, "the default limit"
+            ),
+            enforced_limit=power.limit_w or default_limit,
+        )
+    if src.not_supported("power_w.idle, full_load", power.draw_w) is None:
+        return {**out, "idle": None, "full_load": None}
+    full_load_of = src.pick(
+        "power_w.full_load",
+        default_limit,
+        _FALLBACK_POWER_LIMIT_W,
+        f"{_FULL_LOAD_POWER_SHARE:.0%} of {_FALLBACK_POWER_LIMIT_W} W (no power limit captured)",
+    )
+    return {
+        **out,
+        "idle": power.draw_w,
+        "full_load": round(full_load_of * _FULL_LOAD_POWER_SHARE, 2),
+    }
+
+
+def _ecc(gpu: GpuInfo) -> bool | dict[str, bool]:
+    """``false``: no ECC (the capture says N/A); ``true``: on; else the current/pending modes
+    (ECC supported but disabled)."""
+    if gpu.ecc_current is None:
+        return False
+    pending = gpu.ecc_current if gpu.ecc_pending is None else gpu.ecc_pending
+    if gpu.ecc_current and pending:
+        return True
+    return {"current": gpu.ecc_current, "pending": pending}
 
 
 def _compute_capability(name: str, architecture: str, src: _Sources) -> tuple[int, int]:

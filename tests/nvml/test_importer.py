@@ -34,28 +34,14 @@ TRIMMED = {
     "netdata__rtx-pro-6000-driver-580.xml": "no driver version (a trimmed fragment?)",
     "telegraf__gtx-1070-ti.xml": "no driver version (a trimmed fragment?)",
 }
-# Captured values the simulator cannot represent yet (see the importer's report to the lead).
+# Captured values the simulator cannot represent yet. The fixtures give no profile ids, SM counts,
+# per-profile MiB or placements for Blackwell MIG (the v580 MIG guide's B200 table has names,
+# fractions, engines and instance counts only; GB200/GB300 appear only in mig-parted configs).
 _NO_MIG_TABLE = "MIG-capable (MIG Disabled) but no table in inventory/nvml/mig_profiles"
-_NO_POWER_LIMITS = "power limits N/A: the simulator always reports numeric limits"
-_ECC_OFF = "ECC supported but disabled: the simulator's ECC is either on or NOT_SUPPORTED"
 KNOWN_GAPS = {
     ("k8s-test-infra__hardware__qx-b200.xml", "mig_enabled"): _NO_MIG_TABLE,
     ("k8s-test-infra__hardware__qx-gb200.xml", "mig_enabled"): _NO_MIG_TABLE,
     ("k8s-test-infra__hardware__qx-gb300.xml", "mig_enabled"): _NO_MIG_TABLE,
-    **{
-        (name, field): _NO_POWER_LIMITS
-        for name in ("netdata__rtx-3060.xml", "telegraf__quadro-p400.xml", "telegraf__tesla_p4.xml")
-        for field in ("power_limit_default_w", "power_limit_min_w", "power_limit_max_w")
-    },
-    **{
-        (name, "ecc_enabled"): _ECC_OFF
-        for name in (
-            "netdata__rtx-4090-driver-535.xml",
-            "telegraf__dual_a5000-v13.xml",
-            "telegraf__pro-6000-maxq-blackwell-v13.xml",
-            "telegraf__rtx-4000-sff-ada-v13.xml",
-        )
-    },
 }
 
 
@@ -68,6 +54,11 @@ def _import(name: str, topo: str | None = None) -> tuple[dict[str, Any], SmiLog]
     topo_text = None if topo is None else (TOPO_DIR / topo).read_text()
     model = model_from_capture(text, topo_text, name="imported", smi_source=name, topo_source=topo)
     return model, parse_smi_xml(text)
+
+
+def _enabled(flag: bool | None) -> str | None:
+    """A captured Enabled/Disabled/N/A flag as the scanner names it."""
+    return None if flag is None else "Enabled" if flag else "Disabled"
 
 
 def _fields(log: SmiLog, scanned: NodeScan) -> list[tuple[str, int, Any, Any]]:
@@ -86,12 +77,15 @@ def _fields(log: SmiLog, scanned: NodeScan) -> list[tuple[str, int, Any, Any]]:
             ("vbios_version", index, gpu.vbios_version, facts.vbios_version),
             ("board_part_number", index, gpu.board_part_number, facts.board_part_number),
             ("power_limit_default_w", index, power.default_limit_w, facts.power_limit_default_w),
+            ("power_limit_enforced_w", index, power.limit_w, facts.power_limit_enforced_w),
             ("power_limit_min_w", index, power.min_limit_w, facts.power_limit_min_w),
             ("power_limit_max_w", index, power.max_limit_w, facts.power_limit_max_w),
             ("max_sm_clock_mhz", index, gpu.max_clocks.sm_mhz, facts.max_sm_clock_mhz),
             ("max_mem_clock_mhz", index, gpu.max_clocks.memory_mhz, facts.max_mem_clock_mhz),
             ("mig_enabled", index, gpu.mig_current, facts.mig_enabled),
             ("ecc_enabled", index, gpu.ecc_current, facts.ecc_enabled),
+            ("ecc_pending_enabled", index, gpu.ecc_pending, facts.ecc_pending_enabled),
+            ("persistence_mode", index, _enabled(gpu.persistence_mode), facts.persistence_mode),
         ]
     return rows
 

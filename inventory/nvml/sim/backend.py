@@ -65,6 +65,12 @@ def _supported(value: _T | None) -> _T:
     return value
 
 
+def _milliwatts(watts: float | None) -> int:
+    """A power limit in mW; ``None`` (the capture says "N/A": no power management) is
+    NOT_SUPPORTED."""
+    return round(_supported(watts) * 1000)
+
+
 def _physical(obj: _Gpu | _MigDevice) -> _Gpu:
     """The physical GPU behind a GPU or MIG device."""
     return obj if obj.__class__ is _Gpu else obj.parent
@@ -603,7 +609,7 @@ class SimulatedNvml:
         return self._gpu(handle).type.multi_gpu_board
 
     def nvmlDeviceGetPersistenceMode(self, handle: Any) -> int:
-        return self._gpu(handle).type.persistence_mode
+        return _supported(self._gpu(handle).type.persistence_mode)
 
     def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
         return self._gpu(handle).type.compute_mode
@@ -650,26 +656,25 @@ class SimulatedNvml:
         return gpu.type.clocks_max[_clock_key(type)]
 
     def nvmlDeviceGetPowerManagementMode(self, handle: Any) -> int:
-        self._gpu(handle)
+        _milliwatts(self._gpu(handle).type.power["default_limit"])
         return pynvml.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
-        return round(self._gpu(handle).type.power["default_limit"] * 1000)
+        # The limit set with `nvidia-smi -pl` ("Power Limit" / "Requested Power Limit").
+        return _milliwatts(self._gpu(handle).type.power["enforced_limit"])
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
-        return round(self._gpu(handle).type.power["default_limit"] * 1000)
+        return _milliwatts(self._gpu(handle).type.power["default_limit"])
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
-        return round(self._gpu(handle).type.power["default_limit"] * 1000)
+        return _milliwatts(self._gpu(handle).type.power["enforced_limit"])
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: Any) -> list[int]:
         power = self._gpu(handle).type.power
-        return [round(power["min_limit"] * 1000), round(power["max_limit"] * 1000)]
+        return [_milliwatts(power["min_limit"]), _milliwatts(power["max_limit"])]
 
     def nvmlDeviceGetEccMode(self, handle: Any) -> list[int]:
-        if not self._gpu(handle).type.ecc:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return [pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_ENABLED]
+        return list(_supported(self._gpu(handle).type.ecc_mode))
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         temps = self._gpu(handle).type.temperature
@@ -736,10 +741,12 @@ class SimulatedNvml:
         return gpu.snapshot().temperature
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        return self._gpu(handle).snapshot().power_mw
+        return _supported(self._gpu(handle).snapshot().power_mw)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         gpu = self._gpu(handle)
+        if gpu.type.power["idle"] is None:  # no power readings: no energy counter either
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         boot = self._state["boot_time"]
         return metrics.energy_mj(gpu.type, gpu.gs, gpu.procs, boot, self._clock())
 
@@ -1262,7 +1269,7 @@ class SimulatedNvml:
 
     def _ecc(self, handle: Any, errorType: int, counterType: int) -> dict[str, int]:
         gpu = self._gpu(handle)
-        if not gpu.type.ecc:
+        if not gpu.type.ecc_enabled:  # no ECC, or ECC disabled: the counters read "N/A"
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if errorType not in _ECC_ERRORS or counterType not in _ECC_COUNTERS:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -1326,7 +1333,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         gpu = self._gpu(handle)
-        return _EVENTS_BASE | (_EVENTS_ECC if gpu.type.ecc else 0)
+        return _EVENTS_BASE | (_EVENTS_ECC if gpu.type.ecc_enabled else 0)
 
     def nvmlEventSetCreate(self) -> Any:
         self._ready()

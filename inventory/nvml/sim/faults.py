@@ -111,8 +111,8 @@ def set_ecc(
         raise ValueError("counter must be volatile, aggregate or both")
 
     def change(state: dict[str, Any], t: float) -> None:
-        if not _machine(state).gpus[gpu_index].type.ecc:
-            raise ValueError(f"GPU {gpu_index} has no ECC")
+        if not _machine(state).gpus[gpu_index].type.ecc_enabled:
+            raise ValueError(f"GPU {gpu_index} has no ECC or ECC is disabled")
         ecc = _gpu(state, gpu_index)["ecc"]
         before = ecc["volatile"][error][location]
         for name in counters:

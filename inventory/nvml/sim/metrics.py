@@ -39,9 +39,12 @@ def process_load(proc: dict[str, Any]) -> float:
 
 
 def process_extra_w(gpu_type: GpuType, util: float, fraction: float) -> float:
-    """Watts a process adds above idle, at its utilization on its share of the GPU."""
-    span = gpu_type.power["full_load"] - gpu_type.power["idle"]
-    return span * util / 100.0 * fraction
+    """Watts a process adds above idle, at its utilization on its share of the GPU (0 on a
+    board without power readings)."""
+    power = gpu_type.power
+    if power["idle"] is None:
+        return 0.0
+    return (power["full_load"] - power["idle"]) * util / 100.0 * fraction
 
 
 @dataclass(slots=True)
@@ -49,7 +52,7 @@ class Snapshot:
     util: int
     mem_util: int
     temperature: int
-    power_mw: int
+    power_mw: int | None  # None: no power readings (NOT_SUPPORTED)
     clocks: tuple[int, int, int, int]  # graphics, sm, mem, video (NVML_CLOCK_* order)
     pstate: int
     reasons: int
@@ -74,13 +77,16 @@ def snapshot(
         temp += 0.6 * noise(seed, second, 1)
     temperature = round(temp)
 
-    power = gpu_type.power
-    watts = power["idle"] + sum(p["extra_w"] for p in procs)
-    watts *= 1.0 + 0.01 * noise(seed, second, 2)
     reasons = 0 if load else REASON_IDLE
-    if watts > power["default_limit"]:
-        watts = power["default_limit"]
-        reasons |= REASON_SW_POWER_CAP
+    power_mw = None
+    idle_w, cap_w = gpu_type.power["idle"], gpu_type.power["enforced_limit"]
+    if idle_w is not None:
+        watts = idle_w + sum(p["extra_w"] for p in procs)
+        watts *= 1.0 + 0.01 * noise(seed, second, 2)
+        if cap_w is not None and watts > cap_w:
+            watts = cap_w
+            reasons |= REASON_SW_POWER_CAP
+        power_mw = round(watts * 1000)
 
     source = gpu_type.clocks_max if load else gpu_type.clocks_idle
     scale = 1.0
@@ -107,7 +113,7 @@ def snapshot(
         util=round(load * 100),
         mem_util=round(load * gpu_type.mem_util_at_full_load),
         temperature=temperature,
-        power_mw=round(watts * 1000),
+        power_mw=power_mw,
         clocks=(graphics, sm, source["mem"], source["video"]),
         pstate=gpu_type.pstate["load" if load else "idle"],
         reasons=reasons,
@@ -123,7 +129,8 @@ def energy_mj(
     boot_time: float,
     t: float,
 ) -> int:
-    """Energy since the driver loaded: idle draw plus what every process added while it ran."""
+    """Energy since the driver loaded: idle draw plus what every process added while it ran
+    (only for boards with power readings)."""
     total = gpu_type.power["idle"] * max(0.0, t - boot_time) * 1000.0 + gpu_state["energy_mj"]
     total += sum(p["extra_w"] * max(0.0, t - p["started_at"]) * 1000.0 for p in procs)
     return int(total)

@@ -53,17 +53,19 @@ class GpuType:
     inforom_image_version: str | None
     serial_prefix: str | None
     multi_gpu_board: int
-    persistence_mode: int
+    persistence_mode: int | None  # None: NOT_SUPPORTED (Windows drivers)
     compute_mode: int
     gpu_numa_id: bool
     memory: dict[str, int]
     clocks_max: dict[str, int]
     clocks_idle: dict[str, int]
-    power: dict[str, float]
+    # default_limit, min_limit, max_limit, enforced_limit (None: no power management),
+    # idle, full_load (None: no power readings)
+    power: dict[str, float | None]
     temperature: dict[str, int | None]
     pstate: dict[str, int]
     fan: dict[str, int] | None
-    ecc: bool
+    ecc_mode: tuple[int, int] | None  # (current, pending) NVML_FEATURE_*; None: no ECC
     page_retirement: bool
     row_remapper_banks: int | None
     mig_table: mig.MigTable | None
@@ -71,6 +73,11 @@ class GpuType:
     pcie_kbs: dict[str, int]
     nvlink_version: int | None
     nvlink_caps: dict[int, int]
+
+    @property
+    def ecc_enabled(self) -> bool:
+        """ECC is on now: the error counters and ECC events exist only then."""
+        return self.ecc_mode is not None and self.ecc_mode[0] == pynvml.NVML_FEATURE_ENABLED
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,19 @@ def format_bus_id(domain: int, bus: int, device: int) -> str:
     return f"{domain:08X}:{bus:02X}:{device:02X}.0"
 
 
+def _ecc_mode(spec: bool | dict[str, bool]) -> tuple[int, int] | None:
+    """``true`` (on, as before), ``false`` (no ECC) or ``{"current": bool, "pending": bool}``."""
+    if isinstance(spec, dict):
+        return int(spec["current"]), int(spec["pending"])
+    return (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_ENABLED) if spec else None
+
+
+def _power(spec: dict[str, float | None]) -> dict[str, float | None]:
+    """``power_w`` with ``enforced_limit`` filled in (absent or null: the default limit)."""
+    enforced = spec.get("enforced_limit")
+    return {**spec, "enforced_limit": spec["default_limit"] if enforced is None else enforced}
+
+
 def _gpu_type(key: str, spec: dict[str, Any]) -> GpuType:
     nvlink = spec.get("nvlink")
     return GpuType(
@@ -156,11 +176,11 @@ def _gpu_type(key: str, spec: dict[str, Any]) -> GpuType:
         memory=spec["memory"],
         clocks_max=spec["clocks_max_mhz"],
         clocks_idle=spec["clocks_idle_mhz"],
-        power=spec["power_w"],
+        power=_power(spec["power_w"]),
         temperature=spec["temperature_c"],
         pstate=spec["pstate"],
         fan=spec["fan"],
-        ecc=spec["ecc"],
+        ecc_mode=_ecc_mode(spec["ecc"]),
         page_retirement=spec["page_retirement"],
         row_remapper_banks=spec["row_remapper_banks"],
         mig_table=mig.load_table(spec["mig_table"]) if spec["mig_table"] else None,

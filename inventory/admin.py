@@ -1,0 +1,220 @@
+"""The catalog back office: people edit labels, owners, pools, notes and tags; everything NVML
+discovered is read-only; state changes go through the audited services."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+
+from gpuadmin.audit.services import record
+from inventory.choices import GpuState, NodeState
+from inventory.discovery import TEXT_FIELDS, VALUE_FIELDS
+from inventory.models import Gpu, GpuLink, MigInstance, Node, Pool
+from inventory.services import set_gpu_state, set_node_state
+
+CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
+GPU_DISCOVERED = (
+    "uuid",
+    "node",
+    *VALUE_FIELDS,
+    *TEXT_FIELDS,
+    "nvlink_count",
+    "mig_capable",
+    "mig_enabled",
+    "mig_pending_enabled",
+    "error_message",
+    "first_seen_at",
+    "last_seen_at",
+    "missing_since",
+)
+NODE_DISCOVERED = (
+    "hostname",
+    "model",
+    "driver_version",
+    "cuda_driver_version",
+    "nvml_version",
+    "agent_version",
+    "scan_error",
+    "registered_at",
+    "last_scan_at",
+    "last_heartbeat_at",
+)
+
+
+def state_actions(
+    setter: Callable[..., bool], states: type[GpuState] | type[NodeState]
+) -> list[Callable[..., None]]:
+    """One admin action per state, each going through the audited service."""
+
+    def make(state: str, label: str) -> Callable[..., None]:
+        def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+            changed = sum(setter(row, state, actor=request.user) for row in queryset)
+            modeladmin.message_user(
+                request,
+                f"{changed} set to {label.lower()}; {len(queryset) - changed} unchanged.",
+                messages.SUCCESS,
+            )
+
+        action.__name__ = f"set_{state}"
+        return admin.action(description=f"Set selected to {label.lower()}")(action)
+
+    return [make(value, label) for value, label in states.choices]
+
+
+class MissingFilter(admin.SimpleListFilter):
+    title = "missing"
+    parameter_name = "missing"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple]:
+        return [("yes", "Missing"), ("no", "Present")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "yes":
+            return queryset.missing()
+        if self.value() == "no":
+            return queryset.present()
+        return queryset
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class GpuInline(ReadOnlyInline):
+    model = Gpu
+    fields = ("index", "uuid", "name", "state", "mig_enabled", "label", "missing_since")
+    readonly_fields = fields
+
+
+class MigInstanceInline(ReadOnlyInline):
+    model = MigInstance
+    fields = (
+        "gi_id",
+        "ci_id",
+        "profile_name",
+        "ci_profile_name",
+        "placement_start",
+        "placement_size",
+        "memory_mib",
+        "uuid",
+    )
+    readonly_fields = fields
+    show_change_link = False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class AuditedCatalogAdmin(admin.ModelAdmin):
+    """Catalog edits made here write an audit row with the fields' before and after values."""
+
+    def save_model(self, request: HttpRequest, obj: Model, form: forms.ModelForm, change: bool):
+        stored = type(obj).objects.get(pk=obj.pk) if change else None
+        before = {name: _plain(getattr(stored, name)) for name in form.changed_data}
+        super().save_model(request, obj, form, change)
+        if change and form.changed_data:
+            record(
+                f"{obj._meta.model_name}.catalog_changed",
+                actor=request.user,
+                target=obj,
+                target_id=getattr(obj, "uuid", "") or obj.pk,
+                before=before,
+                after={name: _plain(form.cleaned_data[name]) for name in form.changed_data},
+            )
+
+
+def _plain(value: object) -> object:
+    """JSON-able form values: related objects by their name, ids as they are."""
+    return str(value) if isinstance(value, Model) else value
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    list_display = ("name", "description")
+    search_fields = ("name",)
+
+
+@admin.register(Node)
+class NodeAdmin(AuditedCatalogAdmin):
+    list_display = (
+        "hostname",
+        "model",
+        "state",
+        "driver_version",
+        "label",
+        "pool",
+        "last_heartbeat_at",
+    )
+    list_filter = ("state", "model", "pool", "driver_version")
+    search_fields = ("hostname", "label", "notes")
+    readonly_fields = (*NODE_DISCOVERED, "state")
+    fields = (*NODE_DISCOVERED, "state", *CATALOG_FIELDS)
+    inlines = [GpuInline]
+    actions = state_actions(set_node_state, NodeState)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # nodes register themselves through their agent
+
+
+@admin.register(Gpu)
+class GpuAdmin(AuditedCatalogAdmin):
+    list_display = (
+        "uuid",
+        "node",
+        "index",
+        "name",
+        "state",
+        "mig_enabled",
+        "label",
+        "pool",
+        "missing_since",
+    )
+    list_filter = ("node", "name", "state", "pool", "mig_enabled", MissingFilter)
+    list_select_related = ("node", "pool")
+    search_fields = ("uuid", "serial", "node__hostname", "label")
+    readonly_fields = (*GPU_DISCOVERED, "state")
+    fields = (*GPU_DISCOVERED, "state", *CATALOG_FIELDS)
+    inlines = [MigInstanceInline]
+    actions = state_actions(set_gpu_state, GpuState)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # GPUs are discovered, never typed in
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a GPU that left is marked missing, never deleted
+
+
+@admin.register(MigInstance)
+class MigInstanceAdmin(admin.ModelAdmin):
+    list_display = ("gpu", "gi_id", "ci_id", "profile_name", "memory_mib", "uuid")
+    list_filter = ("profile_name", "gpu__node")
+    list_select_related = ("gpu__node",)
+    search_fields = ("uuid", "gpu__uuid")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(GpuLink)
+class GpuLinkAdmin(admin.ModelAdmin):
+    list_display = ("node", "gpu_a", "gpu_b", "link_type", "nvlink_count")
+    list_filter = ("link_type", "node")
+    list_select_related = ("node", "gpu_a__node", "gpu_b__node")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,29 @@
+"""Stable lowercase values for inventory states, with the badge colour the UI shows for each."""
+
+from django.db import models
+
+
+class NodeState(models.TextChoices):
+    """What an admin decided for a node (its reachability is derived from heartbeats)."""
+
+    ONLINE = "online", "Online"
+    DRAINING = "draining", "Draining"
+    OFFLINE = "offline", "Offline"
+
+
+class GpuState(models.TextChoices):
+    """What an admin decided for a GPU; health and allocation are tracked apart."""
+
+    AVAILABLE = "available", "Available"
+    DRAINING = "draining", "Draining"
+    OFFLINE = "offline", "Offline"
+
+
+BADGE_COLOURS = {
+    NodeState.ONLINE: "green",
+    NodeState.DRAINING: "amber",
+    NodeState.OFFLINE: "grey",
+    GpuState.AVAILABLE: "green",
+    GpuState.DRAINING: "amber",
+    GpuState.OFFLINE: "grey",
+}

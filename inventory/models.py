@@ -1,0 +1,186 @@
+"""What hardware exists: pools, nodes, GPUs, MIG instances and the links between GPUs.
+
+Two kinds of fields live side by side. *Discovered* fields are written only by discovery
+(``inventory.services.apply_discovery``) from NVML scans and are read-only in the admin.
+*Catalog* fields (label, owner, pool, notes, tags) belong to people and discovery never touches
+them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from inventory.choices import GpuState, NodeState
+from inventory.querysets import GpuQuerySet, NodeQuerySet
+
+
+class Pool(models.Model):
+    """A named group of GPUs (a team's share, a partition) that admins assign GPUs to."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CatalogFields(models.Model):
+    """Fields people own on a node or GPU (the seed's editable labels); discovery never writes
+    them."""
+
+    label = models.CharField(max_length=100, blank=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    pool = models.ForeignKey(
+        Pool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    notes = models.TextField(blank=True)
+    tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Node(CatalogFields):
+    """A GPU host, identified by its hostname; its agent registers and heartbeats."""
+
+    hostname = models.CharField(max_length=253, unique=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.ONLINE)
+    # Discovered (agent registration and scans)
+    model = models.CharField(max_length=100, blank=True, help_text="Machine model, e.g. dgx-h100.")
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_driver_version = models.CharField(max_length=16, blank=True)
+    nvml_version = models.CharField(max_length=32, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    scan_error = models.TextField(blank=True)
+    registered_at = models.DateTimeField(default=timezone.now)
+    last_scan_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["hostname"]
+
+    def __str__(self) -> str:
+        return self.hostname
+
+    def is_reachable(self, now: datetime | None = None) -> bool:
+        """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""
+        if self.last_heartbeat_at is None:
+            return False
+        grace = timedelta(seconds=settings.GPUADMIN_HEARTBEAT_GRACE_S)
+        return self.last_heartbeat_at >= (now or timezone.now()) - grace
+
+
+class Gpu(CatalogFields):
+    """A physical GPU, identified by its NVML UUID for life: it keeps its row when it goes
+    missing from scans, comes back, or moves to another node."""
+
+    uuid = models.CharField(max_length=64, unique=True)
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
+    state = models.CharField(max_length=16, choices=GpuState.choices, default=GpuState.AVAILABLE)
+    # Discovered
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=100)
+    serial = models.CharField(max_length=32, blank=True)
+    pci_bus_id = models.CharField(max_length=16)
+    pci_device_id = models.CharField(max_length=10, blank=True)
+    board_part_number = models.CharField(max_length=32, blank=True)
+    vbios_version = models.CharField(max_length=32, blank=True)
+    architecture = models.CharField(max_length=16, blank=True)
+    compute_capability = models.CharField(max_length=8, blank=True)
+    memory_total_mib = models.PositiveIntegerField(default=0)
+    power_limit_default_w = models.FloatField(null=True, blank=True)
+    numa_node = models.SmallIntegerField(null=True, blank=True)
+    cpu_affinity = models.CharField(max_length=200, blank=True)
+    nvlink_count = models.PositiveSmallIntegerField(default=0)
+    mig_capable = models.BooleanField(default=False)
+    mig_enabled = models.BooleanField(default=False)
+    mig_pending_enabled = models.BooleanField(default=False)
+    error_message = models.TextField(blank=True)
+    first_seen_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+    missing_since = models.DateTimeField(null=True, blank=True)
+
+    objects = GpuQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["node__hostname", "index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=Q(missing_since__isnull=True),
+                name="inventory_gpu_one_present_gpu_per_node_index",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.hostname}/GPU{self.index} ({self.uuid})"
+
+    @property
+    def is_missing(self) -> bool:
+        return self.missing_since is not None
+
+
+class MigInstance(models.Model):
+    """A MIG compute instance inside a GPU instance: what a MIG device UUID names."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
+    uuid = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    gi_id = models.PositiveSmallIntegerField()
+    ci_id = models.PositiveSmallIntegerField()
+    profile_name = models.CharField(max_length=32, help_text="GPU instance profile, e.g. 3g.20gb")
+    profile_id = models.PositiveSmallIntegerField()
+    ci_profile_name = models.CharField(max_length=32)
+    placement_start = models.PositiveSmallIntegerField()
+    placement_size = models.PositiveSmallIntegerField()
+    memory_mib = models.PositiveIntegerField()
+    sm_count = models.PositiveSmallIntegerField()
+
+    class Meta:
+        ordering = ["gpu", "gi_id", "ci_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu", "gi_id", "ci_id"], name="inventory_mig_unique_gi_ci"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu.uuid} GI{self.gi_id}/CI{self.ci_id} {self.ci_profile_name}"
+
+
+class GpuLink(models.Model):
+    """How two GPUs of a node reach each other, as ``nvidia-smi topo -m`` names it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links")
+    gpu_a = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    gpu_b = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    link_type = models.CharField(max_length=8, help_text="NV#, PIX, PXB, PHB, NODE or SYS")
+    nvlink_count = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["node", "gpu_a__index", "gpu_b__index"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu_a", "gpu_b"], name="inventory_link_unique_pair"),
+            models.CheckConstraint(
+                condition=Q(gpu_a__lt=models.F("gpu_b")), name="inventory_link_ordered_pair"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_a_id}-{self.gpu_b_id} {self.link_type}"

@@ -1,0 +1,249 @@
+"""Inventory state changes: node registration, heartbeats and discovery sync (all audited)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from gpuadmin.audit.services import record
+from inventory.discovery import (
+    TEXT_FIELDS,
+    VALUE_FIELDS,
+    LinkKey,
+    StoredGpu,
+    SyncPlan,
+    plan_sync,
+)
+from inventory.models import Gpu, GpuLink, MigInstance, Node
+from inventory.nvml.scanner import NodeScan
+
+DISCOVERY_ACTOR = "discovery"
+MIG_FIELDS = (
+    "uuid",
+    "gi_id",
+    "ci_id",
+    "profile_name",
+    "profile_id",
+    "ci_profile_name",
+    "placement_start",
+    "placement_size",
+    "memory_mib",
+    "sm_count",
+)
+
+
+def register_node(
+    hostname: str, *, model: str = "", agent_version: str = "", actor_name: str = "agent"
+) -> Node:
+    """Create the node on its agent's first start; later starts refresh what the agent says."""
+    with transaction.atomic():
+        node, created = Node.objects.select_for_update().get_or_create(
+            hostname=hostname, defaults={"model": model, "agent_version": agent_version}
+        )
+        if created:
+            record(
+                "node.registered",
+                actor_name=actor_name,
+                target=node,
+                after={"model": model, "agent_version": agent_version},
+            )
+            return node
+        changed = {
+            name: value
+            for name, value in (("model", model), ("agent_version", agent_version))
+            if value and getattr(node, name) != value
+        }
+        if changed:
+            before = {name: getattr(node, name) for name in changed}
+            Node.objects.filter(pk=node.pk).update(**changed)
+            record(
+                "node.agent_changed",
+                actor_name=actor_name,
+                target=node,
+                before=before,
+                after=changed,
+            )
+            node.refresh_from_db()
+        return node
+
+
+def record_heartbeat(hostname: str, at: datetime | None = None) -> bool:
+    """Note that the node's agent is alive; ``False`` for a node that never registered."""
+    sent_at = at or timezone.now()
+    # Never move the clock back: a late heartbeat from a retried task must not hide a newer one.
+    updated = (
+        Node.objects.filter(hostname=hostname)
+        .filter(Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lt=sent_at))
+        .update(last_heartbeat_at=sent_at)
+    )
+    return bool(updated) or Node.objects.filter(hostname=hostname).exists()
+
+
+def apply_discovery(
+    hostname: str, scan: NodeScan, *, actor_name: str = DISCOVERY_ACTOR
+) -> SyncPlan:
+    """Make the catalog match one scan of ``hostname``, in one transaction, audited.
+
+    Upserts on natural keys (hostname, GPU UUID). GPUs absent from the scan are marked missing,
+    never deleted; a GPU that comes back, or shows up on another node, keeps its row. Catalog
+    fields are never written. An identical scan changes no row but the node's ``last_scan_at``.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        node, _ = Node.objects.select_for_update().get_or_create(hostname=hostname)
+        scanned_uuids = [gpu.facts.uuid for gpu in scan.gpus if gpu.facts.uuid]
+        rows = list(
+            Gpu.objects.select_for_update(of=("self",))
+            .filter(Q(node=node) | Q(uuid__in=scanned_uuids))
+            .select_related("node")
+            .prefetch_related("mig_instances")
+            .order_by("pk")
+        )
+        by_uuid = {gpu.uuid: gpu for gpu in rows}
+        plan = plan_sync(
+            hostname,
+            scan,
+            node={name: getattr(node, name) for name in _NODE_DISCOVERED},
+            stored={gpu.uuid: _stored(gpu) for gpu in rows},
+            stored_links=_stored_links(node),
+        )
+        Node.objects.filter(pk=node.pk).update(last_scan_at=now, **plan.node_updates)
+        if plan.is_empty:
+            return plan
+        _apply_gpus(node, plan, by_uuid, now)
+        if plan.links is not None:
+            _apply_links(node, plan.links)
+        for change in plan.changes:
+            target = by_uuid.get(change.uuid) if change.uuid else node
+            record(
+                change.kind,
+                actor_name=actor_name,
+                target=target,
+                target_type="inventory.gpu" if change.uuid else "",
+                target_id=change.uuid or "",
+                before=change.before,
+                after=change.after,
+            )
+    return plan
+
+
+_NODE_DISCOVERED = ("driver_version", "cuda_driver_version", "nvml_version", "scan_error")
+
+
+def _stored(gpu: Gpu) -> StoredGpu:
+    names = (
+        *TEXT_FIELDS,
+        *VALUE_FIELDS,
+        "nvlink_count",
+        "mig_capable",
+        "mig_enabled",
+        "mig_pending_enabled",
+        "error_message",
+    )
+    mig = tuple(
+        {name: getattr(instance, name) for name in MIG_FIELDS}
+        for instance in sorted(gpu.mig_instances.all(), key=lambda i: (i.gi_id, i.ci_id))
+    )
+    return StoredGpu(
+        uuid=gpu.uuid,
+        hostname=gpu.node.hostname,
+        missing=gpu.is_missing,
+        fields={name: getattr(gpu, name) for name in names},
+        mig=mig,
+    )
+
+
+def _stored_links(node: Node) -> dict[LinkKey, tuple[str, int]]:
+    links = GpuLink.objects.filter(node=node).values_list(
+        "gpu_a__uuid", "gpu_b__uuid", "link_type", "nvlink_count"
+    )
+    return {tuple(sorted((a, b))): (kind, count) for a, b, kind, count in links}
+
+
+def _apply_gpus(node: Node, plan: SyncPlan, by_uuid: dict[str, Gpu], now: datetime) -> None:
+    # A present GPU's (node, index) is unique. GPUs that leave, change slot or arrive are first
+    # set aside as missing, so that swaps and replacements never collide half-way.
+    set_aside = {
+        uuid
+        for uuid, changed in plan.gpu_updates.items()
+        if "index" in changed or uuid in plan.gpu_moved
+    }
+    Gpu.objects.filter(uuid__in=[*plan.gpu_missing, *set_aside]).update(missing_since=now)
+    for uuid in plan.gpu_missing:
+        by_uuid[uuid].missing_since = now
+    for uuid, changed in plan.gpu_updates.items():
+        values: dict[str, Any] = dict(changed)
+        gpu = by_uuid[uuid]
+        if uuid in set_aside or uuid in plan.gpu_returned:
+            values["missing_since"] = None
+        if uuid in plan.gpu_moved:
+            values["node"] = node
+        if not values.get("error_message"):
+            values["last_seen_at"] = now
+        Gpu.objects.filter(pk=gpu.pk).update(**values)
+    for uuid, values in plan.gpu_creates.items():
+        by_uuid[uuid] = Gpu.objects.create(
+            uuid=uuid, node=node, first_seen_at=now, last_seen_at=now, **values
+        )
+    for uuid, layout in plan.mig_layouts.items():
+        gpu = by_uuid[uuid]
+        MigInstance.objects.filter(gpu=gpu).delete()
+        MigInstance.objects.bulk_create(MigInstance(gpu=gpu, **row) for row in layout)
+
+
+def _apply_links(node: Node, links: dict[LinkKey, tuple[str, int]]) -> None:
+    pks = dict(Gpu.objects.filter(node=node).values_list("uuid", "pk"))
+    GpuLink.objects.filter(node=node).delete()
+    rows = []
+    for (a, b), (kind, count) in links.items():
+        first, second = sorted((pks[a], pks[b]))
+        rows.append(
+            GpuLink(node=node, gpu_a_id=first, gpu_b_id=second, link_type=kind, nvlink_count=count)
+        )
+    GpuLink.objects.bulk_create(rows)
+
+
+def set_gpu_state(gpu: Gpu, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
+    """Drain, offline or bring a GPU back online; ``False`` when it already was in ``state``."""
+    return _set_state(Gpu, gpu, state, actor=actor, reason=reason, event_type="gpu.state_changed")
+
+
+def set_node_state(node: Node, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
+    """Drain, offline or bring a node back online; ``False`` when it already was in ``state``."""
+    return _set_state(
+        Node, node, state, actor=actor, reason=reason, event_type="node.state_changed"
+    )
+
+
+def _set_state(
+    model: type[Gpu] | type[Node],
+    row: Gpu | Node,
+    state: str,
+    *,
+    actor: AbstractBaseUser,
+    reason: str,
+    event_type: str,
+) -> bool:
+    if state not in {value for value, _ in model._meta.get_field("state").choices}:
+        raise ValueError(f"{state!r} is not a {model.__name__} state")
+    with transaction.atomic():
+        locked = model.objects.select_for_update().get(pk=row.pk)
+        if locked.state == state:
+            return False
+        model.objects.filter(pk=row.pk).update(state=state)
+        record(
+            event_type,
+            actor=actor,
+            target=locked,
+            target_id=getattr(locked, "uuid", "") or locked.pk,
+            before={"state": locked.state},
+            after={"state": state},
+            message=reason,
+        )
+    row.state = state
+    return True

@@ -1,0 +1,107 @@
+"""The catalog admin: discovered facts read-only, catalog edits and state actions audited."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Gpu, Node, Pool
+from inventory.services import apply_discovery
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def fleet(sim_scan):
+    apply_discovery("dgx-01", sim_scan("dgx-a100-40gb", "dgx-01"))
+    apply_discovery("box-01", sim_scan("pcie-l40s-4x", "box-01"))
+
+
+def test_gpu_list_filters_and_search(admin_client, fleet):
+    assert admin_client.get("/admin/inventory/gpu/").status_code == 200
+    listed = admin_client.get("/admin/inventory/gpu/?mig_enabled__exact=1")
+    assert listed.context["cl"].result_count == 2
+    assert admin_client.get("/admin/inventory/gpu/?missing=no").context["cl"].result_count == 12
+    uuid = Gpu.objects.get(node__hostname="box-01", index=3).uuid
+    found = admin_client.get(f"/admin/inventory/gpu/?q={uuid}")
+    assert [gpu.uuid for gpu in found.context["cl"].result_list] == [uuid]
+    by_node = admin_client.get("/admin/inventory/gpu/?q=box-01")
+    assert by_node.context["cl"].result_count == 4
+
+
+def test_gpu_list_query_count_does_not_grow_with_gpus(
+    admin_client, fleet, django_assert_max_num_queries
+):
+    with django_assert_max_num_queries(12):
+        admin_client.get("/admin/inventory/gpu/")
+
+
+def test_discovered_fields_are_read_only_and_catalog_edits_are_audited(admin_client, fleet):
+    gpu = Gpu.objects.get(node__hostname="dgx-01", index=0)
+    pool = Pool.objects.create(name="vision")
+    owner = get_user_model().objects.create_user("alice")
+    page = admin_client.get(f"/admin/inventory/gpu/{gpu.pk}/change/")
+    form = page.context["adminform"].form
+    assert set(form.fields) == {"label", "owner", "pool", "notes", "tags"}
+
+    response = admin_client.post(
+        f"/admin/inventory/gpu/{gpu.pk}/change/",
+        {
+            "label": "team-a",
+            "owner": owner.pk,
+            "pool": pool.pk,
+            "notes": "",
+            "tags": "nlp,big",
+            "name": "tampered",  # a discovered field: ignored
+            "mig_instances-TOTAL_FORMS": "3",
+            "mig_instances-INITIAL_FORMS": "3",
+            "mig_instances-MIN_NUM_FORMS": "0",
+            "mig_instances-MAX_NUM_FORMS": "1000",
+            **{
+                f"mig_instances-{i}-id": pk
+                for i, pk in enumerate(gpu.mig_instances.values_list("pk", flat=True))
+            },
+            **{f"mig_instances-{i}-gpu": gpu.pk for i in range(3)},
+        },
+    )
+    assert response.status_code == 302, response.content[:2000]
+    gpu.refresh_from_db()
+    assert (gpu.label, gpu.owner, gpu.pool, gpu.tags) == ("team-a", owner, pool, ["nlp", "big"])
+    assert gpu.name == "NVIDIA A100-SXM4-40GB"
+    event = AuditEvent.objects.get(event_type="gpu.catalog_changed")
+    assert event.target_id == gpu.uuid
+    assert event.before == {"label": "", "owner": None, "pool": None, "tags": []}
+    assert event.after == {
+        "label": "team-a",
+        "owner": "alice",
+        "pool": "vision",
+        "tags": ["nlp", "big"],
+    }
+
+
+def test_state_actions_go_through_the_audited_service(admin_client, fleet):
+    pks = list(Gpu.objects.filter(node__hostname="box-01").values_list("pk", flat=True))
+    response = admin_client.post(
+        "/admin/inventory/gpu/",
+        {"action": "set_draining", "_selected_action": pks[:2]},
+        follow=True,
+    )
+    assert "2 set to draining; 0 unchanged." in response.content.decode()
+    assert sorted(Gpu.objects.filter(state="draining").values_list("pk", flat=True)) == pks[:2]
+    events = AuditEvent.objects.filter(event_type="gpu.state_changed")
+    assert events.count() == 2
+    assert {(e.actor_name, e.before["state"], e.after["state"]) for e in events} == {
+        ("admin", "available", "draining")
+    }
+    admin_client.post(
+        "/admin/inventory/node/",
+        {"action": "set_offline", "_selected_action": [Node.objects.get(hostname="dgx-01").pk]},
+    )
+    assert Node.objects.get(hostname="dgx-01").state == "offline"
+    assert AuditEvent.objects.filter(event_type="node.state_changed").count() == 1
+
+
+def test_gpus_cannot_be_added_or_deleted_in_the_admin(admin_client, fleet):
+    gpu = Gpu.objects.first()
+    assert admin_client.get("/admin/inventory/gpu/add/").status_code == 403
+    assert admin_client.post(f"/admin/inventory/gpu/{gpu.pk}/delete/").status_code == 403
+    assert admin_client.get("/admin/inventory/node/add/").status_code == 403
