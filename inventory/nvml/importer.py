@@ -4,7 +4,10 @@
 optionally with its ``nvidia-smi topo -m``, into a schema-1 machine model dict (see
 ``sim/README.md``) whose scan gives back the captured values. Every value the schema needs but the
 capture lacks gets a conservative default, listed in the model's ``"sources"`` as
-``"assumed: ..."``; every captured group names the file it came from.
+``"assumed: ..."``; every captured group names the file it came from. Power limits, power draw
+and persistence mode the capture prints as ``N/A`` stay ``null`` (the simulator answers
+``NOT_SUPPORTED``, as NVML did), and ECC modes are kept as captured (supported but disabled
+included).
 
 Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity, the NVLinks (``NV#``) and the
 PCIe levels. Every GPU pair at the same ``NV#`` on 4 or more GPUs is modelled as an NVSwitch

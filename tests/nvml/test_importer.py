@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from inventory.nvml.importer import (
@@ -271,6 +272,38 @@ def test_board_facts_and_sources() -> None:
     sources = model["sources"]
     assert "k8s-test-infra__hardware__qx-h100.xml" in sources["gpu_types.H100-80GB-HBM3"]
     assert sources["gpu_types.H100-80GB-HBM3.num_gpu_cores, gpu_numa_id"].startswith("assumed:")
+
+
+@pytest.mark.parametrize(
+    ("name", "idle_mw"),
+    [
+        ("netdata__rtx-3060.xml", 8_700),  # limits N/A, draw 8.70 W
+        ("telegraf__quadro-p400.xml", None),  # limits and draw N/A
+        ("telegraf__tesla_p4.xml", None),
+        ("telegraf__gt-1030.xml", None),  # limits captured, draw N/A
+    ],
+)
+def test_captured_na_power_draw_is_not_supported(name: str, idle_mw: int | None) -> None:
+    model, _ = _import(name)
+    nvml = SimulatedNvml.from_model(model, node_name="imported-01")
+    nvml.nvmlInit()
+    h = nvml.nvmlDeviceGetHandleByIndex(0)
+    if idle_mw is None:
+        with pytest.raises(pynvml.NVMLError_NotSupported):
+            nvml.nvmlDeviceGetPowerUsage(h)
+    else:
+        assert nvml.nvmlDeviceGetPowerUsage(h) == pytest.approx(idle_mw, rel=0.011)
+
+
+def test_na_and_disabled_features_are_imported_as_null_and_modes() -> None:
+    laptop = next(iter(_import("netdata__rtx-3060.xml")[0]["gpu_types"].values()))
+    a5000 = next(iter(_import("telegraf__dual_a5000-v13.xml")[0]["gpu_types"].values()))
+    rtx3090 = next(iter(_import("telegraf__rtx-3090-v12.xml")[0]["gpu_types"].values()))
+    windows = next(iter(_import("telegraf__rtx-3080-v12.xml")[0]["gpu_types"].values()))
+    assert [laptop["power_w"][k] for k in ("default_limit", "min_limit", "max_limit")] == [None] * 3
+    assert a5000["ecc"] == {"current": False, "pending": False}
+    assert (rtx3090["power_w"]["default_limit"], rtx3090["power_w"]["enforced_limit"]) == (350, 200)
+    assert windows["persistence_mode"] is None
 
 
 def test_old_driver_names_and_unknown_architecture_are_kept() -> None:

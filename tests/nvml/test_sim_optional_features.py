@@ -23,10 +23,11 @@ _POWER_LIMIT_CALLS = (
     "nvmlDeviceGetPowerManagementLimitConstraints",
     "nvmlDeviceGetEnforcedPowerLimit",
 )
-_ECC_COUNTER_CALLS: tuple[Callable[[SimulatedNvml, Any], Any], ...] = (
-    lambda nvml, h: nvml.nvmlDeviceGetTotalEccErrors(h, 1, 0),
+_UNCORRECTED, _VOLATILE = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+_ECC_COUNTER_CALLS: tuple[Callable[[SimulatedNvml, Any], int], ...] = (
+    lambda nvml, h: nvml.nvmlDeviceGetTotalEccErrors(h, _UNCORRECTED, _VOLATILE),
     lambda nvml, h: nvml.nvmlDeviceGetMemoryErrorCounter(
-        h, 0, 1, pynvml.NVML_MEMORY_LOCATION_DRAM
+        h, _UNCORRECTED, _VOLATILE, pynvml.NVML_MEMORY_LOCATION_DRAM
     ),
 )
 
@@ -41,6 +42,7 @@ def _desktop(clock: Callable[[], float] = lambda: T0, **changes: Any) -> Simulat
 
 
 def _power(**changes: float | None) -> dict[str, float | None]:
+    """The model's ``power_w`` with ``changes``."""
     base = {"default_limit": 320, "min_limit": 150, "max_limit": 400, "idle": 25.92}
     return {**base, "full_load": 305, **changes}
 
@@ -126,8 +128,9 @@ def test_ecc_supported_but_disabled(ecc: dict[str, bool], mode: list[int]) -> No
 def test_ecc_true_is_enabled_and_false_is_not_supported() -> None:
     on, off = _desktop(ecc=True), _desktop()
 
-    assert on.nvmlDeviceGetEccMode(on.nvmlDeviceGetHandleByIndex(0)) == [1, 1]
-    assert _ECC_COUNTER_CALLS[0](on, on.nvmlDeviceGetHandleByIndex(0)) == 0
+    h = on.nvmlDeviceGetHandleByIndex(0)
+    assert on.nvmlDeviceGetEccMode(h) == [1, 1]
+    assert [call(on, h) for call in _ECC_COUNTER_CALLS] == [0, 0]
     with pytest.raises(pynvml.NVMLError_NotSupported):
         off.nvmlDeviceGetEccMode(off.nvmlDeviceGetHandleByIndex(0))
 

@@ -656,7 +656,8 @@ class SimulatedNvml:
         return gpu.type.clocks_max[_clock_key(type)]
 
     def nvmlDeviceGetPowerManagementMode(self, handle: Any) -> int:
-        _milliwatts(self._gpu(handle).type.power["default_limit"])
+        # "Power Management: N/A" in the captures whose power limits are all N/A.
+        _supported(self._gpu(handle).type.power["default_limit"])
         return pynvml.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetPowerManagementLimit(self, handle: Any) -> int:
