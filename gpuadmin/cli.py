@@ -139,21 +139,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     @_with_django
     def run(_: argparse.Namespace) -> int:
-        from inventory.agent import node_queue, scan_this_node
+        from gpuadmin.celery import app
+        from inventory.agent import AgentLoop, node_queue, scan_this_node
 
         scan = scan_this_node()
         system = scan.system
         summary = f"{len(scan.gpus)} GPUs, driver {system.driver_version or 'n/a'}"
         print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
-        return _celery(
-            [
-                "worker",
-                "-Q", node_queue(args.node),
-                "-n", f"agent.{args.node}@%h",
-                "-P", "solo",
-                "-l", "INFO",
-            ]
-        )  # fmt: skip
+        loop = AgentLoop(args.node, app.send_task)
+        loop.start()
+        try:
+            return _celery(
+                [
+                    "worker",
+                    "-Q", node_queue(args.node),
+                    "-n", f"agent.{args.node}@%h",
+                    "-P", "solo",
+                    "-l", "INFO",
+                ]
+            )  # fmt: skip
+        finally:
+            loop.stop()
 
     return run(args)
 

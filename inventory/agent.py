@@ -1,11 +1,23 @@
-"""What runs on a node agent: its NVML backend and its Celery queue name."""
+"""What runs on a node agent: its NVML backend, its queue, and the loop that keeps the central
+catalog current (registration, heartbeats, scans on start and periodically)."""
 
 from __future__ import annotations
 
-from django.conf import settings
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
+from kombu.exceptions import KombuError
+
+from gpuadmin import __version__
 from inventory.nvml import open_backend
 from inventory.nvml.scanner import NodeScan, scan
+
+log = logging.getLogger("gpuadmin.agent")
 
 
 def node_queue(node_name: str) -> str:
@@ -26,3 +38,73 @@ def scan_this_node() -> NodeScan:
     else:
         backend = open_backend("real")
     return scan(backend)
+
+
+def machine_model(result: NodeScan) -> str:
+    """What the node is: the simulated model's name, or e.g. ``8x NVIDIA H100 80GB HBM3``."""
+    if settings.GPUADMIN_NVML == "sim" and settings.GPUADMIN_SIM_MODEL:
+        return settings.GPUADMIN_SIM_MODEL
+    names = sorted({gpu.facts.name for gpu in result.gpus if gpu.facts.name})
+    return f"{len(result.gpus)}x {' + '.join(names)}" if names else ""
+
+
+class AgentLoop(threading.Thread):
+    """Registers the node, sends its scan, then heartbeats and re-scans until stopped.
+
+    Everything goes to the central worker as Celery tasks; a broker outage is logged and the
+    next tick tries again, starting with a full re-sync so the catalog reconciles.
+    """
+
+    def __init__(
+        self,
+        hostname: str,
+        send: Callable[..., Any],
+        *,
+        heartbeat_s: float | None = None,
+        rescan_s: float | None = None,
+    ) -> None:
+        super().__init__(name=f"agent-loop-{hostname}", daemon=True)
+        self.hostname = hostname
+        self.send = send
+        self.heartbeat_s = heartbeat_s or settings.GPUADMIN_HEARTBEAT_INTERVAL_S
+        self.rescan_s = rescan_s or settings.GPUADMIN_RESCAN_INTERVAL_S
+        self.stopped = threading.Event()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def run(self) -> None:
+        in_sync = False
+        next_scan = 0.0
+        while True:
+            try:
+                if not in_sync or time.monotonic() >= next_scan:
+                    self.sync()
+                    next_scan = time.monotonic() + self.rescan_s
+                    in_sync = True
+                else:
+                    self._send("inventory.heartbeat", self.hostname, timezone.now().isoformat())
+            except (KombuError, OSError) as exc:
+                log.warning(
+                    "agent %s: cannot reach the broker (%s); will retry", self.hostname, exc
+                )
+                in_sync = False
+            if self.stopped.wait(self.heartbeat_s):
+                return
+
+    def sync(self) -> NodeScan:
+        result = scan_this_node()
+        self._send(
+            "inventory.sync_node",
+            self.hostname,
+            result.to_dict(),
+            timezone.now().isoformat(),
+            machine_model(result),
+            __version__,
+        )
+        log.info("agent %s: sent scan of %d GPUs", self.hostname, len(result.gpus))
+        return result
+
+    def _send(self, name: str, *args: Any) -> None:
+        # A heartbeat is worthless once the next one is due: let the broker drop stale ones.
+        self.send(name, args=args, expires=self.heartbeat_s * 3 if name.endswith("beat") else None)

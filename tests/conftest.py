@@ -45,6 +45,18 @@ def server_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def session_database_url() -> str:
+    """DATABASE_URL of the database this test session runs on (for child processes)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    credentials = f"{db['USER']}:{db['PASSWORD']}"
+    if db["HOST"].startswith("/"):
+        return f"postgresql://{credentials}@/{db['NAME']}?host={db['HOST']}"
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgresql://{credentials}@{db['HOST'] or 'localhost'}{port}/{db['NAME']}"
+
+
 @pytest.fixture
 def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
     """Environment for a `gpuadmin` child process sharing this session's servers."""

@@ -36,7 +36,7 @@ def read_until(process: subprocess.Popen, marker: str, timeout: float) -> str:
     raise AssertionError(f"{marker!r} not seen; output so far:\n{''.join(seen)}")
 
 
-def log_in(base_url: str, username: str, password: str) -> str:
+def log_in(base_url: str, username: str, password: str) -> urllib.request.OpenerDirector:
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
     opener.open(f"{base_url}/admin/login/")
@@ -52,7 +52,8 @@ def log_in(base_url: str, username: str, password: str) -> str:
     request = urllib.request.Request(
         f"{base_url}/admin/login/", data=form, headers={"Referer": f"{base_url}/admin/login/"}
     )
-    return opener.open(request).read().decode()
+    assert "<title>Fleet catalog | gpuadmin</title>" in opener.open(request).read().decode()
+    return opener
 
 
 def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_dir, free_port):
@@ -100,7 +101,15 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
                 assert time.monotonic() < deadline, "web server never answered"
                 time.sleep(0.5)
         assert health["status"] == "ok"
-        assert "<title>Fleet catalog | gpuadmin</title>" in log_in(base_url, "admin", password)
+        admin = log_in(base_url, "admin", password)
+        # The demo node's agent registered it and synced its GPUs through the central worker.
+        deadline = time.monotonic() + 60
+        while "dgx-h100-01/GPU7" not in (
+            page := admin.open(f"{base_url}/admin/inventory/gpu/?q=dgx-h100-01").read().decode()
+        ):
+            assert time.monotonic() < deadline, "the demo node's GPUs never reached the catalog"
+            time.sleep(0.5)
+        assert "8 gpus" in page.lower()
         assert not (tmp_path / "data" / "secret_key").stat().st_mode & 0o077
     finally:
         up.send_signal(signal.SIGINT)

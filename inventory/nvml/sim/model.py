@@ -142,7 +142,7 @@ def format_bus_id(domain: int, bus: int, device: int) -> str:
 
 
 def _ecc_mode(spec: bool | dict[str, bool]) -> tuple[int, int] | None:
-    """``true`` (on, as before), ``false`` (no ECC) or ``{"current": bool, "pending": bool}``."""
+    """``true`` (on, current and pending), ``false`` (no ECC) or ``{"current", "pending"}``."""
     if isinstance(spec, dict):
         return int(spec["current"]), int(spec["pending"])
     return (pynvml.NVML_FEATURE_ENABLED, pynvml.NVML_FEATURE_ENABLED) if spec else None
