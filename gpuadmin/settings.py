@@ -48,6 +48,8 @@ GPUADMIN_SIM_MODEL = env_str("GPUADMIN_SIM_MODEL")
 GPUADMIN_HEARTBEAT_INTERVAL_S = env_int("GPUADMIN_HEARTBEAT_INTERVAL_S", 10, minimum=1)
 GPUADMIN_HEARTBEAT_GRACE_S = env_int("GPUADMIN_HEARTBEAT_GRACE_S", 30, minimum=1)
 GPUADMIN_RESCAN_INTERVAL_S = env_int("GPUADMIN_RESCAN_INTERVAL_S", 300, minimum=5)
+# How often agents publish live GPU samples (utilization, memory, temperature, power) to Redis.
+GPUADMIN_SAMPLE_INTERVAL_S = env_int("GPUADMIN_SAMPLE_INTERVAL_S", 2, minimum=1)
 
 _database_url = env_str("DATABASE_URL")
 _redis_url = env_str("REDIS_URL")
@@ -57,6 +59,7 @@ if not _database_url or not _redis_url:
         "worker/manage, make test) set them to private embedded servers when they are unset."
     )
 DATABASES = {"default": parse_database_url(_database_url)}
+REDIS_URL = _redis_url
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -12,10 +12,15 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
 
 from gpuadmin import __version__
-from inventory.nvml import open_backend
+from inventory import live
+from inventory.nvml import SECTIONS, open_backend
 from inventory.nvml.scanner import NodeScan, scan
+
+# What a live sample needs (memory used is one of the facts).
+SAMPLE_SECTIONS = ("facts", "metrics")
 
 log = logging.getLogger("gpuadmin.agent")
 
@@ -25,7 +30,7 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def scan_this_node() -> NodeScan:
+def scan_this_node(include: tuple[str, ...] = SECTIONS) -> NodeScan:
     """Scan the agent's own GPUs: real NVML, or the simulated machine model it was given."""
     if settings.GPUADMIN_NVML == "sim":
         backend = open_backend(
@@ -37,7 +42,7 @@ def scan_this_node() -> NodeScan:
         )
     else:
         backend = open_backend("real")
-    return scan(backend)
+    return scan(backend, include=include)
 
 
 def machine_model(result: NodeScan) -> str:
@@ -49,10 +54,12 @@ def machine_model(result: NodeScan) -> str:
 
 
 class AgentLoop(threading.Thread):
-    """Registers the node, sends its scan, then heartbeats and re-scans until stopped.
+    """Registers the node and sends its scan, then publishes live samples, heartbeats and
+    re-scans until stopped.
 
-    Everything goes to the central worker as Celery tasks; a broker outage is logged and the
-    next tick tries again, starting with a full re-sync so the catalog reconciles.
+    Scans and heartbeats go to the central worker as Celery tasks; samples go to Redis. An
+    outage is logged and the next tick tries again, starting with a full re-sync so the catalog
+    reconciles.
     """
 
     def __init__(
@@ -60,12 +67,14 @@ class AgentLoop(threading.Thread):
         hostname: str,
         send: Callable[..., Any],
         *,
+        sample_s: float | None = None,
         heartbeat_s: float | None = None,
         rescan_s: float | None = None,
     ) -> None:
         super().__init__(name=f"agent-loop-{hostname}", daemon=True)
         self.hostname = hostname
         self.send = send
+        self.sample_s = sample_s or settings.GPUADMIN_SAMPLE_INTERVAL_S
         self.heartbeat_s = heartbeat_s or settings.GPUADMIN_HEARTBEAT_INTERVAL_S
         self.rescan_s = rescan_s or settings.GPUADMIN_RESCAN_INTERVAL_S
         self.stopped = threading.Event()
@@ -75,21 +84,29 @@ class AgentLoop(threading.Thread):
 
     def run(self) -> None:
         in_sync = False
-        next_scan = 0.0
+        next_scan = next_beat = 0.0
         while True:
+            now = time.monotonic()
             try:
-                if not in_sync or time.monotonic() >= next_scan:
-                    self.sync()
-                    next_scan = time.monotonic() + self.rescan_s
-                    in_sync = True
+                if not in_sync or now >= next_scan:
+                    result = self.sync()
+                    in_sync, next_scan, next_beat = (
+                        True,
+                        now + self.rescan_s,
+                        now + self.heartbeat_s,
+                    )
                 else:
-                    self._send("inventory.heartbeat", self.hostname, timezone.now().isoformat())
-            except (KombuError, OSError) as exc:
+                    result = scan_this_node(include=SAMPLE_SECTIONS)
+                    if now >= next_beat:
+                        self._send("inventory.heartbeat", self.hostname, timezone.now().isoformat())
+                        next_beat = now + self.heartbeat_s
+                live.publish(self.hostname, result)
+            except (KombuError, OSError, RedisError) as exc:
                 log.warning(
                     "agent %s: cannot reach the broker (%s); will retry", self.hostname, exc
                 )
                 in_sync = False
-            if self.stopped.wait(self.heartbeat_s):
+            if self.stopped.wait(self.sample_s):
                 return
 
     def sync(self) -> NodeScan:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
+from inventory import live
 from inventory.models import Gpu, Node
 from tests.conftest import REPO_DIR, session_database_url
 
@@ -57,6 +58,9 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
     try:
         wait_for(node_is(hostname, reachable=True), 90, "the node to register and heartbeat")
         wait_for(lambda: Gpu.objects.on_node(hostname).count() == 4, 30, "its 4 GPUs")
+        wait_for(lambda: len(live.latest([hostname])[hostname]) == 4, 30, "live samples")
+        samples = live.latest([hostname])[hostname]
+        assert {sample["temperature_c"] for sample in samples.values()} <= set(range(20, 40))
         node = Node.objects.get(hostname=hostname)
         assert (node.model, node.driver_version, node.agent_version) == (
             "pcie-l40s-4x",
