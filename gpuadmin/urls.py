@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gpuadmin import views
@@ -8,6 +8,8 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
     path("admin/", admin.site.urls),
+    path("", include("inventory.urls")),
+    path("", include("inventory.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]
