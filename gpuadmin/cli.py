@@ -66,7 +66,7 @@ def _with_django(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse
             return run(args)
         finally:
             if services is not None:
-                services.stop()
+                services.release()
 
     return wrapper
 
@@ -234,7 +234,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 def cmd_services(args: argparse.Namespace) -> int:
     services = EmbeddedServices(data_dir_from_env())
     if args.action == "start":
-        for name, url in services.start().items():
+        for name, url in services.start(keep_running=True).items():
             print(f"{name}={url}")
     elif args.action == "stop":
         services.stop(everything=True)
@@ -317,7 +317,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     finally:
         _stop_children(children)
         if services is not None:
-            services.stop()
+            services.release()
 
 
 # Argument parsing ----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ Plain Python: no Django imports, because the CLI calls this before Django is con
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import signal
@@ -17,8 +19,11 @@ import socket
 import subprocess
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger("gpuadmin.embedded")
 
@@ -42,10 +47,47 @@ class EmbeddedServices:
     def redis_dir(self) -> Path:
         return self.data_dir / "redis"
 
-    def start(self) -> dict[str, str]:
-        """Start (or adopt) both servers and return their URLs as environment variables."""
+    def start(self, *, keep_running: bool = False) -> dict[str, str]:
+        """Start (or adopt) both servers and return their URLs as environment variables.
+
+        The calling process is recorded as a user until ``release()``. Servers started here stop
+        when their last user releases them, unless ``keep_running`` (``gpuadmin services
+        start``): then they run until ``gpuadmin services stop``.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        return {"DATABASE_URL": self._start_postgres(), "REDIS_URL": self._start_redis()}
+        with self._users() as users:
+            urls = {"DATABASE_URL": self._start_postgres(), "REDIS_URL": self._start_redis()}
+            if self.started and not users["pids"]:
+                users["auto_stop"] = not keep_running
+            if not keep_running:
+                users["pids"].append(os.getpid())
+        return urls
+
+    def release(self) -> None:
+        """This process is done: stop the servers if it was their last user and they were
+        started on demand (by ``gpuadmin up``, a dev command or the tests)."""
+        with self._users() as users:
+            if os.getpid() in users["pids"]:
+                users["pids"].remove(os.getpid())  # one use: a process may hold several
+            if users["pids"] or not users["auto_stop"]:
+                return
+            self.stop(everything=True)
+            users["auto_stop"] = False
+
+    @contextmanager
+    def _users(self) -> Iterator[dict[str, Any]]:
+        """The live processes using the servers, read and written under a file lock."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / "users.json"
+        with open(self.data_dir / "users.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                users = json.loads(path.read_text())
+            except (OSError, ValueError):
+                users = {"pids": [], "auto_stop": False}
+            users["pids"] = [pid for pid in users["pids"] if _alive(pid)]
+            yield users
+            path.write_text(json.dumps(users))
 
     def stop(self, *, everything: bool = False) -> None:
         """Stop the servers this object started (all of them with ``everything=True``)."""
@@ -185,6 +227,16 @@ class EmbeddedServices:
         logger.info("stopped embedded Redis")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _import_pgserver_quietly() -> None:
     """pgserver warns at import time when XDG_RUNTIME_DIR is unset (it falls back to /tmp)."""
     with warnings.catch_warnings():
@@ -219,8 +271,8 @@ def data_dir_from_env() -> Path:
 def ensure_service_urls(data_dir: Path) -> EmbeddedServices | None:
     """Fill ``DATABASE_URL``/``REDIS_URL`` from embedded servers when either is unset.
 
-    Returns the services object when it started something, so the caller can stop it later;
-    ``None`` when both URLs were given (external servers are never touched).
+    Returns the services object, which the caller ``release()``s when done; ``None`` when both
+    URLs were given (external servers are never touched).
     """
     if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
         return None

@@ -18,11 +18,11 @@ SHARED_DIR = REPO_DIR.parent / "shared"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Stop the embedded servers tests/settings.py started (none when URLs were given)."""
+    """Release the embedded servers tests/settings.py used (none when URLs were given)."""
     settings_module = sys.modules.get("tests.settings")
     services = getattr(settings_module, "EMBEDDED_SERVICES", None)
     if services is not None:
-        services.stop()
+        services.release()
 
 
 @pytest.fixture

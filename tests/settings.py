@@ -14,3 +14,5 @@ EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
 from gpuadmin.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# One test database per session, so that test runs side by side on one server never collide.
+DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405

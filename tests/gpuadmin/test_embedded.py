@@ -50,7 +50,7 @@ def test_a_second_start_adopts_running_servers_without_owning_them(services):
     second = EmbeddedServices(services.data_dir)
     assert second.start() == first
     assert second.started == []
-    second.stop()  # not its servers: nothing stops
+    second.release()  # another user remains: nothing stops
     assert services.status() == first
 
 
@@ -79,3 +79,36 @@ def test_given_urls_are_used_and_nothing_is_started(monkeypatch, tmp_path):
     monkeypatch.setenv("REDIS_URL", "redis://cache.example/0")
     assert ensure_service_urls(tmp_path / "data") is None
     assert not (tmp_path / "data").exists()
+
+
+def run_as_other_process(services: EmbeddedServices, code: str) -> None:
+    """Start and release from a child process, as a second `gpuadmin` command would."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_DIR
+
+    script = (
+        "from pathlib import Path; from gpuadmin.embedded import EmbeddedServices; "
+        f"s = EmbeddedServices(Path({str(services.data_dir)!r})); {code}"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=REPO_DIR)
+
+
+def test_servers_stop_when_their_last_user_releases_them(services):
+    urls = services.start()
+    other = EmbeddedServices(services.data_dir)
+    other.start()  # a second command in this process adopts the servers
+
+    run_as_other_process(services, "s.start(); s.release()")  # a third one came and went
+    services.release()
+    assert services.status() == urls  # `other` still uses them
+
+    other.release()
+    assert services.status() == {"DATABASE_URL": None, "REDIS_URL": None}
+
+
+def test_servers_started_to_keep_running_outlive_their_users(services):
+    urls = services.start(keep_running=True)
+    run_as_other_process(services, "s.start(); s.release()")
+    assert services.status() == urls
