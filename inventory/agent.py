@@ -30,19 +30,23 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def scan_this_node(include: tuple[str, ...] = SECTIONS) -> NodeScan:
-    """Scan the agent's own GPUs: real NVML, or the simulated machine model it was given."""
+def node_backend() -> Any:
+    """The agent's own NVML backend: real NVML, or the simulated machine model it was given
+    (its state shared with the node's other processes under ``GPUADMIN_SIM_STATE_DIR``)."""
     if settings.GPUADMIN_NVML == "sim":
-        backend = open_backend(
+        return open_backend(
             "sim",
             sim_model=settings.GPUADMIN_SIM_MODEL or None,
             sim_fleet=None if settings.GPUADMIN_SIM_MODEL else settings.GPUADMIN_SIM_FLEET,
             node_name=settings.GPUADMIN_NODE_NAME,
             state_dir=str(settings.GPUADMIN_SIM_STATE_DIR),
         )
-    else:
-        backend = open_backend("real")
-    return scan(backend, include=include)
+    return open_backend("real")
+
+
+def scan_this_node(include: tuple[str, ...] = SECTIONS) -> NodeScan:
+    """Scan the agent's own GPUs: real NVML, or the simulated machine model it was given."""
+    return scan(node_backend(), include=include)
 
 
 def machine_model(result: NodeScan) -> str:

@@ -1,16 +1,24 @@
-"""Inventory state changes: node registration, heartbeats and discovery sync (all audited)."""
+"""Inventory state changes: node registration, heartbeats, discovery sync and MIG instance
+create/destroy through the node agent (all audited)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from gpuadmin.audit.services import record
+from inventory import live
+from inventory.agent import node_queue
 from inventory.discovery import (
     TEXT_FIELDS,
     VALUE_FIELDS,
@@ -247,3 +255,173 @@ def _set_state(
         )
     row.state = state
     return True
+
+
+# --------------------------------------------------------------------------- MIG changes
+
+# How long an admin's MIG change waits for the node's agent (it also expires the task, so a
+# node that comes back later never runs a change nobody is waiting for).
+MIG_TASK_TIMEOUT_S = 30.0
+
+MigChangeGuard = Callable[[Gpu], str | None]
+_mig_change_guards: list[MigChangeGuard] = []
+
+
+class MigChangeRefused(ValueError):
+    """A MIG change that was not made. ``code`` says why: refused here before anything was
+    sent (``gpu_missing``, ``mig_disabled``, ``node_unreachable``, ``no_live_sample``,
+    ``busy``, ``no_such_instance``, ``vetoed`` by a registered guard), or by the node's NVML
+    (a ``mig_ops.MigErrorCode`` value: ``no_room``, ``unknown_profile``, ...)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+class MigChangeTimedOut(TimeoutError):
+    """The node's agent did not answer in time; the catalog was left as it was."""
+
+
+def register_mig_change_guard(guard: MigChangeGuard) -> None:
+    """Let an app above inventory veto MIG changes of a GPU (scheduling: "it has an active
+    allocation"). A guard returns the refusal sentence, or None to allow the change."""
+    if guard not in _mig_change_guards:
+        _mig_change_guards.append(guard)
+
+
+def create_mig_instance(
+    gpu: Gpu, profile_name: str, *, actor: AbstractBaseUser, placement_start: int | None = None
+) -> list[MigInstance]:
+    """Create a ``profile_name`` GPU instance (at ``placement_start``, or where NVML chooses)
+    with its full-size compute instance on ``gpu``, through its node's agent.
+
+    Refuses (``MigChangeRefused``) before sending anything unless the GPU is present and
+    MIG-enabled, its node reachable and it runs no work; the node's NVML may refuse too (no
+    room, unknown profile, ...). Waits ``MIG_TASK_TIMEOUT_S`` (``MigChangeTimedOut``). Applies
+    the node's fresh scan and audits ``gpu.mig_instance_created`` as ``actor``. Returns the
+    GPU's MIG instances after the change.
+    """
+    gpu = _check_mig_change(gpu)
+    before = _mig_rows(gpu)
+    outcome = _run_on_node(gpu, "inventory.mig_create", gpu.index, profile_name, placement_start)
+
+    def audit(after: list[dict[str, Any]]) -> None:
+        gi_id, ci_id = outcome["gi_id"], outcome["ci_id"]
+        record(
+            "gpu.mig_instance_created",
+            actor=actor,
+            target=gpu,
+            target_id=gpu.uuid,
+            before={"mig_instances": before},
+            after={
+                "gi_id": gi_id,
+                "ci_id": ci_id,
+                "profile_name": profile_name,
+                "mig_instances": after,
+            },
+            message=f"created {profile_name} as GPU instance {gi_id} / compute instance {ci_id}",
+        )
+
+    return _apply_mig_outcome(gpu, outcome, audit)
+
+
+def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: AbstractBaseUser) -> list[MigInstance]:
+    """Destroy GPU instance ``gi_id`` of ``gpu`` (its compute instances first) through its
+    node's agent; same refusals, timeout and auditing (``gpu.mig_instance_destroyed``) as
+    ``create_mig_instance``. Returns the GPU's MIG instances after the change."""
+    gpu = _check_mig_change(gpu)
+    before = _mig_rows(gpu)
+    profile_name = next((row["profile_name"] for row in before if row["gi_id"] == gi_id), None)
+    if profile_name is None:
+        raise MigChangeRefused(f"{_gpu_label(gpu)} has no GPU instance {gi_id}", "no_such_instance")
+    outcome = _run_on_node(gpu, "inventory.mig_destroy", gpu.index, gi_id)
+
+    def audit(after: list[dict[str, Any]]) -> None:
+        record(
+            "gpu.mig_instance_destroyed",
+            actor=actor,
+            target=gpu,
+            target_id=gpu.uuid,
+            before={"gi_id": gi_id, "profile_name": profile_name, "mig_instances": before},
+            after={"mig_instances": after},
+            message=f"destroyed {profile_name} GPU instance {gi_id}",
+        )
+
+    return _apply_mig_outcome(gpu, outcome, audit)
+
+
+def _gpu_label(gpu: Gpu) -> str:
+    return f"GPU {gpu.index} of {gpu.node.hostname}"
+
+
+def _check_mig_change(gpu: Gpu) -> Gpu:
+    """The GPU as stored now, when a MIG change may be sent to it; else ``MigChangeRefused``."""
+    gpu = Gpu.objects.select_related("node").get(pk=gpu.pk)
+    label, node = _gpu_label(gpu), gpu.node
+    if gpu.is_missing:
+        raise MigChangeRefused(f"{label} is missing from its node's scans", "gpu_missing")
+    if not gpu.mig_enabled:
+        raise MigChangeRefused(f"MIG is not enabled on {label}", "mig_disabled")
+    if not node.is_reachable():
+        raise MigChangeRefused(
+            f"node {node.hostname} is unreachable: no heartbeat in the last "
+            f"{settings.GPUADMIN_HEARTBEAT_GRACE_S} s",
+            "node_unreachable",
+        )
+    try:
+        sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid, {})
+    except RedisError as exc:
+        raise MigChangeRefused(
+            f"cannot read the live samples ({exc}) to see if {label} is busy", "no_live_sample"
+        ) from exc
+    processes = sample.get("processes")
+    if processes is None:
+        raise MigChangeRefused(
+            f"no live sample of {label}: cannot tell whether it runs work", "no_live_sample"
+        )
+    if processes:
+        raise MigChangeRefused(f"{label} is busy: {processes} process(es) running on it", "busy")
+    for guard in _mig_change_guards:
+        if reason := guard(gpu):
+            raise MigChangeRefused(reason, "vetoed")
+    return gpu
+
+
+def _mig_rows(gpu: Gpu) -> list[dict[str, Any]]:
+    return [
+        {name: getattr(instance, name) for name in MIG_FIELDS}
+        for instance in MigInstance.objects.filter(gpu=gpu).order_by("gi_id", "ci_id")
+    ]
+
+
+def _run_on_node(gpu: Gpu, task_name: str, *args: Any) -> dict[str, Any]:
+    """Run a MIG task on the GPU's node agent and wait for its outcome."""
+    hostname = gpu.node.hostname
+    result = current_app.send_task(
+        task_name, args=args, queue=node_queue(hostname), expires=MIG_TASK_TIMEOUT_S
+    )
+    try:
+        # A node queue is never the caller's own, so waiting inside a task cannot deadlock.
+        return result.get(timeout=MIG_TASK_TIMEOUT_S, disable_sync_subtasks=False)
+    except CeleryTimeoutError:
+        result.revoke()
+        raise MigChangeTimedOut(
+            f"node {hostname} did not answer within {MIG_TASK_TIMEOUT_S:g} s; nothing was "
+            f"recorded (should its agent still make the change, its next scan will show it)"
+        ) from None
+
+
+def _apply_mig_outcome(
+    gpu: Gpu, outcome: dict[str, Any], audit: Callable[[list[dict[str, Any]]], None]
+) -> list[MigInstance]:
+    """Apply the node's fresh scan (whatever the outcome: it is the node's real layout) and,
+    when the change was made, its audit row, in one transaction."""
+    error = outcome["error"]
+    with transaction.atomic():
+        apply_discovery(gpu.node.hostname, NodeScan.from_dict(outcome["scan"]))
+        if error is None:
+            audit(_mig_rows(gpu))
+    if error is not None:
+        raise MigChangeRefused(error["message"], error["code"])
+    return list(MigInstance.objects.filter(gpu=gpu).order_by("gi_id", "ci_id"))

@@ -1,19 +1,22 @@
 """Celery tasks of the inventory app: thin wrappers around inventory.agent and services.
 
-``scan_node`` runs on a node agent's own queue (``node.<name>``); the others run centrally and
-are what agents send: scans to sync (which register the node) and heartbeats.
+``scan_node``, ``mig_create`` and ``mig_destroy`` run on a node agent's own queue
+(``node.<name>``); the others run centrally and are what agents send: scans to sync (which
+register the node) and heartbeats.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
 from django.utils.dateparse import parse_datetime
 
 from inventory import services
-from inventory.agent import scan_this_node
-from inventory.nvml.scanner import NodeScan
+from inventory.agent import node_backend, scan_this_node
+from inventory.nvml import mig_ops
+from inventory.nvml.scanner import NodeScan, scan
 
 
 @shared_task(name="inventory.scan_node")
@@ -37,3 +40,41 @@ def sync_node(
     plan = services.apply_discovery(hostname, NodeScan.from_dict(scan))
     services.record_heartbeat(hostname, parse_datetime(sent_at))
     return {"changes": len(plan.changes)}
+
+
+@shared_task(name="inventory.mig_create")
+def mig_create(
+    gpu_index: int, profile_name: str, placement_start: int | None = None
+) -> dict[str, Any]:
+    """Create a MIG GPU instance and its full-size compute instance on this node (runs on the
+    node's agent). Returns ``{"gi_id", "ci_id", "error": None, "scan"}``, or ``{"error":
+    {"message", "code"}, "scan"}`` when NVML refused; ``scan`` is the node's fresh full scan."""
+
+    def create(nvml: Any) -> dict[str, Any]:
+        gi_id, ci_id = mig_ops.create_gpu_instance(nvml, gpu_index, profile_name, placement_start)
+        return {"gi_id": gi_id, "ci_id": ci_id}
+
+    return _mig_operation(create)
+
+
+@shared_task(name="inventory.mig_destroy")
+def mig_destroy(gpu_index: int, gi_id: int) -> dict[str, Any]:
+    """Destroy a MIG GPU instance (its compute instances first) on this node (runs on the
+    node's agent). Returns ``{"error": None | {"message", "code"}, "scan"}``."""
+
+    def destroy(nvml: Any) -> dict[str, Any]:
+        mig_ops.destroy_gpu_instance(nvml, gpu_index, gi_id)
+        return {}
+
+    return _mig_operation(destroy)
+
+
+def _mig_operation(operation: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    # The scan is taken whatever happened, so the catalog always learns the node's real layout.
+    nvml = node_backend()
+    try:
+        outcome: dict[str, Any] = {**operation(nvml), "error": None}
+    except mig_ops.MigOperationError as err:
+        outcome = {"error": {"message": err.message, "code": str(err.code)}}
+    outcome["scan"] = scan(nvml).to_dict()
+    return outcome

@@ -1,0 +1,97 @@
+"""The inventory pages in real Chromium: live refresh without reload, the failure toast,
+the topology matrix and the MIG drawing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from inventory import live
+from inventory.nvml.scanner import scan
+from inventory.nvml.sim import SimulatedNvml, faults
+from tests.inventory.pages import add_node, unique_host
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_dashboard_values_change_without_reload(page, live_server):
+    host = unique_host()
+    scanned = add_node(host)
+    row = page.locator(f'tr[data-uuid="{scanned.gpus[5].facts.uuid}"]')
+    page.goto(live_server.url + "/fleet/")
+    assert row.locator("td.procs").inner_text() == "0"
+    page.evaluate("window.__marker = 1")
+
+    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name=host)
+    faults.start_process(nvml, None, 5, 4242, used_mib=30_000, util=88)
+    live.publish(host, scan(nvml, include=("facts", "metrics")))
+
+    page.wait_for_function(
+        "document.querySelector('[data-count=busy]').textContent === '1'", timeout=10_000
+    )
+    assert row.locator("td.util").inner_text() == "88%"
+    assert row.locator("td.procs").inner_text() == "1"
+    assert page.evaluate("window.__marker") == 1
+
+
+def test_failed_refresh_shows_a_toast_and_keeps_the_page(page, live_server):
+    add_node(unique_host())
+    page.goto(live_server.url + "/fleet/")
+    page.evaluate("window.__marker = 1")
+
+    def fail_htmx(route) -> None:  # noqa: ANN001 - playwright Route
+        if route.request.headers.get("hx-request"):
+            route.fulfill(status=500, body="boom")
+        else:
+            route.continue_()
+
+    page.route(re.compile(r"/fleet/"), fail_htmx)
+    page.click("#refresh-live")
+    toast = page.locator("#toasts .toast")
+    toast.wait_for(timeout=5_000)
+    assert "HTTP 500" in toast.inner_text()
+    assert page.locator("[data-count=total]").inner_text() == "8"
+    assert page.evaluate("window.__marker") == 1
+
+
+def test_topology_of_a_dgx_a100_shows_nv12_everywhere(page, live_server):
+    host = unique_host()
+    add_node(host)
+    page.goto(f"{live_server.url}/nodes/{host}/topology/")
+    cells = page.locator("table.topo td.link")
+    assert cells.count() == 64
+    assert page.locator("table.topo td.link-nv").all_inner_texts() == ["NV12"] * 56
+    assert page.locator("table.topo td.link-self").count() == 8
+
+
+def test_mig_page_draws_the_instances_to_scale(page, live_server):
+    host = unique_host()
+    add_node(host)
+    page.goto(f"{live_server.url}/nodes/{host}/mig/")
+
+    def widths(gpu: int) -> list[tuple[str, int]]:
+        cards = page.locator(f"#mig-gpu{gpu} .mig-instance")
+        return [
+            (card.get_attribute("data-profile"), round(card.bounding_box()["width"]))
+            for card in cards.all()
+        ]
+
+    slice_width = page.locator("#mig-gpu0 .mig-slice").first.bounding_box()["width"]
+    gpu0 = widths(0)
+    assert [name for name, _ in gpu0] == ["2g.10gb", "2g.10gb", "3g.20gb"]
+    assert gpu0[2][1] == pytest.approx(4 * slice_width + 12, abs=2)  # 4 slices + 3 gaps
+    assert gpu0[0][1] == pytest.approx(2 * slice_width + 4, abs=2)
+    gpu1 = widths(1)
+    assert [name for name, _ in gpu1] == ["1g.5gb"] * 7
+    assert {width for _, width in gpu1} == {round(slice_width)}
+
+
+def test_gpu_detail_page_shows_its_links_and_mig_layout(page, live_server):
+    host = unique_host()
+    scanned = add_node(host)
+    page.goto(f"{live_server.url}/gpus/{scanned.gpus[0].facts.uuid}/")
+    assert page.title() == f"gpuadmin: {host} GPU0"
+    assert page.locator(".mig-instance").count() == 3
+    assert page.locator("#gpu-live dt").first.inner_text() == "Status"
+    assert page.get_by_role("link", name="GPU7").count() == 1

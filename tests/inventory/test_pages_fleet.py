@@ -1,0 +1,119 @@
+"""The fleet dashboard: cards, summary, filters, the HTMX partial and its query count."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.utils import timezone
+
+from inventory import live
+from inventory.models import Gpu, Node, Pool
+from tests.inventory.pages import add_node, unique_host
+
+pytestmark = pytest.mark.django_db
+
+
+def count(html: str, status: str) -> int:
+    return int(re.search(rf'data-count="{status}">(\d+)<', html)[1])
+
+
+def gpu_row(html: str, uuid: str) -> str:
+    return re.search(rf'<tr class="gpu-row[^"]*" data-uuid="{uuid}">.*?</tr>', html, re.S)[0]
+
+
+def test_dashboard_shows_every_node_with_live_values(client):
+    host = unique_host()
+    scanned = add_node(host, busy={3: 97})
+    busy = scanned.gpus[3].facts.uuid
+    used_mib = live.latest([host])[host][busy]["memory_used_mib"]
+
+    response = client.get("/fleet/")
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "<title>gpuadmin: fleet</title>" in html
+    assert f'id="node-{host}"' in html
+    assert html.count('class="gpu-row') == 8
+    row = gpu_row(html, busy)
+    assert '<td class="num util">97%</td>' in row
+    assert f"{used_mib / 1024:.1f}/40" in row
+    assert '<td class="num procs">1</td>' in row
+    assert "status-busy" in row
+    assert 'title="3 MIG instances">MIG 3<' in gpu_row(html, scanned.gpus[0].facts.uuid)
+    assert (count(html, "total"), count(html, "busy"), count(html, "free")) == (8, 1, 7)
+    assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']\"" in html
+    assert "Refresh live GPUs" in html
+    assert "HX-Request" in response["Vary"]
+
+
+def test_htmx_request_gets_only_the_live_region(client):
+    add_node(unique_host())
+    full = client.get("/fleet/?state=available").content.decode()
+    response = client.get("/fleet/?state=available", HTTP_HX_REQUEST="true")
+
+    partial = response.content.decode()
+    assert partial.lstrip().startswith('<div id="fleet-live" hx-get="/fleet/?state=available"')
+    assert "<html" not in partial and "<form" not in partial
+    assert "<html" in full and partial.strip() in full
+    boosted = client.get("/fleet/", HTTP_HX_REQUEST="true", HTTP_HX_BOOSTED="true")
+    assert "<html" in boosted.content.decode()
+
+
+def test_unreachable_node_greys_its_gpus_offline(client):
+    host = unique_host()
+    add_node(host)
+    Node.objects.filter(hostname=host).update(
+        last_heartbeat_at=timezone.now() - timezone.timedelta(hours=1)
+    )
+
+    html = client.get("/fleet/").content.decode()
+
+    assert f'class="panel node-card unreachable" id="node-{host}"' in html
+    assert ">unreachable</span>" in html
+    assert (count(html, "offline"), count(html, "free")) == (8, 0)
+
+
+def test_missing_and_failing_gpus_count_as_degraded(client):
+    host = unique_host()
+    scanned = add_node(host)
+    Gpu.objects.filter(index=5).update(missing_since=timezone.now())
+    Gpu.objects.filter(index=6).update(error_message="GPU has fallen off the bus")
+
+    html = client.get("/fleet/").content.decode()
+
+    assert count(html, "degraded") == 2
+    assert ">missing</span>" in gpu_row(html, scanned.gpus[5].facts.uuid)
+    assert 'title="GPU has fallen off the bus">error<' in gpu_row(html, scanned.gpus[6].facts.uuid)
+
+
+def test_filters_by_node_model_state_and_pool(client):
+    a100, h100 = unique_host("a100"), unique_host("h100")
+    add_node(a100, "dgx-a100-40gb")
+    add_node(h100, "dgx-h100")
+    pool = Pool.objects.create(name="vision")
+    Gpu.objects.filter(node__hostname=h100, index__in=[1, 2]).update(pool=pool, state="draining")
+
+    def shown(query: str) -> tuple[set[str], int]:
+        html = client.get("/fleet/" + query).content.decode()
+        return set(re.findall(r'id="node-([^"]+)"', html)), count(html, "total")
+
+    assert shown("") == ({a100, h100}, 16)
+    assert shown(f"?node={a100}") == ({a100}, 8)
+    assert shown("?model=NVIDIA+H100+80GB+HBM3") == ({h100}, 8)
+    assert shown("?pool=vision") == ({h100}, 2)
+    assert shown("?state=draining") == ({h100}, 2)
+    assert shown(f"?state=draining&node={a100}") == (set(), 0)
+
+
+@pytest.mark.parametrize("htmx", [False, True])
+def test_query_count_does_not_grow_with_the_fleet(client, django_assert_max_num_queries, htmx):
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    add_node(unique_host())
+    with django_assert_max_num_queries(8) as one:
+        client.get("/fleet/", **headers)
+    for _ in range(4):
+        add_node(unique_host(), "dgx-h100")
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        response = client.get("/fleet/", **headers)
+    assert count(response.content.decode(), "total") == 40

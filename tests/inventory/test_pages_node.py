@@ -1,0 +1,105 @@
+"""The topology and MIG pages of a node, and the GPU detail page."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Gpu
+from tests.inventory.pages import add_node, unique_host
+
+pytestmark = pytest.mark.django_db
+
+
+def cells(html: str) -> list[tuple[str, str, str]]:
+    return re.findall(r'<td class="link link-(\w+)" title="([^"]*)">([^<]*)</td>', html)
+
+
+def test_topology_of_a_dgx_a100_is_all_nv12(client):
+    host = unique_host()
+    add_node(host)
+
+    response = client.get(f"/nodes/{host}/topology/")
+
+    html = response.content.decode()
+    found = cells(html)
+    assert len(found) == 64
+    assert [label for css, _, label in found if css == "self"] == ["X"] * 8
+    nv = [(title, label) for css, title, label in found if css == "nv"]
+    assert len(nv) == 56 and {label for _, label in nv} == {"NV12"}
+    assert (
+        "GPU0 \u2194 GPU1: NV12, 12 NVLinks \u00d7 25 GB/s = 300 GB/s per direction "
+        "(600 GB/s both ways)" in [title for title, _ in nv]
+    )
+    assert "CPU Affinity" in html and "NUMA Affinity" in html
+    assert re.search(r'<td class="affinity">[^<]+</td><td class="affinity">3</td>', html)
+    assert "25 GB/s per NVLink per direction" in html
+
+
+def test_topology_of_a_dgx_h100_is_all_nv18(client):
+    host = unique_host("ws")
+    add_node(host, "dgx-h100")
+    html = client.get(f"/nodes/{host}/topology/").content.decode()
+    assert {(css, label) for css, _, label in cells(html)} == {("self", "X"), ("nv", "NV18")}
+    assert '<span class="link link-sys">SYS</span>' in html  # legend
+
+
+def profiles(part: str) -> list[tuple[str, str]]:
+    return re.findall(r'data-profile="([^"]+)" style="grid-column: (\d+ / span \d+)', part)
+
+
+def test_mig_page_draws_instances_and_what_still_fits(client):
+    host = unique_host()
+    add_node(host)
+
+    html = client.get(f"/nodes/{host}/mig/").content.decode()
+
+    gpu0 = html.split('id="mig-gpu0"')[1].split("</section>")[0]
+    gpu1 = html.split('id="mig-gpu1"')[1].split("</section>")[0]
+    gpu2 = html.split('id="mig-gpu2"')[1].split("</section>")[0]
+    assert profiles(gpu0) == [
+        ("2g.10gb", "1 / span 2"),
+        ("2g.10gb", "3 / span 2"),
+        ("3g.20gb", "5 / span 4"),
+    ]
+    assert profiles(gpu1) == [("1g.5gb", f"{n + 1} / span 1") for n in range(7)]
+    assert "more" not in gpu0 and "more" not in gpu1
+    assert "MIG off" in gpu2
+    assert "7 more 1g.5gb fit" in gpu2 and "1 more 7g.40gb fit" in gpu2
+    assert "2 more 3g.20gb fit" in gpu2
+
+
+def test_pages_404_for_unknown_nodes_and_gpus(client):
+    assert client.get("/nodes/nope/topology/").status_code == 404
+    assert client.get("/nodes/nope/mig/").status_code == 404
+    assert client.get("/gpus/GPU-00000000-0000-0000-0000-000000000000/").status_code == 404
+
+
+def test_gpu_detail_shows_facts_live_values_links_and_history(admin_client):
+    host = unique_host()
+    scanned = add_node(host, busy={4: 55})
+    gpu = Gpu.objects.get(node__hostname=host, index=4)
+
+    response = admin_client.get(f"/gpus/{gpu.uuid}/")
+
+    html = response.content.decode()
+    assert f"<title>gpuadmin: {host} GPU4</title>" in html
+    assert f"<code>{gpu.uuid}</code>" in html
+    assert "<dd>NVIDIA A100-SXM4-40GB</dd>" in html
+    assert "<dt>Processes</dt><dd>1</dd>" in html
+    assert "0 GPU instances" in html and "7 more 1g.5gb fit" in html  # MIG off
+    assert len(re.findall(r'<span class="link link-nv">NV12</span>', html)) == 7
+    assert "<td>gpu.appeared</td>" in html
+    assert AuditEvent.objects.filter(target_id=gpu.uuid).count() == 1
+    assert scanned.gpus[4].facts.uuid == gpu.uuid
+
+
+def test_gpu_detail_partial_is_the_live_sample_only(client):
+    add_node(unique_host())
+    gpu = Gpu.objects.get(index=4)
+    response = client.get(f"/gpus/{gpu.uuid}/", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith('<div id="gpu-live"')
+    assert "<dt>Utilization</dt>" in html and "Facts" not in html
