@@ -31,18 +31,6 @@ GPU_DISCOVERED = (
     "last_seen_at",
     "missing_since",
 )
-NODE_DISCOVERED = (
-    "hostname",
-    "model",
-    "driver_version",
-    "cuda_driver_version",
-    "nvml_version",
-    "agent_version",
-    "scan_error",
-    "registered_at",
-    "last_scan_at",
-    "last_heartbeat_at",
-)
 
 
 def state_actions(
@@ -156,8 +144,8 @@ class NodeAdmin(AuditedCatalogAdmin):
     )
     list_filter = ("state", "model", "pool", "driver_version")
     search_fields = ("hostname", "label", "notes")
-    readonly_fields = (*NODE_DISCOVERED, "state")
-    fields = (*NODE_DISCOVERED, "state", *CATALOG_FIELDS)
+    readonly_fields = (*Node.DISCOVERED_FIELDS, "state")
+    fields = (*Node.DISCOVERED_FIELDS, "state", *CATALOG_FIELDS)
     inlines = [GpuInline]
     actions = state_actions(set_node_state, NodeState)
 

@@ -58,6 +58,20 @@ class CatalogFields(models.Model):
 class Node(CatalogFields):
     """A GPU host, identified by its hostname; its agent registers and heartbeats."""
 
+    # What agents report (read-only for people), in display order.
+    DISCOVERED_FIELDS = (
+        "hostname",
+        "model",
+        "driver_version",
+        "cuda_driver_version",
+        "nvml_version",
+        "agent_version",
+        "scan_error",
+        "registered_at",
+        "last_scan_at",
+        "last_heartbeat_at",
+    )
+
     hostname = models.CharField(max_length=253, unique=True)
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.ONLINE)
     # Discovered (agent registration and scans)
@@ -139,6 +153,20 @@ class Gpu(CatalogFields):
 
 class MigInstance(models.Model):
     """A MIG compute instance inside a GPU instance: what a MIG device UUID names."""
+
+    # Everything discovery sets (all but the GPU it belongs to).
+    DISCOVERED_FIELDS = (
+        "uuid",
+        "gi_id",
+        "ci_id",
+        "profile_name",
+        "profile_id",
+        "ci_profile_name",
+        "placement_start",
+        "placement_size",
+        "memory_mib",
+        "sm_count",
+    )
 
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
     uuid = models.CharField(max_length=64, unique=True, null=True, blank=True)

@@ -31,18 +31,6 @@ from inventory.models import Gpu, GpuLink, MigInstance, Node
 from inventory.nvml.scanner import NodeScan
 
 DISCOVERY_ACTOR = "discovery"
-MIG_FIELDS = (
-    "uuid",
-    "gi_id",
-    "ci_id",
-    "profile_name",
-    "profile_id",
-    "ci_profile_name",
-    "placement_start",
-    "placement_size",
-    "memory_mib",
-    "sm_count",
-)
 
 
 def register_node(
@@ -154,7 +142,7 @@ def _stored(gpu: Gpu) -> StoredGpu:
         "error_message",
     )
     mig = tuple(
-        {name: getattr(instance, name) for name in MIG_FIELDS}
+        {name: getattr(instance, name) for name in MigInstance.DISCOVERED_FIELDS}
         for instance in sorted(gpu.mig_instances.all(), key=lambda i: (i.gi_id, i.ci_id))
     )
     return StoredGpu(
@@ -390,7 +378,7 @@ def _check_mig_change(gpu: Gpu) -> Gpu:
 
 def _mig_rows(gpu: Gpu) -> list[dict[str, Any]]:
     return [
-        {name: getattr(instance, name) for name in MIG_FIELDS}
+        {name: getattr(instance, name) for name in MigInstance.DISCOVERED_FIELDS}
         for instance in MigInstance.objects.filter(gpu=gpu).order_by("gi_id", "ci_id")
     ]
 

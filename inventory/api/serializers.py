@@ -87,18 +87,9 @@ class NodeSerializer(CatalogSerializer):
         model = Node
         fields = [
             "id",
-            "hostname",
             "state",
             "reachable",
-            "model",
-            "driver_version",
-            "cuda_driver_version",
-            "nvml_version",
-            "agent_version",
-            "scan_error",
-            "registered_at",
-            "last_scan_at",
-            "last_heartbeat_at",
+            *Node.DISCOVERED_FIELDS,
             "gpu_count",
             "missing_gpu_count",
             *CATALOG_FIELDS,
@@ -160,19 +151,10 @@ class MigInstanceSerializer(serializers.ModelSerializer):
         model = MigInstance
         fields = [
             "id",
-            "uuid",
             "gpu",
             "gpu_index",
             "node",
-            "gi_id",
-            "ci_id",
-            "profile_name",
-            "profile_id",
-            "ci_profile_name",
-            "placement_start",
-            "placement_size",
-            "memory_mib",
-            "sm_count",
+            *MigInstance.DISCOVERED_FIELDS,
         ]
         read_only_fields = fields
 
