@@ -18,9 +18,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def test_dashboard_values_change_without_reload(page, live_server):
     host = unique_host()
     scanned = add_node(host)
-    row = page.locator(f'tr[data-uuid="{scanned.gpus[5].facts.uuid}"]')
+    uuid = scanned.gpus[5].facts.uuid
+    card = page.locator(f'[id="node-{host}"]')
+    row = card.locator("tbody.live tr").nth(5)  # the live row beside GPU5's static row
+    util, procs = row.locator("td").nth(1), row.locator("td").nth(5)
     page.goto(live_server.url + "/fleet/")
-    assert row.locator("td.procs").inner_text() == "0"
+    static = card.locator("tr.gpu-row").nth(5)
+    assert static.get_attribute("data-uuid") == uuid
+    assert static.bounding_box()["y"] == row.bounding_box()["y"]  # the two tables line up
+    assert procs.inner_text() == "0"
+    assert not card.locator(".badge-unreachable").is_visible()  # its agent is heartbeating
     page.evaluate("window.__marker = 1")
 
     nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name=host)
@@ -30,8 +37,8 @@ def test_dashboard_values_change_without_reload(page, live_server):
     page.wait_for_function(
         "document.querySelector('[data-count=busy]').textContent === '1'", timeout=10_000
     )
-    assert row.locator("td.util").inner_text() == "88%"
-    assert row.locator("td.procs").inner_text() == "1"
+    assert util.inner_text() == "88%"
+    assert procs.inner_text() == "1"
     assert page.evaluate("window.__marker") == 1
 
 

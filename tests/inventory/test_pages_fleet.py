@@ -19,7 +19,26 @@ def count(html: str, status: str) -> int:
 
 
 def gpu_row(html: str, uuid: str) -> str:
+    """The GPU's row in its card's static table (GPU link, model, state and MIG badges)."""
     return re.search(rf'<tr class="gpu-row[^"]*" data-uuid="{uuid}">.*?</tr>', html, re.S)[0]
+
+
+def card(html: str, host: str) -> str:
+    return re.search(rf'<article [^>]*id="node-{host}">.*?</article>', html, re.S)[0]
+
+
+LIVE_COLUMNS = ("status", "util", "mem", "temp", "power", "procs")
+
+
+def live_row(html: str, uuid: str) -> tuple[str, dict[str, str]]:
+    """The GPU's row in its card's live table (same position as its static row): the row's
+    markup and its cells by column."""
+    node = next(c for c in html.split("<article ")[1:] if f'data-uuid="{uuid}"' in c)
+    position = re.findall(r'data-uuid="([^"]+)"', node).index(uuid)
+    tbody = re.search(r'<tbody id="live-\d+"[^>]*>(.*?)</tbody>', node, re.S)[1]
+    row = re.findall(r'<tr class="s-[^"]+">.*?</tr>', tbody, re.S)[position]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+    return row, dict(zip(LIVE_COLUMNS, cells, strict=True))
 
 
 def test_dashboard_shows_every_node_with_live_values(client):
@@ -35,11 +54,11 @@ def test_dashboard_shows_every_node_with_live_values(client):
     assert "<title>gpuadmin: fleet</title>" in html
     assert f'id="node-{host}"' in html
     assert html.count('class="gpu-row') == 8
-    row = gpu_row(html, busy)
-    assert '<td class="num util">97%</td>' in row
-    assert f"{used_mib / 1024:.1f}/40" in row
-    assert '<td class="num procs">1</td>' in row
-    assert "status-busy" in row
+    row, cells = live_row(html, busy)
+    assert cells["util"] == "97%"
+    assert f"{used_mib / 1024:.1f}/40" in cells["mem"]
+    assert cells["procs"] == "1"
+    assert row.startswith('<tr class="s-busy">')
     assert 'title="3 MIG instances">MIG 3<' in gpu_row(html, scanned.gpus[0].facts.uuid)
     assert (count(html, "total"), count(html, "busy"), count(html, "free")) == (8, 1, 7)
     assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']\"" in html
@@ -53,9 +72,23 @@ def test_htmx_request_gets_only_the_live_region(client):
     response = client.get("/fleet/?state=available", HTTP_HX_REQUEST="true")
 
     partial = response.content.decode()
-    assert partial.lstrip().startswith('<div id="fleet-live" hx-get="/fleet/?state=available"')
+    assert partial.lstrip().startswith('<section id="fleet-live" hx-get="/fleet/?state=available"')
     assert "<html" not in partial and "<form" not in partial
-    assert "<html" in full and partial.strip() in full
+    # The live region: the summary bar (the poller's target) and each node's live rows,
+    # swapped out of band; every piece exactly as the full page has it.
+    piece = re.compile(
+        r'<section id="fleet-live".*?</section>'
+        r'|<template>(<tbody id="live-\d+".*?</tbody>)</template>',
+        re.S,
+    )
+    pieces = [
+        found[0] if found[0].startswith("<section") else found[1]
+        for found in piece.finditer(partial)
+    ]
+    assert not piece.sub("", partial).strip()
+    assert len(pieces) == 1 + full.count("<article ")
+    assert all('hx-swap-oob="true"' in tbody for tbody in pieces[1:])
+    assert "<html" in full and all(piece in full for piece in pieces)
     boosted = client.get("/fleet/", HTTP_HX_REQUEST="true", HTTP_HX_BOOSTED="true")
     assert "<html" in boosted.content.decode()
 
@@ -69,8 +102,8 @@ def test_unreachable_node_greys_its_gpus_offline(client):
 
     html = client.get("/fleet/").content.decode()
 
-    assert f'class="panel node-card unreachable" id="node-{host}"' in html
-    assert ">unreachable</span>" in html
+    assert re.search(r'<tbody id="live-\d+" class="live unreachable"', card(html, host))
+    assert ">unreachable</span>" in card(html, host)
     assert (count(html, "offline"), count(html, "free")) == (8, 0)
 
 
@@ -84,7 +117,8 @@ def test_missing_and_failing_gpus_count_as_degraded(client):
 
     assert count(html, "degraded") == 2
     assert ">missing</span>" in gpu_row(html, scanned.gpus[5].facts.uuid)
-    assert 'title="GPU has fallen off the bus">error<' in gpu_row(html, scanned.gpus[6].facts.uuid)
+    _, failing = live_row(html, scanned.gpus[6].facts.uuid)
+    assert 'title="GPU has fallen off the bus">error<' in failing["status"]
 
 
 def test_filters_by_node_model_state_and_pool(client):
