@@ -86,5 +86,7 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
     assert Gpu.objects.schedulable().on_node(hostname).count() == 4
     registered = AuditEvent.objects.filter(event_type="node.registered", target_id=str(node.pk))
     assert registered.count() == 1
-    appeared = AuditEvent.objects.filter(event_type="gpu.appeared")
+    # Scoped to this node: agents of other tests may still have scans queued on the broker.
+    uuids = list(Gpu.objects.on_node(hostname).values_list("uuid", flat=True))
+    appeared = AuditEvent.objects.filter(event_type="gpu.appeared", target_id__in=uuids)
     assert appeared.count() == 4  # the restart reconciled without duplicates
