@@ -10,13 +10,11 @@ from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
-from gpuadmin.audit.services import record
 from inventory.choices import GpuState, NodeState
 from inventory.discovery import TEXT_FIELDS, VALUE_FIELDS
-from inventory.models import Gpu, GpuLink, MigInstance, Node, Pool
-from inventory.services import set_gpu_state, set_node_state
+from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node, Pool
+from inventory.services import set_gpu_state, set_node_state, update_catalog
 
-CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
 GPU_DISCOVERED = (
     "uuid",
     "node",
@@ -106,23 +104,8 @@ class AuditedCatalogAdmin(admin.ModelAdmin):
     """Catalog edits made here write an audit row with the fields' before and after values."""
 
     def save_model(self, request: HttpRequest, obj: Model, form: forms.ModelForm, change: bool):
-        stored = type(obj).objects.get(pk=obj.pk) if change else None
-        before = {name: _plain(getattr(stored, name)) for name in form.changed_data}
-        super().save_model(request, obj, form, change)
-        if change and form.changed_data:
-            record(
-                f"{obj._meta.model_name}.catalog_changed",
-                actor=request.user,
-                target=obj,
-                target_id=getattr(obj, "uuid", "") or obj.pk,
-                before=before,
-                after={name: _plain(form.cleaned_data[name]) for name in form.changed_data},
-            )
-
-
-def _plain(value: object) -> object:
-    """JSON-able form values: related objects by their name, ids as they are."""
-    return str(value) if isinstance(value, Model) else value
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        update_catalog(obj, changes, actor=request.user)
 
 
 @admin.register(Pool)

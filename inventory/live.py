@@ -73,3 +73,13 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
         name: {uuid.decode(): json.loads(raw) for uuid, raw in found.items()}
         for name, found in zip(names, pipe.execute(), strict=True)
     }
+
+
+def busy_gpu_uuids(hostnames: Iterable[str]) -> set[str]:
+    """GPUs of these nodes whose latest sample lists at least one process."""
+    return {
+        uuid
+        for samples in latest(hostnames).values()
+        for uuid, values in samples.items()
+        if values.get("processes")
+    }

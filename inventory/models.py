@@ -33,9 +33,12 @@ class Pool(models.Model):
         return self.name
 
 
+CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
+
+
 class CatalogFields(models.Model):
-    """Fields people own on a node or GPU (the seed's editable labels); discovery never writes
-    them."""
+    """Fields people own on a node or GPU (the seed's editable labels, ``CATALOG_FIELDS``);
+    discovery never writes them."""
 
     label = models.CharField(max_length=100, blank=True)
     owner = models.ForeignKey(

@@ -71,6 +71,11 @@ class GpuRow:
         return total or self.gpu.memory_total_mib
 
     @property
+    def memory_free_mib(self) -> float | None:
+        used = self.memory_used_mib
+        return None if used is None else max(self.memory_total_mib - used, 0)
+
+    @property
     def memory_text(self) -> str:
         """``30.1/40`` GiB, the total alone when nothing is sampled."""
         total = f"{self.memory_total_mib / MIB_PER_GIB:.0f}"
@@ -153,6 +158,11 @@ class GpuRow:
         if GpuState.DRAINING in (gpu.state, self.node_state):
             return Status.DRAINING
         return Status.FREE
+
+    @property
+    def is_available(self) -> bool:
+        """Free, and its live sample confirms that no process runs on it."""
+        return self.status is Status.FREE and self.processes == 0
 
 
 @dataclasses.dataclass
@@ -495,3 +505,35 @@ def topology_rows(gpus: list[Gpu], links: Iterable[GpuLink]) -> list[TopologyRow
         )
         for gpu in gpus
     ]
+
+
+@dataclasses.dataclass
+class TopologyMatrix:
+    """A node's ``topo -m`` matrix as data (the API's shape), GPUs in index order."""
+
+    node: str
+    gpus: list[int]
+    matrix: list[list[str | None]]
+    nvlink_counts: list[list[int]]
+    numa_nodes: list[int | None]
+    cpu_affinity: list[str]
+
+
+def topology_matrix(node: Node) -> TopologyMatrix:
+    gpus = list(node.gpus.present().order_by("index"))
+    by_pair = {frozenset((link.gpu_a_id, link.gpu_b_id)): link for link in node.links.all()}
+
+    def link(a: Gpu, b: Gpu) -> GpuLink | None:
+        return by_pair.get(frozenset((a.pk, b.pk)))
+
+    return TopologyMatrix(
+        node=node.hostname,
+        gpus=[gpu.index for gpu in gpus],
+        matrix=[
+            ["X" if a.pk == b.pk else getattr(link(a, b), "link_type", None) for b in gpus]
+            for a in gpus
+        ],
+        nvlink_counts=[[getattr(link(a, b), "nvlink_count", 0) for b in gpus] for a in gpus],
+        numa_nodes=[gpu.numa_node for gpu in gpus],
+        cpu_affinity=[gpu.cpu_affinity for gpu in gpus],
+    )

@@ -27,7 +27,7 @@ from inventory.discovery import (
     SyncPlan,
     plan_sync,
 )
-from inventory.models import Gpu, GpuLink, MigInstance, Node
+from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node
 from inventory.nvml.scanner import NodeScan
 
 DISCOVERY_ACTOR = "discovery"
@@ -129,6 +129,41 @@ def apply_discovery(
 
 
 _NODE_DISCOVERED = ("driver_version", "cuda_driver_version", "nvml_version", "scan_error")
+
+
+# How long ``GET /gpu/discover`` waits for the node's agent to scan.
+DISCOVER_TIMEOUT_S = 15.0
+
+
+class DiscoveryFailed(RuntimeError):
+    """An on-demand scan that could not be made: the node's agent is silent, did not answer,
+    or its NVML failed; the catalog was left as it was."""
+
+
+def discover_node(node: Node) -> NodeScan:
+    """Scan ``node`` now through its agent, apply the scan to the catalog (audited like any
+    other) and return it; ``DiscoveryFailed`` says why when it could not be done or NVML
+    failed on the node."""
+    if not node.is_reachable():
+        raise DiscoveryFailed(
+            f"node {node.hostname} is unreachable: no heartbeat in the last "
+            f"{settings.GPUADMIN_HEARTBEAT_GRACE_S} s"
+        )
+    try:
+        outcome = run_on_node(
+            node.hostname,
+            "inventory.scan_node",
+            timeout=DISCOVER_TIMEOUT_S,
+            unanswered="the catalog was left as it was",
+        )
+    except AgentTimedOut as exc:
+        raise DiscoveryFailed(str(exc)) from None
+    result = NodeScan.from_dict(outcome)
+    # Applied even when NVML failed: the catalog shows what the node really answered.
+    apply_discovery(node.hostname, result)
+    if result.system.error:
+        raise DiscoveryFailed(f"node {node.hostname}: {result.system.error}")
+    return result
 
 
 def _stored(gpu: Gpu) -> StoredGpu:
@@ -245,6 +280,49 @@ def _set_state(
     return True
 
 
+def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: AbstractBaseUser) -> bool:
+    """Write people-owned fields (``CATALOG_FIELDS``) of a node or GPU under a row lock and
+    audit ``<model>.catalog_changed`` with what actually changed; other keys are ignored.
+    ``row`` gets the stored values; ``False`` when nothing changed."""
+    names = [name for name in CATALOG_FIELDS if name in changes]
+    model = type(row)
+    with transaction.atomic():
+        locked = model.objects.select_for_update().get(pk=row.pk)
+        before = _catalog_values(locked, names)
+        for name in names:
+            setattr(locked, name, changes[name])
+        after = _catalog_values(locked, names)
+        changed = [name for name in names if before[name] != after[name]]
+        if changed:
+            locked.save(update_fields=changed)
+            record(
+                f"{model._meta.model_name}.catalog_changed",
+                actor=actor,
+                target=locked,
+                target_id=getattr(locked, "uuid", "") or locked.pk,
+                before={name: before[name] for name in changed},
+                after={name: after[name] for name in changed},
+            )
+    for name in names:
+        setattr(row, name, getattr(locked, name))
+    return bool(changed)
+
+
+def _catalog_values(row: Gpu | Node, names: list[str]) -> dict[str, Any]:
+    """Catalog values as the audit log stores them (pool by name, owner by username)."""
+    values: dict[str, Any] = {}
+    for name in names:
+        value = getattr(row, name)
+        if name == "pool":
+            value = value.name if value else None
+        elif name == "owner":
+            value = value.get_username() if value else None
+        elif name == "tags":
+            value = list(value)
+        values[name] = value
+    return values
+
+
 # --------------------------------------------------------------------------- MIG changes
 
 # How long an admin's MIG change waits for the node's agent (it also expires the task, so a
@@ -267,7 +345,7 @@ class MigChangeRefused(ValueError):
         self.code = code
 
 
-class MigChangeTimedOut(TimeoutError):
+class AgentTimedOut(TimeoutError):
     """The node's agent did not answer in time; the catalog was left as it was."""
 
 
@@ -286,13 +364,13 @@ def create_mig_instance(
 
     Refuses (``MigChangeRefused``) before sending anything unless the GPU is present and
     MIG-enabled, its node reachable and it runs no work; the node's NVML may refuse too (no
-    room, unknown profile, ...). Waits ``MIG_TASK_TIMEOUT_S`` (``MigChangeTimedOut``). Applies
+    room, unknown profile, ...). Waits ``MIG_TASK_TIMEOUT_S`` (``AgentTimedOut``). Applies
     the node's fresh scan and audits ``gpu.mig_instance_created`` as ``actor``. Returns the
     GPU's MIG instances after the change.
     """
     gpu = _check_mig_change(gpu)
     before = _mig_rows(gpu)
-    outcome = _run_on_node(gpu, "inventory.mig_create", gpu.index, profile_name, placement_start)
+    outcome = _run_mig_task(gpu, "inventory.mig_create", gpu.index, profile_name, placement_start)
 
     def audit(after: list[dict[str, Any]]) -> None:
         gi_id, ci_id = outcome["gi_id"], outcome["ci_id"]
@@ -323,7 +401,7 @@ def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: AbstractBaseUser) -> li
     profile_name = next((row["profile_name"] for row in before if row["gi_id"] == gi_id), None)
     if profile_name is None:
         raise MigChangeRefused(f"{_gpu_label(gpu)} has no GPU instance {gi_id}", "no_such_instance")
-    outcome = _run_on_node(gpu, "inventory.mig_destroy", gpu.index, gi_id)
+    outcome = _run_mig_task(gpu, "inventory.mig_destroy", gpu.index, gi_id)
 
     def audit(after: list[dict[str, Any]]) -> None:
         record(
@@ -383,20 +461,33 @@ def _mig_rows(gpu: Gpu) -> list[dict[str, Any]]:
     ]
 
 
-def _run_on_node(gpu: Gpu, task_name: str, *args: Any) -> dict[str, Any]:
-    """Run a MIG task on the GPU's node agent and wait for its outcome."""
-    hostname = gpu.node.hostname
+def _run_mig_task(gpu: Gpu, task_name: str, *args: Any) -> dict[str, Any]:
+    return run_on_node(
+        gpu.node.hostname,
+        task_name,
+        *args,
+        timeout=MIG_TASK_TIMEOUT_S,
+        unanswered="nothing was recorded (should its agent still make the change, its next "
+        "scan will show it)",
+    )
+
+
+def run_on_node(
+    hostname: str, task_name: str, *args: Any, timeout: float, unanswered: str
+) -> dict[str, Any]:
+    """Run a task on the node's agent queue and wait for its outcome; ``AgentTimedOut`` (whose
+    message ends with ``unanswered``) when it does not answer within ``timeout`` seconds. The
+    task expires too, so a node that comes back later never runs work nobody waits for."""
     result = current_app.send_task(
-        task_name, args=args, queue=node_queue(hostname), expires=MIG_TASK_TIMEOUT_S
+        task_name, args=args, queue=node_queue(hostname), expires=timeout
     )
     try:
         # A node queue is never the caller's own, so waiting inside a task cannot deadlock.
-        return result.get(timeout=MIG_TASK_TIMEOUT_S, disable_sync_subtasks=False)
+        return result.get(timeout=timeout, disable_sync_subtasks=False)
     except CeleryTimeoutError:
         result.revoke()
-        raise MigChangeTimedOut(
-            f"node {hostname} did not answer within {MIG_TASK_TIMEOUT_S:g} s; nothing was "
-            f"recorded (should its agent still make the change, its next scan will show it)"
+        raise AgentTimedOut(
+            f"node {hostname} did not answer within {timeout:g} s; {unanswered}"
         ) from None
 
 

@@ -114,7 +114,7 @@ def mig_create(request: HttpRequest, uuid: str) -> HttpResponse:
         services.create_mig_instance(
             gpu, profile, actor=request.user, placement_start=form.cleaned_data["placement_start"]
         )
-    except (services.MigChangeRefused, services.MigChangeTimedOut) as exc:
+    except (services.MigChangeRefused, services.AgentTimedOut) as exc:
         messages.error(request, f"{profile} not created on GPU {gpu.index}: {exc}")
     else:
         messages.success(request, f"Created a {profile} instance on GPU {gpu.index}.")
@@ -128,7 +128,7 @@ def mig_destroy(request: HttpRequest, uuid: str, gi_id: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("node"), uuid=uuid)
     try:
         services.destroy_mig_instance(gpu, gi_id, actor=request.user)
-    except (services.MigChangeRefused, services.MigChangeTimedOut) as exc:
+    except (services.MigChangeRefused, services.AgentTimedOut) as exc:
         messages.error(request, f"GPU instance {gi_id} of GPU {gpu.index} not destroyed: {exc}")
     else:
         messages.success(request, f"Destroyed GPU instance {gi_id} of GPU {gpu.index}.")

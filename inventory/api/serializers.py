@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import models, transaction
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from gpuadmin.audit.services import record
-from inventory.models import Gpu, MigInstance, Node, Pool
-
-CATALOG_FIELDS = ("label", "notes", "tags", "pool", "owner")
+from inventory.models import CATALOG_FIELDS, Gpu, MigInstance, Node, Pool
+from inventory.nvml.scanner import GpuScan
+from inventory.pages import GpuRow
+from inventory.services import update_catalog
 
 
 class CatalogSerializer(serializers.ModelSerializer):
@@ -32,50 +30,9 @@ class CatalogSerializer(serializers.ModelSerializer):
         child=serializers.CharField(max_length=50, allow_blank=False), required=False
     )
 
-    def update(self, instance: models.Model, validated_data: dict[str, Any]) -> models.Model:
-        request = self.context["request"]
-        return save_catalog(instance, validated_data, actor=request.user)
-
-
-def catalog_snapshot(obj: models.Model, names: list[str]) -> dict[str, Any]:
-    """Catalog values as the audit log stores them (pool by name, owner by username)."""
-    values: dict[str, Any] = {}
-    for name in names:
-        value = getattr(obj, name)
-        if name == "pool":
-            value = value.name if value else None
-        elif name == "owner":
-            value = value.get_username() if value else None
-        elif name == "tags":
-            value = list(value)
-        values[name] = value
-    return values
-
-
-def save_catalog(
-    obj: models.Model, changes: dict[str, Any], *, actor: AbstractBaseUser
-) -> models.Model:
-    """Write people-owned fields of a node or GPU and audit what actually changed."""
-    names = [name for name in CATALOG_FIELDS if name in changes]
-    before = catalog_snapshot(obj, names)
-    for name in names:
-        setattr(obj, name, changes[name])
-    after = catalog_snapshot(obj, names)
-    changed = [name for name in names if before[name] != after[name]]
-    if not changed:
-        return obj
-    target_id = obj.uuid if isinstance(obj, Gpu) else obj.pk
-    with transaction.atomic():
-        obj.save(update_fields=changed)
-        record(
-            f"{obj._meta.model_name}.catalog_changed",
-            actor=actor,
-            target=obj,
-            target_id=target_id,
-            before={name: before[name] for name in changed},
-            after={name: after[name] for name in changed},
-        )
-    return obj
+    def update(self, instance: Gpu | Node, validated_data: dict[str, Any]) -> Gpu | Node:
+        update_catalog(instance, validated_data, actor=self.context["request"].user)
+        return instance
 
 
 class NodeSerializer(CatalogSerializer):
@@ -142,36 +99,46 @@ class GpuSerializer(CatalogSerializer):
         read_only_fields = [name for name in fields if name not in CATALOG_FIELDS]
 
 
-class MigInstanceSerializer(serializers.ModelSerializer):
-    gpu = serializers.SlugRelatedField(slug_field="uuid", read_only=True)
+class MigInstanceRowSerializer(serializers.ModelSerializer):
+    """A MIG instance of one node (``/gpu/mig/instances``)."""
+
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
-    node = serializers.CharField(source="gpu.node.hostname", read_only=True)
+    gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
 
     class Meta:
         model = MigInstance
-        fields = [
-            "id",
-            "gpu",
-            "gpu_index",
-            "node",
-            *MigInstance.DISCOVERED_FIELDS,
-        ]
+        fields = ["gpu_index", "gpu_uuid", *MigInstance.DISCOVERED_FIELDS]
         read_only_fields = fields
 
 
-# Seed-compatible response shapes (documentation only; the views build plain dicts).
+class MigInstanceSerializer(MigInstanceRowSerializer):
+    """A MIG instance anywhere in the fleet (``/api/v1/mig-instances``)."""
+
+    node = serializers.CharField(source="gpu.node.hostname", read_only=True)
+
+    class Meta(MigInstanceRowSerializer.Meta):
+        fields = ["id", "node", *MigInstanceRowSerializer.Meta.fields]
+        read_only_fields = fields
+
+
+# Seed-compatible shapes (the compatibility layer): each is the one definition of its response.
 
 
 class DeviceSerializer(serializers.Serializer):
-    index = serializers.IntegerField()
-    name = serializers.CharField()
-    total_memory_mb = serializers.IntegerField()
-    free_memory_mb = serializers.IntegerField(allow_null=True)
-    used_memory_mb = serializers.IntegerField(allow_null=True)
-    utilization_percent = serializers.IntegerField(allow_null=True)
+    """A GPU of ``/api/gpu/devices``: catalog facts joined to the live sample (a ``GpuRow``)."""
+
+    index = serializers.IntegerField(source="gpu.index")
+    name = serializers.CharField(source="gpu.name")
+    total_memory_mb = serializers.IntegerField(source="memory_total_mib")
+    free_memory_mb = serializers.IntegerField(source="memory_free_mib", allow_null=True)
+    used_memory_mb = serializers.IntegerField(source="memory_used_mib", allow_null=True)
+    utilization_percent = serializers.IntegerField(source="utilization_pct", allow_null=True)
     temperature_c = serializers.IntegerField(allow_null=True)
     is_available = serializers.BooleanField()
-    error_message = serializers.CharField(allow_null=True)
+    error_message = serializers.SerializerMethodField()
+
+    def get_error_message(self, row: GpuRow) -> str | None:
+        return row.error or None
 
 
 class DeviceListSerializer(serializers.Serializer):
@@ -179,33 +146,28 @@ class DeviceListSerializer(serializers.Serializer):
     count = serializers.IntegerField()
 
 
-class DriverSerializer(serializers.Serializer):
-    driver_version = serializers.CharField()
-    cuda_driver_version = serializers.CharField()
-    nvml_version = serializers.CharField()
+class DriverSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = ["driver_version", "cuda_driver_version", "nvml_version"]
 
 
-class MigSummarySerializer(serializers.Serializer):
-    index = serializers.IntegerField()
-    uuid = serializers.CharField()
-    mig_enabled = serializers.BooleanField()
-    mig_pending_enabled = serializers.BooleanField()
-    gpu_instance_count = serializers.IntegerField()
-    compute_instance_count = serializers.IntegerField()
+class MigSummarySerializer(serializers.ModelSerializer):
+    """Per physical GPU; the counts come from the view's annotations."""
 
+    gpu_instance_count = serializers.IntegerField(source="gi_count", read_only=True)
+    compute_instance_count = serializers.IntegerField(source="ci_count", read_only=True)
 
-class MigInstanceRowSerializer(serializers.Serializer):
-    gpu_index = serializers.IntegerField()
-    gpu_uuid = serializers.CharField()
-    gi_id = serializers.IntegerField()
-    ci_id = serializers.IntegerField()
-    profile_name = serializers.CharField()
-    ci_profile_name = serializers.CharField()
-    placement_start = serializers.IntegerField()
-    placement_size = serializers.IntegerField()
-    memory_mib = serializers.IntegerField()
-    sm_count = serializers.IntegerField()
-    uuid = serializers.CharField(allow_null=True)
+    class Meta:
+        model = Gpu
+        fields = [
+            "index",
+            "uuid",
+            "mig_enabled",
+            "mig_pending_enabled",
+            "gpu_instance_count",
+            "compute_instance_count",
+        ]
 
 
 @extend_schema_field({"type": "array", "items": {"type": "array", "items": {"type": "string"}}})
@@ -214,11 +176,49 @@ class MatrixField(serializers.ListField):
 
 
 class TopologySerializer(serializers.Serializer):
+    """A ``TopologyMatrix``: ``matrix[i][j]`` is the ``topo -m`` link name between ``gpus[i]``
+    and ``gpus[j]`` ("X" on the diagonal), ``nvlink_counts[i][j]`` its NVLink count."""
+
     node = serializers.CharField()
     gpus = serializers.ListField(child=serializers.IntegerField())
     matrix = MatrixField()
+    nvlink_counts = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField())
+    )
     numa_nodes = serializers.ListField(child=serializers.IntegerField(allow_null=True))
     cpu_affinity = serializers.ListField(child=serializers.CharField())
+
+
+class DiscoveredGpuSerializer(serializers.Serializer):
+    """A GPU of ``/gpu/discover``, from a fresh scan (a ``GpuScan``; ``driver_version`` in the
+    context)."""
+
+    index = serializers.IntegerField(source="facts.index")
+    uuid = serializers.CharField(source="facts.uuid", allow_null=True)
+    name = serializers.CharField(source="facts.name", allow_null=True)
+    driverVersion = serializers.SerializerMethodField()  # camelCase: the seed's field names
+    vbiosVersion = serializers.CharField(source="facts.vbios_version", allow_null=True)
+    memoryTotalMB = serializers.IntegerField(source="facts.memory_total_mib", allow_null=True)
+    memoryUsedMB = serializers.IntegerField(source="facts.memory_used_mib", allow_null=True)
+    utilizationPercent = serializers.IntegerField(
+        source="metrics.utilization_gpu_pct", allow_null=True
+    )
+    temperatureC = serializers.IntegerField(source="metrics.temperature_c", allow_null=True)
+    smClockMHz = serializers.IntegerField(source="metrics.sm_clock_mhz", allow_null=True)
+    computeMode = serializers.CharField(source="facts.compute_mode", allow_null=True)
+
+    def get_driverVersion(self, gpu: GpuScan) -> str | None:
+        return self.context["driver_version"]
+
+
+class DiscoverMetaSerializer(serializers.Serializer):
+    code = serializers.IntegerField()
+    message = serializers.CharField()
+
+
+class DiscoverSerializer(serializers.Serializer):
+    data = DiscoveredGpuSerializer(many=True)
+    meta = DiscoverMetaSerializer()
 
 
 class NodeErrorSerializer(serializers.Serializer):

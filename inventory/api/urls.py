@@ -5,7 +5,7 @@ from rest_framework.routers import DefaultRouter
 
 from inventory.api import views
 
-router = DefaultRouter(trailing_slash="/?")
+router = DefaultRouter()
 router.register("nodes", views.NodeViewSet, basename="node")
 router.register("gpus", views.GpuViewSet, basename="gpu")
 router.register("mig-instances", views.MigInstanceViewSet, basename="mig-instance")
@@ -17,4 +17,5 @@ urlpatterns = [
     path("gpu/mig/summary", views.MigSummaryView.as_view(), name="api-mig-summary"),
     path("gpu/mig/instances", views.MigInstanceListView.as_view(), name="api-mig-instances"),
     path("gpu/topology", views.TopologyView.as_view(), name="api-topology"),
+    path("gpu/discover", views.DiscoverView.as_view(), name="api-discover"),
 ]

@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inventory import live
+from inventory import live, pages, services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
-from inventory.models import Gpu, GpuLink, MigInstance, Node
+from inventory.models import Gpu, MigInstance, Node
 
 
 class IsStaffOrReadOnly(permissions.BasePermission):
@@ -65,6 +64,12 @@ class NodeViewSet(CatalogViewSet):
     filterset_class = NodeFilterSet
     lookup_field = "hostname"
     lookup_value_regex = r"[^/]+"
+
+    @extend_schema(responses={200: s.TopologySerializer})
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def topology(self, request: Request, hostname: str) -> Response:
+        """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity."""
+        return Response(s.TopologySerializer(pages.topology_matrix(self.get_object())).data)
 
 
 class GpuViewSet(CatalogViewSet):
@@ -131,59 +136,24 @@ def present_gpus(node: Node) -> QuerySet[Gpu]:
     return node.gpus.present().order_by("index")
 
 
-def device_row(gpu: Gpu, sample: dict[str, Any] | None, schedulable: bool) -> dict[str, Any]:
-    total = gpu.memory_total_mib
-    if sample is None:
-        return {
-            "index": gpu.index,
-            "name": gpu.name,
-            "total_memory_mb": total,
-            "free_memory_mb": None,
-            "used_memory_mb": None,
-            "utilization_percent": None,
-            "temperature_c": None,
-            "is_available": False,
-            "error_message": gpu.error_message or None,
-        }
-    used = sample.get("memory_used_mib")
-    total = sample.get("memory_total_mib") or total
-    return {
-        "index": gpu.index,
-        "name": gpu.name,
-        "total_memory_mb": total,
-        "free_memory_mb": None if used is None else max(total - used, 0),
-        "used_memory_mb": used,
-        "utilization_percent": sample.get("utilization_gpu_pct"),
-        "temperature_c": sample.get("temperature_c"),
-        "is_available": schedulable and sample.get("processes") == 0,
-        "error_message": sample.get("error_message") or gpu.error_message or None,
-    }
-
-
 class DeviceListView(APIView):
     @extend_schema(
         parameters=[NODE_PARAMETER], responses={200: s.DeviceListSerializer, **NODE_ERRORS}
     )
     def get(self, request: Request) -> Response:
         node = resolve_node(request)
-        gpus = list(present_gpus(node))
-        schedulable = set(Gpu.objects.schedulable().filter(node=node).values_list("pk", flat=True))
-        samples = live.latest([node.hostname])[node.hostname]
-        devices = [device_row(gpu, samples.get(gpu.uuid), gpu.pk in schedulable) for gpu in gpus]
-        return Response({"devices": devices, "count": len(devices)})
+        node = Node.objects.prefetch_related(Prefetch("gpus", queryset=present_gpus(node))).get(
+            pk=node.pk
+        )
+        [rows], _ = pages.fleet_rows([node], live.latest([node.hostname]))
+        body = {"devices": rows.gpus, "count": len(rows.gpus)}
+        return Response(s.DeviceListSerializer(body).data)
 
 
 class DriverView(APIView):
     @extend_schema(parameters=[NODE_PARAMETER], responses={200: s.DriverSerializer, **NODE_ERRORS})
     def get(self, request: Request) -> Response:
-        node = resolve_node(request)
-        return Response(
-            {
-                "driver_version": node.driver_version,
-                "cuda_driver_version": node.cuda_driver_version,
-                "nvml_version": node.nvml_version,
-            }
-        )
+        return Response(s.DriverSerializer(resolve_node(request)).data)
 
 
 class MigSummaryView(APIView):
@@ -192,28 +162,11 @@ class MigSummaryView(APIView):
         responses={200: s.MigSummarySerializer(many=True), **NODE_ERRORS},
     )
     def get(self, request: Request) -> Response:
-        node = resolve_node(request)
-        gpus = (
-            present_gpus(node)
-            .annotate(
-                gi_count=Count("mig_instances__gi_id", distinct=True),
-                ci_count=Count("mig_instances"),
-            )
-            .order_by("index")
+        gpus = present_gpus(resolve_node(request)).annotate(
+            gi_count=Count("mig_instances__gi_id", distinct=True),
+            ci_count=Count("mig_instances"),
         )
-        return Response(
-            [
-                {
-                    "index": gpu.index,
-                    "uuid": gpu.uuid,
-                    "mig_enabled": gpu.mig_enabled,
-                    "mig_pending_enabled": gpu.mig_pending_enabled,
-                    "gpu_instance_count": gpu.gi_count,
-                    "compute_instance_count": gpu.ci_count,
-                }
-                for gpu in gpus
-            ]
-        )
+        return Response(s.MigSummarySerializer(gpus, many=True).data)
 
 
 class MigInstanceListView(APIView):
@@ -222,30 +175,14 @@ class MigInstanceListView(APIView):
         responses={200: s.MigInstanceRowSerializer(many=True), **NODE_ERRORS},
     )
     def get(self, request: Request) -> Response:
-        node = resolve_node(request)
         rows = (
-            MigInstance.objects.filter(gpu__node=node, gpu__missing_since__isnull=True)
+            MigInstance.objects.filter(
+                gpu__node=resolve_node(request), gpu__missing_since__isnull=True
+            )
             .select_related("gpu")
             .order_by("gpu__index", "gi_id", "ci_id")
         )
-        return Response(
-            [
-                {
-                    "gpu_index": row.gpu.index,
-                    "gpu_uuid": row.gpu.uuid,
-                    "gi_id": row.gi_id,
-                    "ci_id": row.ci_id,
-                    "profile_name": row.profile_name,
-                    "ci_profile_name": row.ci_profile_name,
-                    "placement_start": row.placement_start,
-                    "placement_size": row.placement_size,
-                    "memory_mib": row.memory_mib,
-                    "sm_count": row.sm_count,
-                    "uuid": row.uuid,
-                }
-                for row in rows
-            ]
-        )
+        return Response(s.MigInstanceRowSerializer(rows, many=True).data)
 
 
 class TopologyView(APIView):
@@ -253,24 +190,27 @@ class TopologyView(APIView):
         parameters=[NODE_PARAMETER], responses={200: s.TopologySerializer, **NODE_ERRORS}
     )
     def get(self, request: Request) -> Response:
+        return Response(s.TopologySerializer(pages.topology_matrix(resolve_node(request))).data)
+
+
+class DiscoverView(APIView):
+    """Scan the node now through its agent and sync the catalog (admins only)."""
+
+    permission_classes = [permissions.IsAdminUser]
+
+    @extend_schema(
+        parameters=[NODE_PARAMETER],
+        responses={200: s.DiscoverSerializer, 503: s.DiscoverSerializer, **NODE_ERRORS},
+    )
+    def get(self, request: Request) -> Response:
         node = resolve_node(request)
-        gpus = list(present_gpus(node))
-        links = {
-            frozenset((a, b)): kind
-            for a, b, kind in GpuLink.objects.filter(node=node).values_list(
-                "gpu_a_id", "gpu_b_id", "link_type"
-            )
-        }
-        matrix = [
-            ["X" if a.pk == b.pk else links.get(frozenset((a.pk, b.pk))) for b in gpus]
-            for a in gpus
-        ]
-        return Response(
-            {
-                "node": node.hostname,
-                "gpus": [gpu.index for gpu in gpus],
-                "matrix": matrix,
-                "numa_nodes": [gpu.numa_node for gpu in gpus],
-                "cpu_affinity": [gpu.cpu_affinity for gpu in gpus],
-            }
-        )
+        try:
+            result = services.discover_node(node)
+        except services.DiscoveryFailed as exc:
+            body = {"data": [], "meta": {"code": 503, "message": f"GPU discovery failed: {exc}"}}
+            return Response(body, status=503)
+        data = s.DiscoveredGpuSerializer(
+            result.gpus, many=True, context={"driver_version": result.system.driver_version}
+        ).data
+        meta = {"code": 200, "message": "GPU discovery successful"}
+        return Response({"data": data, "meta": meta})

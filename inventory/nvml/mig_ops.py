@@ -18,13 +18,13 @@ import pynvml
 from pynvml import NVMLError
 
 from inventory.nvml.scanner import (
-    _ABSENT,
-    _MAX_MIG_PLACEMENTS,
-    _UNSUPPORTED,
-    _profile_name,
+    ABSENT,
+    MAX_MIG_PLACEMENTS,
+    UNSUPPORTED,
     describe_error,
     error_name,
     init_failure_reason,
+    mig_profile_name,
 )
 
 log = logging.getLogger("gpuadmin.nvml")
@@ -63,7 +63,7 @@ def create_gpu_instance(
     Returns ``(gi_id, ci_id)``. When the compute instance cannot be made, the new GPU instance
     is destroyed again, so nothing is left half-made.
     """
-    profile_name = _profile_name(profile_name)
+    profile_name = mig_profile_name(profile_name)
     with _session(nvml):
         device = _mig_device(nvml, gpu_index)
         profile = _gi_profile(nvml, device, gpu_index, profile_name)
@@ -159,7 +159,7 @@ def _mig_device(nvml: Any, gpu_index: int) -> Any:
     try:
         current, pending = nvml.nvmlDeviceGetMigMode(device)
     except NVMLError as err:
-        if err.value in _UNSUPPORTED:
+        if err.value in UNSUPPORTED:
             raise MigOperationError(
                 f"GPU {gpu_index} does not support MIG", MigErrorCode.MIG_NOT_SUPPORTED
             ) from err
@@ -181,12 +181,12 @@ def _gi_profile(nvml: Any, device: Any, gpu_index: int, name: str) -> Any:
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(device, index)
         except NVMLError as err:
-            if err.value in _ABSENT:
+            if err.value in ABSENT:
                 continue
             raise _failed(f"cannot read the MIG profiles of GPU {gpu_index}", err) from err
-        if _profile_name(info.name) == name:
+        if mig_profile_name(info.name) == name:
             return info
-        offered.append(_profile_name(info.name))
+        offered.append(mig_profile_name(info.name))
     raise MigOperationError(
         f"unknown profile {name}; GPU {gpu_index} offers: {', '.join(offered) or 'none'}",
         MigErrorCode.UNKNOWN_PROFILE,
@@ -195,8 +195,8 @@ def _gi_profile(nvml: Any, device: Any, gpu_index: int, name: str) -> Any:
 
 def _placement(nvml: Any, device: Any, gpu_index: int, profile: Any, start: int) -> Any:
     """The ``c_nvmlGpuInstancePlacement_t`` of ``profile`` starting at memory slice ``start``."""
-    found = (pynvml.c_nvmlGpuInstancePlacement_t * _MAX_MIG_PLACEMENTS)()
-    count = c_uint(_MAX_MIG_PLACEMENTS)
+    found = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_MIG_PLACEMENTS)()
+    count = c_uint(MAX_MIG_PLACEMENTS)
     try:
         nvml.nvmlDeviceGetGpuInstancePossiblePlacements(device, profile.id, found, byref(count))
     except NVMLError as err:
@@ -206,7 +206,7 @@ def _placement(nvml: Any, device: Any, gpu_index: int, profile: Any, start: int)
         if placement.start == start:
             return placement
     raise MigOperationError(
-        f"placement {start} is not valid for {_profile_name(profile.name)} on GPU {gpu_index}; "
+        f"placement {start} is not valid for {mig_profile_name(profile.name)} on GPU {gpu_index}; "
         f"valid starts: {', '.join(str(p.start) for p in possible) or 'none'}",
         MigErrorCode.INVALID_PLACEMENT,
     )
@@ -220,7 +220,7 @@ def _ci_profiles(nvml: Any, gi: Any) -> Iterator[Any]:
                 gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
             )
         except NVMLError as err:
-            if err.value not in _ABSENT:
+            if err.value not in ABSENT:
                 raise
 
 

@@ -33,13 +33,13 @@ _MIB = 1024 * 1024
 _CPU_SET_WORDS = 16
 _NODE_SET_WORDS = 4
 # Room for the placements of one MIG profile: a GPU has 8 memory slices, so at most 8.
-_MAX_MIG_PLACEMENTS = 16
+MAX_MIG_PLACEMENTS = 16
 # NVML reports "not applicable" instance ids (no MIG) as 0xFFFFFFFF.
 _NO_ID = 0xFFFFFFFF
 
-_UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 # Errors that mean "no such NVLink / MIG profile on this GPU" while probing by index.
-_ABSENT = _UNSUPPORTED | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
+ABSENT = UNSUPPORTED | {pynvml.NVML_ERROR_INVALID_ARGUMENT}
 
 _ERROR_NAMES = {
     getattr(pynvml, name): name for name in dir(pynvml) if name.startswith("NVML_ERROR_")
@@ -496,7 +496,7 @@ def _instance_id(value: int) -> int | None:
     return None if value >= _NO_ID else value
 
 
-def _profile_name(raw: str | bytes) -> str:
+def mig_profile_name(raw: str | bytes) -> str:
     # NVML names profiles "MIG 1g.5gb"; nvidia-smi tables and mig-parted use "1g.5gb".
     return _text(raw).removeprefix("MIG ")
 
@@ -509,7 +509,7 @@ def _optional(call: Callable[..., _T], *args: Any) -> _T | None:
     try:
         return call(*args)
     except NVMLError as err:
-        if err.value in _UNSUPPORTED:
+        if err.value in UNSUPPORTED:
             return None
         raise
 
@@ -705,7 +705,7 @@ class _NodeScanner:
             try:
                 state = nvml.nvmlDeviceGetNvLinkState(handle, link)
             except NVMLError as err:
-                if err.value in _ABSENT:  # past this GPU's last link, or no NVLink at all
+                if err.value in ABSENT:  # past this GPU's last link, or no NVLink at all
                     break
                 raise
             if state != pynvml.NVML_FEATURE_ENABLED:
@@ -727,7 +727,7 @@ class _NodeScanner:
         try:
             mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
         except NVMLError as err:
-            if err.value not in _UNSUPPORTED:
+            if err.value not in UNSUPPORTED:
                 raise
             # Drivers older than 535 only know the deprecated name.
             mask = _optional(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
@@ -843,12 +843,12 @@ class _NodeScanner:
             try:
                 info = self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
             except NVMLError as err:
-                if err.value in _ABSENT:
+                if err.value in ABSENT:
                     continue
                 raise
             rows.append(
                 {
-                    "name": _profile_name(info.name),
+                    "name": mig_profile_name(info.name),
                     "profile_id": info.id,
                     "slice_count": info.sliceCount,
                     "memory_mib": info.memorySizeMB,
@@ -860,8 +860,8 @@ class _NodeScanner:
         return rows
 
     def _gi_placements(self, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
-        placements = (pynvml.c_nvmlGpuInstancePlacement_t * _MAX_MIG_PLACEMENTS)()
-        count = c_uint(_MAX_MIG_PLACEMENTS)
+        placements = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_MIG_PLACEMENTS)()
+        count = c_uint(MAX_MIG_PLACEMENTS)
         found = _optional(
             self.nvml.nvmlDeviceGetGpuInstancePossiblePlacements,
             handle,
@@ -914,7 +914,7 @@ class _NodeScanner:
                     )
                 )
             except NVMLError as err:
-                if err.value not in _ABSENT:
+                if err.value not in ABSENT:
                     raise
         return found
 
@@ -933,7 +933,7 @@ class _NodeScanner:
                     ComputeInstance(
                         ci_id=info.id,
                         profile_id=info.profileId,
-                        name=_profile_name(profile.name),
+                        name=mig_profile_name(profile.name),
                         sm_count=profile.multiprocessorCount,
                         placement_start=info.placement.start,
                         placement_size=info.placement.size,

@@ -10,6 +10,7 @@ import pytest
 from inventory import live
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml, faults
+from tests.browser.conftest import ARTIFACTS_DIR
 from tests.inventory.pages import add_node, unique_host
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -102,3 +103,33 @@ def test_gpu_detail_page_shows_its_links_and_mig_layout(page, live_server):
     assert page.locator(".mig-instance").count() == 3
     assert page.locator("#gpu-live dt").first.inner_text() == "Status"
     assert page.get_by_role("link", name="GPU7").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "scheme", "columns"),
+    [(1366, 768, "light", 1), (2560, 1440, "dark", 3)],
+    ids=["laptop-light", "wall-dark"],
+)
+def test_dashboard_fits_laptop_and_wall_screens_in_both_schemes(
+    browser, live_server, width, height, scheme, columns
+):
+    hosts = [unique_host() for _ in range(4)]
+    for host in hosts:
+        add_node(host, busy={2: 71})
+    context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
+    page = context.new_page()
+    try:
+        page.goto(live_server.url + "/fleet/")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
+        cards = [page.locator(f'[id="node-{host}"]') for host in hosts]
+        tops = [round(card.bounding_box()["y"]) for card in cards]
+        assert tops.count(min(tops)) == columns  # node cards side by side
+        for card in cards:  # no card needs its own sideways scroll
+            assert card.evaluate("e => e.scrollWidth <= e.clientWidth")
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        red, green, blue = map(int, re.findall(r"\d+", background)[:3])
+        assert (max(red, green, blue) < 60) == (scheme == "dark"), background
+        ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS_DIR / f"fleet-{width}-{scheme}.png"), full_page=True)
+    finally:
+        context.close()

@@ -1,15 +1,28 @@
-"""Scans of simulated nodes, for discovery tests (the real scanner over the NVML simulator)."""
+"""Simulated nodes for inventory tests: scans (the real scanner over the NVML simulator), and
+a registered node whose agent answers in-process (``send_task`` replaced by a direct call of
+the node task over a simulator sharing the node's state dir)."""
 
 from __future__ import annotations
 
 import copy
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import EagerResult
 
+from gpuadmin.celery import app
+from inventory import live, tasks
+from inventory.agent import node_backend
+from inventory.models import Gpu
 from inventory.nvml.scanner import NodeScan, scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import load_model
+from inventory.services import apply_discovery, record_heartbeat
 
 
 def model_with_uuids(model: str, node: str) -> dict[str, Any]:
@@ -34,3 +47,59 @@ def sim_scan():
         return scan(SimulatedNvml.from_model(model, node_name=node, **kwargs))
 
     return make
+
+
+@dataclass
+class FakeBroker:
+    """Stands in for ``send_task``: runs the node task in this process, or never answers."""
+
+    answer: bool = True
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    revoked: int = 0
+
+    def send_task(self, name: str, *, args: tuple, queue: str, expires: float) -> Any:
+        self.sent.append({"name": name, "args": tuple(args), "queue": queue, "expires": expires})
+        if not self.answer:
+            return self.Silent(self)
+        task = app.tasks[name]
+        assert task.__module__ == tasks.__name__, f"{name} is not a node task"
+        return EagerResult(uuid.uuid4().hex, task(*args), "SUCCESS")
+
+    @dataclass
+    class Silent:
+        broker: FakeBroker
+
+        def get(self, timeout: float, **_: Any) -> Any:
+            raise CeleryTimeoutError("The operation timed out.")
+
+        def revoke(self) -> None:
+            self.broker.revoked += 1
+
+
+@dataclass
+class SimNode:
+    hostname: str
+    state_dir: Path
+    broker: FakeBroker
+
+    def gpu(self, index: int) -> Gpu:
+        return Gpu.objects.get(node__hostname=self.hostname, index=index)
+
+
+@pytest.fixture
+def node(db, settings, tmp_path, monkeypatch) -> Iterator[SimNode]:
+    """A registered, heartbeating simulated DGX A100 whose agent answers in-process."""
+    hostname = f"mig-{uuid.uuid4().hex[:6]}"
+    settings.GPUADMIN_NVML = "sim"
+    settings.GPUADMIN_SIM_MODEL = "dgx-a100-40gb"
+    settings.GPUADMIN_NODE_NAME = hostname
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+    settings.GPUADMIN_HEARTBEAT_GRACE_S = 30
+    broker = FakeBroker()
+    monkeypatch.setattr(app, "send_task", broker.send_task)
+    result = scan(node_backend())
+    apply_discovery(hostname, result)
+    record_heartbeat(hostname)
+    live.publish(hostname, result)
+    yield SimNode(hostname, tmp_path / "sim", broker)
+    live.client().delete(live.KEY_PREFIX + hostname)

@@ -174,6 +174,7 @@ def test_mig_summary_and_instances(client, admin_user, dgx):
         "gi_id",
         "ci_id",
         "profile_name",
+        "profile_id",
         "ci_profile_name",
         "placement_start",
         "placement_size",
@@ -195,6 +196,14 @@ def test_topology_matrix(client, admin_user, dgx):
     assert len(body["cpu_affinity"]) == 8
     for i, row in enumerate(body["matrix"]):
         assert row == ["X" if i == j else "NV12" for j in range(8)]
+    assert body["nvlink_counts"][0] == [0] + [12] * 7
+
+
+def test_v1_node_topology_is_the_same_matrix(client, admin_user, dgx):
+    client.force_login(admin_user)
+    seed = client.get(f"/gpu/topology?node={HOST}").json()
+    assert client.get(f"/api/v1/nodes/{HOST}/topology/").json() == seed
+    assert client.get("/api/v1/nodes/nope-99/topology/").status_code == 404
 
 
 def test_seed_endpoints_query_counts(
@@ -202,7 +211,13 @@ def test_seed_endpoints_query_counts(
 ):
     client.force_login(admin_user)
     publish()
-    urls = ("/api/gpu/devices", "/gpu/mig/summary", "/gpu/mig/instances", "/gpu/topology")
+    urls = (
+        "/api/gpu/devices",
+        "/gpu/mig/summary",
+        "/gpu/mig/instances",
+        "/gpu/topology",
+        f"/api/v1/nodes/{HOST}/topology/",
+    )
     for url in urls:
         with django_assert_max_num_queries(5):
             assert client.get(f"{url}?node={HOST}").status_code == 200

@@ -6,7 +6,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
+from inventory import live
+from inventory.choices import GpuState
 from inventory.models import Gpu, Node, Pool
+from inventory.nvml.scanner import scan
+from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.services import apply_discovery
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +52,7 @@ def test_gpu_list_filters(viewer, fleet):
     mig = viewer.get("/api/v1/gpus/?mig_enabled=true").json()
     assert [(g["node"], g["index"]) for g in mig["results"]] == [("dgx-01", 0), ("dgx-01", 1)]
     assert mig["results"][0]["mig_instance_count"] == 3
-    assert viewer.get("/api/v1/gpus/?name=A100").json()["count"] == 8
+    assert viewer.get("/api/v1/gpus/?model=A100").json()["count"] == 8
     Gpu.objects.filter(node__hostname="box-01", index=3).update(missing_since=timezone.now())
     missing = viewer.get("/api/v1/gpus/?missing=true").json()
     assert [(g["node"], g["index"], g["missing"]) for g in missing["results"]] == [
@@ -85,7 +89,7 @@ def test_mig_instances_list_and_filters(viewer, fleet):
     gpu1 = Gpu.objects.get(node__hostname="dgx-01", index=1)
     by_gpu = viewer.get(f"/api/v1/mig-instances/?gpu={gpu1.uuid}").json()
     assert by_gpu["count"] == 7
-    assert {(row["gpu"], row["gpu_index"], row["node"]) for row in by_gpu["results"]} == {
+    assert {(row["gpu_uuid"], row["gpu_index"], row["node"]) for row in by_gpu["results"]} == {
         (gpu1.uuid, 1, "dgx-01")
     }
     assert viewer.get("/api/v1/mig-instances/?node=box-01").json()["count"] == 0
@@ -201,3 +205,24 @@ def test_list_queries_do_not_grow_with_rows(viewer, sim_scan, url, django_assert
     with django_assert_max_num_queries(4):
         assert viewer.get(url).status_code == 200
     assert count_queries(viewer, url) == one
+
+
+def test_busy_and_free_filters_follow_live_samples_and_state(viewer, fleet):
+    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name="dgx-01")
+    faults.start_process(nvml, None, 3, 4242, used_mib=30_000, util=97)
+    live.publish("dgx-01", scan(nvml, include=("facts", "metrics")))
+    try:
+        Gpu.objects.filter(node__hostname="dgx-01", index=5).update(state=GpuState.DRAINING)
+
+        def indexes(query: str) -> list[tuple[str, int]]:
+            rows = viewer.get(f"/api/v1/gpus/?{query}").json()["results"]
+            return [(row["node"], row["index"]) for row in rows]
+
+        assert indexes("busy=true") == [("dgx-01", 3)]
+        assert len(indexes("busy=false")) == 11
+        # box-01 never heartbeats: its GPUs are not free; on dgx-01, GPU 3 is busy, 5 draining.
+        assert indexes("free=true") == [("dgx-01", i) for i in (0, 1, 2, 4, 6, 7)]
+        assert len(indexes("free=false")) == 6
+        assert indexes("free=true&model=L40S") == []
+    finally:
+        live.client().delete(live.KEY_PREFIX + "dgx-01")

@@ -10,20 +10,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import pytest
-from celery.exceptions import TimeoutError as CeleryTimeoutError
-from celery.result import EagerResult
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from gpuadmin.celery import app
 from inventory import live, services, tasks
 from inventory.agent import node_backend
 from inventory.models import Gpu, MigInstance, Node
@@ -31,14 +25,13 @@ from inventory.nvml.scanner import scan
 from inventory.nvml.sim import faults
 from inventory.services import (
     MIG_TASK_TIMEOUT_S,
+    AgentTimedOut,
     MigChangeRefused,
-    MigChangeTimedOut,
-    apply_discovery,
     create_mig_instance,
     destroy_mig_instance,
-    record_heartbeat,
 )
 from tests.conftest import REPO_DIR, session_database_url
+from tests.inventory.conftest import SimNode
 
 # dgx-a100-40gb: GPU 0 = 3g.20gb (GI 2 at 4) + 2x 2g.10gb (GI 3 at 0, GI 4 at 2); GPU 2: no MIG.
 INITIAL_GPU0 = [(2, 0, "3g.20gb", 4), (3, 0, "2g.10gb", 0), (4, 0, "2g.10gb", 2)]
@@ -59,60 +52,6 @@ def audit_rows(*kinds: str) -> list[AuditEvent]:
 @pytest.fixture
 def admin(django_user_model):
     return django_user_model.objects.create_user("mig-admin", password="x", is_staff=True)
-
-
-@dataclass
-class FakeBroker:
-    """Stands in for ``send_task``: runs the node task in this process, or never answers."""
-
-    answer: bool = True
-    sent: list[dict[str, Any]] = field(default_factory=list)
-    revoked: int = 0
-
-    def send_task(self, name: str, *, args: tuple, queue: str, expires: float) -> Any:
-        self.sent.append({"name": name, "args": tuple(args), "queue": queue, "expires": expires})
-        if not self.answer:
-            return self.Silent(self)
-        return EagerResult(uuid.uuid4().hex, app.tasks[name](*args), "SUCCESS")
-
-    @dataclass
-    class Silent:
-        broker: FakeBroker
-
-        def get(self, timeout: float, **_: Any) -> Any:
-            raise CeleryTimeoutError("The operation timed out.")
-
-        def revoke(self) -> None:
-            self.broker.revoked += 1
-
-
-@dataclass
-class SimNode:
-    hostname: str
-    state_dir: Path
-    broker: FakeBroker
-
-    def gpu(self, index: int) -> Gpu:
-        return Gpu.objects.get(node__hostname=self.hostname, index=index)
-
-
-@pytest.fixture
-def node(db, settings, tmp_path, monkeypatch) -> Iterator[SimNode]:
-    """A registered, heartbeating simulated DGX A100 whose agent answers in-process."""
-    hostname = f"mig-{uuid.uuid4().hex[:6]}"
-    settings.GPUADMIN_NVML = "sim"
-    settings.GPUADMIN_SIM_MODEL = "dgx-a100-40gb"
-    settings.GPUADMIN_NODE_NAME = hostname
-    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
-    settings.GPUADMIN_HEARTBEAT_GRACE_S = 30
-    broker = FakeBroker()
-    monkeypatch.setattr(app, "send_task", broker.send_task)
-    result = scan(node_backend())
-    apply_discovery(hostname, result)
-    record_heartbeat(hostname)
-    live.publish(hostname, result)
-    yield SimNode(hostname, tmp_path / "sim", broker)
-    live.client().delete(live.KEY_PREFIX + hostname)
 
 
 def test_destroy_then_create_goes_through_the_agent_and_is_audited(node, admin):
@@ -167,7 +106,7 @@ def test_a_change_nvml_refuses_is_reported_and_only_the_scan_is_applied(node, ad
 def test_a_node_that_does_not_answer_times_out_and_nothing_is_written(node, admin):
     node.broker.answer = False
     gpu = node.gpu(0)
-    with pytest.raises(MigChangeTimedOut) as caught:
+    with pytest.raises(AgentTimedOut) as caught:
         destroy_mig_instance(gpu, 2, actor=admin)
     assert str(caught.value) == (
         f"node {node.hostname} did not answer within 30 s; nothing was recorded "
