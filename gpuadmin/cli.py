@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpuadmin import jobs_cli
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
 
 if TYPE_CHECKING:
@@ -119,8 +120,20 @@ def _celery(argv: list[str]) -> int:
 
 @_with_django
 def cmd_worker(args: argparse.Namespace) -> int:
+    from django.conf import settings
+
     return _celery(
-        ["worker", "-Q", args.queues, "-n", "central@%h", "-c", str(args.concurrency), "-l", "INFO"]
+        [
+            "worker",
+            "-Q",
+            args.queues or settings.GPUADMIN_CENTRAL_QUEUE,
+            "-n",
+            "central@%h",
+            "-c",
+            str(args.concurrency),
+            "-l",
+            "INFO",
+        ]  # fmt: skip
     )
 
 
@@ -141,6 +154,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     def run(_: argparse.Namespace) -> int:
         from gpuadmin.celery import app
         from inventory.agent import AgentLoop, node_queue, scan_this_node
+        from scheduling.agent import executor
 
         scan = scan_this_node()
         system = scan.system
@@ -148,6 +162,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
         loop = AgentLoop(args.node, app.send_task)
         loop.start()
+        jobs = executor()  # re-adopts or reports the jobs a previous agent left
         try:
             return _celery(
                 [
@@ -160,8 +175,39 @@ def cmd_agent(args: argparse.Namespace) -> int:
             )  # fmt: skip
         finally:
             loop.stop()
+            jobs.shutdown(kill=False)  # jobs keep running; the next agent re-adopts them
 
     return run(args)
+
+
+@_with_django
+def cmd_check(args: argparse.Namespace) -> int:
+    """Scan the database for violated scheduling invariants; exit 1 when any is found."""
+    from scheduling.checks import report
+
+    return 1 if report(sys.stdout) else 0
+
+
+@_with_django
+def cmd_token(args: argparse.Namespace) -> int:
+    """Create an API token for a user (on the server: it needs the database). The key goes to
+    stdout, once; only its hash is stored."""
+    from django.contrib.auth import get_user_model
+
+    from scheduling.auth import create_token
+
+    user = get_user_model().objects.filter(username=args.user).first()
+    if user is None:
+        print(f"gpuadmin token create: no user {args.user!r}", file=sys.stderr)
+        return 1
+    _, key = create_token(user, args.name)
+    print(key)
+    print(
+        f"token {args.name!r} for {args.user} created; the key above is shown only this once "
+        "(use it as GPUADMIN_TOKEN)",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -338,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=cmd_serve)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")
-    worker.add_argument("--queues", default="default")
+    worker.add_argument("--queues", default=None, help="default: GPUADMIN_CENTRAL_QUEUE (default)")
     worker.add_argument("--concurrency", type=int, default=2)
     worker.set_defaults(run=cmd_worker)
 
@@ -350,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--sim", metavar="MODEL", help="simulate this machine model")
     agent.set_defaults(run=cmd_agent)
 
+    check = verbs.add_parser("check", help="check the scheduling invariants in the database")
+    check.set_defaults(run=cmd_check)
+
     scan = verbs.add_parser("scan", help="scan this node's GPUs through NVML")
     scan.add_argument(
         "--sim", metavar="MODEL", help="scan a simulated machine model (a name or a .json file)"
@@ -359,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--json", action="store_true", help="print the whole scan as JSON")
     scan.add_argument("-v", "--verbose", action="store_true", help="log what NVML answers")
     scan.set_defaults(run=cmd_scan)
+
+    jobs_cli.add_verbs(verbs)
+    token = verbs.add_parser("token", help="API tokens for the CLI and automation")
+    token_actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    token_create = token_actions.add_parser("create", help="create a token; prints its key once")
+    token_create.add_argument("name", help="what the token is for, e.g. laptop or ci")
+    token_create.add_argument("--user", required=True, help="username the token acts as")
+    token_create.set_defaults(run=cmd_token)
 
     # Listed for --help only: main() hands their arguments to Django's and the simulator's CLIs.
     verbs.add_parser("manage", help="Django's manage.py (gpuadmin manage help)")

@@ -50,6 +50,12 @@ GPUADMIN_HEARTBEAT_GRACE_S = env_int("GPUADMIN_HEARTBEAT_GRACE_S", 30, minimum=1
 GPUADMIN_RESCAN_INTERVAL_S = env_int("GPUADMIN_RESCAN_INTERVAL_S", 300, minimum=5)
 # How often agents publish live GPU samples (utilization, memory, temperature, power) to Redis.
 GPUADMIN_SAMPLE_INTERVAL_S = env_int("GPUADMIN_SAMPLE_INTERVAL_S", 2, minimum=1)
+# Scheduling: beat's backstop placement pass (passes also run on every submit/finish), and how
+# node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
+GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
+GPUADMIN_JOB_KILL_GRACE_S = env_int("GPUADMIN_JOB_KILL_GRACE_S", 10, minimum=0)
+GPUADMIN_JOB_LOG_MAX_BYTES = env_int("GPUADMIN_JOB_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
+GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
 
 _database_url = env_str("DATABASE_URL")
 _redis_url = env_str("REDIS_URL")
@@ -143,6 +149,11 @@ LOGIN_URL = "admin:login"
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "scheduling.auth.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpuadmin API",
@@ -154,7 +165,9 @@ SPECTACULAR_SETTINGS = {
 
 CELERY_BROKER_URL = _redis_url
 CELERY_RESULT_BACKEND = _redis_url
-CELERY_TASK_DEFAULT_QUEUE = "default"
+# The central worker's queue (placement passes, agents' reports); node agents use node.<name>.
+GPUADMIN_CENTRAL_QUEUE = env_str("GPUADMIN_CENTRAL_QUEUE") or "default"
+CELERY_TASK_DEFAULT_QUEUE = GPUADMIN_CENTRAL_QUEUE
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -163,6 +176,13 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "placement-pass": {
+        "task": "scheduling.placement_pass",
+        "schedule": float(GPUADMIN_PLACEMENT_INTERVAL_S),
+        "options": {"expires": float(GPUADMIN_PLACEMENT_INTERVAL_S)},
+    },
+}
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()
 LOGGING = {

@@ -25,6 +25,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         services.release()
 
 
+@pytest.fixture(autouse=True)
+def fresh_fleet_shape() -> None:
+    """Submissions check the fleet's shape through a short cache; each test builds its own."""
+    from scheduling.services import FleetShape
+
+    FleetShape.forget()
+
+
 @pytest.fixture
 def free_port() -> int:
     with socket.socket() as sock:

@@ -9,6 +9,9 @@ import os
 from gpuadmin.embedded import data_dir_from_env, ensure_service_urls
 
 os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
+# One central Celery queue per session (inherited by the workers tests start), so sessions
+# sharing a Redis never run each other's tasks against the wrong database.
+os.environ.setdefault("GPUADMIN_CENTRAL_QUEUE", f"central-{os.getpid()}")
 EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
 
 from gpuadmin.settings import *  # noqa: E402, F403

@@ -75,6 +75,11 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
 
         agent = start(*agent_args)
         wait_for(node_is(hostname, reachable=True), 60, "the node to come back")
+        wait_for(
+            lambda: Gpu.objects.schedulable().on_node(hostname).count() == 4,
+            30,
+            "its GPUs to be schedulable again",
+        )
     finally:
         for process in (agent, worker):
             process.terminate()
@@ -83,7 +88,6 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
 
     assert Node.objects.filter(hostname=hostname).count() == 1
     assert Gpu.objects.on_node(hostname).count() == 4
-    assert Gpu.objects.schedulable().on_node(hostname).count() == 4
     registered = AuditEvent.objects.filter(event_type="node.registered", target_id=str(node.pk))
     assert registered.count() == 1
     # Scoped to this node: agents of other tests may still have scans queued on the broker.

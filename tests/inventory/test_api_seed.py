@@ -136,7 +136,8 @@ def test_no_node_at_all_is_404(client, admin_user):
 
 def test_anonymous_users_are_refused(client, dgx):
     response = client.get("/api/gpu/devices")
-    assert response.status_code == 403
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
     assert response.json() == {"detail": "Authentication credentials were not provided."}
 
 

@@ -97,7 +97,8 @@ def test_mig_instances_list_and_filters(viewer, fleet):
 
 def test_reads_need_a_login(client, fleet):
     response = client.get("/api/v1/gpus/")
-    assert response.status_code == 403
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
     assert response.json() == {"detail": "Authentication credentials were not provided."}
 
 

@@ -254,8 +254,9 @@ def start_process(
     def change(state: dict[str, Any], t: float) -> None:
         gpu = _gpu(state, gpu_index)
         gpu_type = _machine(state).gpus[gpu_index].type
-        if any(p["pid"] == pid for p in state["processes"]):
-            raise ValueError(f"pid {pid} is already running")
+        # One process may use several GPUs (NVML lists it on each), but each GPU once.
+        if any(p["pid"] == pid and p["gpu"] == gpu_index for p in state["processes"]):
+            raise ValueError(f"pid {pid} is already running on GPU {gpu_index}")
         mig_on = gpu["mig"] is not None and gpu["mig"]["current"]
         if mig_on != (gpu_instance is not None):
             raise ValueError("a MIG-enabled GPU needs gpu_instance; other GPUs take none")
@@ -287,13 +288,14 @@ def start_process(
 
 
 def stop_process(target: Target, node: str | None, pid: int, *, now: float | None = None) -> None:
-    """End a process started with :func:`start_process`."""
+    """End a process started with :func:`start_process`, on every GPU it uses."""
 
     def change(state: dict[str, Any], t: float) -> None:
-        proc = next((p for p in state["processes"] if p["pid"] == pid), None)
-        if proc is None:
+        procs = [p for p in state["processes"] if p["pid"] == pid]
+        if not procs:
             raise ValueError(f"no simulated process {pid}")
-        statemod.end_process(state, proc, t)
+        for proc in procs:
+            statemod.end_process(state, proc, t)
 
     _edit(target, node, change, now)
 

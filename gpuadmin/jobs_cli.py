@@ -1,0 +1,357 @@
+"""``gpuadmin jobs ...``: submit, list, explain, cancel and read the log of jobs through the
+HTTP API, so it works from any machine that reaches the web server (standard library only).
+
+``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token:
+``gpuadmin token create NAME --user USERNAME`` on the server, or ``POST /api/v1/tokens/``) come
+from the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+from urllib.parse import urlencode
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+FOLLOW_INTERVAL_S = 2.0
+FOLLOW_WINDOW = 1000  # lines read per poll while following a log
+STATES = (
+    "pending",
+    "queued",
+    "scheduled",
+    "running",
+    "completed",
+    "failed",
+    "canceled",
+    "preempted",
+)
+ACTIVE_STATES = ("pending", "queued", "scheduled", "running", "preempted")
+TERMINAL_STATES = frozenset({"completed", "failed", "canceled"})
+
+
+class ApiError(Exception):
+    """The server refused the request (``status``), or could not be reached (``None``)."""
+
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Api:
+    url: str
+    token: str
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> Api:
+        return cls(
+            os.environ.get("GPUADMIN_URL") or DEFAULT_URL, os.environ.get("GPUADMIN_TOKEN", "")
+        )
+
+    def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        """One JSON request; ``ApiError`` with the server's reason on anything but 2xx."""
+        query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+        request = urllib.request.Request(
+            self.url.rstrip("/") + path + (f"?{query}" if query else ""),
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Accept": "application/json", "Content-Type": "application/json"},
+        )
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raise ApiError(exc.code, _reason(exc.code, exc.read())) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ApiError(None, f"cannot reach {self.url}: {reason}") from None
+        return json.loads(raw) if raw else None
+
+
+def _reason(status: int, raw: bytes) -> str:
+    """The error body as one line: ``detail``, or ``field: message`` for each field."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return f"HTTP {status}: {raw[:200].decode(errors='replace')}"
+    if isinstance(body, dict) and set(body) == {"detail"}:
+        message = str(body["detail"])
+    elif isinstance(body, dict):
+        message = "; ".join(
+            f"{field}: {' '.join(map(str, errors)) if isinstance(errors, list) else errors}"
+            for field, errors in body.items()
+        )
+    else:
+        message = str(body)
+    if status == 401:
+        message += " (set GPUADMIN_TOKEN to an API token: gpuadmin token create NAME --user U)"
+    return f"HTTP {status}: {message}"
+
+
+# --------------------------------------------------------------------------- verbs
+
+
+def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ApiError(None, "no command given: gpuadmin jobs submit [OPTIONS] -- CMD ...")
+    env = dict(pair.split("=", 1) for pair in args.env)
+    options = {
+        "name": args.name,
+        "project": args.project,
+        "gpu_count": args.gpus,
+        "node_count": args.nodes,
+        "gpu_model": args.model,
+        "min_gpu_memory_mib": args.min_memory_mib,
+        "topology": args.topology,
+        "priority": args.priority,
+        "max_runtime_s": args.max_runtime,
+        "max_retries": args.retries,
+        "env": env or None,
+        "hold": args.hold or None,
+    }
+    body = {
+        # With --shell the words are one shell command line (``&&``, ``$VAR`` and all).
+        "command": " ".join(command) if args.shell else command,
+        "use_shell": args.shell,
+        **{name: value for name, value in options.items() if value is not None},
+    }
+    job = api.call("POST", "/queue/submit", body)
+    print(f"job {job['id']} submitted: {job['state']} ({_needs(job)})", file=out)
+    print(f"  gpuadmin jobs show {job['id']}   # where it runs, or why it waits", file=out)
+    return 0
+
+
+def cmd_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    states = args.state or (None if args.all else list(ACTIVE_STATES))
+    page = api.call("GET", "/api/v1/jobs/", state=states, limit=args.limit)
+    rows = [("ID", "STATE", "PRIORITY", "GPUS", "OWNER", "NAME", "WHERE / WHY")]
+    rows += [
+        (
+            str(job["id"]),
+            job["state"],
+            job["priority"],
+            str(job["gpu_count"] * job["node_count"]),
+            job["owner"],
+            job["name"] or "-",
+            _where_or_why(job),
+        )
+        for job in page["results"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        padded = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*padded, row[-1]]), file=out)
+    if page["count"] > len(page["results"]):
+        print(f"({len(page['results'])} of {page['count']}; --limit N for more)", file=out)
+    return 0
+
+
+def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    """The job's state and, for a waiting job, why it waits: the "why is my job pending" answer."""
+    job = api.call("GET", f"/api/v1/jobs/{args.job_id}/")
+    name = f' "{job["name"]}"' if job["name"] else ""
+    project = f", project {job['project']}" if job["project"] else ""
+    print(
+        f"job {job['id']}{name} ({job['owner']}{project}): {job['state']}, "
+        f"priority {job['priority']}",
+        file=out,
+    )
+    command = job["command"][0] if job["use_shell"] else shlex.join(job["command"])
+    facts = [("command", command), ("needs", _needs(job)), ("submitted", job["submitted_at"])]
+    if job["state"] in ("pending", "queued"):
+        reason = job["pending_reason"] or (
+            "held: it waits until it is released"
+            if job["state"] == "pending"
+            else "the scheduler has not looked at it yet"
+        )
+        code = f" ({job['pending_code']})" if job["pending_code"] else ""
+        facts += [
+            ("why pending", reason + code),
+            ("position", _or_dash(job["queue_position"])),
+            ("est. start", _or_dash(job["estimated_start_at"])),
+            ("what if", job["what_if"]),
+        ]
+    if job["placement"]:
+        facts.append(("placement", job["placement"]["explanation"]))
+    held = [a for a in job["allocations"] if a["attempt"] == job["attempt"]]
+    if held:
+        gpus = ", ".join(f"{a['node']}/GPU{a['gpu_index']} {a['gpu_uuid']}" for a in held)
+        facts.append(("GPUs", f"{gpus} (attempt {job['attempt']})"))
+    facts += [
+        ("started", job["started_at"]),
+        ("finished", job["finished_at"]),
+        ("exit code", job["exit_code"]),
+        ("message", job["message"]),
+    ]
+    for label, value in facts:
+        if value not in (None, ""):
+            print(f"  {label + ':':<13}{value}", file=out)
+    return 0
+
+
+def cmd_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    result = api.call("POST", f"/api/v1/jobs/{args.job_id}/cancel/")
+    if result["canceling"]:
+        print(
+            f"job {args.job_id}: canceling; its processes get SIGTERM (SIGKILL after the grace) "
+            "and its GPUs are released once they are gone",
+            file=out,
+        )
+    else:
+        print(f"job {args.job_id} canceled", file=out)
+    return 0
+
+
+def cmd_log(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    path = f"/api/v1/jobs/{args.job_id}/log/"
+    if not args.follow:
+        log = api.call("GET", path, tail=args.tail, node=args.node)
+        out.write(log["text"])
+        return 0
+    shown: list[str] | None = None
+    attempt = None
+    while True:
+        # The state first: a log read after the job ended holds all of it.
+        finished = api.call("GET", f"/api/v1/jobs/{args.job_id}/")["state"] in TERMINAL_STATES
+        try:
+            log = api.call("GET", path, tail=max(args.tail, FOLLOW_WINDOW), node=args.node)
+        except ApiError as exc:
+            if exc.status not in (404, 503):  # not started yet, or the agent is silent
+                raise
+            log = None
+        if log is not None:
+            lines = log["text"].splitlines(keepends=True)
+            if lines and not lines[-1].endswith("\n") and not finished:
+                lines.pop()  # a line still being written
+            if log["attempt"] != attempt:
+                if attempt is not None:
+                    out.write(f"--- attempt {log['attempt']} ---\n")
+                attempt, shown = log["attempt"], None
+            out.writelines(lines[-args.tail :] if shown is None else new_lines(shown, lines))
+            out.flush()
+            shown = lines
+        if finished:
+            return 0
+        time.sleep(FOLLOW_INTERVAL_S)
+
+
+def new_lines(previous: list[str], current: list[str]) -> list[str]:
+    """The lines of ``current`` (a log's last lines now) that ``previous`` (its last lines at
+    the poll before) did not have: the longest end of ``previous`` that begins ``current`` was
+    seen already."""
+    for overlap in range(min(len(previous), len(current)), 0, -1):
+        if previous[-overlap:] == current[:overlap]:
+            return current[overlap:]
+    return current
+
+
+def _needs(job: dict[str, Any]) -> str:
+    parts = [f"{job['gpu_count']} GPU(s) x {job['node_count']} node(s)"]
+    if job["gpu_model"]:
+        parts.append(job["gpu_model"])
+    if job["min_gpu_memory_mib"]:
+        parts.append(f">= {job['min_gpu_memory_mib']} MiB")
+    if job["topology"] != "any":
+        parts.append(f"topology {job['topology']}")
+    return ", ".join(parts)
+
+
+def _where_or_why(job: dict[str, Any]) -> str:
+    if job["state"] in ("pending", "queued"):
+        position = f"#{job['queue_position']} " if job["queue_position"] else ""
+        return position + (job["pending_reason"] or job["state"])
+    if job["placement"]:
+        return ", ".join(
+            f"{node}:{','.join(map(str, gpus))}" for node, gpus in job["placement"]["nodes"].items()
+        )
+    return job["message"] or "-"
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def add_verbs(verbs: argparse._SubParsersAction) -> None:
+    """The ``jobs`` verb group."""
+    jobs = verbs.add_parser("jobs", help="submit, list, show, cancel jobs; read their logs (API)")
+    actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    submit = actions.add_parser(
+        "submit", help="submit a job: gpuadmin jobs submit [OPTIONS] -- CMD ..."
+    )
+    submit.add_argument("--gpus", type=int, help="GPUs per node (default 1)")
+    submit.add_argument("--nodes", type=int, help="nodes of a multi-node job (default 1)")
+    submit.add_argument("--model", help="exact GPU product name, e.g. 'NVIDIA H100 80GB HBM3'")
+    submit.add_argument("--min-memory-mib", type=int, help="memory each GPU must have")
+    submit.add_argument("--topology", choices=("any", "numa", "nvlink", "node"))
+    submit.add_argument("--priority", choices=("low", "normal", "high", "critical"))
+    submit.add_argument("--name")
+    submit.add_argument("--project")
+    submit.add_argument("--max-runtime", type=int, metavar="SECONDS", help="killed after this")
+    submit.add_argument("--retries", type=int, help="re-runs after a failure (default 0)")
+    submit.add_argument("--env", action="append", default=[], type=_env_pair, metavar="NAME=VALUE")
+    submit.add_argument("--hold", action="store_true", help="store it held (pending)")
+    submit.add_argument("--shell", action="store_true", help="run CMD through /bin/sh -c")
+    submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    submit.set_defaults(run=_run(cmd_submit))
+
+    listing = actions.add_parser("list", help="your jobs (everyone's for viewers and operators)")
+    listing.add_argument("--state", action="append", choices=STATES, help="repeatable")
+    listing.add_argument("--all", action="store_true", help="finished jobs too")
+    listing.add_argument("--limit", type=int, default=100)
+    listing.set_defaults(run=_run(cmd_list))
+
+    show = actions.add_parser("show", help="a job: where it runs, or why it is pending")
+    show.add_argument("job_id", type=int)
+    show.set_defaults(run=_run(cmd_show))
+
+    cancel = actions.add_parser("cancel", help="cancel a job")
+    cancel.add_argument("job_id", type=int)
+    cancel.set_defaults(run=_run(cmd_cancel))
+
+    log = actions.add_parser("log", help="a job's log, read through its node's agent")
+    log.add_argument("job_id", type=int)
+    log.add_argument("--tail", type=int, default=100, help="lines from the end (default 100)")
+    log.add_argument("--node", help="node of a multi-node job (default its first)")
+    log.add_argument("-f", "--follow", action="store_true", help="print new lines every 2 s")
+    log.set_defaults(run=_run(cmd_log))
+
+
+def _env_pair(value: str) -> str:
+    if "=" not in value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
+    return value
+
+
+Verb = Callable[[Api, argparse.Namespace, TextIO], int]
+
+
+def _run(verb: Verb) -> Callable[[argparse.Namespace], int]:
+    """A verb with the API from the environment; API errors become one line and status 1."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return verb(Api.from_env(), args, sys.stdout)
+        except ApiError as exc:
+            sys.stderr.write(f"gpuadmin jobs {args.action}: {exc}\n")
+            return 1
+        except KeyboardInterrupt:
+            return 130
+
+    return run

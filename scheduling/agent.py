@@ -1,0 +1,167 @@
+"""The job side of a node agent: one ``Executor`` per agent process, its events reported to
+the central worker, and (on simulated nodes) the simulator following the jobs' processes.
+
+The agent's Celery worker runs with the solo pool, so the tasks of ``scheduling.tasks`` that
+run on the node queue and the executor's threads share this process and its one executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.utils import timezone
+
+from inventory.agent import scan_this_node
+from inventory.nvml.sim import faults
+from scheduling.executor import (
+    Executor,
+    ExecutorEvent,
+    FinalState,
+    JobFinished,
+    JobSpec,
+    JobStarted,
+)
+
+log = logging.getLogger("gpuadmin.agent")
+
+# What a simulated job's process does to each of its GPUs.
+SIM_MEMORY_FRACTION = 0.6
+SIM_UTILIZATION_PCT = 92
+
+_lock = threading.Lock()
+_executor: Executor | None = None
+_canceled: set[str] = set()  # executor ids canceled before their run_job arrived
+
+
+def agent_dir(hostname: str) -> Path:
+    return settings.GPUADMIN_DATA_DIR / "agent" / hostname
+
+
+def executor_id(job_id: int, attempt: int) -> str:
+    """One executor job per attempt, so a retry never reads or signals an old run."""
+    return f"{job_id}.{attempt}"
+
+
+def parse_executor_id(value: str) -> tuple[int, int]:
+    job_id, attempt = value.split(".")
+    return int(job_id), int(attempt)
+
+
+def executor() -> Executor:
+    """This agent's executor, started (and reconciled with what a previous agent left running)
+    on first use."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            root = agent_dir(settings.GPUADMIN_NODE_NAME)
+            hooks: dict[str, Any] = {}
+            if settings.GPUADMIN_NVML == "sim":
+                hooks = {"on_process_started": _sim_started, "on_process_ended": _sim_ended}
+            _executor = Executor(
+                root / "logs",
+                root / "executor",
+                report,
+                kill_grace_s=settings.GPUADMIN_JOB_KILL_GRACE_S,
+                log_max_bytes=settings.GPUADMIN_JOB_LOG_MAX_BYTES,
+                log_backups=settings.GPUADMIN_JOB_LOG_BACKUPS,
+                **hooks,
+            )
+            _executor.reconcile()
+            running = [parse_executor_id(name) for name in _executor.running()]
+            current_app.send_task(
+                "scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running)
+            )
+        return _executor
+
+
+def run_job(spec: dict[str, Any]) -> None:
+    """Start the node's part of a placed job (``loop.job_spec``)."""
+    name = executor_id(spec["job_id"], spec["attempt"])
+    if name in _canceled:
+        report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), "canceled"))
+        return
+    cwd = spec["cwd"] or str(_work_dir(name))
+    shell = spec["use_shell"]
+    job = JobSpec(
+        job_id=name,
+        cwd=cwd,
+        argv=() if shell else spec["argv"],
+        shell_command=" ".join(spec["argv"]) if shell else None,
+        env={str(k): str(v) for k, v in spec["env"].items()},
+        gpu_uuids=spec["gpu_uuids"],
+        max_runtime_s=spec["max_runtime_s"],
+    )
+    executor().launch(job)
+
+
+def cancel_job(job_id: int, attempt: int, message: str) -> bool:
+    """Signal the job's processes (its JobFinished follows once they are gone); ``False`` when
+    it does not run here: it is reported canceled now and will not start if it arrives."""
+    name = executor_id(job_id, attempt)
+    if executor().cancel(name):
+        return True
+    _canceled.add(name)
+    report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), message))
+    return False
+
+
+def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
+    name = executor_id(job_id, attempt)
+    runner = executor()
+    return {"text": runner.tail(name, lines), "exists": runner.log_path(name).exists()}
+
+
+def report(event: ExecutorEvent) -> None:
+    """Send an executor event to the central worker."""
+    job_id, attempt = parse_executor_id(event.job_id)
+    if isinstance(event, JobStarted):
+        args = (job_id, attempt, "started", event.pid, None, "", event.started_at.isoformat())
+    else:
+        args = (
+            job_id,
+            attempt,
+            str(event.state),
+            None,
+            event.exit_code,
+            event.message,
+            event.finished_at.isoformat(),
+        )
+    current_app.send_task("scheduling.job_event", args=args)
+
+
+def _work_dir(name: str) -> Path:
+    path = agent_dir(settings.GPUADMIN_NODE_NAME) / "work" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# Simulated nodes: the job's real process shows on its GPUs in the simulator's NVML.
+
+
+def _sim_target() -> tuple[str, str]:
+    return str(settings.GPUADMIN_SIM_STATE_DIR), settings.GPUADMIN_NODE_NAME
+
+
+def _sim_started(spec: JobSpec, pid: int) -> None:
+    state_dir, node = _sim_target()
+    by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scan_this_node(include=("facts",)).gpus}
+    for uuid in spec.gpu_uuids:
+        facts = by_uuid.get(uuid)
+        if facts is None:
+            continue
+        used = int((facts.memory_total_mib or 0) * SIM_MEMORY_FRACTION)
+        faults.start_process(
+            state_dir, node, facts.index, pid, used_mib=used, util=SIM_UTILIZATION_PCT
+        )
+
+
+def _sim_ended(spec: JobSpec, pid: int) -> None:
+    state_dir, node = _sim_target()
+    with suppress(ValueError):  # already gone (a GPU reset, or it never started on a GPU)
+        faults.stop_process(state_dir, node, pid)

@@ -1,0 +1,125 @@
+"""Invariants the scheduler promises, checked against the database (``gpuadmin check``).
+
+Each check is one query and returns human sentences; an empty list means the invariant holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TextIO
+
+from django.db import connection
+from django.db.models import Count, F, Q
+
+from inventory.choices import GpuState, NodeState
+from scheduling.models import HOLDING_STATES, Allocation, Job
+
+Check = Callable[[], list[str]]
+
+
+def gpus_allocated_twice() -> list[str]:
+    rows = (
+        Allocation.objects.active()
+        .values("gpu__uuid")
+        .annotate(jobs=Count("job", distinct=True), n=Count("pk"))
+        .filter(n__gt=1)
+    )
+    return [f"GPU {row['gpu__uuid']} has {row['n']} active allocations" for row in rows]
+
+
+def holding_jobs_with_wrong_allocations() -> list[str]:
+    """A scheduled or running job holds exactly gpu_count x node_count GPUs."""
+    jobs = (
+        Job.objects.filter(state__in=HOLDING_STATES)
+        .annotate(held=Count("allocations", filter=Q(allocations__released_at__isnull=True)))
+        .exclude(held=F("gpu_count") * F("node_count"))
+    )
+    return [
+        f"job {job.pk} is {job.state} with {job.held} GPUs allocated, needs {job.total_gpus}"
+        for job in jobs
+    ]
+
+
+def allocations_of_jobs_that_let_go() -> list[str]:
+    rows = (
+        Allocation.objects.active()
+        .exclude(job__state__in=HOLDING_STATES)
+        .values_list("pk", "job_id", "job__state")
+    )
+    return [f"allocation {pk} is active but job {job} is {state}" for pk, job, state in rows]
+
+
+def allocations_on_offline_hardware() -> list[str]:
+    rows = (
+        Allocation.objects.active()
+        .filter(
+            Q(gpu__state=GpuState.OFFLINE)
+            | Q(node__state=NodeState.OFFLINE)
+            | Q(gpu__missing_since__isnull=False)
+        )
+        .values_list("job_id", "gpu__uuid", "gpu__state", "node__hostname", "node__state")
+    )
+    return [
+        f"job {job} holds GPU {uuid} ({gpu_state}) on node {host} ({node_state})"
+        for job, uuid, gpu_state, host, node_state in rows
+    ]
+
+
+def audit_gaps() -> list[str]:
+    """Every job's latest state event names its current state; every allocation is audited."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT j.id, j.state, e.after ->> 'state'
+            FROM scheduling_job j
+            LEFT JOIN LATERAL (
+                SELECT after FROM audit_auditevent
+                WHERE target_type = 'scheduling.job' AND target_id = j.id::text
+                  AND (event_type LIKE 'job.%%' AND after ? 'state')
+                ORDER BY id DESC LIMIT 1
+            ) e ON true
+            WHERE e.after IS NULL OR e.after ->> 'state' <> j.state
+            """
+        )
+        jobs = [
+            f"job {pk} is {state} but its audit log says {logged or 'nothing'}"
+            for pk, state, logged in cursor.fetchall()
+        ]
+        cursor.execute(
+            """
+            SELECT a.id FROM scheduling_allocation a
+            WHERE NOT EXISTS (
+                SELECT 1 FROM audit_auditevent e
+                WHERE e.event_type = 'allocation.created'
+                  AND e.target_type = 'scheduling.allocation' AND e.target_id = a.id::text
+            )
+            """
+        )
+        allocations = [f"allocation {pk} has no audit row" for (pk,) in cursor.fetchall()]
+    return jobs + allocations
+
+
+CHECKS: dict[str, Check] = {
+    "a GPU is never allocated twice": gpus_allocated_twice,
+    "a scheduled or running job holds exactly its GPUs": holding_jobs_with_wrong_allocations,
+    "a job that ended holds no GPU": allocations_of_jobs_that_let_go,
+    "no allocation on offline or missing hardware": allocations_on_offline_hardware,
+    "every job and allocation change is audited": audit_gaps,
+}
+
+
+def run_checks() -> dict[str, list[str]]:
+    """Violations per invariant (empty lists when all hold)."""
+    return {name: check() for name, check in CHECKS.items()}
+
+
+def report(out: TextIO) -> int:
+    """Print each invariant with its violations; the number of violations."""
+    failed = 0
+    for invariant, violations in run_checks().items():
+        print(f"{'FAIL' if violations else 'ok  '} {invariant}", file=out)
+        for violation in violations:
+            print(f"     - {violation}", file=out)
+        failed += len(violations)
+    print(f"{failed} violation(s)" if failed else "all invariants hold", file=out)
+    return failed

@@ -1,0 +1,538 @@
+"""Run the jobs placed on this node as subprocesses, and account for them across agent restarts.
+
+The node agent owns one :class:`Executor`. It starts each placed job, reports what happens to
+it through ``on_event`` (:class:`JobStarted`, then one :class:`JobFinished`), enforces the
+maximum runtime, cancels on request, and keeps the job's log. Retries are the central side's
+decision; the executor only reports outcomes accurately. Plain Python (no Django); Linux only,
+because process identity and process-group membership are read from ``/proc``.
+
+Design and trade-offs:
+
+- **Isolation.** ``argv`` runs without a shell unless the job gives a ``shell_command`` (run as
+  ``/bin/sh -c``). The environment is clean: the few node-describing variables of
+  :data:`BASE_ENV_KEYS`, the job's own variables, then ``CUDA_VISIBLE_DEVICES`` (the allocated
+  GPU or MIG UUIDs; empty means no GPU) and ``GPUADMIN_JOB_ID``, which the job cannot override.
+  Each job leads its own session, so its process group is what cancel and timeouts signal
+  (SIGTERM, then SIGKILL after ``kill_grace_s``). A job ends when its main process exits; what
+  it left in its group is then terminated the same way, so its GPUs are free by the time
+  :class:`JobFinished` is reported. Processes that leave the group (``setsid``, daemons) escape:
+  containing those needs cgroups, which this module does not manage.
+- **Logs.** The job's stdout and stderr *are* its log file (``O_APPEND``), not a pipe to the
+  agent, so a job keeps logging while the agent restarts and no output dies with a pump
+  thread. The job's monitor thread enforces the size limit every poll interval, copytruncate
+  style (as logrotate does): a log past ``log_max_bytes`` is cut into at most ``log_backups``
+  pieces of at most ``log_max_bytes`` (``<log>.1`` newest) and truncated; the job's appending
+  writes continue at offset 0. The costs: the live file can overshoot by what the job writes
+  in one poll interval (and grows unchecked while no agent runs, until the next one adopts
+  the job), and output written in the instant between copy and truncation is lost.
+- **Restarts.** Each running job has a small JSON record in ``state_dir``, written atomically
+  (temp file and rename; no fsync, since a record only matters while its process lives, and a
+  machine crash ends both). A process is identified by boot id, pid and the start time in
+  ``/proc/<pid>/stat``, so a reused pid is never adopted or signalled. :meth:`Executor.reconcile`
+  re-adopts live jobs (limits, cancel and log rotation resume) and reports vanished ones
+  :attr:`FinalState.LOST`. An adopted process is no longer the agent's child, so its exit
+  status cannot be read: if it ends by itself it is reported LOST with no exit code (its log is
+  intact) and the central side decides between failing and re-queueing it. A cancel that was
+  in its grace period when the agent stopped is not remembered either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: The only variables a job inherits from the agent: where programs are, whose account it runs
+#: under, locale, time zone and scratch space. Never the agent's configuration or secrets.
+BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR")
+#: Used when the agent's own environment lacks them.
+BASE_ENV_DEFAULTS = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+# Job ids become file names: no separators, no leading dot.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+_TAIL_BLOCK = 64 * 1024
+
+
+class FinalState(StrEnum):
+    COMPLETED = "completed"  # exit code 0
+    FAILED = "failed"  # non-zero exit, killed by a signal, or could not start
+    CANCELED = "canceled"
+    TIMED_OUT = "timed_out"  # ran past max_runtime_s
+    LOST = "lost"  # ended while no agent could see how (see the module docstring)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """One placed job. Give ``argv`` (run as is) or ``shell_command`` (run by ``/bin/sh -c``)."""
+
+    job_id: str
+    cwd: str
+    argv: Sequence[str] = ()
+    shell_command: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpu_uuids: Sequence[str] = ()
+    max_runtime_s: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "gpu_uuids", tuple(self.gpu_uuids))
+        if not _JOB_ID.fullmatch(self.job_id):
+            raise ValueError(f"job id {self.job_id!r} is not a valid file name")
+        if bool(self.argv) == (self.shell_command is not None):
+            raise ValueError("give exactly one of argv and shell_command")
+        if not os.path.isabs(self.cwd):
+            raise ValueError(f"working directory {self.cwd!r} is not an absolute path")
+        if self.max_runtime_s is not None and self.max_runtime_s <= 0:
+            raise ValueError("max_runtime_s must be positive")
+
+    @property
+    def command(self) -> list[str]:
+        """The argv that is executed."""
+        if self.shell_command is not None:
+            return ["/bin/sh", "-c", self.shell_command]
+        return list(self.argv)
+
+    def environment(self, agent_env: Mapping[str, str]) -> dict[str, str]:
+        """The job's whole environment, given the agent's (see the module docstring)."""
+        env = {key: agent_env[key] for key in BASE_ENV_KEYS if key in agent_env}
+        return {
+            **BASE_ENV_DEFAULTS,
+            **env,
+            **self.env,
+            "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_uuids),
+            "GPUADMIN_JOB_ID": self.job_id,
+        }
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    job_id: str
+    pid: int
+    started_at: datetime
+    adopted: bool = False  # re-adopted by reconcile() after an agent restart
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job_id: str
+    state: FinalState
+    exit_code: int | None  # negative: killed by that signal; None: never started, or unknown
+    finished_at: datetime
+    message: str = ""
+
+
+ExecutorEvent = JobStarted | JobFinished
+#: ``hook(spec, pid)``; a re-adopted job's spec has no ``env`` (records do not keep it).
+ProcessHook = Callable[[JobSpec, int], None]
+
+
+class _LaunchError(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class _Job:
+    spec: JobSpec
+    pid: int  # also the process group id
+    start_ticks: int  # from /proc/<pid>/stat: tells this process from a later one with its pid
+    boot_id: str
+    started_at: datetime
+    deadline: float | None  # time.monotonic(), which counts from boot, so it survives restarts
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None  # None when adopted: not our child
+    cancel_requested: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def poll(self) -> tuple[bool, int | None]:
+        """Whether the main process has ended, and its exit code where that can be known."""
+        if self.proc is not None:
+            code = self.proc.poll()
+            return code is not None, code
+        return _live_start_ticks(self.pid) != self.start_ticks, None
+
+    def to_record(self) -> dict[str, Any]:
+        # env may hold secrets, and nothing needs it once the process runs.
+        spec = {f.name: getattr(self.spec, f.name) for f in fields(self.spec) if f.name != "env"}
+        return {
+            "spec": spec,
+            "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "boot_id": self.boot_id,
+            "started_at": self.started_at.isoformat(),
+            "deadline_monotonic": self.deadline,
+            "log_path": str(self.log_path),
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> _Job:
+        return cls(
+            spec=JobSpec(**record["spec"]),
+            pid=record["pid"],
+            start_ticks=record["start_ticks"],
+            boot_id=record["boot_id"],
+            started_at=datetime.fromisoformat(record["started_at"]),
+            deadline=record["deadline_monotonic"],
+            log_path=Path(record["log_path"]),
+            proc=None,
+        )
+
+
+class Executor:
+    """Runs this node's jobs; thread-safe. Callbacks run on the executor's threads.
+
+    Call :meth:`reconcile` once at start-up, before the first :meth:`launch`.
+    """
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str],
+        state_dir: str | os.PathLike[str],
+        on_event: Callable[[ExecutorEvent], None],
+        *,
+        kill_grace_s: float = 10.0,
+        log_max_bytes: int = 16 * 1024 * 1024,
+        log_backups: int = 3,
+        poll_interval_s: float = 0.5,
+        on_process_started: ProcessHook | None = None,
+        on_process_ended: ProcessHook | None = None,
+    ) -> None:
+        if log_max_bytes <= 0 or log_backups < 0:
+            raise ValueError("log_max_bytes must be positive and log_backups not negative")
+        self._log_dir = Path(log_dir)
+        self._state_dir = Path(state_dir)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._on_event = on_event
+        self._kill_grace_s = kill_grace_s
+        self._log_max_bytes = log_max_bytes
+        self._log_backups = log_backups
+        self._poll_interval_s = poll_interval_s
+        self._on_process_started = on_process_started
+        self._on_process_ended = on_process_ended
+        self._boot_id = _BOOT_ID_FILE.read_text().strip()
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._closed = False
+        self._detached = False
+
+    def log_path(self, job_id: str) -> Path:
+        return self._log_dir / f"{job_id}.log"
+
+    def launch(self, spec: JobSpec) -> None:
+        """Start a job. JobStarted follows through ``on_event``, or, if it cannot start (no such
+        working directory or executable), JobFinished FAILED with the error, also logged."""
+        log_path = self.log_path(spec.job_id)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the executor is shut down")
+            if spec.job_id in self._jobs:
+                raise ValueError(f"job {spec.job_id} is already running")
+            try:
+                job = self._spawn(spec, log_path)
+            except _LaunchError as exc:
+                error = str(exc)
+            else:
+                self._write_record(job)
+                self._monitor_in_thread(job, announce=True)
+                return
+        with log_path.open("a") as log:
+            log.write(f"gpuadmin: {error}\n")
+        self._emit(JobFinished(spec.job_id, FinalState.FAILED, None, _now(), error))
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop a job: SIGTERM to its process group, SIGKILL after the grace. False if it does
+        not run here. Its JobFinished (CANCELED, unless it ended first) follows."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        job.cancel_requested = True
+        job.wake.set()
+        return True
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return sorted(self._jobs)
+
+    def tail(self, job_id: str, lines: int = 100) -> str:
+        """The last ``lines`` lines of a job's log, reaching into the rotated files if needed."""
+        log = self.log_path(job_id)
+        paths = [log, *(_backup_path(log, n) for n in range(1, self._log_backups + 1))]
+        chunks: list[bytes] = []
+        newlines = 0
+        for path in paths:
+            if newlines > lines:
+                break
+            try:
+                file = path.open("rb")
+            except FileNotFoundError:
+                continue
+            with file:
+                end = file.seek(0, os.SEEK_END)
+                while end > 0 and newlines <= lines:
+                    start = max(0, end - _TAIL_BLOCK)
+                    file.seek(start)
+                    chunks.append(file.read(end - start))
+                    newlines += chunks[-1].count(b"\n")
+                    end = start
+        data = b"".join(reversed(chunks))
+        return _last_lines(data, lines).decode(errors="replace")
+
+    def reconcile(self) -> list[ExecutorEvent]:
+        """Account for the jobs that a previous agent left running: re-adopt those whose process
+        still runs (JobStarted with ``adopted=True``), report the others LOST. The events go to
+        ``on_event`` and are returned too."""
+        events: list[ExecutorEvent] = []
+        for path in sorted(self._state_dir.glob("*.json")):
+            with self._lock:
+                if path.stem in self._jobs:
+                    continue
+            try:
+                job = _Job.from_record(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                path.unlink(missing_ok=True)
+                events.append(self._lost(path.stem, f"unreadable state record: {exc}"))
+                continue
+            if job.boot_id == self._boot_id and _live_start_ticks(job.pid) == job.start_ticks:
+                events.append(JobStarted(job.spec.job_id, job.pid, job.started_at, adopted=True))
+                self._emit(events[-1])
+                with self._lock:
+                    self._monitor_in_thread(job, announce=False)
+            else:
+                self._call(self._on_process_ended, job.spec, job.pid)
+                path.unlink()
+                message = f"its process {job.pid} ended while no agent was watching it"
+                events.append(self._lost(job.spec.job_id, message))
+        return events
+
+    def shutdown(self, *, kill: bool) -> None:
+        """Stop the executor. ``kill``: cancel every job and wait for their JobFinished.
+        Otherwise leave them running, recorded for the next agent's :meth:`reconcile`."""
+        with self._lock:
+            self._closed = True
+            jobs = list(self._jobs.values())
+        if not kill:
+            self._detached = True
+        for job in jobs:
+            if kill:
+                job.cancel_requested = True
+            job.wake.set()
+        for job in jobs:
+            assert job.thread is not None
+            job.thread.join()
+        with self._lock:
+            self._jobs.clear()
+
+    def _spawn(self, spec: JobSpec, log_path: Path) -> _Job:
+        if not os.path.isdir(spec.cwd):
+            raise _LaunchError(f"working directory {spec.cwd!r} does not exist")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+        try:
+            proc = subprocess.Popen(
+                spec.command,
+                cwd=spec.cwd,
+                env=spec.environment(os.environ),
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as exc:
+            raise _LaunchError(f"cannot start {spec.command[0]!r}: {exc}") from exc
+        finally:
+            os.close(log_fd)
+        stat = _read_stat(proc.pid)  # our unreaped child: present even if it already exited
+        assert stat is not None
+        return _Job(
+            spec=spec,
+            pid=proc.pid,
+            start_ticks=stat[2],
+            boot_id=self._boot_id,
+            started_at=_now(),
+            deadline=None if spec.max_runtime_s is None else time.monotonic() + spec.max_runtime_s,
+            log_path=log_path,
+            proc=proc,
+        )
+
+    def _monitor_in_thread(self, job: _Job, *, announce: bool) -> None:
+        """Register the job and start its monitor thread; the caller holds the lock."""
+        self._jobs[job.spec.job_id] = job
+        job.thread = threading.Thread(
+            target=self._monitor, args=(job, announce), name=f"job-{job.spec.job_id}", daemon=True
+        )
+        job.thread.start()
+
+    def _monitor(self, job: _Job, announce: bool) -> None:
+        """Follow one job until its process group is gone (or the executor detaches)."""
+        if announce:
+            self._call(self._on_process_started, job.spec, job.pid)
+            self._emit(JobStarted(job.spec.job_id, job.pid, job.started_at))
+        ended, exit_code = False, None
+        stop_reason: FinalState | None = None
+        kill_at: float | None = None
+        while True:
+            if self._detached:
+                return  # the process runs on; its record stays for the next agent
+            _rotate_log(job.log_path, self._log_max_bytes, self._log_backups)
+            if not ended:
+                ended, exit_code = job.poll()
+            if ended and not _group_alive(job.pid):
+                break
+            now = time.monotonic()
+            if kill_at is None:
+                if not ended and job.cancel_requested:
+                    stop_reason = FinalState.CANCELED
+                elif not ended and job.deadline is not None and now >= job.deadline:
+                    stop_reason = FinalState.TIMED_OUT
+                # After the main process ends, this terminates what it left in its group.
+                if ended or stop_reason is not None:
+                    _signal_group(job.pid, signal.SIGTERM)
+                    kill_at = now + self._kill_grace_s
+            elif now >= kill_at:
+                _signal_group(job.pid, signal.SIGKILL)
+            job.wake.wait(self._poll_interval_s)
+            job.wake.clear()
+        _rotate_log(job.log_path, self._log_max_bytes, self._log_backups)
+        self._call(self._on_process_ended, job.spec, job.pid)
+        with self._lock:
+            self._record_path(job.spec.job_id).unlink(missing_ok=True)
+            del self._jobs[job.spec.job_id]
+        state, message = _final_state(job.spec, stop_reason, exit_code)
+        self._emit(JobFinished(job.spec.job_id, state, exit_code, _now(), message))
+
+    def _record_path(self, job_id: str) -> Path:
+        return self._state_dir / f"{job_id}.json"
+
+    def _write_record(self, job: _Job) -> None:
+        path = self._record_path(job.spec.job_id)
+        temp = path.with_name(f".{path.name}.tmp")
+        temp.write_text(json.dumps(job.to_record()))
+        os.replace(temp, path)
+
+    def _lost(self, job_id: str, message: str) -> JobFinished:
+        event = JobFinished(job_id, FinalState.LOST, None, _now(), message)
+        self._emit(event)
+        return event
+
+    def _emit(self, event: ExecutorEvent) -> None:
+        self._call(self._on_event, event)
+
+    @staticmethod
+    def _call(callback: Callable[..., None] | None, *args: Any) -> None:
+        """Run a callback. One that fails is logged: it must not stop a job's supervision."""
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("executor callback %r failed", callback)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _final_state(
+    spec: JobSpec, stop_reason: FinalState | None, exit_code: int | None
+) -> tuple[FinalState, str]:
+    if stop_reason is FinalState.CANCELED:
+        return stop_reason, "canceled"
+    if stop_reason is FinalState.TIMED_OUT:
+        return stop_reason, f"ran past its maximum runtime of {spec.max_runtime_s:g} s"
+    if exit_code is None:
+        return FinalState.LOST, "ended after an agent restart: exit status unknown"
+    if exit_code == 0:
+        return FinalState.COMPLETED, ""
+    if exit_code < 0:
+        return FinalState.FAILED, f"killed by signal {-exit_code} ({signal.strsignal(-exit_code)})"
+    return FinalState.FAILED, f"exited with code {exit_code}"
+
+
+def _read_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, start time in clock ticks since boot) of a process, if it exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            raw = file.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and ")": the other fields follow its last ")".
+    rest = raw[raw.rindex(b")") + 2 :].split()
+    return rest[0].decode(), int(rest[2]), int(rest[19])
+
+
+def _live_start_ticks(pid: int) -> int | None:
+    """A running process's start time; None if it is gone or a zombie."""
+    stat = _read_stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies hold nothing and are ignored)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    for name in os.listdir("/proc"):
+        stat = _read_stat(int(name)) if name.isdigit() else None
+        if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _backup_path(log: Path, n: int) -> Path:
+    return log.with_name(f"{log.name}.{n}")
+
+
+def _rotate_log(log: Path, max_bytes: int, backups: int) -> None:
+    """Copytruncate a log past ``max_bytes``: its newest bytes become ``.1`` (then ``.2`` ...),
+    at most ``max_bytes`` each and ``backups`` files in all; older backups shift up or go."""
+    try:
+        size = log.stat().st_size
+    except FileNotFoundError:
+        return
+    if size <= max_bytes:
+        return
+    pieces = min(backups, -(-size // max_bytes))
+    for n in range(backups, 0, -1):
+        backup = _backup_path(log, n)
+        if n + pieces > backups:
+            backup.unlink(missing_ok=True)
+        elif backup.exists():
+            os.replace(backup, _backup_path(log, n + pieces))
+    with log.open("r+b") as file:
+        for n in range(1, pieces + 1):
+            start = max(0, size - n * max_bytes)
+            file.seek(start)
+            _backup_path(log, n).write_bytes(file.read(size - (n - 1) * max_bytes - start))
+        file.truncate(0)
+
+
+def _last_lines(data: bytes, lines: int) -> bytes:
+    # A final newline ends the last line; it does not start an empty one.
+    start = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        start = data.rfind(b"\n", 0, start)
+        if start < 0:
+            return data
+    return data[start + 1 :]

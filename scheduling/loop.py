@@ -1,0 +1,420 @@
+"""The placement loop: snapshot -> engine -> one transaction per decision.
+
+Woken on commit by submit/cancel/finish and other state changes (``wake``, coalesced through
+a Redis key so a burst of submissions wakes it once), and by beat as a backstop. One pass runs
+at a time: a PostgreSQL advisory lock serialises passes across workers. The engine
+(``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` and
+its decisions back into allocations (``services.allocate``, which the database can refuse).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from inventory import live
+from inventory.agent import node_queue
+from inventory.choices import GpuState, NodeState
+from inventory.models import Gpu, GpuLink, Node
+from inventory.querysets import heartbeat_cutoff
+from scheduling import placement, services
+from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
+
+log = logging.getLogger("gpuadmin.placement")
+
+
+def wake_key() -> str:
+    """Set while a pass is asked for and not yet started (one per central queue)."""
+    return f"gpuadmin:placement:wake:{settings.GPUADMIN_CENTRAL_QUEUE}"
+
+
+# Any 64-bit number unique to this lock within the database.
+PASS_LOCK_ID = 0x67707561_646D696E  # "gpuadmin"
+# A job SCHEDULED on a node whose agent has been silent this long is given back to the queue.
+SCHEDULED_LOST_AFTER_S = 120
+
+
+def wake() -> None:
+    """Ask for a placement pass, unless one is already asked for and not yet started."""
+    try:
+        if not live.client().set(wake_key(), "1", nx=True, ex=60):
+            return
+    except RedisError as exc:  # beat's backstop pass will come
+        log.warning("cannot wake the placement loop: %s", exc)
+        return
+    current_app.send_task("scheduling.placement_pass")
+
+
+@dataclass
+class PassSummary:
+    placed: int = 0
+    refused: int = 0
+    waiting: int = 0
+    requeued: int = 0
+    skipped: str = ""
+    duration_ms: float = 0.0
+    dispatched: list[int] = field(default_factory=list)
+
+
+@contextmanager
+def pass_lock() -> Iterator[None]:
+    """Hold the placement loop's advisory lock (waits for a pass on another worker)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [PASS_LOCK_ID])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_ID])
+
+
+def run_pass() -> PassSummary:
+    """One placement pass; every decision commits (or is refused) on its own."""
+    started = time.perf_counter()
+    with pass_lock():
+        with suppress(RedisError):
+            live.client().delete(wake_key())  # wakes from now on ask for a new pass
+        summary = PassSummary()
+        config = SchedulerSettings.load()
+        summary.requeued = requeue_lost_scheduled_jobs()
+        if not config.enabled:
+            summary.skipped = "the scheduler is stopped"
+        else:
+            snapshot, gpu_rows = take_snapshot()
+            policy = _policy(config)
+            result = placement.plan(snapshot, policy)
+            for decision in result.placements:
+                if commit_placement(decision, gpu_rows):
+                    summary.placed += 1
+                    summary.dispatched.append(decision.job_id)
+                else:
+                    summary.refused += 1
+            save_pending(result.pending, snapshot.now)
+            summary.waiting = len(result.pending)
+    summary.duration_ms = (time.perf_counter() - started) * 1000
+    if summary.refused:
+        wake()  # refused decisions are retried by the next pass
+    log.info(
+        "placement pass: %d placed, %d refused, %d waiting, %d re-queued in %.0f ms%s",
+        summary.placed,
+        summary.refused,
+        summary.waiting,
+        summary.requeued,
+        summary.duration_ms,
+        f" ({summary.skipped})" if summary.skipped else "",
+    )
+    return summary
+
+
+def _policy(config: SchedulerSettings) -> placement.Policy:
+    if config.policy == "priority":
+        return placement.PriorityWithAging(aging_interval_s=config.aging_interval_s)
+    return placement.POLICIES[config.policy]()
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict[int, Gpu]]:
+    """The engine's view of the fleet and the queue, read in a handful of queries."""
+    now = now or timezone.now()
+    cutoff = heartbeat_cutoff(now)
+    nodes = list(Node.objects.order_by("hostname"))
+    node_infos = tuple(
+        placement.NodeInfo(
+            hostname=node.hostname,
+            state=node.state,
+            reachable=bool(node.last_heartbeat_at and node.last_heartbeat_at >= cutoff),
+        )
+        for node in nodes
+    )
+    by_pk = {node.pk: node for node in nodes}
+    reachable = {info.hostname for info in node_infos if info.reachable}
+    gpus = list(Gpu.objects.present().order_by("node_id", "index"))
+    allocated = dict(Allocation.objects.active().values_list("gpu_id", "job_id"))
+    domains = nvlink_domains(gpus, by_pk)
+    samples = live.latest(sorted(reachable))
+    slots = []
+    for gpu in gpus:
+        node = by_pk[gpu.node_id]
+        sample = samples.get(node.hostname, {}).get(gpu.uuid)
+        slots.append(
+            placement.GpuSlot(
+                id=gpu.pk,
+                uuid=gpu.uuid,
+                node=node.hostname,
+                index=gpu.index,
+                model=gpu.name,
+                memory_total_mib=gpu.memory_total_mib or 0,
+                memory_free_mib=_free_mib(gpu, sample),
+                numa_node=gpu.numa_node,
+                socket=None,
+                nvlink_domain=domains.get(gpu.pk),
+                unavailable=_unavailable(gpu, node, node.hostname in reachable, sample, allocated),
+                allocated_to=allocated.get(gpu.pk),
+            )
+        )
+    running = tuple(
+        placement.RunningJob(
+            id=job.pk,
+            gpu_ids=tuple(gpu_id for gpu_id, job_id in allocated.items() if job_id == job.pk),
+            started_at=(job.started_at or job.scheduled_at or now).timestamp(),
+            expected_end=_expected_end(job),
+        )
+        for job in Job.objects.filter(state__in=HOLDING_STATES)
+    )
+    queue = tuple(
+        placement.JobRequest(
+            id=job.pk,
+            owner=str(job.owner_id),
+            priority=job.priority,
+            submitted_at=job.submitted_at.timestamp(),
+            gpus_per_node=job.gpu_count,
+            node_count=job.node_count,
+            min_memory_mib=job.min_gpu_memory_mib,
+            gpu_model=job.gpu_model or None,
+            topology=job.topology,
+            estimated_duration_s=job.estimated_duration_s,
+            max_runtime_s=job.max_runtime_s,
+            preemptible=job.preemptible,
+        )
+        for job in Job.objects.filter(state=JobState.QUEUED).only(*QUEUE_FIELDS)
+    )
+    snapshot = placement.Snapshot(
+        now=now.timestamp(), nodes=node_infos, gpus=tuple(slots), running=running, queue=queue
+    )
+    return snapshot, {gpu.pk: gpu for gpu in gpus}
+
+
+QUEUE_FIELDS = (
+    "owner_id",
+    "priority",
+    "submitted_at",
+    "gpu_count",
+    "node_count",
+    "min_gpu_memory_mib",
+    "gpu_model",
+    "topology",
+    "estimated_duration_s",
+    "max_runtime_s",
+    "preemptible",
+)
+
+
+def nvlink_domains(gpus: list[Gpu], nodes: dict[int, Node]) -> dict[int, str]:
+    """GPU pk -> its NVLink domain: the GPUs of a node joined by NVLink (NVSwitch on a DGX),
+    named after the node and the lowest GPU index in it. GPUs without NVLink have none."""
+    parent: dict[int, int] = {}
+
+    def root(pk: int) -> int:
+        while parent.get(pk, pk) != pk:
+            pk = parent[pk]
+        return pk
+
+    for a, b in GpuLink.objects.filter(link_type__startswith="NV").values_list(
+        "gpu_a_id", "gpu_b_id"
+    ):
+        parent.setdefault(a, a)
+        parent.setdefault(b, b)
+        parent[root(a)] = root(b)
+    members: dict[int, list[Gpu]] = defaultdict(list)
+    for gpu in gpus:
+        if gpu.pk in parent:
+            members[root(gpu.pk)].append(gpu)
+    domains = {}
+    for group in members.values():
+        first = min(group, key=lambda gpu: gpu.index)
+        name = f"{nodes[first.node_id].hostname}/nvlink-gpu{first.index}"
+        domains.update((gpu.pk, name) for gpu in group)
+    return domains
+
+
+def _free_mib(gpu: Gpu, sample: dict | None) -> int:
+    total = gpu.memory_total_mib or 0
+    if not sample or sample.get("memory_used_mib") is None:
+        return total
+    return max(total - int(sample["memory_used_mib"]), 0)
+
+
+def _unavailable(
+    gpu: Gpu, node: Node, reachable: bool, sample: dict | None, allocated: dict[int, int]
+) -> str | None:
+    """Why the GPU cannot be given now (a machine code), or None."""
+    if node.state != NodeState.ONLINE:
+        return node.state
+    if not reachable:
+        return "unreachable"
+    if gpu.state != GpuState.AVAILABLE:
+        return gpu.state
+    if gpu.error_message or (sample or {}).get("error_message"):
+        return "error"
+    if gpu.mig_enabled:
+        return "mig"  # whole-GPU jobs only; MIG slices come with the sharing policies
+    if gpu.pk not in allocated and (sample or {}).get("processes"):
+        return "foreign-process"  # someone runs work outside the scheduler
+    return None
+
+
+def _expected_end(job: Job) -> float | None:
+    start = job.started_at or job.scheduled_at
+    runtime = job.estimated_duration_s or job.max_runtime_s
+    if start is None or runtime is None:
+        return None
+    return start.timestamp() + runtime
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def commit_placement(decision: placement.Placement, gpu_rows: dict[int, Gpu]) -> bool:
+    """Allocate the decision's GPUs and mark the job SCHEDULED; on commit, send it to its
+    nodes' agents. ``False`` when the database (or a newer state) refused it."""
+    job = Job.objects.filter(pk=decision.job_id, state=JobState.QUEUED).first()
+    if job is None:
+        return False
+    why = {
+        "topology_class": str(decision.topology_class),
+        "numa_nodes": list(decision.numa_nodes),
+        "score": list(decision.score),
+        "explanation": decision.explanation,
+        "nodes": {
+            hostname: [gpu_rows[pk].index for pk in ids] for hostname, ids in decision.by_node
+        },
+    }
+    try:
+        with transaction.atomic():
+            services.allocate(
+                job,
+                [gpu_rows[pk] for pk in decision.gpu_ids],
+                actor_name=services.LOOP_ACTOR,
+                placement=why,
+            )
+            transaction.on_commit(lambda: dispatch(job.pk))
+    except services.AllocationRefused as exc:
+        log.info("placement of job %d refused: %s", job.pk, exc)
+        return False
+    return True
+
+
+def dispatch(job_id: int) -> None:
+    """Send a SCHEDULED job to the agent of every node it was placed on."""
+    job = Job.objects.get(pk=job_id)
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for hostname, uuid in (
+        Allocation.objects.active()
+        .filter(job=job)
+        .order_by("gpu__index")
+        .values_list("node__hostname", "gpu__uuid")
+    ):
+        by_node[hostname].append(uuid)
+    for rank, (hostname, uuids) in enumerate(sorted(by_node.items())):
+        current_app.send_task(
+            "scheduling.run_job",
+            args=(job_spec(job, uuids, rank, sorted(by_node)),),
+            queue=node_queue(hostname),
+        )
+
+
+def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) -> dict:
+    """What an agent needs to run its part of a job (JSON)."""
+    env = dict(job.env)
+    if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
+        env.update(
+            GPUADMIN_NODE_RANK=str(rank),
+            GPUADMIN_NNODES=str(len(hostnames)),
+            GPUADMIN_NODES=",".join(hostnames),
+        )
+    return {
+        "job_id": job.pk,
+        "attempt": job.attempt,
+        "argv": job.command,
+        "use_shell": job.use_shell,
+        "env": env,
+        "cwd": job.working_dir or None,
+        "gpu_uuids": gpu_uuids,
+        "max_runtime_s": job.max_runtime_s,
+    }
+
+
+def save_pending(pending: tuple[placement.Pending, ...], now_ts: float) -> int:
+    """Store each waiting job's reason, position, estimated start and what-if (only rows whose
+    values changed are written; these are not state changes, so they are not audited)."""
+    if not pending:
+        return 0
+    by_id = {p.job_id: p for p in pending}
+    stored = Job.objects.filter(pk__in=by_id, state=JobState.QUEUED).values_list(
+        "pk", "pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if"
+    )
+    changed = []
+    for pk, code, reason, position, start, what_if in stored:
+        p = by_id[pk]
+        new_start = (
+            None
+            if p.estimated_start is None
+            else datetime.fromtimestamp(
+                round(p.estimated_start), tz=timezone.get_current_timezone()
+            )
+        )
+        values = (str(p.reason), p.message, p.position, new_start, p.what_if or "")
+        if (code, reason, position, start, what_if) != values:
+            changed.append(
+                Job(
+                    pk=pk,
+                    pending_code=values[0],
+                    pending_reason=values[1],
+                    queue_position=values[2],
+                    estimated_start_at=values[3],
+                    what_if=values[4],
+                )
+            )
+    Job.objects.bulk_update(
+        changed,
+        ["pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if"],
+        batch_size=1000,
+    )
+    return len(changed)
+
+
+def requeue_lost_scheduled_jobs() -> int:
+    """Jobs SCHEDULED on a node whose agent went silent before starting them go back to the
+    queue (their GPUs are released). Running jobs stay: the agent reports them when it is
+    back (its executor re-adopts or reports them lost)."""
+    now = timezone.now()
+    silent = Q(allocations__node__last_heartbeat_at__isnull=True) | Q(
+        allocations__node__last_heartbeat_at__lt=heartbeat_cutoff(now)
+    )
+    stale = (
+        Job.objects.filter(
+            state=JobState.SCHEDULED,
+            scheduled_at__lt=now - timedelta(seconds=SCHEDULED_LOST_AFTER_S),
+            allocations__released_at__isnull=True,
+        )
+        .filter(silent)
+        .distinct()
+    )
+    count = 0
+    for job in stale:
+        try:
+            services.transition(
+                job,
+                JobState.QUEUED,
+                actor_name=services.LOOP_ACTOR,
+                expect=[JobState.SCHEDULED],
+                message="its node's agent went silent before starting it",
+            )
+            count += 1
+        except services.IllegalTransition:
+            continue
+    return count

@@ -1,0 +1,266 @@
+"""Why jobs wait: reason, message, estimated start and a what-if, per job shape.
+
+A shape is checked against ever looser facts, and the first that fails names the reason:
+the hardware (model, memory, node size, topology), then which of it is up, then what is free
+now. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
+this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
+ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
+as `squeue --start` reports without reservations.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from typing import NamedTuple
+
+from scheduling.placement.decisions import Pending, Reason
+from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
+from scheduling.placement.snapshot import JobRequest
+from scheduling.placement.text import (
+    gigabytes,
+    gpu_noun,
+    gpus_phrase,
+    listing,
+    memory_phrase,
+    plural,
+)
+from scheduling.placement.topology import REQUIREMENT_GROUPING, grouped
+
+UNITS = {"numa": "NUMA node", "nvlink": "NVLink domain"}
+REQUIREMENT_NAMES = {"numa": "NUMA", "nvlink": "NVLink"}
+ViewKey = tuple[str | None, int, str]  # (gpu_model, min_memory_mib, requirement)
+
+
+class Blocks(NamedTuple):
+    """One node as one shape sees it: the largest group of matching GPUs (a NUMA node, an
+    NVLink domain or the whole node, per the requirement) in its hardware, up, free now, and
+    free but for their memory; and per group, free GPUs and when the busy ones free up."""
+
+    node: FleetNode
+    hardware: int
+    available: int
+    free: int
+    idle: int
+    groups: tuple[tuple[int, tuple[float, ...]], ...]
+
+
+class Diagnosis:
+    """Explanations against one state of the fleet, cached per shape."""
+
+    def __init__(self, fleet: Fleet, now: float) -> None:
+        self.fleet = fleet
+        self.now = now
+        self._free_ids = {gpu.id for node in fleet.nodes for gpu in node.free}
+        # The most memory a GPU has, per model and (None) over all models.
+        self._largest_memory: dict[str | None, int] = {}
+        for node in fleet.nodes:
+            for gpu in node.gpus:
+                for model in (gpu.model, None):
+                    most = self._largest_memory.get(model, 0)
+                    self._largest_memory[model] = max(most, gpu.memory_total_mib)
+        # Every memory size views compare with: totals, and what free GPUs have free.
+        sizes = {gpu.memory_total_mib for node in fleet.nodes for gpu in node.gpus}
+        sizes |= {gpu.memory_free_mib for node in fleet.nodes for gpu in node.free}
+        self._memory_levels = sorted(sizes)
+        self._views: dict[ViewKey, list[Blocks]] = {}
+        self._shapes: dict[Shape, tuple[Reason, str, float | None, str | None]] = {}
+
+    def explain(self, job: JobRequest, position: int) -> Pending:
+        shape = Shape.of(job)
+        if shape not in self._shapes:
+            self._shapes[shape] = self._explain(shape)
+        reason, message, estimated_start, what_if = self._shapes[shape]
+        return Pending(job.id, position, reason, message, estimated_start, what_if)
+
+    def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
+        count, wanted, min_memory, model, requirement = shape
+        if model not in self._largest_memory:
+            return Reason.MODEL, f"no {gpu_noun(model)} in the fleet", None, None
+        largest = self._largest_memory[model]
+        if min_memory > largest:
+            message = (
+                f"no {gpu_noun(model)}{memory_phrase(min_memory)} in the fleet; "
+                f"the largest has {gigabytes(largest)}"
+            )
+            return Reason.MEMORY, message, None, None
+        # Views depend on the memory asked for only through which GPUs have that much, so
+        # requests between the same two memory sizes in the fleet share them.
+        level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
+        whole = self._view((model, level, "any"))
+        view = self._view((model, level, requirement))
+        reason, message = self._reason(shape, whole, view)
+        return (
+            reason,
+            message,
+            self._estimated_start(view, count, wanted),
+            _what_if(shape, whole, view),
+        )
+
+    def _reason(self, shape: Shape, whole: list[Blocks], view: list[Blocks]) -> tuple[Reason, str]:
+        count, wanted, min_memory, model, requirement = shape
+        gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
+        unit = UNITS.get(requirement)
+        in_unit = "" if unit is None else f" in one {unit}"
+        if not _enough(whole, "hardware", count, wanted):
+            if wanted == 1:
+                most = max(b.hardware for b in whole)
+                return Reason.TOO_LARGE, f"needs {gpus} on one node; no node has more than {most}"
+            having = sum(b.hardware >= count for b in whole)
+            return Reason.TOO_LARGE, f"needs {_per_node(gpus, wanted, '')}; the fleet has {having}"
+        if unit is not None and not _enough(view, "hardware", count, wanted):
+            most = max(b.hardware for b in view)
+            if requirement == "nvlink" and most < 2:
+                found = "no matching GPU has NVLink"
+            elif wanted == 1:
+                found = f"the largest {unit} has {most}"
+            else:
+                found = f"the fleet has {sum(b.hardware >= count for b in view)} such nodes"
+            return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
+        if not _enough(view, "available", count, wanted):
+            sentence = _unavailable([b.node for b in view if b.hardware >= count > b.available])
+            if wanted > 1:
+                sentence = f"needs {_per_node(gpus, wanted, '')}; {sentence}"
+            return Reason.NODES_UNAVAILABLE, sentence
+        if unit is not None and _enough(whole, "free", count, wanted):
+            found = _free_blocks(view, count, wanted)
+            return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
+        if min_memory and _enough(view, "idle", count, wanted):
+            # Free GPUs that are large enough exist, but something else holds their memory.
+            memory = f"{memory_phrase(min_memory)} free"
+            if count == 1 and wanted == 1:
+                return Reason.MEMORY, f"no {gpu_noun(model)}{memory}"
+            short = gpus_phrase(count, model=model) + memory
+            found = _free_blocks(view, count, wanted)
+            return Reason.MEMORY, f"needs {_per_node(short, wanted, in_unit)}; {found}"
+        if count == 1 and wanted == 1:
+            return Reason.RESOURCES_BUSY, f"no {gpu_noun(model)}{memory_phrase(min_memory)} is free"
+        free_gpus = gpus_phrase(count, "free ", model, min_memory)
+        found = _free_blocks(view, count, wanted)
+        return Reason.RESOURCES_BUSY, f"needs {_per_node(free_gpus, wanted, in_unit)}; {found}"
+
+    def _view(self, key: ViewKey) -> list[Blocks]:
+        if key not in self._views:
+            self._views[key] = self._blocks(*key)
+        return self._views[key]
+
+    def _blocks(self, model: str | None, min_memory: int, requirement: str) -> list[Blocks]:
+        """Blocks of every node with a matching GPU, in hostname order."""
+        grouping = REQUIREMENT_GROUPING[requirement]
+        free_ids = self._free_ids
+        release_at = self.fleet.release_at
+        views = []
+        for node in self.fleet.nodes:
+            gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
+            if not gpus:
+                continue
+            groups = [gpus] if grouping is None else grouped(gpus, grouping)
+            hardware = available = free = idle = 0
+            timelines = []
+            for group in groups:
+                up = [gpu for gpu in group if is_available(node.info, gpu)]
+                now_free = [gpu for gpu in up if gpu.id in free_ids]
+                with_memory = sum(gpu.memory_free_mib >= min_memory for gpu in now_free)
+                hardware = max(hardware, len(group))
+                available = max(available, len(up))
+                free = max(free, with_memory)
+                idle = max(idle, len(now_free))
+                busy = sorted(
+                    release_at.get(gpu.id, math.inf) for gpu in up if gpu.id not in free_ids
+                )
+                timelines.append((with_memory, tuple(busy)))
+            views.append(Blocks(node, hardware, available, free, idle, tuple(timelines)))
+        return views
+
+    def _estimated_start(self, view: list[Blocks], count: int, wanted: int) -> float | None:
+        """When the `wanted`-th node could first hold `count` GPUs, as busy GPUs free up."""
+        starts = sorted(
+            min((_ready_at(free, busy, count) for free, busy in b.groups), default=math.inf)
+            for b in view
+        )
+        if len(starts) < wanted or starts[wanted - 1] == math.inf:
+            return None
+        return max(self.now, starts[wanted - 1])
+
+
+def _ready_at(free: int, busy: tuple[float, ...], count: int) -> float:
+    """When a group with `free` GPUs free now and `busy` release times first has `count`."""
+    missing = count - free
+    if missing <= 0:
+        return -math.inf
+    return busy[missing - 1] if missing <= len(busy) else math.inf
+
+
+def _enough(view: list[Blocks], field: str, count: int, wanted: int) -> bool:
+    """Whether at least `wanted` nodes have a block of `count` in `field`."""
+    return sum(getattr(b, field) >= count for b in view) >= wanted
+
+
+def _per_node(gpus: str, wanted: int, in_unit: str) -> str:
+    """ "4 GPUs on one node", "4 GPUs in one NUMA node", "2 nodes with 8 GPUs each"."""
+    if wanted == 1:
+        return f"{gpus}{in_unit or ' on one node'}"
+    return f"{wanted} nodes with {gpus}{in_unit} each"
+
+
+def _free_blocks(view: list[Blocks], count: int, wanted: int) -> str:
+    """What is free now: the largest block, or for a gang the nodes that have `count`."""
+    if wanted > 1:
+        hosts = [b.node.hostname for b in view if b.free >= count]
+        if not hosts:
+            return "no node has them now"
+        have = "has" if len(hosts) == 1 else "have"
+        return f"only {plural(len(hosts), 'node')} {have} them now ({listing(hosts)})"
+    best = max(view, key=lambda b: b.free)
+    if best.free == 0:
+        return "none is free"
+    return f"the largest free block is {best.free} on {best.node.hostname}"
+
+
+def _unavailable(nodes: list[FleetNode]) -> str:
+    """ "node a is draining", "nodes a and b are offline", "3 matching nodes are unavailable:
+    a is draining, b is offline and c has unavailable GPUs (error)"."""
+    whys = [_why_down(node) for node in nodes]
+    if len(set(whys)) == 1:
+        verb, state = whys[0]
+        if len(nodes) == 1:
+            return f"node {nodes[0].hostname} {verb} {state}"
+        verb = {"is": "are", "has": "have"}[verb]
+        return f"nodes {listing([node.hostname for node in nodes])} {verb} {state}"
+    parts = [
+        f"{node.hostname} {verb} {state}" for node, (verb, state) in zip(nodes, whys, strict=True)
+    ]
+    return f"{len(nodes)} matching nodes are unavailable: {listing(parts)}"
+
+
+def _why_down(node: FleetNode) -> tuple[str, str]:
+    if node.info.state != "online":
+        return "is", node.info.state
+    if not node.info.reachable:
+        return "is", "unreachable"
+    codes = sorted({gpu.unavailable for gpu in node.gpus if gpu.unavailable is not None})
+    return "has", f"unavailable GPUs ({', '.join(codes)})"
+
+
+def _what_if(shape: Shape, whole: list[Blocks], view: list[Blocks]) -> str | None:
+    """The nearest request that fits now: without the topology requirement, else the largest
+    smaller GPU count (fewer nodes, or fewer GPUs per node, for a gang)."""
+    count, wanted, _, _, requirement = shape
+    if requirement != "any" and _enough(whole, "free", count, wanted):
+        return f"without the {REQUIREMENT_NAMES[requirement]} requirement it could start now"
+    blocks = sorted((b.free for b in view), reverse=True)
+    if wanted == 1:
+        smaller = min(count - 1, blocks[0] if blocks else 0)
+        if smaller < 1:
+            return None
+        return f"with {plural(smaller, 'GPU')} instead of {count} it could start now"
+    fewer_nodes = sum(free >= count for free in blocks)
+    per_node = min(count - 1, blocks[wanted - 1]) if len(blocks) >= wanted else 0
+    if fewer_nodes and fewer_nodes * count >= per_node * wanted:
+        return (
+            f"with {plural(fewer_nodes, 'node')} instead of {wanted} ({fewer_nodes * count} GPUs "
+            f"instead of {wanted * count}) it could start now"
+        )
+    if per_node:
+        return f"with {plural(per_node, 'GPU')} per node instead of {count} it could start now"
+    return None

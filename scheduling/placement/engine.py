@@ -1,0 +1,204 @@
+"""One placement pass: place jobs in policy order, then explain every job left waiting."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import NamedTuple
+
+from scheduling.placement.decisions import PassResult, Pending, Placement, TopologyClass
+from scheduling.placement.diagnosis import Diagnosis
+from scheduling.placement.fleet import Fleet, FleetNode, Pool, Shape
+from scheduling.placement.policies import Policy
+from scheduling.placement.snapshot import GpuSlot, JobRequest, Snapshot
+from scheduling.placement.text import gpus_phrase, indexes_phrase, listing, numa_phrase
+from scheduling.placement.topology import NodeChoice, choose
+
+# How a candidate node compares, lower first: (rank, free GPUs left, sockets, NUMA nodes, node).
+CandidateKey = tuple[int, int, int, int, int]
+
+
+class Candidate(NamedTuple):
+    key: CandidateKey
+    node: FleetNode
+    choice: NodeChoice
+
+
+class PlacementPass:
+    """The state of one pass over a snapshot: `place` jobs one at a time, best first, then
+    `explain` those that did not fit.
+
+    Free capacity only shrinks during a pass, so a shape that failed once fails for the rest of
+    it; such jobs are turned down from a cache.
+    """
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.now = snapshot.now
+        self.fleet = Fleet(snapshot)
+        self._failed: set[Shape] = set()
+        self._diagnosis: Diagnosis | None = None
+
+    def place(self, job: JobRequest) -> Placement | None:
+        """Give `job` the best free GPUs and keep them, or return None when it does not fit."""
+        shape = Shape.of(job)
+        if shape in self._failed:
+            return None
+        chosen = self._search(shape)
+        if chosen is None:
+            self._failed.add(shape)
+            return None
+        runtime = job.expected_runtime_s
+        release_at = math.inf if runtime is None else self.now + runtime
+        for candidate in chosen:
+            self.fleet.take(candidate.node, candidate.choice.gpus, release_at)
+        self._diagnosis = None  # it describes the state before this placement
+        return _placement(job, chosen)
+
+    def explain(self, job: JobRequest, position: int) -> Pending:
+        """Why `job`, which `place` turned down, waits, against the state after the placements
+        so far. `position` is its 1-based place among the waiting jobs."""
+        if self._diagnosis is None:
+            self._diagnosis = Diagnosis(self.fleet, self.now)
+        return self._diagnosis.explain(job, position)
+
+    def _search(self, shape: Shape) -> list[Candidate] | None:
+        """The best nodes for `shape`, in hostname order, or None.
+
+        Each pool is searched alone, so that a gang lands on identical machines when it can;
+        only when no pool holds it alone are the pools' candidates pooled.
+        """
+        options: list[list[Candidate]] = []
+        everyone: list[Candidate] = []
+        for pool in self.fleet.pools:
+            found = self._candidates(pool, shape)
+            if len(found) >= shape.node_count:
+                options.append(heapq.nsmallest(shape.node_count, found))
+            everyone += found
+        if options:
+            best = min(options, key=lambda option: (_score(option), option[0].node.index))
+        elif len(everyone) >= shape.node_count:
+            best = heapq.nsmallest(shape.node_count, everyone)
+        else:
+            return None
+        return sorted(best, key=lambda candidate: candidate.node.index)
+
+    def _candidates(self, pool: Pool, shape: Shape) -> list[Candidate]:
+        """Nodes of `pool` that can hold one node's part of `shape`, enough to include the best
+        `node_count` of them: buckets are walked from the fewest free GPUs upwards, and the walk
+        stops once `node_count` candidates are found that no unseen node could beat."""
+        count, nodes_wanted, min_memory, model, requirement = shape
+        ideal = pool.ideal((count, requirement, model, min_memory))
+        if ideal is None:
+            return []
+        found: list[Candidate] = []
+        # Candidates no unseen node can beat: those at the ideal rank from earlier buckets,
+        # and those at the ideal cost from this one.
+        unbeatable = 0
+        for free_count in range(count, len(pool.buckets)):
+            at_ideal_rank = 0
+            for index in pool.buckets[free_count]:
+                node = self.fleet.nodes[index]
+                eligible = [
+                    gpu
+                    for gpu in node.free
+                    if gpu.memory_free_mib >= min_memory and (model is None or gpu.model == model)
+                ]
+                choice = choose(eligible, count, requirement)
+                if choice is None:
+                    continue
+                key = (choice.rank, free_count - count, choice.sockets, choice.numa_nodes, index)
+                found.append(Candidate(key, node, choice))
+                if choice.cost <= ideal.cost:
+                    # Later nodes in this bucket cost at least as much and sort after it.
+                    unbeatable += 1
+                    if unbeatable >= nodes_wanted:
+                        return found
+                elif choice.rank <= ideal.rank:
+                    at_ideal_rank += 1
+            # Nodes in later buckets would leave more GPUs free: they lose to this rank.
+            unbeatable += at_ideal_rank
+            if unbeatable >= nodes_wanted:
+                return found
+        return found
+
+
+def _score(candidates: list[Candidate]) -> tuple[int, int, int, int]:
+    """The worst rank, then the totals of free GPUs left, sockets and NUMA nodes."""
+    return (
+        max(c.key[0] for c in candidates),
+        sum(c.key[1] for c in candidates),
+        sum(c.key[2] for c in candidates),
+        sum(c.key[3] for c in candidates),
+    )
+
+
+def plan(snapshot: Snapshot, policy: Policy) -> PassResult:
+    """One placement pass: every queued job in `policy` order, best placement first."""
+    placement_pass = PlacementPass(snapshot)
+    placements: list[Placement] = []
+    waiting: list[JobRequest] = []
+    for job in policy.order(snapshot.queue, snapshot.now):
+        placement = placement_pass.place(job)
+        if placement is not None:
+            placements.append(placement)
+        else:
+            # No head-of-line blocking: a job that does not fit never holds back the jobs
+            # behind it. EASY backfill will reserve the head job's estimated start here.
+            waiting.append(job)
+    pending = [
+        placement_pass.explain(job, position) for position, job in enumerate(waiting, start=1)
+    ]
+    return PassResult(tuple(placements), tuple(pending))
+
+
+def _placement(job: JobRequest, chosen: list[Candidate]) -> Placement:
+    gpus = [gpu for candidate in chosen for gpu in candidate.choice.gpus]
+    score = _score(chosen)
+    if len(chosen) == 1:
+        topology_class = chosen[0].choice.topology_class
+        explanation = _explain_one(chosen[0])
+    else:
+        topology_class = TopologyClass.MULTI_NODE
+        explanation = _explain_gang(job, chosen, score[1])
+    return Placement(
+        job_id=job.id,
+        by_node=tuple((c.node.hostname, tuple(gpu.id for gpu in c.choice.gpus)) for c in chosen),
+        topology_class=topology_class,
+        numa_nodes=tuple(sorted({gpu.numa_node for gpu in gpus if gpu.numa_node is not None})),
+        score=score,
+        explanation=explanation,
+    )
+
+
+_WHERE = {
+    TopologyClass.SINGLE: "",
+    TopologyClass.NVLINK: " in one NVLink domain",
+    TopologyClass.NUMA: " in one NUMA node",
+    TopologyClass.SOCKET: " on one socket",
+    TopologyClass.NODE: " across sockets",
+}
+
+
+def _explain_one(candidate: Candidate) -> str:
+    """E.g. "4 GPUs in one NVLink domain on dgx-01 (GPUs 0-3), NUMA nodes 1 and 3 on socket 0;
+    best fit: leaves 4 free GPUs on that node"."""
+    gpus: tuple[GpuSlot, ...] = candidate.choice.gpus
+    where = _WHERE[candidate.choice.topology_class]
+    return (
+        f"{gpus_phrase(len(gpus))}{where} on {candidate.node.hostname} "
+        f"({indexes_phrase([gpu.index for gpu in gpus])}){numa_phrase(gpus)}; "
+        f"best fit: leaves {gpus_phrase(candidate.key[1], 'free ')} on that node"
+    )
+
+
+def _explain_gang(job: JobRequest, chosen: list[Candidate], left: int) -> str:
+    """E.g. "16 GPUs on 2 nodes, 8 per node (dgx-01 and dgx-02), each node's GPUs in one
+    NVLink domain; best fit: leaves 0 free GPUs on those nodes"."""
+    classes = {candidate.choice.topology_class for candidate in chosen}
+    worst = max(classes, key=list(TopologyClass).index)
+    each = f", each node's GPUs{_WHERE[worst]}" if _WHERE[worst] else ""
+    return (
+        f"{gpus_phrase(job.gpu_count)} on {len(chosen)} nodes, {job.gpus_per_node} per node "
+        f"({listing([candidate.node.hostname for candidate in chosen])}){each}; "
+        f"best fit: leaves {gpus_phrase(left, 'free ')} on those nodes"
+    )

@@ -1,0 +1,147 @@
+"""The working state of one pass: the fleet indexed so that best fit is a lookup, not a scan."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
+from scheduling.placement.topology import NodeChoice, choose
+
+# Cache key of a pool's best possible choice: (count, requirement, gpu_model, min_memory_mib).
+IdealKey = tuple[int, str, str | None, int]
+
+
+class Shape(NamedTuple):
+    """Everything placement looks at in a job: jobs of one shape fit or fail alike."""
+
+    gpus_per_node: int
+    node_count: int
+    min_memory_mib: int
+    gpu_model: str | None
+    topology: str  # "any", "numa" or "nvlink" ("node" adds nothing to "any")
+
+    @classmethod
+    def of(cls, job: JobRequest) -> Shape:
+        topology = "any" if job.topology == "node" else job.topology
+        return cls(job.gpus_per_node, job.node_count, job.min_memory_mib, job.gpu_model, topology)
+
+
+class FleetNode:
+    """One node: all its GPUs, and those still free in this pass (both by GPU index)."""
+
+    __slots__ = ("free", "gpus", "index", "info", "pool")
+
+    def __init__(self, index: int, info: NodeInfo, gpus: list[GpuSlot]) -> None:
+        self.index = index  # position in hostname order: the tie-break between nodes
+        self.info = info
+        self.gpus = gpus
+        self.free = [gpu for gpu in gpus if is_available(info, gpu) and gpu.allocated_to is None]
+        self.pool: Pool | None = None  # set for schedulable nodes
+
+    @property
+    def hostname(self) -> str:
+        return self.info.hostname
+
+
+class Pool:
+    """Schedulable nodes with identical hardware (models, memory, NUMA, sockets, NVLink).
+
+    `buckets[n]` lists, in hostname order, the nodes with n free GPUs, so best fit walks the
+    buckets upwards from the requested count. The hardware of the first node bounds how good
+    any choice in the pool can be, which lets a search stop at the first node that reaches it.
+    """
+
+    __slots__ = ("_ideals", "buckets", "hardware")
+
+    def __init__(self, hardware: list[GpuSlot]) -> None:
+        self.hardware = hardware
+        self.buckets: list[list[int]] = [[] for _ in range(len(hardware) + 1)]
+        self._ideals: dict[IdealKey, NodeChoice | None] = {}
+
+    def ideal(self, key: IdealKey) -> NodeChoice | None:
+        """The best choice a node of this pool offers when idle; None: it can never hold it."""
+        if key not in self._ideals:
+            count, requirement, model, min_memory = key
+            gpus = [gpu for gpu in self.hardware if matches(gpu, model, min_memory)]
+            self._ideals[key] = choose(gpus, count, requirement)
+        return self._ideals[key]
+
+
+def is_available(info: NodeInfo, gpu: GpuSlot) -> bool:
+    return info.schedulable and gpu.unavailable is None
+
+
+def matches(gpu: GpuSlot, model: str | None, min_memory_mib: int) -> bool:
+    """Whether the hardware fits (total memory: what the GPU offers once it is idle)."""
+    return (model is None or gpu.model == model) and gpu.memory_total_mib >= min_memory_mib
+
+
+class Fleet:
+    """Nodes in hostname order, schedulable ones in pools, and when each busy GPU frees up."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        infos = sorted(snapshot.nodes, key=lambda info: info.hostname)
+        by_host: dict[str, list[GpuSlot]] = {info.hostname: [] for info in infos}
+        if len(by_host) != len(infos):
+            raise ValueError("snapshot lists a hostname twice")
+        seen: set[int] = set()
+        for gpu in snapshot.gpus:
+            if gpu.node not in by_host:
+                raise ValueError(f"GPU {gpu.id} is on unknown node {gpu.node!r}")
+            if gpu.id in seen:
+                raise ValueError(f"snapshot lists GPU {gpu.id} twice")
+            seen.add(gpu.id)
+            by_host[gpu.node].append(gpu)
+        self.nodes = [
+            FleetNode(i, info, sorted(by_host[info.hostname], key=lambda g: (g.index, g.id)))
+            for i, info in enumerate(infos)
+        ]
+        self.pools: list[Pool] = []
+        pools: dict[tuple[object, ...], Pool] = {}
+        for node in self.nodes:
+            if node.info.schedulable and node.gpus:
+                signature = _hardware_signature(node.gpus)
+                if signature not in pools:
+                    pools[signature] = Pool(node.gpus)
+                    self.pools.append(pools[signature])
+                node.pool = pools[signature]
+                node.pool.buckets[len(node.free)].append(node.index)
+        # Unknown ends never come: those GPUs free up at infinity.
+        self.release_at: dict[int, float] = {
+            gpu_id: math.inf if job.expected_end is None else job.expected_end
+            for job in snapshot.running
+            for gpu_id in job.gpu_ids
+        }
+
+    def take(self, node: FleetNode, gpus: Iterable[GpuSlot], release_at: float) -> None:
+        """Allocate `gpus` (free on `node`) until `release_at`, moving the node down a bucket."""
+        taken = {gpu.id: release_at for gpu in gpus}
+        assert node.pool is not None, "only schedulable nodes have free GPUs"
+        buckets = node.pool.buckets
+        old = buckets[len(node.free)]
+        del old[bisect_left(old, node.index)]
+        node.free = [gpu for gpu in node.free if gpu.id not in taken]
+        insort(buckets[len(node.free)], node.index)
+        self.release_at.update(taken)
+
+
+def _hardware_signature(gpus: list[GpuSlot]) -> tuple[object, ...]:
+    """Per GPU: what placement looks at; NVLink domains renamed by first appearance so that
+    identical machines compare equal."""
+    domains: dict[str, int] = {}
+    return tuple(
+        (
+            gpu.index,
+            gpu.model,
+            gpu.memory_total_mib,
+            gpu.numa_node,
+            gpu.socket,
+            None
+            if gpu.nvlink_domain is None
+            else domains.setdefault(gpu.nvlink_domain, len(domains)),
+        )
+        for gpu in gpus
+    )

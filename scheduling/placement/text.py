@@ -1,0 +1,61 @@
+"""Small English helpers for explanations and pending messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduling.placement.snapshot import GpuSlot
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def gigabytes(mib: int) -> str:
+    return f"{mib / 1024:.0f} GB" if mib % 1024 == 0 else f"{mib / 1024:.1f} GB"
+
+
+def gpus_phrase(
+    count: int, adjective: str = "", model: str | None = None, min_memory_mib: int = 0
+) -> str:
+    """E.g. "4 GPUs", "1 free GPU", "8 NVIDIA H100 80GB HBM3 GPUs with >= 70 GB"."""
+    return f"{plural(count, adjective + gpu_noun(model))}{memory_phrase(min_memory_mib)}"
+
+
+def gpu_noun(model: str | None) -> str:
+    return "GPU" if model is None else f"{model} GPU"
+
+
+def memory_phrase(min_memory_mib: int) -> str:
+    return f" with >= {gigabytes(min_memory_mib)}" if min_memory_mib else ""
+
+
+def listing(items: Sequence[str], limit: int = 3) -> str:
+    """ "a", "a and b", "a, b and c", "a, b, c and 2 more"."""
+    if len(items) > limit:
+        return f"{', '.join(items[:limit])} and {len(items) - limit} more"
+    if len(items) <= 1:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def indexes_phrase(indexes: Sequence[int]) -> str:
+    """ "GPU 5", "GPUs 0-3", "GPUs 0, 2 and 5" (indexes sorted)."""
+    if len(indexes) == 1:
+        return f"GPU {indexes[0]}"
+    if indexes[-1] - indexes[0] == len(indexes) - 1:
+        return f"GPUs {indexes[0]}-{indexes[-1]}"
+    return f"GPUs {listing([str(i) for i in indexes], limit=len(indexes))}"
+
+
+def numa_phrase(gpus: Sequence[GpuSlot]) -> str:
+    """ ", NUMA node 3", ", NUMA nodes 1 and 3 on socket 0"; empty when unknown."""
+    numa = sorted({gpu.numa_node for gpu in gpus if gpu.numa_node is not None})
+    if not numa:
+        return ""
+    text = f", NUMA {'node' if len(numa) == 1 else 'nodes'} {listing([str(n) for n in numa], 8)}"
+    sockets = sorted({gpu.socket for gpu in gpus if gpu.socket is not None})
+    if len(numa) > 1 and sockets:
+        text += f" on {'socket' if len(sockets) == 1 else 'sockets'} "
+        text += listing([str(s) for s in sockets], 8)
+    return text

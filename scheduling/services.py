@@ -1,0 +1,487 @@
+"""Jobs from submission to their end: the one owner of job state transitions (each audited),
+allocations the database guards, and what node agents report.
+
+The placement loop lives in ``scheduling.loop``; this module is what it and every interface
+(API, pages, CLI, admin) call to change a job.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from celery import current_app
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Max
+from django.utils import timezone
+
+from gpuadmin.audit.services import record
+from inventory.agent import node_queue
+from inventory.models import Gpu, Node
+from scheduling.models import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    Allocation,
+    Job,
+    JobState,
+    Priority,
+)
+
+S = JobState
+# The state machine (seeds 002/003). SCHEDULED may end directly: a short job's end can be
+# reported before its start is processed.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.QUEUED, S.CANCELED}),
+    S.QUEUED: frozenset({S.PENDING, S.SCHEDULED, S.CANCELED}),
+    S.SCHEDULED: frozenset({S.RUNNING, S.QUEUED, S.COMPLETED, S.FAILED, S.CANCELED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.CANCELED, S.QUEUED, S.PREEMPTED}),
+    S.PREEMPTED: frozenset({S.QUEUED, S.CANCELED}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELED: frozenset(),
+}
+
+LOOP_ACTOR = "placement-loop"
+AGENT_ACTOR = "agent"
+
+# Submission limits beyond the fleet's own shape: "absurd values" are refused up front.
+MAX_RUNTIME_S = 90 * 24 * 3600
+MAX_ENV_VARS = 200
+
+
+class IllegalTransition(ValueError):
+    """A state change the state machine does not allow; nothing was written."""
+
+
+class JobRejected(ValueError):
+    """A submission that can never run, naming the field and why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def split_command(command: str | list[str], use_shell: bool) -> list[str]:
+    """A command as argv: a list is kept, a string is split like a POSIX shell would, and with
+    ``use_shell`` the string is kept whole for ``/bin/sh -c``."""
+    if isinstance(command, list):
+        return command
+    return [command] if use_shell else shlex.split(command)
+
+
+# --------------------------------------------------------------------------- transitions
+
+
+def transition(
+    job: Job | int,
+    to: str,
+    *,
+    actor: AbstractBaseUser | None = None,
+    actor_name: str | None = None,
+    message: str = "",
+    expect: Iterable[str] | None = None,
+    **fields: Any,
+) -> Job:
+    """Move a job to state ``to`` under a row lock, set ``fields``, release its allocations
+    when it stops holding GPUs, and audit ``job.<to>``. ``expect`` narrows the states it may
+    leave (e.g. only QUEUED for a placement). Raises ``IllegalTransition``."""
+    job_id = job if isinstance(job, int) else job.pk
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job_id)
+        allowed = TRANSITIONS[locked.state]
+        if to not in allowed or (expect is not None and locked.state not in expect):
+            raise IllegalTransition(f"job {job_id} cannot go from {locked.state} to {to}")
+        before = {"state": locked.state}
+        now = timezone.now()
+        if to in TERMINAL_STATES:
+            fields.setdefault("finished_at", now)
+        if to in TERMINAL_STATES or to == S.QUEUED:
+            fields.setdefault("pid", None)
+        if message:
+            fields["message"] = message
+        for name, value in fields.items():
+            setattr(locked, name, value)
+        locked.state = to
+        locked.save(update_fields=["state", *fields])
+        if before["state"] in HOLDING_STATES and to not in HOLDING_STATES:
+            released = release_allocations(locked, now)
+            if released:
+                fields["released_gpus"] = released
+        record(
+            f"job.{to}",
+            actor=actor,
+            actor_name=actor_name,
+            target=locked,
+            before=before,
+            after={"state": to, **_plain(fields)},
+            message=message,
+        )
+        if to in TERMINAL_STATES or to == S.QUEUED:
+            request_placement_pass()
+    if not isinstance(job, int):
+        job.__dict__.update(locked.__dict__)
+    return locked
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if name != "message"}
+
+
+def release_allocations(job: Job, at: datetime | None = None) -> list[str]:
+    """End the job's active allocations (inside the caller's transaction); the GPU UUIDs."""
+    active = list(Allocation.objects.active().filter(job=job).select_related("gpu"))
+    if active:
+        Allocation.objects.filter(pk__in=[a.pk for a in active]).update(
+            released_at=at or timezone.now()
+        )
+    return [allocation.gpu.uuid for allocation in active]
+
+
+# --------------------------------------------------------------------------- submission
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    """What the fleet could ever hold, to refuse impossible requests up front."""
+
+    # model -> (largest GPU count on one node, nodes with GPUs of it, largest memory in MiB)
+    models: dict[str, tuple[int, int, int]]
+
+    @classmethod
+    def cached(cls, max_age_s: float = 5.0) -> FleetShape:
+        """The shape as of at most ``max_age_s`` ago (submissions come in bursts)."""
+        global _fleet_shape
+        taken_at, shape = _fleet_shape
+        if shape is None or time.monotonic() - taken_at > max_age_s:
+            shape = cls.now()
+            _fleet_shape = (time.monotonic(), shape)
+        return shape
+
+    @staticmethod
+    def forget() -> None:
+        """Drop the cached shape (the next submission reads the fleet again)."""
+        global _fleet_shape
+        _fleet_shape = (0.0, None)
+
+    @classmethod
+    def now(cls) -> FleetShape:
+        per_node = (
+            Gpu.objects.present()
+            .values("node_id", "name")
+            .annotate(count=Count("pk"), memory=Max("memory_total_mib"))
+        )
+        models: dict[str, tuple[int, int, int]] = {}
+        for row in per_node:
+            count, nodes, memory = models.get(row["name"], (0, 0, 0))
+            models[row["name"]] = (
+                max(count, row["count"]),
+                nodes + 1,
+                max(memory, row["memory"] or 0),
+            )
+        return cls(models)
+
+    def check(self, *, gpu_count: int, node_count: int, gpu_model: str, min_mib: int) -> None:
+        """``JobRejected`` naming the first field no part of the fleet could ever satisfy."""
+        if not self.models:
+            raise JobRejected("gpu_count", "the fleet has no GPUs yet")
+        if gpu_model and gpu_model not in self.models:
+            known = ", ".join(sorted(self.models))
+            raise JobRejected("gpu_model", f"no GPU model {gpu_model!r}; the fleet has: {known}")
+        candidates = [self.models[gpu_model]] if gpu_model else list(self.models.values())
+        largest = max(count for count, _, _ in candidates)
+        if gpu_count > largest:
+            where = f"{gpu_model} " if gpu_model else ""
+            raise JobRejected(
+                "gpu_count",
+                f"{gpu_count} GPUs per node, but no node has more than {largest} {where}GPUs",
+            )
+        memory = max(mib for _, _, mib in candidates)
+        if min_mib > memory:
+            raise JobRejected(
+                "min_gpu_memory_mib",
+                f"{min_mib} MiB per GPU, but the largest GPU has {memory} MiB",
+            )
+        nodes = sum(nodes for count, nodes, _ in candidates if count >= gpu_count)
+        if node_count > nodes:
+            raise JobRejected(
+                "node_count",
+                f"{node_count} nodes with {gpu_count} GPUs each, but only {nodes} nodes have "
+                f"that many",
+            )
+
+
+_fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
+
+
+def submit_job(
+    owner: AbstractBaseUser,
+    *,
+    command: str | list[str],
+    use_shell: bool = False,
+    hold: bool = False,
+    **fields: Any,
+) -> Job:
+    """Validate a request against the fleet's shape, store it QUEUED (PENDING when held) and
+    audit ``job.submitted``; the placement loop is woken when the transaction commits.
+    Raises ``JobRejected`` for requests that could never run."""
+    argv = split_command(command, use_shell)
+    if not argv or not argv[0].strip():
+        raise JobRejected("command", "empty command")
+    env = fields.get("env") or {}
+    if len(env) > MAX_ENV_VARS:
+        raise JobRejected("env", f"at most {MAX_ENV_VARS} variables")
+    if "CUDA_VISIBLE_DEVICES" in env:
+        raise JobRejected("env", "CUDA_VISIBLE_DEVICES is set by gpuadmin from the allocation")
+    for name in ("max_runtime_s", "estimated_duration_s"):
+        if (fields.get(name) or 0) > MAX_RUNTIME_S:
+            raise JobRejected(name, f"at most {MAX_RUNTIME_S} s (90 days)")
+    FleetShape.cached().check(
+        gpu_count=fields.get("gpu_count", 1),
+        node_count=fields.get("node_count", 1),
+        gpu_model=fields.get("gpu_model", ""),
+        min_mib=fields.get("min_gpu_memory_mib", 0),
+    )
+    state = S.PENDING if hold else S.QUEUED
+    with transaction.atomic():
+        job = Job.objects.create(
+            owner=owner, command=argv, use_shell=use_shell, state=state, **fields
+        )
+        record(
+            "job.submitted",
+            actor=owner,
+            target=job,
+            after={
+                "state": state,
+                "gpu_count": job.gpu_count,
+                "node_count": job.node_count,
+                "priority": job.priority,
+            },
+        )
+        if not hold:
+            request_placement_pass()
+    return job
+
+
+def cancel_job(job: Job, *, actor: AbstractBaseUser, reason: str = "") -> Job:
+    """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
+    nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
+    SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
+    is unreachable nothing can be signalled and the job ends at once."""
+    message = reason or f"canceled by {actor.get_username()}"
+    job.refresh_from_db()  # decide on the stored state and attempt, never a stale copy
+    nodes = _job_nodes(job) if job.state in HOLDING_STATES else []
+    if nodes and all(node.is_reachable() for node in nodes):
+        with transaction.atomic():
+            record(
+                "job.cancel_requested",
+                actor=actor,
+                target=job,
+                before={"state": job.state},
+                message=message,
+            )
+            for node in nodes:
+                transaction.on_commit(
+                    lambda hostname=node.hostname: current_app.send_task(
+                        "scheduling.cancel_job",
+                        args=(job.pk, job.attempt, message),
+                        queue=node_queue(hostname),
+                    )
+                )
+        return job
+    return transition(job, S.CANCELED, actor=actor, message=message)
+
+
+def _job_nodes(job: Job) -> list[Node]:
+    return list(
+        Node.objects.filter(allocations__job=job, allocations__released_at__isnull=True)
+        .distinct()
+        .order_by("hostname")
+    )
+
+
+def set_priority(job: Job, priority: str, *, actor: AbstractBaseUser) -> Job:
+    """Change a waiting job's priority (audited ``job.priority_changed``)."""
+    if priority not in Priority.values:
+        raise JobRejected("priority", f"must be one of {', '.join(Priority.values)}")
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state not in (S.PENDING, S.QUEUED):
+            raise IllegalTransition(
+                f"job {job.pk} is {locked.state}: only a waiting job's priority can change"
+            )
+        if locked.priority != priority:
+            record(
+                "job.priority_changed",
+                actor=actor,
+                target=locked,
+                before={"priority": locked.priority},
+                after={"priority": priority},
+            )
+            locked.priority = priority
+            locked.save(update_fields=["priority"])
+            request_placement_pass()
+    job.priority = priority
+    return locked
+
+
+# --------------------------------------------------------------------------- allocations
+
+
+class AllocationRefused(ValueError):
+    """GPUs that could not be given: taken already, unschedulable, or the job is not waiting."""
+
+
+def allocate(
+    job: Job,
+    gpus: list[Gpu],
+    *,
+    actor: AbstractBaseUser | None = None,
+    actor_name: str | None = None,
+    placement: dict[str, Any] | None = None,
+    manual: bool = False,
+) -> list[Allocation]:
+    """Give ``gpus`` to a QUEUED job and make it SCHEDULED, all or nothing, in one transaction.
+
+    The GPU rows are locked in primary-key order (no deadlock between two passes) and must
+    still be schedulable; the partial unique index refuses a GPU that has an active allocation
+    even if a caller skipped the lock. Raises ``AllocationRefused`` and writes nothing."""
+    ids = sorted(gpu.pk for gpu in gpus)
+    try:
+        with transaction.atomic():
+            locked = list(
+                Gpu.objects.select_for_update(of=("self",))
+                .filter(pk__in=ids)
+                .select_related("node")
+                .order_by("pk")
+            )
+            schedulable = set(
+                Gpu.objects.schedulable().filter(pk__in=ids).values_list("pk", flat=True)
+            )
+            if len(locked) != len(ids) or schedulable != set(ids):
+                bad = [g.uuid for g in locked if g.pk not in schedulable]
+                raise AllocationRefused(f"GPUs not schedulable: {', '.join(bad) or 'unknown'}")
+            attempt = job.attempt + 1
+            rows = Allocation.objects.bulk_create(
+                Allocation(job=job, gpu=gpu, node=gpu.node, attempt=attempt, manual=manual)
+                for gpu in locked
+            )
+            for allocation, gpu in zip(rows, locked, strict=True):
+                record(
+                    "allocation.created",
+                    actor=actor,
+                    actor_name=actor_name,
+                    target=allocation,
+                    after={"job": job.pk, "gpu": gpu.uuid, "node": gpu.node.hostname},
+                )
+            transition(
+                job,
+                S.SCHEDULED,
+                actor=actor,
+                actor_name=actor_name,
+                expect=[S.QUEUED],
+                attempt=attempt,
+                scheduled_at=timezone.now(),
+                placement=placement,
+                pending_code="",
+                pending_reason="",
+                queue_position=None,
+                estimated_start_at=None,
+                what_if="",
+            )
+    except IntegrityError as exc:
+        raise AllocationRefused(f"a GPU was allocated meanwhile ({exc.__cause__})") from None
+    except IllegalTransition as exc:
+        raise AllocationRefused(str(exc)) from None
+    return rows
+
+
+# --------------------------------------------------------------------------- agent reports
+
+# What an executor outcome makes of the job: retried outcomes re-queue while retries are left.
+RETRIED_OUTCOMES = frozenset({"failed", "timed_out", "lost"})
+
+
+def job_started(job_id: int, attempt: int, pid: int, at: datetime) -> bool:
+    """The agent started attempt ``attempt``: SCHEDULED -> RUNNING. ``False`` for a stale
+    report (another attempt, or the job already moved on)."""
+    if not _is_current(job_id, attempt):
+        return False
+    try:
+        transition(
+            job_id, S.RUNNING, actor_name=AGENT_ACTOR, expect=[S.SCHEDULED], pid=pid, started_at=at
+        )
+    except IllegalTransition:
+        return False
+    return True
+
+
+def job_finished(
+    job_id: int, attempt: int, outcome: str, exit_code: int | None, message: str, at: datetime
+) -> str | None:
+    """The agent says attempt ``attempt`` ended (``completed``, ``failed``, ``timed_out``,
+    ``canceled`` or ``lost``). Re-queues while retries are left; the new state, or ``None``
+    for a stale report."""
+    if not _is_current(job_id, attempt):
+        return None
+    job = Job.objects.get(pk=job_id)
+    if job.state not in HOLDING_STATES:
+        return None
+    if outcome == "completed":
+        to = S.COMPLETED
+    elif outcome == "canceled":
+        to = S.CANCELED
+    elif outcome in RETRIED_OUTCOMES and job.attempt <= job.max_retries:
+        to = S.QUEUED
+        message = f"retry {job.attempt}/{job.max_retries} after attempt {attempt} {outcome}: " + (
+            message or f"exit code {exit_code}"
+        )
+    else:
+        to = S.FAILED
+        message = message or f"{outcome}: exit code {exit_code}"
+    try:
+        transition(
+            job_id,
+            to,
+            actor_name=AGENT_ACTOR,
+            message=message,
+            exit_code=exit_code,
+            **({"finished_at": at} if to != S.QUEUED else {}),
+        )
+    except IllegalTransition:
+        return None
+    return to
+
+
+def _is_current(job_id: int, attempt: int) -> bool:
+    return Job.objects.filter(pk=job_id, attempt=attempt).exists()
+
+
+def request_placement_pass() -> None:
+    """Wake the placement loop once the current transaction commits (coalesced)."""
+    from scheduling import loop
+
+    transaction.on_commit(loop.wake)
+
+
+def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:
+    """A (re)started agent says which (job, attempt) it runs: a job RUNNING on that node that
+    it does not know was lost with the previous agent (fails, or re-queues while retries are
+    left). Returns those jobs' ids."""
+    lost = []
+    jobs = Job.objects.filter(
+        state=S.RUNNING,
+        allocations__node__hostname=hostname,
+        allocations__released_at__isnull=True,
+    ).distinct()
+    for job in jobs:
+        if (job.pk, job.attempt) not in running:
+            message = f"the agent of {hostname} restarted and no longer runs it"
+            if job_finished(job.pk, job.attempt, "lost", None, message, timezone.now()):
+                lost.append(job.pk)
+    return lost

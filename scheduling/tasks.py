@@ -1,0 +1,59 @@
+"""Celery tasks of the scheduling app: thin wrappers around ``scheduling.loop``,
+``scheduling.services`` and (on node queues) ``scheduling.agent``.
+
+Central (default queue): ``placement_pass``, ``job_event`` and ``agent_jobs`` (what agents
+report). Node queues (``node.<name>``): ``run_job``, ``cancel_job`` and ``tail_log``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+from django.utils.dateparse import parse_datetime
+
+from scheduling import agent, loop, services
+
+
+@shared_task(name="scheduling.placement_pass", ignore_result=True)
+def placement_pass() -> None:
+    loop.run_pass()
+
+
+@shared_task(name="scheduling.job_event", ignore_result=True)
+def job_event(
+    job_id: int,
+    attempt: int,
+    kind: str,
+    pid: int | None,
+    exit_code: int | None,
+    message: str,
+    at: str,
+) -> None:
+    """An executor event: ``started``, or an outcome (``completed``, ``failed``, ...)."""
+    when = parse_datetime(at)
+    if kind == "started":
+        services.job_started(job_id, attempt, pid, when)
+    else:
+        services.job_finished(job_id, attempt, kind, exit_code, message, when)
+
+
+@shared_task(name="scheduling.agent_jobs", ignore_result=True)
+def agent_jobs(hostname: str, running: list[list[int]]) -> None:
+    """A (re)started agent's list of the (job, attempt) it runs."""
+    services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
+
+
+@shared_task(name="scheduling.run_job", ignore_result=True)
+def run_job(spec: dict[str, Any]) -> None:
+    agent.run_job(spec)
+
+
+@shared_task(name="scheduling.cancel_job", ignore_result=True)
+def cancel_job(job_id: int, attempt: int, message: str) -> None:
+    agent.cancel_job(job_id, attempt, message)
+
+
+@shared_task(name="scheduling.tail_log")
+def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
+    return agent.tail_log(job_id, attempt, lines)

@@ -1,0 +1,118 @@
+"""A job's whole life through real processes: a central Celery worker runs the placement loop,
+a simulated node's agent runs the job as a real subprocess, the simulator shows it on its GPUs,
+and the reports bring it to its end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from inventory import live
+from inventory.models import Node
+from scheduling import services
+from scheduling.checks import run_checks
+from scheduling.models import Job, JobState
+from tests.conftest import REPO_DIR, session_database_url
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def state_of(job: Job) -> str:
+    return Job.objects.get(pk=job.pk).state
+
+
+@pytest.fixture
+def sim_node(gpuadmin_env, tmp_path) -> Iterator[str]:
+    """A central worker and one simulated DGX A100 80GB agent, heartbeating."""
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
+        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
+        "GPUADMIN_JOB_KILL_GRACE_S": "2",
+    }
+    hostname = f"run-{uuid.uuid4().hex[:6]}"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", *args],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=(tmp_path / f"{args[0]}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for args in (
+            ("worker", "--concurrency", "2"),
+            ("agent", "--node", hostname, "--sim", "dgx-a100-80gb"),
+        )
+    ]
+    try:
+        wait_for(
+            lambda: (
+                (node := Node.objects.filter(hostname=hostname).first()) is not None
+                and node.is_reachable()
+                and node.gpus.count() == 8
+            ),
+            90,
+            "the node to register",
+        )
+        yield hostname
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
+    owner = get_user_model().objects.create_user("carol")
+    out = tmp_path / "seen.txt"
+    job = services.submit_job(
+        owner,
+        command=["sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES $JOB_VAR" > {out}; sleep 4'],
+        gpu_count=2,
+        env={"JOB_VAR": "hello"},
+        working_dir=str(tmp_path),
+    )
+    wait_for(lambda: state_of(job) == JobState.RUNNING, 60, "the job to start")
+    job.refresh_from_db()
+    uuids = sorted(job.allocations.values_list("gpu__uuid", flat=True))
+    assert len(uuids) == 2
+    assert job.placement["topology_class"] in ("nvlink", "numa")
+
+    # The simulator follows the real process: its GPUs show it in the live samples.
+    def busy_gpus() -> set[str]:
+        samples = live.latest([sim_node])[sim_node]
+        return {uuid for uuid, sample in samples.items() if sample.get("processes")}
+
+    wait_for(lambda: busy_gpus() == set(uuids), 30, "the live samples to show the job")
+    wait_for(lambda: state_of(job) == JobState.COMPLETED, 60, "the job to finish")
+    job.refresh_from_db()
+    assert job.exit_code == 0
+    assert sorted(out.read_text().split()[0].split(",")) == uuids
+    assert out.read_text().split()[1] == "hello"
+    assert not job.allocations.active().exists()
+    wait_for(lambda: busy_gpus() == set(), 30, "the GPUs to be idle again")
+
+    # A job that ignores SIGTERM is killed after the grace when canceled.
+    stubborn = services.submit_job(
+        owner, command="trap '' TERM; sleep 60", use_shell=True, gpu_count=8
+    )
+    wait_for(lambda: state_of(stubborn) == JobState.RUNNING, 60, "the second job to start")
+    services.cancel_job(stubborn, actor=owner)
+    wait_for(lambda: state_of(stubborn) == JobState.CANCELED, 30, "the cancel to land")
+    stubborn.refresh_from_db()
+    assert stubborn.exit_code == -9  # SIGKILL after the 2 s grace
+    assert {name: found for name, found in run_checks().items() if found} == {}

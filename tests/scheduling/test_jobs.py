@@ -1,0 +1,292 @@
+"""Jobs from submission to their end: validation, the state machine, the placement loop over
+the database, allocations the database guards, and what agents report."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.choices import NodeState
+from inventory.models import Gpu, Node
+from scheduling import loop, services
+from scheduling.models import Allocation, Job, JobState, SchedulerSettings
+from tests.scheduling.conftest import add_sim_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice")
+
+
+@pytest.fixture
+def fleet(broker) -> list[Node]:
+    return [add_sim_node("dgx-01"), add_sim_node("dgx-02"), add_sim_node("h100-01", "dgx-h100")]
+
+
+def submit(owner, **fields) -> Job:
+    return services.submit_job(owner, command=fields.pop("command", ["sleep", "1"]), **fields)
+
+
+def events(job: Job) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.pk))
+        .order_by("pk")
+        .values_list("event_type", flat=True)
+    )
+
+
+# --------------------------------------------------------------------------- submission
+
+
+def test_submission_is_queued_and_audited(alice, fleet):
+    job = submit(alice, command="python train.py --lr '0.1 0.2'", gpu_count=2, name="t")
+    assert job.state == JobState.QUEUED
+    assert job.command == ["python", "train.py", "--lr", "0.1 0.2"]  # split, never a shell
+    shell = submit(alice, command="echo $HOME; ls", use_shell=True)
+    assert shell.command == ["echo $HOME; ls"]
+    held = submit(alice, hold=True)
+    assert held.state == JobState.PENDING
+    assert events(job) == ["job.submitted"]
+    assert AuditEvent.objects.get(event_type="job.submitted", target_id=str(job.pk)).after == {
+        "state": "queued",
+        "gpu_count": 2,
+        "node_count": 1,
+        "priority": "normal",
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"gpu_count": 9}, "gpu_count", "9 GPUs per node, but no node has more than 8 GPUs"),
+        (
+            {"gpu_model": "NVIDIA B300"},
+            "gpu_model",
+            "no GPU model 'NVIDIA B300'; the fleet has: NVIDIA A100-SXM4-80GB, NVIDIA H100",
+        ),
+        (
+            {"gpu_model": "NVIDIA H100 80GB HBM3", "node_count": 2, "gpu_count": 8},
+            "node_count",
+            "2 nodes with 8 GPUs each, but only 1 nodes have that many",
+        ),
+        (
+            {"min_gpu_memory_mib": 200_000},
+            "min_gpu_memory_mib",
+            "200000 MiB per GPU, but the largest GPU has 81920 MiB",
+        ),
+        ({"max_runtime_s": 10**9}, "max_runtime_s", "at most 7776000 s (90 days)"),
+        ({"command": ""}, "command", "empty command"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is set by"),
+    ],
+)
+def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, field, message):
+    with pytest.raises(services.JobRejected) as caught:
+        submit(alice, **fields)
+    assert caught.value.field == field
+    assert caught.value.message.startswith(message), caught.value.message
+    assert not Job.objects.exists()
+
+
+# --------------------------------------------------------------------------- state machine
+
+
+def test_illegal_transitions_are_refused_and_nothing_is_written(alice, fleet):
+    job = submit(alice)
+    with pytest.raises(services.IllegalTransition, match="cannot go from queued to running"):
+        services.transition(job, JobState.RUNNING, actor=alice)
+    services.transition(job, JobState.CANCELED, actor=alice, message="no longer needed")
+    job.refresh_from_db()
+    assert (job.state, job.message) == (JobState.CANCELED, "no longer needed")
+    assert job.finished_at is not None
+    with pytest.raises(services.IllegalTransition):
+        services.transition(job, JobState.QUEUED, actor=alice)
+    assert events(job) == ["job.submitted", "job.canceled"]
+
+
+# --------------------------------------------------------------------------- placement loop
+
+
+def test_a_pass_places_with_the_best_topology_and_dispatches_to_the_agent(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    pair = submit(alice, gpu_count=2)
+    four = submit(alice, gpu_count=4, topology="nvlink")
+    with django_capture_on_commit_callbacks(execute=True):
+        summary = loop.run_pass()
+    assert (summary.placed, summary.waiting) == (2, 0)
+    pair.refresh_from_db()
+    four.refresh_from_db()
+    assert pair.state == four.state == JobState.SCHEDULED
+    gpus = Gpu.objects.filter(allocations__job=pair, allocations__released_at__isnull=True)
+    assert gpus.count() == 2
+    assert len({gpu.numa_node for gpu in gpus}) == 1  # a same-NUMA pair
+    assert pair.placement["topology_class"] in ("nvlink", "numa")
+    # best fit: both land on the same node, keeping the others whole
+    nodes = {host for job in (pair, four) for host in job.placement["nodes"]}
+    assert len(nodes) == 1
+    (spec, queue), _ = broker.named("scheduling.run_job")
+    assert queue == f"node.{next(iter(pair.placement['nodes']))}"
+    assert spec[0]["job_id"] == pair.pk and spec[0]["attempt"] == 1
+    assert sorted(spec[0]["gpu_uuids"]) == sorted(gpus.values_list("uuid", flat=True))
+    assert events(pair) == ["job.submitted", "job.scheduled"]
+    assert AuditEvent.objects.filter(event_type="allocation.created").count() == 6
+
+
+def test_a_job_that_cannot_run_says_why(alice, fleet):
+    Node.objects.filter(hostname="h100-01").update(state=NodeState.DRAINING)
+    h100 = submit(alice, gpu_model="NVIDIA H100 80GB HBM3")
+    whole = [submit(alice, gpu_count=8) for _ in range(2)]
+    third = submit(alice, gpu_count=8)
+    loop.run_pass()
+    h100.refresh_from_db()
+    third.refresh_from_db()
+    assert h100.state == JobState.QUEUED
+    assert h100.pending_code == "nodes_unavailable"
+    assert "h100-01 is draining" in h100.pending_reason
+    assert h100.queue_position == 1
+    assert third.pending_code == "resources_busy"
+    assert third.queue_position == 2
+    assert all(Job.objects.get(pk=job.pk).state == JobState.SCHEDULED for job in whole)
+
+
+def test_estimated_start_comes_from_running_jobs(alice, fleet, broker):
+    a100 = "NVIDIA A100-SXM4-80GB"
+    for _ in range(2):
+        submit(alice, gpu_count=8, gpu_model=a100, estimated_duration_s=600)
+    loop.run_pass()
+    waiting = submit(alice, gpu_count=8, gpu_model=a100)
+    loop.run_pass()
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.QUEUED
+    expected = timezone.now() + timedelta(seconds=600)
+    assert abs((waiting.estimated_start_at - expected).total_seconds()) < 30
+
+
+def test_the_stopped_scheduler_places_nothing(alice, fleet):
+    SchedulerSettings.objects.update_or_create(pk=1, defaults={"enabled": False})
+    job = submit(alice)
+    assert loop.run_pass().skipped == "the scheduler is stopped"
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+
+
+# --------------------------------------------------------------------------- integrity
+
+
+def test_the_database_refuses_a_gpu_given_twice(alice, fleet):
+    first, second = submit(alice), submit(alice)
+    gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
+    services.allocate(first, [gpu], actor=alice)
+    with pytest.raises(services.AllocationRefused):
+        services.allocate(second, [gpu], actor=alice)
+    second.refresh_from_db()
+    assert second.state == JobState.QUEUED
+    assert second.allocations.count() == 0
+    # Even raw SQL that skips every Python check is refused.
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO scheduling_allocation (job_id, gpu_id, node_id, attempt, manual,"
+            " allocated_at) VALUES (%s, %s, %s, 1, true, now())",
+            [second.pk, gpu.pk, gpu.node_id],
+        )
+
+
+def test_a_gang_is_all_or_nothing(alice, fleet):
+    other = submit(alice, gpu_count=8, gpu_model="NVIDIA A100-SXM4-80GB")
+    loop.run_pass()
+    gang = submit(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
+    loop.run_pass()
+    gang.refresh_from_db()
+    assert gang.state == JobState.QUEUED
+    assert gang.allocations.count() == 0
+    assert gang.pending_code == "resources_busy"
+    services.transition(other, JobState.CANCELED, actor=alice)
+    loop.run_pass()
+    gang.refresh_from_db()
+    assert gang.state == JobState.SCHEDULED
+    assert set(gang.placement["nodes"]) == {"dgx-01", "dgx-02"}
+    assert gang.allocations.active().count() == 16
+
+
+# --------------------------------------------------------------------------- agent reports
+
+
+def place(owner, **fields) -> Job:
+    job = submit(owner, **fields)
+    loop.run_pass()
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED
+    return job
+
+
+def test_started_then_completed_releases_the_gpus(alice, fleet):
+    job = place(alice, gpu_count=2)
+    now = timezone.now()
+    assert services.job_started(job.pk, 1, 4242, now)
+    assert services.job_finished(job.pk, 1, "completed", 0, "", now) == JobState.COMPLETED
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.pid) == (JobState.COMPLETED, 0, None)
+    assert not Allocation.objects.active().filter(job=job).exists()
+    assert events(job) == ["job.submitted", "job.scheduled", "job.running", "job.completed"]
+    completed = AuditEvent.objects.get(event_type="job.completed", target_id=str(job.pk))
+    assert len(completed.after["released_gpus"]) == 2
+
+
+def test_failures_retry_until_max_retries_then_fail(alice, fleet):
+    job = place(alice, max_retries=1)
+    now = timezone.now()
+    services.job_started(job.pk, 1, 100, now)
+    assert services.job_finished(job.pk, 1, "failed", 3, "", now) == JobState.QUEUED
+    job.refresh_from_db()
+    assert job.message.startswith("retry 1/1 after attempt 1 failed: exit code 3")
+    loop.run_pass()
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
+    # A late report about attempt 1 changes nothing.
+    assert services.job_finished(job.pk, 1, "failed", 3, "", now) is None
+    services.job_started(job.pk, 2, 101, now)
+    assert services.job_finished(job.pk, 2, "timed_out", -15, "", now) == JobState.FAILED
+
+
+def test_an_agent_that_restarted_without_a_job_fails_it(alice, fleet):
+    job = place(alice)
+    services.job_started(job.pk, 1, 100, timezone.now())
+    host = next(iter(job.placement["nodes"]))
+    assert services.reconcile_node_jobs(host, {(job.pk, 1)}) == []
+    assert services.reconcile_node_jobs(host, set()) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == JobState.FAILED
+    assert "restarted and no longer runs it" in job.message
+
+
+def test_cancel_of_a_running_job_waits_for_the_agent(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    job = place(alice)
+    services.job_started(job.pk, 1, 100, timezone.now())
+    with django_capture_on_commit_callbacks(execute=True):
+        services.cancel_job(job, actor=alice)
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING  # keeps its GPUs until its processes are gone
+    ((args, queue),) = broker.named("scheduling.cancel_job")
+    assert args == (job.pk, 1, "canceled by alice")
+    services.job_finished(job.pk, 1, "canceled", -15, "canceled by alice", timezone.now())
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELED
+    assert events(job)[-2:] == ["job.cancel_requested", "job.canceled"]
+
+
+def test_a_scheduled_job_on_a_silent_node_goes_back_to_the_queue(alice, fleet):
+    job = place(alice)
+    Job.objects.filter(pk=job.pk).update(scheduled_at=timezone.now() - timedelta(minutes=5))
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
+    assert loop.requeue_lost_scheduled_jobs() == 1
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert not job.allocations.active().exists()
