@@ -173,7 +173,7 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     facts = [("command", command), ("needs", _needs(job)), ("submitted", job["submitted_at"])]
     if job["state"] in ("pending", "queued"):
         reason = job["pending_reason"] or (
-            "held: it waits until it is released"
+            "held (submitted with hold): the scheduler leaves it alone"
             if job["state"] == "pending"
             else "the scheduler has not looked at it yet"
         )

@@ -8,8 +8,11 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("", include("inventory.urls")),
     path("", include("inventory.api.urls")),
+    path("", include("scheduling.api.urls")),
+    path("", include("scheduling.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
 ]

@@ -1,5 +1,6 @@
-"""What the inventory pages show, apart from HTTP: GPU rows joined with their live sample, the
-fleet summary, dashboard filters, MIG slice layouts with profile availability, and the
+"""What the inventory pages show, apart from HTTP: GPU rows joined with their live sample (and
+the job on each GPU, from an occupant source an app above inventory registers), the fleet
+summary, dashboard filters, MIG slice layouts with profile availability, and the
 ``nvidia-smi topo -m`` matrix.
 
 The views in ``inventory.views`` only fetch rows, call these functions and render.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -48,14 +49,57 @@ def _number(value: Any) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Occupant:
+    """Who holds a GPU: the job it is allocated to and that job's user."""
+
+    job_id: int
+    job_url: str
+    user: str
+
+
+# gpu ids -> {gpu id: its occupant}, for the GPUs that have one, in one query.
+OccupantSource = Callable[[Collection[int]], Mapping[int, Occupant]]
+_occupant_sources: list[OccupantSource] = []
+
+
+def register_occupant_source(source: OccupantSource) -> None:
+    """Let an app above inventory name the job on each GPU (scheduling: its allocations);
+    inventory itself knows nothing of jobs."""
+    if source not in _occupant_sources:
+        _occupant_sources.append(source)
+
+
+class Occupancy:
+    """The occupants of a page's GPUs, read on first use, in one query per registered source
+    for all of them (pages that never name occupants, like the seed API, pay nothing)."""
+
+    def __init__(self, gpu_ids: Collection[int]) -> None:
+        self._gpu_ids = gpu_ids
+        self._found: dict[int, Occupant] | None = None
+
+    def get(self, gpu_id: int) -> Occupant | None:
+        if self._found is None:
+            self._found = {}
+            for source in _occupant_sources:
+                self._found.update(source(self._gpu_ids))
+        return self._found.get(gpu_id)
+
+
 @dataclasses.dataclass
 class GpuRow:
-    """One GPU with its latest live sample (``None`` when its agent published none)."""
+    """One GPU with its latest live sample (``None`` when its agent published none) and the
+    job that holds it, if any."""
 
     gpu: Gpu
     reachable: bool
     sample: Mapping[str, Any] | None
     node_state: str = NodeState.ONLINE
+    occupancy: Occupancy | None = None
+
+    @property
+    def occupant(self) -> Occupant | None:
+        return self.occupancy.get(self.gpu.pk) if self.occupancy else None
 
     @property
     def utilization_pct(self) -> float | None:
@@ -97,11 +141,8 @@ class GpuRow:
 
     @property
     def processes(self) -> int | None:
-        """How many processes the live sample lists.
-
-        Seam for the scheduler: once jobs exist, the allocation (job and user) on this GPU is
-        what the dashboard names here; the process count stays for work started by hand.
-        """
+        """How many processes the live sample lists (the dashboard names the ``occupant``
+        instead when a job holds the GPU; the count stays for work started by hand)."""
         return _number(self.sample.get("processes")) if self.sample else None
 
     @property
@@ -194,14 +235,17 @@ def fleet_rows(
     samples: Mapping[str, Mapping[str, Mapping[str, Any]]],
     now: datetime | None = None,
 ) -> tuple[list[NodeRows], Summary]:
-    """Join nodes (with their ``gpus`` prefetched) to the live samples of ``live.latest``."""
+    """Join nodes (with their ``gpus`` prefetched) to the live samples of ``live.latest`` and
+    to the GPUs' occupants (read when first named, for all of them)."""
     now = now or timezone.now()
+    nodes = list(nodes)
+    occupancy = Occupancy([gpu.pk for node in nodes for gpu in node.gpus.all()])
     result = []
     for node in nodes:
         reachable = node.is_reachable(now)
         node_samples = samples.get(node.hostname, {})
         gpus = [
-            GpuRow(gpu, reachable, node_samples.get(gpu.uuid), node.state)
+            GpuRow(gpu, reachable, node_samples.get(gpu.uuid), node.state, occupancy)
             for gpu in node.gpus.all()
         ]
         result.append(NodeRows(node, reachable, gpus))
@@ -463,12 +507,14 @@ class TopologyCell:
     label: str
     css: str
     title: str
+    highlighted: bool = False  # both GPUs of the pair are highlighted
 
 
 @dataclasses.dataclass
 class TopologyRow:
     gpu: Gpu
     cells: list[TopologyCell]
+    highlighted: bool = False
 
 
 def link_cell(gpu_a: Gpu, gpu_b: Gpu, link: GpuLink | None) -> TopologyCell:
@@ -493,18 +539,22 @@ def link_cell(gpu_a: Gpu, gpu_b: Gpu, link: GpuLink | None) -> TopologyCell:
     )
 
 
-def topology_rows(gpus: list[Gpu], links: Iterable[GpuLink]) -> list[TopologyRow]:
-    """The ``topo -m`` matrix for ``gpus`` (in index order), from the node's link rows."""
+def topology_rows(
+    gpus: list[Gpu], links: Iterable[GpuLink], highlight: Collection[int] = ()
+) -> list[TopologyRow]:
+    """The ``topo -m`` matrix for ``gpus`` (in index order), from the node's link rows; the
+    GPUs whose pk is in ``highlight`` (e.g. a job's) and the links between them are marked."""
     by_pair = {frozenset((link.gpu_a_id, link.gpu_b_id)): link for link in links}
-    return [
-        TopologyRow(
-            gpu=gpu,
-            cells=[
-                link_cell(gpu, other, by_pair.get(frozenset((gpu.pk, other.pk)))) for other in gpus
-            ],
-        )
-        for gpu in gpus
-    ]
+    rows = []
+    for gpu in gpus:
+        cells = [
+            link_cell(gpu, other, by_pair.get(frozenset((gpu.pk, other.pk)))) for other in gpus
+        ]
+        if gpu.pk in highlight:
+            for cell, other in zip(cells, gpus, strict=True):
+                cell.highlighted = other.pk in highlight
+        rows.append(TopologyRow(gpu=gpu, cells=cells, highlighted=gpu.pk in highlight))
+    return rows
 
 
 @dataclasses.dataclass

@@ -15,23 +15,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
-from django_htmx.middleware import HtmxDetails
 
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from inventory import live, pages, services
 from inventory.forms import MigCreateForm
 from inventory.models import Gpu, GpuLink, Node
 
 AUDIT_HISTORY = 50
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def htmx_partial(request: HtmxHttpRequest) -> bool:
-    """Answer with the partial alone: an HTMX request that is not a boosted page load."""
-    return bool(request.htmx) and not request.htmx.boosted
 
 
 @require_GET
@@ -142,7 +133,6 @@ def node_topology(request: HttpRequest, hostname: str) -> HttpResponse:
     gpus = list(node.gpus.present().order_by("index"))
     context = {
         "node": node,
-        "gpus": gpus,
         "rows": pages.topology_rows(gpus, node.links.all()),
         "legend": pages.LINK_CLASSES,
         "nvlink_rates": pages.NVLINK_GBPS_PER_LINK,

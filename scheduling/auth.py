@@ -74,7 +74,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         if not key.startswith(ApiToken.PREFIX):
             return None
         token = (
-            ApiToken.objects.select_related("user")
+            ApiToken.objects.select_related("user", "user__gpuadmin_role")
             .filter(digest=ApiToken.hash(key), revoked_at__isnull=True)
             .first()
         )

@@ -69,10 +69,16 @@ class JobRejected(ValueError):
 
 def split_command(command: str | list[str], use_shell: bool) -> list[str]:
     """A command as argv: a list is kept, a string is split like a POSIX shell would, and with
-    ``use_shell`` the string is kept whole for ``/bin/sh -c``."""
+    ``use_shell`` the string is kept whole for ``/bin/sh -c``. ``JobRejected`` when a string
+    cannot be split."""
     if isinstance(command, list):
         return command
-    return [command] if use_shell else shlex.split(command)
+    if use_shell:
+        return [command]
+    try:
+        return shlex.split(command)
+    except ValueError as exc:  # e.g. an unclosed quote
+        raise JobRejected("command", f"cannot split into arguments: {exc}") from None
 
 
 # --------------------------------------------------------------------------- transitions
@@ -268,6 +274,11 @@ def submit_job(
     return job
 
 
+def release_job(job: Job, *, actor: AbstractBaseUser) -> Job:
+    """Let a held (PENDING) job into the queue; the placement loop is woken on commit."""
+    return transition(job, S.QUEUED, actor=actor, expect=[S.PENDING], message="released")
+
+
 def cancel_job(job: Job, *, actor: AbstractBaseUser, reason: str = "") -> Job:
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
     nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
@@ -399,6 +410,14 @@ def allocate(
     except IllegalTransition as exc:
         raise AllocationRefused(str(exc)) from None
     return rows
+
+
+def refuse_mig_change_under_allocation(gpu: Gpu) -> str | None:
+    """The inventory MIG-change guard: refuse while a job holds the GPU."""
+    job_id = Allocation.objects.active().filter(gpu=gpu).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return None
+    return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"
 
 
 # --------------------------------------------------------------------------- agent reports

@@ -61,3 +61,17 @@ def test_openapi_schema_and_docs_are_served(admin_client):
     docs = admin_client.get("/api/docs/")
     assert docs.status_code == 200
     assert "drf_spectacular_sidecar/swagger-ui-dist" in docs.content.decode()
+
+
+@pytest.mark.django_db
+def test_people_who_are_not_staff_log_in_to_the_pages(client, django_user_model):
+    django_user_model.objects.create_user("dana", password="pw-dana-123")
+    response = client.get("/jobs/")
+    assert response.status_code == 302
+    assert response["Location"] == "/accounts/login/?next=/jobs/"
+    login = client.post(
+        "/accounts/login/", {"username": "dana", "password": "pw-dana-123", "next": "/jobs/"}
+    )
+    assert (login.status_code, login["Location"]) == (302, "/jobs/")
+    assert client.get("/jobs/").status_code == 200
+    assert b"Log out dana" in client.get("/").content

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -40,19 +41,29 @@ def overlapping_allocations() -> list[tuple]:
         return cursor.fetchall()
 
 
-def test_concurrent_churn_breaks_no_invariant(gpuadmin_env):
+def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
     for i in range(4):
         add_sim_node(f"churn-{i:02}")
     # The nodes' agents are not run here: their heartbeats are taken as fresh for the test.
     Node.objects.update(last_heartbeat_at=timezone.now() + timedelta(hours=1))
     env = {**gpuadmin_env, "DATABASE_URL": session_database_url()}
 
-    def start(*args: str) -> subprocess.Popen:
+    def start(*args: str, log: Path | None = None) -> subprocess.Popen:
+        # A client's output (a traceback, if it fails) lands in the assertion; a worker's in
+        # its log file (an unread pipe would fill up and stall it).
         return subprocess.Popen(
-            [sys.executable, *args], env=env, cwd=REPO_DIR, stdout=subprocess.PIPE, text=True
+            [sys.executable, *args],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=log.open("w") if log else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
-    workers = [start("-m", "gpuadmin", "worker", "--concurrency", "2") for _ in range(2)]
+    workers = [
+        start("-m", "gpuadmin", "worker", "--concurrency", "2", log=tmp_path / f"worker-{n}.log")
+        for n in range(2)
+    ]
     try:
         time.sleep(3)  # let the workers connect
         clients = [

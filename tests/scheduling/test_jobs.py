@@ -290,3 +290,25 @@ def test_a_scheduled_job_on_a_silent_node_goes_back_to_the_queue(alice, fleet):
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     assert not job.allocations.active().exists()
+
+
+def test_an_unsplittable_command_is_refused_naming_it(alice, fleet):
+    with pytest.raises(services.JobRejected) as caught:
+        submit(alice, command="python 'unclosed")
+    assert (caught.value.field, caught.value.message) == (
+        "command",
+        "cannot split into arguments: No closing quotation",
+    )
+
+
+def test_mig_changes_are_refused_while_a_job_holds_the_gpu(alice, fleet):
+    from inventory.services import _mig_change_guards
+
+    job = place(alice)
+    gpu = Gpu.objects.get(allocations__job=job)
+    assert services.refuse_mig_change_under_allocation in _mig_change_guards
+    assert services.refuse_mig_change_under_allocation(gpu) == (
+        f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job.pk}"
+    )
+    services.transition(job, JobState.CANCELED, actor=alice)
+    assert services.refuse_mig_change_under_allocation(gpu) is None

@@ -1,0 +1,95 @@
+"""What the benchmarks share: a throwaway database on the configured PostgreSQL server, and a
+simulated fleet loaded into it through the same discovery sync the agents use."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_DIR))
+
+MODELS = ("dgx-a100-40gb", "dgx-h100", "dgx-a100-80gb")
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` on the same server."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def admin_connect(url: str):  # noqa: ANN201 - psycopg connection
+    import psycopg
+
+    from gpuadmin.env import parse_database_url
+
+    params = parse_database_url(url)
+    return psycopg.connect(
+        host=params["HOST"] or None,
+        port=params["PORT"] or None,
+        user=params["USER"] or None,
+        password=params["PASSWORD"] or None,
+        dbname=params["NAME"],
+        autocommit=True,
+    )
+
+
+@contextmanager
+def throwaway_database(prefix: str) -> Iterator[str]:
+    """Create ``<prefix>_<pid>`` on the server of DATABASE_URL (the embedded one when unset),
+    point DATABASE_URL at it, set Django up and migrate; drop it on the way out. Yields the
+    database's URL."""
+    os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-0123456789-abcdefghijklmnopqrstuv")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
+    from gpuadmin.embedded import data_dir_from_env, ensure_service_urls
+
+    services = ensure_service_urls(data_dir_from_env())
+    server_url = os.environ["DATABASE_URL"]
+    name = f"{prefix}_{os.getpid()}"
+    with admin_connect(server_url) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    os.environ["DATABASE_URL"] = with_database(server_url, name)
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        yield os.environ["DATABASE_URL"]
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with admin_connect(server_url) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        os.environ["DATABASE_URL"] = server_url
+        if services is not None:
+            services.release()
+
+
+def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
+    """``nodes`` simulated 8-GPU nodes (the models in turn), heartbeating for the next hour;
+    with ``publish_samples`` their live samples go to Redis too (delete the keys after). The
+    hostnames."""
+    from django.utils import timezone
+
+    from inventory import live
+    from inventory.models import Node
+    from inventory.nvml.scanner import scan
+    from inventory.nvml.sim import SimulatedNvml
+    from inventory.services import apply_discovery
+
+    hostnames = []
+    for number in range(nodes):
+        hostname = f"bench-{os.getpid()}-{number:04d}"
+        hostnames.append(hostname)
+        nvml = SimulatedNvml.from_model(MODELS[number % len(MODELS)], node_name=hostname)
+        apply_discovery(hostname, scan(nvml))
+        if publish_samples:
+            live.publish(hostname, scan(nvml, include=("facts", "metrics")), ttl_s=3600)
+    Node.objects.update(last_heartbeat_at=timezone.now() + timezone.timedelta(hours=1))
+    return hostnames

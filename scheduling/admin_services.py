@@ -1,0 +1,179 @@
+"""Operator and admin actions on the scheduler, each audited in the transaction of its change:
+the placement loop's switch and policy, and GPUs given to or taken from a job by hand.
+
+Manual allocations go through ``services.allocate`` like the loop's, so the same row locks and
+the same partial unique index refuse a GPU that is taken; a release ends the job through
+``services.cancel_job``, so a GPU is never handed on while the job's processes still run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+
+from gpuadmin.audit.services import record
+from inventory.models import Gpu
+from scheduling import loop, services
+from scheduling.models import Allocation, Job, JobState, SchedulerSettings
+
+
+class AllocationInvalid(ValueError):
+    """A manual allocation that does not fit the job's request, naming the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _locked_settings() -> SchedulerSettings:
+    SchedulerSettings.load()  # the row exists from now on
+    return SchedulerSettings.objects.select_for_update().get(pk=1)
+
+
+def set_scheduler_enabled(enabled: bool, *, actor: AbstractBaseUser) -> SchedulerSettings:
+    """Start or stop placing jobs (audited ``scheduler.started``/``scheduler.stopped``; a
+    no-op when it already is). Starting wakes the loop."""
+    with transaction.atomic():
+        config = _locked_settings()
+        if config.enabled != enabled:
+            config.enabled = enabled
+            config.save(update_fields=["enabled", "updated_at"])
+            record(
+                "scheduler.started" if enabled else "scheduler.stopped",
+                actor=actor,
+                target=config,
+                before={"enabled": not enabled},
+                after={"enabled": enabled},
+            )
+            if enabled:
+                services.request_placement_pass()
+    return config
+
+
+def set_policy(policy: str, aging_interval_s: int, *, actor: AbstractBaseUser) -> SchedulerSettings:
+    """Change the queue policy (values checked by the caller; audited
+    ``scheduler.policy_changed`` with before/after). The loop is woken to re-order the queue."""
+    with transaction.atomic():
+        config = _locked_settings()
+        before = {"policy": config.policy, "aging_interval_s": config.aging_interval_s}
+        after = {"policy": policy, "aging_interval_s": aging_interval_s}
+        if before != after:
+            config.policy = policy
+            config.aging_interval_s = aging_interval_s
+            config.save(update_fields=["policy", "aging_interval_s", "updated_at"])
+            record(
+                "scheduler.policy_changed", actor=actor, target=config, before=before, after=after
+            )
+            services.request_placement_pass()
+    return config
+
+
+# --------------------------------------------------------------------------- by hand
+
+
+def allocate_by_hand(
+    job: Job, gpu_uuids: list[str], *, actor: AbstractBaseUser
+) -> list[Allocation]:
+    """Give these GPUs to a QUEUED job and send it to its nodes, as the loop would.
+
+    The GPUs must match the request's shape (``gpu_count`` GPUs on each of ``node_count``
+    nodes, of ``gpu_model`` and ``min_gpu_memory_mib`` when set); the topology is the
+    operator's choice. ``AllocationInvalid`` for GPUs that do not fit, ``AllocationRefused``
+    (nothing written) when the job is not queued or a GPU is taken or unschedulable."""
+    gpus = _gpus_for(job, gpu_uuids)
+    if job.state != JobState.QUEUED:
+        raise services.AllocationRefused(
+            f"job {job.pk} is {job.state}: only a queued job can be given GPUs"
+        )
+    nodes: dict[str, list[int]] = {}
+    for gpu in sorted(gpus, key=lambda g: (g.node.hostname, g.index)):
+        nodes.setdefault(gpu.node.hostname, []).append(gpu.index)
+    placement = {
+        "topology_class": "manual",
+        "numa_nodes": sorted({gpu.numa_node for gpu in gpus if gpu.numa_node is not None}),
+        "score": [],
+        "explanation": f"allocated by hand by {actor.get_username()}: "
+        + "; ".join(f"GPUs {', '.join(map(str, idx))} on {host}" for host, idx in nodes.items()),
+        "nodes": nodes,
+    }
+    try:
+        with transaction.atomic():
+            rows = services.allocate(job, gpus, actor=actor, placement=placement, manual=True)
+            transaction.on_commit(lambda: loop.dispatch(job.pk))
+    except services.AllocationRefused:
+        holders = (
+            Allocation.objects.active()
+            .filter(gpu__in=gpus)
+            .exclude(job=job)
+            .values_list("gpu__uuid", "job_id")
+            .order_by("gpu__uuid")
+        )
+        if not holders:
+            raise
+        raise services.AllocationRefused(
+            "; ".join(f"GPU {uuid} is allocated to job {holder}" for uuid, holder in holders)
+        ) from None
+    return rows
+
+
+def _gpus_for(job: Job, gpu_uuids: list[str]) -> list[Gpu]:
+    """The present GPUs named, checked against the job's request; ``AllocationInvalid``."""
+    duplicates = sorted(uuid for uuid, n in Counter(gpu_uuids).items() if n > 1)
+    if duplicates:
+        raise AllocationInvalid("gpu_uuids", f"named twice: {', '.join(duplicates)}")
+    gpus = list(Gpu.objects.present().filter(uuid__in=gpu_uuids).select_related("node"))
+    unknown = sorted(set(gpu_uuids) - {gpu.uuid for gpu in gpus})
+    if unknown:
+        raise AllocationInvalid("gpu_uuids", f"no present GPU has UUID {', '.join(unknown)}")
+    per_node = Counter(gpu.node.hostname for gpu in gpus)
+    if len(per_node) != job.node_count or set(per_node.values()) != {job.gpu_count}:
+        got = ", ".join(f"{n} on {host}" for host, n in sorted(per_node.items()))
+        raise AllocationInvalid(
+            "gpu_uuids",
+            f"job {job.pk} needs {job.gpu_count} GPUs on each of {job.node_count} node(s); "
+            f"got {got}",
+        )
+    for gpu in gpus:
+        if job.gpu_model and gpu.name != job.gpu_model:
+            raise AllocationInvalid(
+                "gpu_uuids", f"GPU {gpu.uuid} is a {gpu.name}; job {job.pk} needs {job.gpu_model}"
+            )
+        if gpu.memory_total_mib < job.min_gpu_memory_mib:
+            raise AllocationInvalid(
+                "gpu_uuids",
+                f"GPU {gpu.uuid} has {gpu.memory_total_mib} MiB; job {job.pk} needs "
+                f"{job.min_gpu_memory_mib} MiB",
+            )
+    return gpus
+
+
+@dataclass(frozen=True)
+class Release:
+    """What a release did: GPUs given back now, and GPUs still held until the agent reports
+    the job's processes gone (SIGTERM, then SIGKILL after the grace)."""
+
+    job: Job
+    released: list[str]
+    releasing: list[str]
+
+
+def release_by_hand(job: Job, *, actor: AbstractBaseUser) -> Release:
+    """Take a job's GPUs back by canceling it (``services.cancel_job``, audited). Raises
+    ``AllocationRefused`` when it holds none."""
+    held = sorted(Allocation.objects.active().filter(job=job).values_list("gpu__uuid", flat=True))
+    if not held:
+        raise services.AllocationRefused(f"job {job.pk} holds no GPUs (it is {job.state})")
+    job = services.cancel_job(job, actor=actor, reason=f"GPUs released by {actor.get_username()}")
+    still = set(Allocation.objects.active().filter(job=job).values_list("gpu__uuid", flat=True))
+    return Release(
+        job,
+        released=[uuid for uuid in held if uuid not in still],
+        releasing=[uuid for uuid in held if uuid in still],
+    )

@@ -1,0 +1,379 @@
+"""Scheduling API serializers: input shapes validate types and ranges (a 400 naming the field),
+``scheduling.services`` decides the rest; output shapes are the one definition of each body."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.db.models import Prefetch, prefetch_related_objects
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from scheduling import services
+from scheduling.auth import can_act_on
+from scheduling.models import Allocation, ApiToken, Job, Priority, SchedulerSettings, Topology
+
+MAX_GPUS_PER_NODE = 64
+MAX_NODES = 64
+MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB per GPU: anything above is a typo
+MAX_ARGV = 4096
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+HIDDEN = "(hidden)"
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "string",
+                "description": "split like a POSIX shell (kept whole with use_shell)",
+            },
+            {"type": "array", "items": {"type": "string"}, "description": "argv"},
+        ]
+    }
+)
+class CommandField(serializers.Field):
+    """A command line as one string, or as argv (a list of strings)."""
+
+    default_error_messages = {
+        "invalid": "Expected a string or a list of strings.",
+        "too_long": f"At most {MAX_ARGV} arguments.",
+    }
+
+    def to_internal_value(self, data: Any) -> str | list[str]:
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list) or not all(isinstance(arg, str) for arg in data):
+            self.fail("invalid")
+        if len(data) > MAX_ARGV:
+            self.fail("too_long")
+        return data
+
+    def to_representation(self, value: list[str]) -> list[str]:
+        return value
+
+
+class StrictCharField(serializers.CharField):
+    """A string, and only a string (``CharField`` turns numbers into strings)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """What ``POST /queue/submit`` and ``POST /api/v1/jobs/`` take; answered with the job."""
+
+    command = CommandField()
+    use_shell = serializers.BooleanField(default=False)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    project = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    env = serializers.DictField(
+        child=StrictCharField(allow_blank=True, max_length=32768, trim_whitespace=False),
+        required=False,
+    )
+    working_dir = serializers.CharField(max_length=1024, required=False, allow_blank=True)
+    container_image = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    gpu_count = serializers.IntegerField(
+        min_value=1, max_value=MAX_GPUS_PER_NODE, default=1, help_text="GPUs per node."
+    )
+    node_count = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
+    min_gpu_memory_mib = serializers.IntegerField(
+        min_value=0, max_value=MAX_GPU_MEMORY_MIB, default=0
+    )
+    gpu_model = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, help_text="Exact GPU product name."
+    )
+    topology = serializers.ChoiceField(choices=Topology.choices, default=Topology.ANY)
+    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
+    preemptible = serializers.BooleanField(default=False)
+    estimated_duration_s = serializers.IntegerField(
+        min_value=1, max_value=services.MAX_RUNTIME_S, required=False, allow_null=True
+    )
+    max_runtime_s = serializers.IntegerField(
+        min_value=1, max_value=services.MAX_RUNTIME_S, required=False, allow_null=True
+    )
+    max_retries = serializers.IntegerField(min_value=0, max_value=20, default=0)
+    hold = serializers.BooleanField(
+        default=False, help_text="Store it PENDING (held) instead of queuing it."
+    )
+
+    def validate_env(self, env: dict[str, str]) -> dict[str, str]:
+        bad = sorted(name for name in env if not ENV_NAME.match(name))
+        if bad:
+            raise serializers.ValidationError(f"not variable names: {', '.join(bad)}")
+        return env
+
+    def create(self, validated_data: dict[str, Any]) -> Job:
+        try:
+            job = services.submit_job(self.context["request"].user, **validated_data)
+        except services.JobRejected as exc:
+            raise serializers.ValidationError({exc.field: [exc.message]}) from None
+        # A new job holds no GPUs: say so without a query (an empty queryset never runs).
+        prefetch_related_objects([job], Prefetch("allocations", Allocation.objects.none()))
+        return job
+
+    def to_representation(self, instance: Job) -> dict[str, Any]:
+        return JobSerializer(instance, context=self.context).data
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
+    gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
+    node = serializers.CharField(source="node.hostname", read_only=True)
+    active = serializers.BooleanField(source="is_active", read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "id",
+            "job",
+            "gpu_uuid",
+            "gpu_index",
+            "node",
+            "attempt",
+            "manual",
+            "active",
+            "allocated_at",
+            "released_at",
+        ]
+        read_only_fields = fields
+
+
+class PlacementSerializer(serializers.Serializer):
+    """Why the GPUs were chosen (``manual`` for ``/cluster/gpu-allocate``)."""
+
+    topology_class = serializers.CharField()
+    numa_nodes = serializers.ListField(child=serializers.IntegerField())
+    score = serializers.ListField(child=serializers.FloatField())
+    explanation = serializers.CharField()
+    nodes = serializers.DictField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        help_text="Node hostname -> GPU indexes.",
+    )
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job with where it stands: for a waiting job why (``pending_code``/``pending_reason``),
+    its queue position, estimated start and what-if; for a placed one, ``placement`` and its
+    GPUs (``allocations``, every attempt). ``env`` values are hidden from people who cannot
+    act on the job (viewers)."""
+
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    command = CommandField(read_only=True)
+    env = serializers.SerializerMethodField()
+    placement = PlacementSerializer(read_only=True, allow_null=True)
+    allocations = AllocationSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "project",
+            "state",
+            "priority",
+            "command",
+            "use_shell",
+            "env",
+            "working_dir",
+            "container_image",
+            "gpu_count",
+            "node_count",
+            "min_gpu_memory_mib",
+            "gpu_model",
+            "topology",
+            "preemptible",
+            "estimated_duration_s",
+            "max_runtime_s",
+            "max_retries",
+            "attempt",
+            "submitted_at",
+            "scheduled_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "message",
+            "pending_code",
+            "pending_reason",
+            "queue_position",
+            "estimated_start_at",
+            "what_if",
+            "placement",
+            "allocations",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
+    def get_env(self, job: Job) -> dict[str, str]:
+        if can_act_on(self.context["request"].user, job):
+            return job.env
+        return dict.fromkeys(job.env, HIDDEN)
+
+
+class QueueSerializer(serializers.Serializer):
+    """``GET /queue``: waiting jobs in queue order, then the jobs holding GPUs."""
+
+    waiting = JobSerializer(many=True)
+    waiting_count = serializers.IntegerField()
+    running = JobSerializer(many=True)
+    running_count = serializers.IntegerField()
+
+
+class PrioritySerializer(serializers.Serializer):
+    priority = serializers.ChoiceField(choices=Priority.choices)
+
+
+class CanceledSerializer(serializers.Serializer):
+    """A cancel's outcome: ``canceling`` while the agent stops the job's processes."""
+
+    canceling = serializers.BooleanField()
+    job = JobSerializer()
+
+
+class WaitBucketSerializer(serializers.Serializer):
+    label = serializers.CharField()
+    count = serializers.IntegerField()
+
+
+class QueueStatisticsSerializer(serializers.Serializer):
+    total_queued = serializers.IntegerField()
+    by_state = serializers.DictField(child=serializers.IntegerField())
+    started_last_24h = serializers.IntegerField()
+    average_wait_s = serializers.FloatField(
+        allow_null=True, help_text="Mean of started_at - submitted_at over the last 24 h."
+    )
+    wait_distribution = WaitBucketSerializer(many=True)
+    throughput_jobs_per_hour = serializers.IntegerField(
+        help_text="Jobs completed or failed in the last hour."
+    )
+    oldest_queued_submitted_at = serializers.DateTimeField(allow_null=True)
+
+
+class GpuStatusSerializer(serializers.Serializer):
+    """A ``queries.GpuStatus``."""
+
+    node = serializers.CharField(source="gpu.node.hostname")
+    index = serializers.IntegerField(source="gpu.index")
+    uuid = serializers.CharField(source="gpu.uuid")
+    model = serializers.CharField(source="gpu.name")
+    memory_total_mib = serializers.IntegerField(source="gpu.memory_total_mib")
+    state = serializers.CharField(source="gpu.state")
+    error_message = serializers.CharField(source="gpu.error_message")
+    mig_enabled = serializers.BooleanField(source="gpu.mig_enabled")
+    schedulable = serializers.BooleanField()
+    free = serializers.BooleanField()
+    job_id = serializers.IntegerField(source="allocation.job_id", allow_null=True, default=None)
+    job_owner = serializers.CharField(
+        source="allocation.job.owner.get_username", allow_null=True, default=None
+    )
+    allocated_at = serializers.DateTimeField(
+        source="allocation.allocated_at", allow_null=True, default=None
+    )
+
+
+class GpuStatusListSerializer(serializers.Serializer):
+    gpus = GpuStatusSerializer(many=True)
+    count = serializers.IntegerField()
+    free = serializers.IntegerField()
+    allocated = serializers.IntegerField()
+
+
+class GpuStatusParamsSerializer(serializers.Serializer):
+    node = serializers.CharField(required=False, help_text="Only this node's GPUs.")
+
+
+class GpuAllocateSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField(min_value=1)
+    gpu_uuids = serializers.ListField(
+        child=serializers.CharField(max_length=64), min_length=1, max_length=4096
+    )
+
+
+class GpuReleaseSerializer(serializers.Serializer):
+    job_id = serializers.IntegerField(min_value=1)
+
+
+class ReleaseSerializer(serializers.Serializer):
+    """An ``admin_services.Release``."""
+
+    job = JobSerializer()
+    released = serializers.ListField(
+        child=serializers.CharField(), help_text="GPU UUIDs given back now."
+    )
+    releasing = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="GPU UUIDs given back once the agent reports the job's processes gone.",
+    )
+
+
+class PolicySerializer(serializers.Serializer):
+    policy = serializers.ChoiceField(choices=SchedulerSettings.POLICY_CHOICES)
+    aging_interval_s = serializers.IntegerField(
+        min_value=1,
+        max_value=7 * 24 * 3600,
+        help_text="Priority policy: a waiting job gains one point per interval.",
+    )
+
+
+class OrchestratorStatusSerializer(serializers.Serializer):
+    """A ``queries.OrchestratorStatus``."""
+
+    enabled = serializers.BooleanField(source="config.enabled")
+    policy = serializers.CharField(source="config.policy")
+    aging_interval_s = serializers.IntegerField(source="config.aging_interval_s")
+    updated_at = serializers.DateTimeField(source="config.updated_at")
+    jobs = serializers.DictField(child=serializers.IntegerField())
+    gpus_present = serializers.IntegerField()
+    gpus_allocated = serializers.IntegerField()
+    gpus_free = serializers.IntegerField(help_text="Schedulable and not allocated.")
+    last_scheduled_at = serializers.DateTimeField(allow_null=True)
+
+
+class JobLogSerializer(serializers.Serializer):
+    """A ``queries.JobLog``."""
+
+    text = serializers.CharField()
+    exists = serializers.BooleanField(help_text="False: the agent has no log for it (yet).")
+    node = serializers.CharField()
+    nodes = serializers.ListField(child=serializers.CharField())
+    attempt = serializers.IntegerField()
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "key_prefix", "created_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "key_prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class NewTokenSerializer(TokenSerializer):
+    """The answer to a token creation: the only time the key is shown."""
+
+    key = serializers.CharField(read_only=True)
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "key"]
+        read_only_fields = fields
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+class QueueParamsSerializer(serializers.Serializer):
+    limit = serializers.IntegerField(
+        min_value=1, max_value=1000, default=100, help_text="Jobs listed of each kind."
+    )
+
+
+class LogParamsSerializer(serializers.Serializer):
+    tail = serializers.IntegerField(
+        min_value=1, max_value=10_000, default=100, help_text="Lines from the end of the log."
+    )
+    node = serializers.CharField(
+        required=False, help_text="Node of a multi-node job (default: its first node)."
+    )

@@ -1,0 +1,408 @@
+"""Scheduling API: the seed-compatible queue, cluster and orchestrator endpoints, and the
+/api/v1 jobs, allocations and tokens. Views check who may act and turn the domain's refusals
+into 4xx answers; ``scheduling.services``, ``admin_services`` and ``queries`` do the work."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from django.db.models import QuerySet
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import Serializer
+from rest_framework.views import APIView
+
+from scheduling import admin_services, queries, services
+from scheduling.api import filters
+from scheduling.api import schema as _schema  # noqa: F401  (registers the token auth scheme)
+from scheduling.api import serializers as s
+from scheduling.auth import at_least, can_act_on, create_token, revoke_token, role_of
+from scheduling.models import HOLDING_STATES, Allocation, ApiToken, Job, Role, SchedulerSettings
+
+# --------------------------------------------------------------------------- plumbing
+
+
+class RolePermission(permissions.BasePermission):
+    """Anyone signed in reads; writes need ``write_role`` or a stronger role."""
+
+    write_role: str
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        return request.method in permissions.SAFE_METHODS or at_least(user, self.write_role)
+
+
+class CanSubmit(RolePermission):
+    write_role = Role.USER
+
+
+class IsOperator(RolePermission):
+    write_role = Role.OPERATOR
+
+
+class IsAdmin(RolePermission):
+    write_role = Role.ADMIN
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with the job's or the GPU's current state."
+    default_code = "conflict"
+
+
+class Unavailable(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The node's agent cannot be asked now."
+    default_code = "unavailable"
+
+
+@contextmanager
+def domain_errors() -> Iterator[None]:
+    """The domain's refusals as API errors: a 400 naming the field, a 409 for a state that
+    does not allow it, a 404 for a log that does not exist, a 503 for a silent agent."""
+    try:
+        yield
+    except (services.JobRejected, admin_services.AllocationInvalid) as exc:
+        raise ValidationError({exc.field: [exc.message]}) from None
+    except (services.IllegalTransition, services.AllocationRefused) as exc:
+        raise Conflict(str(exc)) from None
+    except queries.NoLog as exc:
+        raise NotFound(str(exc)) from None
+    except queries.LogUnavailable as exc:
+        raise Unavailable(str(exc)) from None
+
+
+def valid(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def visible_job(request: Request, job_id: int) -> Job:
+    """A job the requester sees, with its details; 404 otherwise (users see only theirs)."""
+    job = queries.with_details(queries.visible_jobs(request.user)).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound(f"No job {job_id}.")
+    return job
+
+
+def check_can_act(request: Request, job: Job) -> None:
+    if not can_act_on(request.user, job):
+        raise PermissionDenied(f"A {role_of(request.user)} cannot act on job {job.pk}.")
+
+
+def job_body(request: Request, job: Job) -> dict[str, Any]:
+    return s.JobSerializer(job, context={"request": request}).data
+
+
+def cancel(request: Request, job: Job) -> Response:
+    """Cancel ``job``: 200 when it ended, 202 while its agent stops its processes."""
+    check_can_act(request, job)
+    with domain_errors():
+        services.cancel_job(job, actor=request.user)
+    job = visible_job(request, job.pk)
+    canceling = job.state in HOLDING_STATES
+    body = s.CanceledSerializer(
+        {"canceling": canceling, "job": job}, context={"request": request}
+    ).data
+    return Response(body, status=status.HTTP_202_ACCEPTED if canceling else status.HTTP_200_OK)
+
+
+JOB_ERRORS = {
+    403: OpenApiResponse(s.ErrorSerializer, "Not allowed to act on this job."),
+    404: OpenApiResponse(s.ErrorSerializer, "No such job (users see only their own)."),
+    409: OpenApiResponse(s.ErrorSerializer, "Its state does not allow it."),
+}
+CANCELED = {
+    200: OpenApiResponse(s.CanceledSerializer, "Canceled."),
+    202: OpenApiResponse(s.CanceledSerializer, "The agent is stopping its processes."),
+}
+
+
+class SchedulingPagination(LimitOffsetPagination):
+    default_limit = 100
+    max_limit = 1000
+
+
+# --------------------------------------------------------------------------- /api/v1
+
+
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Jobs: users see their own, viewers, operators and admins everyone's."""
+
+    permission_classes = [CanSubmit]
+    pagination_class = SchedulingPagination
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = filters.JobFilterSet
+
+    def get_queryset(self) -> QuerySet[Job]:
+        return queries.with_details(queries.visible_jobs(self.request.user))
+
+    def get_serializer_class(self) -> type[Serializer]:
+        return s.JobSubmitSerializer if self.action == "create" else s.JobSerializer
+
+    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Submit a job (same body as ``POST /queue/submit``)."""
+        return super().create(request, *args, **kwargs)
+
+    @extend_schema(request=None, responses={**CANCELED, **JOB_ERRORS})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        return cancel(request, self.get_object())
+
+    @extend_schema(request=None, responses={200: s.JobSerializer, **JOB_ERRORS})
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str) -> Response:
+        """Release a held (pending) job into the queue."""
+        job = self.get_object()
+        check_can_act(request, job)
+        with domain_errors():
+            services.release_job(job, actor=request.user)
+        return Response(job_body(request, visible_job(request, job.pk)))
+
+    @extend_schema(
+        parameters=[s.LogParamsSerializer],
+        responses={
+            200: s.JobLogSerializer,
+            404: OpenApiResponse(s.ErrorSerializer, "No such job, or it never ran."),
+            503: OpenApiResponse(s.ErrorSerializer, "The node's agent did not answer."),
+        },
+    )
+    @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
+    def log(self, request: Request, pk: str) -> Response:
+        """The last ``tail`` lines of the job's latest attempt, read through its node's agent."""
+        params = valid(s.LogParamsSerializer, request.query_params)
+        job = self.get_object()
+        with domain_errors():
+            log = queries.job_log(job, lines=params["tail"], hostname=params.get("node"))
+        return Response(s.JobLogSerializer(log).data)
+
+
+class AllocationViewSet(viewsets.ReadOnlyModelViewSet):
+    """GPU allocations of the jobs the requester sees."""
+
+    serializer_class = s.AllocationSerializer
+    pagination_class = SchedulingPagination
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = filters.AllocationFilterSet
+
+    def get_queryset(self) -> QuerySet[Allocation]:
+        return (
+            queries.visible_allocations(self.request.user)
+            .select_related("gpu", "node")
+            .order_by("-pk")
+        )
+
+
+class TokenViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """The requester's own API tokens; the key is shown once, when it is created."""
+
+    serializer_class = s.TokenSerializer
+    pagination_class = SchedulingPagination
+
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return queries.own_tokens(self.request.user)
+
+    @extend_schema(request=s.TokenSerializer, responses={201: s.NewTokenSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        name = valid(s.TokenSerializer, request.data)["name"]
+        token, key = create_token(request.user, name)
+        token.key = key
+        return Response(s.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses={204: None})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Revoke the token (it stays listed, with ``revoked_at``)."""
+        revoke_token(self.get_object(), actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --------------------------------------------------------------------------- seed: /queue
+
+
+class QueueView(APIView):
+    """Waiting jobs in queue order (with why each waits), then the jobs holding GPUs."""
+
+    @extend_schema(parameters=[s.QueueParamsSerializer], responses={200: s.QueueSerializer})
+    def get(self, request: Request) -> Response:
+        limit = valid(s.QueueParamsSerializer, request.query_params)["limit"]
+        jobs = queries.visible_jobs(request.user)
+        waiting, running = queries.waiting(jobs), queries.holding(jobs)
+        body = {
+            "waiting": queries.with_details(waiting)[:limit],
+            "waiting_count": waiting.count(),
+            "running": queries.with_details(running)[:limit],
+            "running_count": running.count(),
+        }
+        return Response(s.QueueSerializer(body, context={"request": request}).data)
+
+
+class SubmitView(APIView):
+    permission_classes = [CanSubmit]
+
+    @extend_schema(
+        request=s.JobSubmitSerializer,
+        responses={201: s.JobSerializer, 403: OpenApiResponse(s.ErrorSerializer, "Viewers.")},
+    )
+    def post(self, request: Request) -> Response:
+        """Submit a job: impossible requests are a 400 naming the field."""
+        serializer = s.JobSubmitSerializer(data=request.data, context={"request": request})
+        serializer.is_valid(raise_exception=True)
+        serializer.save()
+        return Response(serializer.data, status=status.HTTP_201_CREATED)
+
+
+class QueueJobView(APIView):
+    permission_classes = [CanSubmit]
+
+    @extend_schema(request=None, responses={**CANCELED, **JOB_ERRORS})
+    def delete(self, request: Request, job_id: int) -> Response:
+        """Cancel the job."""
+        return cancel(request, visible_job(request, job_id))
+
+
+class PriorityView(APIView):
+    permission_classes = [CanSubmit]
+
+    @extend_schema(
+        request=s.PrioritySerializer,
+        responses={200: s.JobSerializer, 400: s.PrioritySerializer, **JOB_ERRORS},
+    )
+    def patch(self, request: Request, job_id: int) -> Response:
+        """Change a waiting job's priority."""
+        priority = valid(s.PrioritySerializer, request.data)["priority"]
+        job = visible_job(request, job_id)
+        check_can_act(request, job)
+        with domain_errors():
+            services.set_priority(job, priority, actor=request.user)
+        return Response(job_body(request, job))
+
+
+class QueueStatisticsView(APIView):
+    @extend_schema(responses={200: s.QueueStatisticsSerializer})
+    def get(self, request: Request) -> Response:
+        return Response(s.QueueStatisticsSerializer(queries.queue_statistics()).data)
+
+
+# --------------------------------------------------------------------------- seed: /cluster
+
+
+class GpuStatusView(APIView):
+    @extend_schema(
+        parameters=[s.GpuStatusParamsSerializer], responses={200: s.GpuStatusListSerializer}
+    )
+    def get(self, request: Request) -> Response:
+        """Every present GPU: schedulable or not, free or allocated (to which job)."""
+        hostname = valid(s.GpuStatusParamsSerializer, request.query_params).get("node")
+        rows = queries.gpu_status(hostname)
+        body = {
+            "gpus": rows,
+            "count": len(rows),
+            "free": sum(row.free for row in rows),
+            "allocated": sum(row.allocation is not None for row in rows),
+        }
+        return Response(s.GpuStatusListSerializer(body).data)
+
+
+class GpuAllocateView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=s.GpuAllocateSerializer,
+        responses={
+            201: s.JobSerializer,
+            404: OpenApiResponse(s.ErrorSerializer, "No such job."),
+            409: OpenApiResponse(s.ErrorSerializer, "Not queued, or a GPU is taken."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Give GPUs to a queued job by hand (operators); it is sent to its nodes."""
+        data = valid(s.GpuAllocateSerializer, request.data)
+        job = visible_job(request, data["job_id"])
+        with domain_errors():
+            admin_services.allocate_by_hand(job, data["gpu_uuids"], actor=request.user)
+        job = visible_job(request, job.pk)
+        return Response(job_body(request, job), status=status.HTTP_201_CREATED)
+
+
+class GpuReleaseView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=s.GpuReleaseSerializer,
+        responses={
+            200: OpenApiResponse(s.ReleaseSerializer, "Released."),
+            202: OpenApiResponse(s.ReleaseSerializer, "Released once the agent stops the job."),
+            404: OpenApiResponse(s.ErrorSerializer, "No such job."),
+            409: OpenApiResponse(s.ErrorSerializer, "The job holds no GPUs."),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Take a job's GPUs back (operators): the job is canceled."""
+        job = visible_job(request, valid(s.GpuReleaseSerializer, request.data)["job_id"])
+        with domain_errors():
+            release = admin_services.release_by_hand(job, actor=request.user)
+        release = replace(release, job=visible_job(request, job.pk))
+        body = s.ReleaseSerializer(release, context={"request": request}).data
+        code = status.HTTP_202_ACCEPTED if release.releasing else status.HTTP_200_OK
+        return Response(body, status=code)
+
+
+# --------------------------------------------------------------------------- seed: /orchestrator
+
+
+class OrchestratorStatusView(APIView):
+    @extend_schema(responses={200: s.OrchestratorStatusSerializer})
+    def get(self, request: Request) -> Response:
+        return Response(s.OrchestratorStatusSerializer(queries.orchestrator_status()).data)
+
+
+class OrchestratorSwitchView(APIView):
+    """``POST /orchestrator/start`` and ``/stop`` (admins; audited)."""
+
+    permission_classes = [IsAdmin]
+    enable = True
+
+    @extend_schema(request=None, responses={200: s.OrchestratorStatusSerializer})
+    def post(self, request: Request) -> Response:
+        admin_services.set_scheduler_enabled(self.enable, actor=request.user)
+        return Response(s.OrchestratorStatusSerializer(queries.orchestrator_status()).data)
+
+
+class PoliciesView(APIView):
+    permission_classes = [IsAdmin]
+
+    @extend_schema(responses={200: s.PolicySerializer})
+    def get(self, request: Request) -> Response:
+        return Response(s.PolicySerializer(SchedulerSettings.load()).data)
+
+    @extend_schema(request=s.PolicySerializer, responses={200: s.PolicySerializer})
+    def put(self, request: Request) -> Response:
+        """Set the queue policy (admins; audited)."""
+        data = valid(s.PolicySerializer, request.data)
+        config = admin_services.set_policy(
+            data["policy"], data["aging_interval_s"], actor=request.user
+        )
+        return Response(s.PolicySerializer(config).data)

@@ -1,0 +1,272 @@
+"""What the scheduler looks like from outside, for the API, the pages and the CLI: which jobs a
+person sees, the queue and its statistics, every GPU's allocation, the orchestrator's state
+and a job's log (read through its node's agent). Nothing here changes state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db.models import (
+    Avg,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    Prefetch,
+    Q,
+)
+from django.db.models.query import QuerySet
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from inventory.models import Gpu, Node
+from inventory.services import AgentTimedOut, run_on_node
+from scheduling.auth import role_of
+from scheduling.models import (
+    HOLDING_STATES,
+    Allocation,
+    ApiToken,
+    Job,
+    JobState,
+    Role,
+    SchedulerSettings,
+)
+
+WAITING_STATES = (JobState.PENDING, JobState.QUEUED)
+LOG_TIMEOUT_S = 5
+# Wait-time histogram of /queue/statistics: (label, upper bound; None = no bound).
+WAIT_BUCKETS: tuple[tuple[str, timedelta | None], ...] = (
+    ("<1m", timedelta(minutes=1)),
+    ("1-10m", timedelta(minutes=10)),
+    ("10-60m", timedelta(hours=1)),
+    ("1-6h", timedelta(hours=6)),
+    (">6h", None),
+)
+STATISTICS_WINDOW = timedelta(hours=24)
+THROUGHPUT_WINDOW = timedelta(hours=1)
+
+
+# --------------------------------------------------------------------------- who sees what
+
+
+def visible_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
+    """Users see their own jobs; viewers, operators and admins see everyone's."""
+    jobs = Job.objects.all()
+    return jobs.filter(owner=user) if role_of(user) == Role.USER else jobs
+
+
+def visible_allocations(user: AbstractBaseUser) -> QuerySet[Allocation]:
+    """The allocations of the jobs ``user`` sees."""
+    allocations = Allocation.objects.all()
+    if role_of(user) == Role.USER:
+        allocations = allocations.filter(job__owner=user)
+    return allocations
+
+
+def own_tokens(user: AbstractBaseUser) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user_id=user.pk)
+
+
+def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Jobs with what the job serializer shows (owner, allocations with GPU and node) in two
+    queries, however many jobs."""
+    return jobs.select_related("owner").prefetch_related(
+        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu", "node"))
+    )
+
+
+def waiting(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Held and queued jobs in queue order: the placement loop's position, then submission."""
+    return jobs.filter(state__in=WAITING_STATES).order_by(
+        F("queue_position").asc(nulls_last=True), "submitted_at", "pk"
+    )
+
+
+def holding(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Scheduled and running jobs, oldest placement first."""
+    return jobs.filter(state__in=HOLDING_STATES).order_by("scheduled_at", "pk")
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class WaitBucket:
+    label: str
+    count: int
+
+
+@dataclass(frozen=True)
+class QueueStatistics:
+    total_queued: int
+    by_state: dict[str, int]
+    # Over the jobs started in the last 24 h: started_at - submitted_at.
+    started_last_24h: int
+    average_wait_s: float | None
+    wait_distribution: list[WaitBucket]
+    # Jobs that completed or failed in the last hour.
+    throughput_jobs_per_hour: int
+    oldest_queued_submitted_at: datetime | None
+
+
+def queue_statistics(now: datetime | None = None) -> QueueStatistics:
+    """The queue in numbers, in four aggregate queries."""
+    now = now or timezone.now()
+    by_state = dict.fromkeys(JobState.values, 0)
+    by_state.update(Job.objects.order_by().values_list("state").annotate(n=Count("pk")))
+    wait = ExpressionWrapper(F("started_at") - F("submitted_at"), output_field=DurationField())
+    buckets: dict[str, Count] = {}
+    lower = timedelta(0)
+    for label, upper in WAIT_BUCKETS:
+        condition = Q(wait__gte=lower) if upper is None else Q(wait__gte=lower, wait__lt=upper)
+        buckets[label] = Count("pk", filter=condition)
+        lower = upper or lower
+    started = (
+        Job.objects.filter(started_at__gte=now - STATISTICS_WINDOW)
+        .annotate(wait=wait)
+        .aggregate(started=Count("pk"), average=Avg("wait"), **buckets)
+    )
+    finished = Job.objects.filter(
+        state__in=(JobState.COMPLETED, JobState.FAILED),
+        finished_at__gte=now - THROUGHPUT_WINDOW,
+    ).count()
+    oldest = Job.objects.filter(state=JobState.QUEUED).aggregate(oldest=Min("submitted_at"))
+    average = started["average"]
+    return QueueStatistics(
+        total_queued=by_state[JobState.QUEUED],
+        by_state=by_state,
+        started_last_24h=started["started"],
+        average_wait_s=None if average is None else round(average.total_seconds(), 3),
+        wait_distribution=[WaitBucket(label, started[label]) for label, _ in WAIT_BUCKETS],
+        throughput_jobs_per_hour=finished,
+        oldest_queued_submitted_at=oldest["oldest"],
+    )
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """A present GPU, whether the scheduler may give it, and to which job it is given."""
+
+    gpu: Gpu
+    schedulable: bool
+    allocation: Allocation | None
+
+    @property
+    def free(self) -> bool:
+        return self.schedulable and self.allocation is None
+
+
+def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
+    """Every present GPU (of one node when ``hostname`` is given), in three queries."""
+    gpus = Gpu.objects.present().select_related("node").order_by("node__hostname", "index")
+    if hostname is not None:
+        gpus = gpus.on_node(hostname)
+    schedulable = set(Gpu.objects.schedulable().values_list("pk", flat=True))
+    allocations = {
+        allocation.gpu_id: allocation
+        for allocation in Allocation.objects.active().select_related("job__owner")
+    }
+    return [GpuStatus(gpu, gpu.pk in schedulable, allocations.get(gpu.pk)) for gpu in gpus]
+
+
+# --------------------------------------------------------------------------- orchestrator
+
+
+@dataclass(frozen=True)
+class OrchestratorStatus:
+    config: SchedulerSettings
+    jobs: dict[str, int]  # pending, queued, scheduled, running
+    gpus_present: int
+    gpus_allocated: int
+    gpus_free: int  # schedulable and not allocated
+    last_scheduled_at: datetime | None
+
+
+def orchestrator_status() -> OrchestratorStatus:
+    """The switch and policy, and what the loop has to work with (a few counting queries)."""
+    active_states = (*WAITING_STATES, *HOLDING_STATES)
+    jobs = dict.fromkeys(active_states, 0)
+    jobs.update(
+        Job.objects.filter(state__in=active_states)
+        .order_by()
+        .values_list("state")
+        .annotate(n=Count("pk"))
+    )
+    allocated = Allocation.objects.active().values("gpu_id")
+    return OrchestratorStatus(
+        config=SchedulerSettings.load(),
+        jobs=jobs,
+        gpus_present=Gpu.objects.present().count(),
+        gpus_allocated=allocated.count(),
+        gpus_free=Gpu.objects.schedulable().exclude(pk__in=allocated).count(),
+        last_scheduled_at=Job.objects.aggregate(last=Max("scheduled_at"))["last"],
+    )
+
+
+# --------------------------------------------------------------------------- logs
+
+
+class NoLog(LookupError):
+    """The job (or this attempt of it on that node) never ran: there is no log to read."""
+
+
+class LogUnavailable(RuntimeError):
+    """The node's agent cannot be asked now (unreachable node, silent agent, no broker)."""
+
+
+@dataclass(frozen=True)
+class JobLog:
+    text: str
+    exists: bool  # False: the agent has no log for this attempt (yet)
+    node: str
+    nodes: list[str]  # every node of the attempt (a multi-node job has a log on each)
+    attempt: int
+
+
+def job_log(job: Job, *, lines: int, hostname: str | None = None) -> JobLog:
+    """The last ``lines`` lines of the job's latest attempt on ``hostname`` (default: its first
+    node), read through that node's agent. Raises ``NoLog`` or ``LogUnavailable``."""
+    nodes = list(
+        Node.objects.filter(allocations__job=job, allocations__attempt=job.attempt)
+        .distinct()
+        .order_by("hostname")
+    )
+    if job.attempt == 0 or not nodes:
+        raise NoLog(f"job {job.pk} has not run yet (it is {job.state})")
+    names = [node.hostname for node in nodes]
+    node = (
+        nodes[0] if hostname is None else next((n for n in nodes if n.hostname == hostname), None)
+    )
+    if node is None:
+        raise NoLog(
+            f"attempt {job.attempt} of job {job.pk} ran on {', '.join(names)}, not {hostname}"
+        )
+    if not node.is_reachable():
+        raise LogUnavailable(
+            f"node {node.hostname} is unreachable: no heartbeat in the last "
+            f"{settings.GPUADMIN_HEARTBEAT_GRACE_S} s"
+        )
+    try:
+        answer = run_on_node(
+            node.hostname,
+            "scheduling.tail_log",
+            job.pk,
+            job.attempt,
+            lines,
+            timeout=LOG_TIMEOUT_S,
+            unanswered="try again later",
+        )
+    except AgentTimedOut as exc:
+        raise LogUnavailable(str(exc)) from None
+    except (OperationalError, RedisError) as exc:
+        raise LogUnavailable(f"the task broker cannot be reached: {exc}") from None
+    return JobLog(answer["text"], answer["exists"], node.hostname, names, job.attempt)

@@ -1,0 +1,14 @@
+"""Scheduling pages: the queue, job pages, the submit form (the API has its own routes)."""
+
+from django.urls import path
+
+from scheduling import views
+
+app_name = "scheduling"
+urlpatterns = [
+    path("jobs/", views.queue, name="queue"),
+    path("jobs/new/", views.job_new, name="job-new"),
+    path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/log/", views.job_log, name="job-log"),
+    path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+]

@@ -1,0 +1,109 @@
+"""Scheduling pages: the queue, a job's page (status, timeline, placement on the topology
+matrix, allocations, log tail), the submit form and the cancel action.
+
+The queue lists everyone's jobs (like ``squeue``: no commands, no environments); a job's own
+page follows the API's rule (``queries.visible_jobs``: users read their own jobs, viewers,
+operators and admins every job). Submitting needs the user role, cancelling
+``scheduling.auth.can_act_on``. Live regions are ``{% partialdef %}`` blocks the
+same view renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab
+is visible.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import HttpResponseClientRefresh
+
+from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
+from scheduling import pages, queries, services
+from scheduling.auth import can_act_on, can_submit
+from scheduling.forms import SubmitJobForm
+from scheduling.models import Job
+
+
+def _job(request: HttpRequest, pk: int) -> Job:
+    """The job, if ``request.user`` may read it (as in the API); 404 otherwise."""
+    return get_object_or_404(queries.visible_jobs(request.user).select_related("owner"), pk=pk)
+
+
+@login_required
+@require_GET
+@vary_on_headers("HX-Request")
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    """Waiting jobs in queue order with their reasons, jobs on GPUs, the latest finished."""
+    filters = pages.QueueFilters.from_query(request.GET)
+    context = {"queue": pages.queue(filters, request.user), "filters": filters}
+    if htmx_partial(request):
+        return render(request, "scheduling/queue.html#queue-live", context)
+    context.update(filter_fields=pages.filter_fields(filters), can_submit=can_submit(request.user))
+    return render(request, "scheduling/queue.html", context)
+
+
+@login_required
+@require_GET
+@vary_on_headers("HX-Request")
+def job_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A job's facts and status ("why is it waiting?"), timeline, allocations, placement on
+    its nodes' topology matrices and log tail. The status panel polls; when the state moved
+    on from the one the page shows (``?shown=``), the whole page reloads."""
+    job = _job(request, pk)
+    if htmx_partial(request):
+        if request.GET.get("shown") != job.state:
+            return HttpResponseClientRefresh()
+        return render(request, "scheduling/job_detail.html#job-live", {"page": pages.JobPage(job)})
+    return render(
+        request, "scheduling/job_detail.html", {"page": pages.job_page(job, request.user)}
+    )
+
+
+@login_required
+@require_GET
+def job_log(request: HttpRequest, pk: int) -> HttpResponse:
+    """The log tail partial (``?node=`` for another node of a multi-node job)."""
+    tail = pages.log_tail(_job(request, pk), request.GET.get("node", ""))
+    return render(request, "scheduling/job_detail.html#job-log", {"tail": tail})
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    """Cancel through ``services.cancel_job`` (owner, operators, admins); back to the job."""
+    job = _job(request, pk)
+    if not can_act_on(request.user, job):
+        raise PermissionDenied("Only the job's owner, operators and admins can cancel it.")
+    try:
+        services.cancel_job(job, actor=request.user)
+    except services.IllegalTransition:
+        messages.error(
+            request, f"Job {job.pk} is {job.get_state_display().lower()}: nothing to cancel."
+        )
+    else:
+        if job.is_terminal:
+            messages.success(request, f"Job {job.pk} canceled.")
+        else:
+            messages.success(request, f"Cancel requested: the agents are stopping job {job.pk}.")
+    return redirect("scheduling:job-detail", pk=job.pk)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_new(request: HttpRequest) -> HttpResponse:
+    """The submit form; the service's refusals show on the field they name."""
+    if not can_submit(request.user):
+        raise PermissionDenied("Viewers cannot submit jobs.")
+    form = SubmitJobForm(request.POST if request.method == "POST" else None)
+    if form.is_valid():
+        try:
+            job = services.submit_job(request.user, **form.submission())
+        except services.JobRejected as exc:
+            form.add_rejection(exc)
+        else:
+            messages.success(request, f"Job {job.pk} submitted.")
+            return redirect("scheduling:job-detail", pk=job.pk)
+    return render(request, "scheduling/job_new.html", {"form": form})

@@ -1,0 +1,144 @@
+"""``gpuadmin token create`` and ``gpuadmin jobs ...`` against a live server, with a token."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuadmin import cli, jobs_cli
+from scheduling import admin_services, loop
+from scheduling.models import Job, JobState
+from tests.scheduling.api.conftest import submit, write_log
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def gpuadmin(live_server, capsys, monkeypatch, make_user):
+    """``gpuadmin(*argv)`` -> (status, stdout, stderr), as alice, through the live server."""
+    monkeypatch.setattr(loop, "wake", lambda: None)  # no placement pass on the shared Redis
+    monkeypatch.setattr(cli, "_bootstrap_django", lambda: None)  # pytest-django set it up
+    make_user("alice")
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        status = cli.main(list(argv))
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    status, key, note = run("token", "create", "laptop", "--user", "alice")
+    assert status == 0 and key.startswith("gpa_")
+    assert "shown only this once" in note
+    monkeypatch.setenv("GPUADMIN_URL", live_server.url)
+    monkeypatch.setenv("GPUADMIN_TOKEN", key.strip())
+    return run
+
+
+def test_token_for_an_unknown_user(gpuadmin):
+    assert gpuadmin("token", "create", "ci", "--user", "nobody") == (
+        1,
+        "",
+        "gpuadmin token create: no user 'nobody'\n",
+    )
+
+
+def test_submit_list_show_cancel(gpuadmin, fleet):
+    status, out, _ = gpuadmin(
+        "jobs", "submit", "--gpus", "8", "--name", "big", "--env", "A=1", "--", "python", "t.py"
+    )
+    assert status == 0
+    job = Job.objects.get()
+    assert (job.command, job.gpu_count, job.env, job.owner.username) == (
+        ["python", "t.py"],
+        8,
+        {"A": "1"},
+        "alice",
+    )
+    assert out.splitlines()[0] == f"job {job.pk} submitted: queued (8 GPU(s) x 1 node(s))"
+    for _ in range(2):
+        submit(job.owner, gpu_count=8)
+    loop.run_pass()  # two jobs placed; the third (the newest) waits
+    waiting = Job.objects.filter(state=JobState.QUEUED).get()
+
+    status, out, _ = gpuadmin("jobs", "show", str(waiting.pk))
+    assert status == 0
+    assert "why pending: needs 8 free GPUs on one node; none is free (resources_busy)" in out
+    assert "  position:    1" in out
+
+    status, out, _ = gpuadmin("jobs", "list")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "ID",
+        "STATE",
+        "PRIORITY",
+        "GPUS",
+        "OWNER",
+        "NAME",
+        "WHERE",
+        "/",
+        "WHY",
+    ]
+    assert len(lines) == 4
+    assert f"{waiting.pk}" in lines[1] and "#1 needs 8 free GPUs" in lines[1]
+
+    status, out, _ = gpuadmin("jobs", "cancel", str(waiting.pk))
+    assert (status, out) == (0, f"job {waiting.pk} canceled\n")
+    canceled = gpuadmin("jobs", "list", "--state", "canceled")[1].splitlines()
+    assert [line.split()[:2] for line in canceled[1:]] == [[str(waiting.pk), "canceled"]]
+    status, _, err = gpuadmin("jobs", "cancel", str(waiting.pk))
+    assert (status, err) == (
+        1,
+        f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} cannot go from canceled to canceled\n",
+    )
+
+
+def test_submit_refused_names_the_field(gpuadmin, fleet):
+    status, out, err = gpuadmin("jobs", "submit", "--gpus", "9", "--", "true")
+    assert (status, out) == (1, "")
+    assert err == (
+        "gpuadmin jobs submit: HTTP 400: gpu_count: 9 GPUs per node, but no node has more "
+        "than 8 GPUs\n"
+    )
+    assert not Job.objects.exists()
+
+
+def test_shell_command(gpuadmin, fleet):
+    assert gpuadmin("jobs", "submit", "--shell", "--", "echo $HOME &&", "ls")[0] == 0
+    job = Job.objects.get()
+    assert (job.command, job.use_shell) == (["echo $HOME && ls"], True)
+
+
+def test_bad_token(gpuadmin, monkeypatch, db):
+    monkeypatch.setenv("GPUADMIN_TOKEN", "gpa_wrong")
+    status, _, err = gpuadmin("jobs", "list")
+    assert status == 1
+    assert err.startswith("gpuadmin jobs list: HTTP 401: Invalid or revoked API token.")
+
+
+def test_log_and_follow(gpuadmin, fleet, agent_broker, monkeypatch, django_user_model):
+    job = submit(django_user_model.objects.get(username="alice"))
+    gpu = fleet[0].gpus.get(index=0)
+    admin_services.allocate_by_hand(job, [gpu.uuid], actor=job.owner)
+    job.refresh_from_db()
+    write_log(job, "one\ntwo\nthr")
+    status, out, _ = gpuadmin("jobs", "log", str(job.pk), "--tail", "2")
+    assert (status, out) == (0, "two\nthr")
+
+    polls = []
+
+    def next_poll(seconds: float) -> None:  # the job writes more between polls, then ends
+        polls.append(seconds)
+        if len(polls) == 1:
+            write_log(job, "one\ntwo\nthree\nfour\n")
+        else:
+            write_log(job, "one\ntwo\nthree\nfour\nfive")
+            Job.objects.filter(pk=job.pk).update(state=JobState.COMPLETED)
+
+    monkeypatch.setattr(jobs_cli.time, "sleep", next_poll)
+    status, out, _ = gpuadmin("jobs", "log", str(job.pk), "--tail", "1", "--follow")
+    assert (status, out, polls) == (0, "two\nthree\nfour\nfive", [2.0, 2.0])
+
+
+def test_new_lines():
+    assert jobs_cli.new_lines(["a\n", "b\n"], ["a\n", "b\n", "c\n"]) == ["c\n"]
+    assert jobs_cli.new_lines(["a\n", "b\n", "c\n"], ["b\n", "c\n", "d\n"]) == ["d\n"]
+    assert jobs_cli.new_lines(["a\n"], ["a\n"]) == []
+    assert jobs_cli.new_lines(["a\n"], ["x\n", "y\n"]) == ["x\n", "y\n"]

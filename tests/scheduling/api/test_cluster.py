@@ -1,0 +1,172 @@
+"""/cluster: GPU status, and GPUs given and taken by hand through the same integrity rules."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Gpu, Node
+from scheduling.models import Allocation, Job, JobState, Role
+from tests.scheduling.api.conftest import events, submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(api_as):
+    return api_as("olga", Role.OPERATOR)
+
+
+def uuids(hostname: str, *indexes: int) -> list[str]:
+    return [Gpu.objects.get(node__hostname=hostname, index=i).uuid for i in indexes]
+
+
+def allocate(client, job: Job, gpu_uuids: list[str]):
+    return client.post(
+        "/cluster/gpu-allocate", {"job_id": job.pk, "gpu_uuids": gpu_uuids}, format="json"
+    )
+
+
+def test_manual_allocation_schedules_and_dispatches_the_job(
+    operator, fleet, broker, django_capture_on_commit_callbacks
+):
+    job = submit(operator.user, gpu_count=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = allocate(operator, job, uuids("dgx-01", 2, 3))
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["state"], body["attempt"]) == ("scheduled", 1)
+    assert body["placement"]["topology_class"] == "manual"
+    assert body["placement"]["nodes"] == {"dgx-01": [2, 3]}
+    assert body["placement"]["explanation"] == "allocated by hand by olga: GPUs 2, 3 on dgx-01"
+    assert [(a["node"], a["gpu_index"], a["manual"], a["active"]) for a in body["allocations"]] == [
+        ("dgx-01", 2, True, True),
+        ("dgx-01", 3, True, True),
+    ]
+    [(args, queue)] = broker.named("scheduling.run_job")
+    assert queue == "node.dgx-01"
+    assert (args[0]["job_id"], args[0]["gpu_uuids"]) == (job.pk, uuids("dgx-01", 2, 3))
+    assert events(target_id=job.pk) == ["job.submitted", "job.scheduled"]
+    assert events("scheduling.allocation") == ["allocation.created"] * 2
+
+
+def test_a_gpu_is_never_given_twice_and_nothing_is_half_written(operator, fleet):
+    first, second = submit(operator.user, gpu_count=2), submit(operator.user, gpu_count=2)
+    assert allocate(operator, first, uuids("dgx-01", 0, 1)).status_code == 201
+    audit_rows = AuditEvent.objects.count()
+    taken = uuids("dgx-01", 1)[0]
+    response = allocate(operator, second, uuids("dgx-01", 1, 2))  # GPU 1 is first's
+    assert response.status_code == 409
+    assert response.json() == {"detail": f"GPU {taken} is allocated to job {first.pk}"}
+    second.refresh_from_db()
+    assert (second.state, second.attempt, second.placement) == (JobState.QUEUED, 0, None)
+    assert not Allocation.objects.filter(job=second).exists()
+    assert Allocation.objects.active().filter(job=first).count() == 2
+    assert AuditEvent.objects.count() == audit_rows
+    again = allocate(operator, first, uuids("dgx-02", 0, 1))
+    assert again.status_code == 409
+    assert again.json() == {
+        "detail": f"job {first.pk} is scheduled: only a queued job can be given GPUs"
+    }
+
+
+@pytest.mark.parametrize(
+    ("job_fields", "gpus", "message"),
+    [
+        ({"gpu_count": 2}, [("dgx-01", 0)], "needs 2 GPUs on each of 1 node(s); got 1 on dgx-01"),
+        (
+            {"gpu_count": 1},
+            [("dgx-01", 0), ("dgx-02", 0)],
+            "needs 1 GPUs on each of 1 node(s); got 1 on dgx-01, 1 on dgx-02",
+        ),
+        ({"gpu_count": 2}, [("dgx-01", 0), ("dgx-01", 0)], "named twice: "),
+        ({"gpu_count": 1}, [], "no present GPU has UUID GPU-nope"),
+    ],
+)
+def test_gpus_that_do_not_fit_the_request_are_a_400(operator, fleet, job_fields, gpus, message):
+    job = submit(operator.user, **job_fields)
+    named = [uuids(host, index)[0] for host, index in gpus] or ["GPU-nope"]
+    response = allocate(operator, job, named)
+    assert response.status_code == 400
+    assert list(response.json()) == ["gpu_uuids"]
+    assert message in response.json()["gpu_uuids"][0]
+    assert not Allocation.objects.exists()
+
+
+def test_bad_allocate_bodies(operator, fleet):
+    assert operator.post("/cluster/gpu-allocate", {}, format="json").json() == {
+        "job_id": ["This field is required."],
+        "gpu_uuids": ["This field is required."],
+    }
+    response = operator.post(
+        "/cluster/gpu-allocate", {"job_id": 999999999, "gpu_uuids": ["x"]}, format="json"
+    )
+    assert response.status_code == 404
+    assert response.json() == {"detail": "No job 999999999."}
+    empty = operator.post("/cluster/gpu-allocate", {"job_id": 1, "gpu_uuids": []}, format="json")
+    assert list(empty.json()) == ["gpu_uuids"]
+
+
+def test_gpu_status_shows_allocations(operator, fleet):
+    job = submit(operator.user, gpu_count=2)
+    allocate(operator, job, uuids("dgx-02", 4, 5))
+    Node.objects.filter(hostname="dgx-01").update(last_heartbeat_at=None)
+    body = operator.get("/cluster/gpu-status").json()
+    assert (body["count"], body["allocated"], body["free"]) == (16, 2, 6)
+    rows = {(row["node"], row["index"]): row for row in body["gpus"]}
+    held = rows[("dgx-02", 4)]
+    assert (held["job_id"], held["job_owner"], held["free"], held["schedulable"]) == (
+        job.pk,
+        "olga",
+        False,
+        True,
+    )
+    assert held["uuid"] == uuids("dgx-02", 4)[0]
+    assert held["model"] == "NVIDIA A100-SXM4-80GB"
+    assert (rows[("dgx-02", 0)]["free"], rows[("dgx-02", 0)]["job_id"]) == (True, None)
+    assert rows[("dgx-01", 0)]["schedulable"] is False  # unreachable node
+    one = operator.get("/cluster/gpu-status?node=dgx-02").json()
+    assert {row["node"] for row in one["gpus"]} == {"dgx-02"}
+
+
+def test_release_cancels_through_the_agent(
+    operator, fleet, broker, django_capture_on_commit_callbacks
+):
+    job = submit(operator.user, gpu_count=2)
+    allocate(operator, job, uuids("dgx-01", 0, 1))
+    with django_capture_on_commit_callbacks(execute=True):
+        response = operator.post("/cluster/gpu-release", {"job_id": job.pk}, format="json")
+    assert response.status_code == 202
+    body = response.json()
+    assert (body["released"], body["releasing"]) == ([], sorted(uuids("dgx-01", 0, 1)))
+    assert body["job"]["state"] == "scheduled"  # until the agent reports its processes gone
+    [(args, queue)] = broker.named("scheduling.cancel_job")
+    assert (args, queue) == ((job.pk, 1, "GPUs released by olga"), "node.dgx-01")
+    assert events(target_id=job.pk)[-1] == "job.cancel_requested"
+
+
+def test_release_on_an_unreachable_node_is_immediate(operator, fleet):
+    job = submit(operator.user, gpu_count=1)
+    allocate(operator, job, uuids("dgx-01", 0))
+    Node.objects.filter(hostname="dgx-01").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    response = operator.post("/cluster/gpu-release", {"job_id": job.pk}, format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["released"], body["releasing"]) == (uuids("dgx-01", 0), [])
+    assert body["job"]["state"] == "canceled"
+    assert body["job"]["allocations"][0]["active"] is False
+    assert not Allocation.objects.active().exists()
+    assert events(target_id=job.pk)[-1] == "job.canceled"
+
+
+def test_release_of_a_job_without_gpus_is_a_conflict(operator, fleet):
+    job = submit(operator.user)
+    response = operator.post("/cluster/gpu-release", {"job_id": job.pk}, format="json")
+    assert response.status_code == 409
+    assert response.json() == {"detail": f"job {job.pk} holds no GPUs (it is queued)"}
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED

@@ -1,0 +1,70 @@
+"""/orchestrator: the placement loop's switch and policy, audited."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuadmin.audit.models import AuditEvent
+from scheduling.models import Role, SchedulerSettings
+from tests.scheduling.api.conftest import events, submit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin(api_as):
+    return api_as("ada", Role.ADMIN)
+
+
+def test_status(admin, fleet):
+    submit(admin.user)
+    body = admin.get("/orchestrator/status").json()
+    assert (body["enabled"], body["policy"], body["aging_interval_s"]) == (True, "priority", 60)
+    assert body["jobs"] == {"pending": 0, "queued": 1, "scheduled": 0, "running": 0}
+    assert (body["gpus_present"], body["gpus_allocated"], body["gpus_free"]) == (16, 0, 16)
+    assert body["last_scheduled_at"] is None
+
+
+def test_stop_and_start_are_audited(admin, db):
+    stopped = admin.post("/orchestrator/stop")
+    assert (stopped.status_code, stopped.json()["enabled"]) == (200, False)
+    assert SchedulerSettings.load().enabled is False
+    admin.post("/orchestrator/stop")  # already stopped: no change, no row
+    assert admin.post("/orchestrator/start").json()["enabled"] is True
+    assert events("scheduling.schedulersettings") == ["scheduler.stopped", "scheduler.started"]
+    row = AuditEvent.objects.get(event_type="scheduler.stopped")
+    assert (row.actor_name, row.before, row.after) == ("ada", {"enabled": True}, {"enabled": False})
+
+
+def test_policies(admin, db):
+    assert admin.get("/orchestrator/policies").json() == {
+        "policy": "priority",
+        "aging_interval_s": 60,
+    }
+    body = {"policy": "fcfs", "aging_interval_s": 120}
+    response = admin.put("/orchestrator/policies", body, format="json")
+    assert (response.status_code, response.json()) == (200, body)
+    config = SchedulerSettings.load()
+    assert (config.policy, config.aging_interval_s) == ("fcfs", 120)
+    row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert (row.before, row.after) == ({"policy": "priority", "aging_interval_s": 60}, body)
+    admin.put("/orchestrator/policies", body, format="json")  # unchanged: no second row
+    assert events("scheduling.schedulersettings") == ["scheduler.policy_changed"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"policy": "sjf", "aging_interval_s": 60}, "policy"),
+        ({"policy": "fcfs", "aging_interval_s": 0}, "aging_interval_s"),
+        ({"policy": "fcfs", "aging_interval_s": 10**9}, "aging_interval_s"),
+        ({"policy": "fcfs", "aging_interval_s": "soon"}, "aging_interval_s"),
+        ({"policy": "fcfs"}, "aging_interval_s"),
+    ],
+)
+def test_bad_policies_name_the_field(admin, db, body, field):
+    response = admin.put("/orchestrator/policies", body, format="json")
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+    assert SchedulerSettings.load().policy == "priority"
+    assert not AuditEvent.objects.exists()

@@ -1,0 +1,46 @@
+"""List endpoints cost the same number of queries for one job as for many."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from scheduling import admin_services
+from scheduling.models import Role
+from tests.scheduling.api.conftest import submit
+
+pytestmark = pytest.mark.django_db
+
+# Session, user and role: 3 queries; then each list's own.
+LISTS = {
+    "/api/v1/jobs/": 6,
+    "/api/v1/jobs/?state=scheduled&state=queued&node=dgx-01": 6,
+    "/queue": 9,
+    "/api/v1/allocations/": 5,
+    "/cluster/gpu-status": 5,
+}
+
+
+def queries(client, path: str) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(path).status_code == 200
+    return len(captured)
+
+
+def add_jobs(owner, gpus: list, count: int) -> None:
+    """``count`` queued jobs and ``count`` jobs holding one of ``gpus`` each."""
+    for n in range(count):
+        submit(owner, env={"N": str(n)})
+        admin_services.allocate_by_hand(submit(owner), [gpus.pop().uuid], actor=owner)
+
+
+@pytest.mark.parametrize("path", LISTS)
+def test_lists_do_not_grow_with_the_jobs(api_as, fleet, path):
+    viewer = api_as("vera", Role.VIEWER)  # sees everyone's jobs, env hidden: the most work
+    operator = api_as("olga", Role.OPERATOR)
+    gpus = list(fleet[0].gpus.all())
+    add_jobs(operator.user, gpus, 1)
+    one = queries(viewer, path)
+    add_jobs(operator.user, gpus, 5)
+    assert queries(viewer, path) == one == LISTS[path]
