@@ -175,7 +175,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
             )  # fmt: skip
         finally:
             loop.stop()
-            jobs.shutdown(kill=False)  # jobs keep running; the next agent re-adopts them
+            # By default jobs keep running and the next agent re-adopts them.
+            jobs.shutdown(kill=args.stop_jobs_on_exit)
 
     return run(args)
 
@@ -347,7 +348,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not args.no_agents:
             for node, model in _demo_nodes(settings.GPUADMIN_SIM_FLEET):
                 children[f"agent {node}"] = _start_child(
-                    ["agent", "--node", node, "--sim", model], f"agent {node}"
+                    ["agent", "--node", node, "--sim", model, "--stop-jobs-on-exit"],
+                    f"agent {node}",
                 )
         print(f"\ngpuadmin is up: http://{args.bind}/  (admin: http://{args.bind}/admin/)")
         print("Press Ctrl-C to stop everything.\n", flush=True)
@@ -394,6 +396,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent = verbs.add_parser("agent", help="a node agent: NVML scan + Celery worker on node.NAME")
     agent.add_argument("--node", required=True, help="node name (its hostname)")
     agent.add_argument("--sim", metavar="MODEL", help="simulate this machine model")
+    agent.add_argument(
+        "--stop-jobs-on-exit",
+        action="store_true",
+        help="cancel running jobs when the agent stops (default: leave them running for the "
+        "next agent to re-adopt)",
+    )
     agent.set_defaults(run=cmd_agent)
 
     check = verbs.add_parser("check", help="check the scheduling invariants in the database")
