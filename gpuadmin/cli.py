@@ -101,6 +101,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "gpuadmin.wsgi:application",
         "--bind", args.bind,
         "--workers", str(args.workers),
+        # Threads overlap each request's database and Redis waits (bench/submit.py).
+        "--worker-class", "gthread",
+        "--threads", str(args.threads),
         "--access-logfile", "-",
         "--graceful-timeout", "10",
     ]  # fmt: skip
@@ -382,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = verbs.add_parser("serve", help="the web server (gunicorn)")
     serve.add_argument("--bind", default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND))
-    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
+    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 3)))
+    serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 4)))
     serve.set_defaults(run=cmd_serve)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")

@@ -41,7 +41,13 @@ def test_environment_names_are_settings_the_app_reads():
     read_by_settings = set(re.findall(r'env_\w+\("([A-Z_]+)"', SETTINGS_SOURCE))
     documented = set(re.findall(r"^#?\s*([A-Z][A-Z_]+)=", ENV_EXAMPLE, re.MULTILINE))
     compose_only = {"POSTGRES_PASSWORD", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
-    cli_only = {"GPUADMIN_BIND", "WEB_CONCURRENCY", "GPUADMIN_DATA_DIR", "SECRET_KEY_FILE"}
+    cli_only = {
+        "GPUADMIN_BIND",
+        "WEB_CONCURRENCY",
+        "WEB_THREADS",
+        "GPUADMIN_DATA_DIR",
+        "SECRET_KEY_FILE",
+    }
     for name in ("web", "worker", "beat", "agent"):
         env = set(SERVICES[name]["environment"])
         assert env - compose_only <= read_by_settings, name
