@@ -25,7 +25,7 @@ TEXT_FIELDS = (
     "compute_capability",
     "cpu_affinity",
 )
-VALUE_FIELDS = ("index", "memory_total_mib", "power_limit_default_w", "numa_node")
+VALUE_FIELDS = ("index", "memory_total_mib", "power_limit_default_w", "numa_node", "socket")
 # Changes of these fields are worth an audit row of their own kind.
 NODE_FIELDS = ("driver_version", "cuda_driver_version", "nvml_version")
 

@@ -124,6 +124,9 @@ class Gpu(CatalogFields):
     memory_total_mib = models.PositiveIntegerField(default=0)
     power_limit_default_w = models.FloatField(null=True, blank=True)
     numa_node = models.SmallIntegerField(null=True, blank=True)
+    socket = models.SmallIntegerField(
+        null=True, blank=True, help_text="CPU socket, named by its lowest NUMA node."
+    )
     cpu_affinity = models.CharField(max_length=200, blank=True)
     nvlink_count = models.PositiveSmallIntegerField(default=0)
     mig_capable = models.BooleanField(default=False)

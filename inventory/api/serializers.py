@@ -84,6 +84,7 @@ class GpuSerializer(CatalogSerializer):
             "memory_total_mib",
             "power_limit_default_w",
             "numa_node",
+            "socket",
             "cpu_affinity",
             "nvlink_count",
             "mig_capable",

@@ -256,6 +256,9 @@ class GpuFacts(_Record):
     mig_enabled: bool | None = None
     mig_pending_enabled: bool | None = None
     numa_node: int | None = None
+    # The CPU socket, named by the lowest NUMA node on it (NVML speaks of sockets only as
+    # sets of NUMA nodes): GPUs with the same value hang off the same socket.
+    socket: int | None = None
     cpu_affinity: str | None = None
     nvlink_count: int | None = None
     error_message: str | None = None
@@ -689,11 +692,18 @@ class _NodeScanner:
             _NODE_SET_WORDS,
             pynvml.NVML_AFFINITY_SCOPE_NODE,
         )
+        socket_nodes = _optional(
+            nvml.nvmlDeviceGetMemoryAffinity,
+            handle,
+            _NODE_SET_WORDS,
+            pynvml.NVML_AFFINITY_SCOPE_SOCKET,
+        )
         affinity = _optional(nvml.nvmlDeviceGetCpuAffinity, handle, _CPU_SET_WORDS)
         links = self._nvlinks(handle)
         self.links[facts["index"]] = links
         facts.update(
             numa_node=None if nodes is None else _lowest_bit(nodes),
+            socket=None if socket_nodes is None else _lowest_bit(socket_nodes),
             cpu_affinity=None if affinity is None else cpulist(affinity) or None,
             nvlink_count=links.active,
         )

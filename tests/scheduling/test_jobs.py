@@ -312,3 +312,13 @@ def test_mig_changes_are_refused_while_a_job_holds_the_gpu(alice, fleet):
     )
     services.transition(job, JobState.CANCELED, actor=alice)
     assert services.refuse_mig_change_under_allocation(gpu) is None
+
+
+def test_a_job_stays_on_one_socket_when_it_can(alice, broker):
+    # GPUs 0 and 1 are in MIG mode: 2-7 are free, on NUMA nodes 1,1 | 7,7,5,5 of sockets 0 | 1.
+    add_sim_node("dgx-40", "dgx-a100-40gb")
+    job = place(alice, gpu_count=4)
+    gpus = Gpu.objects.filter(allocations__job=job).order_by("index")
+    assert [gpu.index for gpu in gpus] == [4, 5, 6, 7]
+    assert {gpu.socket for gpu in gpus} == {4}  # the socket of NUMA nodes 4-7
+    assert job.placement["numa_nodes"] == [5, 7]
