@@ -166,10 +166,13 @@ def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict
                 allocated_to=allocated.get(gpu.pk),
             )
         )
+    held: dict[int, list[int]] = defaultdict(list)
+    for gpu_id, job_id in allocated.items():
+        held[job_id].append(gpu_id)
     running = tuple(
         placement.RunningJob(
             id=job.pk,
-            gpu_ids=tuple(gpu_id for gpu_id, job_id in allocated.items() if job_id == job.pk),
+            gpu_ids=tuple(held[job.pk]),
             started_at=(job.started_at or job.scheduled_at or now).timestamp(),
             expected_end=_expected_end(job),
         )

@@ -446,10 +446,8 @@ def job_finished(
     """The agent says attempt ``attempt`` ended (``completed``, ``failed``, ``timed_out``,
     ``canceled`` or ``lost``). Re-queues while retries are left; the new state, or ``None``
     for a stale report."""
-    if not _is_current(job_id, attempt):
-        return None
-    job = Job.objects.get(pk=job_id)
-    if job.state not in HOLDING_STATES:
+    job = Job.objects.filter(pk=job_id, attempt=attempt).first()
+    if job is None or job.state not in HOLDING_STATES:  # another attempt, or it moved on
         return None
     if outcome == "completed":
         to = S.COMPLETED

@@ -10,11 +10,11 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuadmin.api import Pagination
 from inventory import live, pages, services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
@@ -31,11 +31,6 @@ class IsStaffOrReadOnly(permissions.BasePermission):
         return request.method in permissions.SAFE_METHODS or bool(user.is_staff)
 
 
-class InventoryPagination(LimitOffsetPagination):
-    default_limit = 100
-    max_limit = 1000
-
-
 class CatalogViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
@@ -45,7 +40,7 @@ class CatalogViewSet(
     """List, retrieve and PATCH (catalog fields only, staff only, audited)."""
 
     permission_classes = [IsStaffOrReadOnly]
-    pagination_class = InventoryPagination
+    pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
     http_method_names = ["get", "patch", "head", "options"]
 
@@ -91,7 +86,7 @@ class MigInstanceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.MigInstanceSerializer
     filterset_class = MigInstanceFilterSet
     filter_backends = [DjangoFilterBackend]
-    pagination_class = InventoryPagination
+    pagination_class = Pagination
 
 
 # Seed-compatible endpoints: one node, chosen by ?node=<hostname>.

@@ -15,12 +15,12 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
+from gpuadmin.api import Pagination
 from scheduling import admin_services, queries, services
 from scheduling.api import filters
 from scheduling.api import schema as _schema  # noqa: F401  (registers the token auth scheme)
@@ -130,11 +130,6 @@ CANCELED = {
 }
 
 
-class SchedulingPagination(LimitOffsetPagination):
-    default_limit = 100
-    max_limit = 1000
-
-
 # --------------------------------------------------------------------------- /api/v1
 
 
@@ -147,7 +142,7 @@ class JobViewSet(
     """Jobs: users see their own, viewers, operators and admins everyone's."""
 
     permission_classes = [CanSubmit]
-    pagination_class = SchedulingPagination
+    pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
     filterset_class = filters.JobFilterSet
 
@@ -199,7 +194,7 @@ class AllocationViewSet(viewsets.ReadOnlyModelViewSet):
     """GPU allocations of the jobs the requester sees."""
 
     serializer_class = s.AllocationSerializer
-    pagination_class = SchedulingPagination
+    pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
     filterset_class = filters.AllocationFilterSet
 
@@ -220,7 +215,7 @@ class TokenViewSet(
     """The requester's own API tokens; the key is shown once, when it is created."""
 
     serializer_class = s.TokenSerializer
-    pagination_class = SchedulingPagination
+    pagination_class = Pagination
 
     def get_queryset(self) -> QuerySet[ApiToken]:
         return queries.own_tokens(self.request.user)
