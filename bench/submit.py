@@ -9,11 +9,12 @@ gunicorn configuration (``sync:W`` = W sync workers, ``gthread:WxT`` = W workers
 starts gunicorn and runs ``--runs`` rounds per client count: each client is a process with one
 keep-alive ``http.client`` connection POSTing submissions for ``--duration`` seconds after
 ``--warmup``. The placement loop does not run (jobs just queue); Redis must be reachable
-(every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s and latency
-percentiles per setting (medians over the runs) and ends with headline lines ``name: value
-unit`` for the setting with the most jobs/s whose p50 meets the 20 ms target (else the most
-jobs/s). ``--profile N`` instead profiles N submissions in-process (cProfile over
-the Django test client, and the SQL queries of one submission).
+(every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s, latency
+percentiles and the server's CPU per job (gunicorn and the PostgreSQL backends, from /proc:
+steadier than jobs/s on a shared host) per setting, medians over the runs, and ends with
+headline lines ``name: value unit`` for the setting with the most jobs/s whose p50 meets the
+20 ms target (else the most jobs/s). ``--profile N`` instead profiles N submissions
+in-process (cProfile over the Django test client, and the SQL queries of one submission).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from common import REPO_DIR, load_sim_fleet, throwaway_database
 
@@ -49,7 +51,40 @@ class Round:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    cpu_ms_per_job: float
     errors: int
+
+
+@dataclass(frozen=True)
+class Server:
+    process: subprocess.Popen[bytes]
+    port: int
+    database: str
+
+
+def server_cpu_s(server: Server) -> float:
+    """CPU seconds used so far by gunicorn (master and workers) and by the PostgreSQL backends
+    of the bench's database: what a submission costs the machine, steadier than jobs/s on a
+    shared host (Linux /proc)."""
+    ticks = 0
+    database = server.database.encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
+                stat = stat_file.read()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline_file:
+                cmdline = cmdline_file.read()
+        except OSError:  # exited meanwhile
+            continue
+        # After "pid (comm)": state, ppid, ..., utime and stime are the 12th and 13th.
+        fields = stat.rsplit(b")", 1)[1].split()
+        gunicorn = server.process.pid in (int(entry.name), int(fields[1]))
+        backend = cmdline.startswith(b"postgres:") and database in cmdline
+        if gunicorn or backend:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def client(port: int, token: str, measure_from: float, stop_at: float) -> tuple[list[float], int]:
@@ -75,11 +110,19 @@ def client(port: int, token: str, measure_from: float, stop_at: float) -> tuple[
     return latencies, errors
 
 
-def one_round(port: int, token: str, clients: int, warmup_s: float, duration_s: float) -> Round:
+def one_round(
+    server: Server, token: str, clients: int, warmup_s: float, duration_s: float
+) -> Round:
     start = time.monotonic() + 0.5  # let the processes start
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
+    arguments = [(server.port, token, measure_from, stop_at)] * clients
     with multiprocessing.get_context("fork").Pool(clients) as pool:
-        results = pool.starmap(client, [(port, token, measure_from, stop_at)] * clients)
+        pending = pool.starmap_async(client, arguments)
+        time.sleep(max(0.0, measure_from - time.monotonic()))
+        cpu_from = server_cpu_s(server)
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        cpu_s = server_cpu_s(server) - cpu_from
+        results = pending.get()
     latencies = sorted(latency for part, _ in results for latency in part)
     if not latencies:
         sys.exit("no request completed")
@@ -92,6 +135,7 @@ def one_round(port: int, token: str, clients: int, warmup_s: float, duration_s: 
         p50_ms=percentile(0.50),
         p95_ms=percentile(0.95),
         p99_ms=percentile(0.99),
+        cpu_ms_per_job=cpu_s * 1000 / len(latencies),
         errors=sum(errors for _, errors in results),
     )
 
@@ -106,10 +150,14 @@ def gunicorn_argv(config: str, port: int) -> list[str]:
     return argv
 
 
-def start_server(config: str, port: int) -> subprocess.Popen[bytes]:
+def start_server(config: str, database: str) -> Server:
+    """gunicorn in ``config`` on a free port, once it answers."""
+    port = free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpuadmin.settings", "LOG_LEVEL": "warning"}
     env["GPUADMIN_CENTRAL_QUEUE"] = QUEUE
-    server = subprocess.Popen(gunicorn_argv(config, port), cwd=REPO_DIR, env=env)
+    server = Server(
+        subprocess.Popen(gunicorn_argv(config, port), cwd=REPO_DIR, env=env), port, database
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -119,9 +167,9 @@ def start_server(config: str, port: int) -> subprocess.Popen[bytes]:
                 return server
         except OSError:
             time.sleep(0.2)
-        if server.poll() is not None:
-            sys.exit(f"gunicorn ({config}) exited with status {server.returncode}")
-    server.kill()
+        if server.process.poll() is not None:
+            sys.exit(f"gunicorn ({config}) exited with status {server.process.returncode}")
+    server.process.kill()
     sys.exit(f"gunicorn ({config}) did not answer within 60 s")
 
 
@@ -174,7 +222,7 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args()
 
-    with throwaway_database("gpuadmin_bench_submit"):
+    with throwaway_database("gpuadmin_bench_submit") as database_url:
         from django.contrib.auth import get_user_model
         from django.db import connections
 
@@ -192,15 +240,17 @@ def main() -> None:
             f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}); {args.nodes} "
             f"nodes; {args.runs} runs of {args.duration:g} s after {args.warmup:g} s warm-up"
         )
-        print(f"{'config':<14}{'clients':>8}{'jobs/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}")
+        print(
+            f"{'config':<14}{'clients':>8}{'jobs/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+            f"{'CPU ms/job':>12}"
+        )
         results: list[tuple[str, int, Round]] = []
         for config in args.configs:
-            port = free_port()
-            server = start_server(config, port)
+            server = start_server(config, urlsplit(database_url).path.lstrip("/"))
             try:
                 for clients in args.clients:
                     rounds = [
-                        one_round(port, token, clients, args.warmup, args.duration)
+                        one_round(server, token, clients, args.warmup, args.duration)
                         for _ in range(args.runs)
                     ]
                     median = Round(
@@ -208,18 +258,20 @@ def main() -> None:
                             statistics.median(getattr(r, name) for r in rounds)
                             for name in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms")
                         ),
+                        cpu_ms_per_job=statistics.median(r.cpu_ms_per_job for r in rounds),
                         errors=sum(r.errors for r in rounds),
                     )
                     print(
                         f"{config:<14}{clients:>8}{median.jobs_per_s:>9.0f}"
                         f"{median.p50_ms:>9.1f}{median.p95_ms:>9.1f}{median.p99_ms:>9.1f}"
+                        f"{median.cpu_ms_per_job:>12.2f}"
                         + (f"  ({median.errors} errors)" if median.errors else ""),
                         flush=True,
                     )
                     results.append((config, clients, median))
             finally:
-                server.terminate()
-                server.wait(timeout=30)
+                server.process.terminate()
+                server.process.wait(timeout=30)
                 live.client().delete(QUEUE)
         # The operating point: the most jobs/s with p50 within the target, else the most jobs/s.
         within = [r for r in results if r[2].p50_ms <= TARGET_P50_MS] or results
@@ -234,6 +286,7 @@ def main() -> None:
         print(f"submit_latency_p50: {median.p50_ms:.1f} ms")
         print(f"submit_latency_p95: {median.p95_ms:.1f} ms")
         print(f"submit_latency_p99: {median.p99_ms:.1f} ms")
+        print(f"submit_server_cpu_per_job: {median.cpu_ms_per_job:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,14 @@ DATABASES = {"default": parse_database_url(_database_url)}
 REDIS_URL = _redis_url
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Statements a connection runs this many times are prepared on the server (server-side
+# binding): PostgreSQL skips parsing and planning them, Python skips quoting every parameter.
+# 0 = Django's client-side binding, e.g. behind PgBouncer older than 1.21 in transaction mode.
+_prepare_threshold = env_int("DATABASE_PREPARE_THRESHOLD", 5, minimum=0)
+if _prepare_threshold:
+    DATABASES["default"]["OPTIONS"].update(
+        server_side_binding=True, prepare_threshold=_prepare_threshold
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [

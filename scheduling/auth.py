@@ -73,11 +73,12 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         key = header[1].decode(errors="replace")
         if not key.startswith(ApiToken.PREFIX):
             return None
-        token = (
-            ApiToken.objects.select_related("user", "user__gpuadmin_role")
-            .filter(digest=ApiToken.hash(key), revoked_at__isnull=True)
-            .first()
-        )
+        try:
+            token = ApiToken.objects.select_related("user", "user__gpuadmin_role").get(
+                digest=ApiToken.hash(key), revoked_at__isnull=True
+            )
+        except ApiToken.DoesNotExist:
+            token = None
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         now = timezone.now()

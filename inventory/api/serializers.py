@@ -8,13 +8,14 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpuadmin import api
 from inventory.models import CATALOG_FIELDS, Gpu, MigInstance, Node, Pool
 from inventory.nvml.scanner import GpuScan
 from inventory.pages import GpuRow
 from inventory.services import update_catalog
 
 
-class CatalogSerializer(serializers.ModelSerializer):
+class CatalogSerializer(api.ModelSerializer):
     """Shared catalog fields; ``update`` records a ``<model>.catalog_changed`` audit event."""
 
     pool = serializers.SlugRelatedField(
@@ -100,7 +101,7 @@ class GpuSerializer(CatalogSerializer):
         read_only_fields = [name for name in fields if name not in CATALOG_FIELDS]
 
 
-class MigInstanceRowSerializer(serializers.ModelSerializer):
+class MigInstanceRowSerializer(api.ModelSerializer):
     """A MIG instance of one node (``/gpu/mig/instances``)."""
 
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
@@ -125,7 +126,7 @@ class MigInstanceSerializer(MigInstanceRowSerializer):
 # Seed-compatible shapes (the compatibility layer): each is the one definition of its response.
 
 
-class DeviceSerializer(serializers.Serializer):
+class DeviceSerializer(api.Serializer):
     """A GPU of ``/api/gpu/devices``: catalog facts joined to the live sample (a ``GpuRow``)."""
 
     index = serializers.IntegerField(source="gpu.index")
@@ -142,18 +143,18 @@ class DeviceSerializer(serializers.Serializer):
         return row.error or None
 
 
-class DeviceListSerializer(serializers.Serializer):
+class DeviceListSerializer(api.Serializer):
     devices = DeviceSerializer(many=True)
     count = serializers.IntegerField()
 
 
-class DriverSerializer(serializers.ModelSerializer):
+class DriverSerializer(api.ModelSerializer):
     class Meta:
         model = Node
         fields = ["driver_version", "cuda_driver_version", "nvml_version"]
 
 
-class MigSummarySerializer(serializers.ModelSerializer):
+class MigSummarySerializer(api.ModelSerializer):
     """Per physical GPU; the counts come from the view's annotations."""
 
     gpu_instance_count = serializers.IntegerField(source="gi_count", read_only=True)
@@ -176,7 +177,7 @@ class MatrixField(serializers.ListField):
     pass
 
 
-class TopologySerializer(serializers.Serializer):
+class TopologySerializer(api.Serializer):
     """A ``TopologyMatrix``: ``matrix[i][j]`` is the ``topo -m`` link name between ``gpus[i]``
     and ``gpus[j]`` ("X" on the diagonal), ``nvlink_counts[i][j]`` its NVLink count."""
 
@@ -190,7 +191,7 @@ class TopologySerializer(serializers.Serializer):
     cpu_affinity = serializers.ListField(child=serializers.CharField())
 
 
-class DiscoveredGpuSerializer(serializers.Serializer):
+class DiscoveredGpuSerializer(api.Serializer):
     """A GPU of ``/gpu/discover``, from a fresh scan (a ``GpuScan``; ``driver_version`` in the
     context)."""
 
@@ -212,16 +213,16 @@ class DiscoveredGpuSerializer(serializers.Serializer):
         return self.context["driver_version"]
 
 
-class DiscoverMetaSerializer(serializers.Serializer):
+class DiscoverMetaSerializer(api.Serializer):
     code = serializers.IntegerField()
     message = serializers.CharField()
 
 
-class DiscoverSerializer(serializers.Serializer):
+class DiscoverSerializer(api.Serializer):
     data = DiscoveredGpuSerializer(many=True)
     meta = DiscoverMetaSerializer()
 
 
-class NodeErrorSerializer(serializers.Serializer):
+class NodeErrorSerializer(api.Serializer):
     detail = serializers.CharField()
     node = serializers.CharField()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.db.models import Prefetch, prefetch_related_objects
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from gpuadmin import api
 from scheduling import services
 from scheduling.auth import can_act_on
 from scheduling.models import Allocation, ApiToken, Job, Priority, SchedulerSettings, Topology
@@ -63,7 +63,7 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class JobSubmitSerializer(serializers.Serializer):
+class JobSubmitSerializer(api.Serializer):
     """What ``POST /queue/submit`` and ``POST /api/v1/jobs/`` take; answered with the job."""
 
     command = CommandField()
@@ -111,15 +111,18 @@ class JobSubmitSerializer(serializers.Serializer):
             job = services.submit_job(self.context["request"].user, **validated_data)
         except services.JobRejected as exc:
             raise serializers.ValidationError({exc.field: [exc.message]}) from None
-        # A new job holds no GPUs: say so without a query (an empty queryset never runs).
-        prefetch_related_objects([job], Prefetch("allocations", Allocation.objects.none()))
+        # A new job holds no GPUs: say so the way prefetch_related() would, already evaluated,
+        # so that its body compiles no query (prefetch_related_objects() costs 5% of a submit).
+        no_allocations = Allocation.objects.none()
+        no_allocations._result_cache = []
+        job._prefetched_objects_cache = {"allocations": no_allocations}
         return job
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
         return JobSerializer(instance, context=self.context).data
 
 
-class AllocationSerializer(serializers.ModelSerializer):
+class AllocationSerializer(api.ModelSerializer):
     gpu_uuid = serializers.CharField(source="gpu.uuid", read_only=True)
     gpu_index = serializers.IntegerField(source="gpu.index", read_only=True)
     node = serializers.CharField(source="node.hostname", read_only=True)
@@ -142,7 +145,7 @@ class AllocationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class PlacementSerializer(serializers.Serializer):
+class PlacementSerializer(api.Serializer):
     """Why the GPUs were chosen (``manual`` for ``/cluster/gpu-allocate``)."""
 
     topology_class = serializers.CharField()
@@ -155,7 +158,7 @@ class PlacementSerializer(serializers.Serializer):
     )
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(api.ModelSerializer):
     """A job with where it stands: for a waiting job why (``pending_code``/``pending_reason``),
     its queue position, estimated start and what-if; for a placed one, ``placement`` and its
     GPUs (``allocations``, every attempt). ``env`` values are hidden from people who cannot
@@ -214,7 +217,7 @@ class JobSerializer(serializers.ModelSerializer):
         return dict.fromkeys(job.env, HIDDEN)
 
 
-class QueueSerializer(serializers.Serializer):
+class QueueSerializer(api.Serializer):
     """``GET /queue``: waiting jobs in queue order, then the jobs holding GPUs."""
 
     waiting = JobSerializer(many=True)
@@ -223,23 +226,23 @@ class QueueSerializer(serializers.Serializer):
     running_count = serializers.IntegerField()
 
 
-class PrioritySerializer(serializers.Serializer):
+class PrioritySerializer(api.Serializer):
     priority = serializers.ChoiceField(choices=Priority.choices)
 
 
-class CanceledSerializer(serializers.Serializer):
+class CanceledSerializer(api.Serializer):
     """A cancel's outcome: ``canceling`` while the agent stops the job's processes."""
 
     canceling = serializers.BooleanField()
     job = JobSerializer()
 
 
-class WaitBucketSerializer(serializers.Serializer):
+class WaitBucketSerializer(api.Serializer):
     label = serializers.CharField()
     count = serializers.IntegerField()
 
 
-class QueueStatisticsSerializer(serializers.Serializer):
+class QueueStatisticsSerializer(api.Serializer):
     total_queued = serializers.IntegerField()
     by_state = serializers.DictField(child=serializers.IntegerField())
     started_last_24h = serializers.IntegerField()
@@ -253,7 +256,7 @@ class QueueStatisticsSerializer(serializers.Serializer):
     oldest_queued_submitted_at = serializers.DateTimeField(allow_null=True)
 
 
-class GpuStatusSerializer(serializers.Serializer):
+class GpuStatusSerializer(api.Serializer):
     """A ``queries.GpuStatus``."""
 
     node = serializers.CharField(source="gpu.node.hostname")
@@ -275,29 +278,29 @@ class GpuStatusSerializer(serializers.Serializer):
     )
 
 
-class GpuStatusListSerializer(serializers.Serializer):
+class GpuStatusListSerializer(api.Serializer):
     gpus = GpuStatusSerializer(many=True)
     count = serializers.IntegerField()
     free = serializers.IntegerField()
     allocated = serializers.IntegerField()
 
 
-class GpuStatusParamsSerializer(serializers.Serializer):
+class GpuStatusParamsSerializer(api.Serializer):
     node = serializers.CharField(required=False, help_text="Only this node's GPUs.")
 
 
-class GpuAllocateSerializer(serializers.Serializer):
+class GpuAllocateSerializer(api.Serializer):
     job_id = serializers.IntegerField(min_value=1)
     gpu_uuids = serializers.ListField(
         child=serializers.CharField(max_length=64), min_length=1, max_length=4096
     )
 
 
-class GpuReleaseSerializer(serializers.Serializer):
+class GpuReleaseSerializer(api.Serializer):
     job_id = serializers.IntegerField(min_value=1)
 
 
-class ReleaseSerializer(serializers.Serializer):
+class ReleaseSerializer(api.Serializer):
     """An ``admin_services.Release``."""
 
     job = JobSerializer()
@@ -310,7 +313,7 @@ class ReleaseSerializer(serializers.Serializer):
     )
 
 
-class PolicySerializer(serializers.Serializer):
+class PolicySerializer(api.Serializer):
     policy = serializers.ChoiceField(choices=SchedulerSettings.POLICY_CHOICES)
     aging_interval_s = serializers.IntegerField(
         min_value=1,
@@ -319,7 +322,7 @@ class PolicySerializer(serializers.Serializer):
     )
 
 
-class OrchestratorStatusSerializer(serializers.Serializer):
+class OrchestratorStatusSerializer(api.Serializer):
     """A ``queries.OrchestratorStatus``."""
 
     enabled = serializers.BooleanField(source="config.enabled")
@@ -333,7 +336,7 @@ class OrchestratorStatusSerializer(serializers.Serializer):
     last_scheduled_at = serializers.DateTimeField(allow_null=True)
 
 
-class JobLogSerializer(serializers.Serializer):
+class JobLogSerializer(api.Serializer):
     """A ``queries.JobLog``."""
 
     text = serializers.CharField()
@@ -343,7 +346,7 @@ class JobLogSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class TokenSerializer(api.ModelSerializer):
     class Meta:
         model = ApiToken
         fields = ["id", "name", "key_prefix", "created_at", "last_used_at", "revoked_at"]
@@ -360,17 +363,17 @@ class NewTokenSerializer(TokenSerializer):
         read_only_fields = fields
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(api.Serializer):
     detail = serializers.CharField()
 
 
-class QueueParamsSerializer(serializers.Serializer):
+class QueueParamsSerializer(api.Serializer):
     limit = serializers.IntegerField(
         min_value=1, max_value=1000, default=100, help_text="Jobs listed of each kind."
     )
 
 
-class LogParamsSerializer(serializers.Serializer):
+class LogParamsSerializer(api.Serializer):
     tail = serializers.IntegerField(
         min_value=1, max_value=10_000, default=100, help_text="Lines from the end of the log."
     )
