@@ -3,8 +3,10 @@ create/destroy through the node agent (all audited)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from celery import current_app
@@ -29,6 +31,8 @@ from inventory.discovery import (
 )
 from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node
 from inventory.nvml.scanner import NodeScan
+from inventory.querysets import GpuQuerySet, heartbeat_cutoff
+from inventory.signals import gpus_became_schedulable
 
 DISCOVERY_ACTOR = "discovery"
 
@@ -69,15 +73,27 @@ def register_node(
 
 
 def record_heartbeat(hostname: str, at: datetime | None = None) -> bool:
-    """Note that the node's agent is alive; ``False`` for a node that never registered."""
+    """Note that the node's agent is alive; ``False`` for a node that never registered.
+
+    A node heard from again after its grace ran out announces the GPUs this makes schedulable.
+    """
     sent_at = at or timezone.now()
+    nodes = Node.objects.filter(hostname=hostname)
+    # The hot path, a node already heard from within its grace: one UPDATE, nothing to announce.
     # Never move the clock back: a late heartbeat from a retried task must not hide a newer one.
-    updated = (
-        Node.objects.filter(hostname=hostname)
-        .filter(Q(last_heartbeat_at__isnull=True) | Q(last_heartbeat_at__lt=sent_at))
-        .update(last_heartbeat_at=sent_at)
-    )
-    return bool(updated) or Node.objects.filter(hostname=hostname).exists()
+    if nodes.filter(
+        last_heartbeat_at__gte=heartbeat_cutoff(), last_heartbeat_at__lt=sent_at
+    ).update(last_heartbeat_at=sent_at):
+        return True
+    # Rare: the node was silent (or never heard from), the heartbeat is late, or no such node.
+    with transaction.atomic():
+        node = nodes.select_for_update().only("last_heartbeat_at").first()
+        if node is None:
+            return False
+        if node.last_heartbeat_at is None or node.last_heartbeat_at < sent_at:
+            with _announcing_schedulable(Gpu.objects.filter(node=node)):
+                nodes.update(last_heartbeat_at=sent_at)
+    return True
 
 
 def apply_discovery(
@@ -111,7 +127,8 @@ def apply_discovery(
         Node.objects.filter(pk=node.pk).update(last_scan_at=now, **plan.node_updates)
         if plan.is_empty:
             return plan
-        _apply_gpus(node, plan, by_uuid, now)
+        with _announcing_schedulable(Gpu.objects.filter(Q(node=node) | Q(uuid__in=scanned_uuids))):
+            _apply_gpus(node, plan, by_uuid, now)
         if plan.links is not None:
             _apply_links(node, plan.links)
         for change in plan.changes:
@@ -241,13 +258,27 @@ def _apply_links(node: Node, links: dict[LinkKey, tuple[str, int]]) -> None:
 
 def set_gpu_state(gpu: Gpu, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
     """Drain, offline or bring a GPU back online; ``False`` when it already was in ``state``."""
-    return _set_state(Gpu, gpu, state, actor=actor, reason=reason, event_type="gpu.state_changed")
+    return _set_state(
+        Gpu,
+        gpu,
+        state,
+        gpus=Gpu.objects.filter(pk=gpu.pk),
+        actor=actor,
+        reason=reason,
+        event_type="gpu.state_changed",
+    )
 
 
 def set_node_state(node: Node, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
     """Drain, offline or bring a node back online; ``False`` when it already was in ``state``."""
     return _set_state(
-        Node, node, state, actor=actor, reason=reason, event_type="node.state_changed"
+        Node,
+        node,
+        state,
+        gpus=Gpu.objects.filter(node=node),
+        actor=actor,
+        reason=reason,
+        event_type="node.state_changed",
     )
 
 
@@ -256,17 +287,20 @@ def _set_state(
     row: Gpu | Node,
     state: str,
     *,
+    gpus: GpuQuerySet,
     actor: AbstractBaseUser,
     reason: str,
     event_type: str,
 ) -> bool:
+    """Set ``row``'s state (audited); ``gpus`` are those whose schedulability it decides."""
     if state not in {value for value, _ in model._meta.get_field("state").choices}:
         raise ValueError(f"{state!r} is not a {model.__name__} state")
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=row.pk)
         if locked.state == state:
             return False
-        model.objects.filter(pk=row.pk).update(state=state)
+        with _announcing_schedulable(gpus):
+            model.objects.filter(pk=row.pk).update(state=state)
         record(
             event_type,
             actor=actor,
@@ -278,6 +312,25 @@ def _set_state(
         )
     row.state = state
     return True
+
+
+@contextmanager
+def _announcing_schedulable(gpus: GpuQuerySet) -> Iterator[None]:
+    """Wrap a change of ``gpus`` inside its transaction: once that commits, send
+    ``gpus_became_schedulable`` with those the change made schedulable whole, if any (apps
+    above inventory, e.g. scheduling waking its placement loop, must not wait for a poll)."""
+    before = _schedulable_whole(gpus)
+    yield
+    became = _schedulable_whole(gpus) - before
+    if became:
+        transaction.on_commit(
+            partial(gpus_became_schedulable.send_robust, sender=Gpu, gpu_ids=sorted(became))
+        )
+
+
+def _schedulable_whole(gpus: GpuQuerySet) -> set[int]:
+    """Primary keys of ``gpus`` that could be given whole now (a MIG-mode GPU cannot)."""
+    return set(gpus.schedulable().filter(mig_enabled=False).values_list("pk", flat=True))
 
 
 def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: AbstractBaseUser) -> bool:

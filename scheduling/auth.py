@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import copy
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from gpuadmin.audit.services import record
+from inventory import live
 from scheduling.models import ApiToken, Job, Role
+
+log = logging.getLogger("gpuadmin.auth")
 
 # What each role may do, strongest first.
 ROLE_ORDER = (Role.ADMIN, Role.OPERATOR, Role.USER, Role.VIEWER)
@@ -58,7 +70,106 @@ def revoke_token(token: ApiToken, *, actor: AbstractBaseUser) -> bool:
         )
         if updated:
             record("token.revoked", actor=actor, target=token, before={"name": token.name})
+            forget_cached_tokens()
     return bool(updated)
+
+
+# Bumped whenever a token, a user or a role changes: cached tokens from an older epoch are
+# looked up again.
+AUTH_EPOCH_KEY = "gpuadmin:auth:epoch"
+# Resolved tokens kept per process (the least recently cached are dropped first).
+TOKEN_CACHE_ENTRIES = 4096
+
+
+def forget_cached_tokens() -> None:
+    """Make every process look its cached tokens up again: now, and once the caller's
+    transaction commits (a lookup between the two could cache the state being replaced)."""
+
+    def bump() -> None:
+        try:
+            live.client().incr(AUTH_EPOCH_KEY)
+        except RedisError as exc:
+            log.warning(
+                "cannot invalidate cached API tokens (%s): they expire within %s s",
+                exc,
+                settings.GPUADMIN_TOKEN_CACHE_S,
+            )
+
+    bump()
+    transaction.on_commit(bump)
+
+
+def forget_cached_tokens_on_change(sender: type, **kwargs: Any) -> None:
+    """``post_save``/``post_delete`` receiver for users, roles and tokens."""
+    forget_cached_tokens()
+
+
+@dataclass(frozen=True)
+class CachedToken:
+    token: ApiToken  # with its user and the user's role, never handed out itself
+    epoch: bytes
+    cached_at: float
+
+
+class TokenCache:
+    """Resolved API tokens, per process, so a request does not pay a three-table lookup.
+
+    An entry is used only while the auth epoch in Redis is the one it was cached under (any
+    change to a token, a user or a role bumps it, so a revocation takes effect on the next
+    request everywhere) and for at most ``GPUADMIN_TOKEN_CACHE_S``, the bound for changes that
+    bypass signals (``QuerySet.update``) or a bump lost to a Redis outage. Without Redis every
+    lookup goes to the database. Callers get copies: the cached instances are never shared.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, CachedToken] = {}
+        self._lock = threading.Lock()
+
+    def lookup(self, digest: str) -> ApiToken | None:
+        """The unrevoked token with this digest, with its user and role loaded, or None."""
+        max_age = settings.GPUADMIN_TOKEN_CACHE_S
+        if not max_age:
+            return self._load(digest)
+        try:
+            # Read before the database: a change committed meanwhile bumps past this epoch.
+            epoch = live.client().get(AUTH_EPOCH_KEY) or b"0"
+        except RedisError:
+            return self._load(digest)
+        now = time.monotonic()
+        entry = self._entries.get(digest)
+        if entry is None or entry.epoch != epoch or now - entry.cached_at >= max_age:
+            token = self._load(digest)
+            with self._lock:
+                self._entries.pop(digest, None)
+                if token is None:
+                    return None
+                if len(self._entries) >= TOKEN_CACHE_ENTRIES:
+                    del self._entries[next(iter(self._entries))]
+                entry = self._entries[digest] = CachedToken(token, epoch, now)
+        duplicate = copy.copy(entry.token)  # a model's copy has its own state and caches
+        duplicate.user = copy.copy(entry.token.user)
+        return duplicate
+
+    def touch(self, digest: str, at: Any) -> None:
+        """Record ``last_used_at`` on the cached token too, so it is not written again soon."""
+        entry = self._entries.get(digest)
+        if entry is not None:
+            entry.token.last_used_at = at
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    @staticmethod
+    def _load(digest: str) -> ApiToken | None:
+        return (
+            ApiToken.objects.select_related("user", "user__gpuadmin_role")
+            .filter(digest=digest, revoked_at__isnull=True)
+            .first()
+        )
+
+
+TOKENS = TokenCache()
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -73,17 +184,14 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         key = header[1].decode(errors="replace")
         if not key.startswith(ApiToken.PREFIX):
             return None
-        try:
-            token = ApiToken.objects.select_related("user", "user__gpuadmin_role").get(
-                digest=ApiToken.hash(key), revoked_at__isnull=True
-            )
-        except ApiToken.DoesNotExist:
-            token = None
+        digest = ApiToken.hash(key)
+        token = TOKENS.lookup(digest)
         if token is None or not token.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
         now = timezone.now()
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            TOKENS.touch(digest, now)
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

@@ -33,6 +33,14 @@ def fresh_fleet_shape() -> None:
     FleetShape.forget()
 
 
+@pytest.fixture(autouse=True)
+def no_cached_tokens() -> None:
+    """API tokens resolved by an earlier test are not trusted by this one."""
+    from scheduling.auth import TOKENS
+
+    TOKENS.clear()
+
+
 @pytest.fixture
 def free_port() -> int:
     with socket.socket() as sock:
