@@ -56,6 +56,11 @@ GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, min
 GPUADMIN_JOB_KILL_GRACE_S = env_int("GPUADMIN_JOB_KILL_GRACE_S", 10, minimum=0)
 GPUADMIN_JOB_LOG_MAX_BYTES = env_int("GPUADMIN_JOB_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
 GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
+# What runs a node agent's jobs that give a container image (auto: the first of docker, podman,
+# apptainer on PATH; none: such jobs fail instead of running on the host).
+GPUADMIN_CONTAINER_RUNTIME = env_choice(
+    "GPUADMIN_CONTAINER_RUNTIME", ("auto", "docker", "podman", "apptainer", "none"), "auto"
+)
 # Longest a process trusts a resolved API token without looking again (0: never cache);
 # changes to tokens, users and roles invalidate the caches at once through Redis.
 GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)

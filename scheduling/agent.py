@@ -70,8 +70,13 @@ def executor() -> Executor:
                 kill_grace_s=settings.GPUADMIN_JOB_KILL_GRACE_S,
                 log_max_bytes=settings.GPUADMIN_JOB_LOG_MAX_BYTES,
                 log_backups=settings.GPUADMIN_JOB_LOG_BACKUPS,
+                container_runtime=settings.GPUADMIN_CONTAINER_RUNTIME,
+                # Simulated GPUs have no devices to give a container.
+                container_gpus=settings.GPUADMIN_NVML != "sim",
+                node_name=settings.GPUADMIN_NODE_NAME,
                 **hooks,
             )
+            log.info("container runtime for jobs with an image: %s", _executor.container_runtime)
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
             current_app.send_task(
@@ -86,17 +91,25 @@ def run_job(spec: dict[str, Any]) -> None:
     if name in _canceled:
         report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), "canceled"))
         return
-    cwd = spec["cwd"] or str(_work_dir(name))
+    image = spec.get("container_image") or None  # absent from older central workers' specs
+    workdir = spec["cwd"]
     shell = spec["use_shell"]
-    job = JobSpec(
-        job_id=name,
-        cwd=cwd,
-        argv=() if shell else spec["argv"],
-        shell_command=" ".join(spec["argv"]) if shell else None,
-        env={str(k): str(v) for k, v in spec["env"].items()},
-        gpu_uuids=spec["gpu_uuids"],
-        max_runtime_s=spec["max_runtime_s"],
-    )
+    try:
+        job = JobSpec(
+            job_id=name,
+            # A container's working directory is inside its image; its client starts in scratch.
+            cwd=str(_work_dir(name)) if image or not workdir else workdir,
+            argv=() if shell else spec["argv"],
+            shell_command=" ".join(spec["argv"]) if shell else None,
+            env={str(k): str(v) for k, v in spec["env"].items()},
+            gpu_uuids=spec["gpu_uuids"],
+            max_runtime_s=spec["max_runtime_s"],
+            container_image=image,
+            container_workdir=workdir if image else None,
+        )
+    except ValueError as exc:  # a job that cannot start must end, not stay SCHEDULED
+        report(JobFinished(name, FinalState.FAILED, None, timezone.now(), f"cannot start: {exc}"))
+        return
     executor().launch(job)
 
 

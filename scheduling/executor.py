@@ -17,6 +17,26 @@ Design and trade-offs:
   it left in its group is then terminated the same way, so its GPUs are free by the time
   :class:`JobFinished` is reported. Processes that leave the group (``setsid``, daemons) escape:
   containing those needs cgroups, which this module does not manage.
+- **Containers.** A job that names a ``container_image`` runs through the node's container
+  runtime (``docker``, ``podman`` or ``apptainer``; see :func:`container_process`), never on the
+  host: without a runtime it fails at once. The tracked process is the runtime's client
+  (``docker run`` ...), which leads the job's session as the job itself would, so cancel,
+  timeouts and restarts work unchanged: SIGTERM reaches the client, which forwards it to the
+  container (``--sig-proxy``, on by default; ``--init`` passes it on to the job's process).
+  Apptainer's container processes are the client's children, in its group; a docker or podman
+  container is not, and can outlive its client, so there SIGKILL after the grace also runs
+  ``<runtime> kill <container>``, and every end of such a job (or its discovery as lost) runs
+  ``<runtime> rm -f``. The record keeps the runtime, for the next agent's clean-up.
+  GPUs: docker ``--gpus`` and podman's CDI ``--device`` give the container exactly the
+  allocated GPUs, which keep their UUIDs inside, so ``CUDA_VISIBLE_DEVICES`` holds the same
+  UUIDs as on the host and ``NVIDIA_VISIBLE_DEVICES`` names them too (``void`` for none: CUDA
+  images ask for ``all``). ``apptainer --nv`` shows a container every GPU of the node; there
+  ``CUDA_VISIBLE_DEVICES`` is what confines the job, as on the host. Job variables reach a
+  docker or podman container by name (``-e NAME``, the value in the client's environment), so
+  that, as on the host, they never show in the node's process list; one the client itself
+  would read (its configuration, ``PATH``, ``LD_*``) goes as ``-e NAME=VALUE`` instead.
+  Without bind mounts, the image's file system is all the job sees (apptainer's defaults
+  aside: it binds ``$HOME``, ``/tmp`` and the client's directory).
 - **Logs.** The job's stdout and stderr *are* its log file (``O_APPEND``), not a pipe to the
   agent, so a job keeps logging while the agent restarts and no output dies with a pump
   thread. The job's monitor thread enforces the size limit every poll interval, copytruncate
@@ -43,7 +63,10 @@ import json
 import logging
 import os
 import re
+import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -62,6 +85,31 @@ BASE_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMP
 #: Used when the agent's own environment lacks them.
 BASE_ENV_DEFAULTS = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
+#: The container runtimes, in the order ``auto`` looks for them on ``PATH``.
+CONTAINER_RUNTIMES = ("docker", "podman", "apptainer")
+#: What a runtime's client inherits from the agent besides :data:`BASE_ENV_KEYS` (its
+#: configuration: daemon socket, context, storage, cache; the rootless runtime directory; the
+#: proxies it pulls through), by name prefix. A job variable so named, or one for the dynamic
+#: loader, is never put in the client's environment.
+_CLIENT_ENV_PREFIXES = {
+    "docker": ("DOCKER_",),
+    "podman": ("CONTAINER", "REGISTRY_AUTH_FILE"),
+    "apptainer": ("APPTAINER_",),
+}
+_SHARED_CLIENT_ENV_PREFIXES = ("XDG_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+#: Runtimes whose containers can outlive their client (docker's daemon or podman's conmon keep
+#: them): how to SIGKILL one, and how to remove one at once whether or not it still exists.
+_CONTAINER_CALLS = {
+    "docker": {"kill": ("kill",), "remove": ("rm", "-f")},
+    "podman": {"kill": ("kill",), "remove": ("rm", "-f", "--ignore", "--time", "0")},
+}
+_RUNTIME_CALL_TIMEOUT_S = 60
+# Image sources apptainer takes as they are (paths, SIF files, URIs, archives); anything else
+# is a registry reference.
+_APPTAINER_SOURCE = re.compile(
+    r"[./]|.*\.sif\Z|[a-z]+://|(?:docker-archive|docker-daemon|oci|oci-archive):"
+)
+
 # Job ids become file names: no separators, no leading dot.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -78,7 +126,11 @@ class FinalState(StrEnum):
 
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """One placed job. Give ``argv`` (run as is) or ``shell_command`` (run by ``/bin/sh -c``)."""
+    """One placed job. Give ``argv`` (run as is) or ``shell_command`` (run by ``/bin/sh -c``).
+
+    With a ``container_image`` the command runs in that image, in ``container_workdir`` when
+    given (a path inside the container), and ``cwd`` is only where the runtime's client starts.
+    """
 
     job_id: str
     cwd: str
@@ -87,6 +139,8 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpu_uuids: Sequence[str] = ()
     max_runtime_s: float | None = None
+    container_image: str | None = None
+    container_workdir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -99,6 +153,11 @@ class JobSpec:
             raise ValueError(f"working directory {self.cwd!r} is not an absolute path")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise ValueError("max_runtime_s must be positive")
+        if self.container_workdir is not None:
+            if not self.container_image:
+                raise ValueError("container_workdir needs a container_image")
+            if not os.path.isabs(self.container_workdir):
+                raise ValueError(f"container workdir {self.container_workdir!r} is not absolute")
 
     @property
     def command(self) -> list[str]:
@@ -107,16 +166,59 @@ class JobSpec:
             return ["/bin/sh", "-c", self.shell_command]
         return list(self.argv)
 
-    def environment(self, agent_env: Mapping[str, str]) -> dict[str, str]:
-        """The job's whole environment, given the agent's (see the module docstring)."""
-        env = {key: agent_env[key] for key in BASE_ENV_KEYS if key in agent_env}
+    @property
+    def container_name(self) -> str:
+        """The container's name: ``gpuadmin-job-<job>-<attempt>`` for the agent's job ids."""
+        return "gpuadmin-job-" + self.job_id.replace(".", "-")
+
+    def variables(self) -> dict[str, str]:
+        """The job's own variables, then those gpuadmin sets, which it cannot override."""
         return {
-            **BASE_ENV_DEFAULTS,
-            **env,
             **self.env,
             "CUDA_VISIBLE_DEVICES": ",".join(self.gpu_uuids),
             "GPUADMIN_JOB_ID": self.job_id,
         }
+
+    def environment(self, agent_env: Mapping[str, str]) -> dict[str, str]:
+        """The job's whole environment on the host, given the agent's (see the module
+        docstring)."""
+        return {**_base_environment(agent_env), **self.variables()}
+
+
+def container_process(
+    runtime: str, spec: JobSpec, agent_env: Mapping[str, str], *, gpu_devices: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of the ``runtime`` client that runs ``spec`` in its image (see
+    the module docstring). ``gpu_devices=False`` gives the container no GPU devices (simulated
+    GPUs have none), while ``CUDA_VISIBLE_DEVICES`` still names the allocated GPUs."""
+    if not spec.container_image:
+        raise ValueError(f"job {spec.job_id} has no container image")
+    devices = ",".join(spec.gpu_uuids) if gpu_devices else ""
+    variables = {**spec.variables(), "NVIDIA_VISIBLE_DEVICES": devices or "void"}
+    env = _client_environment(runtime, agent_env)
+    workdir = spec.container_workdir
+    if runtime == "apptainer":
+        image = spec.container_image
+        if not _APPTAINER_SOURCE.match(image):
+            image = f"docker://{image}"
+        env.update({f"APPTAINERENV_{name}": value for name, value in variables.items()})
+        argv = ["apptainer", "exec", *(["--nv"] if devices else []), "--cleanenv"]
+        return [*argv, *(["--pwd", workdir] if workdir else []), image, *spec.command], env
+    argv = [runtime, "run", "--rm", "--init", "--name", spec.container_name]
+    if devices and runtime == "docker":
+        # Quoted: --gpus is read as CSV, where a bare comma would start its next option.
+        argv += ["--gpus", f'"device={devices}"']
+    elif devices:
+        for uuid in spec.gpu_uuids:
+            argv += ["--device", f"nvidia.com/gpu={uuid}"]  # CDI names GPUs by UUID too
+    client_reads = (*_client_env_prefixes(runtime), "LD_")
+    for name, value in variables.items():
+        if name in BASE_ENV_KEYS or name.upper().startswith(client_reads):
+            argv += ["-e", f"{name}={value}"]
+        else:
+            argv += ["-e", name]
+            env[name] = value
+    return [*argv, *(["-w", workdir] if workdir else []), spec.container_image, *spec.command], env
 
 
 @dataclass(frozen=True)
@@ -155,6 +257,7 @@ class _Job:
     deadline: float | None  # time.monotonic(), which counts from boot, so it survives restarts
     log_path: Path
     proc: subprocess.Popen[bytes] | None  # None when adopted: not our child
+    runtime: str | None = None  # the container runtime it runs in; None: on the host
     cancel_requested: bool = False
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -177,6 +280,7 @@ class _Job:
             "started_at": self.started_at.isoformat(),
             "deadline_monotonic": self.deadline,
             "log_path": str(self.log_path),
+            "runtime": self.runtime,
         }
 
     @classmethod
@@ -190,6 +294,7 @@ class _Job:
             deadline=record["deadline_monotonic"],
             log_path=Path(record["log_path"]),
             proc=None,
+            runtime=record.get("runtime"),  # absent from the records of older agents
         )
 
 
@@ -197,6 +302,10 @@ class Executor:
     """Runs this node's jobs; thread-safe. Callbacks run on the executor's threads.
 
     Call :meth:`reconcile` once at start-up, before the first :meth:`launch`.
+    ``container_runtime`` runs the jobs that give an image: one of :data:`CONTAINER_RUNTIMES`,
+    ``auto`` (the first of them on ``PATH``) or ``none``; ``container_gpus=False`` gives their
+    containers no GPU devices (see :func:`container_process`). ``node_name`` names this node in
+    the error of a job that needs a runtime it lacks.
     """
 
     def __init__(
@@ -211,9 +320,21 @@ class Executor:
         poll_interval_s: float = 0.5,
         on_process_started: ProcessHook | None = None,
         on_process_ended: ProcessHook | None = None,
+        container_runtime: str = "none",
+        container_gpus: bool = True,
+        node_name: str | None = None,
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0:
             raise ValueError("log_max_bytes must be positive and log_backups not negative")
+        if container_runtime == "auto":
+            found = (name for name in CONTAINER_RUNTIMES if shutil.which(name))
+            container_runtime = next(found, "none")
+        elif container_runtime not in (*CONTAINER_RUNTIMES, "none"):
+            raise ValueError(f"unknown container runtime {container_runtime!r}")
+        #: The runtime that runs jobs with a container image (``none``: they fail).
+        self.container_runtime = container_runtime
+        self._container_gpus = container_gpus
+        self._node_name = node_name or socket.gethostname()
         self._log_dir = Path(log_dir)
         self._state_dir = Path(state_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -315,6 +436,7 @@ class Executor:
                 with self._lock:
                     self._monitor_in_thread(job, announce=False)
             else:
+                _container_call(job, "remove")
                 self._call(self._on_process_ended, job.spec, job.pid)
                 path.unlink()
                 message = f"its process {job.pid} ended while no agent was watching it"
@@ -339,22 +461,39 @@ class Executor:
         with self._lock:
             self._jobs.clear()
 
+    def _process(self, spec: JobSpec) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment that run a job: its own, or its container runtime's."""
+        if not spec.container_image:
+            return spec.command, spec.environment(os.environ)
+        runtime = self.container_runtime
+        if runtime != "none":
+            argv, env = container_process(
+                runtime, spec, os.environ, gpu_devices=self._container_gpus
+            )
+            if shutil.which(argv[0], path=env["PATH"]):
+                return argv, env
+        why = "" if runtime == "none" else f" ({runtime} is not on PATH)"
+        raise _LaunchError(
+            f"no container runtime on {self._node_name}{why}: set GPUADMIN_CONTAINER_RUNTIME"
+        )
+
     def _spawn(self, spec: JobSpec, log_path: Path) -> _Job:
         if not os.path.isdir(spec.cwd):
             raise _LaunchError(f"working directory {spec.cwd!r} does not exist")
+        argv, env = self._process(spec)
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             proc = subprocess.Popen(
-                spec.command,
+                argv,
                 cwd=spec.cwd,
-                env=spec.environment(os.environ),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,
             )
         except (OSError, ValueError) as exc:
-            raise _LaunchError(f"cannot start {spec.command[0]!r}: {exc}") from exc
+            raise _LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
             os.close(log_fd)
         stat = _read_stat(proc.pid)  # our unreaped child: present even if it already exited
@@ -368,6 +507,7 @@ class Executor:
             deadline=None if spec.max_runtime_s is None else time.monotonic() + spec.max_runtime_s,
             log_path=log_path,
             proc=proc,
+            runtime=self.container_runtime if spec.container_image else None,
         )
 
     def _monitor_in_thread(self, job: _Job, *, announce: bool) -> None:
@@ -386,6 +526,7 @@ class Executor:
         ended, exit_code = False, None
         stop_reason: FinalState | None = None
         kill_at: float | None = None
+        killed = False
         while True:
             if self._detached:
                 return  # the process runs on; its record stays for the next agent
@@ -405,10 +546,14 @@ class Executor:
                     _signal_group(job.pid, signal.SIGTERM)
                     kill_at = now + self._kill_grace_s
             elif now >= kill_at:
+                if not killed:  # once: it can take the runtime a while
+                    _container_call(job, "kill")
+                    killed = True
                 _signal_group(job.pid, signal.SIGKILL)
             job.wake.wait(self._poll_interval_s)
             job.wake.clear()
         _rotate_log(job.log_path, self._log_max_bytes, self._log_backups)
+        _container_call(job, "remove")
         self._call(self._on_process_ended, job.spec, job.pid)
         with self._lock:
             self._record_path(job.spec.job_id).unlink(missing_ok=True)
@@ -446,6 +591,46 @@ class Executor:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _base_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
+    return {**BASE_ENV_DEFAULTS, **{k: agent_env[k] for k in BASE_ENV_KEYS if k in agent_env}}
+
+
+def _client_env_prefixes(runtime: str) -> tuple[str, ...]:
+    return (*_CLIENT_ENV_PREFIXES[runtime], *_SHARED_CLIENT_ENV_PREFIXES)
+
+
+def _client_environment(runtime: str, agent_env: Mapping[str, str]) -> dict[str, str]:
+    """What a container runtime's client inherits from the agent: the base variables and the
+    runtime's own configuration, never the rest (the agent's settings and secrets)."""
+    prefixes = _client_env_prefixes(runtime)
+    own = {name: value for name, value in agent_env.items() if name.upper().startswith(prefixes)}
+    return {**_base_environment(agent_env), **own}
+
+
+def _container_call(job: _Job, action: str) -> None:
+    """``<runtime> kill|rm -f <container>`` for a job whose container can outlive its client;
+    a failure is logged, not raised: the job's supervision must go on."""
+    if job.runtime not in _CONTAINER_CALLS:
+        return
+    command = [job.runtime, *_CONTAINER_CALLS[job.runtime][action], job.spec.container_name]
+    try:
+        result = subprocess.run(
+            command,
+            env=_client_environment(job.runtime, os.environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_RUNTIME_CALL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        error = str(exc)
+    else:
+        if result.returncode == 0:
+            return
+        error = result.stderr.decode(errors="replace").strip() or f"exit {result.returncode}"
+    logger.warning("job %s: %s failed: %s", job.spec.job_id, shlex.join(command), error)
 
 
 def _final_state(

@@ -7,6 +7,7 @@ The placement loop lives in ``scheduling.loop``; this module is what it and ever
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
 from collections.abc import Iterable
@@ -244,6 +245,9 @@ def submit_job(
         raise JobRejected("env", f"at most {MAX_ENV_VARS} variables")
     if "CUDA_VISIBLE_DEVICES" in env:
         raise JobRejected("env", "CUDA_VISIBLE_DEVICES is set by gpuadmin from the allocation")
+    working_dir = fields.get("working_dir") or ""
+    if working_dir and not posixpath.isabs(working_dir):
+        raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
     for name in ("max_runtime_s", "estimated_duration_s"):
         if (fields.get(name) or 0) > MAX_RUNTIME_S:
             raise JobRejected(name, f"at most {MAX_RUNTIME_S} s (90 days)")

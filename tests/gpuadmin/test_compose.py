@@ -38,7 +38,7 @@ def test_agent_is_a_gpu_profile_service_on_the_nvidia_runtime():
 
 
 def test_environment_names_are_settings_the_app_reads():
-    read_by_settings = set(re.findall(r'env_\w+\("([A-Z_]+)"', SETTINGS_SOURCE))
+    read_by_settings = set(re.findall(r'env_\w+\(\s*"([A-Z_]+)"', SETTINGS_SOURCE))
     documented = set(re.findall(r"^#?\s*([A-Z][A-Z_]+)=", ENV_EXAMPLE, re.MULTILINE))
     compose_only = {"POSTGRES_PASSWORD", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
     cli_only = {

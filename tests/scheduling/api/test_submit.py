@@ -134,6 +134,7 @@ def test_versioned_jobs_endpoint_takes_the_same_body(alice, fleet):
         ({"command": ["ls", 5]}, "command", "Expected a string or a list of strings."),
         ({"command": "echo 'unbalanced"}, "command", "No closing quotation"),
         ({"use_shell": "maybe"}, "use_shell", "Must be a valid boolean."),
+        ({"working_dir": "runs/today"}, "working_dir", "'runs/today' is not an absolute path"),
     ],
 )
 def test_impossible_or_bad_requests_name_the_field_and_write_nothing(
