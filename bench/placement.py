@@ -15,6 +15,7 @@ import argparse
 import statistics
 import time
 from collections import Counter
+from dataclasses import asdict, dataclass
 from random import Random
 
 from scheduling.placement import (
@@ -37,6 +38,37 @@ MACHINES = {
 }
 # (gpus per node, nodes, share of the queue)
 SHAPES = ((1, 1, 0.30), (2, 1, 0.25), (4, 1, 0.20), (8, 1, 0.13), (8, 2, 0.08), (8, 4, 0.04))
+PRIORITIES = (("low", 20), ("normal", 60), ("high", 15), ("critical", 5))
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What a job of the benchmarks' mixed queue asks for."""
+
+    gpus_per_node: int
+    node_count: int
+    topology: str
+    priority: str
+    min_memory_mib: int
+    gpu_model: str | None
+    estimated_duration_s: int | None
+    max_runtime_s: int | None
+
+
+def random_job_shape(rng: Random, models: list[str]) -> JobShape:
+    """One job of the mix (bench/loop.py queues the same mix in the database)."""
+    per_node, nodes, _ = rng.choices(SHAPES, [shape[2] for shape in SHAPES])[0]
+    roll = rng.random()
+    return JobShape(
+        gpus_per_node=per_node,
+        node_count=nodes,
+        topology="numa" if roll < 0.1 and per_node <= 4 else "nvlink" if roll < 0.25 else "any",
+        priority=rng.choices(*zip(*PRIORITIES, strict=True))[0],
+        min_memory_mib=71_680 if rng.random() < 0.1 else 0,
+        gpu_model=rng.choice(models) if models and rng.random() < 0.25 else None,
+        estimated_duration_s=rng.randrange(300, 86_400) if rng.random() < 0.7 else None,
+        max_runtime_s=rng.randrange(3600, 172_800) if rng.random() < 0.5 else None,
+    )
 
 
 def build_snapshot(node_count: int, job_count: int, seed: int) -> Snapshot:
@@ -84,22 +116,13 @@ def build_snapshot(node_count: int, job_count: int, seed: int) -> Snapshot:
     models = [machine[0] for machine in MACHINES.values()]
     queue = []
     for _ in range(job_count):
-        per_node, count, _ = rng.choices(SHAPES, [shape[2] for shape in SHAPES])[0]
-        roll = rng.random()
-        topology = "numa" if roll < 0.1 and per_node <= 4 else "nvlink" if roll < 0.25 else "any"
+        shape = random_job_shape(rng, models)
         queue.append(
             JobRequest(
                 id=next(job_ids),
                 owner=f"user{rng.randrange(50)}",
-                priority=rng.choices(("low", "normal", "high", "critical"), (20, 60, 15, 5))[0],
                 submitted_at=NOW - rng.uniform(0, 2 * 86_400),
-                gpus_per_node=per_node,
-                node_count=count,
-                min_memory_mib=71_680 if rng.random() < 0.1 else 0,
-                gpu_model=rng.choice(models) if rng.random() < 0.25 else None,
-                topology=topology,
-                estimated_duration_s=rng.uniform(300, 86_400) if rng.random() < 0.7 else None,
-                max_runtime_s=rng.uniform(3600, 172_800) if rng.random() < 0.5 else None,
+                **asdict(shape),
             )
         )
     return Snapshot(NOW, tuple(nodes), tuple(gpus), tuple(running), tuple(queue))

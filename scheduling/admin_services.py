@@ -105,7 +105,9 @@ def allocate_by_hand(
     }
     try:
         with transaction.atomic():
-            rows = services.allocate(job, gpus, actor=actor, placement=placement, manual=True)
+            rows = services.allocate(
+                job, [gpu.pk for gpu in gpus], actor=actor, placement=placement, manual=True
+            )
             transaction.on_commit(lambda: loop.dispatch(job.pk))
     except services.AllocationRefused:
         holders = (

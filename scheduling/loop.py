@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 from celery import current_app
 from django.conf import settings
@@ -66,6 +67,9 @@ class PassSummary:
     skipped: str = ""
     duration_ms: float = 0.0
     dispatched: list[int] = field(default_factory=list)
+    # Milliseconds per phase: snapshot, plan, commit (placements and dispatch), save_pending.
+    phase_ms: dict[str, float] = field(default_factory=dict)
+    pending_saved: int = 0  # waiting jobs whose stored reason, position, ... changed
 
 
 @contextmanager
@@ -92,16 +96,20 @@ def run_pass() -> PassSummary:
         if not config.enabled:
             summary.skipped = "the scheduler is stopped"
         else:
+            clock = _PhaseClock(summary.phase_ms)
             snapshot, gpu_rows = take_snapshot()
-            policy = _policy(config)
-            result = placement.plan(snapshot, policy)
+            clock.lap("snapshot")
+            result = placement.plan(snapshot, _policy(config))
+            clock.lap("plan")
             for decision in result.placements:
                 if commit_placement(decision, gpu_rows):
                     summary.placed += 1
                     summary.dispatched.append(decision.job_id)
                 else:
                     summary.refused += 1
-            save_pending(result.pending, snapshot.now)
+            clock.lap("commit")
+            summary.pending_saved = save_pending(result.pending)
+            clock.lap("save_pending")
             summary.waiting = len(result.pending)
     summary.duration_ms = (time.perf_counter() - started) * 1000
     if summary.refused:
@@ -118,6 +126,19 @@ def run_pass() -> PassSummary:
     return summary
 
 
+class _PhaseClock:
+    """Writes the milliseconds since the previous lap into ``phases`` under each lap's name."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases = phases
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.phases[name] = (now - self.last) * 1000
+        self.last = now
+
+
 def _policy(config: SchedulerSettings) -> placement.Policy:
     if config.policy == "priority":
         return placement.PriorityWithAging(aging_interval_s=config.aging_interval_s)
@@ -127,11 +148,42 @@ def _policy(config: SchedulerSettings) -> placement.Policy:
 # --------------------------------------------------------------------------- snapshot
 
 
-def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict[int, Gpu]]:
-    """The engine's view of the fleet and the queue, read in a handful of queries."""
+class NodeRow(NamedTuple):
+    """What a pass reads of a node (plain rows: a pass reads thousands of them)."""
+
+    pk: int
+    hostname: str
+    state: str
+    last_heartbeat_at: datetime | None
+
+
+class GpuRow(NamedTuple):
+    """What a pass reads of a GPU."""
+
+    pk: int
+    node_id: int
+    uuid: str
+    index: int
+    name: str
+    memory_total_mib: int
+    numa_node: int | None
+    socket: int | None
+    state: str
+    error_message: str
+    mig_enabled: bool
+
+
+def take_snapshot(
+    now: datetime | None = None,
+) -> tuple[placement.Snapshot, dict[int, placement.GpuSlot]]:
+    """The engine's view of the fleet and the queue, read in a handful of queries as plain
+    rows, and its GPU slots by id."""
     now = now or timezone.now()
     cutoff = heartbeat_cutoff(now)
-    nodes = list(Node.objects.order_by("hostname"))
+    nodes = [
+        NodeRow._make(row)
+        for row in Node.objects.order_by("hostname").values_list(*NodeRow._fields)
+    ]
     node_infos = tuple(
         placement.NodeInfo(
             hostname=node.hostname,
@@ -142,7 +194,10 @@ def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict
     )
     by_pk = {node.pk: node for node in nodes}
     reachable = {info.hostname for info in node_infos if info.reachable}
-    gpus = list(Gpu.objects.present().order_by("node_id", "index"))
+    gpus = [
+        GpuRow._make(row)
+        for row in Gpu.objects.present().order_by("node_id", "index").values_list(*GpuRow._fields)
+    ]
     allocated = dict(Allocation.objects.active().values_list("gpu_id", "job_id"))
     domains = nvlink_domains(gpus, by_pk)
     samples = live.latest(sorted(reachable))
@@ -169,15 +224,20 @@ def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict
     held: dict[int, list[int]] = defaultdict(list)
     for gpu_id, job_id in allocated.items():
         held[job_id].append(gpu_id)
-    running = tuple(
-        placement.RunningJob(
-            id=job.pk,
-            gpu_ids=tuple(held[job.pk]),
-            started_at=(job.started_at or job.scheduled_at or now).timestamp(),
-            expected_end=_expected_end(job),
-        )
-        for job in Job.objects.filter(state__in=HOLDING_STATES)
+    running = []
+    holding = Job.objects.filter(state__in=HOLDING_STATES).values_list(
+        "pk", "started_at", "scheduled_at", "estimated_duration_s", "max_runtime_s"
     )
+    for pk, started_at, scheduled_at, estimated_s, max_runtime_s in holding:
+        start = started_at or scheduled_at
+        running.append(
+            placement.RunningJob(
+                id=pk,
+                gpu_ids=tuple(held[pk]),
+                started_at=(start or now).timestamp(),
+                expected_end=_expected_end(start, estimated_s or max_runtime_s),
+            )
+        )
     queue = tuple(
         placement.JobRequest(
             id=job.pk,
@@ -193,12 +253,18 @@ def take_snapshot(now: datetime | None = None) -> tuple[placement.Snapshot, dict
             max_runtime_s=job.max_runtime_s,
             preemptible=job.preemptible,
         )
-        for job in Job.objects.filter(state=JobState.QUEUED).only(*QUEUE_FIELDS)
+        for job in Job.objects.filter(state=JobState.QUEUED).values_list(
+            "pk", *QUEUE_FIELDS, named=True
+        )
     )
     snapshot = placement.Snapshot(
-        now=now.timestamp(), nodes=node_infos, gpus=tuple(slots), running=running, queue=queue
+        now=now.timestamp(),
+        nodes=node_infos,
+        gpus=tuple(slots),
+        running=tuple(running),
+        queue=queue,
     )
-    return snapshot, {gpu.pk: gpu for gpu in gpus}
+    return snapshot, {slot.id: slot for slot in slots}
 
 
 QUEUE_FIELDS = (
@@ -216,7 +282,7 @@ QUEUE_FIELDS = (
 )
 
 
-def nvlink_domains(gpus: list[Gpu], nodes: dict[int, Node]) -> dict[int, str]:
+def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, str]:
     """GPU pk -> its NVLink domain: the GPUs of a node joined by NVLink (NVSwitch on a DGX),
     named after the node and the lowest GPU index in it. GPUs without NVLink have none."""
     parent: dict[int, int] = {}
@@ -226,13 +292,13 @@ def nvlink_domains(gpus: list[Gpu], nodes: dict[int, Node]) -> dict[int, str]:
             pk = parent[pk]
         return pk
 
-    for a, b in GpuLink.objects.filter(link_type__startswith="NV").values_list(
-        "gpu_a_id", "gpu_b_id"
-    ):
+    # Unordered: the model's ordering joins both GPUs and sorts tens of thousands of links.
+    links = GpuLink.objects.filter(link_type__startswith="NV").order_by()
+    for a, b in links.values_list("gpu_a_id", "gpu_b_id"):
         parent.setdefault(a, a)
         parent.setdefault(b, b)
         parent[root(a)] = root(b)
-    members: dict[int, list[Gpu]] = defaultdict(list)
+    members: dict[int, list[GpuRow]] = defaultdict(list)
     for gpu in gpus:
         if gpu.pk in parent:
             members[root(gpu.pk)].append(gpu)
@@ -244,7 +310,7 @@ def nvlink_domains(gpus: list[Gpu], nodes: dict[int, Node]) -> dict[int, str]:
     return domains
 
 
-def _free_mib(gpu: Gpu, sample: dict | None) -> int:
+def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
     total = gpu.memory_total_mib or 0
     if not sample or sample.get("memory_used_mib") is None:
         return total
@@ -252,7 +318,7 @@ def _free_mib(gpu: Gpu, sample: dict | None) -> int:
 
 
 def _unavailable(
-    gpu: Gpu, node: Node, reachable: bool, sample: dict | None, allocated: dict[int, int]
+    gpu: GpuRow, node: NodeRow, reachable: bool, sample: dict | None, allocated: dict[int, int]
 ) -> str | None:
     """Why the GPU cannot be given now (a machine code), or None."""
     if node.state != NodeState.ONLINE:
@@ -270,20 +336,18 @@ def _unavailable(
     return None
 
 
-def _expected_end(job: Job) -> float | None:
-    start = job.started_at or job.scheduled_at
-    runtime = job.estimated_duration_s or job.max_runtime_s
-    if start is None or runtime is None:
+def _expected_end(start: datetime | None, runtime_s: int | None) -> float | None:
+    if start is None or runtime_s is None:
         return None
-    return start.timestamp() + runtime
+    return start.timestamp() + runtime_s
 
 
 # --------------------------------------------------------------------------- decisions
 
 
-def commit_placement(decision: placement.Placement, gpu_rows: dict[int, Gpu]) -> bool:
-    """Allocate the decision's GPUs and mark the job SCHEDULED; on commit, send it to its
-    nodes' agents. ``False`` when the database (or a newer state) refused it."""
+def commit_placement(decision: placement.Placement, slots: dict[int, placement.GpuSlot]) -> bool:
+    """Allocate the decision's GPUs and mark the job SCHEDULED in one transaction; on commit,
+    send it to its nodes' agents. ``False`` when the database (or a newer state) refused it."""
     job = Job.objects.filter(pk=decision.job_id, state=JobState.QUEUED).first()
     if job is None:
         return False
@@ -292,36 +356,33 @@ def commit_placement(decision: placement.Placement, gpu_rows: dict[int, Gpu]) ->
         "numa_nodes": list(decision.numa_nodes),
         "score": list(decision.score),
         "explanation": decision.explanation,
-        "nodes": {
-            hostname: [gpu_rows[pk].index for pk in ids] for hostname, ids in decision.by_node
-        },
+        "nodes": {hostname: [slots[pk].index for pk in ids] for hostname, ids in decision.by_node},
     }
     try:
-        with transaction.atomic():
-            services.allocate(
-                job,
-                [gpu_rows[pk] for pk in decision.gpu_ids],
-                actor_name=services.LOOP_ACTOR,
-                placement=why,
-            )
-            transaction.on_commit(lambda: dispatch(job.pk))
+        allocations = services.allocate(  # its own transaction
+            job, decision.gpu_ids, actor_name=services.LOOP_ACTOR, placement=why
+        )
     except services.AllocationRefused as exc:
         log.info("placement of job %d refused: %s", job.pk, exc)
         return False
+    # allocate() has committed, so this runs now (or when a transaction the caller holds
+    # commits); its rows carry their GPU and node, and the job its new attempt: no re-read.
+    transaction.on_commit(lambda: send_to_agents(job, allocations))
     return True
 
 
 def dispatch(job_id: int) -> None:
     """Send a SCHEDULED job to the agent of every node it was placed on."""
     job = Job.objects.get(pk=job_id)
+    send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
+
+
+def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
+    """Send ``job`` to the agent of each node of its ``allocations`` (GPU rows and nodes
+    loaded), GPUs in index order."""
     by_node: dict[str, list[str]] = defaultdict(list)
-    for hostname, uuid in (
-        Allocation.objects.active()
-        .filter(job=job)
-        .order_by("gpu__index")
-        .values_list("node__hostname", "gpu__uuid")
-    ):
-        by_node[hostname].append(uuid)
+    for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
+        by_node[allocation.node.hostname].append(allocation.gpu.uuid)
     for rank, (hostname, uuids) in enumerate(sorted(by_node.items())):
         current_app.send_task(
             "scheduling.run_job",
@@ -346,48 +407,43 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
         "use_shell": job.use_shell,
         "env": env,
         "cwd": job.working_dir or None,
+        "container_image": job.container_image or None,
         "gpu_uuids": gpu_uuids,
         "max_runtime_s": job.max_runtime_s,
     }
 
 
-def save_pending(pending: tuple[placement.Pending, ...], now_ts: float) -> int:
-    """Store each waiting job's reason, position, estimated start and what-if (only rows whose
-    values changed are written; these are not state changes, so they are not audited)."""
+def save_pending(pending: tuple[placement.Pending, ...]) -> int:
+    """Store each waiting job's reason, position, estimated start and what-if in one
+    statement that writes only rows whose values changed (a pass re-explains thousands of
+    jobs; most keep their reason). These are not state changes, so they are not audited. The
+    number of rows written."""
     if not pending:
         return 0
-    by_id = {p.job_id: p for p in pending}
-    stored = Job.objects.filter(pk__in=by_id, state=JobState.QUEUED).values_list(
-        "pk", "pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if"
-    )
-    changed = []
-    for pk, code, reason, position, start, what_if in stored:
-        p = by_id[pk]
-        new_start = (
-            None
-            if p.estimated_start is None
-            else datetime.fromtimestamp(
-                round(p.estimated_start), tz=timezone.get_current_timezone()
-            )
-        )
-        values = (str(p.reason), p.message, p.position, new_start, p.what_if or "")
-        if (code, reason, position, start, what_if) != values:
-            changed.append(
-                Job(
-                    pk=pk,
-                    pending_code=values[0],
-                    pending_reason=values[1],
-                    queue_position=values[2],
-                    estimated_start_at=values[3],
-                    what_if=values[4],
-                )
-            )
-    Job.objects.bulk_update(
-        changed,
-        ["pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if"],
-        batch_size=1000,
-    )
-    return len(changed)
+    columns: tuple[list, ...] = ([], [], [], [], [], [])
+    for p in pending:
+        start = None
+        if p.estimated_start is not None:
+            start = datetime.fromtimestamp(round(p.estimated_start), tz=UTC)
+        row = (p.job_id, str(p.reason), p.message, p.position, start, p.what_if or "")
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    with connection.cursor() as cursor:
+        cursor.execute(SAVE_PENDING_SQL, [*columns, JobState.QUEUED])
+        return cursor.rowcount
+
+
+SAVE_PENDING_SQL = """
+    UPDATE scheduling_job AS job
+    SET pending_code = new.code, pending_reason = new.reason, queue_position = new.position,
+        estimated_start_at = new.start, what_if = new.what_if
+    FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::integer[], %s::timestamptz[],
+                %s::text[]) AS new (id, code, reason, position, start, what_if)
+    WHERE job.id = new.id AND job.state = %s
+      AND (job.pending_code, job.pending_reason, job.queue_position, job.estimated_start_at,
+           job.what_if) IS DISTINCT FROM (new.code, new.reason, new.position, new.start,
+                                          new.what_if)
+"""
 
 
 def requeue_lost_scheduled_jobs() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 import shlex
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from gpuadmin.audit.services import record
+from gpuadmin.audit.services import audit_event, record, record_all
 from inventory.agent import node_queue
 from inventory.models import Gpu, Node
 from scheduling.models import (
@@ -354,46 +354,50 @@ class AllocationRefused(ValueError):
 
 def allocate(
     job: Job,
-    gpus: list[Gpu],
+    gpu_ids: Collection[int],
     *,
     actor: AbstractBaseUser | None = None,
     actor_name: str | None = None,
     placement: dict[str, Any] | None = None,
     manual: bool = False,
 ) -> list[Allocation]:
-    """Give ``gpus`` to a QUEUED job and make it SCHEDULED, all or nothing, in one transaction.
+    """Give the GPUs ``gpu_ids`` to a QUEUED job and make it SCHEDULED, all or nothing, in one
+    transaction; the allocations, with their GPU and node loaded.
 
     The GPU rows are locked in primary-key order (no deadlock between two passes) and must
     still be schedulable; the partial unique index refuses a GPU that has an active allocation
     even if a caller skipped the lock. Raises ``AllocationRefused`` and writes nothing."""
-    ids = sorted(gpu.pk for gpu in gpus)
+    ids = sorted(set(gpu_ids))
     try:
         with transaction.atomic():
             locked = list(
-                Gpu.objects.select_for_update(of=("self",))
+                Gpu.objects.schedulable()
+                .select_for_update(of=("self",))
                 .filter(pk__in=ids)
                 .select_related("node")
                 .order_by("pk")
             )
-            schedulable = set(
-                Gpu.objects.schedulable().filter(pk__in=ids).values_list("pk", flat=True)
-            )
-            if len(locked) != len(ids) or schedulable != set(ids):
-                bad = [g.uuid for g in locked if g.pk not in schedulable]
+            if len(locked) != len(ids):
+                gone = set(ids) - {gpu.pk for gpu in locked}
+                bad = Gpu.objects.filter(pk__in=gone).order_by("pk").values_list("uuid", flat=True)
                 raise AllocationRefused(f"GPUs not schedulable: {', '.join(bad) or 'unknown'}")
             attempt = job.attempt + 1
             rows = Allocation.objects.bulk_create(
                 Allocation(job=job, gpu=gpu, node=gpu.node, attempt=attempt, manual=manual)
                 for gpu in locked
             )
-            for allocation, gpu in zip(rows, locked, strict=True):
-                record(
-                    "allocation.created",
-                    actor=actor,
-                    actor_name=actor_name,
-                    target=allocation,
-                    after={"job": job.pk, "gpu": gpu.uuid, "node": gpu.node.hostname},
-                )
+            record_all(
+                [
+                    audit_event(
+                        "allocation.created",
+                        actor=actor,
+                        actor_name=actor_name,
+                        target=allocation,
+                        after={"job": job.pk, "gpu": gpu.uuid, "node": gpu.node.hostname},
+                    )
+                    for allocation, gpu in zip(rows, locked, strict=True)
+                ]
+            )
             transition(
                 job,
                 S.SCHEDULED,

@@ -24,7 +24,19 @@ def _json_safe(value: Any) -> Any:
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
 
 
-def record(
+def record(event_type: str, **fields: Any) -> AuditEvent:
+    """Write one audit row (``fields`` as for ``audit_event()``) inside the caller's
+    transaction.
+
+    The row commits or rolls back with the change it describes, so the log can never claim a
+    change that did not happen, nor miss one that did. Calling it outside ``transaction.atomic``
+    is a programming error and raises ``AuditOutsideTransaction``.
+    """
+    [event] = record_all([audit_event(event_type, **fields)])
+    return event
+
+
+def audit_event(
     event_type: str,
     *,
     actor: AbstractBaseUser | None = None,
@@ -37,22 +49,13 @@ def record(
     message: str = "",
     request_id: uuid.UUID | None = None,
 ) -> AuditEvent:
-    """Write one audit row inside the caller's transaction.
-
-    The row commits or rolls back with the change it describes, so the log can never claim a
-    change that did not happen, nor miss one that did. Calling it outside ``transaction.atomic``
-    is a programming error and raises ``AuditOutsideTransaction``.
-    """
-    if not transaction.get_connection().in_atomic_block:
-        raise AuditOutsideTransaction(
-            f"audit record({event_type!r}) must run inside the transaction of the change"
-        )
+    """An unsaved audit row, as ``record()`` writes it; ``record_all()`` writes several."""
     if actor is None and not actor_name:
         raise ValueError("record() needs an actor or an actor_name (e.g. 'placement-loop')")
     if target is not None:
         target_type = target_type or target._meta.label_lower
         target_id = target_id or target.pk
-    return AuditEvent.objects.create(
+    return AuditEvent(
         event_type=event_type,
         actor=actor,
         actor_name=actor_name or actor.get_username(),
@@ -64,3 +67,14 @@ def record(
         message=message,
         request_id=request_id,
     )
+
+
+def record_all(events: list[AuditEvent]) -> list[AuditEvent]:
+    """Write ``audit_event()`` rows in one statement, inside the caller's transaction (see
+    ``record()``): one change that touches many rows, e.g. a gang's GPUs, audits each."""
+    if not transaction.get_connection().in_atomic_block:
+        kinds = ", ".join(sorted({event.event_type for event in events}))
+        raise AuditOutsideTransaction(
+            f"audit record({kinds!r}) must run inside the transaction of the change"
+        )
+    return AuditEvent.objects.bulk_create(events)

@@ -4,9 +4,10 @@ import decimal
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, InternalError, ProgrammingError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.audit.models import AuditEvent
-from gpuadmin.audit.services import AuditOutsideTransaction, record
+from gpuadmin.audit.services import AuditOutsideTransaction, audit_event, record, record_all
 
 pytestmark = pytest.mark.django_db
 
@@ -99,3 +100,26 @@ def test_deleting_a_user_keeps_their_audit_rows(operator):
     operator.delete()
     event = AuditEvent.objects.get()
     assert (event.actor_id, event.actor_name) == (operator_id, "ops")
+
+
+def test_record_all_writes_many_rows_in_one_statement_inside_the_transaction(operator):
+    events = [
+        audit_event(
+            "allocation.created", actor_name="placement-loop", target=operator, after={"n": n}
+        )
+        for n in range(8)
+    ]
+    connection.in_atomic_block, saved = False, connection.in_atomic_block  # as above
+    try:
+        with pytest.raises(AuditOutsideTransaction, match="allocation.created"):
+            record_all(events)
+    finally:
+        connection.in_atomic_block = saved
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        written = record_all(events)
+    assert [q["sql"].split()[0] for q in queries] == ["INSERT"]
+    assert all(event.pk for event in written)
+    stored = AuditEvent.objects.filter(event_type="allocation.created").order_by("pk")
+    assert [(e.actor_name, e.target_id, e.after) for e in stored] == [
+        ("placement-loop", str(operator.pk), {"n": n}) for n in range(8)
+    ]

@@ -77,7 +77,7 @@ def main() -> None:
         )
         chosen = rng.sample(free, min(job.gpu_count, len(free)))
         if len(chosen) == job.gpu_count:
-            services.allocate(job, list(Gpu.objects.filter(pk__in=chosen)), actor=owner)
+            services.allocate(job, chosen, actor=owner)
 
     actions = [(submit, 0.4), (cancel, 0.1), (start, 0.2), (finish, 0.2), (grab, 0.1)]
     deadline = time.monotonic() + args.seconds

@@ -182,9 +182,9 @@ def test_the_stopped_scheduler_places_nothing(alice, fleet):
 def test_the_database_refuses_a_gpu_given_twice(alice, fleet):
     first, second = submit(alice), submit(alice)
     gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
-    services.allocate(first, [gpu], actor=alice)
+    services.allocate(first, [gpu.pk], actor=alice)
     with pytest.raises(services.AllocationRefused):
-        services.allocate(second, [gpu], actor=alice)
+        services.allocate(second, [gpu.pk], actor=alice)
     second.refresh_from_db()
     assert second.state == JobState.QUEUED
     assert second.allocations.count() == 0

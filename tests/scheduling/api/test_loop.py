@@ -3,12 +3,16 @@ its reason, queue position, estimated start and what-if."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 
-from scheduling import loop
-from scheduling.models import JobState
+from scheduling import loop, services
+from scheduling.models import Job, JobState
+from scheduling.placement import Pending, Reason
 from tests.scheduling.api.conftest import submit
 
 pytestmark = pytest.mark.django_db
@@ -55,3 +59,66 @@ def test_job_detail_after_a_placement_pass(api_as, fleet, broker):
     queue = alice.get("/queue").json()
     assert [job["id"] for job in queue["waiting"]] == [waiting.pk]
     assert sorted(job["id"] for job in queue["running"]) == [placed.pk, other.pk]
+
+
+def _ctid(job) -> str:
+    """Where the row's current version lies: an UPDATE, even to equal values, moves it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ctid::text FROM scheduling_job WHERE id = %s", [job.pk])
+        return cursor.fetchone()[0]
+
+
+def test_save_pending_writes_only_changed_rows_of_waiting_jobs_in_one_statement(
+    api_as, fleet, django_assert_num_queries
+):
+    alice = api_as("alice").user
+    jobs = [submit(alice, gpu_count=8) for _ in range(3)]
+    start = timezone.now() + timedelta(hours=1, microseconds=600_000)
+    pending = tuple(
+        Pending(job.pk, position, Reason.RESOURCES_BUSY, "busy", start.timestamp(), None)
+        for position, job in enumerate(jobs, start=1)
+    )
+    with django_assert_num_queries(1):
+        assert loop.save_pending(pending) == 3
+    stored = Job.objects.get(pk=jobs[0].pk)
+    assert (stored.pending_code, stored.pending_reason, stored.queue_position) == (
+        "resources_busy",
+        "busy",
+        1,
+    )
+    assert stored.estimated_start_at == datetime.fromtimestamp(round(start.timestamp()), UTC)
+    assert stored.what_if == ""
+
+    before = [_ctid(job) for job in jobs]
+    services.transition(jobs[2], JobState.CANCELED, actor=alice)  # no longer waiting
+    changed = (
+        pending[0],
+        replace(pending[1], position=5, estimated_start=None, what_if="with 4 GPUs"),
+        replace(pending[2], message="changed"),
+    )
+    with django_assert_num_queries(1):
+        assert loop.save_pending(changed) == 1
+    assert _ctid(jobs[0]) == before[0]  # unchanged: not rewritten
+    assert _ctid(jobs[1]) != before[1]
+    second = Job.objects.get(pk=jobs[1].pk)
+    assert (second.queue_position, second.estimated_start_at, second.what_if) == (
+        5,
+        None,
+        "with 4 GPUs",
+    )
+    assert Job.objects.get(pk=jobs[2].pk).pending_reason == "busy"
+
+
+def test_a_pass_reads_the_fleet_and_queue_in_a_fixed_number_of_queries(
+    api_as, fleet, broker, django_assert_max_num_queries
+):
+    alice = api_as("alice").user
+    for _ in range(3):
+        submit(alice, gpu_count=8, estimated_duration_s=600)
+    loop.run_pass()  # two placed, one waits
+    for _ in range(20):
+        submit(alice, gpu_count=2)
+    # lock, settings, lost jobs, 6 snapshot reads, the pending rows, unlock
+    with django_assert_max_num_queries(11):
+        summary = loop.run_pass()
+    assert (summary.placed, summary.waiting) == (0, 21)
