@@ -4,6 +4,7 @@ simulated fleet loaded into it through the same discovery sync the agents use.""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,3 +94,19 @@ def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
             live.publish(hostname, scan(nvml, include=("facts", "metrics")), ttl_s=3600)
     Node.objects.update(last_heartbeat_at=timezone.now() + timezone.timedelta(hours=1))
     return hostnames
+
+
+def delete_redis_keys(names: set[str]) -> None:
+    """Every Redis key a run left that is named ``...<name>`` after a ``.`` or ``:`` for one of
+    ``names`` (bench queue and host names, ``bench-...``, contain neither): the queues and
+    kombu's bindings of them, live samples, the wake key."""
+    from inventory import live
+
+    redis = live.client()
+    keys = [
+        key
+        for key in redis.scan_iter(match="*bench-*", count=1000)
+        if re.split(r"[.:]", key.decode())[-1] in names
+    ]
+    for start in range(0, len(keys), 1000):
+        redis.delete(*keys[start : start + 1000])

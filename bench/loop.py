@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import time
@@ -37,7 +36,7 @@ from datetime import timedelta
 from random import Random
 from typing import TYPE_CHECKING
 
-from common import load_sim_fleet, throwaway_database
+from common import delete_redis_keys, load_sim_fleet, throwaway_database
 from placement import random_job_shape
 
 if TYPE_CHECKING:  # Django is set up inside main()
@@ -183,23 +182,6 @@ def check_invariants(when: str) -> None:
     print(f"gpuadmin check {when}: all invariants hold")
 
 
-def delete_redis_keys(hostnames: list[str]) -> None:
-    """Every key this run left in Redis: the node queues and the central queue with kombu's
-    bindings of them, the live samples and the wake key, all named ``...<name>`` after a
-    ``.`` or ``:`` (neither the host names nor the queue's name contain one)."""
-    from inventory import live
-
-    redis = live.client()
-    names = {QUEUE, *hostnames}
-    keys = [
-        key
-        for key in redis.scan_iter(match="*bench-*", count=1000)
-        if re.split(r"[.:]", key.decode())[-1] in names
-    ]
-    for start in range(0, len(keys), 1000):
-        redis.delete(*keys[start : start + 1000])
-
-
 def median_phases(summaries: list[PassSummary]) -> dict[str, float]:
     """Median milliseconds per phase and for the whole pass."""
     medians = {
@@ -260,7 +242,7 @@ def main() -> None:
                 Job.objects.filter(state=JobState.QUEUED).values_list("pending_code", flat=True)
             )
         finally:
-            delete_redis_keys(hostnames)
+            delete_redis_keys({QUEUE, *hostnames})
 
     passes = {"first pass": [first], "blocked": blocked, "placing": placing}
     columns = {name: median_phases(summaries) for name, summaries in passes.items()}

@@ -1,6 +1,6 @@
 """Job submission through the real HTTP API: gunicorn, token auth, POST /queue/submit.
 
-    .venv/bin/python bench/submit.py [--configs sync:2 gthread:2x4] [--clients 4 8 16 32]
+    .venv/bin/python bench/submit.py [--configs gthread:3x4 sync:2] [--clients 4 8 16 32]
                                      [--runs 3] [--duration 15] [--warmup 3] [--profile 0]
 
 Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from common import REPO_DIR, load_sim_fleet, throwaway_database
+from common import REPO_DIR, delete_redis_keys, load_sim_fleet, throwaway_database
 
 TARGET_P50_MS = 20  # the issue's latency target
 # The server's own central queue: the placement_pass messages it sends wake no one's worker
@@ -212,8 +212,8 @@ def profile(token: str, submissions: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # sync:2 is what `gpuadmin serve` runs by default (WEB_CONCURRENCY=2, no keep-alive).
-    parser.add_argument("--configs", nargs="+", default=["sync:2", "gthread:2x4"])
+    # gthread:3x4 is what `gpuadmin serve` runs by default (WEB_CONCURRENCY=3, WEB_THREADS=4).
+    parser.add_argument("--configs", nargs="+", default=["gthread:3x4", "sync:2"])
     parser.add_argument("--clients", nargs="+", type=int, default=[4, 8, 16, 32])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=15.0)
@@ -226,7 +226,6 @@ def main() -> None:
         from django.contrib.auth import get_user_model
         from django.db import connections
 
-        from inventory import live
         from scheduling.auth import create_token
 
         load_sim_fleet(args.nodes)
@@ -272,7 +271,7 @@ def main() -> None:
             finally:
                 server.process.terminate()
                 server.process.wait(timeout=30)
-                live.client().delete(QUEUE)
+                delete_redis_keys({QUEUE})
         # The operating point: the most jobs/s with p50 within the target, else the most jobs/s.
         within = [r for r in results if r[2].p50_ms <= TARGET_P50_MS] or results
         config, clients, median = max(within, key=lambda r: r[2].jobs_per_s)
