@@ -15,6 +15,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from inventory.models import Gpu, Node
 
@@ -133,7 +134,9 @@ class Allocation(models.Model):
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
     attempt = models.PositiveSmallIntegerField(default=0)
     manual = models.BooleanField(default=False, help_text="Made by hand (gpu-allocate).")
-    allocated_at = models.DateTimeField(auto_now_add=True)
+    # The database's clock (the INSERT's and the release UPDATE's statement time), so one GPU's
+    # allocations never overlap in time, whichever host wrote them (see services.allocate).
+    allocated_at = models.DateTimeField(db_default=Now())
     released_at = models.DateTimeField(null=True, blank=True)
 
     objects = AllocationQuerySet.as_manager()

@@ -19,6 +19,7 @@ from celery import current_app
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from gpuadmin.audit.services import audit_event, record, record_all
@@ -117,7 +118,7 @@ def transition(
         locked.state = to
         locked.save(update_fields=["state", *fields])
         if before["state"] in HOLDING_STATES and to not in HOLDING_STATES:
-            released = release_allocations(locked, now)
+            released = release_allocations(locked)
             if released:
                 fields["released_gpus"] = released
         record(
@@ -140,13 +141,19 @@ def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if name != "message"}
 
 
-def release_allocations(job: Job, at: datetime | None = None) -> list[str]:
-    """End the job's active allocations (inside the caller's transaction); the GPU UUIDs."""
+def release_allocations(job: Job) -> list[str]:
+    """End the job's active allocations (inside the caller's transaction); the GPU UUIDs.
+
+    The GPU rows are locked first, as ``allocate`` locks them, and the release time is the
+    database's statement time: the next allocation of a GPU is written only after this
+    transaction commits, so its start is later than this end, on one clock."""
     active = list(Allocation.objects.active().filter(job=job).select_related("gpu"))
     if active:
-        Allocation.objects.filter(pk__in=[a.pk for a in active]).update(
-            released_at=at or timezone.now()
+        gpu_ids = sorted(allocation.gpu_id for allocation in active)
+        list(
+            Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk")
         )
+        Allocation.objects.filter(pk__in=[a.pk for a in active]).update(released_at=Now())
     return [allocation.gpu.uuid for allocation in active]
 
 

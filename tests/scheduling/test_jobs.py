@@ -179,6 +179,23 @@ def test_the_stopped_scheduler_places_nothing(alice, fleet):
 # --------------------------------------------------------------------------- integrity
 
 
+def test_one_gpus_allocations_never_overlap_in_time_whatever_the_hosts_clocks(
+    alice, fleet, monkeypatch
+):
+    """Allocation starts and ends are the database's statement times: a worker whose clock is
+    an hour behind, allocating a GPU just released, still starts after the release."""
+    first, second = submit(alice), submit(alice)
+    gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
+    services.allocate(first, [gpu.pk], actor=alice)
+    services.transition(first, JobState.CANCELED, actor=alice)
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(hours=1))
+    services.allocate(second, [gpu.pk], actor=alice)
+    ended, started = Allocation.objects.filter(gpu=gpu).order_by("pk")
+    assert ended.released_at < started.allocated_at
+    assert started.allocated_at > real_now() - timedelta(minutes=1)
+
+
 def test_the_database_refuses_a_gpu_given_twice(alice, fleet):
     first, second = submit(alice), submit(alice)
     gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
