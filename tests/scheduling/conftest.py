@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +15,8 @@ from inventory.models import Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.services import apply_discovery
+from scheduling.executor import Executor
+from tests.scheduling.executors import GRACE_S, POLL_S, MakeExecutor, Recorder
 
 
 def add_sim_node(hostname: str, model: str = "dgx-a100-80gb") -> Node:
@@ -40,3 +44,23 @@ def broker(monkeypatch) -> RecordingBroker:
     recorder = RecordingBroker()
     monkeypatch.setattr(app, "send_task", recorder.send_task)
     return recorder
+
+
+@pytest.fixture
+def make_executor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeExecutor]:
+    """Executors on one log and state directory (a second one plays the restarted agent), with
+    the test module's ``EXECUTOR_OPTIONS`` (e.g. a container runtime) unless a test overrides
+    them."""
+    executors: list[Executor] = []
+    module_options = getattr(request.module, "EXECUTOR_OPTIONS", {})
+
+    def make(**options: Any) -> tuple[Executor, Recorder]:
+        events = Recorder()
+        options = {"kill_grace_s": GRACE_S, "poll_interval_s": POLL_S, **module_options, **options}
+        executor = Executor(tmp_path / "logs", tmp_path / "state", events, **options)
+        executors.append(executor)
+        return executor, events
+
+    yield make
+    for executor in executors:
+        executor.shutdown(kill=True)

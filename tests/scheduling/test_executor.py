@@ -7,9 +7,8 @@ import os
 import signal
 import sys
 import textwrap
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,77 +17,12 @@ from typing import Any
 import pytest
 
 from scheduling.executor import (
-    Executor,
-    ExecutorEvent,
     FinalState,
     JobFinished,
     JobSpec,
     JobStarted,
 )
-
-GRACE_S = 0.3
-POLL_S = 0.02
-
-
-class Recorder:
-    """An ``on_event`` that lets a test wait for events."""
-
-    def __init__(self) -> None:
-        self.events: list[ExecutorEvent] = []
-        self._changed = threading.Condition()
-
-    def __call__(self, event: ExecutorEvent) -> None:
-        with self._changed:
-            self.events.append(event)
-            self._changed.notify_all()
-
-    def of(self, job_id: str) -> list[ExecutorEvent]:
-        with self._changed:
-            return [event for event in self.events if event.job_id == job_id]
-
-    def finished(self, job_id: str, timeout: float = 10.0) -> JobFinished:
-        with self._changed:
-            self._changed.wait_for(lambda: self._finished(job_id) is not None, timeout)
-            event = self._finished(job_id)
-        assert event is not None, f"job {job_id} did not finish within {timeout} s"
-        return event
-
-    def started(self, job_id: str, timeout: float = 10.0) -> JobStarted:
-        with self._changed:
-            self._changed.wait_for(lambda: self._started(job_id) is not None, timeout)
-            event = self._started(job_id)
-        assert event is not None, f"job {job_id} did not start within {timeout} s"
-        return event
-
-    def _finished(self, job_id: str) -> JobFinished | None:
-        return next(
-            (e for e in self.events if isinstance(e, JobFinished) and e.job_id == job_id), None
-        )
-
-    def _started(self, job_id: str) -> JobStarted | None:
-        return next(
-            (e for e in self.events if isinstance(e, JobStarted) and e.job_id == job_id), None
-        )
-
-
-MakeExecutor = Callable[..., tuple[Executor, Recorder]]
-
-
-@pytest.fixture
-def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
-    """Executors on one log and state directory (a second one plays the restarted agent)."""
-    executors: list[Executor] = []
-
-    def make(**options: Any) -> tuple[Executor, Recorder]:
-        events = Recorder()
-        options = {"kill_grace_s": GRACE_S, "poll_interval_s": POLL_S, **options}
-        executor = Executor(tmp_path / "logs", tmp_path / "state", events, **options)
-        executors.append(executor)
-        return executor, events
-
-    yield make
-    for executor in executors:
-        executor.shutdown(kill=True)
+from tests.scheduling.executors import GRACE_S, MakeExecutor
 
 
 @pytest.fixture

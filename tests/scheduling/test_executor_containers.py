@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,11 @@ import pytest
 
 from gpuadmin.celery import app
 from scheduling import agent
-from scheduling.executor import Executor, FinalState, JobFinished, JobSpec, container_process
+from scheduling.executor import FinalState, JobFinished, JobSpec, container_process
 from tests.scheduling.conftest import RecordingBroker
+from tests.scheduling.executors import MakeExecutor
 from tests.scheduling.test_executor import (
-    GRACE_S,
-    POLL_S,
     SLEEP,
-    Recorder,
     abandons_processes,
     alive,
     python,
@@ -248,31 +245,8 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     return fake
 
 
-MakeExecutor = Callable[..., tuple[Executor, Recorder]]
-
-
-@pytest.fixture
-def make_executor(tmp_path: Path) -> Iterator[MakeExecutor]:
-    """Docker executors of node ``node-7`` on one log and state directory (a second one plays
-    the restarted agent)."""
-    executors: list[Executor] = []
-
-    def make(**options: Any) -> tuple[Executor, Recorder]:
-        events = Recorder()
-        options = {
-            "kill_grace_s": GRACE_S,
-            "poll_interval_s": POLL_S,
-            "container_runtime": "docker",
-            "node_name": "node-7",
-            **options,
-        }
-        executor = Executor(tmp_path / "logs", tmp_path / "state", events, **options)
-        executors.append(executor)
-        return executor, events
-
-    yield make
-    for executor in executors:
-        executor.shutdown(kill=True)
+# Docker executors of node ``node-7`` (see the ``make_executor`` fixture).
+EXECUTOR_OPTIONS = {"container_runtime": "docker", "node_name": "node-7"}
 
 
 @pytest.fixture
