@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -150,7 +151,7 @@ class TokenCache:
         duplicate.user = copy.copy(entry.token.user)
         return duplicate
 
-    def touch(self, digest: str, at: Any) -> None:
+    def touch(self, digest: str, at: datetime) -> None:
         """Record ``last_used_at`` on the cached token too, so it is not written again soon."""
         entry = self._entries.get(digest)
         if entry is not None:

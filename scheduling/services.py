@@ -147,12 +147,14 @@ def release_allocations(job: Job) -> list[str]:
     The GPU rows are locked first, as ``allocate`` locks them, and the release time is the
     database's statement time: the next allocation of a GPU is written only after this
     transaction commits, so its start is later than this end, on one clock."""
-    active = list(Allocation.objects.active().filter(job=job).select_related("gpu"))
+    active = list(
+        Allocation.objects.active()
+        .filter(job=job)
+        .select_related("gpu")
+        .select_for_update(of=("gpu",))
+        .order_by("gpu_id")
+    )
     if active:
-        gpu_ids = sorted(allocation.gpu_id for allocation in active)
-        list(
-            Gpu.objects.select_for_update().filter(pk__in=gpu_ids).order_by("pk").values_list("pk")
-        )
         Allocation.objects.filter(pk__in=[a.pk for a in active]).update(released_at=Now())
     return [allocation.gpu.uuid for allocation in active]
 
