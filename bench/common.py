@@ -8,6 +8,7 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -92,7 +93,7 @@ def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
         apply_discovery(hostname, scan(nvml))
         if publish_samples:
             live.publish(hostname, scan(nvml, include=("facts", "metrics")), ttl_s=3600)
-    Node.objects.update(last_heartbeat_at=timezone.now() + timezone.timedelta(hours=1))
+    Node.objects.update(last_heartbeat_at=timezone.now() + timedelta(hours=1))
     return hostnames
 
 

@@ -40,7 +40,7 @@ from common import delete_redis_keys, load_sim_fleet, throwaway_database
 from placement import random_job_shape
 
 if TYPE_CHECKING:  # Django is set up inside main()
-    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import User
 
     from scheduling.loop import PassSummary
     from scheduling.models import Job
@@ -51,9 +51,7 @@ OWNERS = 50
 BENCH_ACTOR = "bench"
 
 
-def job_rows(
-    rng: Random, count: int, owners: list[AbstractBaseUser], models: list[str]
-) -> list[Job]:
+def job_rows(rng: Random, count: int, owners: list[User], models: list[str]) -> list[Job]:
     """``count`` unsaved QUEUED jobs of the mixed shapes of bench/placement.py."""
     from scheduling.models import Job, JobState
 
@@ -117,7 +115,7 @@ def enqueue(rng: Random, jobs: list[Job]) -> list[Job]:
     return jobs
 
 
-def hold_half(rng: Random, owners: list[AbstractBaseUser]) -> int:
+def hold_half(rng: Random, owners: list[User]) -> int:
     """Running jobs on about half the schedulable GPUs, in aligned blocks of 1, 2, 4 or 8 per
     node (like bench/placement.py), allocated through ``services.allocate`` and started as an
     agent reports it; some are past their estimated end. The number of GPUs held."""
@@ -233,7 +231,7 @@ def main() -> None:
 
             first = loop.run_pass()
             blocked = [loop.run_pass() for _ in range(args.runs)]
-            placing = []
+            placing: list[PassSummary] = []
             for _ in range(args.runs):
                 requeue(placing[-1].dispatched if placing else first.dispatched)
                 placing.append(loop.run_pass())

@@ -28,6 +28,7 @@ from scheduling.placement import (
     Snapshot,
     plan,
 )
+from scheduling.placement.snapshot import NodeState, Priority
 
 NOW = 1_750_000_000.0
 # (model, MiB, NUMA node per GPU index, socket per NUMA node, share of the fleet)
@@ -38,7 +39,12 @@ MACHINES = {
 }
 # (gpus per node, nodes, share of the queue)
 SHAPES = ((1, 1, 0.30), (2, 1, 0.25), (4, 1, 0.20), (8, 1, 0.13), (8, 2, 0.08), (8, 4, 0.04))
-PRIORITIES = (("low", 20), ("normal", 60), ("high", 15), ("critical", 5))
+PRIORITIES: tuple[tuple[Priority, int], ...] = (
+    ("low", 20),
+    ("normal", 60),
+    ("high", 15),
+    ("critical", 5),
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ def random_job_shape(rng: Random, models: list[str]) -> JobShape:
         gpus_per_node=per_node,
         node_count=nodes,
         topology="numa" if roll < 0.1 and per_node <= 4 else "nvlink" if roll < 0.25 else "any",
-        priority=rng.choices(*zip(*PRIORITIES, strict=True))[0],
+        priority=rng.choices([p for p, _ in PRIORITIES], [w for _, w in PRIORITIES])[0],
         min_memory_mib=71_680 if rng.random() < 0.1 else 0,
         gpu_model=rng.choice(models) if models and rng.random() < 0.25 else None,
         estimated_duration_s=rng.randrange(300, 86_400) if rng.random() < 0.7 else None,
@@ -82,7 +88,7 @@ def build_snapshot(node_count: int, job_count: int, seed: int) -> Snapshot:
         model, mib, numa, numa_per_socket, _ = MACHINES[kind]
         hostname = f"{kind}-{n:04d}"
         roll = rng.random()
-        state = "draining" if roll < 0.03 else "offline" if roll < 0.04 else "online"
+        state: NodeState = "draining" if roll < 0.03 else "offline" if roll < 0.04 else "online"
         nodes.append(NodeInfo(hostname, state, reachable=rng.random() > 0.01))
         # Running jobs fill about half of each node, in blocks of 1, 2, 4 or 8 GPUs.
         holder: list[int | None] = [None] * 8

@@ -226,7 +226,7 @@ def main() -> None:
         from django.contrib.auth import get_user_model
         from django.db import connections
 
-        from scheduling.auth import create_token
+        from gpuadmin.access.services import create_token
 
         load_sim_fleet(args.nodes)
         user = get_user_model().objects.create_user("bench")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rest_framework import serializers
 from rest_framework.fields import Field
 from rest_framework.pagination import LimitOffsetPagination
@@ -30,7 +32,8 @@ def unbound_copy(field: Field) -> Field:
         if isinstance(child, Field):
             # The child was bound in its owner's __init__: its name and source stay the same.
             child_copy = unbound_copy(child)
-            child_copy.parent = duplicate
+            # A sub-field's parent is its owning field (the stubs allow only serializers).
+            child_copy.parent = duplicate  # type: ignore[assignment]
             setattr(duplicate, attribute, child_copy)
     return duplicate
 
@@ -44,6 +47,8 @@ class PrototypeFieldsMixin:
     bound; an instance binds its own copies as usual. Only for serializers whose fields do not
     depend on the instance (no ``get_fields`` override reading ``context`` or ``instance``).
     """
+
+    _prototype_fields: ClassVar[dict[str, Field]]
 
     def get_fields(self) -> dict[str, Field]:
         cls = type(self)

@@ -18,17 +18,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuadmin import jobs_cli
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
+from gpuadmin.supervisor import CrashLoop, Supervisor
 
 if TYPE_CHECKING:
     from inventory.nvml.scanner import NodeScan
 
 DEFAULT_BIND = "127.0.0.1:8000"
 CHILD_STOP_GRACE_S = 10.0
+# How long `up` keeps the central worker, once the agents are gone, to record their jobs' ends.
+JOB_REPORT_WAIT_S = 15.0
+AGENT_LOG = logging.getLogger("gpuadmin.agent")
 
 
 # Environment and Django bootstrap ----------------------------------------------------------
@@ -72,13 +77,18 @@ def _with_django(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     return wrapper
 
 
-def _exit_on_sigterm() -> None:
-    """SIGTERM unwinds like Ctrl-C, so ``finally`` blocks stop what we started."""
+def _stop_on_signals(*, stopping: bool = False) -> None:
+    """SIGTERM unwinds like Ctrl-C (SIGINT), so ``finally`` blocks stop what we started; once
+    ``stopping``, both are ignored so that a second one cannot cut the orderly stop short."""
 
     def handler(signum: int, frame: object) -> None:
+        if stopping:
+            print(f"{signal.Signals(signum).name}: already stopping", flush=True)
+            return
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
 
 
 # Verbs ---------------------------------------------------------------------------------------
@@ -115,7 +125,7 @@ def _celery(argv: list[str]) -> int:
     from gpuadmin.celery import app
 
     try:
-        app.worker_main(argv) if argv[0] == "worker" else app.start(argv)
+        app.start(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
@@ -169,17 +179,23 @@ def cmd_agent(args: argparse.Namespace) -> int:
         try:
             return _celery(
                 [
+                    "--quiet",  # no banner per agent: the line above says what it serves
                     "worker",
                     "-Q", node_queue(args.node),
                     "-n", f"agent.{args.node}@%h",
                     "-P", "solo",
                     "-l", "INFO",
+                    # Agents never talk to each other: no start-up sync, no gossip.
+                    "--without-mingle", "--without-gossip",
                 ]
             )  # fmt: skip
         finally:
             loop.stop()
+            if args.stop_jobs_on_exit and (running := jobs.running()):
+                AGENT_LOG.info("agent %s: canceling %d running job(s)", args.node, len(running))
             # By default jobs keep running and the next agent re-adopts them.
             jobs.shutdown(kill=args.stop_jobs_on_exit)
+            AGENT_LOG.info("agent %s: stopped", args.node)
 
     return run(args)
 
@@ -198,7 +214,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     stdout, once; only its hash is stored."""
     from django.contrib.auth import get_user_model
 
-    from scheduling.auth import create_token
+    from gpuadmin.access.services import create_token
 
     user = get_user_model().objects.filter(username=args.user).first()
     if user is None:
@@ -229,7 +245,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     else:
         backend = open_backend("real")
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR,
+        level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
     result = scan(backend)
@@ -270,11 +286,7 @@ def _or_dash(value: object, unit: str = "") -> str:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    """The simulator's own CLI; ``import`` turns a captured machine into a machine model."""
-    if args.rest[:1] == ["import"]:
-        from inventory.nvml.importer import main as import_main
-
-        return import_main(args.rest[1:])
+    """The simulator's own CLI (``import`` turns a captured machine into a machine model)."""
     from inventory.nvml.sim.cli import main as sim_main
 
     os.environ.setdefault("GPUADMIN_SIM_STATE_DIR", str(data_dir_from_env() / "sim"))
@@ -290,8 +302,8 @@ def cmd_services(args: argparse.Namespace) -> int:
         services.stop(everything=True)
         print("embedded services stopped")
     else:
-        for name, url in services.status().items():
-            print(f"{name}={url or '(not running)'}")
+        for name, running in services.status().items():
+            print(f"{name}={running or '(not running)'}")
     return 0
 
 
@@ -317,27 +329,49 @@ def _demo_nodes(fleet_path: str) -> list[tuple[str, str]]:
 
 
 def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
-    print(f"starting {name}: gpuadmin {' '.join(argv)}")
+    print(f"starting {name}: gpuadmin {' '.join(argv)}", flush=True)
     return subprocess.Popen([sys.executable, "-m", "gpuadmin", *argv], start_new_session=True)
 
 
-def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
-    for child in children.values():
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-    deadline = time.monotonic() + CHILD_STOP_GRACE_S
-    for child in children.values():
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
+    """Stop the agents (they cancel their jobs and report it), the web server and beat first;
+    keep the central worker until it has recorded those jobs' ends, then stop it."""
+    from django.db import DatabaseError
+
+    from scheduling.models import HOLDING_STATES, Job, JobState
+
+    try:
+        jobs = Job.objects.filter(
+            state=JobState.RUNNING,
+            allocations__node__hostname__in=nodes,
+            allocations__released_at__isnull=True,
+        )
+        running = set(jobs.values_list("pk", flat=True))
+    except DatabaseError as exc:
+        print(f"cannot list the demo nodes' jobs ({exc}); stopping without waiting for them")
+        running = set()
+    if running:
+        print(f"canceling {len(running)} running job(s) on the demo nodes", flush=True)
+    supervisor.stop([name for name in supervisor.children if name != "worker"])
+    deadline = time.monotonic() + JOB_REPORT_WAIT_S
+    with suppress(DatabaseError):
+        while running and supervisor.running("worker") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            holding = Job.objects.filter(pk__in=running, state__in=HOLDING_STATES)
+            running = set(holding.values_list("pk", flat=True))
+    if running:
+        print(
+            f"job(s) {', '.join(map(str, sorted(running)))} not recorded as ended yet: "
+            "the worker records them when it next starts"
+        )
+    supervisor.stop(["worker"] if "worker" in supervisor.children else [])
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    _exit_on_sigterm()
+    _stop_on_signals()
     services = _bootstrap_django()
-    children: dict[str, subprocess.Popen[bytes]] = {}
+    supervisor = Supervisor(_start_child)
+    nodes: list[str] = []
     try:
         from django.conf import settings
         from django.core.management import call_command
@@ -345,28 +379,31 @@ def cmd_up(args: argparse.Namespace) -> int:
         call_command("migrate", interactive=False, verbosity=0)
         print("database: migrated")
         _ensure_admin()
-        children["web"] = _start_child(["serve", "--bind", args.bind], "web")
-        children["worker"] = _start_child(["worker"], "worker")
-        children["beat"] = _start_child(["beat"], "beat")
-        if not args.no_agents:
-            for node, model in _demo_nodes(settings.GPUADMIN_SIM_FLEET):
-                children[f"agent {node}"] = _start_child(
-                    ["agent", "--node", node, "--sim", model, "--stop-jobs-on-exit"],
-                    f"agent {node}",
-                )
+        supervisor.start("web", ["serve", "--bind", args.bind], stop_grace_s=CHILD_STOP_GRACE_S)
+        supervisor.start("worker", ["worker"], stop_grace_s=CHILD_STOP_GRACE_S)
+        supervisor.start("beat", ["beat"], stop_grace_s=CHILD_STOP_GRACE_S)
+        # An agent cancels its jobs on the way out: SIGTERM, then SIGKILL after the jobs' grace.
+        agent_grace_s = settings.GPUADMIN_JOB_KILL_GRACE_S + CHILD_STOP_GRACE_S
+        for node, model in [] if args.no_agents else _demo_nodes(settings.GPUADMIN_SIM_FLEET):
+            supervisor.start(
+                f"agent {node}",
+                ["agent", "--node", node, "--sim", model, "--stop-jobs-on-exit"],
+                stop_grace_s=agent_grace_s,
+            )
+            nodes.append(node)
         print(f"\ngpuadmin is up: http://{args.bind}/  (admin: http://{args.bind}/admin/)")
         print("Press Ctrl-C to stop everything.\n", flush=True)
         while True:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    print(f"{name} exited with status {child.returncode}; stopping everything")
-                    return 1
+            supervisor.poll()
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nstopping...")
+        print("\nstopping...", flush=True)
         return 0
+    except CrashLoop:
+        return 1
     finally:
-        _stop_children(children)
+        _stop_on_signals(stopping=True)
+        _stop_stack(supervisor, nodes)
         if services is not None:
             services.release()
 
@@ -431,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Listed for --help only: main() hands their arguments to Django's and the simulator's CLIs.
     verbs.add_parser("manage", help="Django's manage.py (gpuadmin manage help)")
-    verbs.add_parser("sim", help="NVML simulator: models, inject, proc, reset, import")
+    verbs.add_parser("sim", help="NVML simulator: models, inject, proc, reset, reboot, import")
 
     services = verbs.add_parser("services", help="the embedded PostgreSQL and Redis")
     services.add_argument("action", choices=("start", "stop", "status"))

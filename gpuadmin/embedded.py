@@ -136,7 +136,7 @@ class EmbeddedServices:
         return server.get_uri(database=DATABASE_NAME)
 
     def _stop_postgres(self) -> None:
-        from pgserver._commands import pg_ctl
+        from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made at import
         from pgserver.utils import PostmasterInfo
 
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
@@ -146,7 +146,8 @@ class EmbeddedServices:
         try:
             pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user)
         except subprocess.CalledProcessError:
-            info.process.terminate()
+            if info.process is not None:
+                info.process.terminate()
         logger.info("stopped embedded PostgreSQL")
 
     # Redis --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -65,7 +66,7 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
-def parse_database_url(url: str) -> dict[str, object]:
+def parse_database_url(url: str) -> dict[str, Any]:
     """Turn ``postgresql://user:pass@host:port/name?host=/socket/dir`` into Django's dict.
 
     Only PostgreSQL is accepted: gpuadmin relies on its constraints, range types and advisory

@@ -118,8 +118,12 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "topology": args.topology,
         "priority": args.priority,
         "max_runtime_s": args.max_runtime,
+        "estimated_duration_s": args.estimated_duration,
         "max_retries": args.retries,
+        "preemptible": args.preemptible or None,
         "env": env or None,
+        "working_dir": args.workdir,
+        "container_image": args.image,
         "hold": args.hold or None,
     }
     body = {
@@ -304,8 +308,21 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.add_argument("--name")
     submit.add_argument("--project")
     submit.add_argument("--max-runtime", type=int, metavar="SECONDS", help="killed after this")
+    submit.add_argument(
+        "--estimated-duration",
+        type=int,
+        metavar="SECONDS",
+        help="expected run time: waiting jobs' estimated starts count on it",
+    )
     submit.add_argument("--retries", type=int, help="re-runs after a failure (default 0)")
+    submit.add_argument(
+        "--preemptible", action="store_true", help="mark the job preemptible (the API's flag)"
+    )
     submit.add_argument("--env", action="append", default=[], type=_env_pair, metavar="NAME=VALUE")
+    submit.add_argument(
+        "--workdir", metavar="PATH", help="absolute working directory (in the image with --image)"
+    )
+    submit.add_argument("--image", metavar="IMAGE", help="run in this container image")
     submit.add_argument("--hold", action="store_true", help="store it held (pending)")
     submit.add_argument("--shell", action="store_true", help="run CMD through /bin/sh -c")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")

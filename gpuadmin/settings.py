@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "gpuadmin.audit",
+    "gpuadmin.access",
     "inventory",
     "health",
     "scheduling",
@@ -170,7 +171,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "scheduling.auth.ApiTokenAuthentication",
+        "gpuadmin.access.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.BasicAuthentication",
     ],
@@ -211,7 +212,16 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {"gpuadmin": {"level": LOG_LEVEL}, "django": {"level": "INFO"}},
+    "loggers": {
+        "gpuadmin": {"level": LOG_LEVEL},
+        "django": {"level": "INFO"},
+        # Celery's line per task received and succeeded, and beat's per task sent, would log
+        # every heartbeat and backstop pass; failures still show. The tasks' own code logs the
+        # state changes (jobs' transitions, scans that changed the catalog).
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
 }
 
 if not DEBUG:

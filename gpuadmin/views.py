@@ -9,6 +9,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from gpuadmin import __version__
+from gpuadmin.access.services import is_admin
 from gpuadmin.audit.models import AuditEvent
 
 RECENT_EVENTS = 10
@@ -37,9 +38,10 @@ def _service_status() -> dict[str, str]:
 def home(request: HttpRequest) -> HttpResponse:
     context = {
         "version": __version__,
-        "nvml_backend": settings.GPUADMIN_NVML,
         "services": _service_status(),
-        "recent_events": AuditEvent.objects.all()[:RECENT_EVENTS] if request.user.is_staff else [],
+        "recent_events": AuditEvent.objects.all()[:RECENT_EVENTS]
+        if is_admin(request.user)
+        else None,
     }
     return render(request, "home.html", context)
 

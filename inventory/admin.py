@@ -10,25 +10,10 @@ from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
+from gpuadmin.access.permissions import signed_in
 from inventory.choices import GpuState, NodeState
-from inventory.discovery import TEXT_FIELDS, VALUE_FIELDS
 from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node, Pool
 from inventory.services import set_gpu_state, set_node_state, update_catalog
-
-GPU_DISCOVERED = (
-    "uuid",
-    "node",
-    *VALUE_FIELDS,
-    *TEXT_FIELDS,
-    "nvlink_count",
-    "mig_capable",
-    "mig_enabled",
-    "mig_pending_enabled",
-    "error_message",
-    "first_seen_at",
-    "last_seen_at",
-    "missing_since",
-)
 
 
 def state_actions(
@@ -38,7 +23,7 @@ def state_actions(
 
     def make(state: str, label: str) -> Callable[..., None]:
         def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-            changed = sum(setter(row, state, actor=request.user) for row in queryset)
+            changed = sum(setter(row, state, actor=signed_in(request)) for row in queryset)
             modeladmin.message_user(
                 request,
                 f"{changed} set to {label.lower()}; {len(queryset) - changed} unchanged.",
@@ -105,7 +90,7 @@ class AuditedCatalogAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Model, form: forms.ModelForm, change: bool):
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        update_catalog(obj, changes, actor=request.user)
+        update_catalog(obj, changes, actor=signed_in(request))
 
 
 @admin.register(Pool)
@@ -152,8 +137,8 @@ class GpuAdmin(AuditedCatalogAdmin):
     list_filter = ("node", "name", "state", "pool", "mig_enabled", MissingFilter)
     list_select_related = ("node", "pool")
     search_fields = ("uuid", "serial", "node__hostname", "label")
-    readonly_fields = (*GPU_DISCOVERED, "state")
-    fields = (*GPU_DISCOVERED, "state", *CATALOG_FIELDS)
+    readonly_fields = (*Gpu.DISCOVERED_FIELDS, "state")
+    fields = (*Gpu.DISCOVERED_FIELDS, "state", *CATALOG_FIELDS)
     inlines = [MigInstanceInline]
     actions = state_actions(set_gpu_state, GpuState)
 

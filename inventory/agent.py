@@ -24,6 +24,10 @@ SAMPLE_SECTIONS = ("facts", "metrics")
 
 log = logging.getLogger("gpuadmin.agent")
 
+# Held from a scan to the publication of its sample, so that samples reach Redis in the order
+# they were taken: a sample taken before a job's processes ended never replaces one taken after.
+_sampling = threading.Lock()
+
 
 def node_queue(node_name: str) -> str:
     """The Celery queue only that node's agent consumes."""
@@ -55,6 +59,14 @@ def machine_model(result: NodeScan) -> str:
         return settings.GPUADMIN_SIM_MODEL
     names = sorted({gpu.facts.name for gpu in result.gpus if gpu.facts.name})
     return f"{len(result.gpus)}x {' + '.join(names)}" if names else ""
+
+
+def publish_sample(hostname: str) -> None:
+    """Scan the node's GPUs now and publish the live sample. The job side calls it once a
+    job's processes are gone, before reporting the job finished, so the placement pass that
+    the report triggers sees the GPUs free, whenever the periodic sample comes."""
+    with _sampling:
+        live.publish(hostname, scan_this_node(include=SAMPLE_SECTIONS))
 
 
 class AgentLoop(threading.Thread):
@@ -93,18 +105,17 @@ class AgentLoop(threading.Thread):
             now = time.monotonic()
             try:
                 if not in_sync or now >= next_scan:
-                    result = self.sync()
+                    self.sync()
                     in_sync, next_scan, next_beat = (
                         True,
                         now + self.rescan_s,
                         now + self.heartbeat_s,
                     )
                 else:
-                    result = scan_this_node(include=SAMPLE_SECTIONS)
+                    publish_sample(self.hostname)
                     if now >= next_beat:
                         self._send("inventory.heartbeat", self.hostname, timezone.now().isoformat())
                         next_beat = now + self.heartbeat_s
-                live.publish(self.hostname, result)
             except (KombuError, OSError, RedisError) as exc:
                 log.warning(
                     "agent %s: cannot reach the broker (%s); will retry", self.hostname, exc
@@ -113,8 +124,11 @@ class AgentLoop(threading.Thread):
             if self.stopped.wait(self.sample_s):
                 return
 
-    def sync(self) -> NodeScan:
-        result = scan_this_node()
+    def sync(self) -> None:
+        """Scan the whole node, publish its live sample and send the scan to the catalog."""
+        with _sampling:
+            result = scan_this_node()
+            live.publish(self.hostname, result)
         self._send(
             "inventory.sync_node",
             self.hostname,
@@ -122,9 +136,9 @@ class AgentLoop(threading.Thread):
             timezone.now().isoformat(),
             machine_model(result),
             __version__,
+            settings.GPUADMIN_NVML,
         )
         log.info("agent %s: sent scan of %d GPUs", self.hostname, len(result.gpus))
-        return result
 
     def _send(self, name: str, *args: Any) -> None:
         # A heartbeat is worthless once the next one is due: let the broker drop stale ones.

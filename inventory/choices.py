@@ -19,7 +19,14 @@ class GpuState(models.TextChoices):
     OFFLINE = "offline", "Offline"
 
 
-BADGE_COLOURS = {
+class NvmlBackend(models.TextChoices):
+    """What a node's agent queries (``GPUADMIN_NVML`` on that node)."""
+
+    REAL = "real", "real NVML"
+    SIM = "sim", "NVML simulator"
+
+
+BADGE_COLOURS: dict[str, str] = {
     NodeState.ONLINE: "green",
     NodeState.DRAINING: "amber",
     NodeState.OFFLINE: "grey",

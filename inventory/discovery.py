@@ -26,10 +26,22 @@ TEXT_FIELDS = (
     "cpu_affinity",
 )
 VALUE_FIELDS = ("index", "memory_total_mib", "power_limit_default_w", "numa_node", "socket")
+# Every field a clean scan sets (the keys of ``gpu_fields``), in display order: the one list
+# that services, admin and API read through ``inventory.models.Gpu.DISCOVERED_FIELDS``.
+GPU_FIELDS = (
+    *VALUE_FIELDS,
+    *TEXT_FIELDS,
+    "nvlink_count",
+    "mig_capable",
+    "mig_enabled",
+    "mig_pending_enabled",
+    "error_message",
+)
 # Changes of these fields are worth an audit row of their own kind.
 NODE_FIELDS = ("driver_version", "cuda_driver_version", "nvml_version")
 
 LinkKey = tuple[str, str]  # the two GPU UUIDs, sorted
+NicKey = tuple[str, str]  # GPU UUID, NIC name (mlx5_0)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,7 @@ class SyncPlan:
     gpu_moved: list[str] = field(default_factory=list)
     mig_layouts: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     links: dict[LinkKey, tuple[str, int]] | None = None  # None: topology unchanged
+    nic_links: dict[NicKey, str] | None = None  # set with ``links``
     changes: list[Change] = field(default_factory=list)
 
     @property
@@ -131,6 +144,21 @@ def topology_links(scan: NodeScan) -> dict[LinkKey, tuple[str, int]]:
     return links
 
 
+def topology_nic_links(scan: NodeScan) -> dict[NicKey, str]:
+    """Every cleanly scanned GPU and NIC of ``topo -m`` -> their link (PIX ... SYS)."""
+    if scan.topology is None:
+        return {}
+    topology = scan.topology
+    uuid_at = {gpu.facts.index: gpu.facts.uuid for gpu in scan.gpus if not gpu.facts.error_message}
+    return {
+        (uuid_at[index], nic): link
+        for index, row in zip(topology.gpus, topology.nic_links, strict=False)
+        if index in uuid_at
+        for nic, link in zip(topology.nics, row, strict=True)
+        if link
+    }
+
+
 def plan_sync(
     hostname: str,
     scan: NodeScan,
@@ -138,6 +166,7 @@ def plan_sync(
     node: dict[str, Any],
     stored: dict[str, StoredGpu],
     stored_links: dict[LinkKey, tuple[str, int]],
+    stored_nic_links: dict[NicKey, str],
 ) -> SyncPlan:
     """What to change so the catalog matches ``scan`` of node ``hostname``.
 
@@ -170,14 +199,15 @@ def plan_sync(
             plan.changes.append(Change("gpu.missing", uuid, {"index": gpu.fields["index"]}, None))
     if scan.topology is not None:
         links = topology_links(scan)
-        if links != stored_links:
-            plan.links = links
+        nic_links = topology_nic_links(scan)
+        if links != stored_links or nic_links != stored_nic_links:
+            plan.links, plan.nic_links = links, nic_links
             plan.changes.append(
                 Change(
                     "node.topology_changed",
                     None,
-                    {"links": len(stored_links)},
-                    {"links": len(links)},
+                    {"links": len(stored_links), "nic_links": len(stored_nic_links)},
+                    {"links": len(links), "nic_links": len(nic_links)},
                 )
             )
     return plan

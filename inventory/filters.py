@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import django_filters
-from django.db.models import QuerySet
+from django import forms
+from django.db.models import Q, QuerySet
+from django.forms.renderers import BaseRenderer
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from inventory import live
 from inventory.choices import GpuState, NodeState
-from inventory.models import Gpu, MigInstance, Node
+from inventory.models import Gpu, MigInstance, Node, Pool
+from inventory.occupancy import Occupancy
+from inventory.querysets import GpuQuerySet
 
 
 class NodeFilterSet(django_filters.FilterSet):
@@ -21,29 +30,106 @@ class NodeFilterSet(django_filters.FilterSet):
         fields = ["hostname", "state", "pool", "pool_id"]
 
 
+class SuggestInput(forms.TextInput):
+    """A text input offering the values it may take as a ``<datalist>``; ``suggestions`` is
+    read only when the field is rendered (the page's form), never when the API filters."""
+
+    def __init__(self, suggestions: Callable[[], Iterable[str]]) -> None:
+        super().__init__()
+        self.suggestions = suggestions
+
+    def render(
+        self,
+        name: str,
+        value: Any,
+        attrs: dict[str, Any] | None = None,
+        renderer: BaseRenderer | None = None,
+    ) -> SafeString:
+        list_id = f"suggest-{name}"
+        field = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
+        options = format_html_join("", '<option value="{}">', ((v,) for v in self.suggestions()))
+        return format_html('{}<datalist id="{}">{}</datalist>', field, list_id, options)
+
+
+def _hostnames() -> Iterable[str]:
+    return Node.objects.values_list("hostname", flat=True)
+
+
+def _models() -> Iterable[str]:
+    return Gpu.objects.order_by("name").values_list("name", flat=True).distinct()
+
+
+def _pools() -> Iterable[str]:
+    return Pool.objects.values_list("name", flat=True)
+
+
+ANY = [("", "all"), ("true", "yes"), ("false", "no")]
+
+
 class GpuFilterSet(django_filters.FilterSet):
-    node = django_filters.CharFilter(field_name="node__hostname", help_text="Node hostname.")
-    node_id = django_filters.NumberFilter(field_name="node_id")
-    model = django_filters.CharFilter(
-        field_name="name", lookup_expr="icontains", help_text="GPU model (product name) contains."
+    """The GPUs of the API's list and of the fleet dashboard, which renders ``form``'s visible
+    fields (the others ride along hidden, so a page URL filters as the API does)."""
+
+    node = django_filters.CharFilter(
+        field_name="node__hostname",
+        label="Node",
+        help_text="Node hostname.",
+        widget=SuggestInput(_hostnames),
     )
-    state = django_filters.ChoiceFilter(choices=GpuState.choices)
-    pool = django_filters.CharFilter(field_name="pool__name", help_text="Pool name.")
-    pool_id = django_filters.NumberFilter(field_name="pool_id")
-    mig_enabled = django_filters.BooleanFilter()
+    node_id = django_filters.NumberFilter(field_name="node_id", widget=forms.HiddenInput)
+    model = django_filters.CharFilter(
+        field_name="name",
+        lookup_expr="icontains",
+        label="Model",
+        help_text="GPU model (product name) contains.",
+        widget=SuggestInput(_models),
+    )
+    state = django_filters.ChoiceFilter(label="State", choices=GpuState.choices, empty_label="all")
+    pool = django_filters.CharFilter(
+        method="filter_pool",
+        label="Pool",
+        help_text="Pool name: the GPU's pool, or its node's when the GPU has none.",
+        widget=SuggestInput(_pools),
+    )
+    pool_id = django_filters.NumberFilter(
+        method="filter_pool", help_text="Pool id, as `pool`.", widget=forms.HiddenInput
+    )
+    mig_enabled = django_filters.BooleanFilter(widget=forms.HiddenInput)
     missing = django_filters.BooleanFilter(
-        method="filter_missing", help_text="Missing from the last scan of its node."
+        method="filter_missing",
+        help_text="Missing from the last scan of its node.",
+        widget=forms.HiddenInput,
     )
     busy = django_filters.BooleanFilter(
-        method="filter_busy", help_text="Its live sample lists at least one process."
+        method="filter_busy",
+        help_text="Its live sample lists at least one process.",
+        widget=forms.HiddenInput,
     )
     free = django_filters.BooleanFilter(
-        method="filter_free", help_text="Schedulable now (see the README) and not busy."
+        method="filter_free",
+        label="Free",
+        help_text="Usable now (the one rule, see the README: schedulable, and a live sample "
+        "without NVML error or process) and held by no job.",
+        widget=forms.Select(choices=ANY),
     )
 
     class Meta:
         model = Gpu
         fields = ["node", "node_id", "model", "state", "pool", "pool_id", "mig_enabled", "missing"]
+
+    @property
+    def active(self) -> bool:
+        """Whether the query filters at all (the page then shows only nodes with a GPU)."""
+        return any(self.data.get(name) for name in self.filters)
+
+    def filter_pool(self, queryset: QuerySet[Gpu], name: str, value: Any) -> QuerySet:
+        if value in (None, ""):
+            return queryset
+        key = "name" if name == "pool" else "pk"
+        # A GPU without a pool of its own belongs to its node's pool.
+        return queryset.filter(
+            Q(**{f"pool__{key}": value}) | Q(pool__isnull=True, **{f"node__pool__{key}": value})
+        )
 
     def filter_missing(self, queryset: QuerySet[Gpu], name: str, value: bool | None) -> QuerySet:
         if value is None:
@@ -56,10 +142,12 @@ class GpuFilterSet(django_filters.FilterSet):
         busy = _busy_uuids(queryset)
         return queryset.filter(uuid__in=busy) if value else queryset.exclude(uuid__in=busy)
 
-    def filter_free(self, queryset: QuerySet[Gpu], name: str, value: bool | None) -> QuerySet:
+    def filter_free(self, queryset: GpuQuerySet, name: str, value: bool | None) -> QuerySet:
         if value is None:
             return queryset
-        free = queryset.schedulable().exclude(uuid__in=_busy_uuids(queryset))
+        candidates = list(queryset.schedulable().values_list("pk", flat=True))
+        occupancy = Occupancy(candidates)
+        free = queryset.free(held=[pk for pk in candidates if occupancy.get(pk)])
         return free if value else queryset.exclude(pk__in=free.values("pk"))
 
 

@@ -21,5 +21,5 @@ class MigCreateForm(forms.Form):
     def __init__(self, *args: Any, gpu: Gpu, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         table = mig_catalog.table_for_gpu(gpu.name)
-        profiles = table["gpu_instance_profiles"] if table else []
-        self.fields["profile_name"].choices = [(p["name"], p["name"]) for p in profiles]
+        profiles = table.profiles if table else ()
+        self.fields["profile_name"].choices = [(p.name, p.name) for p in profiles]

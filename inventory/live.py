@@ -10,21 +10,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from functools import cache
 from typing import Any
 
-import redis
 from django.conf import settings
 
+from gpuadmin.redis_client import client
 from inventory.nvml.scanner import GpuScan, NodeScan
 
 KEY_PREFIX = "gpuadmin:live:"
-
-
-@cache
-def client() -> redis.Redis:
-    """One connection pool per process, to ``REDIS_URL``."""
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
 
 
 def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
@@ -50,10 +43,23 @@ def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
     return values
 
 
+# The UUID this process last saw at each GPU index of each node it published.
+_uuid_at: dict[str, dict[int, str]] = {}
+
+
 def publish(hostname: str, scan: NodeScan, *, ttl_s: int | None = None) -> None:
-    """Replace the node's samples with this scan's (GPUs without a UUID cannot be shown)."""
+    """Replace the node's samples with this scan's. A GPU whose queries failed before its
+    UUID was read (one that fell off the bus) is published under the UUID last seen at its
+    index, so that its NVML error makes it unusable at once; one never seen cannot be shown
+    (the scan sent to the catalog names it by index)."""
     at = time.time()
-    mapping = {gpu.facts.uuid: json.dumps(sample(gpu, at)) for gpu in scan.gpus if gpu.facts.uuid}
+    known = _uuid_at.setdefault(hostname, {})
+    known.update((gpu.facts.index, gpu.facts.uuid) for gpu in scan.gpus if gpu.facts.uuid)
+    mapping = {
+        uuid: json.dumps(sample(gpu, at))
+        for gpu in scan.gpus
+        if (uuid := gpu.facts.uuid or known.get(gpu.facts.index))
+    }
     key = KEY_PREFIX + hostname
     pipe = client().pipeline()
     pipe.delete(key)

@@ -1,4 +1,4 @@
-"""What hardware exists: pools, nodes, GPUs, MIG instances and the links between GPUs.
+"""What hardware exists: pools, nodes, GPUs, MIG instances and the links between GPUs and to NICs.
 
 Two kinds of fields live side by side. *Discovered* fields are written only by discovery
 (``inventory.services.apply_discovery``) from NVML scans and are read-only in the admin.
@@ -8,7 +8,9 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -16,8 +18,10 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory.choices import GpuState, NodeState
+from inventory.choices import GpuState, NodeState, NvmlBackend
+from inventory.discovery import GPU_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
+from inventory.usability import Unusable, why_unusable
 
 
 class Pool(models.Model):
@@ -65,6 +69,7 @@ class Node(CatalogFields):
     DISCOVERED_FIELDS = (
         "hostname",
         "model",
+        "nvml_backend",
         "driver_version",
         "cuda_driver_version",
         "nvml_version",
@@ -79,9 +84,17 @@ class Node(CatalogFields):
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.ONLINE)
     # Discovered (agent registration and scans)
     model = models.CharField(max_length=100, blank=True, help_text="Machine model, e.g. dgx-h100.")
+    nvml_backend = models.CharField(
+        "NVML backend",
+        max_length=8,
+        choices=NvmlBackend.choices,
+        blank=True,
+        help_text="What the node's agent queries: the NVIDIA driver, or the NVML simulator "
+        "running the node's machine model. Empty until an agent says.",
+    )
     driver_version = models.CharField(max_length=32, blank=True)
-    cuda_driver_version = models.CharField(max_length=16, blank=True)
-    nvml_version = models.CharField(max_length=32, blank=True)
+    cuda_driver_version = models.CharField("CUDA driver version", max_length=16, blank=True)
+    nvml_version = models.CharField("NVML version", max_length=32, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     scan_error = models.TextField(blank=True)
     registered_at = models.DateTimeField(default=timezone.now)
@@ -108,30 +121,40 @@ class Gpu(CatalogFields):
     """A physical GPU, identified by its NVML UUID for life: it keeps its row when it goes
     missing from scans, comes back, or moves to another node."""
 
-    uuid = models.CharField(max_length=64, unique=True)
+    # What agents report (read-only for people), in display order.
+    DISCOVERED_FIELDS = (
+        "uuid",
+        "node",
+        *GPU_FIELDS,
+        "first_seen_at",
+        "last_seen_at",
+        "missing_since",
+    )
+
+    uuid = models.CharField("UUID", max_length=64, unique=True)
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="gpus")
     state = models.CharField(max_length=16, choices=GpuState.choices, default=GpuState.AVAILABLE)
     # Discovered
     index = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=100)
     serial = models.CharField(max_length=32, blank=True)
-    pci_bus_id = models.CharField(max_length=16)
-    pci_device_id = models.CharField(max_length=10, blank=True)
+    pci_bus_id = models.CharField("PCI bus ID", max_length=16)
+    pci_device_id = models.CharField("PCI device ID", max_length=10, blank=True)
     board_part_number = models.CharField(max_length=32, blank=True)
-    vbios_version = models.CharField(max_length=32, blank=True)
+    vbios_version = models.CharField("VBIOS version", max_length=32, blank=True)
     architecture = models.CharField(max_length=16, blank=True)
     compute_capability = models.CharField(max_length=8, blank=True)
-    memory_total_mib = models.PositiveIntegerField(default=0)
-    power_limit_default_w = models.FloatField(null=True, blank=True)
-    numa_node = models.SmallIntegerField(null=True, blank=True)
+    memory_total_mib = models.PositiveIntegerField("memory (MiB)", default=0)
+    power_limit_default_w = models.FloatField("default power limit (W)", null=True, blank=True)
+    numa_node = models.SmallIntegerField("NUMA node", null=True, blank=True)
     socket = models.SmallIntegerField(
         null=True, blank=True, help_text="CPU socket, named by its lowest NUMA node."
     )
-    cpu_affinity = models.CharField(max_length=200, blank=True)
-    nvlink_count = models.PositiveSmallIntegerField(default=0)
-    mig_capable = models.BooleanField(default=False)
-    mig_enabled = models.BooleanField(default=False)
-    mig_pending_enabled = models.BooleanField(default=False)
+    cpu_affinity = models.CharField("CPU affinity", max_length=200, blank=True)
+    nvlink_count = models.PositiveSmallIntegerField("NVLinks", default=0)
+    mig_capable = models.BooleanField("MIG capable", default=False)
+    mig_enabled = models.BooleanField("MIG enabled", default=False)
+    mig_pending_enabled = models.BooleanField("MIG enabled after reset", default=False)
     error_message = models.TextField(blank=True)
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
@@ -140,6 +163,8 @@ class Gpu(CatalogFields):
     objects = GpuQuerySet.as_manager()
 
     class Meta:
+        verbose_name = "GPU"
+        verbose_name_plural = "GPUs"
         ordering = ["node__hostname", "index"]
         constraints = [
             models.UniqueConstraint(
@@ -155,6 +180,26 @@ class Gpu(CatalogFields):
     @property
     def is_missing(self) -> bool:
         return self.missing_since is not None
+
+    def unusable(
+        self,
+        sample: Mapping[str, Any] | None = None,
+        *,
+        allocated: bool = False,
+        now: datetime | None = None,
+    ) -> Unusable | None:
+        """Why it cannot take a whole-GPU job now (``inventory.usability``, its node loaded),
+        given its latest live sample and whether an active allocation holds it."""
+        return why_unusable(
+            node_state=self.node.state,
+            reachable=self.node.is_reachable(now),
+            gpu_state=self.state,
+            missing=self.is_missing,
+            error_message=self.error_message,
+            mig_enabled=self.mig_enabled,
+            sample=sample,
+            allocated=allocated,
+        )
 
 
 class MigInstance(models.Model):
@@ -174,19 +219,25 @@ class MigInstance(models.Model):
         "sm_count",
     )
 
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="mig_instances")
-    uuid = models.CharField(max_length=64, unique=True, null=True, blank=True)
-    gi_id = models.PositiveSmallIntegerField()
-    ci_id = models.PositiveSmallIntegerField()
-    profile_name = models.CharField(max_length=32, help_text="GPU instance profile, e.g. 3g.20gb")
-    profile_id = models.PositiveSmallIntegerField()
-    ci_profile_name = models.CharField(max_length=32)
+    gpu = models.ForeignKey(
+        Gpu, verbose_name="GPU", on_delete=models.CASCADE, related_name="mig_instances"
+    )
+    uuid = models.CharField("UUID", max_length=64, unique=True, null=True, blank=True)
+    gi_id = models.PositiveSmallIntegerField("GPU instance ID")
+    ci_id = models.PositiveSmallIntegerField("compute instance ID")
+    profile_name = models.CharField(
+        "profile", max_length=32, help_text="GPU instance profile, e.g. 3g.20gb"
+    )
+    profile_id = models.PositiveSmallIntegerField("profile ID")
+    ci_profile_name = models.CharField("compute instance profile", max_length=32)
     placement_start = models.PositiveSmallIntegerField()
     placement_size = models.PositiveSmallIntegerField()
-    memory_mib = models.PositiveIntegerField()
-    sm_count = models.PositiveSmallIntegerField()
+    memory_mib = models.PositiveIntegerField("memory (MiB)")
+    sm_count = models.PositiveSmallIntegerField("SMs")
 
     class Meta:
+        verbose_name = "MIG instance"
+        verbose_name_plural = "MIG instances"
         ordering = ["gpu", "gi_id", "ci_id"]
         constraints = [
             models.UniqueConstraint(
@@ -202,12 +253,14 @@ class GpuLink(models.Model):
     """How two GPUs of a node reach each other, as ``nvidia-smi topo -m`` names it."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="links")
-    gpu_a = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
-    gpu_b = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="+")
+    gpu_a = models.ForeignKey(Gpu, verbose_name="GPU A", on_delete=models.CASCADE, related_name="+")
+    gpu_b = models.ForeignKey(Gpu, verbose_name="GPU B", on_delete=models.CASCADE, related_name="+")
     link_type = models.CharField(max_length=8, help_text="NV#, PIX, PXB, PHB, NODE or SYS")
-    nvlink_count = models.PositiveSmallIntegerField(default=0)
+    nvlink_count = models.PositiveSmallIntegerField("NVLinks", default=0)
 
     class Meta:
+        verbose_name = "GPU link"
+        verbose_name_plural = "GPU links"
         ordering = ["node", "gpu_a__index", "gpu_b__index"]
         constraints = [
             models.UniqueConstraint(fields=["gpu_a", "gpu_b"], name="inventory_link_unique_pair"),
@@ -218,3 +271,26 @@ class GpuLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gpu_a_id}-{self.gpu_b_id} {self.link_type}"
+
+
+class GpuNicLink(models.Model):
+    """How a GPU reaches a network adapter of its node (a NIC column of ``topo -m``): the path
+    a multi-node job's traffic takes, so GPU-NIC affinity matters for placement and debugging."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="nic_links")
+    gpu = models.ForeignKey(
+        Gpu, verbose_name="GPU", on_delete=models.CASCADE, related_name="nic_links"
+    )
+    nic = models.CharField("NIC", max_length=64, help_text="Adapter name, e.g. mlx5_0.")
+    link_type = models.CharField(max_length=8, help_text="PIX, PXB, PHB, NODE or SYS")
+
+    class Meta:
+        verbose_name = "GPU-NIC link"
+        verbose_name_plural = "GPU-NIC links"
+        ordering = ["node", "gpu__index", "nic"]
+        constraints = [
+            models.UniqueConstraint(fields=["gpu", "nic"], name="inventory_nic_link_unique_pair")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id}-{self.nic} {self.link_type}"

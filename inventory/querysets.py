@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from inventory import live, usability
 from inventory.choices import GpuState, NodeState
 
 
@@ -36,10 +38,30 @@ class GpuQuerySet(models.QuerySet):
         return self.filter(node__hostname=hostname)
 
     def schedulable(self, now: datetime | None = None) -> GpuQuerySet:
-        """Present, available, error-free GPUs on online nodes whose agent is reachable."""
+        """GPUs whose stored rows give no reason they cannot take a whole-GPU job
+        (``usability.stored_unusable``): present, available, error-free, not in MIG mode, on
+        online nodes whose agent is reachable. The live sample may still refuse them
+        (``free``, ``usability.sample_unusable``)."""
         return self.present().filter(
             state=GpuState.AVAILABLE,
             error_message="",
+            mig_enabled=False,
             node__state=NodeState.ONLINE,
             node__last_heartbeat_at__gte=heartbeat_cutoff(now),
         )
+
+    def free(
+        self, held: Iterable[int] | models.QuerySet, now: datetime | None = None
+    ) -> GpuQuerySet:
+        """Schedulable GPUs that no job holds (``held``: the ids of GPUs under an active
+        allocation, which only the app above inventory knows) and whose latest live sample
+        shows neither an NVML error nor a process (``usability.sample_unusable``)."""
+        gpus = self.schedulable(now).exclude(pk__in=held)
+        hostnames = gpus.order_by().values_list("node__hostname", flat=True).distinct()
+        refused = {
+            uuid
+            for samples in live.latest(hostnames).values()
+            for uuid, sample in samples.items()
+            if usability.sample_unusable(sample, allocated=False)
+        }
+        return gpus.exclude(uuid__in=refused)

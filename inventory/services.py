@@ -12,7 +12,7 @@ from typing import Any
 from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -21,42 +21,38 @@ from redis.exceptions import RedisError
 from gpuadmin.audit.services import record
 from inventory import live
 from inventory.agent import node_queue
-from inventory.discovery import (
-    TEXT_FIELDS,
-    VALUE_FIELDS,
-    LinkKey,
-    StoredGpu,
-    SyncPlan,
-    plan_sync,
-)
-from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node
+from inventory.choices import NvmlBackend
+from inventory.discovery import GPU_FIELDS, LinkKey, NicKey, StoredGpu, SyncPlan, plan_sync
+from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, GpuNicLink, MigInstance, Node
 from inventory.nvml.scanner import NodeScan
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
-from inventory.signals import gpus_became_schedulable
+from inventory.signals import gpus_became_schedulable, mig_change_requested
 
 DISCOVERY_ACTOR = "discovery"
 
 
 def register_node(
-    hostname: str, *, model: str = "", agent_version: str = "", actor_name: str = "agent"
+    hostname: str,
+    *,
+    model: str = "",
+    agent_version: str = "",
+    nvml_backend: str = "",
+    actor_name: str = "agent",
 ) -> Node:
-    """Create the node on its agent's first start; later starts refresh what the agent says."""
+    """Create the node on its agent's first start; later starts refresh what the agent says
+    (its machine model, version and NVML backend, an ``NvmlBackend`` value)."""
+    if nvml_backend and nvml_backend not in NvmlBackend.values:
+        raise ValueError(f"{nvml_backend!r} is not an NVML backend")
+    said = {"model": model, "agent_version": agent_version, "nvml_backend": nvml_backend}
     with transaction.atomic():
         node, created = Node.objects.select_for_update().get_or_create(
-            hostname=hostname, defaults={"model": model, "agent_version": agent_version}
+            hostname=hostname, defaults=said
         )
         if created:
-            record(
-                "node.registered",
-                actor_name=actor_name,
-                target=node,
-                after={"model": model, "agent_version": agent_version},
-            )
+            record("node.registered", actor_name=actor_name, target=node, after=said)
             return node
         changed = {
-            name: value
-            for name, value in (("model", model), ("agent_version", agent_version))
-            if value and getattr(node, name) != value
+            name: value for name, value in said.items() if value and getattr(node, name) != value
         }
         if changed:
             before = {name: getattr(node, name) for name in changed}
@@ -123,6 +119,7 @@ def apply_discovery(
             node={name: getattr(node, name) for name in _NODE_DISCOVERED},
             stored={gpu.uuid: _stored(gpu) for gpu in rows},
             stored_links=_stored_links(node),
+            stored_nic_links=_stored_nic_links(node),
         )
         Node.objects.filter(pk=node.pk).update(last_scan_at=now, **plan.node_updates)
         if plan.is_empty:
@@ -130,7 +127,7 @@ def apply_discovery(
         with _announcing_schedulable(Gpu.objects.filter(Q(node=node) | Q(uuid__in=scanned_uuids))):
             _apply_gpus(node, plan, by_uuid, now)
         if plan.links is not None:
-            _apply_links(node, plan.links)
+            _apply_links(node, plan.links, plan.nic_links or {})
         for change in plan.changes:
             target = by_uuid.get(change.uuid) if change.uuid else node
             record(
@@ -184,15 +181,6 @@ def discover_node(node: Node) -> NodeScan:
 
 
 def _stored(gpu: Gpu) -> StoredGpu:
-    names = (
-        *TEXT_FIELDS,
-        *VALUE_FIELDS,
-        "nvlink_count",
-        "mig_capable",
-        "mig_enabled",
-        "mig_pending_enabled",
-        "error_message",
-    )
     mig = tuple(
         {name: getattr(instance, name) for name in MigInstance.DISCOVERED_FIELDS}
         for instance in sorted(gpu.mig_instances.all(), key=lambda i: (i.gi_id, i.ci_id))
@@ -201,7 +189,7 @@ def _stored(gpu: Gpu) -> StoredGpu:
         uuid=gpu.uuid,
         hostname=gpu.node.hostname,
         missing=gpu.is_missing,
-        fields={name: getattr(gpu, name) for name in names},
+        fields={name: getattr(gpu, name) for name in GPU_FIELDS},
         mig=mig,
     )
 
@@ -244,9 +232,17 @@ def _apply_gpus(node: Node, plan: SyncPlan, by_uuid: dict[str, Gpu], now: dateti
         MigInstance.objects.bulk_create(MigInstance(gpu=gpu, **row) for row in layout)
 
 
-def _apply_links(node: Node, links: dict[LinkKey, tuple[str, int]]) -> None:
+def _stored_nic_links(node: Node) -> dict[NicKey, str]:
+    rows = GpuNicLink.objects.filter(node=node).values_list("gpu__uuid", "nic", "link_type")
+    return {(uuid, nic): kind for uuid, nic, kind in rows}
+
+
+def _apply_links(
+    node: Node, links: dict[LinkKey, tuple[str, int]], nic_links: dict[NicKey, str]
+) -> None:
     pks = dict(Gpu.objects.filter(node=node).values_list("uuid", "pk"))
     GpuLink.objects.filter(node=node).delete()
+    GpuNicLink.objects.filter(node=node).delete()
     rows = []
     for (a, b), (kind, count) in links.items():
         first, second = sorted((pks[a], pks[b]))
@@ -254,9 +250,13 @@ def _apply_links(node: Node, links: dict[LinkKey, tuple[str, int]]) -> None:
             GpuLink(node=node, gpu_a_id=first, gpu_b_id=second, link_type=kind, nvlink_count=count)
         )
     GpuLink.objects.bulk_create(rows)
+    GpuNicLink.objects.bulk_create(
+        GpuNicLink(node=node, gpu_id=pks[uuid], nic=nic, link_type=kind)
+        for (uuid, nic), kind in nic_links.items()
+    )
 
 
-def set_gpu_state(gpu: Gpu, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
+def set_gpu_state(gpu: Gpu, state: str, *, actor: User, reason: str = "") -> bool:
     """Drain, offline or bring a GPU back online; ``False`` when it already was in ``state``."""
     return _set_state(
         Gpu,
@@ -269,7 +269,7 @@ def set_gpu_state(gpu: Gpu, state: str, *, actor: AbstractBaseUser, reason: str 
     )
 
 
-def set_node_state(node: Node, state: str, *, actor: AbstractBaseUser, reason: str = "") -> bool:
+def set_node_state(node: Node, state: str, *, actor: User, reason: str = "") -> bool:
     """Drain, offline or bring a node back online; ``False`` when it already was in ``state``."""
     return _set_state(
         Node,
@@ -288,7 +288,7 @@ def _set_state(
     state: str,
     *,
     gpus: GpuQuerySet,
-    actor: AbstractBaseUser,
+    actor: User,
     reason: str,
     event_type: str,
 ) -> bool:
@@ -330,10 +330,10 @@ def _announcing_schedulable(gpus: GpuQuerySet) -> Iterator[None]:
 
 def _schedulable_whole(gpus: GpuQuerySet) -> set[int]:
     """Primary keys of ``gpus`` that could be given whole now (a MIG-mode GPU cannot)."""
-    return set(gpus.schedulable().filter(mig_enabled=False).values_list("pk", flat=True))
+    return set(gpus.schedulable().values_list("pk", flat=True))
 
 
-def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: AbstractBaseUser) -> bool:
+def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> bool:
     """Write people-owned fields (``CATALOG_FIELDS``) of a node or GPU under a row lock and
     audit ``<model>.catalog_changed`` with what actually changed; other keys are ignored.
     ``row`` gets the stored values; ``False`` when nothing changed."""
@@ -382,15 +382,13 @@ def _catalog_values(row: Gpu | Node, names: list[str]) -> dict[str, Any]:
 # node that comes back later never runs a change nobody is waiting for).
 MIG_TASK_TIMEOUT_S = 30.0
 
-MigChangeGuard = Callable[[Gpu], str | None]
-_mig_change_guards: list[MigChangeGuard] = []
-
 
 class MigChangeRefused(ValueError):
     """A MIG change that was not made. ``code`` says why: refused here before anything was
     sent (``gpu_missing``, ``mig_disabled``, ``node_unreachable``, ``no_live_sample``,
-    ``busy``, ``no_such_instance``, ``vetoed`` by a registered guard), or by the node's NVML
-    (a ``mig_ops.MigErrorCode`` value: ``no_room``, ``unknown_profile``, ...)."""
+    ``busy``, ``no_such_instance``, ``vetoed`` by a receiver of ``mig_change_requested``), or
+    by the node's NVML (a ``mig_ops.MigErrorCode`` value: ``no_room``, ``unknown_profile``,
+    ...)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -402,15 +400,8 @@ class AgentTimedOut(TimeoutError):
     """The node's agent did not answer in time; the catalog was left as it was."""
 
 
-def register_mig_change_guard(guard: MigChangeGuard) -> None:
-    """Let an app above inventory veto MIG changes of a GPU (scheduling: "it has an active
-    allocation"). A guard returns the refusal sentence, or None to allow the change."""
-    if guard not in _mig_change_guards:
-        _mig_change_guards.append(guard)
-
-
 def create_mig_instance(
-    gpu: Gpu, profile_name: str, *, actor: AbstractBaseUser, placement_start: int | None = None
+    gpu: Gpu, profile_name: str, *, actor: User, placement_start: int | None = None
 ) -> list[MigInstance]:
     """Create a ``profile_name`` GPU instance (at ``placement_start``, or where NVML chooses)
     with its full-size compute instance on ``gpu``, through its node's agent.
@@ -445,7 +436,7 @@ def create_mig_instance(
     return _apply_mig_outcome(gpu, outcome, audit)
 
 
-def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: AbstractBaseUser) -> list[MigInstance]:
+def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: User) -> list[MigInstance]:
     """Destroy GPU instance ``gi_id`` of ``gpu`` (its compute instances first) through its
     node's agent; same refusals, timeout and auditing (``gpu.mig_instance_destroyed``) as
     ``create_mig_instance``. Returns the GPU's MIG instances after the change."""
@@ -501,8 +492,9 @@ def _check_mig_change(gpu: Gpu) -> Gpu:
         )
     if processes:
         raise MigChangeRefused(f"{label} is busy: {processes} process(es) running on it", "busy")
-    for guard in _mig_change_guards:
-        if reason := guard(gpu):
+    # Apps above inventory may veto (scheduling: a job holds the GPU).
+    for _receiver, reason in mig_change_requested.send(sender=Gpu, gpu=gpu):
+        if reason:
             raise MigChangeRefused(reason, "vetoed")
     return gpu
 

@@ -7,6 +7,7 @@ register the node) and heartbeats.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ from inventory import services
 from inventory.agent import node_backend, scan_this_node
 from inventory.nvml import mig_ops
 from inventory.nvml.scanner import NodeScan, scan
+
+log = logging.getLogger("gpuadmin.inventory")
 
 
 @shared_task(name="inventory.scan_node")
@@ -32,13 +35,25 @@ def heartbeat(hostname: str, sent_at: str) -> None:
 
 @shared_task(name="inventory.sync_node")
 def sync_node(
-    hostname: str, scan: dict[str, Any], sent_at: str, model: str, agent_version: str
+    hostname: str,
+    scan: dict[str, Any],
+    sent_at: str,
+    model: str,
+    agent_version: str,
+    nvml_backend: str = "",
 ) -> dict[str, int]:
     """Register the node (first time) and apply its agent's scan; returns how many audited
-    differences the scan brought."""
-    services.register_node(hostname, model=model, agent_version=agent_version)
+    differences the scan brought. ``nvml_backend`` (``real`` or ``sim``) stays unknown for an
+    agent of an older release that does not send it."""
+    services.register_node(
+        hostname, model=model, agent_version=agent_version, nvml_backend=nvml_backend
+    )
     plan = services.apply_discovery(hostname, NodeScan.from_dict(scan))
     services.record_heartbeat(hostname, parse_datetime(sent_at))
+    if plan.changes:  # a rescan that finds nothing new is not worth a line
+        log.info(
+            "node %s: its scan changed %d thing(s) in the catalog", hostname, len(plan.changes)
+        )
     return {"changes": len(plan.changes)}
 
 

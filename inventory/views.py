@@ -6,8 +6,10 @@ renders alone for HTMX requests (not boosted ones), polled every 2 s while the t
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.messages.storage.base import Message
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
@@ -16,11 +18,16 @@ from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
 
+from gpuadmin.access.models import Role
+from gpuadmin.access.permissions import role_required, signed_in
+from gpuadmin.access.services import is_admin
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
-from inventory import live, pages, services
+from inventory import live, services
+from inventory.filters import GpuFilterSet
 from inventory.forms import MigCreateForm
 from inventory.models import Gpu, GpuLink, Node
+from inventory.pages import fleet, mig, topology
 
 AUDIT_HISTORY = 50
 
@@ -29,15 +36,15 @@ AUDIT_HISTORY = 50
 @vary_on_headers("HX-Request")
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     """Every node in view as a card of its GPUs with their live values; filters in the URL."""
-    filters = pages.FleetFilters.from_query(request.GET)
-    nodes = list(filters.nodes())
-    rows, summary = pages.fleet_rows(nodes, live.latest(node.hostname for node in nodes))
-    context = {"nodes": rows, "summary": summary, "filters": filters}
+    # The API's FilterSet: a query string selects the same GPUs here and in /api/v1/gpus/.
+    filterset = GpuFilterSet(request.GET, queryset=Gpu.objects.all())
+    nodes = list(fleet.nodes_in_view(filterset.qs, filtered=filterset.active))
+    rows, summary = fleet.fleet_rows(nodes, live.latest(node.hostname for node in nodes))
+    context = {"nodes": rows, "summary": summary, "filterset": filterset}
     if htmx_partial(request):
         if not nodes:
             return HttpResponseStopPolling()  # nothing in view to refresh
         return render(request, "inventory/dashboard.html#refresh", context)
-    context["filter_fields"] = pages.filter_fields(filters)
     return render(request, "inventory/dashboard.html", context)
 
 
@@ -50,7 +57,7 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     )
     node = gpu.node
     sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid)
-    context = {"gpu": gpu, "row": pages.GpuRow(gpu, node.is_reachable(), sample, node.state)}
+    context = {"gpu": gpu, "row": fleet.GpuRow(gpu, node.is_reachable(), sample, node.state)}
     if htmx_partial(request):
         if gpu.is_missing:
             return HttpResponseStopPolling()  # a GPU gone from its node publishes no samples
@@ -60,81 +67,115 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
         for link in GpuLink.objects.filter(Q(gpu_a=gpu) | Q(gpu_b=gpu))
     }
     peers = [
-        (peer, pages.link_cell(gpu, peer, links.get(peer.pk)))
+        (peer, topology.link_cell(gpu, peer, links.get(peer.pk)))
         for peer in node.gpus.present().exclude(pk=gpu.pk).order_by("index")
     ]
     context.update(
-        mig=pages.mig_layout(gpu, gpu.mig_instances.all()) if gpu.mig_capable else None,
+        mig=mig.mig_layout(gpu, gpu.mig_instances.all()) if gpu.mig_capable else None,
         peers=peers,
         events=AuditEvent.objects.filter(target_type="inventory.gpu", target_id=gpu.uuid)[
             :AUDIT_HISTORY
         ]
-        if request.user.is_staff
-        else [],
+        if is_admin(request.user)
+        else None,  # the history is for admins
     )
     return render(request, "inventory/gpu_detail.html", context)
 
 
+# A message's extra tag naming the GPU whose MIG card shows it.
+_ABOUT_GPU = "gpu:"
+
+
 @require_GET
 def node_mig(request: HttpRequest, hostname: str) -> HttpResponse:
-    """The node's MIG-capable GPUs: instances drawn on the slices, and what still fits."""
+    """The node's MIG-capable GPUs: instances drawn on the slices, and what still fits; the
+    outcome of an admin's change shows on the card of the GPU it concerns."""
     node = get_object_or_404(Node, hostname=hostname)
-    layouts = [pages.mig_layout(gpu, gpu.mig_instances.all()) for gpu in pages.mig_gpus(node)]
-    if request.user.is_staff:
-        for layout in layouts:
+    layouts = [mig.mig_layout(gpu, gpu.mig_instances.all()) for gpu in mig.mig_gpus(node)]
+    about_gpu: dict[str, list[Message]] = defaultdict(list)
+    elsewhere = []
+    for message in messages.get_messages(request):
+        if message.extra_tags.startswith(_ABOUT_GPU):
+            about_gpu[message.extra_tags.removeprefix(_ABOUT_GPU)].append(message)
+        else:
+            elsewhere.append(message)
+    for layout in layouts:
+        layout.messages = about_gpu.pop(layout.gpu.uuid, [])
+        if is_admin(request.user):
             layout.create_form = MigCreateForm(gpu=layout.gpu)
-    return render(request, "inventory/node_mig.html", {"node": node, "layouts": layouts})
+    elsewhere += [message for left in about_gpu.values() for message in left]
+    return render(
+        request,
+        "inventory/node_mig.html",
+        {"node": node, "layouts": layouts, "messages": elsewhere},
+    )
 
 
-def _back_to_mig_page(gpu: Gpu) -> HttpResponseRedirect:
+def _back_to_mig_page(
+    request: HttpRequest, gpu: Gpu, level: int, message: str
+) -> HttpResponseRedirect:
+    """To the GPU's card on its node's MIG page, which shows ``message`` at its top."""
+    messages.add_message(request, level, message, extra_tags=_ABOUT_GPU + gpu.uuid)
     url = reverse("inventory:node-mig", args=[gpu.node.hostname])
     return redirect(f"{url}#mig-gpu{gpu.index}")
 
 
 @require_POST
-@staff_member_required
+@role_required(Role.ADMIN)
 def mig_create(request: HttpRequest, uuid: str) -> HttpResponse:
     """Create a MIG GPU instance through the node's agent (admins); back to the MIG page."""
     gpu = get_object_or_404(Gpu.objects.select_related("node"), uuid=uuid)
     form = MigCreateForm(request.POST, gpu=gpu)
     if not form.is_valid():
-        messages.error(request, f"GPU {gpu.index}: {form.errors.as_text()}")
-        return _back_to_mig_page(gpu)
+        return _back_to_mig_page(
+            request, gpu, messages.ERROR, f"GPU {gpu.index}: {form.errors.as_text()}"
+        )
     profile = form.cleaned_data["profile_name"]
     try:
         services.create_mig_instance(
-            gpu, profile, actor=request.user, placement_start=form.cleaned_data["placement_start"]
+            gpu,
+            profile,
+            actor=signed_in(request),
+            placement_start=form.cleaned_data["placement_start"],
         )
     except (services.MigChangeRefused, services.AgentTimedOut) as exc:
-        messages.error(request, f"{profile} not created on GPU {gpu.index}: {exc}")
-    else:
-        messages.success(request, f"Created a {profile} instance on GPU {gpu.index}.")
-    return _back_to_mig_page(gpu)
+        return _back_to_mig_page(
+            request, gpu, messages.ERROR, f"{profile} not created on GPU {gpu.index}: {exc}"
+        )
+    return _back_to_mig_page(
+        request, gpu, messages.SUCCESS, f"Created a {profile} instance on GPU {gpu.index}."
+    )
 
 
 @require_POST
-@staff_member_required
+@role_required(Role.ADMIN)
 def mig_destroy(request: HttpRequest, uuid: str, gi_id: int) -> HttpResponse:
     """Destroy a MIG GPU instance through the node's agent (admins); back to the MIG page."""
     gpu = get_object_or_404(Gpu.objects.select_related("node"), uuid=uuid)
     try:
-        services.destroy_mig_instance(gpu, gi_id, actor=request.user)
+        services.destroy_mig_instance(gpu, gi_id, actor=signed_in(request))
     except (services.MigChangeRefused, services.AgentTimedOut) as exc:
-        messages.error(request, f"GPU instance {gi_id} of GPU {gpu.index} not destroyed: {exc}")
-    else:
-        messages.success(request, f"Destroyed GPU instance {gi_id} of GPU {gpu.index}.")
-    return _back_to_mig_page(gpu)
+        return _back_to_mig_page(
+            request,
+            gpu,
+            messages.ERROR,
+            f"GPU instance {gi_id} of GPU {gpu.index} not destroyed: {exc}",
+        )
+    return _back_to_mig_page(
+        request, gpu, messages.SUCCESS, f"Destroyed GPU instance {gi_id} of GPU {gpu.index}."
+    )
 
 
 @require_GET
 def node_topology(request: HttpRequest, hostname: str) -> HttpResponse:
-    """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity."""
+    """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity and its NICs."""
     node = get_object_or_404(Node, hostname=hostname)
     gpus = list(node.gpus.present().order_by("index"))
+    rows = topology.topology_rows(gpus, node.links.all(), nic_links=node.nic_links.all())
     context = {
         "node": node,
-        "rows": pages.topology_rows(gpus, node.links.all()),
-        "legend": pages.LINK_CLASSES,
-        "nvlink_rates": pages.NVLINK_GBPS_PER_LINK,
+        "rows": rows,
+        "legend": topology.LINK_CLASSES,
+        "has_nvlink": topology.has_nvlink(rows),
     }
     return render(request, "inventory/node_topology.html", context)

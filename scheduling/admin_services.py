@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from gpuadmin.audit.services import record
 from inventory.models import Gpu
-from scheduling import loop, services
+from scheduling import dispatch, services
 from scheduling.models import Allocation, Job, JobState, SchedulerSettings
 
 
@@ -37,7 +37,7 @@ def _locked_settings() -> SchedulerSettings:
     return SchedulerSettings.objects.select_for_update().get(pk=1)
 
 
-def set_scheduler_enabled(enabled: bool, *, actor: AbstractBaseUser) -> SchedulerSettings:
+def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
     """Start or stop placing jobs (audited ``scheduler.started``/``scheduler.stopped``; a
     no-op when it already is). Starting wakes the loop."""
     with transaction.atomic():
@@ -57,7 +57,7 @@ def set_scheduler_enabled(enabled: bool, *, actor: AbstractBaseUser) -> Schedule
     return config
 
 
-def set_policy(policy: str, aging_interval_s: int, *, actor: AbstractBaseUser) -> SchedulerSettings:
+def set_policy(policy: str, aging_interval_s: int, *, actor: User) -> SchedulerSettings:
     """Change the queue policy (values checked by the caller; audited
     ``scheduler.policy_changed`` with before/after). The loop is woken to re-order the queue."""
     with transaction.atomic():
@@ -78,9 +78,7 @@ def set_policy(policy: str, aging_interval_s: int, *, actor: AbstractBaseUser) -
 # --------------------------------------------------------------------------- by hand
 
 
-def allocate_by_hand(
-    job: Job, gpu_uuids: list[str], *, actor: AbstractBaseUser
-) -> list[Allocation]:
+def allocate_by_hand(job: Job, gpu_uuids: list[str], *, actor: User) -> list[Allocation]:
     """Give these GPUs to a QUEUED job and send it to its nodes, as the loop would.
 
     The GPUs must match the request's shape (``gpu_count`` GPUs on each of ``node_count``
@@ -108,7 +106,7 @@ def allocate_by_hand(
             rows = services.allocate(
                 job, [gpu.pk for gpu in gpus], actor=actor, placement=placement, manual=True
             )
-            transaction.on_commit(lambda: loop.dispatch(job.pk))
+            transaction.on_commit(lambda: dispatch.dispatch(job.pk))
     except services.AllocationRefused:
         holders = (
             Allocation.objects.active()
@@ -166,7 +164,7 @@ class Release:
     releasing: list[str]
 
 
-def release_by_hand(job: Job, *, actor: AbstractBaseUser) -> Release:
+def release_by_hand(job: Job, *, actor: User) -> Release:
     """Take a job's GPUs back by canceling it (``services.cancel_job``, audited). Raises
     ``AllocationRefused`` when it holds none."""
     held = sorted(Allocation.objects.active().filter(job=job).values_list("gpu__uuid", flat=True))

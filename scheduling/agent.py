@@ -1,6 +1,9 @@
 """The job side of a node agent: one ``Executor`` per agent process, its events reported to
 the central worker, and (on simulated nodes) the simulator following the jobs' processes.
 
+Jobs arrive as the executor's own ``JobSpec`` (``to_dict``, built by ``scheduling.dispatch``)
+and go back as its events; the agent only gives a job without a directory a scratch folder.
+
 The agent's Celery worker runs with the solo pool, so the tasks of ``scheduling.tasks`` that
 run on the node queue and the executor's threads share this process and its one executor.
 """
@@ -10,14 +13,16 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from celery import current_app
 from django.conf import settings
 from django.utils import timezone
+from redis.exceptions import RedisError
 
-from inventory.agent import scan_this_node
+from inventory.agent import publish_sample, scan_this_node
 from inventory.nvml.sim import faults
 from scheduling.executor import (
     Executor,
@@ -25,7 +30,8 @@ from scheduling.executor import (
     FinalState,
     JobFinished,
     JobSpec,
-    JobStarted,
+    executor_id,
+    parse_executor_id,
 )
 
 log = logging.getLogger("gpuadmin.agent")
@@ -41,16 +47,6 @@ _canceled: set[str] = set()  # executor ids canceled before their run_job arrive
 
 def agent_dir(hostname: str) -> Path:
     return settings.GPUADMIN_DATA_DIR / "agent" / hostname
-
-
-def executor_id(job_id: int, attempt: int) -> str:
-    """One executor job per attempt, so a retry never reads or signals an old run."""
-    return f"{job_id}.{attempt}"
-
-
-def parse_executor_id(value: str) -> tuple[int, int]:
-    job_id, attempt = value.split(".")
-    return int(job_id), int(attempt)
 
 
 def executor() -> Executor:
@@ -85,32 +81,20 @@ def executor() -> Executor:
         return _executor
 
 
-def run_job(spec: dict[str, Any]) -> None:
-    """Start the node's part of a placed job (``loop.job_spec``)."""
-    name = executor_id(spec["job_id"], spec["attempt"])
+def run_job(data: dict[str, Any]) -> None:
+    """Start the node's part of a placed job (a ``JobSpec.to_dict()``)."""
+    name = data["job_id"]
     if name in _canceled:
         report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), "canceled"))
         return
-    image = spec.get("container_image") or None  # absent from older central workers' specs
-    workdir = spec["cwd"]
-    shell = spec["use_shell"]
     try:
-        job = JobSpec(
-            job_id=name,
-            # A container's working directory is inside its image; its client starts in scratch.
-            cwd=str(_work_dir(name)) if image or not workdir else workdir,
-            argv=() if shell else spec["argv"],
-            shell_command=" ".join(spec["argv"]) if shell else None,
-            env={str(k): str(v) for k, v in spec["env"].items()},
-            gpu_uuids=spec["gpu_uuids"],
-            max_runtime_s=spec["max_runtime_s"],
-            container_image=image,
-            container_workdir=workdir if image else None,
-        )
+        spec = JobSpec.from_dict(data)
     except ValueError as exc:  # a job that cannot start must end, not stay SCHEDULED
         report(JobFinished(name, FinalState.FAILED, None, timezone.now(), f"cannot start: {exc}"))
         return
-    executor().launch(job)
+    if spec.cwd is None:
+        spec = replace(spec, cwd=str(_work_dir(name)))
+    executor().launch(spec)
 
 
 def cancel_job(job_id: int, attempt: int, message: str) -> bool:
@@ -131,21 +115,16 @@ def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
 
 
 def report(event: ExecutorEvent) -> None:
-    """Send an executor event to the central worker."""
-    job_id, attempt = parse_executor_id(event.job_id)
-    if isinstance(event, JobStarted):
-        args = (job_id, attempt, "started", event.pid, None, "", event.started_at.isoformat())
-    else:
-        args = (
-            job_id,
-            attempt,
-            str(event.state),
-            None,
-            event.exit_code,
-            event.message,
-            event.finished_at.isoformat(),
-        )
-    current_app.send_task("scheduling.job_event", args=args)
+    """Send an executor event to the central worker. A job's end releases its GPUs and wakes
+    the placement loop, so the node's live sample is refreshed first: the executor reports a
+    job finished only once its processes are gone, and the pass must not see them in an older
+    sample (it would take the GPUs for busy and wait for the next wake)."""
+    if isinstance(event, JobFinished):
+        try:
+            publish_sample(settings.GPUADMIN_NODE_NAME)
+        except (OSError, RedisError) as exc:  # the periodic sample and beat's pass will come
+            log.warning("cannot publish the sample after job %s: %s", event.job_id, exc)
+    current_app.send_task("scheduling.job_event", args=(event.to_dict(),))
 
 
 def _work_dir(name: str) -> Path:

@@ -124,16 +124,32 @@ class FinalState(StrEnum):
     LOST = "lost"  # ended while no agent could see how (see the module docstring)
 
 
+def executor_id(job_id: int, attempt: int) -> str:
+    """gpuadmin's executor job id for one attempt of a job, so a retry never reads or signals
+    an old run."""
+    return f"{job_id}.{attempt}"
+
+
+def parse_executor_id(value: str) -> tuple[int, int]:
+    """(job, attempt) of an :func:`executor_id`."""
+    job_id, attempt = value.split(".")
+    return int(job_id), int(attempt)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
-    """One placed job. Give ``argv`` (run as is) or ``shell_command`` (run by ``/bin/sh -c``).
+    """One placed job, and the wire format that carries it from the central side to its node's
+    agent (:meth:`to_dict`, :meth:`from_dict`). Give ``argv`` (run as is) or ``shell_command``
+    (run by ``/bin/sh -c``).
 
-    With a ``container_image`` the command runs in that image, in ``container_workdir`` when
-    given (a path inside the container), and ``cwd`` is only where the runtime's client starts.
+    ``cwd`` is where the process starts; ``None`` until the agent gives the job a scratch
+    folder of its own (the executor refuses to launch without one). With a ``container_image``
+    the command runs in that image, in ``container_workdir`` when given (a path inside the
+    container), and ``cwd`` is only where the runtime's client starts.
     """
 
     job_id: str
-    cwd: str
+    cwd: str | None = None
     argv: Sequence[str] = ()
     shell_command: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
@@ -149,7 +165,7 @@ class JobSpec:
             raise ValueError(f"job id {self.job_id!r} is not a valid file name")
         if bool(self.argv) == (self.shell_command is not None):
             raise ValueError("give exactly one of argv and shell_command")
-        if not os.path.isabs(self.cwd):
+        if self.cwd is not None and not os.path.isabs(self.cwd):
             raise ValueError(f"working directory {self.cwd!r} is not an absolute path")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise ValueError("max_runtime_s must be positive")
@@ -158,6 +174,25 @@ class JobSpec:
                 raise ValueError("container_workdir needs a container_image")
             if not os.path.isabs(self.container_workdir):
                 raise ValueError(f"container workdir {self.container_workdir!r} is not absolute")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as JSON-safe values (what ``scheduling.run_job`` carries)."""
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "gpu_uuids": list(self.gpu_uuids),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """The spec :meth:`to_dict` gave; a key this version does not know is ignored (a newer
+        central side may send more). ``ValueError`` for an invalid spec."""
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{name: value for name, value in data.items() if name in known})
+        except TypeError as exc:  # a missing field, or a value of the wrong type
+            raise ValueError(f"invalid job spec: {exc}") from None
 
     @property
     def command(self) -> list[str]:
@@ -221,6 +256,10 @@ def container_process(
     return [*argv, *(["-w", workdir] if workdir else []), spec.container_image, *spec.command], env
 
 
+# Events are also the wire format of what an agent reports (``scheduling.job_event``): their
+# ``to_dict`` names the kind under "event" and gives times as ISO 8601 strings.
+
+
 @dataclass(frozen=True)
 class JobStarted:
     job_id: str
@@ -228,17 +267,66 @@ class JobStarted:
     started_at: datetime
     adopted: bool = False  # re-adopted by reconcile() after an agent restart
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event": "started",
+            "job_id": self.job_id,
+            "pid": self.pid,
+            "started_at": self.started_at.isoformat(),
+            "adopted": self.adopted,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobStarted:
+        return cls(
+            job_id=data["job_id"],
+            pid=data["pid"],
+            started_at=datetime.fromisoformat(data["started_at"]),
+            adopted=data.get("adopted", False),
+        )
+
 
 @dataclass(frozen=True)
 class JobFinished:
     job_id: str
     state: FinalState
     exit_code: int | None  # negative: killed by that signal; None: never started, or unknown
-    finished_at: datetime
+    finished_at: datetime  # when the executor saw the job's last process gone
     message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "event": "finished",
+            "job_id": self.job_id,
+            "state": str(self.state),
+            "exit_code": self.exit_code,
+            "finished_at": self.finished_at.isoformat(),
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobFinished:
+        return cls(
+            job_id=data["job_id"],
+            state=FinalState(data["state"]),
+            exit_code=data["exit_code"],
+            finished_at=datetime.fromisoformat(data["finished_at"]),
+            message=data.get("message", ""),
+        )
 
 
 ExecutorEvent = JobStarted | JobFinished
+_EVENTS: dict[str, type[JobStarted] | type[JobFinished]] = {
+    "started": JobStarted,
+    "finished": JobFinished,
+}
+
+
+def event_from_dict(data: Mapping[str, Any]) -> ExecutorEvent:
+    """The event an ``ExecutorEvent.to_dict`` gave."""
+    return _EVENTS[data["event"]].from_dict(data)
+
+
 #: ``hook(spec, pid)``; a re-adopted job's spec has no ``env`` (records do not keep it).
 ProcessHook = Callable[[JobSpec, int], None]
 
@@ -271,7 +359,7 @@ class _Job:
 
     def to_record(self) -> dict[str, Any]:
         # env may hold secrets, and nothing needs it once the process runs.
-        spec = {f.name: getattr(self.spec, f.name) for f in fields(self.spec) if f.name != "env"}
+        spec = {name: value for name, value in self.spec.to_dict().items() if name != "env"}
         return {
             "spec": spec,
             "pid": self.pid,
@@ -286,7 +374,7 @@ class _Job:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> _Job:
         return cls(
-            spec=JobSpec(**record["spec"]),
+            spec=JobSpec.from_dict(record["spec"]),
             pid=record["pid"],
             start_ticks=record["start_ticks"],
             boot_id=record["boot_id"],
@@ -478,6 +566,8 @@ class Executor:
         )
 
     def _spawn(self, spec: JobSpec, log_path: Path) -> _Job:
+        if spec.cwd is None:
+            raise _LaunchError("no working directory given")
         if not os.path.isdir(spec.cwd):
             raise _LaunchError(f"working directory {spec.cwd!r} does not exist")
         argv, env = self._process(spec)

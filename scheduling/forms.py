@@ -12,9 +12,9 @@ from typing import Any
 from django import forms
 
 from inventory.models import Gpu
-from inventory.pages import MIB_PER_GIB, short_gpu_name
+from inventory.pages.common import MIB_PER_GIB, short_gpu_name
 from scheduling.models import Priority, Topology
-from scheduling.services import JobRejected, split_command
+from scheduling.services import SUBMISSION_LIMITS, JobRejected, limit_bounds, split_command
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 DURATION_HELP = "HH:MM:SS, D HH:MM:SS or seconds; empty for none."
@@ -29,11 +29,13 @@ class SubmitJobForm(forms.Form):
     use_shell = forms.BooleanField(required=False, label="Run in a shell (/bin/sh -c)")
     name = forms.CharField(max_length=200, required=False)
     project = forms.CharField(max_length=100, required=False)
-    gpu_count = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="GPUs per node")
-    node_count = forms.IntegerField(min_value=1, max_value=1024, initial=1, label="Nodes")
+    # Bounds from the service's SUBMISSION_LIMITS, as the API's.
+    gpu_count = forms.IntegerField(initial=1, label="GPUs per node", **limit_bounds("gpu_count"))
+    node_count = forms.IntegerField(initial=1, label="Nodes", **limit_bounds("node_count"))
     gpu_model = forms.ChoiceField(required=False, label="GPU model")
     min_gpu_memory_gib = forms.DecimalField(
         min_value=0,
+        max_value=SUBMISSION_LIMITS["min_gpu_memory_mib"][1] // MIB_PER_GIB,
         max_digits=6,
         decimal_places=1,
         required=False,
@@ -45,7 +47,7 @@ class SubmitJobForm(forms.Form):
     estimated_duration = forms.DurationField(
         required=False, help_text=DURATION_HELP + " Lets the scheduler estimate start times."
     )
-    max_retries = forms.IntegerField(min_value=0, max_value=20, initial=0)
+    max_retries = forms.IntegerField(initial=0, **limit_bounds("max_retries"))
     env = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3}),
         required=False,
@@ -84,13 +86,9 @@ class SubmitJobForm(forms.Form):
         return env
 
     def _seconds(self, name: str) -> int | None:
+        """Whole seconds; the service checks them against its limits."""
         value: timedelta | None = self.cleaned_data.get(name)
-        if value is None:
-            return None
-        if value.total_seconds() < 1:
-            self.add_error(name, "must be at least one second")
-            return None
-        return int(value.total_seconds())
+        return None if value is None else int(value.total_seconds())
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

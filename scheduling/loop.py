@@ -1,8 +1,8 @@
 """The placement loop: snapshot -> engine -> one transaction per decision.
 
-Woken on commit by submit/cancel/finish and other state changes (``wake``, coalesced through
-a Redis key so a burst of submissions wakes it once), and by beat as a backstop. One pass runs
-at a time: a PostgreSQL advisory lock serialises passes across workers. The engine
+Woken on commit by submit/cancel/finish and other state changes (``dispatch.wake``, coalesced
+through a Redis key so a burst of submissions wakes it once), and by beat as a backstop. One
+pass runs at a time: a PostgreSQL advisory lock serialises passes across workers. The engine
 (``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` and
 its decisions back into allocations (``services.allocate``, which the database can refuse).
 """
@@ -12,50 +12,32 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from celery import current_app
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from inventory import live
-from inventory.agent import node_queue
-from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, GpuLink, Node
 from inventory.querysets import heartbeat_cutoff
+from inventory.usability import why_unusable
 from scheduling import placement, services
+from scheduling.dispatch import send_to_agents, wake, wake_key
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
 
 log = logging.getLogger("gpuadmin.placement")
-
-
-def wake_key() -> str:
-    """Set while a pass is asked for and not yet started (one per central queue)."""
-    return f"gpuadmin:placement:wake:{settings.GPUADMIN_CENTRAL_QUEUE}"
 
 
 # Any 64-bit number unique to this lock within the database.
 PASS_LOCK_ID = 0x67707561_646D696E  # "gpuadmin"
 # A job SCHEDULED on a node whose agent has been silent this long is given back to the queue.
 SCHEDULED_LOST_AFTER_S = 120
-
-
-def wake() -> None:
-    """Ask for a placement pass, unless one is already asked for and not yet started."""
-    try:
-        if not live.client().set(wake_key(), "1", nx=True, ex=60):
-            return
-    except RedisError as exc:  # beat's backstop pass will come
-        log.warning("cannot wake the placement loop: %s", exc)
-        return
-    current_app.send_task("scheduling.placement_pass")
 
 
 @dataclass
@@ -114,7 +96,9 @@ def run_pass() -> PassSummary:
     summary.duration_ms = (time.perf_counter() - started) * 1000
     if summary.refused:
         wake()  # refused decisions are retried by the next pass
-    log.info(
+    changed = summary.placed or summary.refused or summary.requeued or summary.pending_saved
+    log.log(
+        logging.INFO if changed else logging.DEBUG,  # beat's idle backstop passes are quiet
         "placement pass: %d placed, %d refused, %d waiting, %d re-queued in %.0f ms%s",
         summary.placed,
         summary.refused,
@@ -283,30 +267,35 @@ QUEUE_FIELDS = (
 
 
 def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, str]:
-    """GPU pk -> its NVLink domain: the GPUs of a node joined by NVLink (NVSwitch on a DGX),
-    named after the node and the lowest GPU index in it. GPUs without NVLink have none."""
-    parent: dict[int, int] = {}
+    """GPU pk -> its NVLink domain: GPUs of one node in which every pair is joined by NVLink
+    (all of them behind NVSwitch on a DGX A100/H100, a quad of a DGX-1's hybrid cube mesh, a
+    bridged pair), named after the node and its lowest GPU index. GPUs without NVLink have none.
 
-    def root(pk: int) -> int:
-        while parent.get(pk, pk) != pk:
-            pk = parent[pk]
-        return pk
-
+    A mesh without NVSwitch is connected without every pair being linked (a DGX-1's GPU 0 and
+    GPU 5 are SYS apart), so domains are cliques, grown in index order: a DGX-1 splits into
+    GPUs 0-3 and 4-7, both fully linked."""
+    peers: dict[int, set[int]] = defaultdict(set)
     # Unordered: the model's ordering joins both GPUs and sorts tens of thousands of links.
     links = GpuLink.objects.filter(link_type__startswith="NV").order_by()
     for a, b in links.values_list("gpu_a_id", "gpu_b_id"):
-        parent.setdefault(a, a)
-        parent.setdefault(b, b)
-        parent[root(a)] = root(b)
-    members: dict[int, list[GpuRow]] = defaultdict(list)
-    for gpu in gpus:
-        if gpu.pk in parent:
-            members[root(gpu.pk)].append(gpu)
+        peers[a].add(b)
+        peers[b].add(a)
+    cliques: dict[int, list[list[GpuRow]]] = defaultdict(list)
+    for gpu in sorted(gpus, key=lambda gpu: (gpu.node_id, gpu.index)):
+        linked = peers.get(gpu.pk)
+        if not linked:
+            continue
+        node_cliques = cliques[gpu.node_id]
+        clique = next((c for c in node_cliques if all(m.pk in linked for m in c)), None)
+        if clique is None:
+            node_cliques.append([gpu])
+        else:
+            clique.append(gpu)
     domains = {}
-    for group in members.values():
-        first = min(group, key=lambda gpu: gpu.index)
-        name = f"{nodes[first.node_id].hostname}/nvlink-gpu{first.index}"
-        domains.update((gpu.pk, name) for gpu in group)
+    for node_id, node_cliques in cliques.items():
+        for clique in node_cliques:
+            name = f"{nodes[node_id].hostname}/nvlink-gpu{clique[0].index}"
+            domains.update((gpu.pk, name) for gpu in clique)
     return domains
 
 
@@ -320,20 +309,19 @@ def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
 def _unavailable(
     gpu: GpuRow, node: NodeRow, reachable: bool, sample: dict | None, allocated: dict[int, int]
 ) -> str | None:
-    """Why the GPU cannot be given now (a machine code), or None."""
-    if node.state != NodeState.ONLINE:
-        return node.state
-    if not reachable:
-        return "unreachable"
-    if gpu.state != GpuState.AVAILABLE:
-        return gpu.state
-    if gpu.error_message or (sample or {}).get("error_message"):
-        return "error"
-    if gpu.mig_enabled:
-        return "mig"  # whole-GPU jobs only; MIG slices come with the sharing policies
-    if gpu.pk not in allocated and (sample or {}).get("processes"):
-        return "foreign-process"  # someone runs work outside the scheduler
-    return None
+    """Why the GPU cannot be given now, as the one rule's machine code (the snapshot holds
+    present GPUs only), or None."""
+    why = why_unusable(
+        node_state=node.state,
+        reachable=reachable,
+        gpu_state=gpu.state,
+        missing=False,
+        error_message=gpu.error_message,
+        mig_enabled=gpu.mig_enabled,
+        sample=sample,
+        allocated=gpu.pk in allocated,
+    )
+    return None if why is None else str(why.code)
 
 
 def _expected_end(start: datetime | None, runtime_s: int | None) -> float | None:
@@ -369,48 +357,6 @@ def commit_placement(decision: placement.Placement, slots: dict[int, placement.G
     # commits); its rows carry their GPU and node, and the job its new attempt: no re-read.
     transaction.on_commit(lambda: send_to_agents(job, allocations))
     return True
-
-
-def dispatch(job_id: int) -> None:
-    """Send a SCHEDULED job to the agent of every node it was placed on."""
-    job = Job.objects.get(pk=job_id)
-    send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
-
-
-def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
-    """Send ``job`` to the agent of each node of its ``allocations`` (GPU rows and nodes
-    loaded), GPUs in index order."""
-    by_node: dict[str, list[str]] = defaultdict(list)
-    for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
-        by_node[allocation.node.hostname].append(allocation.gpu.uuid)
-    for rank, (hostname, uuids) in enumerate(sorted(by_node.items())):
-        current_app.send_task(
-            "scheduling.run_job",
-            args=(job_spec(job, uuids, rank, sorted(by_node)),),
-            queue=node_queue(hostname),
-        )
-
-
-def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) -> dict:
-    """What an agent needs to run its part of a job (JSON)."""
-    env = dict(job.env)
-    if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
-        env.update(
-            GPUADMIN_NODE_RANK=str(rank),
-            GPUADMIN_NNODES=str(len(hostnames)),
-            GPUADMIN_NODES=",".join(hostnames),
-        )
-    return {
-        "job_id": job.pk,
-        "attempt": job.attempt,
-        "argv": job.command,
-        "use_shell": job.use_shell,
-        "env": env,
-        "cwd": job.working_dir or None,
-        "container_image": job.container_image or None,
-        "gpu_uuids": gpu_uuids,
-        "max_runtime_s": job.max_runtime_s,
-    }
 
 
 def save_pending(pending: tuple[placement.Pending, ...]) -> int:

@@ -1,4 +1,5 @@
-"""Jobs, their GPU allocations, projects and API tokens.
+"""Jobs, their GPU allocations and the scheduler's settings (roles and API tokens live in
+``gpuadmin.access``).
 
 A job's ``state`` changes only through ``scheduling.services`` (one audited transition each).
 An allocation gives one GPU to one job; the database refuses a second active allocation of a
@@ -7,8 +8,7 @@ GPU (a partial unique index), whatever the Python code above it does.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -34,6 +34,15 @@ class JobState(models.TextChoices):
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELED})
 # States in which a job holds its allocations.
 HOLDING_STATES = frozenset({JobState.SCHEDULED, JobState.RUNNING})
+# The placement loop's word on a waiting job, as it reads on a job that is not waiting: only a
+# QUEUED job carries any of it (``services.transition`` clears it, a constraint checks it).
+NOT_WAITING: dict[str, Any] = {
+    "pending_code": "",
+    "pending_reason": "",
+    "queue_position": None,
+    "estimated_start_at": None,
+    "what_if": "",
+}
 
 
 class Priority(models.TextChoices):
@@ -107,6 +116,17 @@ class Job(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="job_gpu_count_positive"),
             models.CheckConstraint(condition=Q(node_count__gte=1), name="job_node_count_positive"),
+            models.CheckConstraint(
+                condition=Q(state=JobState.QUEUED)
+                | Q(
+                    pending_code="",
+                    pending_reason="",
+                    queue_position__isnull=True,
+                    estimated_start_at__isnull=True,
+                    what_if="",
+                ),
+                name="job_waiting_fields_only_while_queued",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -161,57 +181,6 @@ class Allocation(models.Model):
         return self.released_at is None
 
 
-class Role(models.TextChoices):
-    """What a person may do; Django's ``is_staff``/``is_superuser`` make an admin."""
-
-    ADMIN = "admin", "Admin"  # everything, including the catalog and policies
-    OPERATOR = "operator", "Operator"  # acts on anyone's jobs and on GPUs
-    USER = "user", "User"  # submits, sees and cancels their own jobs
-    VIEWER = "viewer", "Viewer"  # reads
-
-
-class Membership(models.Model):
-    """A person's role (people without one are users)."""
-
-    user = models.OneToOneField(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="gpuadmin_role"
-    )
-    role = models.CharField(max_length=10, choices=Role.choices, default=Role.USER)
-
-    def __str__(self) -> str:
-        return f"{self.user} ({self.role})"
-
-
-class ApiToken(models.Model):
-    """A bearer token for the API and the CLI; only its SHA-256 is stored."""
-
-    PREFIX = "gpa_"
-
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
-    )
-    name = models.CharField(max_length=100)
-    key_prefix = models.CharField(max_length=12, help_text="First characters, to recognise it.")
-    digest = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-pk"]
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.key_prefix}…)"
-
-    @staticmethod
-    def hash(key: str) -> str:
-        return hashlib.sha256(key.encode()).hexdigest()
-
-    @classmethod
-    def new_key(cls) -> str:
-        return cls.PREFIX + secrets.token_urlsafe(32)
-
-
 class SchedulerSettings(models.Model):
     """The placement loop's switch and policy (one row; changes are audited)."""
 
@@ -225,6 +194,9 @@ class SchedulerSettings(models.Model):
         help_text="A waiting job gains one priority point per interval (1,000 points per level).",
     )
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "scheduler settings"
 
     def __str__(self) -> str:
         return f"scheduler ({'on' if self.enabled else 'off'}, {self.policy})"

@@ -1,4 +1,4 @@
-"""What the scheduling pages show, apart from HTTP: the queue's sections and filters, a job's
+"""What the scheduling pages show, apart from HTTP: the queue's sections, a job's
 timeline, allocations, placement and topology, its log tail through the node agent, and the
 job on each GPU for the fleet dashboard.
 
@@ -17,25 +17,20 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db.models import F, Prefetch, Q, QuerySet
 from django.urls import reverse
 
+from gpuadmin.access.models import Role
+from gpuadmin.access.services import can_act_on, role_of
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, GpuLink, Node
-from inventory.pages import (
-    MIB_PER_GIB,
-    FilterField,
-    Occupant,
-    TopologyRow,
-    short_gpu_name,
-    topology_rows,
-)
+from inventory.occupancy import Occupant
+from inventory.pages.common import MIB_PER_GIB, short_gpu_name
+from inventory.pages.topology import TopologyRow, topology_rows
 from scheduling import queries
-from scheduling.auth import can_act_on, role_of
 from scheduling.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
     Allocation,
     Job,
     JobState,
-    Role,
     Topology,
 )
 from scheduling.placement import TopologyClass
@@ -77,8 +72,8 @@ def url_format(viewname: str) -> str:
 
 
 def gpu_occupants(gpu_ids: Collection[int]) -> dict[int, Occupant]:
-    """The job and user on each of ``gpu_ids`` that has an active allocation; registered with
-    ``inventory.pages`` for the fleet dashboard.
+    """The job and user on each of ``gpu_ids`` that has an active allocation: scheduling's
+    answer to ``inventory.signals.gpu_occupants_requested`` (the fleet dashboard, ``?free=``).
 
     One query reads every active allocation (at most one per GPU of the fleet) and the ids are
     picked here: for a 1,024-GPU page that takes under 2 ms, where an ``IN`` list of 1,024 ids
@@ -179,40 +174,6 @@ class Queue:
     finished: Section
 
 
-@dataclasses.dataclass(frozen=True)
-class QueueFilters:
-    """The queue page's GET filters; every field empty means "any"."""
-
-    state: str = ""
-    owner: str = ""  # "me", or empty for everyone
-    project: str = ""
-
-    @classmethod
-    def from_query(cls, query: Mapping[str, str]) -> QueueFilters:
-        state = query.get("state", "").strip()
-        return cls(
-            state=state if state in JobState.values else "",
-            owner="me" if query.get("owner") == "me" else "",
-            project=query.get("project", "").strip(),
-        )
-
-    @property
-    def active(self) -> bool:
-        return bool(self.state or self.owner or self.project)
-
-    def jobs(self, user: AbstractBaseUser) -> QuerySet[Job]:
-        """Every job in view: the queue lists everyone's (like ``squeue``; the rows show no
-        command or environment)."""
-        jobs = Job.objects.select_related("owner")
-        if self.state:
-            jobs = jobs.filter(state=self.state)
-        if self.owner:
-            jobs = jobs.filter(owner=user)
-        if self.project:
-            jobs = jobs.filter(project=self.project)
-        return jobs
-
-
 def gpu_ref(allocation: Allocation, url: str) -> GpuRef:
     return GpuRef(allocation.node.hostname, allocation.gpu.index, url.format(allocation.gpu.uuid))
 
@@ -234,10 +195,10 @@ def _section(jobs: QuerySet[Job], limit: int, user: AbstractBaseUser) -> Section
     return Section(rows, more=len(found) > limit)
 
 
-def queue(filters: QueueFilters, user: AbstractBaseUser) -> Queue:
-    """Waiting jobs in queue order, jobs holding GPUs with them, and the latest finished jobs
-    (three queries, a fourth for the GPUs when jobs hold some)."""
-    jobs = filters.jobs(user)
+def queue(jobs: QuerySet[Job], user: AbstractBaseUser) -> Queue:
+    """Of ``jobs`` (the ``JobFilterSet``'s), waiting jobs in queue order, jobs holding GPUs
+    with them, and the latest finished jobs (three queries, a fourth for the GPUs when jobs
+    hold some)."""
     holding = queries.holding(jobs).prefetch_related(
         Prefetch(
             "allocations",
@@ -255,21 +216,6 @@ def queue(filters: QueueFilters, user: AbstractBaseUser) -> Queue:
         running=_section(holding, SECTION_LIMIT, user),
         finished=_section(finished, FINISHED_LIMIT, user),
     )
-
-
-def filter_fields(filters: QueueFilters) -> list[FilterField]:
-    """The queue page's filter selects (one query, for the projects)."""
-    projects = (
-        Job.objects.exclude(project="")
-        .order_by("project")
-        .values_list("project", flat=True)
-        .distinct()
-    )
-    return [
-        FilterField("state", "State", filters.state, list(JobState.choices)),
-        FilterField("owner", "Owner", filters.owner, [("me", "me")]),
-        FilterField("project", "Project", filters.project, [(p, p) for p in projects]),
-    ]
 
 
 # ---------------------------------------------------------------------------------- job page

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import (
     Avg,
     Count,
@@ -25,16 +25,17 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from gpuadmin.access.models import ApiToken, Role
+from gpuadmin.access.services import role_of
+from inventory import live
 from inventory.models import Gpu, Node
 from inventory.services import AgentTimedOut, run_on_node
-from scheduling.auth import role_of
+from inventory.usability import Unusable
 from scheduling.models import (
     HOLDING_STATES,
     Allocation,
-    ApiToken,
     Job,
     JobState,
-    Role,
     SchedulerSettings,
 )
 
@@ -55,13 +56,13 @@ THROUGHPUT_WINDOW = timedelta(hours=1)
 # --------------------------------------------------------------------------- who sees what
 
 
-def visible_jobs(user: AbstractBaseUser) -> QuerySet[Job]:
+def visible_jobs(user: User) -> QuerySet[Job]:
     """Users see their own jobs; viewers, operators and admins see everyone's."""
     jobs = Job.objects.all()
     return jobs.filter(owner=user) if role_of(user) == Role.USER else jobs
 
 
-def visible_allocations(user: AbstractBaseUser) -> QuerySet[Allocation]:
+def visible_allocations(user: User) -> QuerySet[Allocation]:
     """The allocations of the jobs ``user`` sees."""
     allocations = Allocation.objects.all()
     if role_of(user) == Role.USER:
@@ -69,7 +70,7 @@ def visible_allocations(user: AbstractBaseUser) -> QuerySet[Allocation]:
     return allocations
 
 
-def own_tokens(user: AbstractBaseUser) -> QuerySet[ApiToken]:
+def own_tokens(user: User) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(user_id=user.pk)
 
 
@@ -154,11 +155,16 @@ def queue_statistics(now: datetime | None = None) -> QueueStatistics:
 
 @dataclass(frozen=True)
 class GpuStatus:
-    """A present GPU, whether the scheduler may give it, and to which job it is given."""
+    """A present GPU, why the one rule refuses it now (``None``: it may be given), and to
+    which job it is given."""
 
     gpu: Gpu
-    schedulable: bool
+    unusable: Unusable | None
     allocation: Allocation | None
+
+    @property
+    def schedulable(self) -> bool:
+        return self.unusable is None
 
     @property
     def free(self) -> bool:
@@ -166,16 +172,30 @@ class GpuStatus:
 
 
 def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
-    """Every present GPU (of one node when ``hostname`` is given), in three queries."""
+    """Every present GPU (of one node when ``hostname`` is given), in two queries and one
+    read of the live samples."""
     gpus = Gpu.objects.present().select_related("node").order_by("node__hostname", "index")
     if hostname is not None:
         gpus = gpus.on_node(hostname)
-    schedulable = set(Gpu.objects.schedulable().values_list("pk", flat=True))
     allocations = {
         allocation.gpu_id: allocation
         for allocation in Allocation.objects.active().select_related("job__owner")
     }
-    return [GpuStatus(gpu, gpu.pk in schedulable, allocations.get(gpu.pk)) for gpu in gpus]
+    now = timezone.now()
+    rows = list(gpus)
+    samples = live.latest({gpu.node.hostname for gpu in rows})
+    return [
+        GpuStatus(
+            gpu,
+            gpu.unusable(
+                samples[gpu.node.hostname].get(gpu.uuid),
+                allocated=gpu.pk in allocations,
+                now=now,
+            ),
+            allocations.get(gpu.pk),
+        )
+        for gpu in rows
+    ]
 
 
 # --------------------------------------------------------------------------- orchestrator
@@ -187,7 +207,7 @@ class OrchestratorStatus:
     jobs: dict[str, int]  # pending, queued, scheduled, running
     gpus_present: int
     gpus_allocated: int
-    gpus_free: int  # schedulable and not allocated
+    gpus_free: int  # usable now (the one rule, live samples included) and not allocated
     last_scheduled_at: datetime | None
 
 
@@ -207,7 +227,7 @@ def orchestrator_status() -> OrchestratorStatus:
         jobs=jobs,
         gpus_present=Gpu.objects.present().count(),
         gpus_allocated=allocated.count(),
-        gpus_free=Gpu.objects.schedulable().exclude(pk__in=allocated).count(),
+        gpus_free=Gpu.objects.free(held=allocated).count(),
         last_scheduled_at=Job.objects.aggregate(last=Max("scheduled_at"))["last"],
     )
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
-from scheduling import services
+from inventory.models import Gpu
+from inventory.occupancy import Occupant
+from scheduling import pages, services
+from scheduling.models import Allocation
 
 
 def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) -> None:
@@ -12,3 +16,16 @@ def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) ->
     recovered or newly discovered): queued jobs may fit now, so the placement loop runs now
     rather than at beat's next backstop pass."""
     services.request_placement_pass()
+
+
+def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> dict[int, Occupant]:
+    """The job and user holding each of ``gpu_ids`` that a job holds (the fleet dashboard)."""
+    return pages.gpu_occupants(gpu_ids)
+
+
+def refuse_mig_change_under_allocation(sender: type, gpu: Gpu, **kwargs: Any) -> str | None:
+    """A MIG layout never changes under a job that holds the GPU."""
+    job_id = Allocation.objects.active().filter(gpu=gpu).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return None
+    return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"

@@ -2,31 +2,38 @@
 allocations the database guards, and what node agents report.
 
 The placement loop lives in ``scheduling.loop``; this module is what it and every interface
-(API, pages, CLI, admin) call to change a job.
+(API, pages, CLI, admin) call to change a job. Neither imports the other's caller: both wake
+the loop and reach agents through ``scheduling.dispatch``.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import shlex
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from celery import current_app
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max
 from django.db.models.functions import Now
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from gpuadmin.audit.services import audit_event, record, record_all
-from inventory.agent import node_queue
+from inventory import live
 from inventory.models import Gpu, Node
+from scheduling import dispatch
+from scheduling.executor import ExecutorEvent, JobStarted, parse_executor_id
 from scheduling.models import (
     HOLDING_STATES,
+    NOT_WAITING,
     TERMINAL_STATES,
     Allocation,
     Job,
@@ -35,6 +42,7 @@ from scheduling.models import (
 )
 
 S = JobState
+log = logging.getLogger("gpuadmin.jobs")
 # The state machine (seeds 002/003). SCHEDULED may end directly: a short job's end can be
 # reported before its start is processed.
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -51,9 +59,21 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 LOOP_ACTOR = "placement-loop"
 AGENT_ACTOR = "agent"
 
-# Submission limits beyond the fleet's own shape: "absurd values" are refused up front.
+# Submission limits beyond the fleet's own shape: absurd values are refused up front. The one
+# definition: the form and the serializer take their bounds from ``SUBMISSION_LIMITS``, and a
+# value out of range is refused in the same words (Django's range validators') whichever way
+# the job came in.
 MAX_RUNTIME_S = 90 * 24 * 3600
 MAX_ENV_VARS = 200
+MAX_ARGV = 4096
+SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
+    "gpu_count": (1, 64),  # per node
+    "node_count": (1, 1024),
+    "min_gpu_memory_mib": (0, 1024 * 1024),  # 1 TiB per GPU: anything above is a typo
+    "estimated_duration_s": (1, MAX_RUNTIME_S),
+    "max_runtime_s": (1, MAX_RUNTIME_S),
+    "max_retries": (0, 20),
+}
 
 
 class IllegalTransition(ValueError):
@@ -67,6 +87,25 @@ class JobRejected(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+def limit_bounds(field: str) -> dict[str, int]:
+    """``min_value``/``max_value`` for the form's or the serializer's field of that name."""
+    low, high = SUBMISSION_LIMITS[field]
+    return {"min_value": low, "max_value": high}
+
+
+def check_limits(fields: Mapping[str, Any]) -> None:
+    """``JobRejected`` naming the first field outside ``SUBMISSION_LIMITS``."""
+    for name, (low, high) in SUBMISSION_LIMITS.items():
+        value = fields.get(name)
+        if value is None:
+            continue
+        try:
+            MinValueValidator(low)(value)
+            MaxValueValidator(high)(value)
+        except ValidationError as exc:
+            raise JobRejected(name, exc.messages[0]) from None
 
 
 def split_command(command: str | list[str], use_shell: bool) -> list[str]:
@@ -90,7 +129,7 @@ def transition(
     job: Job | int,
     to: str,
     *,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_name: str | None = None,
     message: str = "",
     expect: Iterable[str] | None = None,
@@ -113,10 +152,12 @@ def transition(
             fields.setdefault("pid", None)
         if message:
             fields["message"] = message
-        for name, value in fields.items():
+        # A job that stops waiting drops the loop's word on its wait (not audited, like it).
+        changes = {**({} if to == S.QUEUED else NOT_WAITING), **fields}
+        for name, value in changes.items():
             setattr(locked, name, value)
         locked.state = to
-        locked.save(update_fields=["state", *fields])
+        locked.save(update_fields=["state", *changes])
         if before["state"] in HOLDING_STATES and to not in HOLDING_STATES:
             released = release_allocations(locked)
             if released:
@@ -132,6 +173,7 @@ def transition(
         )
         if to in TERMINAL_STATES or to == S.QUEUED:
             request_placement_pass()
+    log.info("job %d: %s -> %s%s", job_id, before["state"], to, f" ({message})" if message else "")
     if not isinstance(job, int):
         job.__dict__.update(locked.__dict__)
     return locked
@@ -236,7 +278,7 @@ _fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
 
 
 def submit_job(
-    owner: AbstractBaseUser,
+    owner: User,
     *,
     command: str | list[str],
     use_shell: bool = False,
@@ -249,6 +291,9 @@ def submit_job(
     argv = split_command(command, use_shell)
     if not argv or not argv[0].strip():
         raise JobRejected("command", "empty command")
+    if len(argv) > MAX_ARGV:
+        raise JobRejected("command", f"at most {MAX_ARGV} arguments")
+    check_limits(fields)
     env = fields.get("env") or {}
     if len(env) > MAX_ENV_VARS:
         raise JobRejected("env", f"at most {MAX_ENV_VARS} variables")
@@ -257,9 +302,6 @@ def submit_job(
     working_dir = fields.get("working_dir") or ""
     if working_dir and not posixpath.isabs(working_dir):
         raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
-    for name in ("max_runtime_s", "estimated_duration_s"):
-        if (fields.get(name) or 0) > MAX_RUNTIME_S:
-            raise JobRejected(name, f"at most {MAX_RUNTIME_S} s (90 days)")
     FleetShape.cached().check(
         gpu_count=fields.get("gpu_count", 1),
         node_count=fields.get("node_count", 1),
@@ -287,12 +329,12 @@ def submit_job(
     return job
 
 
-def release_job(job: Job, *, actor: AbstractBaseUser) -> Job:
+def release_job(job: Job, *, actor: User) -> Job:
     """Let a held (PENDING) job into the queue; the placement loop is woken on commit."""
     return transition(job, S.QUEUED, actor=actor, expect=[S.PENDING], message="released")
 
 
-def cancel_job(job: Job, *, actor: AbstractBaseUser, reason: str = "") -> Job:
+def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
     nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
     SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
@@ -309,14 +351,8 @@ def cancel_job(job: Job, *, actor: AbstractBaseUser, reason: str = "") -> Job:
                 before={"state": job.state},
                 message=message,
             )
-            for node in nodes:
-                transaction.on_commit(
-                    lambda hostname=node.hostname: current_app.send_task(
-                        "scheduling.cancel_job",
-                        args=(job.pk, job.attempt, message),
-                        queue=node_queue(hostname),
-                    )
-                )
+            hostnames = [node.hostname for node in nodes]
+            transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message))
         return job
     return transition(job, S.CANCELED, actor=actor, message=message)
 
@@ -329,7 +365,7 @@ def _job_nodes(job: Job) -> list[Node]:
     )
 
 
-def set_priority(job: Job, priority: str, *, actor: AbstractBaseUser) -> Job:
+def set_priority(job: Job, priority: str, *, actor: User) -> Job:
     """Change a waiting job's priority (audited ``job.priority_changed``)."""
     if priority not in Priority.values:
         raise JobRejected("priority", f"must be one of {', '.join(Priority.values)}")
@@ -365,7 +401,7 @@ def allocate(
     job: Job,
     gpu_ids: Collection[int],
     *,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_name: str | None = None,
     placement: dict[str, Any] | None = None,
     manual: bool = False,
@@ -374,8 +410,10 @@ def allocate(
     transaction; the allocations, with their GPU and node loaded.
 
     The GPU rows are locked in primary-key order (no deadlock between two passes) and must
-    still be schedulable; the partial unique index refuses a GPU that has an active allocation
-    even if a caller skipped the lock. Raises ``AllocationRefused`` and writes nothing."""
+    still be usable (``Gpu.objects.schedulable()``, then their latest live samples: no NVML
+    error, no foreign process); the partial unique index refuses a GPU that has an active
+    allocation even if a caller skipped the lock. Raises ``AllocationRefused`` and writes
+    nothing."""
     ids = sorted(set(gpu_ids))
     try:
         with transaction.atomic():
@@ -388,8 +426,15 @@ def allocate(
             )
             if len(locked) != len(ids):
                 gone = set(ids) - {gpu.pk for gpu in locked}
-                bad = Gpu.objects.filter(pk__in=gone).order_by("pk").values_list("uuid", flat=True)
-                raise AllocationRefused(f"GPUs not schedulable: {', '.join(bad) or 'unknown'}")
+                bad = Gpu.objects.filter(pk__in=gone).select_related("node").order_by("pk")
+                raise AllocationRefused(f"GPUs not schedulable: {_unusable_text(bad) or 'unknown'}")
+            try:
+                samples = live.latest({gpu.node.hostname for gpu in locked})
+            except RedisError as exc:
+                raise AllocationRefused(f"the GPUs' live samples cannot be read: {exc}") from None
+            refused = _unusable_text(locked, samples)
+            if refused:
+                raise AllocationRefused(f"GPUs not usable now: {refused}")
             attempt = job.attempt + 1
             rows = Allocation.objects.bulk_create(
                 Allocation(job=job, gpu=gpu, node=gpu.node, attempt=attempt, manual=manual)
@@ -416,11 +461,6 @@ def allocate(
                 attempt=attempt,
                 scheduled_at=timezone.now(),
                 placement=placement,
-                pending_code="",
-                pending_reason="",
-                queue_position=None,
-                estimated_start_at=None,
-                what_if="",
             )
     except IntegrityError as exc:
         raise AllocationRefused(f"a GPU was allocated meanwhile ({exc.__cause__})") from None
@@ -429,18 +469,34 @@ def allocate(
     return rows
 
 
-def refuse_mig_change_under_allocation(gpu: Gpu) -> str | None:
-    """The inventory MIG-change guard: refuse while a job holds the GPU."""
-    job_id = Allocation.objects.active().filter(gpu=gpu).values_list("job_id", flat=True).first()
-    if job_id is None:
-        return None
-    return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"
+def _unusable_text(
+    gpus: Iterable[Gpu], samples: dict[str, dict[str, dict[str, Any]]] | None = None
+) -> str:
+    """The GPUs (nodes loaded) that the one rule refuses, each with why, given their nodes'
+    live samples: ``GPU-... (it is in MIG mode: ...); ...``."""
+    found = []
+    for gpu in gpus:
+        sample = (samples or {}).get(gpu.node.hostname, {}).get(gpu.uuid)
+        if why := gpu.unusable(sample):
+            found.append(f"{gpu.uuid} ({why.message})")
+    return "; ".join(found)
 
 
 # --------------------------------------------------------------------------- agent reports
 
 # What an executor outcome makes of the job: retried outcomes re-queue while retries are left.
 RETRIED_OUTCOMES = frozenset({"failed", "timed_out", "lost"})
+
+
+def job_event(event: ExecutorEvent) -> None:
+    """What an agent's executor reported (``scheduling.job_event``)."""
+    job_id, attempt = parse_executor_id(event.job_id)
+    if isinstance(event, JobStarted):
+        job_started(job_id, attempt, event.pid, event.started_at)
+    else:
+        job_finished(
+            job_id, attempt, event.state, event.exit_code, event.message, event.finished_at
+        )
 
 
 def job_started(job_id: int, attempt: int, pid: int, at: datetime) -> bool:
@@ -498,9 +554,7 @@ def _is_current(job_id: int, attempt: int) -> bool:
 
 def request_placement_pass() -> None:
     """Wake the placement loop once the current transaction commits (coalesced)."""
-    from scheduling import loop
-
-    transaction.on_commit(loop.wake)
+    transaction.on_commit(dispatch.wake)
 
 
 def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:

@@ -2,7 +2,9 @@
 ``scheduling.services`` and (on node queues) ``scheduling.agent``.
 
 Central (default queue): ``placement_pass``, ``job_event`` and ``agent_jobs`` (what agents
-report). Node queues (``node.<name>``): ``run_job``, ``cancel_job`` and ``tail_log``.
+report). Node queues (``node.<name>``): ``run_job``, ``cancel_job`` and ``tail_log``. A job
+travels as ``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
+(``scheduling.executor``).
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
-from django.utils.dateparse import parse_datetime
 
 from scheduling import agent, loop, services
+from scheduling.executor import event_from_dict
 
 
 @shared_task(name="scheduling.placement_pass", ignore_result=True)
@@ -21,21 +23,8 @@ def placement_pass() -> None:
 
 
 @shared_task(name="scheduling.job_event", ignore_result=True)
-def job_event(
-    job_id: int,
-    attempt: int,
-    kind: str,
-    pid: int | None,
-    exit_code: int | None,
-    message: str,
-    at: str,
-) -> None:
-    """An executor event: ``started``, or an outcome (``completed``, ``failed``, ...)."""
-    when = parse_datetime(at)
-    if kind == "started":
-        services.job_started(job_id, attempt, pid, when)
-    else:
-        services.job_finished(job_id, attempt, kind, exit_code, message, when)
+def job_event(event: dict[str, Any]) -> None:
+    services.job_event(event_from_dict(event))
 
 
 @shared_task(name="scheduling.agent_jobs", ignore_result=True)

@@ -4,7 +4,7 @@ matrix, allocations, log tail), the submit form and the cancel action.
 The queue lists everyone's jobs (like ``squeue``: no commands, no environments); a job's own
 page follows the API's rule (``queries.visible_jobs``: users read their own jobs, viewers,
 operators and admins every job). Submitting needs the user role, cancelling
-``scheduling.auth.can_act_on``. Live regions are ``{% partialdef %}`` blocks the
+``gpuadmin.access.services.can_act_on``. Live regions are ``{% partialdef %}`` blocks the
 same view renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab
 is visible.
 """
@@ -20,9 +20,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRefresh
 
+from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from scheduling import pages, queries, services
-from scheduling.auth import can_act_on, can_submit
+from scheduling.filters import JobFilterSet
 from scheduling.forms import SubmitJobForm
 from scheduling.models import Job
 
@@ -37,11 +38,15 @@ def _job(request: HttpRequest, pk: int) -> Job:
 @vary_on_headers("HX-Request")
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     """Waiting jobs in queue order with their reasons, jobs on GPUs, the latest finished."""
-    filters = pages.QueueFilters.from_query(request.GET)
-    context = {"queue": pages.queue(filters, request.user), "filters": filters}
+    # The API's FilterSet: a query string selects the same jobs here and in /api/v1/jobs/,
+    # among everyone's jobs (like ``squeue``: the rows show no command or environment).
+    filterset = JobFilterSet(
+        request.GET, queryset=Job.objects.select_related("owner"), request=request
+    )
+    context = {"queue": pages.queue(filterset.qs, request.user), "filterset": filterset}
     if htmx_partial(request):
         return render(request, "scheduling/queue.html#queue-live", context)
-    context.update(filter_fields=pages.filter_fields(filters), can_submit=can_submit(request.user))
+    context.update(can_submit=can_submit(request.user))
     return render(request, "scheduling/queue.html", context)
 
 

@@ -36,7 +36,7 @@ def fresh_fleet_shape() -> None:
 @pytest.fixture(autouse=True)
 def no_cached_tokens() -> None:
     """API tokens resolved by an earlier test are not trusted by this one."""
-    from scheduling.auth import TOKENS
+    from gpuadmin.access.tokens import TOKENS
 
     TOKENS.clear()
 

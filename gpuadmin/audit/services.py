@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 
@@ -39,7 +39,7 @@ def record(event_type: str, **fields: Any) -> AuditEvent:
 def audit_event(
     event_type: str,
     *,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_name: str | None = None,
     target: models.Model | None = None,
     target_type: str = "",
@@ -50,15 +50,17 @@ def audit_event(
     request_id: uuid.UUID | None = None,
 ) -> AuditEvent:
     """An unsaved audit row, as ``record()`` writes it; ``record_all()`` writes several."""
-    if actor is None and not actor_name:
-        raise ValueError("record() needs an actor or an actor_name (e.g. 'placement-loop')")
+    if not actor_name:
+        if actor is None:
+            raise ValueError("record() needs an actor or an actor_name (e.g. 'placement-loop')")
+        actor_name = actor.get_username()
     if target is not None:
         target_type = target_type or target._meta.label_lower
         target_id = target_id or target.pk
     return AuditEvent(
         event_type=event_type,
         actor=actor,
-        actor_name=actor_name or actor.get_username(),
+        actor_name=actor_name,
         target_type=target_type,
         target_id=str(target_id),
         object_repr=str(target)[:200] if target is not None else "",

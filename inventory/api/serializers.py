@@ -11,7 +11,7 @@ from rest_framework import serializers
 from gpuadmin import api
 from inventory.models import CATALOG_FIELDS, Gpu, MigInstance, Node, Pool
 from inventory.nvml.scanner import GpuScan
-from inventory.pages import GpuRow
+from inventory.pages.fleet import GpuRow
 from inventory.services import update_catalog
 
 
@@ -69,33 +69,10 @@ class GpuSerializer(CatalogSerializer):
         model = Gpu
         fields = [
             "id",
-            "uuid",
-            "node",
-            "index",
-            "name",
             "state",
             "missing",
-            "serial",
-            "pci_bus_id",
-            "pci_device_id",
-            "board_part_number",
-            "vbios_version",
-            "architecture",
-            "compute_capability",
-            "memory_total_mib",
-            "power_limit_default_w",
-            "numa_node",
-            "socket",
-            "cpu_affinity",
-            "nvlink_count",
-            "mig_capable",
-            "mig_enabled",
-            "mig_pending_enabled",
+            *Gpu.DISCOVERED_FIELDS,
             "mig_instance_count",
-            "error_message",
-            "first_seen_at",
-            "last_seen_at",
-            "missing_since",
             *CATALOG_FIELDS,
         ]
         read_only_fields = [name for name in fields if name not in CATALOG_FIELDS]
@@ -127,7 +104,9 @@ class MigInstanceSerializer(MigInstanceRowSerializer):
 
 
 class DeviceSerializer(api.Serializer):
-    """A GPU of ``/api/gpu/devices``: catalog facts joined to the live sample (a ``GpuRow``)."""
+    """A GPU of ``/api/gpu/devices``: catalog facts joined to the live sample (a ``GpuRow``).
+    As in the seed, ``is_available`` says whether NVML could query the device (not whether
+    it is free) and ``error_message`` is set exactly when it could not."""
 
     index = serializers.IntegerField(source="gpu.index")
     name = serializers.CharField(source="gpu.name")
@@ -136,11 +115,14 @@ class DeviceSerializer(api.Serializer):
     used_memory_mb = serializers.IntegerField(source="memory_used_mib", allow_null=True)
     utilization_percent = serializers.IntegerField(source="utilization_pct", allow_null=True)
     temperature_c = serializers.IntegerField(allow_null=True)
-    is_available = serializers.BooleanField()
+    is_available = serializers.SerializerMethodField()
     error_message = serializers.SerializerMethodField()
 
+    def get_is_available(self, row: GpuRow) -> bool:
+        return not row.device_error
+
     def get_error_message(self, row: GpuRow) -> str | None:
-        return row.error or None
+        return row.device_error or None
 
 
 class DeviceListSerializer(api.Serializer):
@@ -179,7 +161,8 @@ class MatrixField(serializers.ListField):
 
 class TopologySerializer(api.Serializer):
     """A ``TopologyMatrix``: ``matrix[i][j]`` is the ``topo -m`` link name between ``gpus[i]``
-    and ``gpus[j]`` ("X" on the diagonal), ``nvlink_counts[i][j]`` its NVLink count."""
+    and ``gpus[j]`` ("X" on the diagonal), ``nvlink_counts[i][j]`` its NVLink count,
+    ``nic_links[i][k]`` how ``gpus[i]`` reaches network adapter ``nics[k]`` (PIX ... SYS)."""
 
     node = serializers.CharField()
     gpus = serializers.ListField(child=serializers.IntegerField())
@@ -189,6 +172,8 @@ class TopologySerializer(api.Serializer):
     )
     numa_nodes = serializers.ListField(child=serializers.IntegerField(allow_null=True))
     cpu_affinity = serializers.ListField(child=serializers.CharField())
+    nics = serializers.ListField(child=serializers.CharField())
+    nic_links = MatrixField()
 
 
 class DiscoveredGpuSerializer(api.Serializer):

@@ -7,28 +7,20 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import mixins, permissions, viewsets
+from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from gpuadmin.access.permissions import IsAdminOrReadOnly, IsAdminRole
 from gpuadmin.api import Pagination
-from inventory import live, pages, services
+from inventory import live, services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
 from inventory.models import Gpu, MigInstance, Node
-
-
-class IsStaffOrReadOnly(permissions.BasePermission):
-    """Any signed-in user reads; only staff write."""
-
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        user = request.user
-        if not (user and user.is_authenticated):
-            return False
-        return request.method in permissions.SAFE_METHODS or bool(user.is_staff)
+from inventory.pages import fleet, topology
 
 
 class CatalogViewSet(
@@ -37,9 +29,9 @@ class CatalogViewSet(
     mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
-    """List, retrieve and PATCH (catalog fields only, staff only, audited)."""
+    """List, retrieve and PATCH (catalog fields only, admins only, audited)."""
 
-    permission_classes = [IsStaffOrReadOnly]
+    permission_classes = [IsAdminOrReadOnly]
     pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
     http_method_names = ["get", "patch", "head", "options"]
@@ -64,7 +56,7 @@ class NodeViewSet(CatalogViewSet):
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def topology(self, request: Request, hostname: str) -> Response:
         """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity."""
-        return Response(s.TopologySerializer(pages.topology_matrix(self.get_object())).data)
+        return Response(s.TopologySerializer(topology.topology_matrix(self.get_object())).data)
 
 
 class GpuViewSet(CatalogViewSet):
@@ -140,7 +132,7 @@ class DeviceListView(APIView):
         node = Node.objects.prefetch_related(Prefetch("gpus", queryset=present_gpus(node))).get(
             pk=node.pk
         )
-        [rows], _ = pages.fleet_rows([node], live.latest([node.hostname]))
+        [rows], _ = fleet.fleet_rows([node], live.latest([node.hostname]))
         body = {"devices": rows.gpus, "count": len(rows.gpus)}
         return Response(s.DeviceListSerializer(body).data)
 
@@ -185,13 +177,13 @@ class TopologyView(APIView):
         parameters=[NODE_PARAMETER], responses={200: s.TopologySerializer, **NODE_ERRORS}
     )
     def get(self, request: Request) -> Response:
-        return Response(s.TopologySerializer(pages.topology_matrix(resolve_node(request))).data)
+        return Response(s.TopologySerializer(topology.topology_matrix(resolve_node(request))).data)
 
 
 class DiscoverView(APIView):
     """Scan the node now through its agent and sync the catalog (admins only)."""
 
-    permission_classes = [permissions.IsAdminUser]
+    permission_classes = [IsAdminRole]
 
     @extend_schema(
         parameters=[NODE_PARAMETER],

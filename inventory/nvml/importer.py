@@ -9,12 +9,16 @@ and persistence mode the capture prints as ``N/A`` stay ``null`` (the simulator 
 ``NOT_SUPPORTED``, as NVML did), and ECC modes are kept as captured (supported but disabled
 included).
 
-Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity, the NVLinks (``NV#``) and the
-PCIe levels. Every GPU pair at the same ``NV#`` on 4 or more GPUs is modelled as an NVSwitch
-fabric, anything else as direct GPU-to-GPU links. PCIe paths are synthesized so the simulator
-derives exactly the captured levels (SYS = different NUMA nodes, NODE = different host bridges,
-PHB = same host bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the NUMA
-nodes are unknown (``null``) and every GPU sits on its own host bridge, so every pair is NODE.
+Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity (old drivers print no NUMA
+Affinity column: one NUMA node per distinct CPU list), the NVLinks (``NV#``), the PCIe levels and
+the NICs. Every GPU pair at the same ``NV#`` on 4 or more GPUs, with more links than a GPU has
+for direct ones, is modelled as an NVSwitch fabric; anything else (DGX-1's NV1/NV2 cube mesh,
+NVLink bridges) as direct GPU-to-GPU links, and GPUs with NVLinks get their architecture's NVLink
+version. PCIe paths of GPUs and NICs are synthesized so the simulator derives exactly the
+captured levels (SYS = different NUMA nodes or root complexes, NODE = different host bridges,
+PHB = same host bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the
+NUMA nodes are unknown (``null``) and every GPU sits on its own host bridge, so every pair is
+NODE.
 
 Plain Python, no Django.
 """
@@ -30,7 +34,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import mig_catalog
+import pynvml
+
+from . import mig_catalog, pci_ids
 from .parsers import (
     GpuInfo,
     ParseError,
@@ -43,8 +49,8 @@ from .parsers.common import parse_bool, parse_celsius, parse_hex_id, parse_int
 from .parsers.smi_model import Node, build_smi_log
 from .parsers.smi_text import _tree as _text_tree
 from .parsers.smi_xml import _to_node as _xml_node
-from .sim import mig as sim_mig
-from .sim.model import parse_model
+from .parsers.topo import NUMA_COLUMN
+from .sim.model import Temperatures, parse_model
 
 __all__ = [
     "CaptureError",
@@ -74,21 +80,6 @@ _ARCHITECTURES = {
     "Blackwell": "NVML_DEVICE_ARCH_BLACKWELL",
 }
 _ARCH_FALLBACK = "NVML_DEVICE_ARCH_UNKNOWN"
-
-# CUDA compute capability per architecture (not in -q output); datacenter parts that differ from
-# their architecture's consumer parts by name.
-_COMPUTE_CAPABILITY = {
-    "NVML_DEVICE_ARCH_KEPLER": (3, 5),
-    "NVML_DEVICE_ARCH_MAXWELL": (5, 2),
-    "NVML_DEVICE_ARCH_PASCAL": (6, 1),
-    "NVML_DEVICE_ARCH_VOLTA": (7, 0),
-    "NVML_DEVICE_ARCH_TURING": (7, 5),
-    "NVML_DEVICE_ARCH_AMPERE": (8, 6),
-    "NVML_DEVICE_ARCH_ADA": (8, 9),
-    "NVML_DEVICE_ARCH_HOPPER": (9, 0),
-    "NVML_DEVICE_ARCH_BLACKWELL": (10, 0),
-}
-_COMPUTE_CAPABILITY_BY_NAME = {"A100": (8, 0), "A30": (8, 0), "P100": (6, 0)}
 
 # ``product_brand`` -> pynvml constant; unknown brands -> NVML_BRAND_UNKNOWN.
 _BRANDS = {
@@ -131,6 +122,13 @@ _NVSWITCHES = {
     "NVML_DEVICE_ARCH_HOPPER": (4, "0x22A310DE"),
 }
 _NVSWITCH_FALLBACK = (1, "0x00000000")
+# NVLinks per GPU (P100 4, V100 6, A100 12, H100 18); unknown chips: NVML's maximum.
+_MAX_NVLINKS = {
+    "NVML_DEVICE_ARCH_PASCAL": 4,
+    "NVML_DEVICE_ARCH_VOLTA": 6,
+    "NVML_DEVICE_ARCH_AMPERE": 12,
+    "NVML_DEVICE_ARCH_HOPPER": 18,
+}
 _MIN_FABRIC_GPUS = 4
 
 _PCIE_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first, as NVML orders them
@@ -139,6 +137,11 @@ _RANK = {level: rank for rank, level in enumerate(_PCIE_LEVELS)}
 # Conservative defaults for what a capture lacks (each use is listed in "sources").
 _FALLBACK_POWER_LIMIT_W = 75.0  # PCIe slot power: the smallest board limit there is
 _FULL_LOAD_POWER_SHARE = 0.9  # of the default power limit
+# A capture at this GPU utilization or above was taken under load: its readings are a loaded
+# sample, not the idle baseline. The assumed idle draw is a share of the default limit (the idle
+# captures draw 10-20 %: H100 10 %, A100 13 %, L40S 19 %, B200 20 %).
+_LOADED_UTIL_PCT = 10
+_IDLE_POWER_SHARE = 0.15
 _FULL_LOAD_TEMP_C = 70
 _IDLE_TEMP_C = 30
 _FALLBACK_BAR1_MIB = 256
@@ -149,7 +152,9 @@ _IDLE_READINGS = (
     ("memory", "idle_used_mib"),
     ("memory", "bar1_idle_used_mib"),
     ("power_w", "idle"),
+    ("power_w", "full_load"),  # a loaded capture's sample
     ("pstate", "idle"),
+    ("pstate", "load"),
     ("pcie_kbs", "idle"),
 )
 _TLIMIT_THRESHOLDS = {  # absolute threshold = T.Limit temperature - printed offset
@@ -242,6 +247,9 @@ def _build(
     type_keys, gpu_types = _gpu_types(log.gpus, nodes, src, smi_source)
     topo = _topology(log, topo_text, topo_source, smi_source, src)
     nvswitches, gpu_defaults = _nvswitches(topo.fabric_links, gpu_types, src, topo_source)
+    linked = {key for key, links in zip(type_keys, topo.gpu_links, strict=True) if links}
+    if topo.fabric_links or linked:
+        _nvlink_specs({k: v for k, v in gpu_types.items() if topo.fabric_links or k in linked}, src)
     if len(gpu_types) == 1:
         gpu_defaults["type"] = next(iter(gpu_types))
 
@@ -258,14 +266,19 @@ def _build(
             entry["nvlink_gpu_links"] = topo.gpu_links[index]
         if topo.orphan_cpus[index]:
             entry["cpu_affinity"] = topo.orphan_cpus[index]
+        if topo.roots is not None:
+            entry["root_complex"] = topo.roots[index]
         entry.update(_identity(gpu, log.gpus))
+        entry["minor_number"] = gpu.minor_number
         gpus.append(entry)
     src.note("gpus[].bus_id, order", smi_source)
     src.note("gpus[].uuid, serial", f"{smi_source} (uuid only where unique in the capture)")
+    src.note("gpus[].minor_number", f"{smi_source} (null: N/A, NVML_ERROR_NOT_SUPPORTED)")
     if log.attached_gpus is not None and log.attached_gpus != len(log.gpus):
         src.note("gpus", f"{smi_source} lists {len(log.gpus)} of {log.attached_gpus} attached GPUs")
 
     initial_mig = _initial_mig(log.gpus, gpu_types, type_keys, src, smi_source)
+    captured_state = _captured_state(log.gpus, gpu_types, type_keys, src, smi_source)
     gpu_names = sorted({t["name"] for t in gpu_types.values()})
     model: dict[str, Any] = {
         "schema": 1,
@@ -285,8 +298,11 @@ def _build(
         "gpus": gpus,
     }
     src.note("pcie_p2p_max_level", "assumed: PCIe P2P works up to a shared host bridge (PHB)")
-    if initial_mig:
-        model["initial_state"] = {"mig": initial_mig}
+    if topo.nics:
+        model["nics"] = topo.nics
+    initial_state = {"mig": initial_mig, "gpus": captured_state}
+    if initial_mig or captured_state:
+        model["initial_state"] = {key: value for key, value in initial_state.items() if value}
     model["sources"] = src.entries
     return model
 
@@ -384,6 +400,13 @@ def _gpu_types(
 
 def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
     arch_name = gpu.architecture
+    device = pci_ids.lookup(gpu.pci_device_id)
+    if node.get("product_architecture") is None and device is not None:
+        src.note(
+            "architecture",
+            f"derived: {arch_name} from PCI device id {gpu.pci_device_id} ({device.name}; "
+            "no product_architecture before driver 470)",
+        )
     architecture = _ARCHITECTURES.get(arch_name or "")
     if architecture is None:
         src.note("architecture", f"assumed: {_ARCH_FALLBACK} (capture says {arch_name!r})")
@@ -394,18 +417,22 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         brand = "NVML_BRAND_UNKNOWN"
     serial = gpu.serial
     persistence = src.not_supported("persistence_mode", gpu.persistence_mode)
-    temperature = _temperatures(gpu, node, src)
+    load = _captured_load(gpu, src)
+    temperature = _temperatures(gpu, node, load, src)
+    pstate = src.pick(
+        "pstate.idle", parse_int((gpu.performance_state or "")[1:]), 0, "P0 (not captured)"
+    )
     src.note("num_gpu_cores, gpu_numa_id", "assumed: null / false (not in -q output)")
     src.note(
-        "power_w.full_load, pstate.load, mem_util_at_full_load, pcie_kbs.full_load",
-        f"assumed (no loaded capture): {_FULL_LOAD_POWER_SHARE:.0%} of the default power "
-        f"limit, P0, {_MEM_UTIL_AT_FULL_LOAD} %, {_PCIE_FULL_LOAD_KBS} KB/s",
+        "pstate.load, mem_util_at_full_load, pcie_kbs.full_load",
+        f"assumed: P{pstate if load else 0}, {_MEM_UTIL_AT_FULL_LOAD} %, "
+        f"{_PCIE_FULL_LOAD_KBS} KB/s",
     )
     return {
         "name": gpu.product_name,
         "brand": brand,
         "architecture": architecture,
-        "cuda_compute_capability": list(_compute_capability(gpu.product_name, architecture, src)),
+        "cuda_compute_capability": list(_compute_capability(device, arch_name, src)),
         "num_gpu_cores": None,
         "pci_device_id": _hex(gpu.pci_device_id, "pci_device_id", src),
         "pci_subsystem_id": _hex(
@@ -435,7 +462,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
             "reserved_mib": src.pick(
                 "memory.reserved_mib", gpu.fb_memory.reserved_mib, 0, "0 (not captured)"
             ),
-            "idle_used_mib": src.pick("memory.idle_used_mib", gpu.fb_memory.used_mib, 0, "0"),
+            "idle_used_mib": _idle_memory(gpu, load, src),
             "bar1_total_mib": src.pick(
                 "memory.bar1_total_mib",
                 gpu.bar1_memory.total_mib,
@@ -448,14 +475,9 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         },
         "clocks_max_mhz": _clocks(gpu.max_clocks, gpu.clocks, "clocks_max_mhz", src),
         "clocks_idle_mhz": _clocks(gpu.clocks, gpu.max_clocks, "clocks_idle_mhz", src),
-        "power_w": _power(gpu.power, src),
+        "power_w": _power(gpu.power, load, src),
         "temperature_c": temperature,
-        "pstate": {
-            "idle": src.pick(
-                "pstate.idle", parse_int((gpu.performance_state or "")[1:]), 0, "P0 (not captured)"
-            ),
-            "load": 0,
-        },
+        "pstate": {"idle": pstate, "load": pstate if load else 0},
         "fan": _fan(gpu.fan_speed_pct, temperature),
         "ecc": _ecc(gpu),
         "page_retirement": gpu.retired_pages.single_bit is not None,
@@ -475,9 +497,43 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
     }
 
 
-def _power(power: PowerReadings, src: _Sources) -> dict[str, float | None]:
+def _captured_load(gpu: GpuInfo, src: _Sources) -> float | None:
+    """The utilization share of a GPU captured under load (``None``: an idle capture)."""
+    util = gpu.gpu_util_pct
+    if util is None or util < _LOADED_UTIL_PCT:
+        return None
+    src.note(
+        "captured_load",
+        f"the capture was taken under load ({util} % utilization, {gpu.power.draw_w} W, "
+        f"{gpu.fb_memory.used_mib} MiB used, {len(gpu.processes)} process(es)): kept as the "
+        "full-load sample, not as the idle baseline",
+    )
+    return util / 100
+
+
+def _idle_memory(gpu: GpuInfo, load: float | None, src: _Sources) -> int:
+    """Captured use less what the captured processes hold (they do not run in the simulator)."""
+    used = gpu.fb_memory.used_mib
+    if used is None:
+        return int(src.pick("memory.idle_used_mib", None, 0, "0"))
+    held = sum(proc.used_memory_mib or 0 for proc in gpu.processes)
+    if held:
+        src.note(
+            "memory.idle_used_mib",
+            f"derived: {used} MiB used less {held} MiB of the captured processes (not simulated)",
+        )
+        return max(0, used - held)
+    if load is not None:
+        src.note("memory.idle_used_mib", f"assumed: 0 ({used} MiB used under load, no process)")
+        return 0
+    return used
+
+
+def _power(power: PowerReadings, load: float | None, src: _Sources) -> dict[str, float | None]:
     """Captured limits and idle draw; "N/A" limits (no power management) and an "N/A" draw (no
-    power readings) stay null. The enforced limit is the captured current one (``-pl``)."""
+    power readings) stay null. The enforced limit is the captured current one (``-pl``). A draw
+    captured under load gives the full-load draw (scaled to 100 %, capped at the enforced
+    limit) and the idle draw is assumed."""
     default_limit = src.not_supported("power_w.*_limit", power.default_limit_w or power.limit_w)
     out: dict[str, float | None] = dict.fromkeys(("default_limit", "min_limit", "max_limit"))
     if default_limit is not None:
@@ -491,19 +547,23 @@ def _power(power: PowerReadings, src: _Sources) -> dict[str, float | None]:
             ),
             enforced_limit=power.limit_w or default_limit,
         )
-    if src.not_supported("power_w.idle, full_load", power.draw_w) is None:
+    draw = src.not_supported("power_w.idle, full_load", power.draw_w)
+    if draw is None:
         return {**out, "idle": None, "full_load": None}
-    full_load_of = src.pick(
+    limit = src.pick(
         "power_w.full_load",
         default_limit,
         _FALLBACK_POWER_LIMIT_W,
         f"{_FULL_LOAD_POWER_SHARE:.0%} of {_FALLBACK_POWER_LIMIT_W} W (no power limit captured)",
     )
-    return {
-        **out,
-        "idle": power.draw_w,
-        "full_load": round(full_load_of * _FULL_LOAD_POWER_SHARE, 2),
-    }
+    if load is None:
+        src.note("power_w.full_load", f"assumed: {_FULL_LOAD_POWER_SHARE:.0%} of the limit")
+        return {**out, "idle": draw, "full_load": round(limit * _FULL_LOAD_POWER_SHARE, 2)}
+    idle = round(min(draw, limit * _IDLE_POWER_SHARE), 2)
+    src.note("power_w.idle", f"assumed: {_IDLE_POWER_SHARE:.0%} of the limit (loaded capture)")
+    src.note("power_w.full_load", f"derived: the {draw} W captured at {load:.0%} utilization")
+    cap = power.limit_w or limit
+    return {**out, "idle": idle, "full_load": round(min(cap, max(idle, draw / load)), 2)}
 
 
 def _ecc(gpu: GpuInfo) -> bool | dict[str, bool]:
@@ -517,11 +577,15 @@ def _ecc(gpu: GpuInfo) -> bool | dict[str, bool]:
     return {"current": gpu.ecc_current, "pending": pending}
 
 
-def _compute_capability(name: str, architecture: str, src: _Sources) -> tuple[int, int]:
-    by_name = (cc for part, cc in _COMPUTE_CAPABILITY_BY_NAME.items() if part in name)
-    capability = next(by_name, _COMPUTE_CAPABILITY.get(architecture, (0, 0)))
-    src.note("cuda_compute_capability", "assumed: by architecture/name (not in -q output)")
-    return capability
+def _compute_capability(
+    device: pci_ids.NvidiaDevice | None, arch_name: str | None, src: _Sources
+) -> tuple[int, int]:
+    """Not in -q output: by PCI device id, else the architecture's usual one."""
+    if device is not None:
+        src.note("cuda_compute_capability", f"derived: by PCI device id ({device.name})")
+        return device.compute_capability
+    src.note("cuda_compute_capability", "assumed: by architecture (device id not in pci_ids)")
+    return pci_ids.ARCHITECTURE_COMPUTE_CAPABILITY.get(arch_name or "", (0, 0))
 
 
 def _hex(value: str | None, field: str, src: _Sources) -> str:
@@ -552,10 +616,11 @@ def _clocks(clocks: Any, fallback: Any, field: str, src: _Sources) -> dict[str, 
     return out
 
 
-def _temperatures(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, int | None]:
+def _temperatures(gpu: GpuInfo, node: Node, load: float | None, src: _Sources) -> Temperatures:
     """Absolute thresholds, else derived from the T.Limit offsets newer drivers print."""
     temps = gpu.temperature
-    idle = src.pick("temperature_c.idle", temps.gpu_c, _IDLE_TEMP_C, f"{_IDLE_TEMP_C} C")
+    captured_idle = None if load else temps.gpu_c
+    idle = src.pick("temperature_c.idle", captured_idle, _IDLE_TEMP_C, f"{_IDLE_TEMP_C} C")
     thresholds: dict[str, int | None] = {
         "shutdown": temps.shutdown_c,
         "slowdown": temps.slowdown_c,
@@ -570,14 +635,24 @@ def _temperatures(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, int | No
                 src.note(f"temperature_c.{key}", "derived: GPU temp + T.Limit margin - offset")
     gpu_max = thresholds["gpu_max"]
     full_load = _FULL_LOAD_TEMP_C if gpu_max is None else min(_FULL_LOAD_TEMP_C, gpu_max - 5)
-    src.note("temperature_c.full_load", f"assumed: {full_load} C (no loaded capture)")
+    if load and temps.gpu_c is not None:
+        full_load = max(idle, temps.gpu_c)
+    else:
+        src.note("temperature_c.full_load", f"assumed: {full_load} C (no loaded capture)")
     mem_max = parse_celsius(
         node.get("temperature", ("gpu_temp_max_mem_threshold", "memory_max_operating_temp"))
     )
-    return {"idle": idle, "full_load": full_load, **thresholds, "mem_max": mem_max}
+    return {
+        "idle": idle,
+        "full_load": full_load,
+        "shutdown": thresholds["shutdown"],
+        "slowdown": thresholds["slowdown"],
+        "gpu_max": gpu_max,
+        "mem_max": mem_max,
+    }
 
 
-def _fan(pct: int | None, temperature: dict[str, int | None]) -> dict[str, int] | None:
+def _fan(pct: int | None, temperature: Temperatures) -> dict[str, int] | None:
     """A fan curve that gives the captured speed at the captured temperature (None: no fan)."""
     if pct is None:
         return None
@@ -608,6 +683,7 @@ def _row_remapper_banks(gpu: GpuInfo, node: Node, src: _Sources) -> int | None:
 def _mig_table(gpu: GpuInfo, src: _Sources) -> str | None:
     if gpu.mig_current is None:  # not MIG-capable: nvidia-smi prints MIG Mode N/A
         return None
+    assert gpu.product_name is not None, "_check_complete refuses a GPU without a name"
     table = mig_catalog.table_for_gpu(gpu.product_name)
     if table is None:
         src.note(
@@ -616,7 +692,50 @@ def _mig_table(gpu: GpuInfo, src: _Sources) -> str | None:
             f"{gpu.product_name!r} in inventory/nvml/mig_profiles)",
         )
         return None
-    return table["table"]
+    return table.name
+
+
+# --------------------------------------------------------------------------- captured state
+
+
+def _reason_constant(name: str) -> str:
+    """``hw_power_brake_slowdown`` -> ``nvmlClocksEventReasonHwPowerBrakeSlowdown``."""
+    return "nvmlClocksEventReason" + name.title().replace("_", "")
+
+
+def _captured_state(
+    gpus: Sequence[GpuInfo],
+    types: dict[str, dict[str, Any]],
+    keys: Sequence[str],
+    src: _Sources,
+    smi_source: str,
+) -> dict[str, dict[str, Any]]:
+    """Captured row-remapper counters and active clock-event reasons -> ``initial_state.gpus``.
+    Idle is left out: the simulator derives it from the load."""
+    out: dict[str, dict[str, Any]] = {}
+    for index, (gpu, key) in enumerate(zip(gpus, keys, strict=True)):
+        entry: dict[str, Any] = {}
+        rows = {
+            field: value
+            for field in ("correctable", "uncorrectable", "pending", "failure")
+            if (value := getattr(gpu.remapped_rows, field)) is not None
+        }
+        if types[key]["row_remapper_banks"] is not None and any(rows.values()):
+            entry["remapped_rows"] = rows
+        reasons = sorted(_reason_constant(name) for name in gpu.clock_event_reasons - {"gpu_idle"})
+        unknown = [name for name in reasons if not hasattr(pynvml, name)]
+        if unknown:
+            src.note(f"initial_state.gpus.{index}.clock_event_reasons", f"not kept: {unknown}")
+        if kept := [name for name in reasons if name not in unknown]:
+            entry["clock_event_reasons"] = kept
+        if entry:
+            out[str(index)] = entry
+    if out:
+        src.note(
+            "initial_state.gpus",
+            f"{smi_source} (remapped rows, active clock-event reasons but idle)",
+        )
+    return out
 
 
 # --------------------------------------------------------------------------- MIG layouts
@@ -634,7 +753,7 @@ def _initial_mig(
     for index, (gpu, key) in enumerate(zip(gpus, keys, strict=True)):
         table_name = types[key]["mig_table"]
         if gpu.mig_current and table_name:
-            layouts[str(index)] = _layout(gpu, sim_mig.load_table(table_name))
+            layouts[str(index)] = _layout(gpu, mig_catalog.load_table(table_name))
     if layouts:
         src.note(
             "initial_state.mig",
@@ -649,7 +768,7 @@ def _gi_size(gi_id: int) -> int:
     return 8 if gi_id == 0 else 4 if gi_id <= 2 else 2 if gi_id <= 6 else 1
 
 
-def _layout(gpu: GpuInfo, table: sim_mig.MigTable) -> list[Any]:
+def _layout(gpu: GpuInfo, table: mig_catalog.MigTable) -> list[Any]:
     by_gi: dict[int, list[int]] = {}
     for dev in gpu.mig_devices:
         if dev.gpu_instance_id is not None:
@@ -676,15 +795,18 @@ def _layout(gpu: GpuInfo, table: sim_mig.MigTable) -> list[Any]:
 
 
 class _Topology:
-    """Per-GPU NUMA node, PCIe path, direct NVLinks; NUMA node CPUs; the NVSwitch fabric."""
+    """Per-GPU NUMA node, PCIe path, root complex and direct NVLinks; NUMA node CPUs; the
+    NVSwitch fabric; the network adapters."""
 
     def __init__(self, count: int) -> None:
         self.numa: list[int | None] = [None] * count
         self.orphan_cpus: list[str | None] = [None] * count  # CPU affinity with NUMA N/A
         self.numa_nodes: dict[str, dict[str, Any]] = {}
         self.paths: list[list[str]] = [[f"hb{i}"] for i in range(count)]
+        self.roots: list[int] | None = None  # None: one root complex per NUMA node
         self.gpu_links: list[list[int]] = [[] for _ in range(count)]
         self.fabric_links = 0  # NV# of an NVSwitch fabric, 0 if none
+        self.nics: list[dict[str, Any]] = []
 
 
 def _topology(
@@ -706,41 +828,102 @@ def _topology(
     names = [device.name for device in matrix.gpus]
     if len(names) != count:
         raise CaptureError(f"{topo_source} shows {len(names)} GPUs but {smi_source} has {count}")
-    _numa(matrix, names, topo, topo_source)
+    _numa(matrix, names, topo, topo_source, src)
+    nic_names = [device.name for device in matrix.devices if not device.is_gpu]
+    devices = names + nic_names
     levels: dict[tuple[int, int], str] = {}
     nvlinks: dict[tuple[int, int], int] = {}
-    for a in range(count):
-        for b in range(a + 1, count):
-            link = matrix.links.get((names[a], names[b])) or matrix.links.get((names[b], names[a]))
+    for a in range(len(devices)):
+        for b in range(a + 1, len(devices)):
+            link = matrix.links.get((devices[a], devices[b])) or matrix.links.get(
+                (devices[b], devices[a])
+            )
             if link is None:
                 continue
             link = "SYS" if link == "SOC" else link  # the pre-SYS spelling of old drivers
-            if link.startswith("NV"):
-                nvlinks[(a, b)] = matrix.nvlink_count(names[a], names[b])
+            if link.startswith("NV") and b < count:
+                nvlinks[(a, b)] = matrix.nvlink_count(devices[a], devices[b])
             elif link in _RANK:
                 levels[(a, b)] = link
             else:
-                raise CaptureError(f"{topo_source}: {names[a]}-{names[b]} link {link!r} unknown")
-    topo.paths = synthesize_pcie_paths(levels, topo.numa)
-    pairs = count * (count - 1) // 2
-    if count >= _MIN_FABRIC_GPUS and len(nvlinks) == pairs and len(set(nvlinks.values())) == 1:
+                raise CaptureError(
+                    f"{topo_source}: {devices[a]}-{devices[b]} link {link!r} unknown"
+                )
+    numa = topo.numa + [_nic_numa(count + j, topo.numa, levels) for j in range(len(nic_names))]
+    paths, roots = synthesize_pcie_paths(levels, numa, devices)
+    topo.paths = paths[:count]
+    topo.roots = None if roots is None else roots[:count]
+    topo.nics = [
+        {
+            "name": matrix.nic_names.get(nic, nic),
+            "numa_node": numa[count + j],
+            "pcie_path": paths[count + j],
+            **({} if roots is None else {"root_complex": roots[count + j]}),
+        }
+        for j, nic in enumerate(nic_names)
+    ]
+    if _is_fabric(count, nvlinks, log):
         topo.fabric_links = next(iter(nvlinks.values()))
     else:
         for (a, b), n in sorted(nvlinks.items()):
             topo.gpu_links[a] += [b] * n
             topo.gpu_links[b] += [a] * n
     src.note(
-        "gpus[].numa_node, numa_nodes[].cpus, pcie_path, nvlinks",
+        "gpus[].numa_node, numa_nodes[].cpus, pcie_path, nvlinks, nics",
         f"{topo_source} (PCIe paths synthesized to reproduce its matrix)",
     )
+    if roots is not None:
+        src.note(
+            "gpus[].root_complex",
+            f"{topo_source} shows SYS within a NUMA node: root complexes synthesized",
+        )
+    if topo.nics:
+        src.note("nics[].numa_node", "derived: the NUMA node of the GPUs it is nearer than SYS to")
     src.note("numa_nodes[].socket", "assumed: one socket per NUMA node")
     return topo
 
 
-def _numa(matrix: TopoMatrix, names: Sequence[str], topo: _Topology, topo_source: str) -> None:
+def _nic_numa(
+    nic: int, numa: Sequence[int | None], levels: dict[tuple[int, int], str]
+) -> int | None:
+    """A NIC's NUMA node: that of the first GPU it reaches without crossing sockets."""
+    for gpu, node in enumerate(numa):
+        if levels.get((gpu, nic), "SYS") != "SYS":
+            return node
+    return None
+
+
+def _is_fabric(count: int, nvlinks: dict[tuple[int, int], int], log: SmiLog) -> bool:
+    """Every pair at one NV# on 4+ GPUs, with more links than a GPU has for direct links
+    (DGX A100's NV12 to 7 peers is 84 links: NVSwitch; HGX A100 4-GPU's NV4 to 3 peers is 12:
+    direct links)."""
+    pairs = count * (count - 1) // 2
+    if count < _MIN_FABRIC_GPUS or len(nvlinks) != pairs or len(set(nvlinks.values())) != 1:
+        return False
+    max_links = min(
+        (
+            _MAX_NVLINKS.get(arch, pynvml.NVML_NVLINK_MAX_LINKS)
+            for gpu in log.gpus
+            if (arch := _ARCHITECTURES.get(gpu.architecture or ""))
+        ),
+        default=pynvml.NVML_NVLINK_MAX_LINKS,
+    )
+    return next(iter(nvlinks.values())) * (count - 1) > max_links
+
+
+def _numa(
+    matrix: TopoMatrix, names: Sequence[str], topo: _Topology, topo_source: str, src: _Sources
+) -> None:
+    by_cpus = _numa_from_affinity(matrix, names) if NUMA_COLUMN not in matrix.columns else {}
+    if by_cpus:
+        src.note(
+            "gpus[].numa_node",
+            f"derived: {topo_source} has no NUMA Affinity column; one NUMA node per distinct "
+            "CPU affinity list, numbered by their lowest CPU",
+        )
     for index, gpu_name in enumerate(names):
         device = matrix.device(gpu_name)
-        node = device.numa_node
+        node = by_cpus.get(device.cpu_affinity or "", device.numa_node)
         topo.numa[index] = node
         if node is None:
             topo.orphan_cpus[index] = device.cpu_affinity if device.cpus else None
@@ -758,11 +941,32 @@ def _numa(matrix: TopoMatrix, names: Sequence[str], topo: _Topology, topo_source
             )
 
 
+def _numa_from_affinity(matrix: TopoMatrix, names: Sequence[str]) -> dict[str, int]:
+    """Old ``topo -m`` prints no NUMA Affinity: each distinct CPU list is one NUMA node,
+    numbered by its lowest CPU. Empty when the lists overlap (no NUMA layout to derive)."""
+    lists = {}
+    for name in names:
+        device = matrix.device(name)
+        if device.cpu_affinity and device.cpus:
+            lists[device.cpu_affinity] = frozenset(device.cpus)
+    ordered = sorted(lists, key=lambda text: min(lists[text]))
+    cpus = [lists[text] for text in ordered]
+    if any(a & b for i, a in enumerate(cpus) for b in cpus[i + 1 :]):
+        return {}
+    return {text: node for node, text in enumerate(ordered)}
+
+
 def pcie_level(
-    path_a: Sequence[str], numa_a: int | None, path_b: Sequence[str], numa_b: int | None
+    path_a: Sequence[str],
+    numa_a: int | None,
+    path_b: Sequence[str],
+    numa_b: int | None,
+    root_a: int | None = None,
+    root_b: int | None = None,
 ) -> str:
-    """The ``topo -m`` level the simulator derives for two distinct GPUs (its rules, verbatim)."""
-    if numa_a != numa_b:
+    """The ``topo -m`` level the simulator derives for two distinct devices (its rules,
+    verbatim): SYS across NUMA nodes or root complexes, NODE across host bridges."""
+    if numa_a != numa_b or root_a != root_b:
         return "SYS"
     if path_a[0] != path_b[0]:
         return "NODE"
@@ -792,31 +996,43 @@ def _classes(count: int, levels: dict[tuple[int, int], str], within: str) -> lis
 
 
 def synthesize_pcie_paths(
-    levels: dict[tuple[int, int], str], numa: Sequence[int | None]
-) -> list[list[str]]:
-    """PCIe paths (host bridge, switch, leaf switch) that reproduce ``levels`` exactly.
+    levels: dict[tuple[int, int], str],
+    numa: Sequence[int | None],
+    names: Sequence[str] | None = None,
+) -> tuple[list[list[str]], list[int] | None]:
+    """PCIe paths (host bridge, switch, leaf switch) and root complexes that reproduce
+    ``levels`` exactly.
 
-    ``levels`` maps GPU index pairs to PIX/PXB/PHB/NODE/SYS (pairs joined by NVLink are left out:
-    any path does). GPUs joined by PHB or nearer share a host bridge, by PXB or nearer a switch,
-    by PIX a leaf switch. Raises :class:`CaptureError` when the matrix cannot be reproduced: SYS
-    within one NUMA node (or a nearer level across two), or levels that are not transitive.
+    ``levels`` maps device index pairs (GPUs, then NICs; ``names`` names them in messages,
+    default ``GPU<i>``) to PIX/PXB/PHB/NODE/SYS (pairs joined by NVLink are left out: any path
+    does). Devices joined by NODE or nearer share a root complex, by PHB or nearer a host
+    bridge, by PXB or nearer a switch, by PIX a leaf switch. The root complexes are ``None``
+    when every SYS pair is across NUMA nodes (the common case). Raises :class:`CaptureError`
+    when the matrix cannot be reproduced: a level nearer than SYS across NUMA nodes, or levels
+    that are not transitive.
     """
+    label = list(names) if names is not None else [f"GPU{i}" for i in range(len(numa))]
     for (a, b), level in sorted(levels.items()):
-        if (level == "SYS") == (numa[a] == numa[b]):
+        if level != "SYS" and numa[a] != numa[b]:
             raise CaptureError(
-                f"GPU{a}-GPU{b} is {level} but their NUMA nodes are {numa[a]} and {numa[b]}: "
-                "the simulator derives SYS from different NUMA nodes and nothing else"
+                f"{label[a]}-{label[b]} is {level} but their NUMA nodes are {numa[a]} and "
+                f"{numa[b]}: only SYS crosses NUMA nodes"
             )
-    hb, sw, leaf = (_classes(len(numa), levels, level) for level in ("PHB", "PXB", "PIX"))
+    rc, hb, sw, leaf = (
+        _classes(len(numa), levels, level) for level in ("NODE", "PHB", "PXB", "PIX")
+    )
+    same_node_sys = any(level == "SYS" and numa[a] == numa[b] for (a, b), level in levels.items())
+    roots = rc if same_node_sys else None
     paths = [[f"hb{hb[i]}", f"sw{sw[i]}", f"sw{sw[i]}.{leaf[i]}"] for i in range(len(numa))]
+    root: Sequence[int | None] = roots or [None] * len(numa)
     for (a, b), level in sorted(levels.items()):
-        got = pcie_level(paths[a], numa[a], paths[b], numa[b])
+        got = pcie_level(paths[a], numa[a], paths[b], numa[b], root[a], root[b])
         if got != level:
             raise CaptureError(
-                f"inconsistent topo matrix: GPU{a}-GPU{b} is {level}, but the other pairs put "
-                f"them at {got}"
+                f"inconsistent topo matrix: {label[a]}-{label[b]} is {level}, but the other "
+                f"pairs put them at {got}"
             )
-    return paths
+    return paths, roots
 
 
 def _nvswitches(
@@ -828,11 +1044,6 @@ def _nvswitches(
     architectures = {spec["architecture"] for spec in types.values()}
     count, device_id = _NVSWITCHES.get(architectures.pop(), _NVSWITCH_FALLBACK)
     count = min(count, links)
-    for spec in types.values():
-        spec["nvlink"] = {
-            "version": _NVLINK_VERSIONS.get(spec["architecture"], "NVML_NVLINK_VERSION_INVALID"),
-            "capabilities": dict(_NVLINK_CAPABILITIES),
-        }
     switches = [
         {
             "bus_id": f"00000000:{0xFF - i:02X}:00.0",
@@ -846,11 +1057,20 @@ def _nvswitches(
         f"modelled: NV{links} on every GPU pair in {topo_source} = NVSwitch "
         f"fabric; {count} switches, PCI addresses and ids assumed",
     )
+    return switches, {"nvlink_switch_links": [i * count // links for i in range(links)]}
+
+
+def _nvlink_specs(types: dict[str, dict[str, Any]], src: _Sources) -> None:
+    """NVLink version and capabilities for the types of GPUs that have NVLinks."""
+    for spec in types.values():
+        spec["nvlink"] = {
+            "version": _NVLINK_VERSIONS.get(spec["architecture"], "NVML_NVLINK_VERSION_INVALID"),
+            "capabilities": dict(_NVLINK_CAPABILITIES),
+        }
     src.note(
         "gpu_types.*.nvlink",
         "assumed: NVLink version by architecture, capabilities as the captured A100/H800 reports",
     )
-    return switches, {"nvlink_switch_links": [i * count // links for i in range(links)]}
 
 
 # --------------------------------------------------------------------------- CLI

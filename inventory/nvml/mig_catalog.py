@@ -1,4 +1,5 @@
-"""MIG profile tables of the MIG-capable GPU models (``mig_profiles/*.json``).
+"""MIG profile tables of the MIG-capable GPU models (``mig_profiles/*.json``), and the one
+definition of a MIG profile row that the scanner, the simulator, the importer and the pages share.
 
 The tables come from NVIDIA's MIG user guide and real ``nvidia-smi mig -lgip/-lgipp`` captures
 (each file names its sources). NVML reports a GPU's profile table only while MIG is enabled, so
@@ -8,21 +9,130 @@ enforces the same tables.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+
+import pynvml
+
+from inventory.nvml.record import Record
 
 TABLE_DIR = Path(__file__).with_name("mig_profiles")
 
+# nvmlComputeInstanceProfile index for a CI of k compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*).
+CI_PROFILE_FOR_SLICES = {
+    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
+    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
+    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
+    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
+    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MigProfile(Record):
+    """One GPU instance profile: a row of ``nvidia-smi mig -lgip`` with its ``-lgipp`` starts.
+
+    The catalog's JSON rows carry the same keys (plus ``profile``, the name of ``index``).
+    """
+
+    index: int  # NVML_GPU_INSTANCE_PROFILE_* constant
+    id: int  # profile id used to create instances (19, 20, 15, 14, 9, 5, 0)
+    name: str  # "3g.20gb"
+    compute_slices: int
+    memory_slices: int  # 0 where NVML listed no placements
+    instances: int  # how many a GPU can hold at most
+    memory_mib: int
+    sm: int
+    ce: int
+    dec: int
+    enc: int
+    jpeg: int
+    ofa: int
+    placements: tuple[int, ...]  # start slices; an instance spans memory_slices from there
+    remaining: int | None = None  # more that fit now: NVML's answer, unknown in the catalog
+
+
+@dataclasses.dataclass(frozen=True)
+class CiProfile:
+    """A compute instance profile inside a GPU instance of a given GI profile."""
+
+    index: int  # NVML_COMPUTE_INSTANCE_PROFILE_* constant, also its id
+    name: str  # "1c.3g.20gb", or the GI name for the full-size CI
+    slices: int
+    placements: tuple[int, ...]
+    sm: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MigTable:
+    """The MIG geometry of one GPU model."""
+
+    name: str
+    gpu_name: str
+    compute_slices: int
+    memory_slices: int
+    max_mig_devices: int
+    bar1_mib_per_memory_slice: float
+    profiles: tuple[MigProfile, ...]
+
+    def by_index(self, index: int) -> MigProfile | None:
+        return next((p for p in self.profiles if p.index == index), None)
+
+    def by_id(self, profile_id: int) -> MigProfile | None:
+        return next((p for p in self.profiles if p.id == profile_id), None)
+
+    def by_name(self, name: str) -> MigProfile:
+        bare = name.removeprefix("MIG ")
+        for profile in self.profiles:
+            if profile.name == bare:
+                return profile
+        raise ValueError(f"{self.name}: no MIG profile named {name!r}")
+
+    def ci_profiles(self, gi: MigProfile) -> dict[int, CiProfile]:
+        return _ci_profiles(gi)
+
 
 @cache
-def table_data(name: str) -> dict[str, Any]:
-    """The raw JSON of ``mig_profiles/<name>.json``."""
+def _ci_profiles(gi: MigProfile) -> dict[int, CiProfile]:
+    """CI profiles of a GI: k-slice CIs start on multiples of k rounded up to a power of two.
+
+    Reproduces ``mig -lcip`` on a 3g.20gb GI (1c x3, 2c x1, 3g x1) and the 7g lcipp
+    placements {0..6}:1, {0,2,4}:2, {0,4}:3, {0}:4, {0}:7.
+    """
+    out = {}
+    size = gi.compute_slices
+    for slices, index in CI_PROFILE_FOR_SLICES.items():
+        if slices > size:
+            continue
+        step = 1 if slices == 1 else 2 if slices == 2 else 4
+        starts = tuple(range(0, size - slices + 1, step))
+        name = gi.name if slices == size else f"{slices}c.{gi.name}"
+        sm = gi.sm if slices == size else gi.sm * slices // size
+        out[index] = CiProfile(index, name, slices, starts, sm)
+    return out
+
+
+@cache
+def load_table(name: str) -> MigTable:
+    """The table ``mig_profiles/<name>.json`` with NVML's profile constants."""
     path = TABLE_DIR / f"{name}.json"
     if not path.is_file():
         raise ValueError(f"no MIG profile table named {name!r}")
-    return json.loads(path.read_text())
+    data = json.loads(path.read_text())
+    return MigTable(
+        name=data["table"],
+        gpu_name=data["gpu_name"],
+        compute_slices=data["compute_slices"],
+        memory_slices=data["memory_slices"],
+        max_mig_devices=data["max_mig_devices"],
+        bar1_mib_per_memory_slice=data["mig_bar1_mib_per_memory_slice"],
+        profiles=tuple(
+            MigProfile.from_dict({**row, "index": getattr(pynvml, row["profile"])})
+            for row in data["gpu_instance_profiles"]
+        ),
+    )
 
 
 @cache
@@ -33,7 +143,7 @@ def _table_names_by_gpu() -> dict[str, str]:
     }
 
 
-def table_for_gpu(gpu_name: str) -> dict[str, Any] | None:
+def table_for_gpu(gpu_name: str) -> MigTable | None:
     """The table for a GPU by the name NVML reports (e.g. ``NVIDIA A100-SXM4-40GB``)."""
     name = _table_names_by_gpu().get(gpu_name)
-    return None if name is None else table_data(name)
+    return None if name is None else load_table(name)

@@ -17,14 +17,15 @@ from typing import Any
 import pynvml
 from pynvml import NVMLError
 
+from inventory.nvml.mig_catalog import MigProfile
 from inventory.nvml.scanner import (
-    ABSENT,
-    MAX_MIG_PLACEMENTS,
     UNSUPPORTED,
     describe_error,
     error_name,
     init_failure_reason,
     mig_profile_name,
+    read_ci_profiles,
+    read_mig_profiles,
 )
 
 log = logging.getLogger("gpuadmin.nvml")
@@ -72,7 +73,7 @@ def create_gpu_instance(
             if placement_start is None:
                 gi = nvml.nvmlDeviceCreateGpuInstance(device, profile.id)
             else:
-                placement = _placement(nvml, device, gpu_index, profile, placement_start)
+                placement = _placement(gpu_index, profile, placement_start)
                 gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(device, profile.id, placement)
         except NVMLError as err:
             if err.value == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES:
@@ -174,61 +175,38 @@ def _mig_device(nvml: Any, gpu_index: int) -> Any:
     return device
 
 
-def _gi_profile(nvml: Any, device: Any, gpu_index: int, name: str) -> Any:
-    """The GPU instance profile info (``c_nvmlGpuInstanceProfileInfo_v2_t``) named ``name``."""
-    offered = []
-    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(device, index)
-        except NVMLError as err:
-            if err.value in ABSENT:
-                continue
-            raise _failed(f"cannot read the MIG profiles of GPU {gpu_index}", err) from err
-        if mig_profile_name(info.name) == name:
-            return info
-        offered.append(mig_profile_name(info.name))
+def _gi_profile(nvml: Any, device: Any, gpu_index: int, name: str) -> MigProfile:
+    """The GPU instance profile named ``name`` of the GPU's table."""
+    try:
+        profiles = read_mig_profiles(nvml, device)
+    except NVMLError as err:
+        raise _failed(f"cannot read the MIG profiles of GPU {gpu_index}", err) from err
+    for profile in profiles:
+        if profile.name == name:
+            return profile
+    offered = ", ".join(profile.name for profile in profiles) or "none"
     raise MigOperationError(
-        f"unknown profile {name}; GPU {gpu_index} offers: {', '.join(offered) or 'none'}",
+        f"unknown profile {name}; GPU {gpu_index} offers: {offered}",
         MigErrorCode.UNKNOWN_PROFILE,
     )
 
 
-def _placement(nvml: Any, device: Any, gpu_index: int, profile: Any, start: int) -> Any:
+def _placement(gpu_index: int, profile: MigProfile, start: int) -> Any:
     """The ``c_nvmlGpuInstancePlacement_t`` of ``profile`` starting at memory slice ``start``."""
-    found = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_MIG_PLACEMENTS)()
-    count = c_uint(MAX_MIG_PLACEMENTS)
-    try:
-        nvml.nvmlDeviceGetGpuInstancePossiblePlacements(device, profile.id, found, byref(count))
-    except NVMLError as err:
-        raise _failed(f"cannot read the placements of GPU {gpu_index}", err) from err
-    possible = found[: count.value]
-    for placement in possible:
-        if placement.start == start:
-            return placement
-    raise MigOperationError(
-        f"placement {start} is not valid for {mig_profile_name(profile.name)} on GPU {gpu_index}; "
-        f"valid starts: {', '.join(str(p.start) for p in possible) or 'none'}",
-        MigErrorCode.INVALID_PLACEMENT,
-    )
-
-
-def _ci_profiles(nvml: Any, gi: Any) -> Iterator[Any]:
-    """The compute instance profiles a GPU instance offers (shared engines, as nvidia-smi)."""
-    for index in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-        try:
-            yield nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                gi, index, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-            )
-        except NVMLError as err:
-            if err.value not in ABSENT:
-                raise
+    if start not in profile.placements:
+        raise MigOperationError(
+            f"placement {start} is not valid for {profile.name} on GPU {gpu_index}; "
+            f"valid starts: {', '.join(map(str, profile.placements)) or 'none'}",
+            MigErrorCode.INVALID_PLACEMENT,
+        )
+    return pynvml.c_nvmlGpuInstancePlacement_t(start=start, size=profile.memory_slices)
 
 
 def _full_ci_profile(nvml: Any, gi: Any) -> Any:
     """The compute instance profile that spans the whole GPU instance (lowest index on a tie,
     so the plain profile wins over its ``REV1`` variant)."""
     best = None
-    for info in _ci_profiles(nvml, gi):
+    for info in read_ci_profiles(nvml, gi):
         if best is None or info.sliceCount > best.sliceCount:
             best = info
     if best is None:
@@ -238,7 +216,7 @@ def _full_ci_profile(nvml: Any, gi: Any) -> Any:
 
 def _compute_instances(nvml: Any, gi: Any) -> list[Any]:
     found = []
-    for info in _ci_profiles(nvml, gi):
+    for info in read_ci_profiles(nvml, gi):
         handles = (pynvml.c_nvmlComputeInstance_t * info.instanceCount)()
         count = c_uint(0)
         nvml.nvmlGpuInstanceGetComputeInstances(gi, info.id, handles, byref(count))

@@ -4,11 +4,15 @@ libnvidia-ml.so.1."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import subprocess
 from types import ModuleType
 
 import pynvml
 
 from inventory.nvml.scanner import scan
+
+log = logging.getLogger("gpuadmin.nvml")
 
 
 def load() -> ModuleType:
@@ -38,3 +42,20 @@ def probe() -> Probe:
             driver_version=system.driver_version,
         )
     return Probe(available=True, driver_version=system.driver_version, gpu_count=system.gpu_count)
+
+
+def nvidia_smi_topo_matrix(timeout_s: float = 30.0) -> str | None:
+    """`nvidia-smi topo -m` output (GPU-NIC affinity, which NVML does not report), or None when
+    nvidia-smi is missing or fails."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "topo", "-m"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("nvidia-smi topo -m failed: %s", err)
+        return None
+    return done.stdout

@@ -12,17 +12,19 @@ import dataclasses
 import functools
 import logging
 import time
-import types
 from collections import Counter
 from collections.abc import Callable, Iterable
 from ctypes import byref, c_uint
-from typing import Any, Self, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar
 
 import pynvml
 from pynvml import NVMLError
 
 from inventory.nvml import mig_catalog
-from inventory.nvml.parsers.common import normalize_bus_id
+from inventory.nvml.mig_catalog import MigProfile
+from inventory.nvml.parsers.common import ParseError, normalize_bus_id
+from inventory.nvml.parsers.topo import parse_topo_matrix
+from inventory.nvml.record import Record
 
 log = logging.getLogger("gpuadmin.nvml")
 
@@ -158,61 +160,8 @@ def _failed_call(err: BaseException) -> str | None:
 # --------------------------------------------------------------------------- dataclasses
 
 
-class _Record:
-    """JSON round trip for the scan dataclasses (a scan travels over Celery as JSON)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dicts, lists and scalars only: `json.dumps` takes it as is."""
-        return _jsonable(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        """Rebuild from `to_dict()` output (also after a JSON round trip); missing keys default."""
-        hints = _type_hints(cls)
-        return cls(
-            **{
-                field.name: _revive(hints[field.name], data[field.name])
-                for field in dataclasses.fields(cls)  # type: ignore[arg-type]
-                if field.name in data
-            }
-        )
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return {
-            field.name: _jsonable(getattr(value, field.name))
-            for field in dataclasses.fields(value)  # type: ignore[arg-type]
-        }
-    if isinstance(value, tuple | list):
-        return [_jsonable(item) for item in value]
-    return value
-
-
-@functools.cache
-def _type_hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def _revive(hint: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = get_origin(hint)
-    if origin is Union or origin is types.UnionType:
-        (inner,) = (arg for arg in get_args(hint) if arg is not type(None))
-        return _revive(inner, value)
-    if origin is tuple:
-        args = get_args(hint)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_revive(args[0], item) for item in value)
-        return tuple(_revive(arg, item) for arg, item in zip(args, value, strict=True))
-    if isinstance(hint, type) and issubclass(hint, _Record):
-        return hint.from_dict(value)
-    return value
-
-
 @dataclasses.dataclass(frozen=True)
-class SystemInfo(_Record):
+class SystemInfo(Record):
     """Driver-wide facts, and `error` when NVML could not be used at all."""
 
     driver_version: str | None = None
@@ -224,7 +173,7 @@ class SystemInfo(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuFacts(_Record):
+class GpuFacts(Record):
     """What a GPU is. Everything but `index` may be None: unsupported, or not read before a
     failure (then `error_message` says why)."""
 
@@ -265,7 +214,7 @@ class GpuFacts(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class ProcessInfo(_Record):
+class ProcessInfo(Record):
     """A process using the GPU; `kind` is "C" (compute) or "G" (graphics)."""
 
     pid: int
@@ -276,7 +225,7 @@ class ProcessInfo(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuMetrics(_Record):
+class GpuMetrics(Record):
     """How busy a GPU is right now. None where the GPU cannot say (fan on SXM, util with MIG)."""
 
     utilization_gpu_pct: int | None = None
@@ -293,21 +242,7 @@ class GpuMetrics(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class MigProfile(_Record):
-    """One row of the GPU instance profile table (`nvidia-smi mig -lgip` / `-lgipp`)."""
-
-    name: str
-    profile_id: int
-    slice_count: int
-    memory_mib: int
-    max_instances: int
-    sm_count: int
-    remaining: int | None = None
-    placements: tuple[tuple[int, int], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class ComputeInstance(_Record):
+class ComputeInstance(Record):
     """A compute instance inside a GPU instance, with its MIG device UUID when NVML shows one."""
 
     ci_id: int
@@ -320,7 +255,7 @@ class ComputeInstance(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuInstance(_Record):
+class GpuInstance(Record):
     """A GPU instance: its profile, where it sits in the slices, and its compute instances."""
 
     gi_id: int
@@ -333,7 +268,7 @@ class GpuInstance(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class MigLayout(_Record):
+class MigLayout(Record):
     """MIG on a MIG-capable GPU: its profile table and, while MIG is enabled, its instances.
 
     NVML answers profile queries only while MIG is enabled. For a GPU with MIG off the table
@@ -349,7 +284,7 @@ class MigLayout(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class HealthCounters(_Record):
+class HealthCounters(Record):
     """Error counters for the health policies. None where the GPU does not keep the counter
     (retired pages on A100+, ECC on consumer cards)."""
 
@@ -369,7 +304,7 @@ class HealthCounters(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class GpuScan(_Record):
+class GpuScan(Record):
     """Everything one scan learnt about one GPU; sections not asked for are None."""
 
     facts: GpuFacts
@@ -391,14 +326,18 @@ class GpuScan(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class Topology(_Record):
+class Topology(Record):
     """The `nvidia-smi topo -m` GPU matrix: row/column i is GPU `gpus[i]`; None where a GPU
-    failed. NUMA node and CPU affinity per GPU, in the same order."""
+    failed. NUMA node and CPU affinity per GPU, in the same order. `nics` are the network
+    adapters (`mlx5_0`) and `nic_links[i][j]` how GPU `gpus[i]` reaches `nics[j]` (PIX ... SYS),
+    from `topo -m` itself: NVML has no NIC API (see `topo_matrix_text`)."""
 
     gpus: tuple[int, ...]
     matrix: tuple[tuple[str | None, ...], ...]
     numa_nodes: tuple[int | None, ...]
     cpu_affinity: tuple[str | None, ...]
+    nics: tuple[str, ...] = ()
+    nic_links: tuple[tuple[str | None, ...], ...] = ()
 
     def link(self, gpu_a: int, gpu_b: int) -> str | None:
         """The link class between two GPUs given by NVML index ("X", "NV12", "PXB", "SYS"...)."""
@@ -406,7 +345,7 @@ class Topology(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeScan(_Record):
+class NodeScan(Record):
     """One scan of one node: driver facts, every GPU, and the topology between them."""
 
     system: SystemInfo
@@ -419,25 +358,70 @@ class NodeScan(_Record):
 
 @functools.cache
 def _catalog_profiles(gpu_name: str | None) -> tuple[MigProfile, ...]:
-    """The catalog's profile table for a GPU model, shaped as NVML would report it."""
+    """The catalog's profile table for a GPU model, in the order NVML enumerates it (by index)."""
     table = mig_catalog.table_for_gpu(gpu_name) if gpu_name else None
-    if table is None:
-        return ()
-    return tuple(
-        MigProfile(
-            name=row["name"],
-            profile_id=row["id"],
-            slice_count=row["compute_slices"],
-            memory_mib=row["memory_mib"],
-            max_instances=row["instances"],
-            sm_count=row["sm"],
-            placements=tuple((start, row["memory_slices"]) for start in row["placements"]),
+    return tuple(sorted(table.profiles, key=lambda p: p.index)) if table else ()
+
+
+def read_mig_profiles(nvml: Any, handle: Any) -> tuple[MigProfile, ...]:
+    """The GPU's instance profile table as NVML reports it (only while MIG is enabled)."""
+    profiles = []
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+        except NVMLError as err:
+            if err.value in ABSENT:
+                continue
+            raise
+        placements = _gi_placements(nvml, handle, info.id)
+        profiles.append(
+            MigProfile(
+                index=index,
+                id=info.id,
+                name=mig_profile_name(info.name),
+                compute_slices=info.sliceCount,
+                memory_slices=placements[0].size if placements else 0,
+                instances=info.instanceCount,
+                memory_mib=info.memorySizeMB,
+                sm=info.multiprocessorCount,
+                ce=info.copyEngineCount,
+                dec=info.decoderCount,
+                enc=info.encoderCount,
+                jpeg=info.jpegCount,
+                ofa=info.ofaCount,
+                placements=tuple(p.start for p in placements),
+            )
         )
-        # NVML enumerates profiles by their NVML_GPU_INSTANCE_PROFILE_* index: keep that order.
-        for row in sorted(
-            table["gpu_instance_profiles"], key=lambda r: getattr(pynvml, r["profile"])
-        )
+    return tuple(profiles)
+
+
+def _gi_placements(nvml: Any, handle: Any, profile_id: int) -> list[Any]:
+    placements = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_MIG_PLACEMENTS)()
+    count = c_uint(MAX_MIG_PLACEMENTS)
+    found = _optional(
+        nvml.nvmlDeviceGetGpuInstancePossiblePlacements,
+        handle,
+        profile_id,
+        placements,
+        byref(count),
     )
+    return [] if found is None else placements[: count.value]
+
+
+def read_ci_profiles(nvml: Any, gi: Any) -> list[Any]:
+    """The compute instance profiles a GPU instance offers (shared engines, as nvidia-smi)."""
+    found = []
+    for profile in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+        try:
+            found.append(
+                nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, profile, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            )
+        except NVMLError as err:
+            if err.value not in ABSENT:
+                raise
+    return found
 
 
 def cpulist(words: Iterable[int], word_bits: int = 64) -> str:
@@ -565,7 +549,7 @@ class _NodeScanner:
         self.handles: dict[int, Any] = {}
         self.links: dict[int, _Links] = {}
         # MIG profile tables are fixed per GPU model (name, PCI device id): read them once.
-        self.mig_tables: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.mig_tables: dict[tuple[str, str], tuple[MigProfile, ...]] = {}
         self.ci_profiles: dict[tuple[str, str, int], list[Any]] = {}
 
     def run(self, started: float) -> NodeScan:
@@ -577,7 +561,7 @@ class _NodeScanner:
             reason = describe_error(err)
             log.warning("NVML initialised but unusable: %s", reason)
             return NodeScan(system=SystemInfo(error=reason, scan_duration_ms=_since(started)))
-        log.info("NVML initialised: %d GPUs, driver %s", count, driver)
+        log.debug("NVML initialised: %d GPUs, driver %s", count, driver)  # every sample
         cuda = _optional(nvml.nvmlSystemGetCudaDriverVersion)
         nvml_version = _optional(nvml.nvmlSystemGetNVMLVersion)
         gpus = tuple(self._gpu(index) for index in range(count))
@@ -828,15 +812,15 @@ class _NodeScanner:
             )
         model = (facts["name"], facts["pci_device_id"])
         if model not in self.mig_tables:
-            self.mig_tables[model] = self._mig_table(handle)
+            self.mig_tables[model] = read_mig_profiles(nvml, handle)
         profiles = tuple(
-            MigProfile(
-                **row,
+            dataclasses.replace(
+                profile,
                 remaining=_optional(
-                    nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, handle, row["profile_id"]
+                    nvml.nvmlDeviceGetGpuInstanceRemainingCapacity, handle, profile.id
                 ),
             )
-            for row in self.mig_tables[model]
+            for profile in self.mig_tables[model]
         )
         return MigLayout(
             enabled=True,
@@ -846,43 +830,6 @@ class _NodeScanner:
             profiles_source="nvml",
         )
 
-    def _mig_table(self, handle: Any) -> list[dict[str, Any]]:
-        """The static part of the GPU instance profile table (read once per GPU model)."""
-        rows = []
-        for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-            try:
-                info = self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
-            except NVMLError as err:
-                if err.value in ABSENT:
-                    continue
-                raise
-            rows.append(
-                {
-                    "name": mig_profile_name(info.name),
-                    "profile_id": info.id,
-                    "slice_count": info.sliceCount,
-                    "memory_mib": info.memorySizeMB,
-                    "max_instances": info.instanceCount,
-                    "sm_count": info.multiprocessorCount,
-                    "placements": self._gi_placements(handle, info.id),
-                }
-            )
-        return rows
-
-    def _gi_placements(self, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
-        placements = (pynvml.c_nvmlGpuInstancePlacement_t * MAX_MIG_PLACEMENTS)()
-        count = c_uint(MAX_MIG_PLACEMENTS)
-        found = _optional(
-            self.nvml.nvmlDeviceGetGpuInstancePossiblePlacements,
-            handle,
-            profile_id,
-            placements,
-            byref(count),
-        )
-        if found is None:
-            return ()
-        return tuple((p.start, p.size) for p in placements[: count.value])
-
     def _gpu_instances(
         self, handle: Any, model: tuple[str, str], profiles: tuple[MigProfile, ...]
     ) -> tuple[GpuInstance, ...]:
@@ -890,18 +837,18 @@ class _NodeScanner:
         mig_uuids = self._mig_device_uuids(handle)
         instances = []
         for profile in profiles:
-            gis = (pynvml.c_nvmlGpuInstance_t * profile.max_instances)()
+            gis = (pynvml.c_nvmlGpuInstance_t * profile.instances)()
             count = c_uint(0)
-            nvml.nvmlDeviceGetGpuInstances(handle, profile.profile_id, gis, byref(count))
+            nvml.nvmlDeviceGetGpuInstances(handle, profile.id, gis, byref(count))
             for gi in gis[: count.value]:
                 info = nvml.nvmlGpuInstanceGetInfo(gi)
-                key = (*model, profile.profile_id)
+                key = (*model, profile.id)
                 if key not in self.ci_profiles:
-                    self.ci_profiles[key] = self._ci_profiles(gi)
+                    self.ci_profiles[key] = read_ci_profiles(nvml, gi)
                 instances.append(
                     GpuInstance(
                         gi_id=info.id,
-                        profile_id=profile.profile_id,
+                        profile_id=profile.id,
                         profile_name=profile.name,
                         placement_start=info.placement.start,
                         placement_size=info.placement.size,
@@ -913,20 +860,6 @@ class _NodeScanner:
                 )
         instances.sort(key=lambda gi: gi.gi_id)
         return tuple(instances)
-
-    def _ci_profiles(self, gi: Any) -> list[Any]:
-        found = []
-        for profile in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                found.append(
-                    self.nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
-                        gi, profile, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-                    )
-                )
-            except NVMLError as err:
-                if err.value not in ABSENT:
-                    raise
-        return found
 
     def _compute_instances(
         self, gi: Any, gi_id: int, profiles: list[Any], mig_uuids: dict[tuple[int, int], str]
@@ -988,11 +921,14 @@ class _NodeScanner:
                 if gpu_b.index in self.handles:
                     label = self._link(gpu_a, gpu_b, switches)
                     matrix[row][col] = matrix[col][row] = label
+        nics, nic_links = _nic_links(self.nvml, indices)
         return Topology(
             gpus=indices,
             matrix=tuple(tuple(row) for row in matrix),
             numa_nodes=tuple(gpu.facts.numa_node for gpu in gpus),
             cpu_affinity=tuple(gpu.facts.cpu_affinity for gpu in gpus),
+            nics=nics,
+            nic_links=nic_links,
         )
 
     def _link(
@@ -1014,6 +950,37 @@ class _NodeScanner:
             log.error("topology GPU %d-GPU %d: %s", a, b, describe_error(err))
             return None
         return _PCIE_LINKS.get(level)
+
+
+def topo_matrix_text(backend: Any) -> str | None:
+    """`nvidia-smi topo -m` of the backend's machine, the one source of GPU-NIC affinity: the
+    simulator renders it from its model, on real NVML nvidia-smi prints it. None: unavailable."""
+    render = getattr(backend, "topo_matrix_text", None)
+    if callable(render):
+        return render()
+    if backend is pynvml:
+        from inventory.nvml.real import nvidia_smi_topo_matrix  # real.py imports this module
+
+        return nvidia_smi_topo_matrix()
+    return None
+
+
+def _nic_links(
+    backend: Any, indices: tuple[int, ...]
+) -> tuple[tuple[str, ...], tuple[tuple[str | None, ...], ...]]:
+    """NIC names and, per GPU index, its link to each NIC, parsed from `topo -m`."""
+    text = topo_matrix_text(backend)
+    if not text:
+        return (), ()
+    try:
+        matrix = parse_topo_matrix(text)
+    except ParseError as err:
+        log.warning("nvidia-smi topo -m: %s", err)
+        return (), ()
+    links = matrix.nic_links()
+    nics = matrix.nics
+    rows = tuple(tuple(links.get(f"GPU{index}", {}).get(nic) for nic in nics) for index in indices)
+    return nics, rows
 
 
 def _enabled_name(state: int) -> str:

@@ -10,14 +10,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuadmin import api
+from gpuadmin.access.models import ApiToken
+from gpuadmin.access.services import can_act_on
 from scheduling import services
-from scheduling.auth import can_act_on
-from scheduling.models import Allocation, ApiToken, Job, Priority, SchedulerSettings, Topology
+from scheduling.models import Allocation, Job, Priority, SchedulerSettings, Topology
 
-MAX_GPUS_PER_NODE = 64
-MAX_NODES = 64
-MAX_GPU_MEMORY_MIB = 1024 * 1024  # 1 TiB per GPU: anything above is a typo
-MAX_ARGV = 4096
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 HIDDEN = "(hidden)"
 
@@ -36,18 +33,13 @@ HIDDEN = "(hidden)"
 class CommandField(serializers.Field):
     """A command line as one string, or as argv (a list of strings)."""
 
-    default_error_messages = {
-        "invalid": "Expected a string or a list of strings.",
-        "too_long": f"At most {MAX_ARGV} arguments.",
-    }
+    default_error_messages = {"invalid": "Expected a string or a list of strings."}
 
     def to_internal_value(self, data: Any) -> str | list[str]:
         if isinstance(data, str):
             return data
         if not isinstance(data, list) or not all(isinstance(arg, str) for arg in data):
             self.fail("invalid")
-        if len(data) > MAX_ARGV:
-            self.fail("too_long")
         return data
 
     def to_representation(self, value: list[str]) -> list[str]:
@@ -76,12 +68,13 @@ class JobSubmitSerializer(api.Serializer):
     )
     working_dir = serializers.CharField(max_length=1024, required=False, allow_blank=True)
     container_image = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    # Bounds from the service's SUBMISSION_LIMITS, as the submit form's.
     gpu_count = serializers.IntegerField(
-        min_value=1, max_value=MAX_GPUS_PER_NODE, default=1, help_text="GPUs per node."
+        default=1, help_text="GPUs per node.", **services.limit_bounds("gpu_count")
     )
-    node_count = serializers.IntegerField(min_value=1, max_value=MAX_NODES, default=1)
+    node_count = serializers.IntegerField(default=1, **services.limit_bounds("node_count"))
     min_gpu_memory_mib = serializers.IntegerField(
-        min_value=0, max_value=MAX_GPU_MEMORY_MIB, default=0
+        default=0, **services.limit_bounds("min_gpu_memory_mib")
     )
     gpu_model = serializers.CharField(
         max_length=100, required=False, allow_blank=True, help_text="Exact GPU product name."
@@ -90,12 +83,12 @@ class JobSubmitSerializer(api.Serializer):
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     preemptible = serializers.BooleanField(default=False)
     estimated_duration_s = serializers.IntegerField(
-        min_value=1, max_value=services.MAX_RUNTIME_S, required=False, allow_null=True
+        required=False, allow_null=True, **services.limit_bounds("estimated_duration_s")
     )
     max_runtime_s = serializers.IntegerField(
-        min_value=1, max_value=services.MAX_RUNTIME_S, required=False, allow_null=True
+        required=False, allow_null=True, **services.limit_bounds("max_runtime_s")
     )
-    max_retries = serializers.IntegerField(min_value=0, max_value=20, default=0)
+    max_retries = serializers.IntegerField(default=0, **services.limit_bounds("max_retries"))
     hold = serializers.BooleanField(
         default=False, help_text="Store it PENDING (held) instead of queuing it."
     )
@@ -267,8 +260,20 @@ class GpuStatusSerializer(api.Serializer):
     state = serializers.CharField(source="gpu.state")
     error_message = serializers.CharField(source="gpu.error_message")
     mig_enabled = serializers.BooleanField(source="gpu.mig_enabled")
-    schedulable = serializers.BooleanField()
-    free = serializers.BooleanField()
+    schedulable = serializers.BooleanField(
+        help_text="The one rule finds no reason to refuse it a whole-GPU job now."
+    )
+    free = serializers.BooleanField(help_text="Schedulable and held by no job.")
+    unusable = serializers.CharField(
+        source="unusable.code",
+        allow_null=True,
+        default=None,
+        help_text="Why it is not schedulable: offline, unreachable, missing, error, draining, "
+        "mig or foreign-process.",
+    )
+    unusable_reason = serializers.CharField(
+        source="unusable.message", allow_null=True, default=None
+    )
     job_id = serializers.IntegerField(source="allocation.job_id", allow_null=True, default=None)
     job_owner = serializers.CharField(
         source="allocation.job.owner.get_username", allow_null=True, default=None

@@ -12,7 +12,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, permissions, status, viewsets
+from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
@@ -20,39 +20,15 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
+from gpuadmin.access.models import ApiToken
+from gpuadmin.access.permissions import CanSubmit, IsAdminOrReadOnly, IsOperatorOrReadOnly
+from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
 from gpuadmin.api import Pagination
-from scheduling import admin_services, queries, services
-from scheduling.api import filters
-from scheduling.api import schema as _schema  # noqa: F401  (registers the token auth scheme)
+from scheduling import admin_services, filters, queries, services
 from scheduling.api import serializers as s
-from scheduling.auth import at_least, can_act_on, create_token, revoke_token, role_of
-from scheduling.models import HOLDING_STATES, Allocation, ApiToken, Job, Role, SchedulerSettings
+from scheduling.models import HOLDING_STATES, Allocation, Job, SchedulerSettings
 
 # --------------------------------------------------------------------------- plumbing
-
-
-class RolePermission(permissions.BasePermission):
-    """Anyone signed in reads; writes need ``write_role`` or a stronger role."""
-
-    write_role: str
-
-    def has_permission(self, request: Request, view: APIView) -> bool:
-        user = request.user
-        if not (user and user.is_authenticated):
-            return False
-        return request.method in permissions.SAFE_METHODS or at_least(user, self.write_role)
-
-
-class CanSubmit(RolePermission):
-    write_role = Role.USER
-
-
-class IsOperator(RolePermission):
-    write_role = Role.OPERATOR
-
-
-class IsAdmin(RolePermission):
-    write_role = Role.ADMIN
 
 
 class Conflict(APIException):
@@ -322,7 +298,7 @@ class GpuStatusView(APIView):
 
 
 class GpuAllocateView(APIView):
-    permission_classes = [IsOperator]
+    permission_classes = [IsOperatorOrReadOnly]
 
     @extend_schema(
         request=s.GpuAllocateSerializer,
@@ -343,7 +319,7 @@ class GpuAllocateView(APIView):
 
 
 class GpuReleaseView(APIView):
-    permission_classes = [IsOperator]
+    permission_classes = [IsOperatorOrReadOnly]
 
     @extend_schema(
         request=s.GpuReleaseSerializer,
@@ -377,7 +353,7 @@ class OrchestratorStatusView(APIView):
 class OrchestratorSwitchView(APIView):
     """``POST /orchestrator/start`` and ``/stop`` (admins; audited)."""
 
-    permission_classes = [IsAdmin]
+    permission_classes = [IsAdminOrReadOnly]
     enable = True
 
     @extend_schema(request=None, responses={200: s.OrchestratorStatusSerializer})
@@ -387,7 +363,7 @@ class OrchestratorSwitchView(APIView):
 
 
 class PoliciesView(APIView):
-    permission_classes = [IsAdmin]
+    permission_classes = [IsAdminOrReadOnly]
 
     @extend_schema(responses={200: s.PolicySerializer})
     def get(self, request: Request) -> Response:

@@ -39,7 +39,7 @@ class PriorityWithAging:
     max_age_points: float | None = None
 
     def __post_init__(self) -> None:
-        missing = set(PRIORITIES) - set(self.priority_points)
+        missing = [name for name in PRIORITIES if name not in self.priority_points]
         if missing:
             raise ValueError(f"priority_points lacks {', '.join(sorted(missing))}")
         if self.aging_interval_s <= 0:

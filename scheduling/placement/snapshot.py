@@ -20,8 +20,9 @@ class GpuSlot:
 
     `memory_free_mib` is the live sample (the total when there is none). `nvlink_domain` names
     the set of GPUs joined by NVLink/NVSwitch (one per DGX, e.g. "dgx-a100-01/nvswitch"), None
-    without NVLink. `unavailable` is None when schedulable, else a machine code ("draining",
-    "offline", "unreachable", "missing", "error"). `allocated_to` is the running job's id.
+    without NVLink. `unavailable` is None when schedulable, else a machine code, one of
+    `inventory.usability.Reason` ("offline", "unreachable", "missing", "error", "draining",
+    "mig", "foreign-process"). `allocated_to` is the running job's id.
     """
 
     id: int

@@ -133,3 +133,31 @@ def test_dashboard_fits_laptop_and_wall_screens_in_both_schemes(
         page.screenshot(path=str(ARTIFACTS_DIR / f"fleet-{width}-{scheme}.png"), full_page=True)
     finally:
         context.close()
+
+
+def test_a_refused_mig_change_shows_on_the_card_the_page_scrolls_to(page, live_server, admin_user):
+    from django.test import Client
+    from playwright.sync_api import expect
+
+    from inventory.models import Node
+
+    host = unique_host()
+    add_node(host)
+    Node.objects.filter(hostname=host).update(last_heartbeat_at=None)  # the change is refused
+    client = Client()
+    client.force_login(admin_user)
+    page.context.add_cookies(
+        [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
+    )
+    page.set_viewport_size({"width": 1366, "height": 600})
+    page.goto(f"{live_server.url}/nodes/{host}/mig/")
+    page.locator("#mig-gpu1").get_by_role("button", name="Create instance").click()
+    page.wait_for_url(re.compile(r"#mig-gpu1$"))
+    error = page.locator(".message.error")
+    expect(error).to_have_count(1)
+    expect(error).to_be_in_viewport()
+    assert (
+        page.locator("#mig-gpu1 .message.error")
+        .inner_text()
+        .startswith(f"1g.5gb not created on GPU 1: node {host} is unreachable")
+    )

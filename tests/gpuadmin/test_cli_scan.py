@@ -76,10 +76,10 @@ def test_sim_dgx_a100_topology_is_nvswitch_all_to_all(dgx_a100_scan):
 def test_sim_dgx_a100_mig_tables_and_layouts(dgx_a100_scan):
     gpus = dgx_a100_scan["gpus"]
     profiles = {p["name"]: p for p in gpus[2]["mig"]["profiles"]}
-    assert profiles["1g.5gb"]["profile_id"] == 19
-    assert profiles["1g.5gb"]["max_instances"] == 7
-    assert profiles["3g.20gb"]["placements"] == [[0, 4], [4, 4]]
-    assert profiles["7g.40gb"]["slice_count"] == 7
+    assert profiles["1g.5gb"]["id"] == 19
+    assert profiles["1g.5gb"]["instances"] == 7
+    assert (profiles["3g.20gb"]["placements"], profiles["3g.20gb"]["memory_slices"]) == ([0, 4], 4)
+    assert profiles["7g.40gb"]["compute_slices"] == 7
     enabled = [gpu["facts"]["index"] for gpu in gpus if gpu["mig"]["enabled"]]
     assert enabled == [0, 1]
     for index in enabled:

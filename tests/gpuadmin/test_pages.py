@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -16,6 +18,25 @@ def test_home_page_loads_vendored_htmx_and_reports_services(client):
     assert "<dt>database</dt>" in html and '<dd class="ok">ok</dd>' in html
     assert "Recent changes" not in html  # the audit log is for staff only
     assert client.get("/static/django_htmx/htmx-2.min.js").status_code == 200
+
+
+def test_home_page_says_what_each_node_runs_on(client):
+    from inventory.models import Node
+
+    Node.objects.create(hostname="dgx-01", model="dgx-a100-40gb", nvml_backend="sim")
+    Node.objects.create(hostname="dgx-02", model="dgx-a100-40gb", nvml_backend="sim")
+    Node.objects.create(hostname="gpu-07", model="8x NVIDIA H100 80GB HBM3", nvml_backend="real")
+    Node.objects.create(hostname="old-01")
+    html = client.get("/").content.decode()
+    assert "NVML backend" not in html  # the web server's own setting says nothing of the fleet
+    runs_on = re.findall(
+        r'<span class="runs-on">(.*?)</span> <span class="muted">(.*?)</span>', html
+    )
+    assert runs_on == [
+        ("backend not reported", "1 node"),
+        ("real NVML: 8x NVIDIA H100 80GB HBM3", "1 node"),
+        ("NVML simulator: dgx-a100-40gb", "2 nodes"),
+    ]
 
 
 def test_staff_see_recent_audit_events(admin_client):

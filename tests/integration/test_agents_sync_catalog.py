@@ -62,8 +62,9 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
         samples = live.latest([hostname])[hostname]
         assert {sample["temperature_c"] for sample in samples.values()} <= set(range(20, 40))
         node = Node.objects.get(hostname=hostname)
-        assert (node.model, node.driver_version, node.agent_version) == (
+        assert (node.model, node.nvml_backend, node.driver_version, node.agent_version) == (
             "pcie-l40s-4x",
+            "sim",
             "595.80",
             "0.1.0",
         )

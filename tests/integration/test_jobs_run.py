@@ -9,12 +9,16 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
 
 from inventory import live
 from inventory.models import Node
+from inventory.nvml.scanner import scan
+from inventory.nvml.sim import SimulatedNvml
 from scheduling import services
 from scheduling.checks import run_checks
 from scheduling.models import Job, JobState
@@ -35,14 +39,16 @@ def state_of(job: Job) -> str:
 
 
 @pytest.fixture
-def sim_node(gpuadmin_env, tmp_path) -> Iterator[str]:
-    """A central worker and one simulated DGX A100 80GB agent, heartbeating."""
+def sim_node(gpuadmin_env, tmp_path, request) -> Iterator[str]:
+    """A central worker and one simulated DGX A100 80GB agent, heartbeating (no beat); a
+    test's indirect parameter overrides their settings."""
     env = {
         **gpuadmin_env,
         "DATABASE_URL": session_database_url(),
         "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
         "GPUADMIN_SAMPLE_INTERVAL_S": "1",
         "GPUADMIN_JOB_KILL_GRACE_S": "2",
+        **getattr(request, "param", {}),
     }
     hostname = f"run-{uuid.uuid4().hex[:6]}"
     processes = [
@@ -116,3 +122,40 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     stubborn.refresh_from_db()
     assert stubborn.exit_code == -9  # SIGKILL after the 2 s grace
     assert {name: found for name, found in run_checks().items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    "sim_node",
+    # Samples 30 s apart (heard from within the grace all the same): only the release itself
+    # can start the waiting job before beat's backstop pass, and beat does not run here.
+    [{"GPUADMIN_SAMPLE_INTERVAL_S": "30", "GPUADMIN_HEARTBEAT_GRACE_S": "120"}],
+    indirect=True,
+)
+def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_env, tmp_path):
+    owner = get_user_model().objects.create_user("dave")
+    flag = tmp_path / "done"
+    first = services.submit_job(
+        owner, command=f"while [ ! -e {flag} ]; do sleep 0.05; done", use_shell=True, gpu_count=8
+    )
+    wait_for(lambda: state_of(first) == JobState.RUNNING, 60, "the first job to start")
+    # The node's latest sample, as the agent's sampler took it while the job ran.
+    simulator = SimulatedNvml.from_model(
+        "dgx-a100-80gb",
+        node_name=sim_node,
+        state_dir=Path(gpuadmin_env["GPUADMIN_DATA_DIR"]) / "sim",
+    )
+    live.publish(sim_node, scan(simulator, include=("facts", "metrics")))
+    assert all(sample["processes"] for sample in live.latest([sim_node])[sim_node].values())
+    second = services.submit_job(owner, command=["true"], gpu_count=8)
+    wait_for(
+        lambda: Job.objects.get(pk=second.pk).pending_code == "resources_busy",
+        30,
+        "a pass to find the second job no room",
+    )
+
+    flag.touch()
+    wait_for(lambda: state_of(first) == JobState.COMPLETED, 30, "the first job to finish")
+    wait_for(lambda: state_of(second) != JobState.QUEUED, 5, "the freed GPUs to be given")
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert second.scheduled_at - first.finished_at < timedelta(seconds=5)

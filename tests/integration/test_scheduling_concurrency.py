@@ -41,6 +41,17 @@ def overlapping_allocations() -> list[tuple]:
         return cursor.fetchall()
 
 
+def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Every worker consumes its queue: Celery logs "<name> ready." when it sends worker_ready
+    (the shared broker has other sessions' workers, so a ping could be answered by those)."""
+    deadline = time.monotonic() + timeout
+    while not all(" ready." in log.read_text() for log in logs):
+        texts = "\n".join(log.read_text() for log in logs)
+        assert all(worker.poll() is None for worker in workers), f"a worker exited:\n{texts}"
+        assert time.monotonic() < deadline, f"workers not ready in {timeout} s:\n{texts}"
+        time.sleep(0.1)
+
+
 def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
     for i in range(4):
         add_sim_node(f"churn-{i:02}")
@@ -60,12 +71,10 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
             text=True,
         )
 
-    workers = [
-        start("-m", "gpuadmin", "worker", "--concurrency", "2", log=tmp_path / f"worker-{n}.log")
-        for n in range(2)
-    ]
+    logs = [tmp_path / f"worker-{n}.log" for n in range(2)]
+    workers = [start("-m", "gpuadmin", "worker", "--concurrency", "2", log=log) for log in logs]
     try:
-        time.sleep(3)  # let the workers connect
+        wait_until_ready(workers, logs, timeout=60)
         clients = [
             start("-m", "tests.integration.churn", "--seconds", str(CHURN_S), "--seed", str(n),
                   "--owner", f"churn-{n}")

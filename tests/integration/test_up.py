@@ -1,4 +1,5 @@
-"""`gpuadmin up` on a machine with no database or Redis configured: the embedded servers."""
+"""`gpuadmin up`: on a machine with no database or Redis configured (the embedded servers), and
+keeping its processes running, then stopping them in order."""
 
 import http.cookiejar
 import json
@@ -10,11 +11,13 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import uuid
+from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.conftest import REPO_DIR
+from tests.conftest import REPO_DIR, session_database_url
 
 pytestmark = pytest.mark.integration
 
@@ -120,3 +123,97 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
     assert alive == []
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
     assert not (data_dir / "redis" / "redis.pid").exists()
+
+
+def wait_for_line(log: Path, marker: str, timeout: float, process: subprocess.Popen) -> str:
+    """The log (a file, so a busy stack never blocks on a full pipe) once it shows ``marker``."""
+    deadline = time.monotonic() + timeout
+    while marker not in (text := log.read_text()):
+        assert process.poll() is None, f"exited with {process.returncode}:\n{text}"
+        assert time.monotonic() < deadline, f"{marker!r} not seen; output so far:\n{text}"
+        time.sleep(0.2)
+    return text
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def job_state(job) -> str:
+    return type(job).objects.get(pk=job.pk).state
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
+    signum, gpuadmin_env, tmp_path, free_port
+):
+    from django.contrib.auth import get_user_model
+
+    from gpuadmin.audit.models import AuditEvent
+    from inventory.models import Node
+    from scheduling import services
+    from scheduling.models import Job, JobState
+
+    node = f"up-{uuid.uuid4().hex[:6]}"  # node queues are shared by sessions on one Redis
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({"nodes": [{"name": node, "model": "pcie-l40s-4x"}]}))
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_SIM_FLEET": str(fleet),
+        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
+        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
+        "GPUADMIN_JOB_KILL_GRACE_S": "2",
+    }
+    log = tmp_path / "up.log"
+    with log.open("w") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    owner = get_user_model().objects.create_user(f"owner-{node}")
+    try:
+        wait_for_line(log, "gpuadmin is up", START_TIMEOUT_S, up)
+        wait_for(
+            lambda: Node.objects.filter(hostname=node, gpus__isnull=False).exists(),
+            60,
+            "the demo node to register",
+        )
+        jobs = [services.submit_job(owner, command=["sleep", "600"], gpu_count=1)]
+        wait_for(lambda: job_state(jobs[0]) == JobState.RUNNING, 60, "the job to start")
+
+        if signum == signal.SIGTERM:  # one variant is enough for the restart
+            worker = next(
+                child
+                for child in psutil.Process(up.pid).children()
+                if child.cmdline()[-1:] == ["worker"]
+            )
+            worker.kill()
+            wait_for(lambda: log.read_text().count("starting worker:") == 2, 30, "a restart")
+            text = log.read_text().split("worker exited", 1)[1]
+            assert text.startswith(" with killed by SIGKILL at ")
+            assert "restarting it in 1 s" in text.splitlines()[0]
+            # The restarted worker places the next job, and its agent runs it.
+            jobs.append(services.submit_job(owner, command=["sleep", "600"], gpu_count=1))
+            wait_for(lambda: job_state(jobs[1]) == JobState.RUNNING, 60, "a job after the restart")
+    finally:
+        up.send_signal(signum)
+        up.wait(timeout=90)
+
+    text = log.read_text()
+    assert up.returncode == 0, text
+    for job in jobs:
+        assert Job.objects.get(pk=job.pk).state == JobState.CANCELED, text
+        assert AuditEvent.objects.filter(event_type="job.canceled", target_id=str(job.pk)).exists()
+    assert f"agent {node}: canceling {len(jobs)} running job(s)" in text
+    # State changes are logged, polling is not.
+    assert f"job {jobs[0].pk}: running -> canceled" in text
+    assert "Task inventory.heartbeat" not in text
+    assert "NVML initialised" not in text

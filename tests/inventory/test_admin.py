@@ -16,6 +16,14 @@ def fleet(sim_scan):
     apply_discovery("box-01", sim_scan("pcie-l40s-4x", "box-01"))
 
 
+def test_the_admin_index_names_models_properly_and_promises_nothing_missing(admin_client):
+    html = admin_client.get("/admin/").content.decode()
+    for name in ("GPUs", "GPU links", "MIG instances", "Nodes", "Pools"):
+        assert f">{name}</a>" in html, name
+    assert "Gpu" not in html and "Mig" not in html
+    assert "reservation" not in html.lower()  # none exist yet
+
+
 def test_gpu_list_filters_and_search(admin_client, fleet):
     assert admin_client.get("/admin/inventory/gpu/").status_code == 200
     listed = admin_client.get("/admin/inventory/gpu/?mig_enabled__exact=1")

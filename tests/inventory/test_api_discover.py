@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gpuadmin.access.models import Membership, Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
 from inventory.nvml.sim import faults
@@ -87,8 +88,25 @@ def test_an_unreachable_node_fails_fast_without_sending(staff, node: SimNode):
     assert node.broker.sent == []
 
 
-def test_bad_input_is_4xx_and_only_admins_discover(client, staff, node: SimNode, django_user_model):
+def test_bad_input_is_4xx(staff, node: SimNode):
     assert staff.get("/gpu/discover?node=nope-99").status_code == 404
-    client.force_login(django_user_model.objects.create_user("user"))
+    assert node.broker.sent == []
+
+
+def test_the_admin_role_discovers_without_being_staff(client, node: SimNode, django_user_model):
+    admin = django_user_model.objects.create_user("ada")
+    Membership.objects.create(user=admin, role=Role.ADMIN)
+    client.force_login(admin)
+    response = client.get(f"/gpu/discover?node={node.hostname}")
+    assert response.status_code == 200, response.content
+    assert node.broker.sent[-1]["name"] == "inventory.scan_node"
+
+
+@pytest.mark.parametrize("role", [Role.OPERATOR, Role.USER, Role.VIEWER, None])
+def test_other_roles_cannot_discover(client, node: SimNode, django_user_model, role):
+    person = django_user_model.objects.create_user("someone")
+    if role is not None:
+        Membership.objects.create(user=person, role=role)
+    client.force_login(person)
     assert client.get(f"/gpu/discover?node={node.hostname}").status_code == 403
     assert node.broker.sent == []

@@ -57,8 +57,8 @@ def test_devices_without_samples_have_catalog_totals_and_no_live_values(client, 
         "used_memory_mb": None,
         "utilization_percent": None,
         "temperature_c": None,
-        "is_available": False,
-        "error_message": None,
+        "is_available": False,  # NVML has not answered for it: no sample yet
+        "error_message": "no live sample: its node's agent has not reported lately",
     }
 
 
@@ -72,13 +72,14 @@ def test_devices_show_published_live_values(client, admin_user, dgx):
     assert busy["used_memory_mb"] >= 30_000
     assert busy["free_memory_mb"] == 40960 - busy["used_memory_mb"]
     assert busy["utilization_percent"] == 97
-    assert busy["is_available"] is False  # a process runs on it
+    assert busy["is_available"] is True  # NVML answers for it; being busy is not an error
     assert isinstance(idle["temperature_c"], int | float)
     assert idle["used_memory_mb"] < 30_000
     assert idle["is_available"] is True
-    assert devices[5]["is_available"] is False  # draining
+    assert devices[5]["is_available"] is True  # draining is the admin's word, not NVML's
     assert devices[0]["utilization_percent"] is None  # MIG: N/A
     assert [d["error_message"] for d in devices] == [None] * 8
+    assert {d["is_available"] for d in devices} == {True}
 
 
 def test_devices_are_unavailable_when_the_agent_is_silent(client, admin_user, dgx):
@@ -87,6 +88,7 @@ def test_devices_are_unavailable_when_the_agent_is_silent(client, admin_user, dg
     client.force_login(admin_user)
     devices = client.get("/api/gpu/devices").json()["devices"]
     assert {d["is_available"] for d in devices} == {False}
+    assert all(d["error_message"].startswith("no live sample") for d in devices)
 
 
 def test_node_without_gpus_lists_no_devices(client, admin_user):
@@ -198,6 +200,16 @@ def test_topology_matrix(client, admin_user, dgx):
     for i, row in enumerate(body["matrix"]):
         assert row == ["X" if i == j else "NV12" for j in range(8)]
     assert body["nvlink_counts"][0] == [0] + [12] * 7
+    assert (body["nics"], body["nic_links"]) == ([], [[]] * 8)  # the DGX A100 model has none
+
+
+def test_topology_lists_gpu_nic_links(client, admin_user, sim_scan):
+    client.force_login(admin_user)
+    apply_discovery("dgx1-api", sim_scan("dgx-1-v100", "dgx1-api"))
+    body = client.get("/api/v1/nodes/dgx1-api/topology/").json()
+    assert body["nics"] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert body["nic_links"][0] == ["PIX", "PHB", "SYS", "SYS"]
+    assert body["matrix"][0][:5] == ["X", "NV1", "NV1", "NV2", "NV2"]
 
 
 def test_v1_node_topology_is_the_same_matrix(client, admin_user, dgx):
@@ -219,11 +231,12 @@ def test_seed_endpoints_query_counts(
         "/gpu/topology",
         f"/api/v1/nodes/{HOST}/topology/",
     )
+    # At most 6: the topology reads the node's GPU-NIC links too; the count never grows.
     for url in urls:
-        with django_assert_max_num_queries(5):
+        with django_assert_max_num_queries(6):
             assert client.get(f"{url}?node={HOST}").status_code == 200
     for i in range(4):
         apply_discovery(f"api-more-{i}", sim_scan("dgx-a100-40gb", f"api-more-{i}"))
     for url in urls:
-        with django_assert_max_num_queries(5):
+        with django_assert_max_num_queries(6):
             assert client.get(f"{url}?node={HOST}").status_code == 200

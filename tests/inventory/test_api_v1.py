@@ -221,9 +221,10 @@ def test_busy_and_free_filters_follow_live_samples_and_state(viewer, fleet):
 
         assert indexes("busy=true") == [("dgx-01", 3)]
         assert len(indexes("busy=false")) == 11
-        # box-01 never heartbeats: its GPUs are not free; on dgx-01, GPU 3 is busy, 5 draining.
-        assert indexes("free=true") == [("dgx-01", i) for i in (0, 1, 2, 4, 6, 7)]
-        assert len(indexes("free=false")) == 6
+        # box-01 never heartbeats: its GPUs are not free; on dgx-01, GPUs 0 and 1 are in MIG
+        # mode, 3 is busy, 5 draining.
+        assert indexes("free=true") == [("dgx-01", i) for i in (2, 4, 6, 7)]
+        assert len(indexes("free=false")) == 8
         assert indexes("free=true&model=L40S") == []
     finally:
         live.client().delete(live.KEY_PREFIX + "dgx-01")

@@ -4,7 +4,10 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from gpuadmin.audit.models import AuditEvent
-from inventory.models import Gpu, GpuLink, MigInstance, Node, Pool
+from inventory.admin import GpuAdmin
+from inventory.api.serializers import GpuSerializer
+from inventory.discovery import GPU_FIELDS, gpu_fields
+from inventory.models import Gpu, GpuLink, GpuNicLink, MigInstance, Node, Pool
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.services import apply_discovery
@@ -23,6 +26,7 @@ def snapshot_rows() -> list[tuple]:
         gpus
         + list(MigInstance.objects.order_by("pk").values_list())
         + list(GpuLink.objects.order_by("pk").values_list())
+        + list(GpuNicLink.objects.order_by("pk").values_list())
     )
 
 
@@ -47,6 +51,23 @@ def test_first_scan_creates_the_node_gpus_mig_instances_and_links(sim_scan):
     assert appeared.actor_name == "discovery"
     assert appeared.target_type == "inventory.gpu"
     assert appeared.target_id.startswith("GPU-")
+
+
+def test_dgx1_nvlink_mesh_and_nic_affinity_are_stored(sim_scan):
+    apply_discovery("dgx1-01", sim_scan("dgx-1-v100", "dgx1-01"))
+
+    node = Node.objects.get(hostname="dgx1-01")
+    nv = GpuLink.objects.filter(node=node, link_type__startswith="NV")
+    assert nv.count() == 16  # the cube's 12 edges and 4 face diagonals, no NVSwitch
+    assert sorted(nv.values_list("nvlink_count", flat=True)) == [1] * 8 + [2] * 8
+    rows = GpuNicLink.objects.filter(node=node).values_list("gpu__index", "nic", "link_type")
+    assert len(rows) == 32
+    assert sorted(row[1:] for row in rows if row[0] == 0) == [
+        ("mlx5_0", "PIX"), ("mlx5_1", "PHB"), ("mlx5_2", "SYS"), ("mlx5_3", "SYS"),
+    ]  # fmt: skip
+    events = snapshot_rows(), AuditEvent.objects.count()
+    assert apply_discovery("dgx1-01", sim_scan("dgx-1-v100", "dgx1-01")).is_empty
+    assert (snapshot_rows(), AuditEvent.objects.count()) == events
 
 
 def test_an_identical_scan_writes_nothing(sim_scan):
@@ -193,3 +214,12 @@ def test_a_driver_upgrade_is_audited(sim_scan):
     assert event.before == {"driver_version": "580.105.08"}
     assert event.after == {"driver_version": "580.126.09"}
     assert Node.objects.get().driver_version == "580.126.09"
+
+
+def test_one_list_of_discovered_gpu_fields_is_what_sync_stores_and_admin_and_api_show(sim_scan):
+    gpu = sim_scan("dgx-a100-40gb", "dgx-01").gpus[0]
+
+    assert set(gpu_fields(gpu)) == set(GPU_FIELDS)
+    assert set(Gpu.DISCOVERED_FIELDS) <= {field.name for field in Gpu._meta.get_fields()}
+    assert set(Gpu.DISCOVERED_FIELDS) <= set(GpuAdmin.readonly_fields)
+    assert set(Gpu.DISCOVERED_FIELDS) <= set(GpuSerializer.Meta.read_only_fields)

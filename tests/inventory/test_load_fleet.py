@@ -23,11 +23,11 @@ def load(*args: str) -> str:
 
 def test_models_times_nodes_with_derived_names():
     output = load("--sim", "dgx-h100,pcie-l40s-4x", "--nodes", "2")
-    assert list(Node.objects.values_list("hostname", "model")) == [
-        ("dgx-h100-01", "dgx-h100"),
-        ("dgx-h100-02", "dgx-h100"),
-        ("pcie-l40s-4x-01", "pcie-l40s-4x"),
-        ("pcie-l40s-4x-02", "pcie-l40s-4x"),
+    assert list(Node.objects.values_list("hostname", "model", "nvml_backend")) == [
+        ("dgx-h100-01", "dgx-h100", "sim"),
+        ("dgx-h100-02", "dgx-h100", "sim"),
+        ("pcie-l40s-4x-01", "pcie-l40s-4x", "sim"),
+        ("pcie-l40s-4x-02", "pcie-l40s-4x", "sim"),
     ]
     assert Gpu.objects.count() == 24
     assert len(set(Gpu.objects.values_list("uuid", flat=True))) == 24

@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from inventory import live, services, tasks
+from inventory import live, tasks
 from inventory.agent import node_backend
 from inventory.models import Gpu, MigInstance, Node
 from inventory.nvml.scanner import scan
@@ -30,6 +30,7 @@ from inventory.services import (
     create_mig_instance,
     destroy_mig_instance,
 )
+from inventory.signals import mig_change_requested
 from tests.conftest import REPO_DIR, session_database_url
 from tests.inventory.conftest import SimNode
 
@@ -179,11 +180,14 @@ def test_destroying_a_gpu_instance_the_catalog_lacks_is_refused(node, admin):
     assert node.broker.sent == []
 
 
-def test_a_registered_guard_vetoes_mig_changes(node, admin, monkeypatch):
-    monkeypatch.setattr(services, "_mig_change_guards", [])
-    services.register_mig_change_guard(
-        lambda gpu: f"GPU {gpu.index} has an active allocation" if gpu.index == 0 else None
-    )
+def test_a_receiver_of_mig_change_requested_vetoes_mig_changes(node, admin, monkeypatch):
+    def veto(sender: type, gpu: Gpu, **kwargs: object) -> str | None:
+        assert sender is Gpu
+        return f"GPU {gpu.index} has an active allocation" if gpu.index == 0 else None
+
+    # Heard by this test alone: scheduling's own receiver is not called here.
+    monkeypatch.setattr(mig_change_requested, "receivers", [])
+    mig_change_requested.connect(veto, weak=False)
     with pytest.raises(MigChangeRefused, match="^GPU 0 has an active allocation$"):
         create_mig_instance(node.gpu(0), "1g.5gb", actor=admin)
     assert node.broker.sent == []

@@ -60,7 +60,9 @@ def test_dashboard_shows_every_node_with_live_values(client):
     assert cells["procs"] == "1"
     assert row.startswith('<tr class="s-busy">')
     assert 'title="3 MIG instances">MIG 3<' in gpu_row(html, scanned.gpus[0].facts.uuid)
-    assert (count(html, "total"), count(html, "busy"), count(html, "free")) == (8, 1, 7)
+    # GPUs 0 and 1 are in MIG mode: their slices may be given, the whole GPUs are not free.
+    assert (count(html, "total"), count(html, "busy"), count(html, "free")) == (8, 1, 5)
+    assert count(html, "mig") == 2
     assert "hx-trigger=\"every 2s [document.visibilityState === 'visible']\"" in html
     assert "Refresh live GPUs" in html
     assert "HX-Request" in response["Vary"]
@@ -151,3 +153,45 @@ def test_query_count_does_not_grow_with_the_fleet(client, django_assert_max_num_
     with django_assert_max_num_queries(len(one.captured_queries)):
         response = client.get("/fleet/", **headers)
     assert count(response.content.decode(), "total") == 40
+
+
+def test_each_node_card_says_what_its_agent_runs_on(client):
+    sim, unknown = unique_host(), unique_host()
+    add_node(sim)
+    add_node(unknown)
+    Node.objects.filter(hostname=sim).update(model="dgx-a100-40gb", nvml_backend="sim")
+    html = client.get("/fleet/").content.decode()
+    assert 'dgx-a100-40gb · <span class="runs-on">NVML simulator</span>' in card(html, sim)
+    assert "runs-on" not in card(html, unknown)
+
+
+def test_only_nodes_with_mig_capable_gpus_link_to_a_mig_page(client):
+    dgx, pcie = unique_host("dgx"), unique_host("box")
+    add_node(dgx)
+    add_node(pcie, "pcie-l40s-4x")
+    html = client.get("/fleet/").content.decode()
+    assert f'href="/nodes/{dgx}/mig/"' in card(html, dgx)
+    assert "/mig/" not in card(html, pcie)
+    assert f'href="/nodes/{pcie}/topology/"' in card(html, pcie)
+
+
+def test_the_job_on_a_gpu_is_asked_of_the_apps_above_through_a_signal(client, monkeypatch):
+    from inventory.occupancy import Occupant
+    from inventory.signals import gpu_occupants_requested
+
+    host = unique_host()
+    scanned = add_node(host, busy={3: 50})
+    held = Gpu.objects.get(uuid=scanned.gpus[3].facts.uuid)
+    asked: list[set[int]] = []
+
+    def occupants(sender: type, gpu_ids, **kwargs) -> dict[int, Occupant]:
+        asked.append(set(gpu_ids))
+        return {held.pk: Occupant(7, "/jobs/7/", "alice")}
+
+    # Heard by this test alone: scheduling's own receiver is not called here.
+    monkeypatch.setattr(gpu_occupants_requested, "receivers", [])
+    gpu_occupants_requested.connect(occupants, weak=False)
+    html = client.get("/fleet/").content.decode()
+    _, cells = live_row(html, held.uuid)
+    assert cells["procs"] == '<a href="/jobs/7/">#7</a> alice'
+    assert asked == [set(Gpu.objects.filter(node__hostname=host).values_list("pk", flat=True))]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.contrib.messages import get_messages
 
+from gpuadmin.access.models import Membership, Role
 from inventory import services
 from inventory.models import Gpu, MigInstance
-from inventory.pages import mig_layout
+from inventory.pages.mig import mig_layout
 from tests.inventory.pages import add_node, unique_host
 
 A100_40GB = "NVIDIA A100-SXM4-40GB"
@@ -33,7 +34,7 @@ def instances(*placed: tuple[str, int, int]) -> list[MigInstance]:
 
 
 def fits(*placed: tuple[str, int, int], gpu_name: str = A100_40GB) -> dict[str, tuple[int, list]]:
-    layout = mig_layout(Gpu(name=gpu_name, mig_capable=True), instances(*placed))
+    layout = mig_layout(Gpu(name=gpu_name, mig_capable=True, mig_enabled=True), instances(*placed))
     return {fit.name: (fit.fits, fit.starts) for fit in layout.fits}
 
 
@@ -66,6 +67,11 @@ def test_placements_and_compute_slices_limit_what_fits():
     assert after["2g.10gb"] == (0, [])
     # Five 1g.5gb on 0-4: two more fit (5 and 6).
     assert fits(*[("1g.5gb", n, 1) for n in range(5)])["1g.5gb"] == (2, [5, 6])
+
+
+def test_a_gpu_with_mig_off_lists_no_room():
+    layout = mig_layout(Gpu(name=A100_40GB, mig_capable=True, mig_enabled=False), [])
+    assert (layout.known_table, layout.fits) == (True, [])
 
 
 def test_media_extension_profile_is_limited_to_one_instance():
@@ -158,12 +164,43 @@ def test_admin_destroys_an_instance_and_sees_a_refusal(admin_client, mig_gpu, ca
     )
 
 
-def test_non_admins_cannot_change_mig(client, django_user_model, mig_gpu, calls):
+def test_a_refusal_shows_on_the_card_of_its_gpu(admin_client, mig_gpu, calls):
+    response = admin_client.post(f"/gpus/{mig_gpu.uuid}/mig/99/destroy/", follow=True)
+    html = response.content.decode()
+    card = html.split('id="mig-gpu0"')[1].split("</section>")[0]
+    assert '<li class="message error">GPU instance 99 of GPU 0 not destroyed' in card
+    assert html.count("not destroyed") == 1  # not repeated at the top of the page
+
+
+def with_role(django_user_model, role: str):
+    """A person who is not staff, with ``role`` from their Membership."""
+    user = django_user_model.objects.create_user(f"{role}-1", password="pw-123456789")
+    Membership.objects.create(user=user, role=role)
+    return user
+
+
+def test_the_admin_role_changes_mig_without_being_staff(client, django_user_model, mig_gpu, calls):
+    admin = with_role(django_user_model, Role.ADMIN)
+    client.force_login(admin)
+    page = client.get(f"/nodes/{mig_gpu.node.hostname}/mig/").content.decode()
+    assert f"/gpus/{mig_gpu.uuid}/mig/create/" in page
+    created = client.post(f"/gpus/{mig_gpu.uuid}/mig/create/", {"profile_name": "1g.5gb"})
+    destroyed = client.post(f"/gpus/{mig_gpu.uuid}/mig/2/destroy/")
+    assert (created.status_code, destroyed.status_code) == (302, 302)
+    assert calls == [
+        ("create", mig_gpu.uuid, "1g.5gb", None, admin.username),
+        ("destroy", mig_gpu.uuid, 2, admin.username),
+    ]
+
+
+@pytest.mark.parametrize("role", [Role.OPERATOR, Role.USER, Role.VIEWER])
+def test_other_roles_cannot_change_mig(client, django_user_model, mig_gpu, calls, role):
     create_url = f"/gpus/{mig_gpu.uuid}/mig/create/"
-    assert client.post(create_url, {"profile_name": "1g.5gb"}).status_code == 302  # to login
-    user = django_user_model.objects.create_user("bob", password="pw-123456789")
-    client.force_login(user)
-    response = client.post(create_url, {"profile_name": "1g.5gb"})
-    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
-    assert client.get(create_url).status_code in (302, 405)
+    anonymous = client.post(create_url, {"profile_name": "1g.5gb"})
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
+    client.force_login(with_role(django_user_model, role))
+    assert client.post(create_url, {"profile_name": "1g.5gb"}).status_code == 403
+    assert client.post(f"/gpus/{mig_gpu.uuid}/mig/2/destroy/").status_code == 403
+    assert client.get(create_url).status_code == 405
+    assert "/mig/create/" not in client.get(f"/nodes/{mig_gpu.node.hostname}/mig/").content.decode()
     assert calls == []

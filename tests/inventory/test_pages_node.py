@@ -46,6 +46,37 @@ def test_topology_of_a_dgx_h100_is_all_nv18(client):
     assert '<span class="link link-sys">SYS</span>' in html  # legend
 
 
+def test_topology_of_a_dgx1_shows_its_cube_mesh_and_nic_columns(client):
+    host = unique_host()
+    add_node(host, "dgx-1-v100")
+
+    html = client.get(f"/nodes/{host}/topology/").content.decode()
+
+    gpu_header = html.split("</thead>")[0]
+    assert re.findall(r">(mlx5_\d)<", gpu_header) == [
+        "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3",
+    ]  # fmt: skip
+    gpu0 = html.split('href="/gpus/')[1].split("</tr>")[0]
+    assert [(css, label) for css, _, label in cells(gpu0)] == [
+        ("self", "X"), ("nv", "NV1"), ("nv", "NV1"), ("nv", "NV2"), ("nv", "NV2"),
+        ("sys", "SYS"), ("sys", "SYS"), ("sys", "SYS"),
+        ("pix", "PIX"), ("phb", "PHB"), ("sys", "SYS"), ("sys", "SYS"),
+    ]  # fmt: skip
+    assert "GPU0 \u2194 mlx5_0: PIX" in gpu0
+    assert "GPU0 \u2194 GPU3: NV2, 2 NVLinks \u00d7 25 GB/s = 50 GB/s per direction" in html
+    assert "per NVLink per direction" in html
+
+
+def test_pcie_only_node_has_no_nvlink_bandwidth_note(client):
+    host = unique_host("box")
+    add_node(host, "pcie-l40s-4x")
+
+    html = client.get(f"/nodes/{host}/topology/").content.decode()
+
+    assert {css for css, _, _ in cells(html)} == {"self", "pix", "node", "sys"}
+    assert "per NVLink per direction" not in html
+
+
 def profiles(part: str) -> list[tuple[str, str]]:
     return re.findall(r'data-profile="([^"]+)" style="grid-column: (\d+ / span \d+)', part)
 
@@ -66,9 +97,17 @@ def test_mig_page_draws_instances_and_what_still_fits(client):
     ]
     assert profiles(gpu1) == [("1g.5gb", f"{n + 1} / span 1") for n in range(7)]
     assert "more" not in gpu0 and "more" not in gpu1
-    assert "MIG off" in gpu2
-    assert "7 more 1g.5gb fit" in gpu2 and "1 more 7g.40gb fit" in gpu2
-    assert "2 more 3g.20gb fit" in gpu2
+    # MIG is off on GPU 2: no instance can be made there, so no room is listed.
+    assert "MIG off" in gpu2 and "MIG is off on this GPU" in gpu2
+    assert "more" not in gpu2 and "mig-profiles" not in gpu2
+
+
+def test_the_mig_page_of_a_node_without_mig_capable_gpus_says_so(client):
+    host = unique_host("box")
+    add_node(host, "pcie-l40s-4x")
+    html = client.get(f"/nodes/{host}/mig/").content.decode()
+    assert f"No MIG-capable GPU on this node: {host} has no GPU" in html
+    assert "mig-gpu" not in html
 
 
 def test_pages_404_for_unknown_nodes_and_gpus(client):
@@ -89,7 +128,8 @@ def test_gpu_detail_shows_facts_live_values_links_and_history(admin_client):
     assert f"<code>{gpu.uuid}</code>" in html
     assert "<dd>NVIDIA A100-SXM4-40GB</dd>" in html
     assert "<dt>Processes</dt><dd>1</dd>" in html
-    assert "0 GPU instances" in html and "7 more 1g.5gb fit" in html  # MIG off
+    assert "0 GPU instances" in html and "MIG is off on this GPU" in html
+    assert " fit</td>" not in html  # no room listed while MIG is off
     assert len(re.findall(r'<span class="link link-nv">NV12</span>', html)) == 7
     assert "<td>gpu.appeared</td>" in html
     assert AuditEvent.objects.filter(target_id=gpu.uuid).count() == 1

@@ -29,7 +29,7 @@ def assert_clean_scan(scan: NodeScan) -> None:
         assert facts.error_message is None, facts.error_message
         assert UUID_RE.match(facts.uuid or ""), facts.uuid
         assert BUS_ID_RE.match(facts.pci_bus_id or ""), facts.pci_bus_id
-        assert facts.name and facts.name.startswith("NVIDIA")
+        assert facts.name and facts.name.startswith(("NVIDIA", "Tesla"))  # V100: "Tesla V100-..."
         assert re.fullmatch(r"\d+\.\d+", facts.compute_capability or "")
         assert facts.memory_total_mib and facts.memory_total_mib > 0
         assert facts.memory_used_mib is not None and facts.memory_free_mib is not None
@@ -57,23 +57,26 @@ def assert_sane_mig(scan: NodeScan, index: int) -> None:
     assert mig.profiles and mig.profiles_source == "nvml"
     for profile in mig.profiles:
         assert "g." in profile.name and not profile.name.startswith("MIG")
-        assert 1 <= profile.slice_count <= MIG_MEMORY_SLICES
+        assert 1 <= profile.compute_slices <= MIG_MEMORY_SLICES
         assert 0 < profile.memory_mib <= (gpu.facts.memory_total_mib or 0)
-        assert profile.sm_count > 0 and profile.max_instances >= 1
-        assert profile.remaining is not None and 0 <= profile.remaining <= profile.max_instances
+        assert profile.sm > 0 and profile.instances >= 1
+        assert profile.remaining is not None and 0 <= profile.remaining <= profile.instances
         assert profile.placements
-        for start, size in profile.placements:
-            assert size >= profile.slice_count and start + size <= MIG_MEMORY_SLICES
-    by_id = {profile.profile_id: profile for profile in mig.profiles}
+        assert profile.memory_slices >= profile.compute_slices
+        for start in profile.placements:
+            assert start + profile.memory_slices <= MIG_MEMORY_SLICES
+    by_id = {profile.id: profile for profile in mig.profiles}
     used: set[int] = set()
     for gi in mig.gpu_instances:
         slices = set(range(gi.placement_start, gi.placement_start + gi.placement_size))
         assert not slices & used, f"GPU {index}: GI {gi.gi_id} overlaps another GI"
         used |= slices
-        assert (gi.placement_start, gi.placement_size) in by_id[gi.profile_id].placements
+        profile = by_id[gi.profile_id]
+        assert gi.placement_start in profile.placements
+        assert gi.placement_size == profile.memory_slices
         assert gi.compute_instances, f"GPU {index}: GI {gi.gi_id} has no compute instance"
         for ci in gi.compute_instances:
-            assert ci.sm_count <= by_id[gi.profile_id].sm_count
+            assert ci.sm_count <= profile.sm
             assert MIG_UUID_RE.match(ci.uuid or ""), ci.uuid
 
 

@@ -22,7 +22,7 @@ from inventory.nvml.parsers import SmiLog, parse_smi_text, parse_smi_xml, parse_
 from inventory.nvml.scanner import NodeScan, scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import parse_model
-from tests.nvml.captures import REAL, needs_real_captures
+from tests.nvml.captures import OWN, REAL, needs_real_captures
 
 pytestmark = needs_real_captures
 XML_DIR = REAL / "nvidia-smi-q-xml"
@@ -74,6 +74,7 @@ def _fields(log: SmiLog, scanned: NodeScan) -> list[tuple[str, int, Any, Any]]:
             ("error_message", index, None, facts.error_message),
             ("name", index, gpu.product_name, facts.name),
             ("pci_bus_id", index, gpu.pci_bus_id, facts.pci_bus_id),
+            ("minor_number", index, gpu.minor_number, facts.minor_number),
             ("memory_total_mib", index, gpu.fb_memory.total_mib, facts.memory_total_mib),
             ("vbios_version", index, gpu.vbios_version, facts.vbios_version),
             ("board_part_number", index, gpu.board_part_number, facts.board_part_number),
@@ -107,12 +108,20 @@ def test_every_complete_xml_capture_round_trips(name: str) -> None:
     assert mismatches == []
 
 
-@pytest.mark.parametrize(("name", "field"), sorted(KNOWN_GAPS))
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        pytest.param(*gap, marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=why))
+        for gap, why in sorted(KNOWN_GAPS.items())
+    ],
+)
 def test_known_simulator_gaps(name: str, field: str) -> None:
+    """Each gap fails as expected; a fixed gap passes and fails the run: drop it from the list."""
     model, log = _import(name)
     rows = [row for row in _fields(log, _scan(model)) if row[0] == field]
-    if any(captured != got for _, _, captured, got in rows):
-        pytest.xfail(KNOWN_GAPS[(name, field)])
+    if not rows:
+        pytest.fail(f"{name} has no {field!r} to compare")
+    assert [(index, captured) for _, index, captured, got in rows if captured != got] == []
 
 
 def test_a100_text_capture_round_trips_with_the_dgx_a100_topology() -> None:
@@ -130,14 +139,23 @@ def test_a100_text_capture_round_trips_with_the_dgx_a100_topology() -> None:
     assert model["gpu_types"]["A100-SXM4-40GB"]["row_remapper_banks"] == 640
 
 
-def _assert_topology(scanned: NodeScan, topo_text: str) -> None:
-    """The scanned GPU matrix, NUMA nodes and CPU affinity equal ``topo -m``'s, cell by cell."""
+def _assert_topology(
+    scanned: NodeScan, topo_text: str, numa_nodes: list[int | None] | None = None
+) -> None:
+    """The scanned GPU matrix, NUMA nodes (``numa_nodes`` where topo -m prints none), CPU
+    affinity and GPU-NIC links equal ``topo -m``'s, cell by cell."""
     matrix = parse_topo_matrix(topo_text)
     names = [device.name for device in matrix.gpus]
     captured = [[matrix.links.get((a, b), "X") for b in names] for a in names]
     assert [list(row) for row in scanned.topology.matrix] == captured
-    assert list(scanned.topology.numa_nodes) == [d.numa_node for d in matrix.gpus]
+    expected_numa = numa_nodes or [d.numa_node for d in matrix.gpus]
+    assert list(scanned.topology.numa_nodes) == expected_numa
     assert list(scanned.topology.cpu_affinity) == [d.cpu_affinity for d in matrix.gpus]
+    nic_links = matrix.nic_links()
+    assert scanned.topology.nics == matrix.nics
+    assert [list(row) for row in scanned.topology.nic_links] == [
+        [nic_links[name][nic] for nic in matrix.nics] for name in names
+    ]
 
 
 def test_h100_xml_round_trips_with_the_8xh100_topology() -> None:
@@ -150,7 +168,7 @@ def test_h100_xml_round_trips_with_the_8xh100_topology() -> None:
 
 
 def test_a100_text_capture_round_trips_with_its_own_17_nic_topology() -> None:
-    # The same xuesongtap machine: one NUMA node, NICs (ignored), NV12.
+    # The same xuesongtap machine: one NUMA node, 17 NICs, NV12.
     topo = (TOPO_DIR / "xuesongtap__8xA100-SXM4-40GB-17NIC__topo-m.txt").read_text()
     model = model_from_smi_text(A100_TEXT.read_text(), topo, name="a100")
     _assert_topology(_scan(model), topo)
@@ -180,7 +198,7 @@ def _xml_with_gpus(name: str, count: int) -> str:
     root.remove(template)
     for index in range(count):
         gpu = ET.fromstring(ET.tostring(template))
-        bus_id = f"00000000:{0x41 + 0x20 * index:02X}:00.0"
+        bus_id = f"00000000:{0x41 + 0x10 * index:02X}:00.0"
         gpu.set("id", bus_id)
         gpu.find("pci/pci_bus_id").text = bus_id  # type: ignore[union-attr]
         gpu.find("uuid").text = f"GPU-{index:08d}-0000-0000-0000-000000000000"  # type: ignore[union-attr]
@@ -198,13 +216,65 @@ def test_bridged_pair_gets_direct_nvlinks() -> None:
     assert [g.facts.nvlink_count for g in scanned.gpus] == [4, 4, 0]
 
 
-def test_sys_within_one_numa_node_is_refused() -> None:
-    topo = (TOPO_DIR / "xuesongtap__4xA10-PCIe__topo-m.txt").read_text()
+@pytest.mark.parametrize(
+    ("xml", "count", "topo"),
+    [
+        ("telegraf__a10g.xml", 4, TOPO_DIR / "xuesongtap__4xA10-PCIe__topo-m.txt"),
+        (
+            "netdata__rtx-4090-driver-535.xml",
+            8,
+            OWN / "8x-rtx4090-pcie__topo-m_sys-within-numa.txt",
+        ),
+    ],
+    ids=["4xA10", "8xRTX4090"],
+)
+def test_sys_within_one_numa_node_imports_as_separate_root_complexes(
+    xml: str, count: int, topo: Path
+) -> None:
+    # PCIe boxes with several root complexes: GPUs of one NUMA node are SYS apart.
+    text = topo.read_text()
+    model = model_from_capture(_xml_with_gpus(xml, count), text, name="pcie")
+    roots = [gpu["root_complex"] for gpu in model["gpus"]]
+    assert len(set(roots[:4])) > 1
+    assert model["sources"]["gpus[].root_complex"].endswith("root complexes synthesized")
+    _assert_topology(_scan(model), text)
+
+
+def test_dgx1_topo_without_numa_column_imports_with_its_nvlink_mesh() -> None:
+    # Old topo -m of a DGX-1: NV1/NV2 hybrid cube mesh, no NVSwitch, no NUMA Affinity column.
+    topo = (OWN / "dgx1-v100__topo-m_no-numa-column.txt").read_text()
+    model = model_from_capture(_xml_with_gpus("netdata__tesla-p100.xml", 8), topo, name="dgx1")
+    assert [gpu["numa_node"] for gpu in model["gpus"]] == [0] * 4 + [1] * 4
+    assert model["numa_nodes"] == {
+        "0": {"socket": 0, "cpus": "0-19,40-59"},
+        "1": {"socket": 1, "cpus": "20-39,60-79"},
+    }
+    assert model["sources"]["gpus[].numa_node"].startswith("derived: ")
+    assert model["nvswitches"] == []
+    assert model["gpus"][0]["nvlink_gpu_links"] == [1, 2, 3, 3, 4, 4]
+    assert [nic["name"] for nic in model["nics"]] == ["mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3"]
+    scanned = _scan(model)
+    _assert_topology(scanned, topo, numa_nodes=[0] * 4 + [1] * 4)
+    assert [g.facts.nvlink_count for g in scanned.gpus] == [6] * 8
+    nvml = SimulatedNvml.from_model(model, node_name="dgx1-01")
+    nvml.nvmlInit()
+    gpu0 = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert nvml.nvmlDeviceGetNvLinkVersion(gpu0, 5) == pynvml.NVML_NVLINK_VERSION_1_0  # Pascal
+    assert nvml.nvmlDeviceGetNvLinkCapability(gpu0, 5, pynvml.NVML_NVLINK_CAP_P2P_SUPPORTED) == 1
+
+
+def test_nic_rows_are_kept_in_the_model() -> None:
+    topo = (TOPO_DIR / "xuesongtap__8xA100-SXM4-40GB-17NIC__topo-m.txt").read_text()
+    model = model_from_smi_text(A100_TEXT.read_text(), topo, name="a100")
+    assert [nic["name"] for nic in model["nics"]] == list(parse_topo_matrix(topo).nics)
+    assert len(model["nics"]) == 17
+
+
+def test_nearer_than_sys_across_numa_nodes_is_refused() -> None:
     with pytest.raises(CaptureError) as err:
-        model_from_capture(_xml_with_gpus("telegraf__a10g.xml", 4), topo, name="a10")
+        synthesize_pcie_paths({(0, 1): "PHB"}, [0, 1])
     assert str(err.value) == (
-        "GPU0-GPU1 is SYS but their NUMA nodes are 0 and 0: the simulator derives SYS from "
-        "different NUMA nodes and nothing else"
+        "GPU0-GPU1 is PHB but their NUMA nodes are 0 and 1: only SYS crosses NUMA nodes"
     )
 
 
@@ -219,7 +289,7 @@ def test_synthesized_paths_reproduce_every_pcie_level() -> None:
     model["gpus"] = [
         {**model["gpus"][0], "bus_id": f"00000000:{10 + i:02X}:00.0", "numa_node": numa[i],
          "pcie_path": path}
-        for i, path in enumerate(synthesize_pcie_paths(levels, numa))
+        for i, path in enumerate(synthesize_pcie_paths(levels, numa)[0])
     ]  # fmt: skip
     model["numa_nodes"] = {"0": {"socket": 0, "cpus": "0-7"}, "1": {"socket": 1, "cpus": "8-15"}}
     matrix = _scan(model).topology.matrix

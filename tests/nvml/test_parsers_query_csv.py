@@ -1,11 +1,13 @@
 """``--query-gpu ... --format=csv`` parser over every real CSV capture (bundles: see
 test_parsers_bundles)."""
 
+import csv
 from pathlib import Path
 
 import pytest
 
 from inventory.nvml.parsers import parse_query_csv
+from inventory.nvml.parsers.query_csv import ALIASES
 from tests.nvml.captures import REAL, needs_real_captures
 
 pytestmark = needs_real_captures
@@ -155,3 +157,19 @@ def test_header_units_with_nounits_values() -> None:
 
 def test_empty_input() -> None:
     assert parse_query_csv("") == []
+
+
+def test_aliases_are_typed_as_their_long_names() -> None:
+    """``--query-gpu=clocks.sm,...`` (the short names of --help-query-gpu) with the values of the
+    H100 all-fields capture gives what the long names give."""
+    text = REAL / "query-csv" / "nvidia_gpu_exporter__H100-80GB-HBM3__query-gpu-all-fields-load.csv"
+    header, values = list(csv.reader(text.read_text().splitlines(), skipinitialspace=True))[:2]
+    raw = {name.partition(" [")[0]: value for name, value in zip(header, values, strict=True)}
+    (by_long,) = parse_query_csv(text.read_text())
+    aliases = {alias: long for alias, long in ALIASES.items() if long in raw}
+    (row,) = parse_query_csv(", ".join(raw[long] for long in aliases.values()), fields=[*aliases])
+    assert {alias: row[alias] for alias in aliases} == {
+        a: by_long[name] for a, name in aliases.items()
+    }
+    assert isinstance(row["clocks.sm"], int) and isinstance(row["gpu.power.draw.instant"], float)
+    assert (row["remapped_rows.dbe"], row["clocks.max.mem"]) == (0, 2619)

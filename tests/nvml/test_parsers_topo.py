@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import ParseError, parse_topo_matrix
-from tests.nvml.captures import REAL, needs_real_captures
+from tests.nvml.captures import OWN, REAL, needs_real_captures
 
 pytestmark = needs_real_captures
 # topo -c output ("GPUs with affinity to CPU n") is a different command.
@@ -159,3 +159,30 @@ def test_pcie_only_and_nvlink_bridge() -> None:
 def test_error_output_raises() -> None:
     with pytest.raises(ParseError):
         parse_topo_matrix("ERROR: Option -m is missing its value. Please run 'nvidia-smi -h'\n")
+
+
+def test_nic_columns_give_gpu_nic_affinity_by_legend_name() -> None:
+    topo = _parse("xuesongtap__4xA10-PCIe__topo-m.txt")
+    legend = topo.nic_names
+    assert topo.nics == tuple(legend[f"NIC{i}"] for i in range(2))
+    links = topo.nic_links()
+    assert set(links) == {"GPU0", "GPU1", "GPU2", "GPU3"}
+    assert all(set(row) == set(topo.nics) for row in links.values())
+    assert "NUMA Affinity" in topo.columns
+
+
+def test_old_dgx1_paste_has_mlx5_columns_and_no_numa_column() -> None:
+    topo = parse_topo_matrix((OWN / "dgx1-v100__topo-m_no-numa-column.txt").read_text())
+    assert topo.columns == ("CPU Affinity",)
+    assert topo.nics == ("mlx5_0", "mlx5_2", "mlx5_1", "mlx5_3")
+    assert topo.nic_links()["GPU0"] == {
+        "mlx5_0": "PIX", "mlx5_2": "SYS", "mlx5_1": "PHB", "mlx5_3": "SYS",
+    }  # fmt: skip
+    assert topo.nvlink_count("GPU0", "GPU3") == 2
+
+
+def test_numa_affinity_range_is_kept() -> None:
+    text = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-63\t0-1\n"
+    (gpu,) = parse_topo_matrix(text).gpus
+    assert gpu.numa_nodes == (0, 1)
+    assert gpu.numa_node is None  # spans two nodes

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml.parsers import normalize_bus_id, parse_xid_line, parse_xid_log
-from tests.nvml.captures import REAL, needs_real_captures
+from tests.nvml.captures import OWN, REAL, needs_real_captures
 
 pytestmark = needs_real_captures
 LOG_FILES = sorted(
@@ -110,3 +110,25 @@ def test_fallen_off_the_bus_line() -> None:
     assert event.message == "GPU has fallen off the bus."
     assert event.pci_bus_id == normalize_bus_id("00000000:8A:00.0")
     assert parse_xid_line("NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9") is None
+
+
+def test_old_driver_lines_without_pci_prefix() -> None:
+    log = (OWN / "xid__ubuntuforums-2012__geforce-8500gt-no-pci-prefix.log").read_text()
+    (event,) = parse_xid_log(log)
+    assert (event.xid, event.pci_bus_id, event.pid) == (13, "00000000:03:00.0", None)
+    assert event.timestamp == "176830.774761"
+    assert event.message == "0003 00000000 00008297 00001098 00000000 00000044"
+    log = (OWN / "xid__ubuntuforums-2012__geforce-6200-xid8-no-pci-prefix.log").read_text()
+    (event,) = parse_xid_log(log)  # the os_schedule line mentions NVRM but is no Xid
+    assert (event.xid, event.pci_bus_id, event.message) == (
+        8,
+        "00000000:01:00.0",
+        "Channel 00000020",
+    )
+
+
+def test_message_repeating_the_nvrm_tag() -> None:
+    log = (OWN / "xid__nvidia-forums-60990__396.24-tex-exception-nested-nvrm.log").read_text()
+    events = parse_xid_log(log)
+    assert [e.xid for e in events] == [13, 13]
+    assert events[0].message.startswith("Graphics TEX Exception on (GPC 0, TPC 0):")

@@ -4,11 +4,15 @@ everywhere else."""
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
+import pynvml
 import pytest
 
 from inventory.nvml import NodeScan, open_backend, scan
 from inventory.nvml.real import probe
+from inventory.nvml.scanner import topo_matrix_text
+from tests.nvml.captures import OWN
 from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip, assert_sane_mig
 
 
@@ -66,3 +70,17 @@ def test_scan_without_nvml_library_returns_no_gpus_and_says_why() -> None:
     assert result.topology is None
     assert probe().reason == reason
     assert_round_trip(result)
+
+
+def test_nic_affinity_on_real_nodes_comes_from_nvidia_smi_topo_m(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML has no NIC API: the real backend's source is nvidia-smi's own matrix.
+    fake = tmp_path / "nvidia-smi"
+    capture = OWN / "dgx1-v100__topo-m_no-numa-column.txt"
+    fake.write_text(f"#!/bin/sh\n[ \"$*\" = 'topo -m' ] && exec /bin/cat '{capture}'\nexit 9\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert topo_matrix_text(pynvml) == capture.read_text()
+    fake.unlink()
+    assert topo_matrix_text(pynvml) is None  # no nvidia-smi: no NICs, no error

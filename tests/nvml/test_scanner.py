@@ -15,6 +15,7 @@ from inventory.nvml.sim import SimulatedNvml, faults
 from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip
 
 MODELS = {
+    "dgx-1-v100": (8, "Tesla V100-SXM2-32GB"),
     "dgx-a100-40gb": (8, "NVIDIA A100-SXM4-40GB"),
     "dgx-a100-80gb": (8, "NVIDIA A100-SXM4-80GB"),
     "dgx-h100": (8, "NVIDIA H100 80GB HBM3"),
@@ -37,14 +38,15 @@ DGX_A100_BUS_IDS = [
 ]
 # mig/cloud-atlas__A100-40GB__mig-lgip.txt (its GiB are these MiB), with the placements that
 # `nvidia-smi mig -lgipp` prints on an A100-40GB: name -> (id, instances, MiB, SMs, placements)
+# name: (profile id, instances, MiB, SMs, memory slices, placement starts)
 A100_40GB_PROFILES = {
-    "1g.5gb": (19, 7, 4864, 14, [(start, 1) for start in range(7)]),
-    "1g.5gb+me": (20, 1, 4864, 14, [(start, 1) for start in range(7)]),
-    "1g.10gb": (15, 4, 9856, 14, [(0, 2), (2, 2), (4, 2), (6, 2)]),
-    "2g.10gb": (14, 3, 9856, 28, [(0, 2), (2, 2), (4, 2)]),
-    "3g.20gb": (9, 2, 19968, 42, [(0, 4), (4, 4)]),
-    "4g.20gb": (5, 1, 19968, 56, [(0, 4)]),
-    "7g.40gb": (0, 1, 40192, 98, [(0, 8)]),
+    "1g.5gb": (19, 7, 4864, 14, 1, list(range(7))),
+    "1g.5gb+me": (20, 1, 4864, 14, 1, list(range(7))),
+    "1g.10gb": (15, 4, 9856, 14, 2, [0, 2, 4, 6]),
+    "2g.10gb": (14, 3, 9856, 28, 2, [0, 2, 4]),
+    "3g.20gb": (9, 2, 19968, 42, 4, [0, 4]),
+    "4g.20gb": (5, 1, 19968, 56, 4, [0]),
+    "7g.40gb": (0, 1, 40192, 98, 8, [0]),
 }
 
 
@@ -117,7 +119,7 @@ def test_mig_profile_table_of_a100_40gb_matches_nvidia_smi(dgx_a100: NodeScan) -
     for index in (0, 1):
         mig = dgx_a100.gpus[index].mig
         table = {
-            p.name: (p.profile_id, p.max_instances, p.memory_mib, p.sm_count, list(p.placements))
+            p.name: (p.id, p.instances, p.memory_mib, p.sm, p.memory_slices, list(p.placements))
             for p in mig.profiles
         }
         assert table == A100_40GB_PROFILES
@@ -258,7 +260,7 @@ def test_a_lost_gpu_and_a_failing_gpu_only_fail_themselves(
     faults.fall_off_bus(backend, None, 3)
     faults.fail_queries(backend, None, 5)
 
-    with caplog.at_level(logging.INFO, logger="gpuadmin.nvml"):
+    with caplog.at_level(logging.DEBUG, logger="gpuadmin.nvml"):
         result = scan(backend)
 
     assert result.system.error is None and result.system.gpu_count == 8
@@ -312,7 +314,7 @@ def test_scan_round_trips_through_json(dgx_a100: NodeScan) -> None:
 
     assert rebuilt == dgx_a100
     assert rebuilt.topology.link(2, 5) == "NV12"
-    assert rebuilt.gpus[0].mig.profiles[0].placements[0] == (0, 1)
+    assert rebuilt.gpus[0].mig.profiles[0].placements == tuple(range(7))
 
 
 def test_open_backend_rejects_unknown_kinds() -> None:

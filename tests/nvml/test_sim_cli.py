@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import json
 from pathlib import Path
 
 import pynvml
@@ -10,6 +10,7 @@ import pytest
 
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.cli import main
+from tests.nvml.captures import REAL, needs_real_captures
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def test_models_lists_every_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models"]) == 0
 
     names = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "pcie-l40s-4x",
+    assert names == ["dgx-1-v100", "dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "pcie-l40s-4x",
                      "rtx-4080-super"]  # fmt: skip
 
 
@@ -99,8 +100,9 @@ def test_state_dir_from_the_environment(
     assert agent.nvmlDeviceGetTemperature(agent.nvmlDeviceGetHandleByIndex(0), 0) == 50
 
 
-def test_full_scan_of_a_dgx_a100_costs_well_under_10_ms() -> None:
-    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name="perf")
+def test_every_call_of_a_full_scan_answers_on_a_dgx_a100_again_after_a_shutdown() -> None:
+    # How fast is bench/scan.py's business; this checks only that every call answers.
+    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name="dgx-01")
 
     def scan() -> None:
         nvml.nvmlInit()
@@ -142,12 +144,15 @@ def test_full_scan_of_a_dgx_a100_costs_well_under_10_ms() -> None:
         nvml.nvmlShutdown()
 
     scan()
-    best = min(_timed(scan) for _ in range(5))
-
-    assert best < 0.010
+    scan()
 
 
-def _timed(fn: object) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+@needs_real_captures
+def test_help_lists_import_which_runs_through_the_sim_cli(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    commands = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert "import" in commands
+    xml = REAL / "nvidia-smi-q-xml" / "k8s-test-infra__hardware__qx-t4.xml"
+    assert main(["import", str(xml), "--name", "t4"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "t4"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 
 import pynvml
 import pytest
 
+from inventory.nvml.mig_catalog import TABLE_DIR, MigProfile, load_table
 from inventory.nvml.sim import SimulatedNvml
-from inventory.nvml.sim.mig import load_table
 
 MIB = 1024 * 1024
 _GIP = pynvml
@@ -345,6 +346,20 @@ def test_h100_pcie_and_sxm_tables_differ_in_sms_per_profile() -> None:
     assert [p.sm for p in pcie.profiles] == [14, 14, 14, 30, 46, 62, 114]
     assert [p.sm for p in sxm.profiles] == [16, 16, 26, 32, 60, 64, 132]
     assert [p.id for p in pcie.profiles] == [p.id for p in sxm.profiles]
+
+
+@pytest.mark.parametrize("name", [path.stem for path in sorted(TABLE_DIR.glob("*.json"))])
+def test_every_catalog_row_is_exactly_one_mig_profile(name: str) -> None:
+    rows = json.loads((TABLE_DIR / f"{name}.json").read_text())["gpu_instance_profiles"]
+    profiles = load_table(name).profiles
+
+    for row, profile in zip(rows, profiles, strict=True):
+        expected = {key: value for key, value in row.items() if key != "profile"}
+        assert profile.to_dict() == expected | {
+            "index": getattr(pynvml, row["profile"]),
+            "remaining": None,
+        }
+        assert MigProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
 
 
 def test_h100_mig_devices_match_the_mig_capture() -> None:

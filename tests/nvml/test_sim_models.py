@@ -20,6 +20,7 @@ def _sim(model: str, node: str = "node-01") -> SimulatedNvml:
 
 def test_list_models_names_the_shipped_models() -> None:
     assert list_models() == [
+        "dgx-1-v100",
         "dgx-a100-40gb",
         "dgx-a100-80gb",
         "dgx-h100",

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pynvml
 import pytest
 
+from inventory.nvml.parsers import parse_topo_matrix
+from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim.model import load_model, parse_model
+from tests.nvml.captures import OWN
 
 # topo -m legend -> NVML topology level
 LEVEL = {
@@ -177,3 +181,64 @@ def test_numa_node_id_is_not_supported_on_x86_like_the_captures() -> None:
         nvml.nvmlDeviceGetNumaNodeId(h[0])
     assert nvml.nvmlDeviceGetMemoryAffinity(h[0], 1, pynvml.NVML_AFFINITY_SCOPE_NODE)[0] == 1
     assert _cpulist(nvml.nvmlDeviceGetCpuAffinity(h[0], 1)) == "0-15"
+
+
+DGX1_TOPO = OWN / "dgx1-v100__topo-m_no-numa-column.txt"
+
+
+def test_dgx1_prints_the_captured_hybrid_cube_mesh_and_nic_affinity() -> None:
+    nvml, _ = _sim("dgx-1-v100")
+    captured = parse_topo_matrix(DGX1_TOPO.read_text())
+    printed = parse_topo_matrix(nvml.topo_matrix_text())
+
+    gpus = [device.name for device in captured.gpus]
+    assert {(a, b): printed.links[(a, b)] for a in gpus for b in gpus if a != b} == {
+        (a, b): captured.links[(a, b)] for a in gpus for b in gpus if a != b
+    }
+    assert printed.nic_links() == captured.nic_links()
+    assert printed.nic_names == {f"NIC{i}": f"mlx5_{i}" for i in range(4)}
+    assert [d.cpu_affinity for d in printed.gpus] == [d.cpu_affinity for d in captured.gpus]
+    assert [d.numa_node for d in printed.gpus] == [0] * 4 + [1] * 4
+
+
+def test_dgx1_direct_nvlinks_answer_version_capability_and_remote_gpu() -> None:
+    nvml, h = _sim("dgx-1-v100")
+    bus = [nvml.nvmlDeviceGetPciInfo(handle).busId for handle in h]
+
+    assert [nvml.nvmlDeviceGetNvLinkState(h[0], link) for link in range(6)] == [1] * 6
+    assert {nvml.nvmlDeviceGetNvLinkVersion(h[0], link) for link in range(6)} == {
+        pynvml.NVML_NVLINK_VERSION_2_0  # Volta: NVLink 2.0
+    }
+    caps = [nvml.nvmlDeviceGetNvLinkCapability(h[0], 5, c) for c in range(6)]
+    assert caps == [1, 1, 1, 1, 1, 0]
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetNvLinkCapability(h[0], 5, pynvml.NVML_NVLINK_CAP_COUNT)
+    assert {nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h[0], link) for link in range(6)} == {
+        pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+    }
+    remotes = [nvml.nvmlDeviceGetNvLinkRemotePciInfo(h[0], link).busId for link in range(6)]
+    assert remotes == [bus[1], bus[2], bus[3], bus[3], bus[4], bus[4]]  # NV1 NV1 NV2 NV2
+    with pytest.raises(pynvml.NVMLError_NotSupported):  # V100 has 6 links
+        nvml.nvmlDeviceGetNvLinkVersion(h[0], 6)
+    nvlink = pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+    assert nvml.nvmlDeviceGetP2PStatus(h[0], h[4], nvlink) == pynvml.NVML_P2P_STATUS_OK
+    assert nvml.nvmlDeviceGetP2PStatus(h[0], h[5], nvlink) == pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def test_scan_reports_the_nics_of_topo_m() -> None:
+    topology = scan(SimulatedNvml.from_model("dgx-1-v100", node_name="dgx1-01")).topology
+
+    assert topology.nics == ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+    assert topology.nic_links[0] == ("PIX", "PHB", "SYS", "SYS")
+    assert topology.nic_links[7] == ("SYS", "SYS", "PHB", "PIX")
+    assert topology.matrix[0] == ("X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS")
+
+
+def test_a_model_with_nvlinks_but_no_nvlink_spec_is_refused() -> None:
+    data = load_model("dgx-1-v100").raw
+    broken = {
+        **data,
+        "gpu_types": {k: {**v, "nvlink": None} for k, v in data["gpu_types"].items()},
+    }
+    with pytest.raises(ValueError, match="GPU 0 has NVLinks but its type no nvlink"):
+        parse_model(broken)

@@ -131,18 +131,20 @@ def test_job_runs_in_its_working_directory(make_executor: MakeExecutor, workdir:
     ("cwd", "argv", "error"),
     [
         ("missing", ["true"], "working directory '{workdir}/missing' does not exist"),
+        (None, ["true"], "no working directory given"),  # the agent gives one; a bug if not
         (".", ["no-such-program-4e1f"], "cannot start 'no-such-program-4e1f': [Errno 2]"),
         (".", ["{workdir}/notes.txt"], "cannot start '{workdir}/notes.txt': [Errno 13]"),
     ],
-    ids=["missing-cwd", "missing-executable", "not-executable"],
+    ids=["missing-cwd", "no-cwd", "missing-executable", "not-executable"],
 )
 def test_a_job_that_cannot_start_fails_with_the_error_in_event_and_log(
-    make_executor: MakeExecutor, workdir: Path, cwd: str, argv: list[str], error: str
+    make_executor: MakeExecutor, workdir: Path, cwd: str | None, argv: list[str], error: str
 ) -> None:
     (workdir / "notes.txt").write_text("not a program")
     argv = [arg.format(workdir=workdir) for arg in argv]
     executor, events = make_executor()
-    executor.launch(JobSpec(job_id="bad", cwd=os.path.normpath(workdir / cwd), argv=argv))
+    path = None if cwd is None else os.path.normpath(workdir / cwd)
+    executor.launch(JobSpec(job_id="bad", cwd=path, argv=argv))
 
     [finished] = events.of("bad")
     assert isinstance(finished, JobFinished)

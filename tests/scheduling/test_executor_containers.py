@@ -15,7 +15,13 @@ import pytest
 
 from gpuadmin.celery import app
 from scheduling import agent
-from scheduling.executor import FinalState, JobFinished, JobSpec, container_process
+from scheduling.executor import (
+    FinalState,
+    JobFinished,
+    JobSpec,
+    container_process,
+    event_from_dict,
+)
 from tests.scheduling.conftest import RecordingBroker
 from tests.scheduling.executors import MakeExecutor
 from tests.scheduling.test_executor import (
@@ -503,26 +509,25 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
     broker = RecordingBroker()
     monkeypatch.setattr(app, "send_task", broker.send_task)
     monkeypatch.setattr(agent, "_executor", None)
+    # No live sample of this made-up node goes to the shared Redis when the job ends.
+    monkeypatch.setattr(agent, "publish_sample", lambda hostname: None)
     in_image = tmp_path / "workspace"
     in_image.mkdir()
     command = "echo $GPUADMIN_JOB_ID $CUDA_VISIBLE_DEVICES; pwd"
 
     def reported() -> list[str]:
-        return [args[2] for args, _ in broker.named("scheduling.job_event")]
+        events = [event_from_dict(args[0]) for args, _ in broker.named("scheduling.job_event")]
+        return [e.state if isinstance(e, JobFinished) else "started" for e in events]
 
     try:
         agent.run_job(
-            {
-                "job_id": 5,
-                "attempt": 1,
-                "argv": [command],
-                "use_shell": True,
-                "env": {},
-                "cwd": str(in_image),
-                "gpu_uuids": ["GPU-aaaa"],
-                "max_runtime_s": None,
-                "container_image": "alpine:3.20",
-            }
+            JobSpec(  # as the central side sends a job with an image and a working directory
+                job_id="5.1",
+                shell_command=command,
+                gpu_uuids=["GPU-aaaa"],
+                container_image="alpine:3.20",
+                container_workdir=str(in_image),
+            ).to_dict()
         )
         wait_until(lambda: "completed" in reported())
     finally:
@@ -547,8 +552,11 @@ def test_the_agent_fails_a_job_it_cannot_start_instead_of_leaving_it_scheduled(
     broker = RecordingBroker()
     monkeypatch.setattr(app, "send_task", broker.send_task)
     monkeypatch.setattr(agent, "_executor", None)
-    spec = {"job_id": 6, "attempt": 1, "argv": ["true"], "use_shell": False, "env": {}}
-    agent.run_job({**spec, "cwd": "runs/today", "gpu_uuids": [], "max_runtime_s": None})
+    # No live sample of this made-up node goes to the shared Redis when the job ends.
+    monkeypatch.setattr(agent, "publish_sample", lambda hostname: None)
+    agent.run_job({"job_id": "6.1", "argv": ["true"], "cwd": "runs/today"})
     [(args, _)] = broker.named("scheduling.job_event")
-    assert args[2] == "failed"
-    assert "cannot start: working directory 'runs/today' is not an absolute path" in str(args)
+    failed = event_from_dict(args[0])
+    assert isinstance(failed, JobFinished)
+    assert (failed.job_id, failed.state) == ("6.1", FinalState.FAILED)
+    assert failed.message == "cannot start: working directory 'runs/today' is not an absolute path"

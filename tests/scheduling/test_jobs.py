@@ -13,6 +13,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.choices import NodeState
 from inventory.models import Gpu, Node
 from scheduling import loop, services
+from scheduling.executor import JobSpec
 from scheduling.models import Allocation, Job, JobState, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
@@ -80,7 +81,13 @@ def test_submission_is_queued_and_audited(alice, fleet):
             "min_gpu_memory_mib",
             "200000 MiB per GPU, but the largest GPU has 81920 MiB",
         ),
-        ({"max_runtime_s": 10**9}, "max_runtime_s", "at most 7776000 s (90 days)"),
+        (
+            {"max_runtime_s": 10**9},
+            "max_runtime_s",
+            "Ensure this value is less than or equal to 7776000",
+        ),
+        ({"gpu_count": 65}, "gpu_count", "Ensure this value is less than or equal to 64."),
+        ({"command": ["x"] * 4097}, "command", "at most 4096 arguments"),
         ({"command": ""}, "command", "empty command"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is set by"),
     ],
@@ -130,10 +137,11 @@ def test_a_pass_places_with_the_best_topology_and_dispatches_to_the_agent(
     # best fit: both land on the same node, keeping the others whole
     nodes = {host for job in (pair, four) for host in job.placement["nodes"]}
     assert len(nodes) == 1
-    (spec, queue), _ = broker.named("scheduling.run_job")
+    (args, queue), _ = broker.named("scheduling.run_job")
     assert queue == f"node.{next(iter(pair.placement['nodes']))}"
-    assert spec[0]["job_id"] == pair.pk and spec[0]["attempt"] == 1
-    assert sorted(spec[0]["gpu_uuids"]) == sorted(gpus.values_list("uuid", flat=True))
+    spec = JobSpec.from_dict(args[0])
+    assert spec.job_id == f"{pair.pk}.1"  # attempt 1
+    assert sorted(spec.gpu_uuids) == sorted(gpus.values_list("uuid", flat=True))
     assert events(pair) == ["job.submitted", "job.scheduled"]
     assert AuditEvent.objects.filter(event_type="allocation.created").count() == 6
 
@@ -319,16 +327,16 @@ def test_an_unsplittable_command_is_refused_naming_it(alice, fleet):
 
 
 def test_mig_changes_are_refused_while_a_job_holds_the_gpu(alice, fleet):
-    from inventory.services import _mig_change_guards
+    from inventory.signals import mig_change_requested
+
+    def refusals(gpu: Gpu) -> list[str]:
+        return [reason for _, reason in mig_change_requested.send(sender=Gpu, gpu=gpu) if reason]
 
     job = place(alice)
     gpu = Gpu.objects.get(allocations__job=job)
-    assert services.refuse_mig_change_under_allocation in _mig_change_guards
-    assert services.refuse_mig_change_under_allocation(gpu) == (
-        f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job.pk}"
-    )
+    assert refusals(gpu) == [f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job.pk}"]
     services.transition(job, JobState.CANCELED, actor=alice)
-    assert services.refuse_mig_change_under_allocation(gpu) is None
+    assert refusals(gpu) == []
 
 
 def test_a_job_stays_on_one_socket_when_it_can(alice, broker):

@@ -14,7 +14,8 @@ from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Node
 from inventory.services import record_heartbeat, set_gpu_state, set_node_state
-from scheduling import loop, services, tasks
+from scheduling import dispatch, loop, services, tasks
+from scheduling.executor import JobSpec
 from scheduling.models import Job, JobState
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
@@ -24,9 +25,9 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def no_wake_asked_for():
     """A wake asked for by an earlier test, whose pass never ran, would coalesce this test's."""
-    live.client().delete(loop.wake_key())
+    live.client().delete(dispatch.wake_key())
     yield
-    live.client().delete(loop.wake_key())
+    live.client().delete(dispatch.wake_key())
 
 
 @pytest.fixture
@@ -62,8 +63,8 @@ def test_a_job_waiting_for_a_drained_node_is_placed_once_the_node_is_online(
     job = Job.objects.get(pk=job.pk)
     assert job.state == JobState.SCHEDULED
     assert job.placement["nodes"] == {"dgx-01": list(range(8))}
-    [(spec, queue)] = broker.named("scheduling.run_job")
-    assert (spec[0]["job_id"], queue) == (job.pk, "node.dgx-01")
+    [(args, queue)] = broker.named("scheduling.run_job")
+    assert (JobSpec.from_dict(args[0]).job_id, queue) == (f"{job.pk}.1", "node.dgx-01")
 
 
 def test_only_changes_that_give_gpus_back_wake_the_loop(

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from inventory.choices import NvmlBackend
 from inventory.nvml import open_backend, scan
 from inventory.nvml.sim import list_models, load_fleet
 from inventory.services import apply_discovery, register_node
@@ -33,7 +34,13 @@ class Command(BaseCommand):
             result = scan(backend)
             if result.system.error:
                 raise CommandError(f"{hostname}: {result.system.error}")
-            register_node(hostname, model=model, agent_version=ACTOR, actor_name=ACTOR)
+            register_node(
+                hostname,
+                model=model,
+                agent_version=ACTOR,
+                nvml_backend=NvmlBackend.SIM,
+                actor_name=ACTOR,
+            )
             plan = apply_discovery(hostname, result, actor_name=ACTOR)
             self.stdout.write(
                 f"{hostname}: {len(result.gpus)} GPUs, {len(plan.changes)} changes recorded"

@@ -178,7 +178,8 @@ def normalize_bus_id(value: str | None) -> str | None:
 
 
 def parse_cpu_list(value: str | None) -> tuple[int, ...] | None:
-    """CPU list such as ``"0-31,64-95"`` (``topo -m`` CPU Affinity) as a sorted tuple.
+    """A cpulist such as ``"0-31,64-95"`` as a sorted tuple: ``topo -m`` CPU Affinity, and NUMA
+    Affinity too (``"0-1"`` on a GPU equally near two nodes).
 
     Returns ``None`` for a sentinel or for a malformed list (e.g. a paste cut to ``"-31,64-95"``),
     rather than guessing.

@@ -58,11 +58,50 @@ _BY_UNIT: dict[str, Converter] = {
     "ms": _number,
 }
 
-# Fields without a unit in their header that still have a known type.
+# The short names ``nvidia-smi --help-query-gpu`` (drivers 510-610 in the captures) lists beside
+# the long ones ("clocks.current.sm" or "clocks.sm"): an alias is typed as its long name.
+ALIASES = {
+    "clocks.gr": "clocks.current.graphics",
+    "clocks.sm": "clocks.current.sm",
+    "clocks.mem": "clocks.current.memory",
+    "clocks.video": "clocks.current.video",
+    "clocks.applications.gr": "clocks.applications.graphics",
+    "clocks.applications.mem": "clocks.applications.memory",
+    "clocks.default_applications.gr": "clocks.default_applications.graphics",
+    "clocks.default_applications.mem": "clocks.default_applications.memory",
+    "clocks.max.gr": "clocks.max.graphics",
+    "clocks.max.mem": "clocks.max.memory",
+    "gpu.power.current_limit": "enforced.power.limit",
+    "gpu.power.default_limit": "power.default_limit",
+    "gpu.power.draw.average": "power.draw.average",
+    "gpu.power.draw.instant": "power.draw.instant",
+    "gpu.power.requested_limit": "power.limit",
+    "gpu.power.max_limit": "power.max_limit",
+    "gpu.power.min_limit": "power.min_limit",
+    "module.power.current_limit": "module.enforced.power.limit",
+    "module.power.requested_limit": "module.power.limit",
+    "remapped_rows.sbe": "remapped_rows.correctable",
+    "remapped_rows.dbe": "remapped_rows.uncorrectable",
+    "retired_pages.sbe": "retired_pages.single_bit_ecc.count",
+    "retired_pages.dbe": "retired_pages.double_bit.count",
+    "gpu_name": "name",
+    "gpu_serial": "serial",
+    "gpu_uuid": "uuid",
+    "gpu_bus_id": "pci.bus_id",
+    "gpu_operation_mode.current": "gom.current",
+    "gpu_operation_mode.pending": "gom.pending",
+    "inforom.image": "inforom.img",
+    "inforom.power": "inforom.pwr",
+    "gpu_util": "gpu_utilization",  # --query-accounted-apps
+    "mem_util": "mem_utilization",
+    "used_memory": "used_gpu_memory",  # --query-compute-apps
+}
+
+# Fields (long names) without a unit in their header that still have a known type.
 _BY_NAME: list[tuple[re.Pattern[str], Converter]] = [
-    (re.compile(r"^(pci\.bus_id|gpu_bus_id)$"), normalize_bus_id),
+    (re.compile(r"^pci\.bus_id$"), normalize_bus_id),
     (re.compile(r"^temperature\."), parse_celsius),
-    (re.compile(r"^(memory|protected_memory)\.|^used_(gpu_)?memory$"), parse_mib),
+    (re.compile(r"^(memory|protected_memory)\.|^used_gpu_memory$"), parse_mib),
     (
         re.compile(
             r"^(module\.)?(enforced\.)?power\.(draw|limit|default_limit|min_limit|max_limit)"
@@ -70,7 +109,7 @@ _BY_NAME: list[tuple[re.Pattern[str], Converter]] = [
         parse_watts,
     ),
     (re.compile(r"^clocks\.(current|applications|default_applications|max)\."), parse_mhz),
-    (re.compile(r"^(utilization\.|fan\.speed$)"), parse_percent),
+    (re.compile(r"^(utilization\.|fan\.speed$|(gpu|mem)_utilization$)"), parse_percent),
     (
         re.compile(
             r"^(index|count|pid|accounting\.buffer_size|encoder\.stats\.sessionCount|pcie\.link\."
@@ -85,8 +124,9 @@ _BY_NAME: list[tuple[re.Pattern[str], Converter]] = [
 def _converter(name: str, unit: str | None) -> Converter:
     if unit is not None and unit in _BY_UNIT:
         return _BY_UNIT[unit]
+    long_name = ALIASES.get(name, name)
     for pattern, converter in _BY_NAME:
-        if pattern.search(name):
+        if pattern.search(long_name):
             return converter
     return none_if_na
 
@@ -94,8 +134,9 @@ def _converter(name: str, unit: str | None) -> Converter:
 def parse_query_csv(text: str, fields: Sequence[str] | None = None) -> list[dict[str, QueryValue]]:
     """Parse ``--query-gpu`` (or ``--query-compute-apps`` ...) CSV into one dict per row.
 
-    Keys are the bare field names (``memory.total``); values are typed where the unit or field
-    is known (MiB/MHz/°C -> int, W -> float, % -> int or float), else stripped strings. For
+    Keys are the bare field names as queried (``memory.total``, or an alias such as
+    ``clocks.sm``); values are typed where the unit or field (or the alias's long name) is
+    known (MiB/MHz/°C -> int, W -> float, % -> int or float), else stripped strings. For
     ``noheader`` output pass the queried ``fields`` in order.
     """
     rows = [row for row in csv.reader(text.splitlines(), skipinitialspace=True) if row]

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .. import pci_ids
 from .common import (
     none_if_na,
     normalize_bus_id,
@@ -222,8 +223,9 @@ class SmiLog:
     gpus: tuple[GpuInfo, ...]
 
 
-# Text labels for event reasons that do not snake-case to the XML suffix.
-_REASON_ALIASES = {"idle": "gpu_idle", "display_clock_setting": "display_clocks_setting"}
+# Reasons are named as NVML names the bits (``nvmlClocksEventReasonDisplayClockSetting`` ->
+# ``display_clock_setting``), where the XML suffix or text label differs.
+_REASON_ALIASES = {"idle": "gpu_idle", "display_clocks_setting": "display_clock_setting"}
 _REASON_PREFIXES = ("clocks_event_reason_", "clocks_throttle_reason_")
 
 
@@ -431,15 +433,25 @@ def _processes(gpu: Node) -> tuple[ProcessInfo, ...]:
     return tuple(found)
 
 
+def _architecture(gpu: Node, pci_device_id: str | None) -> str | None:
+    """As printed; drivers before 470 print none, so it comes from the PCI device id."""
+    printed = gpu.get("product_architecture")
+    if printed is not None:
+        return printed
+    device = pci_ids.lookup(pci_device_id)
+    return None if device is None else device.architecture
+
+
 def _build_gpu(gpu: Node, header_bus_id: str | None) -> GpuInfo:
+    pci_device_id = parse_hex_id(gpu.get("pci", ("pci_device_id", "device_id")))
     return GpuInfo(
         pci_bus_id=normalize_bus_id(gpu.get("pci", ("pci_bus_id", "bus_id")) or header_bus_id),
         product_name=gpu.get("product_name"),
         product_brand=gpu.get("product_brand"),
-        architecture=gpu.get("product_architecture"),
+        architecture=_architecture(gpu, pci_device_id),
         uuid=gpu.get(("uuid", "gpu_uuid")),
         serial=gpu.get(("serial", "serial_number")),
-        pci_device_id=parse_hex_id(gpu.get("pci", ("pci_device_id", "device_id"))),
+        pci_device_id=pci_device_id,
         minor_number=parse_int(gpu.get("minor_number")),
         vbios_version=gpu.get("vbios_version"),
         board_part_number=gpu.get("board_part_number"),

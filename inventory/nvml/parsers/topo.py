@@ -18,8 +18,10 @@ from .common import ParseError, none_if_na, parse_cpu_list, parse_int, strip_ans
 
 __all__ = ["TopoDevice", "TopoMatrix", "parse_topo_matrix"]
 
+NUMA_COLUMN = "NUMA Affinity"
+
 # Columns after the device columns, in the order nvidia-smi prints them.
-_AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
+_AFFINITY_COLUMNS = ("CPU Affinity", NUMA_COLUMN, "GPU NUMA ID")
 _LINK_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
@@ -32,19 +34,22 @@ class TopoDevice:
     is_gpu: bool
     cpu_affinity: str | None = None
     cpus: tuple[int, ...] | None = None
-    numa_node: int | None = None
+    numa_node: int | None = None  # None also when the affinity spans several nodes
     gpu_numa_id: int | None = None
+    numa_nodes: tuple[int, ...] | None = None  # the NUMA Affinity as printed: "0-1" -> (0, 1)
 
 
 @dataclass(frozen=True)
 class TopoMatrix:
     """``devices`` in header order; ``links`` maps ``(row, column)`` to a link type (``"NV12"``,
     ``"PXB"``, ...) for every off-diagonal cell present, in both directions as printed;
-    ``nic_names`` maps ``NIC0`` to ``mlx5_0`` from the NIC legend."""
+    ``nic_names`` maps ``NIC0`` to ``mlx5_0`` from the NIC legend; ``columns`` names the
+    affinity columns the header has (old drivers print no ``NUMA Affinity``)."""
 
     devices: tuple[TopoDevice, ...]
     links: dict[tuple[str, str], str] = field(default_factory=dict)
     nic_names: dict[str, str] = field(default_factory=dict)
+    columns: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -53,6 +58,30 @@ class TopoMatrix:
     @property
     def gpus(self) -> tuple[TopoDevice, ...]:
         return tuple(device for device in self.devices if device.is_gpu)
+
+    @property
+    def nics(self) -> tuple[str, ...]:
+        """Network adapters in header order, by their legend name (``NIC0`` -> ``mlx5_0``)."""
+        return tuple(
+            self.nic_names.get(device.name, device.name)
+            for device in self.devices
+            if not device.is_gpu
+        )
+
+    def nic_links(self) -> dict[str, dict[str, str]]:
+        """GPU -> {adapter name: PIX/PXB/PHB/NODE/SYS} for every GPU-NIC cell present."""
+        out: dict[str, dict[str, str]] = {}
+        for gpu in self.gpus:
+            row = out.setdefault(gpu.name, {})
+            for device in self.devices:
+                if device.is_gpu:
+                    continue
+                link = self.links.get((gpu.name, device.name)) or self.links.get(
+                    (device.name, gpu.name)
+                )
+                if link is not None:
+                    row[self.nic_names.get(device.name, device.name)] = link
+        return out
 
     def device(self, name: str) -> TopoDevice:
         for device in self.devices:
@@ -85,13 +114,15 @@ def _device(name: str, values: list[str], extras: list[str]) -> TopoDevice:
     if extras and extras[-1] == "GPU NUMA ID" and len(values) > len(extras):
         by_column["GPU NUMA ID"] = values[-1]
     affinity = none_if_na(by_column.get("CPU Affinity"))
+    numa_nodes = parse_cpu_list(none_if_na(by_column.get(NUMA_COLUMN)))
     return TopoDevice(
         name=name,
         is_gpu=name.startswith("GPU"),
         cpu_affinity=affinity,
         cpus=parse_cpu_list(affinity),
-        numa_node=parse_int(by_column.get("NUMA Affinity")),
+        numa_node=numa_nodes[0] if numa_nodes and len(numa_nodes) == 1 else None,
         gpu_numa_id=parse_int(by_column.get("GPU NUMA ID")),
+        numa_nodes=numa_nodes,
     )
 
 
@@ -132,4 +163,4 @@ def parse_topo_matrix(text: str) -> TopoMatrix:
     devices = tuple(
         rows.get(name) or TopoDevice(name=name, is_gpu=name.startswith("GPU")) for name in names
     )
-    return TopoMatrix(devices=devices, links=links, nic_names=nic_names)
+    return TopoMatrix(devices=devices, links=links, nic_names=nic_names, columns=tuple(extras))

@@ -4,8 +4,11 @@ A line looks like ``NVRM: Xid (PCI:0000:8a:00): 79, pid=123, name=python, GPU ha
 the bus.``. Seen in the captures: legacy lines without ``pid``/``name`` (2015 laptops, NVLink5
 Xids 144-149 on GB200), ``pid='<unknown>', name=<unknown>``, ``pid`` without ``name``, 4-digit
 PCI domains other than 0000, and the timestamp prefixes of ``dmesg`` (``[24128.828315]``),
-``dmesg -T`` (``[Sun Feb 23 16:24:18 2025]``) and ``dmesg --time-format=iso``. Lines that merely
-mention Xid (``_kgspLogXid119:`` banners, "fallen off the bus" blocks) are not events.
+``dmesg -T`` (``[Sun Feb 23 16:24:18 2025]``) and ``dmesg --time-format=iso``. Drivers of the
+300 series and older print the bus id without ``PCI:`` (``NVRM: Xid (0000:03:00): 13, 0003 ...``);
+396-series lines may repeat the tag in the message (``13, NVRM: Graphics TEX Exception ...``).
+Lines that merely mention Xid (``_kgspLogXid119:`` banners, "fallen off the bus" blocks) are not
+events.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from .common import normalize_bus_id, parse_int
 __all__ = ["XidEvent", "parse_xid_line", "parse_xid_log"]
 
 _XID_RE = re.compile(
-    r"NVRM: Xid \((?P<pci>PCI:[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\):\s*"
+    r"NVRM: Xid \((?P<pci>(?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+    r"(?:\.[0-7])?)\):\s*"
     r"(?P<xid>\d+),\s*"
     r"(?:pid=(?P<pid>'[^']*'|[^,\s]*),\s*)?"
     r"(?:name=(?P<name>[^,]*),\s*)?"
@@ -54,12 +58,12 @@ def _timestamp(prefix: str) -> str | None:
 
 
 def parse_xid_line(line: str) -> XidEvent | None:
-    """Parse one kernel log line; ``None`` if it is not an ``NVRM: Xid (PCI:...)`` report."""
+    """Parse one kernel log line; ``None`` if it is not an ``NVRM: Xid (...)`` report."""
     match = _XID_RE.search(line)
     if match is None:
         return None
     prefix = line[: match.start()]
-    message = match["message"].strip()
+    message = match["message"].strip().removeprefix("NVRM: ")
     if prefix.rstrip().endswith('"'):  # quoted by a log tool: "NVRM: Xid ...."
         message = message.removesuffix('"')
     name = (match["name"] or "").strip()

@@ -14,10 +14,11 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pynvml
 
+from ..mig_catalog import CiProfile, MigProfile, MigTable
 from . import metrics
 from . import mig as migmod
 from . import state as statemod
@@ -25,6 +26,7 @@ from .model import (
     FleetNode,
     GpuSlot,
     MachineModel,
+    NicSlot,
     gpu_serial,
     gpu_uuid,
     load_fleet,
@@ -52,6 +54,12 @@ _EVENTS_ECC = pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDouble
 _EVENTS_BASE = (
     pynvml.nvmlEventTypePState | pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeClock
 )
+_TEMPERATURE_THRESHOLDS: dict[int, Literal["shutdown", "slowdown", "mem_max", "gpu_max"]] = {
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "mem_max",
+    pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
+}
 _SUPPORTED_REASONS = 0x1FF  # clocks_event_reasons.supported in the captures
 
 
@@ -73,7 +81,7 @@ def _milliwatts(watts: float | None) -> int:
 
 def _physical(obj: _Gpu | _MigDevice) -> _Gpu:
     """The physical GPU behind a GPU or MIG device."""
-    return obj if obj.__class__ is _Gpu else obj.parent
+    return obj.parent if isinstance(obj, _MigDevice) else obj
 
 
 def _err(code: int) -> pynvml.NVMLError:
@@ -98,6 +106,11 @@ class _ComputeInstanceHandle(pynvml.c_nvmlComputeInstance_t):
 
 class _EventSetHandle(pynvml.c_nvmlEventSet_t):
     _type_ = pynvml.struct_c_nvmlEventSet_t
+
+
+_Handle = TypeVar(
+    "_Handle", _DeviceHandle, _GpuInstanceHandle, _ComputeInstanceHandle, _EventSetHandle
+)
 
 
 class _Gpu:
@@ -126,6 +139,17 @@ class _Gpu:
     def mig_enabled(self) -> bool:
         block = self.gs["mig"]
         return block is not None and bool(block["current"])
+
+    @property
+    def mig_table(self) -> MigTable:
+        """The MIG geometry (NOT_SUPPORTED on a GPU without MIG)."""
+        return _supported(self.type.mig_table)
+
+    def profile_by_id(self, profile_id: int) -> MigProfile:
+        found = self.mig_table.by_id(profile_id)
+        if found is None:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found
 
     def adopt(self, gs: dict[str, Any], procs: list[dict[str, Any]]) -> None:
         self.gs = gs
@@ -182,9 +206,8 @@ class _MigDevice:
         self.ci = ci
         self.alive = True
         self.uuid = mig_uuid(parent.uuid, gi["id"], ci["id"])
-        table = parent.type.mig_table
-        self.gi_profile = table.by_id(gi["profile_id"])
-        self.ci_profile = table.ci_profiles(self.gi_profile)[ci["profile_id"]]
+        self.gi_profile = parent.profile_by_id(gi["profile_id"])
+        self.ci_profile = parent.mig_table.ci_profiles(self.gi_profile)[ci["profile_id"]]
         self.handle = parent.owner._new_handle(_DeviceHandle, self)
 
 
@@ -327,7 +350,7 @@ class SimulatedNvml:
 
     # --- state plumbing -----------------------------------------------------------------------
 
-    def _new_handle(self, cls: type, obj: Any) -> Any:
+    def _new_handle(self, cls: type[_Handle], obj: Any) -> _Handle:
         handle = cls(cls._type_())
         handle._sim = obj
         self._addr[ctypes.addressof(handle.contents)] = obj
@@ -372,7 +395,7 @@ class SimulatedNvml:
             return obj
         if not isinstance(handle, ctypes._Pointer) or not handle:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        obj = self._addr.get(ctypes.cast(handle, ctypes.c_void_p).value)
+        obj = self._addr.get(ctypes.addressof(handle.contents))
         if obj is None:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return obj
@@ -391,7 +414,7 @@ class SimulatedNvml:
             if obj.fault:
                 raise _err(obj.fault)
             return obj
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             self._check_mig(obj)
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -410,7 +433,7 @@ class SimulatedNvml:
             if obj.fault:
                 raise _err(obj.fault)
             return obj
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             self._check_mig(obj)
             return obj
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
@@ -546,7 +569,7 @@ class SimulatedNvml:
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
         self._ready()
         obj = self._by_uuid.get(_text(uuid))
-        if obj is None or (obj.__class__ is _MigDevice and not obj.alive):
+        if obj is None or (isinstance(obj, _MigDevice) and not obj.alive):
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
         if _physical(obj).gs["lost"]:
             raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
@@ -570,11 +593,11 @@ class SimulatedNvml:
         return self._gpu(handle).index
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
-        return self._gpu(handle).index
+        return _supported(self._gpu(handle).slot.minor_number)
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         obj = self._any(handle)
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             return f"{obj.parent.type.name} MIG {obj.ci_profile.name}"
         return obj.type.name
 
@@ -624,7 +647,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         obj = self._any(handle)
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             total = obj.gi_profile.memory_mib * _MIB
             reserved = 0
             used = sum(p["used_mib"] for p in obj.parent.procs if p["gi"] == obj.gi["id"]) * _MIB
@@ -643,8 +666,8 @@ class SimulatedNvml:
 
     def nvmlDeviceGetBAR1MemoryInfo(self, handle: Any) -> pynvml.c_nvmlBAR1Memory_t:
         obj = self._any(handle)
-        if obj.__class__ is _MigDevice:
-            per_slice = obj.parent.type.mig_table.bar1_mib_per_memory_slice
+        if isinstance(obj, _MigDevice):
+            per_slice = obj.parent.mig_table.bar1_mib_per_memory_slice
             total, used = int(per_slice * obj.gi_profile.memory_slices) * _MIB, 0
         else:
             mem = obj.type.memory
@@ -679,15 +702,10 @@ class SimulatedNvml:
 
     def nvmlDeviceGetTemperatureThreshold(self, handle: Any, threshold: int) -> int:
         temps = self._gpu(handle).type.temperature
-        key = {
-            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: "shutdown",
-            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: "slowdown",
-            pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: "mem_max",
-            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
-        }.get(threshold)
-        if key is None or temps[key] is None:
+        key = _TEMPERATURE_THRESHOLDS.get(threshold)
+        if key is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return temps[key]
+        return _supported(temps[key])
 
     # --- NUMA / affinity ----------------------------------------------------------------------
 
@@ -746,10 +764,9 @@ class SimulatedNvml:
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
         gpu = self._gpu(handle)
-        if gpu.type.power["idle"] is None:  # no power readings: no energy counter either
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        idle_w = _supported(gpu.type.power["idle"])  # no power readings: no energy counter
         boot = self._state["boot_time"]
-        return metrics.energy_mj(gpu.type, gpu.gs, gpu.procs, boot, self._clock())
+        return metrics.energy_mj(idle_w, gpu.gs, gpu.procs, boot, self._clock())
 
     def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
         gpu = self._gpu(handle)
@@ -796,7 +813,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
         obj = self._any(handle)
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             procs = [
                 p for p in obj.parent.procs if p["gi"] == obj.gi["id"] and p["ci"] == obj.ci["id"]
             ]
@@ -829,20 +846,7 @@ class SimulatedNvml:
     def _ancestor(self, a: _Gpu, b: _Gpu) -> int:
         if a is b:
             return pynvml.NVML_TOPOLOGY_INTERNAL
-        sa, sb = a.slot, b.slot
-        if sa.numa_node != sb.numa_node:
-            return pynvml.NVML_TOPOLOGY_SYSTEM
-        pa, pb = sa.pcie_path, sb.pcie_path
-        if pa[0] != pb[0]:
-            return pynvml.NVML_TOPOLOGY_NODE
-        common = 0
-        while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
-            common += 1
-        if common == 1:
-            return pynvml.NVML_TOPOLOGY_HOSTBRIDGE
-        if common == len(pa) == len(pb):
-            return pynvml.NVML_TOPOLOGY_SINGLE  # both hang off the same switch
-        return pynvml.NVML_TOPOLOGY_MULTIPLE
+        return _common_ancestor(a.slot, b.slot)
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
         return self._ancestor(self._gpu(device1), self._gpu(device2))
@@ -854,6 +858,48 @@ class SimulatedNvml:
             for other in self._gpus
             if other is not gpu and self._ancestor(gpu, other) <= level
         ]
+
+    def _nvlink_count(self, a: _Gpu, b: _Gpu) -> int:
+        """Links between two GPUs as ``topo -m`` counts them (``NV#``): direct ones, or the
+        switch links both have into the NVSwitch fabric."""
+        if a.slot.nvlink_switch_links and b.slot.nvlink_switch_links:
+            return min(len(a.slot.nvlink_switch_links), len(b.slot.nvlink_switch_links))
+        return a.slot.nvlink_gpu_links.count(b.index)
+
+    def topo_matrix_text(self) -> str:
+        """``nvidia-smi topo -m`` as this machine prints it, NIC rows and legend included:
+        the source of GPU-NIC affinity, which NVML does not report."""
+        gpus = [gpu.slot for gpu in self._gpus]
+        nics = self.machine.nics
+        names = [f"GPU{slot.index}" for slot in gpus] + [f"NIC{i}" for i in range(len(nics))]
+        slots: list[Any] = [*gpus, *nics]
+
+        def cell(i: int, j: int) -> str:
+            if i == j:
+                return " X "
+            if i < len(gpus) and j < len(gpus):
+                links = self._nvlink_count(self._gpus[i], self._gpus[j])
+                if links:
+                    return f"NV{links}"
+            return _TOPO_LEVELS[_common_ancestor(slots[i], slots[j])]
+
+        lines = ["\t" + "\t".join([*names, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])]
+        for i, name in enumerate(names):
+            cells = [name, *(cell(i, j) for j in range(len(names)))]
+            if i < len(gpus):
+                slot = gpus[i]
+                cpus = (
+                    self.machine.numa_cpus[slot.numa_node]
+                    if slot.numa_node is not None
+                    else slot.cpu_affinity
+                )
+                numa = "N/A" if slot.numa_node is None else str(slot.numa_node)
+                cells += [_cpulist(cpus) if cpus else "N/A", numa, "", "N/A"]
+            lines.append("\t".join(cells))
+        if nics:
+            lines += ["", "NIC Legend:", ""]
+            lines += [f"  NIC{i}: {nic.name}" for i, nic in enumerate(nics)]
+        return "\n".join(lines) + "\n"
 
     def _nvlinked(self, a: _Gpu, b: _Gpu) -> bool:
         if a.slot.nvlink_switch_links and b.slot.nvlink_switch_links:
@@ -894,7 +940,7 @@ class SimulatedNvml:
         return pynvml.NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkVersion(self, device: Any, link: int) -> int:
-        return self._link(device, link)[0].type.nvlink_version
+        return _supported(self._link(device, link)[0].type.nvlink_version)
 
     def nvmlDeviceGetNvLinkCapability(self, device: Any, link: int, capability: int) -> int:
         gpu, _, _ = self._link(device, link)
@@ -958,7 +1004,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
         gpu = self._mig_enabled_gpu(device)
-        if not 0 <= index < gpu.type.mig_table.max_mig_devices:
+        if not 0 <= index < gpu.mig_table.max_mig_devices:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if index >= len(gpu.mig_devices):
             raise _err(pynvml.NVML_ERROR_NOT_FOUND)
@@ -966,25 +1012,25 @@ class SimulatedNvml:
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
         obj = self._any(migDevice)
-        if obj.__class__ is not _MigDevice:
+        if not isinstance(obj, _MigDevice):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return obj.parent.handle
 
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
         obj = self._any(device)
-        if obj.__class__ is not _MigDevice:
+        if not isinstance(obj, _MigDevice):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return obj.gi["id"]
 
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
         obj = self._any(device)
-        if obj.__class__ is not _MigDevice:
+        if not isinstance(obj, _MigDevice):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return obj.ci["id"]
 
     def nvmlDeviceGetAttributes_v2(self, device: Any) -> pynvml.c_nvmlDeviceAttributes:
         obj = self._any(device)
-        if obj.__class__ is _MigDevice:
+        if isinstance(obj, _MigDevice):
             gp, cp = obj.gi_profile, obj.ci_profile
             return pynvml.c_nvmlDeviceAttributes(
                 multiprocessorCount=cp.sm,
@@ -1016,10 +1062,10 @@ class SimulatedNvml:
     def nvmlDeviceGetAttributes(self, device: Any) -> pynvml.c_nvmlDeviceAttributes:
         return self.nvmlDeviceGetAttributes_v2(device)
 
-    def _gi_profile(self, gpu: _Gpu, profile: int) -> migmod.GiProfile:
+    def _gi_profile(self, gpu: _Gpu, profile: int) -> MigProfile:
         if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        found = gpu.type.mig_table.by_index(profile)
+        found = gpu.mig_table.by_index(profile)
         if found is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return found
@@ -1054,16 +1100,10 @@ class SimulatedNvml:
     ) -> Any:
         return self.nvmlDeviceGetGpuInstanceProfileInfo(device, profile, version)
 
-    def _profile_by_id(self, gpu: _Gpu, profileId: int) -> migmod.GiProfile:
-        found = gpu.type.mig_table.by_id(profileId)
-        if found is None:
-            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return found
-
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: Any, profileId: int) -> int:
         gpu = self._mig_enabled_gpu(device)
-        profile = self._profile_by_id(gpu, profileId)
-        return migmod.remaining_capacity(gpu.type.mig_table, gpu.gs["mig"]["instances"], profile)
+        profile = gpu.profile_by_id(profileId)
+        return migmod.remaining_capacity(gpu.mig_table, gpu.gs["mig"]["instances"], profile)
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, device: Any, profileId: int, placementsRef: Any, countRef: Any
@@ -1071,7 +1111,7 @@ class SimulatedNvml:
         """The ``_v2`` call: every placement the profile allows (used or not, MIG on or off),
         like ``-lgipp``. ``placementsRef`` may be None to ask for the count only."""
         gpu = self._mig_gpu(device)
-        profile = self._profile_by_id(gpu, profileId)
+        profile = gpu.profile_by_id(profileId)
         count = _out_param(countRef)
         if placementsRef is not None:
             for i, start in enumerate(profile.placements):
@@ -1082,7 +1122,7 @@ class SimulatedNvml:
 
     def _create_gi(self, device: Any, profileId: int, start: int | None) -> Any:
         gpu = self._mig_enabled_gpu(device)
-        table = gpu.type.mig_table
+        table = gpu.mig_table
 
         def change(state: dict[str, Any]) -> int:
             block = state["gpus"][gpu.index]["mig"]
@@ -1098,7 +1138,7 @@ class SimulatedNvml:
         self, device: Any, profileId: int, placement: Any
     ) -> Any:
         gpu = self._mig_enabled_gpu(device)
-        size = self._profile_by_id(gpu, profileId).memory_slices
+        size = gpu.profile_by_id(profileId).memory_slices
         if placement is None or placement.size != size:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self._create_gi(device, profileId, placement.start)
@@ -1107,7 +1147,7 @@ class SimulatedNvml:
         self, device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any
     ) -> int:
         gpu = self._mig_enabled_gpu(device)
-        profile = self._profile_by_id(gpu, profileId)
+        profile = gpu.profile_by_id(profileId)
         found = [gi for gi in gpu.gs["mig"]["instances"] if gi["profile_id"] == profile.id]
         for i, gi in enumerate(found):
             gpuInstancesRef[i] = gpu.gpu_instance(gi).handle
@@ -1142,11 +1182,10 @@ class SimulatedNvml:
         self._mutate(change)
         return pynvml.NVML_SUCCESS
 
-    def _ci_profile(self, gpu: _Gpu, gi: dict[str, Any], profile: int) -> migmod.CiProfile:
+    def _ci_profile(self, gpu: _Gpu, gi: dict[str, Any], profile: int) -> CiProfile:
         if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        table = gpu.type.mig_table
-        found = table.ci_profiles(table.by_id(gi["profile_id"])).get(profile)
+        found = gpu.mig_table.ci_profiles(gpu.profile_by_id(gi["profile_id"])).get(profile)
         if found is None:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return found
@@ -1158,7 +1197,7 @@ class SimulatedNvml:
         if engProfile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         cp = self._ci_profile(obj.parent, gi, profile)
-        gp = obj.parent.type.mig_table.by_id(gi["profile_id"])
+        gp = obj.parent.profile_by_id(gi["profile_id"])
         if version == 2:
             info = pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
             info.name = f"MIG {cp.name}".encode()
@@ -1189,7 +1228,7 @@ class SimulatedNvml:
     ) -> int:
         obj, gi = self._gi(gpuInstance)
         self._ci_profile(obj.parent, gi, profileId)
-        return migmod.ci_remaining_capacity(obj.parent.type.mig_table, gi, profileId)
+        return migmod.ci_remaining_capacity(obj.parent.mig_table, gi, profileId)
 
     def _create_ci(self, gpuInstance: Any, profileId: int, start: int | None) -> Any:
         obj, gi = self._gi(gpuInstance)
@@ -1200,7 +1239,7 @@ class SimulatedNvml:
         def change(state: dict[str, Any]) -> tuple[int, int]:
             block = state["gpus"][gpu.index]["mig"]
             target = next(g for g in block["instances"] if g["id"] == gi["id"])
-            ci = migmod.create_compute_instance(gpu.type.mig_table, target, profileId, start)
+            ci = migmod.create_compute_instance(gpu.mig_table, target, profileId, start)
             return target["id"], ci["id"]
 
         gi_id, ci_id = self._mutate(change)
@@ -1390,6 +1429,44 @@ class SimulatedNvml:
 
     def nvmlEventSetFree(self, eventSet: Any) -> None:
         self._event_set(eventSet).freed = True
+
+
+_TOPO_LEVELS = {
+    pynvml.NVML_TOPOLOGY_SINGLE: "PIX",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "PXB",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "PHB",
+    pynvml.NVML_TOPOLOGY_NODE: "NODE",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "SYS",
+}
+
+
+def _common_ancestor(a: GpuSlot | NicSlot, b: GpuSlot | NicSlot) -> int:
+    """NVML topology level of two distinct devices: SYS across NUMA nodes or root complexes,
+    NODE across host bridges, then by the PCIe switches they share."""
+    if a.numa_node != b.numa_node or a.root_complex != b.root_complex:
+        return pynvml.NVML_TOPOLOGY_SYSTEM
+    pa, pb = a.pcie_path, b.pcie_path
+    if pa[0] != pb[0]:
+        return pynvml.NVML_TOPOLOGY_NODE
+    common = 0
+    while common < min(len(pa), len(pb)) and pa[common] == pb[common]:
+        common += 1
+    if common == 1:
+        return pynvml.NVML_TOPOLOGY_HOSTBRIDGE
+    if common == len(pa) == len(pb):
+        return pynvml.NVML_TOPOLOGY_SINGLE  # both hang off the same switch
+    return pynvml.NVML_TOPOLOGY_MULTIPLE
+
+
+def _cpulist(cpus: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``, the way ``topo -m`` prints CPU affinity."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in ranges)
 
 
 def _pci_info(domain: int, bus: int, device: int, dev_id: int, subsys: int) -> Any:

@@ -1,4 +1,6 @@
-"""``gpuadmin sim ...``: list machine models and change a running simulated node's GPUs.
+"""``gpuadmin sim ...``: machine models, a running simulated node's GPUs, captured machines.
+
+``import`` turns a captured machine into a machine model (``inventory.nvml.importer``).
 
 ``main(argv)`` parses ``argv`` (without the program name) and returns an exit status. Commands that
 touch a node need its state directory: ``--state-dir DIR`` or ``$GPUADMIN_SIM_STATE_DIR``.
@@ -92,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("reset", parents=[node_gpu], help="reset a GPU (applies pending MIG mode)")
     p = sub.add_parser("reboot", parents=[common], help="reboot a node")
     p.add_argument("node")
+    # Listed here; main() hands its arguments to the importer, which parses them itself.
+    sub.add_parser(
+        "import",
+        help="turn a captured machine (nvidia-smi -q -x or -q, topo -m) into a machine model "
+        "(gpuadmin sim import --help)",
+    )
     return parser
 
 
@@ -168,6 +176,11 @@ def _run(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``gpuadmin sim``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["import"]:
+        from inventory.nvml.importer import main as import_main
+
+        return import_main(argv[1:])
     args = _parser().parse_args(argv)
     try:
         message = _run(args)

@@ -258,17 +258,18 @@ def start_process(
         if any(p["pid"] == pid and p["gpu"] == gpu_index for p in state["processes"]):
             raise ValueError(f"pid {pid} is already running on GPU {gpu_index}")
         mig_on = gpu["mig"] is not None and gpu["mig"]["current"]
-        if mig_on != (gpu_instance is not None):
+        mig_table = gpu_type.mig_table if mig_on else None
+        if (mig_table is not None) != (gpu_instance is not None):
             raise ValueError("a MIG-enabled GPU needs gpu_instance; other GPUs take none")
         fraction = 1.0
         ci_id = None
-        if mig_on:
+        if mig_table is not None:
             gi = next((g for g in gpu["mig"]["instances"] if g["id"] == gpu_instance), None)
             ci_id = 0 if compute_instance is None else compute_instance
             ci = gi and next((c for c in gi["compute_instances"] if c["id"] == ci_id), None)
             if ci is None:
                 raise ValueError(f"GPU {gpu_index} has no MIG device {gpu_instance}/{ci_id}")
-            fraction = ci["size"] / gpu_type.mig_table.compute_slices
+            fraction = ci["size"] / mig_table.compute_slices
         state["processes"].append(
             {
                 "pid": pid,

@@ -41,10 +41,10 @@ def process_load(proc: dict[str, Any]) -> float:
 def process_extra_w(gpu_type: GpuType, util: float, fraction: float) -> float:
     """Watts a process adds above idle, at its utilization on its share of the GPU (0 on a
     board without power readings)."""
-    power = gpu_type.power
-    if power["idle"] is None:
+    idle, full_load = gpu_type.power["idle"], gpu_type.power["full_load"]
+    if idle is None or full_load is None:
         return 0.0
-    return (power["full_load"] - power["idle"]) * util / 100.0 * fraction
+    return (full_load - idle) * util / 100.0 * fraction
 
 
 @dataclass(slots=True)
@@ -78,6 +78,8 @@ def snapshot(
     temperature = round(temp)
 
     reasons = 0 if load else REASON_IDLE
+    for name in gpu_state.get("clock_event_reasons", ()):  # absent in older state files
+        reasons |= getattr(_R, name)
     power_mw = None
     idle_w, cap_w = gpu_type.power["idle"], gpu_type.power["enforced_limit"]
     if idle_w is not None:
@@ -123,7 +125,7 @@ def snapshot(
 
 
 def energy_mj(
-    gpu_type: GpuType,
+    idle_w: float,
     gpu_state: dict[str, Any],
     procs: list[dict[str, Any]],
     boot_time: float,
@@ -131,6 +133,6 @@ def energy_mj(
 ) -> int:
     """Energy since the driver loaded: idle draw plus what every process added while it ran
     (only for boards with power readings)."""
-    total = gpu_type.power["idle"] * max(0.0, t - boot_time) * 1000.0 + gpu_state["energy_mj"]
+    total = idle_w * max(0.0, t - boot_time) * 1000.0 + gpu_state["energy_mj"]
     total += sum(p["extra_w"] * max(0.0, t - p["started_at"]) * 1000.0 for p in procs)
     return int(total)

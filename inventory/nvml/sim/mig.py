@@ -1,4 +1,4 @@
-"""MIG profile tables and the placement rules NVML enforces for them.
+"""The placement rules NVML enforces for the MIG profile tables (``mig_catalog``).
 
 Everything here works on plain JSON-able dicts (the per-GPU ``mig`` block of the node state) so
 the same code serves the simulator and the fault/CLI helpers. Errors are raised as
@@ -7,139 +7,17 @@ the same code serves the simulator and the fault/CLI helpers. Errors are raised 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import pynvml
 
-from inventory.nvml import mig_catalog
-
-# nvmlComputeInstanceProfile index for a CI of k compute slices (NVML_COMPUTE_INSTANCE_PROFILE_*).
-CI_PROFILE_FOR_SLICES = {
-    1: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE,
-    2: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE,
-    3: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE,
-    4: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE,
-    7: pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE,
-}
+from inventory.nvml import mig_fit
+from inventory.nvml.mig_catalog import MigProfile, MigTable
 
 
 def nvml_error(code: int) -> pynvml.NVMLError:
     """Build the NVMLError subclass pynvml raises for ``code``."""
     return pynvml.NVMLError(code)
-
-
-@dataclass(frozen=True)
-class GiProfile:
-    """One GPU instance profile row (what ``nvidia-smi mig -lgip`` prints)."""
-
-    index: int  # NVML_GPU_INSTANCE_PROFILE_* constant
-    id: int  # profile id used to create instances (19, 20, 15, 14, 9, 5, 0)
-    name: str  # "3g.20gb"
-    compute_slices: int
-    memory_slices: int
-    instances: int
-    memory_mib: int
-    sm: int
-    ce: int
-    dec: int
-    enc: int
-    jpeg: int
-    ofa: int
-    placements: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class CiProfile:
-    """A compute instance profile inside a GPU instance of a given GI profile."""
-
-    index: int  # NVML_COMPUTE_INSTANCE_PROFILE_* constant, also its id
-    name: str  # "1c.3g.20gb", or the GI name for the full-size CI
-    slices: int
-    placements: tuple[int, ...]
-    sm: int
-
-
-@dataclass(frozen=True)
-class MigTable:
-    """The MIG geometry of one GPU model."""
-
-    name: str
-    compute_slices: int
-    memory_slices: int
-    max_mig_devices: int
-    bar1_mib_per_memory_slice: float
-    profiles: tuple[GiProfile, ...]
-
-    def by_index(self, index: int) -> GiProfile | None:
-        return next((p for p in self.profiles if p.index == index), None)
-
-    def by_id(self, profile_id: int) -> GiProfile | None:
-        return next((p for p in self.profiles if p.id == profile_id), None)
-
-    def by_name(self, name: str) -> GiProfile:
-        bare = name.removeprefix("MIG ")
-        for profile in self.profiles:
-            if profile.name == bare:
-                return profile
-        raise ValueError(f"{self.name}: no MIG profile named {name!r}")
-
-    def ci_profiles(self, gi: GiProfile) -> dict[int, CiProfile]:
-        return _ci_profiles(gi)
-
-
-@cache
-def _ci_profiles(gi: GiProfile) -> dict[int, CiProfile]:
-    """CI profiles of a GI: k-slice CIs start on multiples of k rounded up to a power of two.
-
-    Reproduces ``mig -lcip`` on a 3g.20gb GI (1c x3, 2c x1, 3g x1) and the 7g lcipp
-    placements {0..6}:1, {0,2,4}:2, {0,4}:3, {0}:4, {0}:7.
-    """
-    out = {}
-    size = gi.compute_slices
-    for slices, index in CI_PROFILE_FOR_SLICES.items():
-        if slices > size:
-            continue
-        step = 1 if slices == 1 else 2 if slices == 2 else 4
-        starts = tuple(range(0, size - slices + 1, step))
-        name = gi.name if slices == size else f"{slices}c.{gi.name}"
-        sm = gi.sm if slices == size else gi.sm * slices // size
-        out[index] = CiProfile(index, name, slices, starts, sm)
-    return out
-
-
-@cache
-def load_table(name: str) -> MigTable:
-    """The table ``inventory/nvml/mig_profiles/<name>.json`` with NVML's profile constants."""
-    data = mig_catalog.table_data(name)
-    profiles = tuple(
-        GiProfile(
-            index=getattr(pynvml, row["profile"]),
-            id=row["id"],
-            name=row["name"],
-            compute_slices=row["compute_slices"],
-            memory_slices=row["memory_slices"],
-            instances=row["instances"],
-            memory_mib=row["memory_mib"],
-            sm=row["sm"],
-            ce=row["ce"],
-            dec=row["dec"],
-            enc=row["enc"],
-            jpeg=row["jpeg"],
-            ofa=row["ofa"],
-            placements=tuple(row["placements"]),
-        )
-        for row in data["gpu_instance_profiles"]
-    )
-    return MigTable(
-        name=data["table"],
-        compute_slices=data["compute_slices"],
-        memory_slices=data["memory_slices"],
-        max_mig_devices=data["max_mig_devices"],
-        bar1_mib_per_memory_slice=data["mig_bar1_mib_per_memory_slice"],
-        profiles=profiles,
-    )
 
 
 def gpu_instance_id(start: int, size: int) -> int:
@@ -155,27 +33,30 @@ def _span(start: int, size: int) -> range:
     return range(start, start + size)
 
 
-def _free_starts(instances: list[dict[str, Any]], profile: GiProfile) -> list[int]:
-    used = {s for gi in instances for s in _span(gi["start"], gi["size"])}
-    size = profile.memory_slices
-    return [s for s in profile.placements if used.isdisjoint(_span(s, size))]
+def _placed(instances: list[dict[str, Any]]) -> list[mig_fit.Placed]:
+    return [mig_fit.Placed(gi["profile_id"], gi["start"], gi["size"]) for gi in instances]
 
 
-def _count_of(instances: list[dict[str, Any]], profile: GiProfile) -> int:
-    return sum(1 for gi in instances if gi["profile_id"] == profile.id)
+def _free_starts(instances: list[dict[str, Any]], profile: MigProfile) -> list[int]:
+    return mig_fit.free_starts(_placed(instances), profile)
 
 
-def remaining_capacity(table: MigTable, instances: list[dict[str, Any]], profile: GiProfile) -> int:
-    """How many more GIs of ``profile`` fit (the "Free" column of ``mig -lgip``)."""
-    left = profile.instances - _count_of(instances, profile)
-    if left <= 0:
-        return 0
-    # A profile's own placements never overlap each other (aligned, equal size), so every
-    # free placement can be used at once.
-    return min(left, len(_free_starts(instances, profile)))
+def _profile_of(table: MigTable, gi: dict[str, Any]) -> MigProfile:
+    profile = table.by_id(gi["profile_id"])
+    if profile is None:
+        raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return profile
 
 
-def choose_placement(table: MigTable, instances: list[dict[str, Any]], profile: GiProfile) -> int:
+def remaining_capacity(
+    table: MigTable, instances: list[dict[str, Any]], profile: MigProfile
+) -> int:
+    """How many more GIs of ``profile`` fit (the "Free" column of ``mig -lgip``), by the rule
+    the MIG page shows too (``mig_fit``)."""
+    return mig_fit.remaining_capacity(table, _placed(instances), profile)
+
+
+def choose_placement(table: MigTable, instances: list[dict[str, Any]], profile: MigProfile) -> int:
     """The placement NVML picks when none is given.
 
     NVML takes the free placement that blocks the fewest still-possible placements of every
@@ -239,7 +120,7 @@ def create_compute_instance(
     table: MigTable, gi: dict[str, Any], ci_profile: int, start: int | None = None
 ) -> dict[str, Any]:
     """Add a CI to ``gi`` (lowest free placement and lowest free id, as NVML does)."""
-    profile = table.ci_profiles(table.by_id(gi["profile_id"])).get(ci_profile)
+    profile = table.ci_profiles(_profile_of(table, gi)).get(ci_profile)
     if profile is None:
         raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     cis = gi["compute_instances"]
@@ -264,7 +145,7 @@ def create_compute_instance(
 
 
 def ci_remaining_capacity(table: MigTable, gi: dict[str, Any], ci_profile: int) -> int:
-    profile = table.ci_profiles(table.by_id(gi["profile_id"]))[ci_profile]
+    profile = table.ci_profiles(_profile_of(table, gi))[ci_profile]
     used = {s for ci in gi["compute_instances"] for s in _span(ci["start"], ci["size"])}
     return sum(1 for s in profile.placements if used.isdisjoint(_span(s, profile.slices)))
 

@@ -9,11 +9,11 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, overload
 
 import pynvml
 
-from . import mig
+from .. import mig_catalog
 
 MACHINE_DIR = Path(__file__).with_name("machines")
 _MIG_UUID_NAMESPACE = uuid.UUID("8b7e0a52-5c1a-4a3e-9d4e-6a1f0c2b7d11")
@@ -28,12 +28,27 @@ def parse_cpulist(text: str) -> list[int]:
     return cpus
 
 
+@overload
+def _const(name: str) -> int: ...
+@overload
+def _const(name: None) -> None: ...
 def _const(name: str | None) -> int | None:
     return None if name is None else getattr(pynvml, name)
 
 
 def _hex(text: str) -> int:
     return int(text, 16)
+
+
+class Temperatures(TypedDict):
+    """``temperature_c`` in °C; a threshold the board lacks is None (NOT_SUPPORTED)."""
+
+    idle: int
+    full_load: int
+    shutdown: int | None
+    slowdown: int | None
+    gpu_max: int | None
+    mem_max: int | None
 
 
 @dataclass(frozen=True)
@@ -62,13 +77,13 @@ class GpuType:
     # default_limit, min_limit, max_limit, enforced_limit (None: no power management),
     # idle, full_load (None: no power readings)
     power: dict[str, float | None]
-    temperature: dict[str, int | None]
+    temperature: Temperatures
     pstate: dict[str, int]
     fan: dict[str, int] | None
     ecc_mode: tuple[int, int] | None  # (current, pending) NVML_FEATURE_*; None: no ECC
     page_retirement: bool
     row_remapper_banks: int | None
-    mig_table: mig.MigTable | None
+    mig_table: mig_catalog.MigTable | None
     mem_util_at_full_load: int
     pcie_kbs: dict[str, int]
     nvlink_version: int | None
@@ -98,6 +113,19 @@ class GpuSlot:
     uuid: str | None = None
     serial: str | None = None
     cpu_affinity: tuple[int, ...] | None = None  # only for GPUs with no NUMA node
+    minor_number: int | None = None  # /dev/nvidia<N>; None: NOT_SUPPORTED (Windows)
+    # GPUs/NICs of one NUMA node on different root complexes are SYS apart (None: the node's).
+    root_complex: int | None = None
+
+
+@dataclass(frozen=True)
+class NicSlot:
+    """A network adapter (``mlx5_0``): NVML does not see it, ``nvidia-smi topo -m`` does."""
+
+    name: str
+    numa_node: int | None
+    pcie_path: tuple[str, ...]
+    root_complex: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +150,7 @@ class MachineModel:
     pcie_p2p_max_level: int | None
     nvswitches: tuple[NvSwitch, ...]
     gpus: tuple[GpuSlot, ...]
+    nics: tuple[NicSlot, ...]
     initial_state: dict[str, Any]
     raw: dict[str, Any]
 
@@ -183,7 +212,7 @@ def _gpu_type(key: str, spec: dict[str, Any]) -> GpuType:
         ecc_mode=_ecc_mode(spec["ecc"]),
         page_retirement=spec["page_retirement"],
         row_remapper_banks=spec["row_remapper_banks"],
-        mig_table=mig.load_table(spec["mig_table"]) if spec["mig_table"] else None,
+        mig_table=mig_catalog.load_table(spec["mig_table"]) if spec["mig_table"] else None,
         mem_util_at_full_load=spec["mem_util_at_full_load"],
         pcie_kbs=spec["pcie_kbs"],
         nvlink_version=_const(nvlink["version"]) if nvlink else None,
@@ -218,8 +247,13 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
                 cpu_affinity=tuple(parse_cpulist(merged["cpu_affinity"]))
                 if merged.get("cpu_affinity")
                 else None,
+                root_complex=merged.get("root_complex"),
+                minor_number=merged.get("minor_number", index),
             )
         )
+        slot = gpus[-1]
+        if (slot.nvlink_switch_links or slot.nvlink_gpu_links) and slot.type.nvlink_version is None:
+            raise ValueError(f"{data.get('name')}: GPU {index} has NVLinks but its type no nvlink")
     switches = []
     for sw in data.get("nvswitches", []):
         domain, bus, device = parse_bus_id(sw["bus_id"])
@@ -246,6 +280,15 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
         pcie_p2p_max_level=_const(data.get("pcie_p2p_max_level")),
         nvswitches=tuple(switches),
         gpus=tuple(gpus),
+        nics=tuple(
+            NicSlot(
+                name=nic["name"],
+                numa_node=nic.get("numa_node"),
+                pcie_path=tuple(nic["pcie_path"]),
+                root_complex=nic.get("root_complex"),
+            )
+            for nic in data.get("nics", [])
+        ),
         initial_state=data.get("initial_state", {}),
         raw=data,
     )
@@ -314,9 +357,8 @@ class FleetNode:
 
 def load_fleet(spec: str | os.PathLike[str] | dict[str, Any] | list[Any]) -> list[FleetNode]:
     """Parse a fleet spec: ``{"nodes": [{"name", "model", "mig"?}, ...]}`` (or the bare list)."""
-    if isinstance(spec, str | os.PathLike):
-        spec = json.loads(Path(spec).read_text())
-    entries = spec["nodes"] if isinstance(spec, dict) else spec
+    data = spec if isinstance(spec, dict | list) else json.loads(Path(spec).read_text())
+    entries = data["nodes"] if isinstance(data, dict) else data
     nodes: list[FleetNode] = []
     seen_serials: set[str] = set()
     names: set[str] = set()

@@ -45,6 +45,7 @@ def new_gpu_state(mig_capable: bool) -> dict[str, Any]:
         "retired_pages": {"single_bit": [], "double_bit": [], "pending": False},
         "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
         "temperature_c": None,
+        "clock_event_reasons": [],  # imposed from outside (power brake, ...): pynvml names
         "lost": False,
         "fail_code": None,
         "energy_mj": 0.0,
@@ -72,6 +73,10 @@ def new_state(
         "processes": [],
         "gpus": [new_gpu_state(g.type.mig_table is not None) for g in machine.gpus],
     }
+    for index, captured in machine.initial_state.get("gpus", {}).items():
+        gpu = state["gpus"][int(index)]
+        gpu["remapped_rows"].update(captured.get("remapped_rows", {}))
+        gpu["clock_event_reasons"] = list(captured.get("clock_event_reasons", []))
     layouts: dict[int, list[Any] | None] = {
         int(k): v for k, v in machine.initial_state.get("mig", {}).items()
     }

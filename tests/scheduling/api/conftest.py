@@ -14,11 +14,12 @@ from celery.result import EagerResult
 from django.contrib.auth.base_user import AbstractBaseUser
 from rest_framework.test import APIClient
 
+from gpuadmin.access.models import Membership, Role
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
 from inventory.models import Node
 from scheduling import agent, services, tasks
-from scheduling.models import Job, Membership, Role
+from scheduling.models import Job
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuadmin import cli, jobs_cli
-from scheduling import admin_services, loop
+from scheduling import admin_services, dispatch, loop
+from scheduling.api.serializers import JobSubmitSerializer
 from scheduling.models import Job, JobState
 from tests.scheduling.api.conftest import submit, write_log
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def gpuadmin(live_server, capsys, monkeypatch, make_user):
     """``gpuadmin(*argv)`` -> (status, stdout, stderr), as alice, through the live server."""
-    monkeypatch.setattr(loop, "wake", lambda: None)  # no placement pass on the shared Redis
+    monkeypatch.setattr(dispatch, "wake", lambda: None)  # no placement pass on the shared Redis
     monkeypatch.setattr(cli, "_bootstrap_django", lambda: None)  # pytest-django set it up
     make_user("alice")
 
@@ -88,6 +89,47 @@ def test_submit_list_show_cancel(gpuadmin, fleet):
         1,
         f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} cannot go from canceled to canceled\n",
     )
+
+
+EVERY_SUBMIT_OPTION = (
+    *("--gpus", "2", "--nodes", "1", "--model", "NVIDIA A100-SXM4-80GB"),
+    *("--min-memory-mib", "1024", "--topology", "nvlink", "--priority", "high"),
+    *("--name", "train", "--project", "vision", "--max-runtime", "7200"),
+    *("--estimated-duration", "3600", "--retries", "2", "--preemptible", "--env", "A=1"),
+    *("--workdir", "/workspace", "--image", "nvcr.io/nvidia/pytorch:24.05-py3", "--hold"),
+)
+
+
+def test_submit_takes_every_field_of_the_api(gpuadmin, fleet):
+    status, _, err = gpuadmin("jobs", "submit", *EVERY_SUBMIT_OPTION, "--", "python", "t.py")
+    assert status == 0, err
+    job = Job.objects.get()
+    assert (job.estimated_duration_s, job.working_dir, job.container_image) == (
+        3600,
+        "/workspace",
+        "nvcr.io/nvidia/pytorch:24.05-py3",
+    )
+    assert (job.preemptible, job.max_runtime_s, job.max_retries, job.priority) == (
+        True,
+        7200,
+        2,
+        "high",
+    )
+    assert (job.state, job.topology, job.project) == (JobState.PENDING, "nvlink", "vision")
+
+
+def test_submit_sends_every_field_the_api_takes(monkeypatch):
+    """A field added to the submit API needs its option in ``gpuadmin jobs submit``."""
+    sent = {}
+
+    def call(api, method, path, body=None, **params):
+        sent.update(body)
+        return {"id": 1, "state": "queued", "gpu_count": 1, "node_count": 1, "gpu_model": ""}
+
+    monkeypatch.setattr(jobs_cli.Api, "call", call)
+    monkeypatch.setattr(jobs_cli, "_needs", lambda job: "")
+    assert cli.main(["jobs", "submit", *EVERY_SUBMIT_OPTION, "--shell", "--", "true"]) == 0
+    assert set(sent) == set(JobSubmitSerializer().fields)
 
 
 def test_submit_refused_names_the_field(gpuadmin, fleet):

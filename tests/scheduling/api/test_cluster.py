@@ -7,9 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
-from scheduling.models import Allocation, Job, JobState, Role
+from scheduling.executor import JobSpec
+from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +50,8 @@ def test_manual_allocation_schedules_and_dispatches_the_job(
     ]
     [(args, queue)] = broker.named("scheduling.run_job")
     assert queue == "node.dgx-01"
-    assert (args[0]["job_id"], args[0]["gpu_uuids"]) == (job.pk, uuids("dgx-01", 2, 3))
+    spec = JobSpec.from_dict(args[0])
+    assert (spec.job_id, list(spec.gpu_uuids)) == (f"{job.pk}.1", uuids("dgx-01", 2, 3))
     assert events(target_id=job.pk) == ["job.submitted", "job.scheduled"]
     assert events("scheduling.allocation") == ["allocation.created"] * 2
 

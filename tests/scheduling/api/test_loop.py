@@ -7,11 +7,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from scheduling import loop, services
-from scheduling.models import Job, JobState
+from scheduling.models import NOT_WAITING, Job, JobState
 from scheduling.placement import Pending, Reason
 from tests.scheduling.api.conftest import submit
 
@@ -106,7 +106,45 @@ def test_save_pending_writes_only_changed_rows_of_waiting_jobs_in_one_statement(
         None,
         "with 4 GPUs",
     )
-    assert Job.objects.get(pk=jobs[2].pk).pending_reason == "busy"
+    canceled = Job.objects.get(pk=jobs[2].pk)  # cleared when it ended, and not written back
+    assert (canceled.pending_reason, canceled.queue_position) == ("", None)
+
+
+WAITING_WORDS = ("resources_busy", "needs 8 free GPUs on one node", "with 4 GPUs")
+
+
+def test_a_job_canceled_while_waiting_keeps_no_word_on_its_wait(api_as, fleet, admin_client):
+    alice = api_as("alice")
+    running = [submit(alice.user, gpu_count=8, estimated_duration_s=3600) for _ in range(2)]
+    waiting = submit(alice.user, gpu_count=8)
+    loop.run_pass()
+    Job.objects.filter(pk=waiting.pk).update(what_if="with 4 GPUs")
+    assert {job.state for job in Job.objects.filter(pk__in=[j.pk for j in running])} == {
+        JobState.SCHEDULED
+    }
+    before = alice.get(f"/api/v1/jobs/{waiting.pk}/").json()
+    assert (before["pending_code"], before["queue_position"]) == ("resources_busy", 1)
+    assert "resources_busy" in admin_client.get("/admin/scheduling/job/").content.decode()
+
+    assert alice.post(f"/api/v1/jobs/{waiting.pk}/cancel/").status_code == 200
+    body = alice.get(f"/api/v1/jobs/{waiting.pk}/").json()
+    assert body["state"] == JobState.CANCELED
+    assert [body[name] for name in NOT_WAITING] == list(NOT_WAITING.values())
+    changelist = admin_client.get("/admin/scheduling/job/").content.decode()
+    page = alice.get(f"/jobs/{waiting.pk}/")
+    assert page.status_code == 200
+    page = page.content.decode()
+    for words in WAITING_WORDS:
+        assert words not in changelist and words not in page
+    # A pass that explained the job before it ended does not write the explanation back.
+    explained = Pending(waiting.pk, 1, Reason.RESOURCES_BUSY, "busy", None, "with 4 GPUs")
+    assert loop.save_pending((explained,)) == 0
+
+
+def test_the_database_refuses_a_word_on_the_wait_of_a_job_that_is_not_queued(api_as, fleet):
+    job = submit(api_as("alice").user, hold=True)  # PENDING: held, not in the queue
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(pending_code="resources_busy")
 
 
 def test_a_pass_reads_the_fleet_and_queue_in_a_fixed_number_of_queries(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
-from scheduling.models import Role, SchedulerSettings
+from scheduling.models import SchedulerSettings
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.models import Job, JobState, Role
+from gpuadmin.access.models import Role
+from scheduling.models import Job, JobState
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from gpuadmin.access.models import Role
 from scheduling import admin_services
-from scheduling.models import Role
 from tests.scheduling.api.conftest import submit
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ LISTS = {
     "/api/v1/jobs/?state=scheduled&state=queued&node=dgx-01": 6,
     "/queue": 9,
     "/api/v1/allocations/": 5,
-    "/cluster/gpu-status": 5,
+    "/cluster/gpu-status": 4,
 }
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
-from scheduling.models import Job, JobState, Role
+from scheduling.models import Job, JobState
 from tests.scheduling.api.conftest import events
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from scheduling import auth
-from scheduling.auth import create_token
-from scheduling.models import Membership, Role
+from gpuadmin.access import tokens
+from gpuadmin.access.models import Membership, Role
+from gpuadmin.access.services import create_token, revoke_token
 
 pytestmark = pytest.mark.django_db
 
@@ -32,7 +32,7 @@ def token_lookups(client: APIClient, path: str = "/api/v1/jobs/") -> tuple[int, 
     """The response's status and how many times it read the token table."""
     with CaptureQueriesContext(connection) as queries:
         status = client.get(path).status_code
-    return status, sum('FROM "scheduling_apitoken"' in q["sql"] for q in queries)
+    return status, sum('FROM "access_apitoken"' in q["sql"] for q in queries)
 
 
 def test_a_token_is_read_from_the_database_once_then_from_the_cache(bearer):
@@ -55,7 +55,7 @@ def test_each_request_gets_its_own_copies(bearer):
 def test_revoking_takes_effect_on_the_next_request(bearer):
     client, alice = bearer
     assert token_lookups(client) == (200, 1)
-    assert auth.revoke_token(alice.api_tokens.get(), actor=alice)
+    assert revoke_token(alice.api_tokens.get(), actor=alice)
     assert client.get("/api/v1/jobs/").status_code == 401
 
 
@@ -80,11 +80,11 @@ def test_a_role_change_takes_effect_on_the_next_request(bearer):
 def test_a_change_that_bypasses_signals_is_seen_after_the_cache_age(bearer, monkeypatch):
     client, alice = bearer
     now = [1000.0]
-    monkeypatch.setattr(auth.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(tokens.time, "monotonic", lambda: now[0])
     assert token_lookups(client) == (200, 1)
     type(alice).objects.filter(pk=alice.pk).update(is_active=False)  # no post_save
     assert client.get("/api/v1/jobs/").status_code == 200  # still cached: the documented bound
-    now[0] += auth.settings.GPUADMIN_TOKEN_CACHE_S
+    now[0] += tokens.settings.GPUADMIN_TOKEN_CACHE_S
     assert client.get("/api/v1/jobs/").status_code == 401
 
 
@@ -93,7 +93,7 @@ def test_without_redis_every_request_reads_the_database(bearer, monkeypatch):
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         dead = redis.Redis(port=sock.getsockname()[1], socket_connect_timeout=0.2)
-        monkeypatch.setattr(auth.live, "client", lambda: dead)
+        monkeypatch.setattr(tokens.redis_client, "client", lambda: dead)
         assert token_lookups(client) == (200, 1)
         assert token_lookups(client) == (200, 1)
 

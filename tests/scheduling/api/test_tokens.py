@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from scheduling.models import ApiToken
+from gpuadmin.access.models import ApiToken
 from tests.scheduling.api.conftest import events
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,7 @@ def test_create_use_and_revoke_a_token(api_as, fleet):
     assert refused.json() == {"detail": "Invalid or revoked API token."}
     token.refresh_from_db()
     assert token.revoked_at is not None
-    assert events("scheduling.apitoken") == ["token.created", "token.revoked"]
+    assert events("access.apitoken") == ["token.created", "token.revoked"]
 
 
 def test_tokens_are_private(api_as, fleet):

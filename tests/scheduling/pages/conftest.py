@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpuadmin.access.models import Role
 from gpuadmin.celery import app
-from scheduling.models import Role
 from tests.scheduling.pages.helpers import AgentBroker, person
 
 

@@ -12,9 +12,10 @@ from celery.result import EagerResult
 from django.contrib.auth import get_user_model
 from django.contrib.auth.base_user import AbstractBaseUser
 
+from gpuadmin.access.models import Membership, Role
 from inventory.models import Node
 from scheduling import loop, services
-from scheduling.models import Job, Membership, Role
+from scheduling.models import Job
 from tests.inventory.pages import add_node, unique_host
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 

@@ -28,7 +28,7 @@ def test_gpu_rows_name_the_job_and_its_user(client, alice, agents):
     for gpu in held:
         row, cells = live_row(html, gpu.uuid)
         assert cells["procs"] == f'<a href="/jobs/{job.pk}/">#{job.pk}</a> alice'
-        assert row.startswith('<tr class="s-free">')  # given, but no process runs on it yet
+        assert row.startswith('<tr class="s-busy">')  # given: not free, even before it starts
     _, cells = live_row(html, idle.uuid)
     assert cells["procs"] == "0"  # no job: the processes the live sample lists
     assert ">Job/procs</th>" in html

@@ -1,4 +1,4 @@
-"""OpenAPI description of the API token authentication (``scheduling.auth``)."""
+"""OpenAPI description of the API token authentication (``gpuadmin.access.tokens``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from drf_spectacular.plumbing import build_bearer_security_scheme_object
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "scheduling.auth.ApiTokenAuthentication"
+    target_class = "gpuadmin.access.tokens.ApiTokenAuthentication"
     name = "apiToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Who may do what: roles, and API tokens for the CLI and automation."""
+"""API token authentication, with resolved tokens cached per process and invalidated
+everywhere through an epoch counter in Redis."""
 
 from __future__ import annotations
 
@@ -11,69 +12,17 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from gpuadmin.audit.services import record
-from inventory import live
-from scheduling.models import ApiToken, Job, Role
+from gpuadmin import redis_client
+from gpuadmin.access.models import ApiToken
 
 log = logging.getLogger("gpuadmin.auth")
-
-# What each role may do, strongest first.
-ROLE_ORDER = (Role.ADMIN, Role.OPERATOR, Role.USER, Role.VIEWER)
-
-
-def role_of(user: AbstractBaseUser) -> str:
-    """Staff are admins; others have their Membership's role, or are users."""
-    if not user.is_authenticated:
-        return Role.VIEWER
-    if user.is_staff or user.is_superuser:
-        return Role.ADMIN
-    membership = getattr(user, "gpuadmin_role", None)
-    return membership.role if membership else Role.USER
-
-
-def at_least(user: AbstractBaseUser, role: str) -> bool:
-    return ROLE_ORDER.index(role_of(user)) <= ROLE_ORDER.index(role)
-
-
-def can_submit(user: AbstractBaseUser) -> bool:
-    return at_least(user, Role.USER)
-
-
-def can_act_on(user: AbstractBaseUser, job: Job) -> bool:
-    """Operators and admins act on anyone's jobs; users on their own; viewers on none."""
-    if at_least(user, Role.OPERATOR):
-        return True
-    return at_least(user, Role.USER) and job.owner_id == user.pk
-
-
-def create_token(user: AbstractBaseUser, name: str) -> tuple[ApiToken, str]:
-    """A new token for ``user``; the key is returned once and only its hash is kept."""
-    key = ApiToken.new_key()
-    with transaction.atomic():
-        token = ApiToken.objects.create(
-            user=user, name=name, key_prefix=key[:8], digest=ApiToken.hash(key)
-        )
-        record("token.created", actor=user, target=token, after={"name": name})
-    return token, key
-
-
-def revoke_token(token: ApiToken, *, actor: AbstractBaseUser) -> bool:
-    with transaction.atomic():
-        updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
-            revoked_at=timezone.now()
-        )
-        if updated:
-            record("token.revoked", actor=actor, target=token, before={"name": token.name})
-            forget_cached_tokens()
-    return bool(updated)
-
 
 # Bumped whenever a token, a user or a role changes: cached tokens from an older epoch are
 # looked up again.
@@ -88,7 +37,7 @@ def forget_cached_tokens() -> None:
 
     def bump() -> None:
         try:
-            live.client().incr(AUTH_EPOCH_KEY)
+            redis_client.client().incr(AUTH_EPOCH_KEY)
         except RedisError as exc:
             log.warning(
                 "cannot invalidate cached API tokens (%s): they expire within %s s",
@@ -133,7 +82,7 @@ class TokenCache:
             return self._load(digest)
         try:
             # Read before the database: a change committed meanwhile bumps past this epoch.
-            epoch = live.client().get(AUTH_EPOCH_KEY) or b"0"
+            epoch = redis_client.client().get(AUTH_EPOCH_KEY) or b"0"
         except RedisError:
             return self._load(digest)
         now = time.monotonic()
@@ -178,7 +127,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     keywords = ("bearer", "token")
 
-    def authenticate(self, request: Request) -> tuple[AbstractBaseUser, ApiToken] | None:
+    def authenticate(self, request: Request) -> tuple[User, ApiToken] | None:
         header = authentication.get_authorization_header(request).split()
         if len(header) != 2 or header[0].decode().lower() not in self.keywords:
             return None

@@ -1,0 +1,186 @@
+"""Release to start: how soon GPUs freed by a job go to the job waiting for them.
+
+    .venv/bin/python bench/release.py [--releases 60] [--sample-interval 2]
+
+Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
+embedded one) and starts real processes on a private central queue (``bench-release-<pid>``):
+a central worker (``gpuadmin worker``: the placement loop) and one simulated DGX A100 80GB
+node agent (``gpuadmin agent --sim``), and no beat, so nothing but the release can start the
+waiting job before the end of a run. Then ``--releases`` times: a job holding all 8 GPUs runs
+while the next 8-GPU job waits behind it; once the node's live sample shows the running job's
+processes on every GPU (the case where a pass could take the freed GPUs for busy), the
+running job is released, by finishing (its command ends) and every other time by a cancel
+(SIGTERM through its agent). The figure is ``release_to_start_ms``: from the released job's
+``finished_at`` (the agent's time of seeing its last process gone) to the waiting job's
+``scheduled_at`` (its placement), both on this machine's clock.
+
+Prints each kind's median, then the median, p95 and maximum over all releases, and ends with
+headline lines ``name: value unit``. Target (issue 9): median under 1,000 ms. The queues, the
+live sample and the wake key are deleted from Redis at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from common import REPO_DIR, delete_redis_keys, throwaway_database
+
+QUEUE = f"bench-release-{os.getpid()}"
+HOSTNAME = f"bench-{os.getpid()}-0000"
+MODEL = "dgx-a100-80gb"
+TARGET_MEDIAN_MS = 1000
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuadmin", *args],
+        cwd=REPO_DIR,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def percentile(values: list[float], pct: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--releases", type=int, default=60)
+    parser.add_argument(
+        "--sample-interval", type=int, default=2, help="the agent's GPUADMIN_SAMPLE_INTERVAL_S"
+    )
+    args = parser.parse_args()
+    if args.releases < 2:
+        parser.error("--releases must be at least 2")
+
+    os.environ["GPUADMIN_CENTRAL_QUEUE"] = QUEUE  # read when Django is set up
+    os.environ.setdefault("LOG_LEVEL", "warning")
+    scratch = Path(tempfile.mkdtemp(prefix="gpuadmin-bench-release-"))
+    with throwaway_database("gpuadmin_bench_release") as database_url:
+        from django.conf import settings
+        from django.contrib.auth import get_user_model
+
+        from inventory import live
+        from inventory.models import Node
+        from scheduling import services
+        from scheduling.models import Job, JobState
+
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": settings.REDIS_URL,
+            "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
+            "GPUADMIN_DATA_DIR": str(scratch / "data"),
+            "GPUADMIN_SAMPLE_INTERVAL_S": str(args.sample_interval),
+            "GPUADMIN_JOB_KILL_GRACE_S": "2",
+        }
+        processes = [
+            start(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
+            start(["agent", "--node", HOSTNAME, "--sim", MODEL], env, scratch / "agent.log"),
+        ]
+        try:
+            wait_for(
+                lambda: (
+                    (node := Node.objects.filter(hostname=HOSTNAME).first()) is not None
+                    and node.is_reachable()
+                    and node.gpus.count() == 8
+                ),
+                120,
+                "the agent to register its node",
+            )
+            owner = get_user_model().objects.create_user("bench")
+
+            def submit(number: int) -> Job:
+                flag = scratch / f"done-{number}"
+                return services.submit_job(
+                    owner,
+                    command=f"while [ ! -e {flag} ]; do sleep 0.02; done",
+                    use_shell=True,
+                    gpu_count=8,
+                    name=f"release-{number}",
+                )
+
+            def state(job: Job) -> str:
+                return Job.objects.values_list("state", flat=True).get(pk=job.pk)
+
+            def sample_shows_the_running_job() -> bool:
+                samples = live.latest([HOSTNAME])[HOSTNAME].values()
+                return len(samples) == 8 and all(sample.get("processes") for sample in samples)
+
+            print(
+                f"1 simulated {MODEL} agent, samples every {args.sample_interval} s, "
+                f"{args.releases} releases; {os.cpu_count()} cores "
+                f"(load average {os.getloadavg()[0]:.1f})"
+            )
+            running = submit(0)
+            wait_for(lambda: state(running) == JobState.RUNNING, 60, "the first job to run")
+            delays: dict[str, list[float]] = {"finish": [], "cancel": []}
+            for number in range(1, args.releases + 1):
+                waiting = submit(number)
+                wait_for(
+                    lambda: Job.objects.get(pk=waiting.pk).pending_code != "",  # noqa: B023
+                    30,
+                    "a pass to find the waiting job no room",
+                )
+                wait_for(sample_shows_the_running_job, 30, "a sample showing the running job")
+                kind = "finish" if number % 2 else "cancel"
+                if kind == "finish":
+                    (scratch / f"done-{number - 1}").touch()
+                else:
+                    services.cancel_job(running, actor=owner)
+                wait_for(
+                    lambda: state(waiting) != JobState.QUEUED,  # noqa: B023
+                    60,
+                    f"job {number} to be placed",
+                )
+                running.refresh_from_db()
+                waiting.refresh_from_db()
+                assert waiting.scheduled_at is not None and running.finished_at is not None
+                delay = waiting.scheduled_at - running.finished_at
+                delays[kind].append(delay.total_seconds() * 1000)
+                wait_for(lambda: state(waiting) == JobState.RUNNING, 60, f"job {number} to run")  # noqa: B023
+                running = waiting
+            services.cancel_job(running, actor=owner)
+            wait_for(lambda: state(running) == JobState.CANCELED, 30, "the last job to end")
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=60)
+            delete_redis_keys({QUEUE, HOSTNAME})
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    every = delays["finish"] + delays["cancel"]
+    for kind, values in delays.items():
+        print(f"{kind:8} x{len(values):<4} median {statistics.median(values):7.0f} ms")
+    median, p95 = statistics.median(every), percentile(every, 95)
+    print(
+        f"all      x{len(every):<4} median {median:7.0f} ms, p95 {p95:.0f} ms, "
+        f"max {max(every):.0f} ms (target: median under {TARGET_MEDIAN_MS} ms)"
+    )
+    print(f"\nload average now {os.getloadavg()[0]:.1f}\n")
+    print(f"release_to_start_ms_median: {median:.0f} ms")
+    print(f"release_to_start_ms_p95: {p95:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

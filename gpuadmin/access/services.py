@@ -1,0 +1,76 @@
+"""Role lookups, and creating and revoking API tokens (audited)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import transaction
+from django.utils import timezone
+
+from gpuadmin.access.models import ApiToken, Role
+from gpuadmin.access.tokens import forget_cached_tokens
+from gpuadmin.audit.services import record
+
+# What each role may do, strongest first.
+ROLE_ORDER = (Role.ADMIN, Role.OPERATOR, Role.USER, Role.VIEWER)
+
+
+class Owned(Protocol):
+    """Anything a person owns (a job, a reservation)."""
+
+    @property
+    def owner_id(self) -> int | None: ...
+
+
+def role_of(user: User | AnonymousUser) -> str:
+    """Staff are admins; others have their Membership's role, or are users."""
+    if not user.is_authenticated:
+        return Role.VIEWER
+    if user.is_staff or user.is_superuser:
+        return Role.ADMIN
+    membership = getattr(user, "gpuadmin_role", None)
+    return membership.role if membership else Role.USER
+
+
+def at_least(user: User | AnonymousUser, role: str) -> bool:
+    if role == Role.VIEWER:
+        return True  # everyone reads: no need to look the role up
+    return ROLE_ORDER.index(role_of(user)) <= ROLE_ORDER.index(role)
+
+
+def is_admin(user: User | AnonymousUser) -> bool:
+    return at_least(user, Role.ADMIN)
+
+
+def can_submit(user: User | AnonymousUser) -> bool:
+    return at_least(user, Role.USER)
+
+
+def can_act_on(user: User | AnonymousUser, owned: Owned) -> bool:
+    """Operators and admins act on anyone's things; users on their own; viewers on none."""
+    if at_least(user, Role.OPERATOR):
+        return True
+    return can_submit(user) and owned.owner_id == user.pk
+
+
+def create_token(user: User, name: str) -> tuple[ApiToken, str]:
+    """A new token for ``user``; the key is returned once and only its hash is kept."""
+    key = ApiToken.new_key()
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user, name=name, key_prefix=key[:8], digest=ApiToken.hash(key)
+        )
+        record("token.created", actor=user, target=token, after={"name": name})
+    return token, key
+
+
+def revoke_token(token: ApiToken, *, actor: User) -> bool:
+    with transaction.atomic():
+        updated = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        if updated:
+            record("token.revoked", actor=actor, target=token, before={"name": token.name})
+            forget_cached_tokens()
+    return bool(updated)

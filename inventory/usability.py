@@ -1,0 +1,110 @@
+"""Whether a GPU can take a whole-GPU job now: the one rule, as a pure function.
+
+``why_unusable`` gives the first reason a GPU cannot be handed out, or ``None``. Its database
+part (``stored_unusable``) is what ``Gpu.objects.schedulable()`` filters on; its live part
+(``sample_unusable``) reads the GPU's latest live sample. The placement loop's snapshot,
+``allocate``, the pages, the API filters and the status counts all ask it. No Django here:
+plain values in, so the placement engine may import it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+# The values of inventory.choices.NodeState.ONLINE and GpuState.AVAILABLE.
+ONLINE = "online"
+AVAILABLE = "available"
+
+
+class Reason(StrEnum):
+    """Machine codes (the placement engine's ``GpuSlot.unavailable``), gravest first."""
+
+    OFFLINE = "offline"  # the node or the GPU
+    UNREACHABLE = "unreachable"  # no heartbeat from the node's agent within the grace
+    MISSING = "missing"  # not seen by the last scan of its node
+    ERROR = "error"  # NVML failed on it: in the last scan, or in its latest live sample
+    DRAINING = "draining"  # the node or the GPU
+    MIG = "mig"  # MIG mode: only slices can be given, never the whole GPU
+    FOREIGN_PROCESS = "foreign-process"  # work that no allocation accounts for
+
+
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    code: Reason
+    message: str
+
+
+def stored_unusable(
+    *,
+    node_state: str,
+    reachable: bool,
+    gpu_state: str,
+    missing: bool,
+    error_message: str,
+    mig_enabled: bool,
+) -> Unusable | None:
+    """The reason the stored rows give (``Gpu.objects.schedulable()`` is exactly these GPUs
+    minus the ones with a reason), first match wins."""
+    if node_state == Reason.OFFLINE:
+        return Unusable(Reason.OFFLINE, "its node is offline")
+    if gpu_state == Reason.OFFLINE:
+        return Unusable(Reason.OFFLINE, "the GPU is offline")
+    if not reachable:
+        return Unusable(Reason.UNREACHABLE, "its node's agent has not been heard from lately")
+    if missing:
+        return Unusable(Reason.MISSING, "the last scan of its node did not see it")
+    if error_message:
+        return Unusable(Reason.ERROR, f"the last scan failed on it: {error_message}")
+    if node_state != ONLINE:
+        return Unusable(Reason.DRAINING, f"its node is {node_state}")
+    if gpu_state != AVAILABLE:
+        return Unusable(Reason.DRAINING, f"the GPU is {gpu_state}")
+    if mig_enabled:
+        return Unusable(Reason.MIG, "it is in MIG mode: only its MIG slices can be given")
+    return None
+
+
+def sample_unusable(sample: Mapping[str, Any] | None, *, allocated: bool) -> Unusable | None:
+    """The reason the GPU's latest live sample gives (``None`` when its agent published none):
+    an NVML error, or a process while no allocation holds the GPU."""
+    if not sample:
+        return None
+    if error := sample.get("error_message"):
+        return Unusable(Reason.ERROR, f"its latest sample reports an NVML error: {error}")
+    if not allocated and (count := sample.get("processes")):
+        return Unusable(
+            Reason.FOREIGN_PROCESS, f"{count} process(es) run on it outside any allocation"
+        )
+    return None
+
+
+def why_unusable(
+    *,
+    node_state: str,
+    reachable: bool,
+    gpu_state: str,
+    missing: bool,
+    error_message: str,
+    mig_enabled: bool,
+    sample: Mapping[str, Any] | None,
+    allocated: bool,
+) -> Unusable | None:
+    """Why the GPU cannot take a whole-GPU job now, or ``None`` when it can: of the stored
+    and the live reason, the one first in ``Reason``'s order. ``allocated``: an active
+    allocation holds it (its processes are that job's, not foreign)."""
+    stored = stored_unusable(
+        node_state=node_state,
+        reachable=reachable,
+        gpu_state=gpu_state,
+        missing=missing,
+        error_message=error_message,
+        mig_enabled=mig_enabled,
+    )
+    found = [why for why in (stored, sample_unusable(sample, allocated=allocated)) if why]
+    return min(found, key=lambda why: _RANK[why.code], default=None)
+
+
+_RANK = {reason: rank for rank, reason in enumerate(Reason)}

@@ -1,0 +1,114 @@
+"""What the central side sends out: placed jobs to their nodes' agents, and wake-ups to the
+placement loop.
+
+A job crosses to an agent as the executor's own :class:`~scheduling.executor.JobSpec`
+(``to_dict`` on the ``scheduling.run_job`` task, one per node of the job); the agent reports
+back with the executor's events (``scheduling.job_event``). The loop and the job services both
+use this module, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+
+from celery import current_app
+from django.conf import settings
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from inventory import live
+from inventory.agent import node_queue
+from scheduling.executor import FinalState, JobFinished, JobSpec, executor_id
+from scheduling.models import Allocation, Job
+
+log = logging.getLogger("gpuadmin.placement")
+
+
+def wake_key() -> str:
+    """Set while a pass is asked for and not yet started (one per central queue)."""
+    return f"gpuadmin:placement:wake:{settings.GPUADMIN_CENTRAL_QUEUE}"
+
+
+def wake() -> None:
+    """Ask for a placement pass, unless one is already asked for and not yet started."""
+    try:
+        if not live.client().set(wake_key(), "1", nx=True, ex=60):
+            return
+    except RedisError as exc:  # beat's backstop pass will come
+        log.warning("cannot wake the placement loop: %s", exc)
+        return
+    current_app.send_task("scheduling.placement_pass")
+
+
+def dispatch(job_id: int) -> None:
+    """Send a SCHEDULED job to the agent of every node it was placed on."""
+    job = Job.objects.get(pk=job_id)
+    send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
+
+
+def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
+    """Send ``job`` to the agent of each node of its ``allocations`` (GPU rows and nodes
+    loaded), GPUs in index order. A job whose spec is invalid (a row stored before today's
+    submission checks) is reported failed, as an agent reports a job it cannot start."""
+    by_node: dict[str, list[str]] = defaultdict(list)
+    for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
+        by_node[allocation.node.hostname].append(allocation.gpu.uuid)
+    hostnames = sorted(by_node)
+    try:
+        specs = [
+            job_spec(job, by_node[host], rank, hostnames) for rank, host in enumerate(hostnames)
+        ]
+    except ValueError as exc:
+        failed = JobFinished(
+            executor_id(job.pk, job.attempt),
+            FinalState.FAILED,
+            None,
+            timezone.now(),
+            f"cannot start: {exc}",
+        )
+        current_app.send_task("scheduling.job_event", args=(failed.to_dict(),))
+        return
+    for hostname, spec in zip(hostnames, specs, strict=True):
+        current_app.send_task(
+            "scheduling.run_job", args=(spec.to_dict(),), queue=node_queue(hostname)
+        )
+
+
+def send_cancel(job: Job, hostnames: Iterable[str], message: str) -> None:
+    """Ask the agents of ``hostnames`` to stop the job's current attempt (SIGTERM, then SIGKILL
+    after the grace); each reports the end as a ``JobFinished``."""
+    for hostname in hostnames:
+        current_app.send_task(
+            "scheduling.cancel_job",
+            args=(job.pk, job.attempt, message),
+            queue=node_queue(hostname),
+        )
+
+
+def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) -> JobSpec:
+    """What an agent runs of a job on one of its nodes (``hostnames``, ``rank`` its place
+    among them). ``ValueError`` for a job the executor would refuse."""
+    env = {str(name): str(value) for name, value in job.env.items()}
+    if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
+        env.update(
+            GPUADMIN_NODE_RANK=str(rank),
+            GPUADMIN_NNODES=str(len(hostnames)),
+            GPUADMIN_NODES=",".join(hostnames),
+        )
+    image = job.container_image or None
+    workdir = job.working_dir or None
+    return JobSpec(
+        job_id=executor_id(job.pk, job.attempt),
+        argv=() if job.use_shell else job.command,
+        shell_command=" ".join(job.command) if job.use_shell else None,
+        env=env,
+        gpu_uuids=gpu_uuids,
+        max_runtime_s=job.max_runtime_s,
+        container_image=image,
+        # A container's working directory is inside its image; its runtime's client, like a
+        # job without a directory, starts in a scratch folder the agent gives it.
+        cwd=None if image else workdir,
+        container_workdir=workdir if image else None,
+    )

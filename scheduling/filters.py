@@ -1,0 +1,81 @@
+"""FilterSets for the job and allocation lists, shared by the API viewsets and the queue page
+(NetBox's rule: one FilterSet per model, so a query string selects the same jobs on both)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import django_filters
+from django.db.models import QuerySet
+
+from inventory.filters import SuggestInput
+from inventory.models import Node
+from scheduling.models import Allocation, Job, JobState, Priority
+
+ME = "me"  # ``?owner=me``: the requesting user
+
+
+def _owners() -> Iterable[str]:
+    owners = Job.objects.order_by("owner__username").values_list("owner__username", flat=True)
+    return [ME, *owners.distinct()]
+
+
+def _projects() -> Iterable[str]:
+    jobs = Job.objects.exclude(project="").order_by("project")
+    return jobs.values_list("project", flat=True).distinct()
+
+
+def _hostnames() -> Iterable[str]:
+    return Node.objects.order_by("hostname").values_list("hostname", flat=True)
+
+
+class JobFilterSet(django_filters.FilterSet):
+    """The jobs of ``/api/v1/jobs/`` and of the queue page, which renders ``form``."""
+
+    state = django_filters.MultipleChoiceFilter(
+        label="State", choices=JobState.choices, help_text="Repeat for several states."
+    )
+    owner = django_filters.CharFilter(
+        method="filter_owner",
+        label="Owner",
+        help_text="Username, or `me` for the requesting user.",
+        widget=SuggestInput(_owners),
+    )
+    project = django_filters.CharFilter(label="Project", widget=SuggestInput(_projects))
+    priority = django_filters.ChoiceFilter(
+        label="Priority", choices=Priority.choices, empty_label="all"
+    )
+    node = django_filters.CharFilter(
+        method="filter_node",
+        label="Node",
+        help_text="Hostname of a node the job was placed on (any attempt).",
+        widget=SuggestInput(_hostnames),
+    )
+
+    class Meta:
+        model = Job
+        fields = ["state", "owner", "project", "priority", "node"]
+
+    def filter_owner(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
+        user = getattr(self.request, "user", None)
+        if value == ME and user is not None and user.is_authenticated:
+            return queryset.filter(owner=user)
+        return queryset.filter(owner__username=value)
+
+    def filter_node(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
+        placed = Allocation.objects.filter(node__hostname=value).values("job_id")
+        return queryset.filter(pk__in=placed)
+
+
+class AllocationFilterSet(django_filters.FilterSet):
+    job = django_filters.NumberFilter(field_name="job_id", help_text="Job id.")
+    gpu = django_filters.CharFilter(field_name="gpu__uuid", help_text="GPU UUID.")
+    node = django_filters.CharFilter(field_name="node__hostname", help_text="Node hostname.")
+    active = django_filters.BooleanFilter(
+        field_name="released_at", lookup_expr="isnull", help_text="Not released yet."
+    )
+    manual = django_filters.BooleanFilter()
+
+    class Meta:
+        model = Allocation
+        fields = ["job", "gpu", "node", "active", "manual"]

@@ -1,0 +1,84 @@
+"""One permission model for every app (``gpuadmin.access``): roles edited in the admin
+(audited), tokens revoked there, and the permission classes' answers per role."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIRequestFactory
+
+from gpuadmin.access import permissions
+from gpuadmin.access.models import ApiToken, Membership, Role
+from gpuadmin.access.services import create_token, role_of
+from gpuadmin.audit.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_role_change_is_audited(admin_client, django_user_model):
+    erin = django_user_model.objects.create_user("erin")
+    response = admin_client.post(
+        "/admin/access/membership/add/", {"user": erin.pk, "role": "operator"}
+    )
+    assert response.status_code == 302, response.content[:500]
+    assert role_of(erin) == "operator"
+    membership = Membership.objects.get(user=erin)
+    admin_client.post(f"/admin/access/membership/{membership.pk}/delete/", {"post": "yes"})
+    assert role_of(django_user_model.objects.get(pk=erin.pk)) == "user"
+    changes = AuditEvent.objects.filter(event_type="membership.role_changed").order_by("pk")
+    assert [(e.before["role"], e.after["role"]) for e in changes] == [
+        (None, "operator"),
+        ("operator", None),
+    ]
+
+
+def test_tokens_are_revoked_from_the_admin(admin_client, admin_user):
+    token, _ = create_token(admin_user, "laptop")
+    assert '/admin/access/apitoken/">API tokens</a>' in admin_client.get("/admin/").content.decode()
+    admin_client.post(
+        "/admin/access/apitoken/", {"action": "revoke_tokens", "_selected_action": [token.pk]}
+    )
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
+    assert AuditEvent.objects.filter(event_type="token.revoked").count() == 1
+
+
+# What each role may do through the classes every app's API uses: (read, write).
+EXPECTED = {
+    permissions.CanSubmit: {"admin": (1, 1), "operator": (1, 1), "user": (1, 1), "viewer": (1, 0)},
+    permissions.IsOperatorOrReadOnly: {
+        "admin": (1, 1),
+        "operator": (1, 1),
+        "user": (1, 0),
+        "viewer": (1, 0),
+    },
+    permissions.IsAdminOrReadOnly: {
+        "admin": (1, 1),
+        "operator": (1, 0),
+        "user": (1, 0),
+        "viewer": (1, 0),
+    },
+    permissions.IsAdminRole: {
+        "admin": (1, 1),
+        "operator": (0, 0),
+        "user": (0, 0),
+        "viewer": (0, 0),
+    },
+}
+
+
+@pytest.mark.parametrize("permission", list(EXPECTED), ids=lambda cls: cls.__name__)
+def test_permission_classes_answer_by_role_not_by_staff(permission, django_user_model):
+    factory = APIRequestFactory()
+    answers = {}
+    for role in Role.values:
+        person = django_user_model.objects.create_user(f"{permission.__name__}-{role}")
+        Membership.objects.create(user=person, role=role)
+        verdicts = []
+        for method in ("get", "post"):
+            request = getattr(factory, method)("/")
+            request.user = person
+            verdicts.append(int(permission().has_permission(request, None)))
+        answers[role] = tuple(verdicts)
+    assert answers == EXPECTED[permission]
+    anonymous = factory.get("/")
+    anonymous.user = type("Anonymous", (), {"is_authenticated": False})()
+    assert not permission().has_permission(anonymous, None)

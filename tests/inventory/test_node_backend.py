@@ -1,0 +1,50 @@
+"""What each node runs on: its agent says real NVML or the simulator (with the machine model it
+simulates) when it registers, and the catalog keeps it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuadmin.audit.models import AuditEvent
+from inventory import tasks
+from inventory.agent import AgentLoop
+from inventory.choices import NvmlBackend
+from inventory.models import Node
+from inventory.services import register_node
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_agent_registers_the_backend_and_model_it_runs_on(settings, tmp_path):
+    settings.GPUADMIN_NVML = "sim"
+    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
+    [(name, args)] = sent
+    assert name == "inventory.sync_node"
+    tasks.sync_node(*args)
+    node = Node.objects.get(hostname="box-01")
+    assert (node.nvml_backend, node.model) == (NvmlBackend.SIM, "pcie-l40s-4x")
+
+
+def test_a_node_that_changes_backend_is_audited():
+    register_node("gpu-07", model="8x NVIDIA H100 80GB HBM3", nvml_backend=NvmlBackend.SIM)
+    register_node("gpu-07", model="8x NVIDIA H100 80GB HBM3", nvml_backend=NvmlBackend.REAL)
+    assert Node.objects.get(hostname="gpu-07").nvml_backend == NvmlBackend.REAL
+    changed = AuditEvent.objects.get(event_type="node.agent_changed")
+    assert (changed.before, changed.after) == ({"nvml_backend": "sim"}, {"nvml_backend": "real"})
+
+
+def test_an_agent_that_does_not_say_keeps_what_is_known():
+    register_node("gpu-08", nvml_backend=NvmlBackend.REAL)
+    register_node("gpu-08")
+    assert Node.objects.get(hostname="gpu-08").nvml_backend == NvmlBackend.REAL
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="'cuda' is not an NVML backend"):
+        register_node("gpu-09", nvml_backend="cuda")
+    assert not Node.objects.exists()

@@ -1,0 +1,128 @@
+"""The one rule for whether a GPU can take a whole-GPU job now (``inventory.usability``), and
+``Gpu.objects.schedulable()`` as exactly its stored part."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from inventory import usability
+from inventory.models import Gpu, Node
+from inventory.usability import Reason, sample_unusable, stored_unusable, why_unusable
+
+USABLE = {
+    "node_state": "online",
+    "reachable": True,
+    "gpu_state": "available",
+    "missing": False,
+    "error_message": "",
+    "mig_enabled": False,
+    "sample": {"error_message": None, "processes": 0},
+    "allocated": False,
+}
+LOST = {"error_message": "NVML_ERROR_GPU_IS_LOST: GPU is lost", "sampled_at": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({}, None),
+        ({"sample": None}, None),  # no sample yet: the stored rows decide
+        ({"sample": {"processes": 2}, "allocated": True}, None),  # the job's own processes
+        ({"node_state": "offline"}, Reason.OFFLINE),
+        ({"gpu_state": "offline"}, Reason.OFFLINE),
+        ({"node_state": "draining"}, Reason.DRAINING),
+        ({"gpu_state": "draining"}, Reason.DRAINING),
+        ({"reachable": False}, Reason.UNREACHABLE),
+        ({"missing": True}, Reason.MISSING),
+        ({"error_message": "Unknown Error"}, Reason.ERROR),
+        ({"mig_enabled": True}, Reason.MIG),
+        ({"sample": LOST}, Reason.ERROR),
+        ({"sample": LOST, "allocated": True}, Reason.ERROR),
+        ({"sample": {"processes": 1}}, Reason.FOREIGN_PROCESS),
+        # The gravest reason wins, wherever it comes from.
+        ({"node_state": "offline", "reachable": False, "missing": True}, Reason.OFFLINE),
+        ({"reachable": False, "error_message": "x"}, Reason.UNREACHABLE),
+        ({"gpu_state": "draining", "sample": LOST}, Reason.ERROR),
+        ({"mig_enabled": True, "sample": LOST}, Reason.ERROR),
+        ({"mig_enabled": True, "sample": {"processes": 3}}, Reason.MIG),
+        ({"gpu_state": "draining", "sample": {"processes": 3}}, Reason.DRAINING),
+    ],
+)
+def test_why_unusable(changes, code):
+    why = why_unusable(**{**USABLE, **changes})
+    assert (why and why.code) == code
+    assert why is None or why.message
+
+
+def test_messages_say_which_part_and_carry_the_nvml_error():
+    assert why_unusable(**{**USABLE, "node_state": "draining"}).message == "its node is draining"
+    assert why_unusable(**{**USABLE, "gpu_state": "offline"}).message == "the GPU is offline"
+    lost = sample_unusable(LOST, allocated=False)
+    assert "NVML_ERROR_GPU_IS_LOST" in lost.message
+    foreign = sample_unusable({"processes": 2}, allocated=False)
+    assert foreign.message == "2 process(es) run on it outside any allocation"
+
+
+def test_the_rule_is_pure_python():
+    """The placement engine may import it: no Django, no database, no Redis."""
+    tree = ast.parse(Path(usability.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert imported <= {"__future__", "collections", "dataclasses", "enum", "typing"}
+
+
+@pytest.mark.django_db
+def test_schedulable_queryset_is_exactly_the_stored_rule():
+    """Every combination of the stored reasons: the queryset keeps a GPU exactly when
+    ``stored_unusable`` finds nothing."""
+    now = timezone.now()
+    stale = now - timezone.timedelta(hours=1)
+    expected = {}
+    combos = itertools.product(
+        ("online", "draining", "offline"),  # node state
+        (True, False),  # reachable
+        ("available", "draining", "offline"),  # GPU state
+        (False, True),  # missing
+        ("", "Unknown Error"),  # error
+        (False, True),  # MIG mode
+    )
+    for n, (node_state, reachable, gpu_state, missing, error, mig) in enumerate(combos):
+        node = Node.objects.create(
+            hostname=f"rule-{n}", state=node_state, last_heartbeat_at=now if reachable else stale
+        )
+        gpu = Gpu.objects.create(
+            uuid=f"GPU-rule-{n}",
+            node=node,
+            index=0,
+            name="NVIDIA A100-SXM4-40GB",
+            pci_bus_id=f"00000000:{n:02X}:00.0",
+            state=gpu_state,
+            missing_since=now if missing else None,
+            error_message=error,
+            mig_enabled=mig,
+        )
+        why = stored_unusable(
+            node_state=node_state,
+            reachable=reachable,
+            gpu_state=gpu_state,
+            missing=missing,
+            error_message=error,
+            mig_enabled=mig,
+        )
+        expected[gpu.pk] = why is None
+    found = set(Gpu.objects.schedulable(now).values_list("pk", flat=True))
+    assert found == {pk for pk, usable in expected.items() if usable}
+    assert len(found) == 1
