@@ -61,12 +61,15 @@ def machine_model(result: NodeScan) -> str:
     return f"{len(result.gpus)}x {' + '.join(names)}" if names else ""
 
 
-def publish_sample(hostname: str) -> None:
-    """Scan the node's GPUs now and publish the live sample. The job side calls it once a
-    job's processes are gone, before reporting the job finished, so the placement pass that
-    the report triggers sees the GPUs free, whenever the periodic sample comes."""
+def publish_sample(hostname: str) -> NodeScan:
+    """Scan the node's GPUs now, publish the live sample and return the scan. The job side
+    calls it once a job's processes are gone, before reporting the job finished, so the
+    placement pass that the report triggers sees the GPUs free, whenever the periodic sample
+    comes."""
     with _sampling:
-        live.publish(hostname, scan_this_node(include=SAMPLE_SECTIONS))
+        result = scan_this_node(include=SAMPLE_SECTIONS)
+        live.publish(hostname, result)
+    return result
 
 
 class AgentLoop(threading.Thread):
@@ -75,7 +78,8 @@ class AgentLoop(threading.Thread):
 
     Scans and heartbeats go to the central worker as Celery tasks; samples go to Redis. An
     outage is logged and the next tick tries again, starting with a full re-sync so the catalog
-    reconciles.
+    reconciles. It logs what changes (a GPU failing or answering again, the broker lost or
+    back), never each tick.
     """
 
     def __init__(
@@ -94,6 +98,9 @@ class AgentLoop(threading.Thread):
         self.heartbeat_s = heartbeat_s or settings.GPUADMIN_HEARTBEAT_INTERVAL_S
         self.rescan_s = rescan_s or settings.GPUADMIN_RESCAN_INTERVAL_S
         self.stopped = threading.Event()
+        self.gpu_errors: dict[int, str] = {}  # GPU index -> the NVML error last logged
+        self.broker_lost = False
+        self.synced = False
 
     def stop(self) -> None:
         self.stopped.set()
@@ -105,27 +112,50 @@ class AgentLoop(threading.Thread):
             now = time.monotonic()
             try:
                 if not in_sync or now >= next_scan:
-                    self.sync()
+                    self.note_gpu_errors(self.sync())
                     in_sync, next_scan, next_beat = (
                         True,
                         now + self.rescan_s,
                         now + self.heartbeat_s,
                     )
                 else:
-                    publish_sample(self.hostname)
+                    self.note_gpu_errors(publish_sample(self.hostname))
                     if now >= next_beat:
                         self._send("inventory.heartbeat", self.hostname, timezone.now().isoformat())
                         next_beat = now + self.heartbeat_s
+                if self.broker_lost:
+                    log.info("agent %s: the broker answers again", self.hostname)
+                    self.broker_lost = False
             except (KombuError, OSError, RedisError) as exc:
-                log.warning(
-                    "agent %s: cannot reach the broker (%s); will retry", self.hostname, exc
-                )
+                if not self.broker_lost:
+                    log.warning(
+                        "agent %s: cannot reach the broker (%s); retrying every %g s",
+                        self.hostname,
+                        exc,
+                        self.sample_s,
+                    )
+                    self.broker_lost = True
                 in_sync = False
             if self.stopped.wait(self.sample_s):
                 return
 
-    def sync(self) -> None:
-        """Scan the whole node, publish its live sample and send the scan to the catalog."""
+    def note_gpu_errors(self, result: NodeScan) -> None:
+        """Log a GPU's NVML error when it appears or changes, and when the GPU answers again
+        (every sample carries it; the scanner itself logs it at debug level only)."""
+        errors = {}
+        for gpu in result.gpus:
+            index, message = gpu.facts.index, gpu.facts.error_message
+            if message:
+                errors[index] = message
+                if self.gpu_errors.get(index) != message:
+                    log.error("agent %s: GPU %d: %s", self.hostname, index, message)
+            elif index in self.gpu_errors:
+                log.info("agent %s: GPU %d answers again", self.hostname, index)
+        self.gpu_errors = errors
+
+    def sync(self) -> NodeScan:
+        """Scan the whole node, publish its live sample, send the scan to the catalog and
+        return it."""
         with _sampling:
             result = scan_this_node()
             live.publish(self.hostname, result)
@@ -138,7 +168,11 @@ class AgentLoop(threading.Thread):
             __version__,
             settings.GPUADMIN_NVML,
         )
-        log.info("agent %s: sent scan of %d GPUs", self.hostname, len(result.gpus))
+        # The first scan is news; the periodic rescans are polling (the catalog logs changes).
+        level = logging.DEBUG if self.synced else logging.INFO
+        log.log(level, "agent %s: sent scan of %d GPUs", self.hostname, len(result.gpus))
+        self.synced = True
+        return result
 
     def _send(self, name: str, *args: Any) -> None:
         # A heartbeat is worthless once the next one is due: let the broker drop stale ones.

@@ -601,7 +601,7 @@ class _NodeScanner:
                     health = self._health(handle, reasons)
         except NVMLError as err:
             message = describe_error(err)
-            log.error("GPU %d: %s", index, message)
+            log.debug("GPU %d: %s", index, message)  # in the result; callers log changes
             self.handles.pop(index, None)
             self.links.pop(index, None)
             lost = HealthCounters(gpu_lost=err.value == pynvml.NVML_ERROR_GPU_IS_LOST)

@@ -39,3 +39,50 @@ def test_celery_logs_no_line_per_task_but_its_failures(caplog):
             assert not logger.isEnabledFor(logging.INFO)
             assert logger.isEnabledFor(logging.ERROR)
         assert logging.getLogger("celery.worker.consumer").isEnabledFor(logging.INFO)
+
+
+def test_a_lost_gpu_is_logged_when_it_fails_and_when_it_answers_again(tmp_path, caplog):
+    """Every sample carries the lost GPU's error: the agent logs the change, not each sample."""
+    from inventory.agent import AgentLoop
+    from inventory.nvml.sim import faults
+
+    backend = open_backend(
+        "sim", sim_model="dgx-a100-40gb", node_name="lossy-01", state_dir=str(tmp_path)
+    )
+    agent = AgentLoop("lossy-01", lambda *args, **kwargs: None)
+    faults.fall_off_bus(backend, None, 3)
+    with caplog.at_level(logging.INFO, logger="gpuadmin"):
+        for _ in range(3):
+            agent.note_gpu_errors(scan(backend, include=SAMPLE_SECTIONS))
+        faults.clear(backend, None, 3)
+        for _ in range(2):
+            agent.note_gpu_errors(scan(backend, include=SAMPLE_SECTIONS))
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0][0] == "ERROR" and "GPU 3: " in lines[0][1] and "LOST" in lines[0][1]
+    assert lines[1] == ("INFO", "agent lossy-01: GPU 3 answers again")
+
+
+def test_a_broker_outage_is_logged_once_and_its_end_once(monkeypatch, caplog):
+    from kombu.exceptions import OperationalError
+
+    from inventory import agent as agent_module
+
+    outcomes = iter([OperationalError("refused")] * 3)
+
+    def sync():
+        if (failure := next(outcomes, None)) is not None:
+            raise failure
+
+    agent = agent_module.AgentLoop("flaky-01", lambda *args, **kwargs: None)
+    ticks = iter(range(5))
+    monkeypatch.setattr(agent, "sync", sync)
+    monkeypatch.setattr(agent, "note_gpu_errors", lambda result: None)
+    monkeypatch.setattr(agent_module, "publish_sample", lambda hostname: None)
+    monkeypatch.setattr(agent.stopped, "wait", lambda _s: next(ticks, None) is None)
+    with caplog.at_level(logging.INFO, logger="gpuadmin"):
+        agent.run()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "cannot reach the broker" in lines[0]
+    assert lines[1] == "agent flaky-01: the broker answers again"

@@ -276,8 +276,9 @@ def test_a_lost_gpu_and_a_failing_gpu_only_fail_themselves(
     topology = result.topology
     assert topology.matrix[3] == (None, None, None, "X", None, None, None, None)
     assert topology.link(0, 7) == "NV12" and topology.link(5, 0) is None
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GPU ")]
     assert errors == [f"GPU 3: {lost.error_message}", f"GPU 5: {failing.error_message}"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # the agent logs changes
     assert any("8 GPUs, driver 535.129.03" in r.getMessage() for r in caplog.records)
     assert_round_trip(result)
 
