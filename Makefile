@@ -19,10 +19,11 @@ test: $(STAMP)  ## the whole suite (browser and integration tests included)
 	sh .ci/install-chromium
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)  ## ruff check + format check + missing migrations
+lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/gpuadmin manage makemigrations --check --dry-run
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

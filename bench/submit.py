@@ -253,10 +253,10 @@ def main() -> None:
                         for _ in range(args.runs)
                     ]
                     median = Round(
-                        *(
-                            statistics.median(getattr(r, name) for r in rounds)
-                            for name in ("jobs_per_s", "p50_ms", "p95_ms", "p99_ms")
-                        ),
+                        jobs_per_s=statistics.median(r.jobs_per_s for r in rounds),
+                        p50_ms=statistics.median(r.p50_ms for r in rounds),
+                        p95_ms=statistics.median(r.p95_ms for r in rounds),
+                        p99_ms=statistics.median(r.p99_ms for r in rounds),
                         cpu_ms_per_job=statistics.median(r.cpu_ms_per_job for r in rounds),
                         errors=sum(r.errors for r in rounds),
                     )

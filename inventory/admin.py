@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from gpuadmin.access.permissions import signed_in
 from inventory.choices import GpuState, NodeState
 from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node, Pool
+from inventory.querysets import GpuQuerySet
 from inventory.services import set_gpu_state, set_node_state, update_catalog
 
 
@@ -33,7 +34,7 @@ def state_actions(
         action.__name__ = f"set_{state}"
         return admin.action(description=f"Set selected to {label.lower()}")(action)
 
-    return [make(value, label) for value, label in states.choices]
+    return [make(value, str(label)) for value, label in states.choices]
 
 
 class MissingFilter(admin.SimpleListFilter):
@@ -44,6 +45,7 @@ class MissingFilter(admin.SimpleListFilter):
         return [("yes", "Missing"), ("no", "Present")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        assert isinstance(queryset, GpuQuerySet), "a filter of GpuAdmin"
         if self.value() == "yes":
             return queryset.missing()
         if self.value() == "no":
@@ -89,6 +91,7 @@ class AuditedCatalogAdmin(admin.ModelAdmin):
     """Catalog edits made here write an audit row with the fields' before and after values."""
 
     def save_model(self, request: HttpRequest, obj: Model, form: forms.ModelForm, change: bool):
+        assert isinstance(obj, Gpu | Node), "the catalog admins are GpuAdmin and NodeAdmin"
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
         update_catalog(obj, changes, actor=signed_in(request))
 

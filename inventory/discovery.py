@@ -128,19 +128,28 @@ def mig_layout(gpu: GpuScan) -> tuple[dict[str, Any], ...]:
     )
 
 
+def _clean_uuids(scan: NodeScan) -> dict[int, str]:
+    """Index -> UUID of every cleanly scanned GPU."""
+    return {
+        gpu.facts.index: gpu.facts.uuid
+        for gpu in scan.gpus
+        if gpu.facts.uuid and not gpu.facts.error_message
+    }
+
+
 def topology_links(scan: NodeScan) -> dict[LinkKey, tuple[str, int]]:
     """Every pair of cleanly scanned GPUs -> (topo -m link name, NVLink count)."""
     if scan.topology is None:
         return {}
-    uuid_at = {gpu.facts.index: gpu.facts.uuid for gpu in scan.gpus if not gpu.facts.error_message}
+    uuid_at = _clean_uuids(scan)
     links: dict[LinkKey, tuple[str, int]] = {}
     for row, a in enumerate(scan.topology.gpus):
         for column, b in enumerate(scan.topology.gpus):
             link = scan.topology.matrix[row][column]
             if a < b and link and a in uuid_at and b in uuid_at:
-                key = tuple(sorted((uuid_at[a], uuid_at[b])))
+                first, second = sorted((uuid_at[a], uuid_at[b]))
                 count = int(link[2:]) if link.startswith("NV") else 0
-                links[key] = (link, count)  # type: ignore[index]
+                links[first, second] = (link, count)
     return links
 
 
@@ -149,7 +158,7 @@ def topology_nic_links(scan: NodeScan) -> dict[NicKey, str]:
     if scan.topology is None:
         return {}
     topology = scan.topology
-    uuid_at = {gpu.facts.index: gpu.facts.uuid for gpu in scan.gpus if not gpu.facts.error_message}
+    uuid_at = _clean_uuids(scan)
     return {
         (uuid_at[index], nic): link
         for index, row in zip(topology.gpus, topology.nic_links, strict=False)
@@ -186,17 +195,18 @@ def plan_sync(
             else:
                 failed_indexes[facts.index] = facts.error_message
             continue
+        assert facts.uuid is not None, "a GPU scanned without an error has a UUID"
         seen.add(facts.uuid)
-        _plan_gpu(hostname, gpu, stored.get(facts.uuid), plan)
-    for uuid, gpu in stored.items():
-        if gpu.hostname != hostname or uuid in seen or gpu.missing:
+        _plan_gpu(hostname, facts.uuid, gpu, stored.get(facts.uuid), plan)
+    for uuid, known in stored.items():
+        if known.hostname != hostname or uuid in seen or known.missing:
             continue
-        error = failed_indexes.get(gpu.fields["index"])
+        error = failed_indexes.get(known.fields["index"])
         if error is not None:  # failed before NVML told its UUID: same slot, same GPU
             _plan_failed(uuid, error, stored, plan)
         else:
             plan.gpu_missing.append(uuid)
-            plan.changes.append(Change("gpu.missing", uuid, {"index": gpu.fields["index"]}, None))
+            plan.changes.append(Change("gpu.missing", uuid, {"index": known.fields["index"]}, None))
     if scan.topology is not None:
         links = topology_links(scan)
         nic_links = topology_nic_links(scan)
@@ -226,8 +236,9 @@ def _plan_node(scan: NodeScan, node: dict[str, Any], plan: SyncPlan) -> None:
         plan.changes.append(Change("node.driver_changed", None, before, changed))
 
 
-def _plan_gpu(hostname: str, gpu: GpuScan, stored: StoredGpu | None, plan: SyncPlan) -> None:
-    uuid = gpu.facts.uuid
+def _plan_gpu(
+    hostname: str, uuid: str, gpu: GpuScan, stored: StoredGpu | None, plan: SyncPlan
+) -> None:
     values = gpu_fields(gpu)
     layout = mig_layout(gpu)
     if stored is None:

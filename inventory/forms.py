@@ -22,4 +22,6 @@ class MigCreateForm(forms.Form):
         super().__init__(*args, **kwargs)
         table = mig_catalog.table_for_gpu(gpu.name)
         profiles = table.profiles if table else ()
-        self.fields["profile_name"].choices = [(p.name, p.name) for p in profiles]
+        field = self.fields["profile_name"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(p.name, p.name) for p in profiles]

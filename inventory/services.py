@@ -198,7 +198,7 @@ def _stored_links(node: Node) -> dict[LinkKey, tuple[str, int]]:
     links = GpuLink.objects.filter(node=node).values_list(
         "gpu_a__uuid", "gpu_b__uuid", "link_type", "nvlink_count"
     )
-    return {tuple(sorted((a, b))): (kind, count) for a, b, kind, count in links}
+    return {(min(a, b), max(a, b)): (kind, count) for a, b, kind, count in links}
 
 
 def _apply_gpus(node: Node, plan: SyncPlan, by_uuid: dict[str, Gpu], now: datetime) -> None:
@@ -293,7 +293,7 @@ def _set_state(
     event_type: str,
 ) -> bool:
     """Set ``row``'s state (audited); ``gpus`` are those whose schedulability it decides."""
-    if state not in {value for value, _ in model._meta.get_field("state").choices}:
+    if state not in {value for value, _ in model._meta.get_field("state").flatchoices}:
         raise ValueError(f"{state!r} is not a {model.__name__} state")
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=row.pk)

@@ -67,9 +67,9 @@ class SubmitJobForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         models = Gpu.objects.present().order_by("name").values_list("name", flat=True).distinct()
-        self.fields["gpu_model"].choices = [("", "any model")] + [
-            (name, short_gpu_name(name)) for name in models
-        ]
+        field = self.fields["gpu_model"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [("", "any model")] + [(name, short_gpu_name(name)) for name in models]
 
     def clean_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -91,7 +91,8 @@ class SubmitJobForm(forms.Form):
         return None if value is None else int(value.total_seconds())
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if "command" in data:
             try:
                 data["argv"] = split_command(data["command"], data.get("use_shell", False))

@@ -137,7 +137,7 @@ class NodeRow(NamedTuple):
 
     pk: int
     hostname: str
-    state: str
+    state: placement.NodeState  # the column's choices (inventory.choices.NodeState)
     last_heartbeat_at: datetime | None
 
 
@@ -147,7 +147,8 @@ class GpuRow(NamedTuple):
     pk: int
     node_id: int
     uuid: str
-    index: int
+    # Shadows tuple.index on purpose (the column's name): legal at runtime, refused by mypy.
+    index: int  # type: ignore[assignment]
     name: str
     memory_total_mib: int
     numa_node: int | None
@@ -291,7 +292,7 @@ def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, s
             node_cliques.append([gpu])
         else:
             clique.append(gpu)
-    domains = {}
+    domains: dict[int, str] = {}
     for node_id, node_cliques in cliques.items():
         for clique in node_cliques:
             name = f"{nodes[node_id].hostname}/nvlink-gpu{clique[0].index}"

@@ -13,7 +13,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import F, Prefetch, Q, QuerySet
 from django.urls import reverse
 
@@ -36,7 +36,7 @@ from scheduling.models import (
 from scheduling.placement import TopologyClass
 from scheduling.placement.text import indexes_phrase
 
-STATE_COLOURS = {
+STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "grey",
     JobState.QUEUED: "amber",
     JobState.SCHEDULED: "blue",
@@ -52,7 +52,7 @@ SECTION_LIMIT = 200
 FINISHED_LIMIT = 20
 LOG_LINES = 200
 
-TOPOLOGY_CLASS_TEXT = {
+TOPOLOGY_CLASS_TEXT: dict[str, str] = {
     TopologyClass.SINGLE: "a single GPU",
     TopologyClass.NVLINK: "one NVLink/NVSwitch domain",
     TopologyClass.NUMA: "one NUMA node",
@@ -178,7 +178,7 @@ def gpu_ref(allocation: Allocation, url: str) -> GpuRef:
     return GpuRef(allocation.node.hostname, allocation.gpu.index, url.format(allocation.gpu.uuid))
 
 
-def _section(jobs: QuerySet[Job], limit: int, user: AbstractBaseUser) -> Section:
+def _section(jobs: QuerySet[Job], limit: int, user: User) -> Section:
     """Up to ``limit`` rows; a job links to its page when ``user`` may read it (the rule of
     ``queries.visible_jobs``: a user reads only their own jobs)."""
     reads_all = role_of(user) != Role.USER
@@ -195,7 +195,7 @@ def _section(jobs: QuerySet[Job], limit: int, user: AbstractBaseUser) -> Section
     return Section(rows, more=len(found) > limit)
 
 
-def queue(jobs: QuerySet[Job], user: AbstractBaseUser) -> Queue:
+def queue(jobs: QuerySet[Job], user: User) -> Queue:
     """Of ``jobs`` (the ``JobFilterSet``'s), waiting jobs in queue order, jobs holding GPUs
     with them, and the latest finished jobs (three queries, a fourth for the GPUs when jobs
     hold some)."""
@@ -385,7 +385,7 @@ class JobPage(JobView):
         return sorted(self.job.env)
 
 
-def job_page(job: Job, user: AbstractBaseUser) -> JobPage:
+def job_page(job: Job, user: User) -> JobPage:
     """The job page's content (five queries, whatever the job's size)."""
     allocations = job_allocations(job)
     return JobPage(

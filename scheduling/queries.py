@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import (
     Avg,
     Count,
@@ -56,22 +56,24 @@ THROUGHPUT_WINDOW = timedelta(hours=1)
 # --------------------------------------------------------------------------- who sees what
 
 
-def visible_jobs(user: User) -> QuerySet[Job]:
+def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
     """Users see their own jobs; viewers, operators and admins see everyone's."""
     jobs = Job.objects.all()
-    return jobs.filter(owner=user) if role_of(user) == Role.USER else jobs
+    return jobs.filter(owner_id=user.pk) if role_of(user) == Role.USER else jobs
 
 
-def visible_allocations(user: User) -> QuerySet[Allocation]:
+def visible_allocations(user: User | AnonymousUser) -> QuerySet[Allocation]:
     """The allocations of the jobs ``user`` sees."""
     allocations = Allocation.objects.all()
     if role_of(user) == Role.USER:
-        allocations = allocations.filter(job__owner=user)
+        allocations = allocations.filter(job__owner_id=user.pk)
     return allocations
 
 
-def own_tokens(user: User) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(user_id=user.pk)
+def own_tokens(user: User | AnonymousUser) -> QuerySet[ApiToken]:
+    if isinstance(user, AnonymousUser):
+        return ApiToken.objects.none()
+    return ApiToken.objects.filter(user=user)
 
 
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
@@ -214,7 +216,7 @@ class OrchestratorStatus:
 def orchestrator_status() -> OrchestratorStatus:
     """The switch and policy, and what the loop has to work with (a few counting queries)."""
     active_states = (*WAITING_STATES, *HOLDING_STATES)
-    jobs = dict.fromkeys(active_states, 0)
+    jobs: dict[str, int] = dict.fromkeys(active_states, 0)
     jobs.update(
         Job.objects.filter(state__in=active_states)
         .order_by()

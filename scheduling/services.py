@@ -15,7 +15,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
@@ -89,7 +89,12 @@ class JobRejected(ValueError):
         self.message = message
 
 
-def limit_bounds(field: str) -> dict[str, int]:
+class Bounds(TypedDict):
+    min_value: int
+    max_value: int
+
+
+def limit_bounds(field: str) -> Bounds:
     """``min_value``/``max_value`` for the form's or the serializer's field of that name."""
     low, high = SUBMISSION_LIMITS[field]
     return {"min_value": low, "max_value": high}
@@ -534,6 +539,7 @@ def job_finished(
     else:
         to = S.FAILED
         message = message or f"{outcome}: exit code {exit_code}"
+    fields: dict[str, Any] = {} if to == S.QUEUED else {"finished_at": at}
     try:
         transition(
             job_id,
@@ -541,7 +547,7 @@ def job_finished(
             actor_name=AGENT_ACTOR,
             message=message,
             exit_code=exit_code,
-            **({"finished_at": at} if to != S.QUEUED else {}),
+            **fields,
         )
     except IllegalTransition:
         return None

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRefresh
 
+from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from scheduling import pages, queries, services
@@ -30,7 +31,9 @@ from scheduling.models import Job
 
 def _job(request: HttpRequest, pk: int) -> Job:
     """The job, if ``request.user`` may read it (as in the API); 404 otherwise."""
-    return get_object_or_404(queries.visible_jobs(request.user).select_related("owner"), pk=pk)
+    return get_object_or_404(
+        queries.visible_jobs(signed_in(request)).select_related("owner"), pk=pk
+    )
 
 
 @login_required
@@ -43,7 +46,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     filterset = JobFilterSet(
         request.GET, queryset=Job.objects.select_related("owner"), request=request
     )
-    context = {"queue": pages.queue(filterset.qs, request.user), "filterset": filterset}
+    context = {"queue": pages.queue(filterset.qs, signed_in(request)), "filterset": filterset}
     if htmx_partial(request):
         return render(request, "scheduling/queue.html#queue-live", context)
     context.update(can_submit=can_submit(request.user))
@@ -63,7 +66,7 @@ def job_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             return HttpResponseClientRefresh()
         return render(request, "scheduling/job_detail.html#job-live", {"page": pages.JobPage(job)})
     return render(
-        request, "scheduling/job_detail.html", {"page": pages.job_page(job, request.user)}
+        request, "scheduling/job_detail.html", {"page": pages.job_page(job, signed_in(request))}
     )
 
 
@@ -83,7 +86,7 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     if not can_act_on(request.user, job):
         raise PermissionDenied("Only the job's owner, operators and admins can cancel it.")
     try:
-        services.cancel_job(job, actor=request.user)
+        services.cancel_job(job, actor=signed_in(request))
     except services.IllegalTransition:
         messages.error(
             request, f"Job {job.pk} is {job.get_state_display().lower()}: nothing to cancel."
@@ -105,7 +108,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
     form = SubmitJobForm(request.POST if request.method == "POST" else None)
     if form.is_valid():
         try:
-            job = services.submit_job(request.user, **form.submission())
+            job = services.submit_job(signed_in(request), **form.submission())
         except services.JobRejected as exc:
             form.add_rejection(exc)
         else:

@@ -82,7 +82,8 @@ class TokenCache:
             return self._load(digest)
         try:
             # Read before the database: a change committed meanwhile bumps past this epoch.
-            epoch = redis_client.client().get(AUTH_EPOCH_KEY) or b"0"
+            # redis-py types every command as maybe-awaitable; a sync client returns bytes.
+            epoch: bytes = redis_client.client().get(AUTH_EPOCH_KEY) or b"0"  # type: ignore[assignment]
         except RedisError:
             return self._load(digest)
         now = time.monotonic()

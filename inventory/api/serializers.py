@@ -61,7 +61,9 @@ class NodeSerializer(CatalogSerializer):
 
 
 class GpuSerializer(CatalogSerializer):
-    node = serializers.SlugRelatedField(slug_field="hostname", read_only=True)
+    node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
+        slug_field="hostname", read_only=True
+    )
     missing = serializers.BooleanField(source="is_missing", read_only=True)
     mig_instance_count = serializers.IntegerField(read_only=True)
 
@@ -204,7 +206,8 @@ class DiscoverMetaSerializer(api.Serializer):
 
 
 class DiscoverSerializer(api.Serializer):
-    data = DiscoveredGpuSerializer(many=True)
+    # The metaclass moves declared fields off the class, so "data" does not shadow .data.
+    data = DiscoveredGpuSerializer(many=True)  # type: ignore[assignment]
     meta = DiscoverMetaSerializer()
 
 

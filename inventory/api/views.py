@@ -129,9 +129,9 @@ class DeviceListView(APIView):
     )
     def get(self, request: Request) -> Response:
         node = resolve_node(request)
-        node = Node.objects.prefetch_related(Prefetch("gpus", queryset=present_gpus(node))).get(
-            pk=node.pk
-        )
+        gpus = Prefetch("gpus", queryset=present_gpus(node))
+        # django-stubs refuses a Prefetch on an as_manager() manager (django-stubs PR #3263).
+        node = Node.objects.prefetch_related(gpus).get(pk=node.pk)  # type: ignore[arg-type]
         [rows], _ = fleet.fleet_rows([node], live.latest([node.hostname]))
         body = {"devices": rows.gpus, "count": len(rows.gpus)}
         return Response(s.DeviceListSerializer(body).data)

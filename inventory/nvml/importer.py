@@ -15,7 +15,8 @@ the NICs. Every GPU pair at the same ``NV#`` on 4 or more GPUs, with more links 
 for direct ones, is modelled as an NVSwitch fabric; anything else (DGX-1's NV1/NV2 cube mesh,
 NVLink bridges) as direct GPU-to-GPU links, and GPUs with NVLinks get their architecture's NVLink
 version. PCIe paths of GPUs and NICs are synthesized so the simulator derives exactly the
-captured levels (SYS = different NUMA nodes or root complexes, NODE = different host bridges,
+captured levels (SYS = different root complexes, by default one per NUMA node; a root complex
+spans NUMA nodes that ``topo -m`` joins nearer than SYS; NODE = different host bridges,
 PHB = same host bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the
 NUMA nodes are unknown (``null``) and every GPU sits on its own host bridge, so every pair is
 NODE.
@@ -50,7 +51,7 @@ from .parsers.smi_model import Node, build_smi_log
 from .parsers.smi_text import _tree as _text_tree
 from .parsers.smi_xml import _to_node as _xml_node
 from .parsers.topo import NUMA_COLUMN
-from .sim.model import Temperatures, parse_model
+from .sim.model import Temperatures, parse_model, sys_apart
 
 __all__ = [
     "CaptureError",
@@ -98,6 +99,9 @@ _BRANDS = {
     "NVIDIA Virtual PC": "NVML_BRAND_NVIDIA_VPC",
     "NVIDIA Virtual Compute Server": "NVML_BRAND_NVIDIA_VCS",
 }
+# Driver branches older than 410 print no CUDA version: the CUDA driver API each one ships
+# (NVML's cudaDriverVersion encoding), from the CUDA toolkit release notes' driver table.
+_CUDA_BY_BRANCH = {"384": 9000, "387": 9010, "390": 9010, "396": 9020}
 _COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 
 _NVLINK_VERSIONS = {
@@ -235,12 +239,14 @@ def _build(
     _check_complete(log, smi_source)
     src = _Sources()
     driver = log.driver_version
-    cuda = src.pick(
-        "system.cuda_driver_version",
-        _cuda_version(log.cuda_version),
-        0,
-        "0 (no CUDA Version in the capture)",
-    )
+    cuda = _cuda_version(log.cuda_version)
+    if cuda is None and (cuda := _CUDA_BY_BRANCH.get((driver or "").split(".")[0])):
+        src.note(
+            "system.cuda_driver_version",
+            f"derived: CUDA {cuda // 1000}.{cuda % 1000 // 10} from driver branch {driver} "
+            "(no <cuda_version> before driver 410)",
+        )
+    cuda = src.pick("system.cuda_driver_version", cuda, 0, "0 (no CUDA Version in the capture)")
     src.note("system.driver_version, cuda_driver_version", f"{smi_source} (driver {driver})")
     src.note("system.nvml_version", "derived: NVML reports <CUDA major>.<driver>")
 
@@ -875,12 +881,43 @@ def _topology(
     if roots is not None:
         src.note(
             "gpus[].root_complex",
-            f"{topo_source} shows SYS within a NUMA node: root complexes synthesized",
+            f"{topo_source} shows SYS within a NUMA node or a nearer level across NUMA nodes: "
+            "root complexes synthesized",
         )
     if topo.nics:
         src.note("nics[].numa_node", "derived: the NUMA node of the GPUs it is nearer than SYS to")
+    if _share_sockets(topo.numa_nodes, numa, roots):
+        src.note(
+            "numa_nodes[].socket",
+            f"derived: NUMA nodes that {topo_source} joins nearer than SYS share a socket "
+            "(sub-NUMA clustering / NPS), else one socket per NUMA node",
+        )
     src.note("numa_nodes[].socket", "assumed: one socket per NUMA node")
     return topo
+
+
+def _share_sockets(
+    numa_nodes: dict[str, dict[str, Any]],
+    numa: Sequence[int | None],
+    roots: Sequence[int] | None,
+) -> bool:
+    """Put NUMA nodes whose devices share a root complex on one socket (the lowest node's);
+    ``True`` if any did."""
+    if roots is None:
+        return False
+    socket = {int(node): spec["socket"] for node, spec in numa_nodes.items()}
+    pairs = [(n, r) for n, r in zip(numa, roots, strict=True) if n is not None and n in socket]
+    changed = True
+    while changed:  # until every root complex's NUMA nodes agree on the lowest socket
+        lowest: dict[int, int] = {}
+        for node, root in pairs:
+            lowest[root] = min(lowest.get(root, socket[node]), socket[node])
+        changed = any(socket[node] != lowest[root] for node, root in pairs)
+        for node, root in pairs:
+            socket[node] = min(socket[node], lowest[root])
+    for node, value in socket.items():
+        numa_nodes[str(node)]["socket"] = value
+    return any(value != node for node, value in socket.items())
 
 
 def _nic_numa(
@@ -928,13 +965,22 @@ def _numa(
         if node is None:
             topo.orphan_cpus[index] = device.cpu_affinity if device.cpus else None
             continue
-        if device.cpus is None:
+        if device.cpus is None and device.cpu_affinity is not None:
             raise CaptureError(
                 f"{topo_source}: {gpu_name} has NUMA node {node} but no readable "
                 f"CPU affinity ({device.cpu_affinity!r})"
             )
-        known = topo.numa_nodes.setdefault(str(node), {"socket": node, "cpus": device.cpu_affinity})
-        if known["cpus"] != device.cpu_affinity:
+        # An empty (or N/A) CPU Affinity beside a NUMA node: nvidia-smi ran in a cpuset (a
+        # Slurm job) without CPUs of that node. The node is kept with no CPUs.
+        cpus = device.cpu_affinity or ""
+        if not cpus:
+            src.note(
+                f"numa_nodes.{node}.cpus",
+                f"{topo_source} shows no CPU Affinity for NUMA node {node} (nvidia-smi ran "
+                "in a cpuset without its CPUs): no CPUs",
+            )
+        known = topo.numa_nodes.setdefault(str(node), {"socket": node, "cpus": cpus})
+        if known["cpus"] != cpus:
             raise CaptureError(
                 f"{topo_source}: NUMA node {node} has CPUs {known['cpus']} and "
                 f"{device.cpu_affinity}"
@@ -964,9 +1010,9 @@ def pcie_level(
     root_a: int | None = None,
     root_b: int | None = None,
 ) -> str:
-    """The ``topo -m`` level the simulator derives for two distinct devices (its rules,
-    verbatim): SYS across NUMA nodes or root complexes, NODE across host bridges."""
-    if numa_a != numa_b or root_a != root_b:
+    """The ``topo -m`` level the simulator derives for two distinct devices (its rules):
+    SYS across root complexes (both given) or NUMA nodes, NODE across host bridges."""
+    if sys_apart(numa_a, numa_b, root_a, root_b):
         return "SYS"
     if path_a[0] != path_b[0]:
         return "NODE"
@@ -1007,22 +1053,17 @@ def synthesize_pcie_paths(
     default ``GPU<i>``) to PIX/PXB/PHB/NODE/SYS (pairs joined by NVLink are left out: any path
     does). Devices joined by NODE or nearer share a root complex, by PHB or nearer a host
     bridge, by PXB or nearer a switch, by PIX a leaf switch. The root complexes are ``None``
-    when every SYS pair is across NUMA nodes (the common case). Raises :class:`CaptureError`
-    when the matrix cannot be reproduced: a level nearer than SYS across NUMA nodes, or levels
-    that are not transitive.
+    when SYS is exactly "across NUMA nodes" (the common case); they are given when SYS
+    separates devices of one NUMA node (several root complexes) or a nearer level joins two
+    NUMA nodes (sub-NUMA clustering / NPS, where one socket's root complex spans them). Raises
+    :class:`CaptureError` when the matrix cannot be reproduced (levels that are not transitive).
     """
     label = list(names) if names is not None else [f"GPU{i}" for i in range(len(numa))]
-    for (a, b), level in sorted(levels.items()):
-        if level != "SYS" and numa[a] != numa[b]:
-            raise CaptureError(
-                f"{label[a]}-{label[b]} is {level} but their NUMA nodes are {numa[a]} and "
-                f"{numa[b]}: only SYS crosses NUMA nodes"
-            )
     rc, hb, sw, leaf = (
         _classes(len(numa), levels, level) for level in ("NODE", "PHB", "PXB", "PIX")
     )
-    same_node_sys = any(level == "SYS" and numa[a] == numa[b] for (a, b), level in levels.items())
-    roots = rc if same_node_sys else None
+    numa_not_sys = any((level == "SYS") != (numa[a] != numa[b]) for (a, b), level in levels.items())
+    roots = rc if numa_not_sys else None
     paths = [[f"hb{hb[i]}", f"sw{sw[i]}", f"sw{sw[i]}.{leaf[i]}"] for i in range(len(numa))]
     root: Sequence[int | None] = roots or [None] * len(numa)
     for (a, b), level in sorted(levels.items()):

@@ -108,7 +108,8 @@ class JobSubmitSerializer(api.Serializer):
         # so that its body compiles no query (prefetch_related_objects() costs 5% of a submit).
         no_allocations = Allocation.objects.none()
         no_allocations._result_cache = []
-        job._prefetched_objects_cache = {"allocations": no_allocations}
+        # Django's private prefetch cache: set at runtime, absent from django-stubs' Model.
+        job._prefetched_objects_cache = {"allocations": no_allocations}  # type: ignore[attr-defined]
         return job
 
     def to_representation(self, instance: Job) -> dict[str, Any]:
@@ -231,7 +232,8 @@ class CanceledSerializer(api.Serializer):
 
 
 class WaitBucketSerializer(api.Serializer):
-    label = serializers.CharField()
+    # The metaclass moves declared fields off the class, so "label" does not shadow Field.label.
+    label = serializers.CharField()  # type: ignore[assignment]
     count = serializers.IntegerField()
 
 

@@ -21,7 +21,12 @@ from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
 from gpuadmin.access.models import ApiToken
-from gpuadmin.access.permissions import CanSubmit, IsAdminOrReadOnly, IsOperatorOrReadOnly
+from gpuadmin.access.permissions import (
+    CanSubmit,
+    IsAdminOrReadOnly,
+    IsOperatorOrReadOnly,
+    signed_in,
+)
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
 from gpuadmin.api import Pagination
 from scheduling import admin_services, filters, queries, services
@@ -67,7 +72,7 @@ def valid(serializer_class: type[Serializer], data: Any) -> dict[str, Any]:
 
 def visible_job(request: Request, job_id: int) -> Job:
     """A job the requester sees, with its details; 404 otherwise (users see only theirs)."""
-    job = queries.with_details(queries.visible_jobs(request.user)).filter(pk=job_id).first()
+    job = queries.with_details(queries.visible_jobs(signed_in(request))).filter(pk=job_id).first()
     if job is None:
         raise NotFound(f"No job {job_id}.")
     return job
@@ -86,7 +91,7 @@ def cancel(request: Request, job: Job) -> Response:
     """Cancel ``job``: 200 when it ended, 202 while its agent stops its processes."""
     check_can_act(request, job)
     with domain_errors():
-        services.cancel_job(job, actor=request.user)
+        services.cancel_job(job, actor=signed_in(request))
     job = visible_job(request, job.pk)
     canceling = job.state in HOLDING_STATES
     body = s.CanceledSerializer(
@@ -145,7 +150,7 @@ class JobViewSet(
         job = self.get_object()
         check_can_act(request, job)
         with domain_errors():
-            services.release_job(job, actor=request.user)
+            services.release_job(job, actor=signed_in(request))
         return Response(job_body(request, visible_job(request, job.pk)))
 
     @extend_schema(
@@ -199,14 +204,14 @@ class TokenViewSet(
     @extend_schema(request=s.TokenSerializer, responses={201: s.NewTokenSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         name = valid(s.TokenSerializer, request.data)["name"]
-        token, key = create_token(request.user, name)
-        token.key = key
-        return Response(s.NewTokenSerializer(token).data, status=status.HTTP_201_CREATED)
+        token, key = create_token(signed_in(request), name)
+        data = {**s.TokenSerializer(token).data, "key": key}  # NewTokenSerializer's shape
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={204: None})
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Revoke the token (it stays listed, with ``revoked_at``)."""
-        revoke_token(self.get_object(), actor=request.user)
+        revoke_token(self.get_object(), actor=signed_in(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -219,7 +224,7 @@ class QueueView(APIView):
     @extend_schema(parameters=[s.QueueParamsSerializer], responses={200: s.QueueSerializer})
     def get(self, request: Request) -> Response:
         limit = valid(s.QueueParamsSerializer, request.query_params)["limit"]
-        jobs = queries.visible_jobs(request.user)
+        jobs = queries.visible_jobs(signed_in(request))
         waiting, running = queries.waiting(jobs), queries.holding(jobs)
         body = {
             "waiting": queries.with_details(waiting)[:limit],
@@ -267,7 +272,7 @@ class PriorityView(APIView):
         job = visible_job(request, job_id)
         check_can_act(request, job)
         with domain_errors():
-            services.set_priority(job, priority, actor=request.user)
+            services.set_priority(job, priority, actor=signed_in(request))
         return Response(job_body(request, job))
 
 
@@ -313,7 +318,7 @@ class GpuAllocateView(APIView):
         data = valid(s.GpuAllocateSerializer, request.data)
         job = visible_job(request, data["job_id"])
         with domain_errors():
-            admin_services.allocate_by_hand(job, data["gpu_uuids"], actor=request.user)
+            admin_services.allocate_by_hand(job, data["gpu_uuids"], actor=signed_in(request))
         job = visible_job(request, job.pk)
         return Response(job_body(request, job), status=status.HTTP_201_CREATED)
 
@@ -334,7 +339,7 @@ class GpuReleaseView(APIView):
         """Take a job's GPUs back (operators): the job is canceled."""
         job = visible_job(request, valid(s.GpuReleaseSerializer, request.data)["job_id"])
         with domain_errors():
-            release = admin_services.release_by_hand(job, actor=request.user)
+            release = admin_services.release_by_hand(job, actor=signed_in(request))
         release = replace(release, job=visible_job(request, job.pk))
         body = s.ReleaseSerializer(release, context={"request": request}).data
         code = status.HTTP_202_ACCEPTED if release.releasing else status.HTTP_200_OK
@@ -358,7 +363,7 @@ class OrchestratorSwitchView(APIView):
 
     @extend_schema(request=None, responses={200: s.OrchestratorStatusSerializer})
     def post(self, request: Request) -> Response:
-        admin_services.set_scheduler_enabled(self.enable, actor=request.user)
+        admin_services.set_scheduler_enabled(self.enable, actor=signed_in(request))
         return Response(s.OrchestratorStatusSerializer(queries.orchestrator_status()).data)
 
 
@@ -374,6 +379,6 @@ class PoliciesView(APIView):
         """Set the queue policy (admins; audited)."""
         data = valid(s.PolicySerializer, request.data)
         config = admin_services.set_policy(
-            data["policy"], data["aging_interval_s"], actor=request.user
+            data["policy"], data["aging_interval_s"], actor=signed_in(request)
         )
         return Response(s.PolicySerializer(config).data)

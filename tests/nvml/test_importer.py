@@ -191,11 +191,12 @@ def test_cpu_affinity_without_numa_node_round_trips() -> None:
 
 
 def _xml_with_gpus(name: str, count: int) -> str:
-    """The one-GPU capture ``name`` with its GPU repeated on ``count`` distinct bus ids."""
+    """The capture ``name`` with its first GPU repeated on ``count`` distinct bus ids."""
     root = ET.fromstring((XML_DIR / name).read_bytes())
     template = root.find("gpu")
     assert template is not None
-    root.remove(template)
+    for gpu in root.findall("gpu"):
+        root.remove(gpu)
     for index in range(count):
         gpu = ET.fromstring(ET.tostring(template))
         bus_id = f"00000000:{0x41 + 0x10 * index:02X}:00.0"
@@ -270,12 +271,50 @@ def test_nic_rows_are_kept_in_the_model() -> None:
     assert len(model["nics"]) == 17
 
 
-def test_nearer_than_sys_across_numa_nodes_is_refused() -> None:
-    with pytest.raises(CaptureError) as err:
-        synthesize_pcie_paths({(0, 1): "PHB"}, [0, 1])
-    assert str(err.value) == (
-        "GPU0-GPU1 is PHB but their NUMA nodes are 0 and 1: only SYS crosses NUMA nodes"
+def test_node_across_numa_nodes_and_an_empty_cpu_affinity_round_trip() -> None:
+    # A Slurm job's topo -m: CPU Affinity "0" on NUMA node 0, empty on NUMA node 1, and every
+    # GPU-NIC pair NODE across the two NUMA nodes (one socket's root complex spans both).
+    topo = (
+        OWN / "hpc-docs__4xA100-NV4__topo-m_empty-cpu-affinity_node-across-numa.txt"
+    ).read_text()
+    model = model_from_capture(
+        _xml_with_gpus("k8s-test-infra__hardware__qx-a100.xml", 4), topo, name="n"
     )
+    assert [gpu["numa_node"] for gpu in model["gpus"]] == [0, 0, 1, 1]
+    assert model["numa_nodes"] == {"0": {"socket": 0, "cpus": "0"}, "1": {"socket": 0, "cpus": ""}}
+    assert model["sources"]["numa_nodes[].socket"].startswith("derived: ")
+    scanned = _scan(model)
+    _assert_topology(scanned, topo)
+    assert [gpu.facts.socket for gpu in scanned.gpus] == [0] * 4
+
+
+def test_a_level_nearer_than_sys_across_numa_nodes_shares_a_root_complex() -> None:
+    paths, roots = synthesize_pcie_paths({(0, 1): "PHB", (0, 2): "SYS", (1, 2): "SYS"}, [0, 1, 1])
+    assert roots == [0, 0, 1]
+    assert paths[0][0] == paths[1][0] != paths[2][0]
+
+
+_A100, _H100 = "k8s-test-infra__hardware__qx-a100.xml", "k8s-test-infra__hardware__qx-h100.xml"
+
+
+@pytest.mark.parametrize(
+    ("topo", "xml", "nvlinks"),
+    [
+        ("alcf-polaris__4xA100-NV4__topo-m_mlx5-empty-cells.txt", _A100, 12),
+        ("issue__NVIDIA-nccl-1617__4xH100-NV6__topo-m_nps-numa-3-1-7-5.txt", _H100, 18),
+        ("nvlink-test__4xA100-NV4__topo-m_numa-range-0-3.txt", _A100, 12),
+        ("hpc-docs__4xA100-NV4__topo-m_empty-cpu-affinity_node-across-numa.txt", _A100, 12),
+    ],
+    ids=["polaris-numa-3210", "4xH100-NV6-nps", "numa-range-0-3", "slurm-cpuset"],
+)
+def test_4_gpu_nvlink_boards_round_trip(topo: str, xml: str, nvlinks: int) -> None:
+    # 4-GPU boards with direct NVLinks (NV4 x 3 peers on A100, NV6 x 3 on H100): no NVSwitch.
+    text = (OWN / topo).read_text()
+    model = model_from_capture(_xml_with_gpus(xml, 4), text, name="board")
+    assert model["nvswitches"] == []
+    scanned = _scan(model)
+    _assert_topology(scanned, text)
+    assert [gpu.facts.nvlink_count for gpu in scanned.gpus] == [nvlinks] * 4
 
 
 def test_synthesized_paths_reproduce_every_pcie_level() -> None:

@@ -59,6 +59,19 @@ def test_a_capture_under_load_is_not_the_idle_baseline() -> None:
     assert gpu.facts.memory_used_mib == 6
 
 
+def test_pre_410_xml_gets_its_cuda_version_from_the_driver_branch() -> None:
+    # Tesla M10 (Maxwell, 4 GPUs on one board) under vGPU, driver 390.94: no <cuda_version>.
+    m10 = OWN / "smi-q-x__check_nvidia_smi__Tesla-M10-vGPU__390.94.xml"
+    model = model_from_capture(m10.read_text(), name="m10", smi_source=m10.name)
+    assert model["system"]["cuda_driver_version"] == 9010
+    assert model["sources"]["system.cuda_driver_version"].startswith("derived: CUDA 9.1")
+    scanned = _scan(model)
+    assert scanned.system.cuda_driver_version == "9.1"
+    facts = scanned.gpus[0].facts
+    assert (facts.architecture, facts.compute_capability) == ("Maxwell", "5.0")
+    assert facts.memory_used_mib == 8141 - 2 * 4064  # less the two vGPU VMs' memory
+
+
 def test_scan_gives_back_the_captured_minor_numbers() -> None:
     xml = (REAL / "nvidia-smi-q-xml" / "telegraf__dual_a5000-v13.xml").read_text()
     scanned = _scan(model_from_capture(xml, name="a5000"))

@@ -33,6 +33,7 @@ from .model import (
     load_model,
     mig_uuid,
     parse_bus_id,
+    sys_apart,
 )
 from .state import NO_ID, FileStore, MemoryStore
 
@@ -1441,9 +1442,9 @@ _TOPO_LEVELS = {
 
 
 def _common_ancestor(a: GpuSlot | NicSlot, b: GpuSlot | NicSlot) -> int:
-    """NVML topology level of two distinct devices: SYS across NUMA nodes or root complexes,
-    NODE across host bridges, then by the PCIe switches they share."""
-    if a.numa_node != b.numa_node or a.root_complex != b.root_complex:
+    """NVML topology level of two distinct devices: SYS across root complexes (both given)
+    or NUMA nodes, NODE across host bridges, then by the PCIe switches they share."""
+    if sys_apart(a.numa_node, b.numa_node, a.root_complex, b.root_complex):
         return pynvml.NVML_TOPOLOGY_SYSTEM
     pa, pb = a.pcie_path, b.pcie_path
     if pa[0] != pb[0]:

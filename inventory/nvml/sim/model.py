@@ -19,10 +19,21 @@ MACHINE_DIR = Path(__file__).with_name("machines")
 _MIG_UUID_NAMESPACE = uuid.UUID("8b7e0a52-5c1a-4a3e-9d4e-6a1f0c2b7d11")
 
 
+def sys_apart(
+    numa_a: int | None, numa_b: int | None, root_a: int | None, root_b: int | None
+) -> bool:
+    """SYS apart. Explicit root complexes decide alone: one root complex may span the NUMA
+    nodes of one socket (sub-NUMA clustering, NPS: ``topo -m`` prints NODE across them)."""
+    if root_a is not None and root_b is not None:
+        return root_a != root_b
+    return numa_a != numa_b or root_a != root_b
+
+
 def parse_cpulist(text: str) -> list[int]:
-    """``"48-63,176-191"`` -> ``[48, ..., 63, 176, ..., 191]``."""
+    """``"48-63,176-191"`` -> ``[48, ..., 63, 176, ..., 191]``; ``""`` (a NUMA node whose CPUs
+    the capture did not show) -> ``[]``."""
     cpus: list[int] = []
-    for part in text.split(","):
+    for part in filter(None, text.split(",")):
         lo, _, hi = part.strip().partition("-")
         cpus.extend(range(int(lo), int(hi or lo) + 1))
     return cpus
