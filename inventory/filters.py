@@ -51,8 +51,9 @@ class SuggestInput(forms.TextInput):
         return format_html('{}<datalist id="{}">{}</datalist>', field, list_id, options)
 
 
-def _hostnames() -> Iterable[str]:
-    return Node.objects.values_list("hostname", flat=True)
+def node_hostnames() -> Iterable[str]:
+    """Every node's hostname, in order: the suggestions of a ``node`` filter."""
+    return Node.objects.order_by("hostname").values_list("hostname", flat=True)
 
 
 def _models() -> Iterable[str]:
@@ -74,7 +75,7 @@ class GpuFilterSet(django_filters.FilterSet):
         field_name="node__hostname",
         label="Node",
         help_text="Node hostname.",
-        widget=SuggestInput(_hostnames),
+        widget=SuggestInput(node_hostnames),
     )
     node_id = django_filters.NumberFilter(field_name="node_id", widget=forms.HiddenInput)
     model = django_filters.CharFilter(

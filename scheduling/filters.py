@@ -8,8 +8,7 @@ from collections.abc import Iterable
 import django_filters
 from django.db.models import QuerySet
 
-from inventory.filters import SuggestInput
-from inventory.models import Node
+from inventory.filters import SuggestInput, node_hostnames
 from scheduling.models import Allocation, Job, JobState, Priority
 
 ME = "me"  # ``?owner=me``: the requesting user
@@ -23,10 +22,6 @@ def _owners() -> Iterable[str]:
 def _projects() -> Iterable[str]:
     jobs = Job.objects.exclude(project="").order_by("project")
     return jobs.values_list("project", flat=True).distinct()
-
-
-def _hostnames() -> Iterable[str]:
-    return Node.objects.order_by("hostname").values_list("hostname", flat=True)
 
 
 class JobFilterSet(django_filters.FilterSet):
@@ -49,7 +44,7 @@ class JobFilterSet(django_filters.FilterSet):
         method="filter_node",
         label="Node",
         help_text="Hostname of a node the job was placed on (any attempt).",
-        widget=SuggestInput(_hostnames),
+        widget=SuggestInput(node_hostnames),
     )
 
     class Meta:
