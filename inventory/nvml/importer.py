@@ -10,16 +10,16 @@ and persistence mode the capture prints as ``N/A`` stay ``null`` (the simulator 
 included).
 
 Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity (old drivers print no NUMA
-Affinity column: one NUMA node per distinct CPU list), the NVLinks (``NV#``), the PCIe levels and
-the NICs. Every GPU pair at the same ``NV#`` on 4 or more GPUs, with more links than a GPU has
-for direct ones, is modelled as an NVSwitch fabric; anything else (DGX-1's NV1/NV2 cube mesh,
-NVLink bridges) as direct GPU-to-GPU links, and GPUs with NVLinks get their architecture's NVLink
-version. PCIe paths of GPUs and NICs are synthesized so the simulator derives exactly the
-captured levels (SYS = different root complexes, by default one per NUMA node; a root complex
-spans NUMA nodes that ``topo -m`` joins nearer than SYS; NODE = different host bridges,
-PHB = same host bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the
-NUMA nodes are unknown (``null``) and every GPU sits on its own host bridge, so every pair is
-NODE.
+Affinity column: one NUMA node per distinct CPU list; a NUMA Affinity of several nodes, ``0-3``, is
+kept whole as ``numa_nodes`` with the CPU Affinity as printed), the NVLinks (``NV#``), the PCIe
+levels and the NICs. Every GPU pair at the same ``NV#`` on 4 or more GPUs, with more links than a
+GPU has for direct ones, is modelled as an NVSwitch fabric; anything else (DGX-1's NV1/NV2 cube
+mesh, NVLink bridges) as direct GPU-to-GPU links, and GPUs with NVLinks get their architecture's
+NVLink version. PCIe paths of GPUs and NICs are synthesized so the simulator derives exactly the
+captured levels (SYS = different root complexes, by default one per NUMA node; a root complex spans
+NUMA nodes that ``topo -m`` joins nearer than SYS; NODE = different host bridges, PHB = same host
+bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the NUMA nodes are
+unknown (``null``) and every GPU sits on its own host bridge, so every pair is NODE.
 
 Plain Python, no Django.
 """
@@ -270,11 +270,18 @@ def _build(
             entry["type"] = type_keys[index]
         if topo.gpu_links[index]:
             entry["nvlink_gpu_links"] = topo.gpu_links[index]
-        if topo.orphan_cpus[index]:
-            entry["cpu_affinity"] = topo.orphan_cpus[index]
+        if topo.multi_numa[index]:
+            entry["numa_nodes"] = topo.multi_numa[index]
+        if topo.own_cpus[index]:
+            entry["cpu_affinity"] = topo.own_cpus[index]
         if topo.roots is not None:
             entry["root_complex"] = topo.roots[index]
         entry.update(_identity(gpu, log.gpus))
+        if gpu.uuid is not None and "uuid" not in entry:
+            src.note(
+                "gpus[].uuid",
+                f"not kept: {smi_source} repeats UUID {gpu.uuid} (a scrubbed capture): generated",
+            )
         entry["minor_number"] = gpu.minor_number
         gpus.append(entry)
     src.note("gpus[].bus_id, order", smi_source)
@@ -805,8 +812,10 @@ class _Topology:
     NVSwitch fabric; the network adapters."""
 
     def __init__(self, count: int) -> None:
-        self.numa: list[int | None] = [None] * count
-        self.orphan_cpus: list[str | None] = [None] * count  # CPU affinity with NUMA N/A
+        self.numa: list[int | None] = [None] * count  # the lowest NUMA node of each GPU
+        self.multi_numa: list[list[int]] = [[] for _ in range(count)]  # when several
+        # The GPU's own CPU affinity: with NUMA N/A, or with several NUMA nodes.
+        self.own_cpus: list[str | None] = [None] * count
         self.numa_nodes: dict[str, dict[str, Any]] = {}
         self.paths: list[list[str]] = [[f"hb{i}"] for i in range(count)]
         self.roots: list[int] | None = None  # None: one root complex per NUMA node
@@ -958,12 +967,16 @@ def _numa(
             f"derived: {topo_source} has no NUMA Affinity column; one NUMA node per distinct "
             "CPU affinity list, numbered by their lowest CPU",
         )
+    spanning: list[tuple[int, tuple[int, ...], str | None]] = []
     for index, gpu_name in enumerate(names):
         device = matrix.device(gpu_name)
         node = by_cpus.get(device.cpu_affinity or "", device.numa_node)
         topo.numa[index] = node
         if node is None:
-            topo.orphan_cpus[index] = device.cpu_affinity if device.cpus else None
+            topo.own_cpus[index] = device.cpu_affinity if device.cpus else None
+            continue
+        if device.numa_nodes and len(device.numa_nodes) > 1:
+            spanning.append((index, device.numa_nodes, device.cpu_affinity))
             continue
         if device.cpus is None and device.cpu_affinity is not None:
             raise CaptureError(
@@ -985,6 +998,34 @@ def _numa(
                 f"{topo_source}: NUMA node {node} has CPUs {known['cpus']} and "
                 f"{device.cpu_affinity}"
             )
+    _spanning_numa(spanning, topo, topo_source, src)
+
+
+def _spanning_numa(
+    spanning: Sequence[tuple[int, tuple[int, ...], str | None]],
+    topo: _Topology,
+    topo_source: str,
+    src: _Sources,
+) -> None:
+    """GPUs whose NUMA Affinity lists several nodes (``0-3``: AMD NPS, Intel SNC): they keep
+    the whole set and their CPU Affinity as printed; ``topo -m`` shows no node's own CPUs."""
+    for index, nodes, cpus in spanning:
+        topo.multi_numa[index] = list(nodes)
+        topo.own_cpus[index] = cpus or None
+        for node in nodes:
+            if str(node) not in topo.numa_nodes:
+                topo.numa_nodes[str(node)] = {"socket": node, "cpus": ""}
+                src.note(
+                    f"numa_nodes.{node}.cpus",
+                    f"assumed: none ({topo_source} shows node {node} only within a GPU's "
+                    "multi-node NUMA Affinity; that GPU keeps its CPU Affinity as cpu_affinity)",
+                )
+    if spanning:
+        src.note(
+            "gpus[].numa_nodes, cpu_affinity",
+            f"{topo_source} (a NUMA Affinity of several nodes: numa_node is the lowest, as "
+            "NVML's memory affinity gives it; the CPU Affinity as printed)",
+        )
 
 
 def _numa_from_affinity(matrix: TopoMatrix, names: Sequence[str]) -> dict[str, int]:

@@ -205,6 +205,9 @@ class GpuFacts(Record):
     mig_enabled: bool | None = None
     mig_pending_enabled: bool | None = None
     numa_node: int | None = None
+    # Every NUMA node the GPU's memory is affine to, as `topo -m` prints "NUMA Affinity" ("0-3"
+    # on AMD NPS4 / Intel SNC boxes); `numa_node` is the lowest of them.
+    numa_affinity: str | None = None
     # The CPU socket, named by the lowest NUMA node on it (NVML speaks of sockets only as
     # sets of NUMA nodes): GPUs with the same value hang off the same socket.
     socket: int | None = None
@@ -687,6 +690,7 @@ class _NodeScanner:
         self.links[facts["index"]] = links
         facts.update(
             numa_node=None if nodes is None else _lowest_bit(nodes),
+            numa_affinity=None if nodes is None else cpulist(nodes) or None,
             socket=None if socket_nodes is None else _lowest_bit(socket_nodes),
             cpu_affinity=None if affinity is None else cpulist(affinity) or None,
             nvlink_count=links.active,

@@ -302,6 +302,21 @@ def test_old_driver_names_and_pascal_ecc_schema() -> None:
     assert p100.retired_pages.single_bit == 0 and p100.retired_pages.pending is False
 
 
+@pytest.mark.parametrize(
+    ("name", "part_number"),
+    [
+        ("netdata__tesla-p100.xml", "900-2H400-6300-031"),  # 510: <gpu_part_number> only
+        ("netdata__a100-sxm4-mig.xml", "692-2G506-0200-003"),
+        ("telegraf__quadro-p400.xml", "900-5G212-1701-000"),  # 418
+        ("telegraf__gt-1030.xml", None),  # <gpu_part_number>N/A</gpu_part_number>
+        ("k8s-test-infra__hardware__qx-a100.xml", "692-2G506-0200-003"),  # 570: both, chip's
+        ("telegraf__3090-v13.xml", None),  # <board_part_number>N/A, <gpu_part_number> the chip
+    ],
+)
+def test_board_part_number_old_and_new_tags(name: str, part_number: str | None) -> None:
+    assert _parse(name).gpus[0].board_part_number == part_number
+
+
 def test_trimmed_fragments() -> None:
     ti = _parse("telegraf__gtx-1070-ti.xml")
     assert ti.driver_version is None and ti.attached_gpus is None

@@ -185,4 +185,4 @@ def test_numa_affinity_range_is_kept() -> None:
     text = "\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-63\t0-1\n"
     (gpu,) = parse_topo_matrix(text).gpus
     assert gpu.numa_nodes == (0, 1)
-    assert gpu.numa_node is None  # spans two nodes
+    assert gpu.numa_node == 0  # the lowest, as nvmlDeviceGetMemoryAffinity's lowest bit

@@ -112,6 +112,30 @@ def test_fallen_off_the_bus_line() -> None:
     assert parse_xid_line("NVRM: GPU at PCI:0000:00:05: GPU-efbdfde9") is None
 
 
+@pytest.mark.parametrize(
+    ("line", "timestamp"),
+    [
+        (  # journalctl -k / /var/log/syslog (a public llama-server report)
+            "May 15 08:57:36 red kernel: NVRM: Xid (PCI:0000:01:00): 31, pid=80798, "
+            "name=llama-server, Ch 00000008, intr 00000000.",
+            "May 15 08:57:36",
+        ),
+        (  # journalctl -o short-precise, a one-digit day
+            "Sep  2 14:25:44.984246 host kernel: NVRM: Xid (PCI:0000:01:00): 79, "
+            "GPU has fallen off the bus.",
+            "Sep  2 14:25:44.984246",
+        ),
+        (  # syslog time and the kernel's: the kernel's wins
+            "May 10 22:25:01 jambi kernel: [176830.774761] NVRM: Xid (0000:03:00): 13, 0003",
+            "176830.774761",
+        ),
+    ],
+)
+def test_syslog_prefixed_lines_keep_the_syslog_time(line: str, timestamp: str) -> None:
+    event = parse_xid_line(line)
+    assert event is not None and event.timestamp == timestamp
+
+
 def test_old_driver_lines_without_pci_prefix() -> None:
     log = (OWN / "xid__ubuntuforums-2012__geforce-8500gt-no-pci-prefix.log").read_text()
     (event,) = parse_xid_log(log)

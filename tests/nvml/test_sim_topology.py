@@ -234,6 +234,26 @@ def test_scan_reports_the_nics_of_topo_m() -> None:
     assert topology.matrix[0] == ("X", "NV1", "NV1", "NV2", "NV2", "SYS", "SYS", "SYS")
 
 
+def test_a_gpu_affine_to_several_numa_nodes() -> None:
+    """AMD NPS / Intel SNC: GPU 0's memory is affine to NUMA nodes 0 and 1 (topo -m "0-1")."""
+    data = load_model("pcie-l40s-4x").raw
+    gpus = [{**data["gpus"][0], "numa_nodes": [1, 0]}, *data["gpus"][1:]]
+    nvml, handles = _sim({**data, "gpus": gpus})
+    node = pynvml.NVML_AFFINITY_SCOPE_NODE
+    assert list(nvml.nvmlDeviceGetMemoryAffinity(handles[0], 1, node)) == [0b11]
+    assert list(nvml.nvmlDeviceGetMemoryAffinity(handles[1], 1, node)) == [0b01]
+    socket = pynvml.NVML_AFFINITY_SCOPE_SOCKET
+    assert list(nvml.nvmlDeviceGetMemoryAffinity(handles[0], 1, socket)) == [0b11]
+    assert _cpulist(nvml.nvmlDeviceGetCpuAffinity(handles[0], 2)) == "0-127"
+    assert nvml.nvmlSystemGetTopologyGpuSet(40) == [handles[0], *handles[2:]]
+    row = parse_topo_matrix(nvml.topo_matrix_text()).device("GPU0")
+    assert (row.numa_nodes, row.cpu_affinity) == ((0, 1), "0-127")
+    facts = scan(nvml).gpus[0].facts
+    assert (facts.numa_node, facts.numa_affinity, facts.cpu_affinity) == (0, "0-1", "0-127")
+    with pytest.raises(ValueError, match="GPU 0 numa_node is not its lowest node"):
+        parse_model({**data, "gpus": [{**gpus[0], "numa_nodes": [1, 2]}, *gpus[1:]]})
+
+
 def test_a_model_with_nvlinks_but_no_nvlink_spec_is_refused() -> None:
     data = load_model("dgx-1-v100").raw
     broken = {

@@ -442,6 +442,15 @@ def _architecture(gpu: Node, pci_device_id: str | None) -> str | None:
     return None if device is None else device.architecture
 
 
+def _board_part_number(gpu: Node) -> str | None:
+    """Drivers before 520 print the board part number (``692-2G506-0200-003``) as
+    ``<gpu_part_number>``; later ones print it as ``<board_part_number>`` and use
+    ``<gpu_part_number>`` for the chip (``20B0-884-A1``)."""
+    if gpu.find("board_part_number") is not None:
+        return gpu.get("board_part_number")
+    return gpu.get("gpu_part_number")
+
+
 def _build_gpu(gpu: Node, header_bus_id: str | None) -> GpuInfo:
     pci_device_id = parse_hex_id(gpu.get("pci", ("pci_device_id", "device_id")))
     return GpuInfo(
@@ -454,7 +463,7 @@ def _build_gpu(gpu: Node, header_bus_id: str | None) -> GpuInfo:
         pci_device_id=pci_device_id,
         minor_number=parse_int(gpu.get("minor_number")),
         vbios_version=gpu.get("vbios_version"),
-        board_part_number=gpu.get("board_part_number"),
+        board_part_number=_board_part_number(gpu),
         virtualization_mode=gpu.get("gpu_virtualization_mode", "virtualization_mode"),
         persistence_mode=parse_bool(gpu.get("persistence_mode")),
         mig_current=parse_bool(gpu.get("mig_mode", ("current_mig", "current"))),

@@ -34,7 +34,7 @@ class TopoDevice:
     is_gpu: bool
     cpu_affinity: str | None = None
     cpus: tuple[int, ...] | None = None
-    numa_node: int | None = None  # None also when the affinity spans several nodes
+    numa_node: int | None = None  # the lowest of numa_nodes, as NVML's memory affinity gives it
     gpu_numa_id: int | None = None
     numa_nodes: tuple[int, ...] | None = None  # the NUMA Affinity as printed: "0-1" -> (0, 1)
 
@@ -120,7 +120,7 @@ def _device(name: str, values: list[str], extras: list[str]) -> TopoDevice:
         is_gpu=name.startswith("GPU"),
         cpu_affinity=affinity,
         cpus=parse_cpu_list(affinity),
-        numa_node=numa_nodes[0] if numa_nodes and len(numa_nodes) == 1 else None,
+        numa_node=numa_nodes[0] if numa_nodes else None,
         gpu_numa_id=parse_int(by_column.get("GPU NUMA ID")),
         numa_nodes=numa_nodes,
     )

@@ -4,7 +4,9 @@ A line looks like ``NVRM: Xid (PCI:0000:8a:00): 79, pid=123, name=python, GPU ha
 the bus.``. Seen in the captures: legacy lines without ``pid``/``name`` (2015 laptops, NVLink5
 Xids 144-149 on GB200), ``pid='<unknown>', name=<unknown>``, ``pid`` without ``name``, 4-digit
 PCI domains other than 0000, and the timestamp prefixes of ``dmesg`` (``[24128.828315]``),
-``dmesg -T`` (``[Sun Feb 23 16:24:18 2025]``) and ``dmesg --time-format=iso``. Drivers of the
+``dmesg -T`` (``[Sun Feb 23 16:24:18 2025]``), ``dmesg --time-format=iso`` and syslog
+(``May 15 08:57:36 host kernel: NVRM: Xid ...``, as ``/var/log/syslog`` and ``journalctl`` print
+it; the kernel's own bracket time wins where a line has both). Drivers of the
 300 series and older print the bus id without ``PCI:`` (``NVRM: Xid (0000:03:00): 13, 0003 ...``);
 396-series lines may repeat the tag in the message (``13, NVRM: Graphics TEX Exception ...``).
 Lines that merely mention Xid (``_kgspLogXid119:`` banners, "fallen off the bus" blocks) are not
@@ -32,13 +34,16 @@ _ISO_TS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]
 _BRACKET_TS_RE = re.compile(
     r"\[\s*(\d+\.\d+|[A-Z][a-z]{2} [A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2} \d{4})\s*\]"
 )
+# Syslog's "Mmm dd hh:mm:ss[.frac] host kernel:" (journalctl -o short / short-precise).
+_SYSLOG_TS_RE = re.compile(r"^\s*([A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ kernel:")
 _CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d+)")
 
 
 @dataclass(frozen=True)
 class XidEvent:
     """One Xid report. ``timestamp`` is the prefix as printed (seconds since boot for plain
-    ``dmesg``, wall-clock text for ``-T``/ISO), ``None`` when the line had none."""
+    ``dmesg``, wall-clock text for ``-T``/ISO/syslog), ``None`` when the line had none. Syslog
+    prints no year: its ``"May 15 08:57:36"`` is kept as is, no year is guessed."""
 
     xid: int
     pci_bus_id: str
@@ -53,6 +58,8 @@ def _timestamp(prefix: str) -> str | None:
     if match := _ISO_TS_RE.search(prefix):
         return match[0]
     if match := _BRACKET_TS_RE.search(prefix):
+        return match[1]
+    if match := _SYSLOG_TS_RE.match(prefix):
         return match[1]
     return None
 

@@ -545,12 +545,7 @@ class SimulatedNvml:
 
     def nvmlSystemGetTopologyGpuSet(self, cpuNumber: int) -> list[Any]:
         self._ready()
-        return [
-            g.handle
-            for g in self._gpus
-            if g.slot.numa_node is not None
-            and cpuNumber in self.machine.numa_cpus[g.slot.numa_node]
-        ]
+        return [g.handle for g in self._gpus if cpuNumber in self._node_cpus(g.slot)]
 
     def nvmlDeviceGetCount(self) -> int:
         self._ready()
@@ -719,23 +714,32 @@ class SimulatedNvml:
         return gpu.slot.numa_node
 
     def _numa_nodes(self, gpu: _Gpu, scope: int) -> list[int]:
-        node = gpu.slot.numa_node
-        if node is None:
+        nodes = gpu.slot.memory_nodes
+        if not nodes:
             raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if scope == pynvml.NVML_AFFINITY_SCOPE_NODE:
-            return [node]
+            return list(nodes)
         if scope == pynvml.NVML_AFFINITY_SCOPE_SOCKET:
-            socket = self.machine.numa_socket[node]
-            return [n for n, s in self.machine.numa_socket.items() if s == socket]
+            sockets = {self.machine.numa_socket[node] for node in nodes}
+            return [n for n, s in self.machine.numa_socket.items() if s in sockets]
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+    def _node_cpus(self, slot: GpuSlot) -> tuple[int, ...]:
+        """The GPU's NODE-scope CPUs: its own list (single-socket desktops with "NUMA Affinity
+        N/A", or several NUMA nodes of unknown CPUs), else its NUMA nodes' CPUs."""
+        if slot.cpu_affinity is not None:
+            return slot.cpu_affinity
+        return tuple(c for n in slot.memory_nodes for c in self.machine.numa_cpus[n])
 
     def nvmlDeviceGetCpuAffinityWithinScope(self, handle: Any, cpuSetSize: int, scope: int) -> Any:
         gpu = self._gpu(handle)
-        if gpu.slot.numa_node is None and gpu.slot.cpu_affinity is not None:
-            # Single-socket desktops: topo -m shows "NUMA Affinity N/A" yet a CPU affinity.
+        if not gpu.slot.memory_nodes and gpu.slot.cpu_affinity is not None:
             return _bitmask(list(gpu.slot.cpu_affinity), cpuSetSize)
-        cpus = [c for n in self._numa_nodes(gpu, scope) for c in self.machine.numa_cpus[n]]
-        return _bitmask(cpus, cpuSetSize)
+        nodes = self._numa_nodes(gpu, scope)
+        cpus = {c for n in nodes for c in self.machine.numa_cpus[n]} | set(
+            self._node_cpus(gpu.slot)
+        )
+        return _bitmask(sorted(cpus), cpuSetSize)
 
     def nvmlDeviceGetCpuAffinity(self, handle: Any, cpuSetSize: int) -> Any:
         return self.nvmlDeviceGetCpuAffinityWithinScope(
@@ -888,13 +892,8 @@ class SimulatedNvml:
         for i, name in enumerate(names):
             cells = [name, *(cell(i, j) for j in range(len(names)))]
             if i < len(gpus):
-                slot = gpus[i]
-                cpus = (
-                    self.machine.numa_cpus[slot.numa_node]
-                    if slot.numa_node is not None
-                    else slot.cpu_affinity
-                )
-                numa = "N/A" if slot.numa_node is None else str(slot.numa_node)
+                cpus = self._node_cpus(gpus[i])
+                numa = _cpulist(gpus[i].memory_nodes) or "N/A"
                 cells += [_cpulist(cpus) if cpus else "N/A", numa, "", "N/A"]
             lines.append("\t".join(cells))
         if nics:

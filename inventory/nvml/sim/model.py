@@ -123,10 +123,22 @@ class GpuSlot:
     # Identities of a machine imported from a capture (`gpuadmin sim import`); None = generated.
     uuid: str | None = None
     serial: str | None = None
-    cpu_affinity: tuple[int, ...] | None = None  # only for GPUs with no NUMA node
+    # The CPU list where it is not the NUMA node's: no NUMA node (desktops), or several NUMA
+    # nodes whose own CPU lists the capture did not show. None: the node(s)' CPUs.
+    cpu_affinity: tuple[int, ...] | None = None
     minor_number: int | None = None  # /dev/nvidia<N>; None: NOT_SUPPORTED (Windows)
     # GPUs/NICs of one NUMA node on different root complexes are SYS apart (None: the node's).
     root_complex: int | None = None
+    # Memory affine to several NUMA nodes (AMD NPS, Intel SNC: topo -m "0-3"), numa_node the
+    # lowest; () for one node.
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def memory_nodes(self) -> tuple[int, ...]:
+        """The NUMA nodes of nvmlDeviceGetMemoryAffinity's NODE scope (topo -m NUMA Affinity)."""
+        if self.numa_nodes:
+            return self.numa_nodes
+        return () if self.numa_node is None else (self.numa_node,)
 
 
 @dataclass(frozen=True)
@@ -250,6 +262,7 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
                 bus=bus,
                 device=device,
                 numa_node=merged.get("numa_node"),
+                numa_nodes=tuple(sorted(merged.get("numa_nodes", ()))),
                 pcie_path=tuple(merged["pcie_path"]),
                 nvlink_switch_links=tuple(merged.get("nvlink_switch_links", ())),
                 nvlink_gpu_links=tuple(merged.get("nvlink_gpu_links", ())),
@@ -263,6 +276,8 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
             )
         )
         slot = gpus[-1]
+        if slot.numa_nodes and slot.numa_node != slot.numa_nodes[0]:
+            raise ValueError(f"{data.get('name')}: GPU {index} numa_node is not its lowest node")
         if (slot.nvlink_switch_links or slot.nvlink_gpu_links) and slot.type.nvlink_version is None:
             raise ValueError(f"{data.get('name')}: GPU {index} has NVLinks but its type no nvlink")
     switches = []
