@@ -104,10 +104,12 @@ _BRANDS = {
 _CUDA_BY_BRANCH = {"384": 9000, "387": 9010, "390": 9010, "396": 9020}
 _COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 
+# What nvmlDeviceGetNvLinkVersion answers: an nvmlNvlinkVersion_t, not the NVLink generation
+# (an A100 or RTX 3090 answers 5, NVLINK_VERSION_3_1: open-mpi/hwloc#658, Syllo/nvtop#469).
 _NVLINK_VERSIONS = {
     "NVML_DEVICE_ARCH_PASCAL": "NVML_NVLINK_VERSION_1_0",
     "NVML_DEVICE_ARCH_VOLTA": "NVML_NVLINK_VERSION_2_0",
-    "NVML_DEVICE_ARCH_AMPERE": "NVML_NVLINK_VERSION_3_0",
+    "NVML_DEVICE_ARCH_AMPERE": "NVML_NVLINK_VERSION_3_1",
     "NVML_DEVICE_ARCH_HOPPER": "NVML_NVLINK_VERSION_4_0",
     "NVML_DEVICE_ARCH_BLACKWELL": "NVML_NVLINK_VERSION_5_0",
 }
