@@ -177,5 +177,6 @@ def node_topology(request: HttpRequest, hostname: str) -> HttpResponse:
         "rows": rows,
         "legend": topology.LINK_CLASSES,
         "has_nvlink": topology.has_nvlink(rows),
+        "has_mig": any(gpu.mig_capable for gpu in gpus),
     }
     return render(request, "inventory/node_topology.html", context)

@@ -75,6 +75,14 @@ def test_pcie_only_node_has_no_nvlink_bandwidth_note(client):
 
     assert {css for css, _, _ in cells(html)} == {"self", "pix", "node", "sys"}
     assert "per NVLink per direction" not in html
+    assert f"/nodes/{host}/mig/" not in html  # no MIG-capable GPU: no empty MIG page to link
+
+
+def test_topology_links_the_mig_page_of_a_node_with_mig_capable_gpus(client):
+    host = unique_host()
+    add_node(host, "dgx-a100-40gb")
+
+    assert f'href="/nodes/{host}/mig/"' in client.get(f"/nodes/{host}/topology/").content.decode()
 
 
 def profiles(part: str) -> list[tuple[str, str]]:
