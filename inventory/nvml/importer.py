@@ -101,7 +101,7 @@ _BRANDS = {
 }
 # Driver branches older than 410 print no CUDA version: the CUDA driver API each one ships
 # (NVML's cudaDriverVersion encoding), from the CUDA toolkit release notes' driver table.
-_CUDA_BY_BRANCH = {"384": 9000, "387": 9010, "390": 9010, "396": 9020}
+_CUDA_BY_BRANCH = {"384": 9000, "387": 9010, "390": 9010, "396": 9020, "410": 10000, "415": 10000}
 _COMPUTE_MODES = {"Default": 0, "Exclusive_Thread": 1, "Prohibited": 2, "Exclusive_Process": 3}
 
 # What nvmlDeviceGetNvLinkVersion answers: an nvmlNvlinkVersion_t, not the NVLink generation
@@ -246,7 +246,7 @@ def _build(
         src.note(
             "system.cuda_driver_version",
             f"derived: CUDA {cuda // 1000}.{cuda % 1000 // 10} from driver branch {driver} "
-            "(no <cuda_version> before driver 410)",
+            "(no CUDA Version in the capture: drivers before 410 and 410's -q print none)",
         )
     cuda = src.pick("system.cuda_driver_version", cuda, 0, "0 (no CUDA Version in the capture)")
     src.note("system.driver_version, cuda_driver_version", f"{smi_source} (driver {driver})")
@@ -773,7 +773,7 @@ def _initial_mig(
         src.note(
             "initial_state.mig",
             f"{smi_source} (MIG devices: GI size from GI id, profile "
-            "from SM counts; placements by NVML's default rule)",
+            "from SM counts; placements by NVML's default rule, largest GIs and CIs first)",
         )
     return layouts
 
@@ -800,7 +800,10 @@ def _layout(gpu: GpuInfo, table: mig_catalog.MigTable) -> list[Any]:
         layout.append(
             {
                 "gpu_instance": profile.name,
-                "compute_instances": [ci_names.get(sm, profile.name) for sm in sms],
+                # Largest CIs first too: a 2c.3g CI fits only at slice 0, beside a 1c at 2.
+                "compute_instances": [
+                    ci_names.get(sm, profile.name) for sm in sorted(sms, reverse=True)
+                ],
             }
         )
     return layout

@@ -91,16 +91,24 @@ class MigTable:
         raise ValueError(f"{self.name}: no MIG profile named {name!r}")
 
     def ci_profiles(self, gi: MigProfile) -> dict[int, CiProfile]:
-        return _ci_profiles(gi)
+        slice_sms: dict[int, int] = {}
+        for profile in self.profiles:
+            sms = slice_sms.get(profile.compute_slices, profile.sm)
+            slice_sms[profile.compute_slices] = min(sms, profile.sm)
+        return _ci_profiles(gi, tuple(sorted(slice_sms.items())))
 
 
 @cache
-def _ci_profiles(gi: MigProfile) -> dict[int, CiProfile]:
+def _ci_profiles(gi: MigProfile, slice_sms: tuple[tuple[int, int], ...]) -> dict[int, CiProfile]:
     """CI profiles of a GI: k-slice CIs start on multiples of k rounded up to a power of two.
 
     Reproduces ``mig -lcip`` on a 3g.20gb GI (1c x3, 2c x1, 3g x1) and the 7g lcipp
-    placements {0..6}:1, {0,2,4}:2, {0,4}:3, {0}:4, {0}:7.
+    placements {0..6}:1, {0,2,4}:2, {0,4}:3, {0}:4, {0}:7. A k-slice CI has the SMs of the
+    table's k-slice GI (``slice_sms``: the fewest, 1g.10gb's not 1g.20gb's), not a k-th share of
+    its GI's: an H200 3g.71gb (60 SMs) splits into 1c/2c CIs of 16 and 32 SMs
+    (nvidia-smi-q-text/nvidia_gpu_exporter__H200-MIG__q-idle_590.48.01.txt).
     """
+    sms_of = dict(slice_sms)
     out = {}
     size = gi.compute_slices
     for slices, index in CI_PROFILE_FOR_SLICES.items():
@@ -109,7 +117,7 @@ def _ci_profiles(gi: MigProfile) -> dict[int, CiProfile]:
         step = 1 if slices == 1 else 2 if slices == 2 else 4
         starts = tuple(range(0, size - slices + 1, step))
         name = gi.name if slices == size else f"{slices}c.{gi.name}"
-        sm = gi.sm if slices == size else gi.sm * slices // size
+        sm = gi.sm if slices == size else sms_of.get(slices, gi.sm * slices // size)
         out[index] = CiProfile(index, name, slices, starts, sm)
     return out
 

@@ -451,6 +451,28 @@ def test_captured_mig_layout_is_rebuilt(name: str) -> None:
     assert scanned == captured
 
 
+@pytest.mark.parametrize(
+    ("name", "table"),
+    [
+        ("nvidia_gpu_exporter__H100-80GB-HBM3-MIG__q-idle_590.48.01.txt", "h100-sxm5-80gb"),
+        # 1c.3g.71gb + 2c.3g.71gb in one GI: CIs of 16 and 32 SMs (not 20/40) of 60.
+        ("nvidia_gpu_exporter__H200-MIG__q-idle_590.48.01.txt", "h200-sxm5-141gb"),
+    ],
+)
+def test_captured_mig_layout_of_a_text_capture_is_rebuilt(name: str, table: str) -> None:
+    text = (REAL / "nvidia-smi-q-text" / name).read_text()
+    model = model_from_smi_text(text, name="imported", smi_source=name)
+    log = parse_smi_text(text)
+    assert [t["mig_table"] for t in model["gpu_types"].values()] == [table]
+    layout = _scan(model).gpus[0].mig
+    assert layout is not None and layout.enabled
+    captured = sorted((d.gpu_instance_id, d.multiprocessor_count) for d in log.gpus[0].mig_devices)
+    scanned = sorted(
+        (gi.gi_id, ci.sm_count) for gi in layout.gpu_instances for ci in gi.compute_instances
+    )
+    assert scanned == captured
+
+
 def test_board_facts_and_sources() -> None:
     model, _ = _import("k8s-test-infra__hardware__qx-h100.xml")
     # GPU 3 has another board part number: two types; idle readings differ within a type.
@@ -508,6 +530,21 @@ def test_old_driver_names_and_unknown_architecture_are_kept() -> None:
     assert spec["architecture"] == "NVML_DEVICE_ARCH_UNKNOWN"
     key = next(k for k in model["sources"] if k.endswith(".architecture"))
     assert model["sources"][key] == "assumed: NVML_DEVICE_ARCH_UNKNOWN (capture says None)"
+
+
+@pytest.mark.parametrize(
+    ("name", "cuda"),
+    # 410's -q prints no CUDA Version: NVML still answers CUDA 10.0 (10000), not 0.
+    [("smi-q__code-index-44773982537__V100-PCIE-32GB__410.48_no-cuda-version.txt", "10.0")],
+)
+def test_old_driver_text_capture_round_trips(name: str, cuda: str) -> None:
+    text = (OWN / name).read_text()
+    model = model_from_smi_text(text, name="old", smi_source=name)
+    scanned = _scan(model)
+    rows = _fields(parse_smi_text(text), scanned)
+    assert [row for row in rows if row[2] != row[3] and row[0] != "cuda_driver_version"] == []
+    assert scanned.system.cuda_driver_version == cuda
+    assert model["sources"]["system.cuda_driver_version"].startswith("derived: ")
 
 
 def test_captured_uuid_and_serial_round_trip() -> None:

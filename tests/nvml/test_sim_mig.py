@@ -392,3 +392,21 @@ def test_h100_mig_devices_match_the_mig_capture() -> None:
         6184,
         6184,
     ]
+
+
+@pytest.mark.parametrize(
+    ("table", "gi", "sms"),
+    [
+        ("a100-sxm4-40gb", "3g.20gb", [14, 28, 42]),
+        # Hopper: a 1c/2c CI has a 1g/2g GI's SMs, as the H200 -q capture shows (16/32 of 60).
+        ("h100-sxm5-80gb", "3g.40gb", [16, 32, 60]),
+        ("h200-sxm5-141gb", "3g.71gb", [16, 32, 60]),
+        ("h100-sxm5-80gb", "7g.80gb", [16, 32, 60, 64, 132]),
+    ],
+)
+def test_compute_instance_sms_are_those_of_the_k_slice_gpu_instance(
+    table: str, gi: str, sms: list[int]
+) -> None:
+    mig_table = load_table(table)
+    profiles = mig_table.ci_profiles(mig_table.by_name(gi)).values()
+    assert sorted(ci.sm for ci in profiles) == sms
