@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pwd
 import shutil
 import statistics
 import subprocess
@@ -79,6 +80,8 @@ def main() -> None:
         from django.conf import settings
         from django.contrib.auth import get_user_model
 
+        from gpuadmin.access.models import UnixAccount
+        from gpuadmin.access.nodes import node_token
         from inventory import live
         from inventory.models import Node
         from scheduling import services
@@ -95,7 +98,11 @@ def main() -> None:
         }
         processes = [
             start(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
-            start(["agent", "--node", HOSTNAME, "--sim", MODEL], env, scratch / "agent.log"),
+            start(
+                ["agent", "--node", HOSTNAME, "--sim", MODEL],
+                {**env, "GPUADMIN_NODE_TOKEN": node_token(HOSTNAME, actor_name="bench")},
+                scratch / "agent.log",
+            ),
         ]
         try:
             wait_for(
@@ -108,6 +115,11 @@ def main() -> None:
                 "the agent to register its node",
             )
             owner = get_user_model().objects.create_user("bench")
+            # Its jobs run as this account (an agent running as root starts each job as its
+            # owner's, and no Unix account "bench" exists).
+            UnixAccount.objects.create(
+                user=owner, username=pwd.getpwuid(os.geteuid()).pw_name, allow_root=True
+            )
 
             def submit(number: int) -> Job:
                 flag = scratch / f"done-{number}"

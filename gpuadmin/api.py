@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import functools
+import logging
+from typing import Any, ClassVar
 
-from rest_framework import serializers
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLResolver, get_resolver
+from django.views import defaults
+from drf_spectacular import openapi
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from rest_framework import serializers, views
+from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.fields import Field
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.settings import api_settings
+
+from gpuadmin.parsers import RequestTooLarge
+from gpuadmin.text import is_api_view
 
 
 class Pagination(LimitOffsetPagination):
@@ -65,3 +81,130 @@ class Serializer(PrototypeFieldsMixin, serializers.Serializer):
 
 class ModelSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):
     """``serializers.ModelSerializer`` with fields built once per class."""
+
+
+# --------------------------------------------------------------------------- errors
+#
+# One error format for every API 4xx: ``{"<field>": ["message", ...]}`` for bad input (a field
+# with parts, such as ``env``, nests the same shape per part), ``{"detail": "..."}`` for the
+# rest. DRF's own exceptions already answer so; ``exception_handler`` folds in the two other
+# shapes DRF can produce (a bare list, ``non_field_errors``) and Django's too-large body.
+
+
+def error_body(data: Any) -> Any:
+    """A ``ValidationError``'s body in the one format: non-field messages under ``detail``."""
+    if isinstance(data, list):
+        return {"detail": " ".join(str(message) for message in data)}
+    if isinstance(data, dict) and api_settings.NON_FIELD_ERRORS_KEY in data:
+        messages = data.pop(api_settings.NON_FIELD_ERRORS_KEY)
+        data = {"detail": " ".join(str(message) for message in messages), **data}
+    return data
+
+
+class DatabaseUnavailable(APIException):
+    status_code = 503
+    default_detail = "The database cannot be reached right now; retry shortly."
+    default_code = "database_unavailable"
+    retry_after_s = 5
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF's handler (headers such as ``Retry-After`` kept), with Django's refusals of a body
+    (too large: 413; too many fields or files, a malformed multipart form: 400), a database
+    that cannot be reached (503 with ``Retry-After``: a restart is not a server bug, and its
+    transaction was rolled back) and every 400 in the one error format."""
+    if isinstance(exc, SuspiciousOperation):
+        # Logged as Django logs the ones it answers itself.
+        logging.getLogger(f"django.security.{type(exc).__name__}").warning("%s", exc)
+        exc = RequestTooLarge() if isinstance(exc, RequestDataTooBig) else ParseError(str(exc))
+    if isinstance(exc, OperationalError | InterfaceError):
+        logging.getLogger("gpuadmin.api").error("database unavailable: %s", exc)
+        exc = DatabaseUnavailable()
+    response = views.exception_handler(exc, context)
+    if response is not None and isinstance(exc, ValidationError):
+        response.data = error_body(response.data)
+    if response is not None and isinstance(exc, DatabaseUnavailable):
+        response["Retry-After"] = str(DatabaseUnavailable.retry_after_s)
+    return response
+
+
+class ErrorSerializer(Serializer):
+    """Every 4xx but bad input."""
+
+    detail = serializers.CharField()
+
+
+class ValidationErrorSerializer(Serializer):
+    """A 400: the messages of each field named (a field with parts nests the same shape per
+    part), ``detail`` for what concerns no one field. Its schema is ``ValidationErrorSchema``'s."""
+
+
+class ValidationErrorSchema(OpenApiSerializerExtension):
+    target_class = ValidationErrorSerializer
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        messages = {"type": "array", "items": {"type": "string"}}
+        return {
+            "type": "object",
+            "description": "Field name -> messages; `detail` for the rest.",
+            "properties": {"detail": {"type": "string"}},
+            "additionalProperties": {"oneOf": [messages, {"type": "object"}]},
+            "example": {"gpu_count": ["Ensure this value is less than or equal to 64."]},
+        }
+
+
+# Status -> (body, description) of the errors an operation answers without saying so itself.
+ERRORS: dict[str, tuple[type[Serializer], str]] = {
+    "400": (ValidationErrorSerializer, "Bad input: each field named (`detail` for the rest)."),
+    "401": (ErrorSerializer, "Not signed in."),
+    "403": (ErrorSerializer, "Not allowed."),
+    "404": (ErrorSerializer, "No such object (or not one you may see)."),
+    "413": (ErrorSerializer, "The body is larger than DATA_UPLOAD_MAX_MEMORY_SIZE."),
+}
+
+
+class AutoSchema(openapi.AutoSchema):
+    """drf-spectacular's, with the errors every operation can answer, in the one format: 400
+    (any query parameter or body can be refused), 401 and 403 (all but public views), 404 for a
+    path naming an object, 413 for a body. An operation's own ``responses`` win."""
+
+    def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
+        responses = super()._get_response_bodies(direction)
+        codes = ["400"]
+        if not all(isinstance(p, AllowAny) for p in self.view.get_permissions()):
+            codes += ["401", "403"]
+        if "{" in self.path:
+            codes.append("404")
+        if self.method in ("POST", "PUT", "PATCH"):
+            codes.append("413")
+        for code in codes:
+            if code not in responses:
+                body, description = ERRORS[code]
+                response = self._get_response_for_code(body, code, direction=direction)
+                responses[code] = {**response, "description": description}
+        return responses
+
+
+@functools.cache
+def api_prefixes() -> frozenset[str]:
+    """The first path segments of the API's routes (those whose views are DRF's)."""
+    prefixes: set[str] = set()
+
+    def walk(patterns: list[Any], prefix: str) -> None:
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern).lstrip("^")
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, route)
+            elif is_api_view(pattern.callback):
+                prefixes.add(route.split("/")[0])
+
+    walk(get_resolver().url_patterns, "")
+    return frozenset(prefixes)
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler404``: a URL that no route takes is ``{"detail": "Not found."}`` under the
+    API's paths (e.g. ``/queue/abc``), Django's page elsewhere."""
+    if request.path.lstrip("/").split("/")[0] in api_prefixes():
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return defaults.page_not_found(request, exception)

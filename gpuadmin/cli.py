@@ -34,6 +34,7 @@ CHILD_STOP_GRACE_S = 10.0
 # How long `up` keeps the central worker, once the agents are gone, to record their jobs' ends.
 JOB_REPORT_WAIT_S = 15.0
 AGENT_LOG = logging.getLogger("gpuadmin.agent")
+CLI_ACTOR = "cli"  # who the audit log says acted, for a verb run on the server
 
 
 # Environment and Django bootstrap ----------------------------------------------------------
@@ -51,25 +52,32 @@ def _ensure_secret_key(data_dir: Path) -> None:
     os.environ["SECRET_KEY_FILE"] = str(key_file)
 
 
-def _bootstrap_django() -> EmbeddedServices | None:
-    """Fill the environment, start embedded services when needed, and set Django up."""
+def _bootstrap_django(*, database: bool = True) -> EmbeddedServices | None:
+    """Fill the environment, start embedded services when needed (no database for an agent),
+    and set Django up."""
     data_dir = data_dir_from_env()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
     _ensure_secret_key(data_dir)
-    services = ensure_service_urls(data_dir)
+    services = ensure_service_urls(data_dir, database=database)
     import django
 
     django.setup()
     return services
 
 
-def _with_django(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Run a verb with Django set up, stopping any embedded servers it had to start."""
+def _with_django(
+    run: Callable[[argparse.Namespace], int], *, database: bool = True
+) -> Callable[[argparse.Namespace], int]:
+    """Run a verb with Django set up under a new request id, stopping any embedded servers it
+    had to start."""
 
     def wrapper(args: argparse.Namespace) -> int:
-        services = _bootstrap_django()
+        services = _bootstrap_django(database=database)
+        from gpuadmin import request_id
+
         try:
-            return run(args)
+            with request_id.bound():  # the audit rows of one command share an id
+                return run(args)
         finally:
             if services is not None:
                 services.release()
@@ -157,23 +165,39 @@ def cmd_beat(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    """A node agent: scan this node through NVML, then serve the node's Celery queue."""
+    """A node agent: scan this node through NVML, then serve the node's Celery queue. It has
+    no database (only the broker) and signs its reports with the node's credential."""
     os.environ["GPUADMIN_NODE_NAME"] = args.node
+    os.environ["GPUADMIN_AGENT"] = "1"
+    if args.token_file:
+        os.environ["GPUADMIN_NODE_TOKEN_FILE"] = args.token_file
+    if args.jobs_as_agent:
+        os.environ["GPUADMIN_JOBS_AS_OWNER"] = "off"
     if args.sim:
         os.environ["GPUADMIN_NVML"] = "sim"
         os.environ["GPUADMIN_SIM_MODEL"] = args.sim
 
-    @_with_django
     def run(_: argparse.Namespace) -> int:
-        from gpuadmin.celery import app
+        from django.conf import settings
+
+        from gpuadmin.access.node_signing import parse_token, send_as_node
         from inventory.agent import AgentLoop, node_queue, scan_this_node
         from scheduling.agent import executor
 
+        try:
+            parse_token(settings.GPUADMIN_NODE_TOKEN)
+        except ValueError as exc:
+            print(
+                f"gpuadmin agent: GPUADMIN_NODE_TOKEN (or --token-file): {exc}; create one on "
+                f"the central side with `gpuadmin node credential create {args.node}`",
+                file=sys.stderr,
+            )
+            return 2
         scan = scan_this_node()
         system = scan.system
         summary = f"{len(scan.gpus)} GPUs, driver {system.driver_version or 'n/a'}"
         print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
-        loop = AgentLoop(args.node, app.send_task)
+        loop = AgentLoop(args.node, send_as_node)
         loop.start()
         jobs = executor()  # re-adopts or reports the jobs a previous agent left
         try:
@@ -197,7 +221,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             jobs.shutdown(kill=args.stop_jobs_on_exit)
             AGENT_LOG.info("agent %s: stopped", args.node)
 
-    return run(args)
+    return _with_django(run, database=False)(args)
 
 
 @_with_django
@@ -227,6 +251,32 @@ def cmd_token(args: argparse.Namespace) -> int:
         "(use it as GPUADMIN_TOKEN)",
         file=sys.stderr,
     )
+    return 0
+
+
+@_with_django
+def cmd_node_credential(args: argparse.Namespace) -> int:
+    """Issue, revoke or list node credentials (on the server: it needs the database)."""
+    from gpuadmin.access.models import NodeCredential
+    from gpuadmin.access.nodes import create_credential, revoke_credentials
+
+    if args.action == "create":
+        _, token = create_credential(args.node, actor_name=CLI_ACTOR)
+        print(token)
+        print(
+            f"credential for node {args.node} created; the token above is shown only this "
+            "once (give it to that node's agent as GPUADMIN_NODE_TOKEN or _FILE)",
+            file=sys.stderr,
+        )
+    elif args.action == "revoke":
+        revoked = revoke_credentials(args.node, actor_name=CLI_ACTOR)
+        print(f"{revoked} credential(s) of node {args.node} revoked")
+    else:
+        for credential in NodeCredential.objects.order_by("node", "pk"):
+            revoked_at = credential.revoked_at
+            state = f"revoked {revoked_at:%Y-%m-%d %H:%M}" if revoked_at else "active"
+            created = f"{credential.created_at:%Y-%m-%d %H:%M}"
+            print(f"#{credential.pk}  {credential.node}  created {created}  {state}")
     return 0
 
 
@@ -328,6 +378,17 @@ def _demo_nodes(fleet_path: str) -> list[tuple[str, str]]:
     return [(node["name"], node["model"]) for node in spec["nodes"]]
 
 
+def _demo_token_file(node: str) -> Path:
+    """A file holding the demo node's credential (issued on first use), readable only by us."""
+    from gpuadmin.access.nodes import node_token
+
+    path = data_dir_from_env() / "agent" / node / "node-token"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(node_token(node, actor_name="gpuadmin-up"))
+    return path
+
+
 def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
     print(f"starting {name}: gpuadmin {' '.join(argv)}", flush=True)
     return subprocess.Popen([sys.executable, "-m", "gpuadmin", *argv], start_new_session=True)
@@ -387,9 +448,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         for node, model in [] if args.no_agents else _demo_nodes(settings.GPUADMIN_SIM_FLEET):
             supervisor.start(
                 f"agent {node}",
-                ["agent", "--node", node, "--sim", model, "--stop-jobs-on-exit"],
+                [
+                    "agent", "--node", node, "--sim", model, "--stop-jobs-on-exit",
+                    "--jobs-as-agent",
+                    "--token-file", str(_demo_token_file(node)),
+                ],
                 stop_grace_s=agent_grace_s,
-            )
+            )  # fmt: skip
             nodes.append(node)
         print(f"\ngpuadmin is up: http://{args.bind}/  (admin: http://{args.bind}/admin/)")
         print("Press Ctrl-C to stop everything.\n", flush=True)
@@ -438,10 +503,21 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--node", required=True, help="node name (its hostname)")
     agent.add_argument("--sim", metavar="MODEL", help="simulate this machine model")
     agent.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file holding the node's credential (default: GPUADMIN_NODE_TOKEN[_FILE])",
+    )
+    agent.add_argument(
         "--stop-jobs-on-exit",
         action="store_true",
         help="cancel running jobs when the agent stops (default: leave them running for the "
         "next agent to re-adopt)",
+    )
+    agent.add_argument(
+        "--jobs-as-agent",
+        action="store_true",
+        help="run every job as this agent's own account, even as root "
+        "(GPUADMIN_JOBS_AS_OWNER=off; what gpuadmin up's demo agents do)",
     )
     agent.set_defaults(run=cmd_agent)
 
@@ -465,6 +541,20 @@ def build_parser() -> argparse.ArgumentParser:
     token_create.add_argument("name", help="what the token is for, e.g. laptop or ci")
     token_create.add_argument("--user", required=True, help="username the token acts as")
     token_create.set_defaults(run=cmd_token)
+
+    node = verbs.add_parser("node", help="node credentials (what lets an agent report)")
+    node_what = node.add_subparsers(dest="what", required=True, metavar="WHAT")
+    credential = node_what.add_parser("credential", help="create, revoke or list credentials")
+    credential_actions = credential.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("create", "issue a credential for node NAME; prints its token once"),
+        ("revoke", "revoke every credential of node NAME: its agent's reports are refused"),
+    ):
+        parser_ = credential_actions.add_parser(action, help=text)
+        parser_.add_argument("node", metavar="NAME", help="the node (its agent's --node)")
+        parser_.set_defaults(run=cmd_node_credential)
+    listing = credential_actions.add_parser("list", help="every credential and its state")
+    listing.set_defaults(run=cmd_node_credential)
 
     # Listed for --help only: main() hands their arguments to Django's and the simulator's CLIs.
     verbs.add_parser("manage", help="Django's manage.py (gpuadmin manage help)")

@@ -47,8 +47,9 @@ class EmbeddedServices:
     def redis_dir(self) -> Path:
         return self.data_dir / "redis"
 
-    def start(self, *, keep_running: bool = False) -> dict[str, str]:
-        """Start (or adopt) both servers and return their URLs as environment variables.
+    def start(self, *, keep_running: bool = False, database: bool = True) -> dict[str, str]:
+        """Start (or adopt) both servers (only Redis without ``database``: a node agent) and
+        return their URLs as environment variables.
 
         The calling process is recorded as a user until ``release()``. Servers started here stop
         when their last user releases them, unless ``keep_running`` (``gpuadmin services
@@ -56,7 +57,8 @@ class EmbeddedServices:
         """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self._users() as users:
-            urls = {"DATABASE_URL": self._start_postgres(), "REDIS_URL": self._start_redis()}
+            urls = {"DATABASE_URL": self._start_postgres()} if database else {}
+            urls["REDIS_URL"] = self._start_redis()
             if self.started and not users["pids"]:
                 users["auto_stop"] = not keep_running
             if not keep_running:
@@ -269,16 +271,17 @@ def data_dir_from_env() -> Path:
     return base / ".gpuadmin"
 
 
-def ensure_service_urls(data_dir: Path) -> EmbeddedServices | None:
-    """Fill ``DATABASE_URL``/``REDIS_URL`` from embedded servers when either is unset.
+def ensure_service_urls(data_dir: Path, *, database: bool = True) -> EmbeddedServices | None:
+    """Fill ``DATABASE_URL``/``REDIS_URL`` from embedded servers when either is unset (only
+    ``REDIS_URL`` without ``database``: node agents have no database).
 
-    Returns the services object, which the caller ``release()``s when done; ``None`` when both
+    Returns the services object, which the caller ``release()``s when done; ``None`` when the
     URLs were given (external servers are never touched).
     """
-    if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
+    if (os.environ.get("DATABASE_URL") or not database) and os.environ.get("REDIS_URL"):
         return None
     services = EmbeddedServices(data_dir)
-    urls = services.start()
+    urls = services.start(database=database)
     for name, url in urls.items():
         os.environ.setdefault(name, url)
     return services

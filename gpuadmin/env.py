@@ -66,6 +66,34 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
+RATE_PERIODS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86400,
+    "day": 86400,
+}
+
+
+def env_rate(name: str, default: str) -> tuple[int, int] | None:
+    """A rate ``N/period`` (period: s, min, hour or day) as ``(N, seconds)``; ``off`` is
+    ``None`` (no limit)."""
+    raw = os.environ.get(name, "").strip().lower() or default
+    if raw == "off":
+        return None
+    count, _, period = raw.partition("/")
+    if not count.isdigit() or int(count) < 1 or period not in RATE_PERIODS:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a rate: use N/s, N/min, N/hour or N/day (N >= 1), or off"
+        )
+    return int(count), RATE_PERIODS[period]
+
+
 def parse_database_url(url: str) -> dict[str, Any]:
     """Turn ``postgresql://user:pass@host:port/name?host=/socket/dir`` into Django's dict.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -13,6 +14,7 @@ from gpuadmin.env import (
     env_choice,
     env_int,
     env_list,
+    env_rate,
     env_str,
     parse_database_url,
 )
@@ -58,32 +60,52 @@ GPUADMIN_JOB_LOG_MAX_BYTES = env_int("GPUADMIN_JOB_LOG_MAX_BYTES", 16 * 1024 * 1
 GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
 # What runs a node agent's jobs that give a container image (auto: the first of docker, podman,
 # apptainer on PATH; none: such jobs fail instead of running on the host).
+# "auto": an agent running as root starts each job as its owner's Unix account; "off": every job
+# runs as the agent's own account (gpuadmin up's demo agents: the demo's users have none).
+GPUADMIN_JOBS_AS_OWNER = env_choice("GPUADMIN_JOBS_AS_OWNER", ("auto", "off"), "auto")
 GPUADMIN_CONTAINER_RUNTIME = env_choice(
     "GPUADMIN_CONTAINER_RUNTIME", ("auto", "docker", "podman", "apptainer", "none"), "auto"
 )
 # Longest a process trusts a resolved API token without looking again (0: never cache);
 # changes to tokens, users and roles invalidate the caches at once through Redis.
 GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)
+# Per-user rate limits (``N/min``, ``N/hour``..., or ``off``) on job submission (API and the
+# submit page) and on API token creation: a 429 with Retry-After beyond them.
+GPUADMIN_SUBMIT_RATE = env_rate("GPUADMIN_SUBMIT_RATE", "1200/min")
+GPUADMIN_TOKEN_RATE = env_rate("GPUADMIN_TOKEN_RATE", "30/hour")
+
+# A node agent (``gpuadmin agent`` sets it) has no database: it talks to the central side
+# through the broker only, and any use of the ORM raises (``gpuadmin.nodb``).
+GPUADMIN_AGENT = env_bool("GPUADMIN_AGENT", False)
+# The agent's node credential (``gpuadmin node credential create NAME``), which signs its reports.
+GPUADMIN_NODE_TOKEN = env_str("GPUADMIN_NODE_TOKEN")
+# Central side: how old a signed report from an agent may be (queued while the worker was down).
+GPUADMIN_NODE_REPORT_MAX_AGE_S = env_int("GPUADMIN_NODE_REPORT_MAX_AGE_S", 3600, minimum=10)
 
 _database_url = env_str("DATABASE_URL")
 _redis_url = env_str("REDIS_URL")
-if not _database_url or not _redis_url:
+if not _redis_url or not (_database_url or GPUADMIN_AGENT):
     raise ImproperlyConfigured(
-        "DATABASE_URL and REDIS_URL must be set. The gpuadmin commands (gpuadmin up/serve/"
-        "worker/manage, make test) set them to private embedded servers when they are unset."
+        "DATABASE_URL and REDIS_URL must be set (node agents: REDIS_URL only). The gpuadmin "
+        "commands (gpuadmin up/serve/worker/manage, make test) set them to private embedded "
+        "servers when they are unset."
     )
-DATABASES = {"default": parse_database_url(_database_url)}
 REDIS_URL = _redis_url
-DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# Statements a connection runs this many times are prepared on the server (server-side
-# binding): PostgreSQL skips parsing and planning them, Python skips quoting every parameter.
-# 0 = Django's client-side binding, e.g. behind PgBouncer older than 1.21 in transaction mode.
-_prepare_threshold = env_int("DATABASE_PREPARE_THRESHOLD", 5, minimum=0)
-if _prepare_threshold:
-    DATABASES["default"]["OPTIONS"].update(
-        server_side_binding=True, prepare_threshold=_prepare_threshold
-    )
+if GPUADMIN_AGENT:
+    DATABASES: dict[str, dict[str, Any]] = {"default": {"ENGINE": "gpuadmin.nodb"}}
+else:
+    DATABASES = {"default": parse_database_url(_database_url)}
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Statements a connection runs this many times are prepared on the server (server-side
+    # binding): PostgreSQL skips parsing and planning them, Python skips quoting every
+    # parameter. 0 = Django's client-side binding, e.g. behind PgBouncer older than 1.21 in
+    # transaction mode.
+    _prepare_threshold = env_int("DATABASE_PREPARE_THRESHOLD", 5, minimum=0)
+    if _prepare_threshold:
+        DATABASES["default"]["OPTIONS"].update(
+            server_side_binding=True, prepare_threshold=_prepare_threshold
+        )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -109,7 +131,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so every response carries X-Request-ID and every audit row the request's id.
+    "gpuadmin.request_id.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "gpuadmin.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Pages and their 2 s partials compress about 10x; Django's GZip pads against BREACH.
     "django.middleware.gzip.GZipMiddleware",
@@ -120,6 +145,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # A path argument or query parameter PostgreSQL cannot store (NUL): a 404/400, not a 500.
+    "gpuadmin.text.StorableTextMiddleware",
 ]
 
 ROOT_URLCONF = "gpuadmin.urls"
@@ -135,6 +162,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "gpuadmin.audit.access.nav",
             ],
         },
     }
@@ -168,12 +196,18 @@ LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gpuadmin.api.AutoSchema",
+    "EXCEPTION_HANDLER": "gpuadmin.api.exception_handler",
+    "DEFAULT_PARSER_CLASSES": [
+        "gpuadmin.parsers.JSONParser",
+        "gpuadmin.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "gpuadmin.access.tokens.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "gpuadmin.access.tokens.BasicAuthentication",
     ],
 }
 SPECTACULAR_SETTINGS = {
@@ -224,9 +258,34 @@ LOGGING = {
     },
 }
 
-if not DEBUG:
-    SESSION_COOKIE_HTTPONLY = True
-    SECURE_CONTENT_TYPE_NOSNIFF = True
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
-    CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# Security headers on every response (README "Limits and headers"): the CSP allows only this
+# origin's files (no inline or evaluated script; style attributes, which the MIG drawing and
+# the memory bars use, but no inline <style>); pages cannot be framed.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "style-src-attr": ["'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+SESSION_COOKIE_HTTPONLY = True
+# Behind HTTPS (a TLS proxy that sets X-Forwarded-Proto): Secure cookies, redirect plain HTTP
+# (the health probe excepted) and HTTP Strict Transport Security.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_REDIRECT_EXEMPT = [r"^-/health$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)

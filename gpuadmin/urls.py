@@ -1,21 +1,32 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from rest_framework.routers import SimpleRouter
 
 from gpuadmin import views
+from gpuadmin.audit import api as audit_api
+from gpuadmin.audit import views as audit_views
+
+audit_router = SimpleRouter()
+audit_router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("audit/", audit_views.audit_log, name="audit-log"),
+    path("api/v1/", include((audit_router.urls, "audit"), namespace="audit-api-v1")),
     path("", include("inventory.urls")),
     path("", include("inventory.api.urls")),
     path("", include("scheduling.api.urls")),
     path("", include("scheduling.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # The split view serves its start-up script from a URL, not inline (the CSP allows none).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
 ]
+
+handler404 = "gpuadmin.api.not_found"
 
 admin.site.site_header = "gpuadmin"
 admin.site.site_title = "gpuadmin"

@@ -4,6 +4,8 @@ catalog current (registration, heartbeats, scans on start and periodically)."""
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from redis.exceptions import RedisError
 
 from gpuadmin import __version__
 from inventory import live
+from inventory.choices import JOBS_RUN_AS_OWNER
 from inventory.nvml import SECTIONS, open_backend
 from inventory.nvml.scanner import NodeScan, scan
 
@@ -32,6 +35,24 @@ _sampling = threading.Lock()
 def node_queue(node_name: str) -> str:
     """The Celery queue only that node's agent consumes."""
     return f"node.{node_name}"
+
+
+def jobs_run_as_owner() -> bool:
+    """Whether this agent starts each job as its owner's Unix account: only as root (nothing
+    else can switch accounts), unless ``GPUADMIN_JOBS_AS_OWNER`` is off."""
+    return os.geteuid() == 0 and settings.GPUADMIN_JOBS_AS_OWNER == "auto"
+
+
+def job_account() -> str:
+    """Whose Unix account this node's jobs run as: ``JOBS_RUN_AS_OWNER`` (each job's owner's),
+    or the agent's own."""
+    if jobs_run_as_owner():
+        return JOBS_RUN_AS_OWNER
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a passwd entry (a container's arbitrary user)
+        return str(uid)
 
 
 def node_backend() -> Any:
@@ -167,6 +188,7 @@ class AgentLoop(threading.Thread):
             machine_model(result),
             __version__,
             settings.GPUADMIN_NVML,
+            job_account(),
         )
         # The first scan is news; the periodic rescans are polling (the catalog logs changes).
         level = logging.DEBUG if self.synced else logging.INFO

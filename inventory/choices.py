@@ -26,6 +26,10 @@ class NvmlBackend(models.TextChoices):
     SIM = "sim", "NVML simulator"
 
 
+#: ``Node.job_account`` of a node whose agent runs as root: each job runs as its owner's Unix
+#: account (not a Unix user name itself: it has a space).
+JOBS_RUN_AS_OWNER = "per owner"
+
 BADGE_COLOURS: dict[str, str] = {
     NodeState.ONLINE: "green",
     NodeState.DRAINING: "amber",

@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory.choices import GpuState, NodeState, NvmlBackend
+from inventory.choices import JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
 from inventory.discovery import GPU_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
 from inventory.usability import Unusable, why_unusable
@@ -38,6 +38,9 @@ class Pool(models.Model):
 
 
 CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
+# Sizes of the free-form catalog fields; the admin and the API refuse more (a 400 naming it).
+MAX_NOTES_CHARS = 10_000
+MAX_TAGS = 32
 
 
 class CatalogFields(models.Model):
@@ -55,8 +58,8 @@ class CatalogFields(models.Model):
     pool = models.ForeignKey(
         Pool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    notes = models.TextField(blank=True)
-    tags = ArrayField(models.CharField(max_length=50), default=list, blank=True)
+    notes = models.TextField(blank=True, max_length=MAX_NOTES_CHARS)
+    tags = ArrayField(models.CharField(max_length=50), size=MAX_TAGS, default=list, blank=True)
 
     class Meta:
         abstract = True
@@ -70,6 +73,7 @@ class Node(CatalogFields):
         "hostname",
         "model",
         "nvml_backend",
+        "job_account",
         "driver_version",
         "cuda_driver_version",
         "nvml_version",
@@ -92,6 +96,12 @@ class Node(CatalogFields):
         help_text="What the node's agent queries: the NVIDIA driver, or the NVML simulator "
         "running the node's machine model. Empty until an agent says.",
     )
+    job_account = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="Whose Unix account the node's jobs run as: 'per owner' (each job's owner's, "
+        "its agent running as root) or the account its agent runs as. Empty until an agent says.",
+    )
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_driver_version = models.CharField("CUDA driver version", max_length=16, blank=True)
     nvml_version = models.CharField("NVML version", max_length=32, blank=True)
@@ -108,6 +118,12 @@ class Node(CatalogFields):
 
     def __str__(self) -> str:
         return self.hostname
+
+    def job_account_label(self) -> str:
+        """Whose account the node's jobs run as, in words ("" until its agent says)."""
+        if self.job_account == JOBS_RUN_AS_OWNER:
+            return "their owners' accounts"
+        return f"the agent's account, {self.job_account}" if self.job_account else ""
 
     def is_reachable(self, now: datetime | None = None) -> bool:
         """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""

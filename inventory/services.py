@@ -37,13 +37,20 @@ def register_node(
     model: str = "",
     agent_version: str = "",
     nvml_backend: str = "",
+    job_account: str = "",
     actor_name: str = "agent",
 ) -> Node:
     """Create the node on its agent's first start; later starts refresh what the agent says
-    (its machine model, version and NVML backend, an ``NvmlBackend`` value)."""
+    (its machine model, version, NVML backend (an ``NvmlBackend`` value) and whose account its
+    jobs run as (``inventory.agent.job_account()``))."""
     if nvml_backend and nvml_backend not in NvmlBackend.values:
         raise ValueError(f"{nvml_backend!r} is not an NVML backend")
-    said = {"model": model, "agent_version": agent_version, "nvml_backend": nvml_backend}
+    said = {
+        "model": model,
+        "agent_version": agent_version,
+        "nvml_backend": nvml_backend,
+        "job_account": job_account,
+    }
     with transaction.atomic():
         node, created = Node.objects.select_for_update().get_or_create(
             hostname=hostname, defaults=said
@@ -154,10 +161,10 @@ class DiscoveryFailed(RuntimeError):
     or its NVML failed; the catalog was left as it was."""
 
 
-def discover_node(node: Node) -> NodeScan:
+def discover_node(node: Node, *, actor_name: str = DISCOVERY_ACTOR) -> NodeScan:
     """Scan ``node`` now through its agent, apply the scan to the catalog (audited like any
-    other) and return it; ``DiscoveryFailed`` says why when it could not be done or NVML
-    failed on the node."""
+    other, under ``actor_name``: who asked) and return it; ``DiscoveryFailed`` says why when it
+    could not be done or NVML failed on the node."""
     if not node.is_reachable():
         raise DiscoveryFailed(
             f"node {node.hostname} is unreachable: no heartbeat in the last "
@@ -174,7 +181,7 @@ def discover_node(node: Node) -> NodeScan:
         raise DiscoveryFailed(str(exc)) from None
     result = NodeScan.from_dict(outcome)
     # Applied even when NVML failed: the catalog shows what the node really answered.
-    apply_discovery(node.hostname, result)
+    apply_discovery(node.hostname, result, actor_name=actor_name)
     if result.system.error:
         raise DiscoveryFailed(f"node {node.hostname}: {result.system.error}")
     return result

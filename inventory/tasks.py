@@ -2,7 +2,8 @@
 
 ``scan_node``, ``mig_create`` and ``mig_destroy`` run on a node agent's own queue
 (``node.<name>``); the others run centrally and are what agents send: scans to sync (which
-register the node) and heartbeats.
+register the node) and heartbeats, believed only from the node they are about
+(``gpuadmin.access.nodes.speaks_for``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.utils.dateparse import parse_datetime
 
+from gpuadmin.access.nodes import speaks_for
 from inventory import services
 from inventory.agent import node_backend, scan_this_node
 from inventory.nvml import mig_ops
@@ -28,25 +30,34 @@ def scan_node() -> dict[str, Any]:
     return scan_this_node().to_dict()
 
 
-@shared_task(name="inventory.heartbeat", ignore_result=True)
-def heartbeat(hostname: str, sent_at: str) -> None:
-    services.record_heartbeat(hostname, parse_datetime(sent_at))
+@shared_task(name="inventory.heartbeat", ignore_result=True, bind=True)
+def heartbeat(self: Task, hostname: str, sent_at: str) -> None:
+    if speaks_for(self, hostname):
+        services.record_heartbeat(hostname, parse_datetime(sent_at))
 
 
-@shared_task(name="inventory.sync_node")
+@shared_task(name="inventory.sync_node", bind=True)
 def sync_node(
+    self: Task,
     hostname: str,
     scan: dict[str, Any],
     sent_at: str,
     model: str,
     agent_version: str,
     nvml_backend: str = "",
+    job_account: str = "",
 ) -> dict[str, int]:
     """Register the node (first time) and apply its agent's scan; returns how many audited
-    differences the scan brought. ``nvml_backend`` (``real`` or ``sim``) stays unknown for an
-    agent of an older release that does not send it."""
+    differences the scan brought. ``nvml_backend`` (``real`` or ``sim``) and ``job_account``
+    stay unknown for an agent of an older release that does not send them."""
+    if not speaks_for(self, hostname):
+        return {"changes": 0}
     services.register_node(
-        hostname, model=model, agent_version=agent_version, nvml_backend=nvml_backend
+        hostname,
+        model=model,
+        agent_version=agent_version,
+        nvml_backend=nvml_backend,
+        job_account=job_account,
     )
     plan = services.apply_discovery(hostname, NodeScan.from_dict(scan))
     services.record_heartbeat(hostname, parse_datetime(sent_at))

@@ -2,7 +2,9 @@
 the central worker, and (on simulated nodes) the simulator following the jobs' processes.
 
 Jobs arrive as the executor's own ``JobSpec`` (``to_dict``, built by ``scheduling.dispatch``)
-and go back as its events; the agent only gives a job without a directory a scratch folder.
+and go back as its events. A job without a directory starts in a scratch folder of its own
+(``<agent dir>/work/<job>.<attempt>``); an agent running as root starts each job as its owner's
+Unix account (see the executor).
 
 The agent's Celery worker runs with the solo pool, so the tasks of ``scheduling.tasks`` that
 run on the node queue and the executor's threads share this process and its one executor.
@@ -12,17 +14,19 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from contextlib import suppress
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.utils import timezone
+from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from inventory.agent import publish_sample, scan_this_node
+from gpuadmin.access.node_signing import send_as_node
+from inventory.agent import jobs_run_as_owner, publish_sample, scan_this_node
 from inventory.nvml.sim import faults
 from scheduling.executor import (
     Executor,
@@ -43,6 +47,9 @@ SIM_UTILIZATION_PCT = 92
 _lock = threading.Lock()
 _executor: Executor | None = None
 _canceled: set[str] = set()  # executor ids canceled before their run_job arrived
+_unsent: deque[ExecutorEvent] = deque()  # events the broker refused, oldest first
+_unsent_lock = threading.RLock()
+_resender: threading.Thread | None = None
 
 
 def agent_dir(hostname: str) -> Path:
@@ -70,14 +77,18 @@ def executor() -> Executor:
                 # Simulated GPUs have no devices to give a container.
                 container_gpus=settings.GPUADMIN_NVML != "sim",
                 node_name=settings.GPUADMIN_NODE_NAME,
+                scratch_dir=root / "work",
+                jobs_as_owner=jobs_run_as_owner(),
                 **hooks,
             )
-            log.info("container runtime for jobs with an image: %s", _executor.container_runtime)
+            log.info(
+                "jobs run as %s; container runtime for jobs with an image: %s",
+                "their owners' Unix accounts" if _executor.jobs_as_owner else "this agent",
+                _executor.container_runtime,
+            )
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
-            current_app.send_task(
-                "scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running)
-            )
+            send_as_node("scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running))
         return _executor
 
 
@@ -92,8 +103,6 @@ def run_job(data: dict[str, Any]) -> None:
     except ValueError as exc:  # a job that cannot start must end, not stay SCHEDULED
         report(JobFinished(name, FinalState.FAILED, None, timezone.now(), f"cannot start: {exc}"))
         return
-    if spec.cwd is None:
-        spec = replace(spec, cwd=str(_work_dir(name)))
     executor().launch(spec)
 
 
@@ -124,13 +133,46 @@ def report(event: ExecutorEvent) -> None:
             publish_sample(settings.GPUADMIN_NODE_NAME)
         except (OSError, RedisError) as exc:  # the periodic sample and beat's pass will come
             log.warning("cannot publish the sample after job %s: %s", event.job_id, exc)
-    current_app.send_task("scheduling.job_event", args=(event.to_dict(),))
+    with _unsent_lock:
+        _unsent.append(event)
+    if not send_unsent():
+        log.warning(
+            "cannot reach the broker to report job %s; its events are resent every %g s",
+            event.job_id,
+            settings.GPUADMIN_SAMPLE_INTERVAL_S,
+        )
+        _start_resender()
 
 
-def _work_dir(name: str) -> Path:
-    path = agent_dir(settings.GPUADMIN_NODE_NAME) / "work" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def send_unsent() -> bool:
+    """Send the events not yet delivered, oldest first; ``False`` when the broker refuses one
+    (it and those after it are kept). A job that ends while the broker is down would otherwise
+    stay RUNNING, its GPUs held, for as long as the agent lives."""
+    with _unsent_lock:
+        while _unsent:
+            try:
+                send_as_node("scheduling.job_event", args=(_unsent[0].to_dict(),))
+            except (KombuError, OSError, RedisError):
+                return False
+            _unsent.popleft()
+    return True
+
+
+def _start_resender() -> None:
+    """One thread per agent, started at the first refused report, retries what is unsent."""
+    global _resender
+    with _unsent_lock:
+        if _resender is not None:
+            return
+
+        def resend() -> None:
+            while True:
+                time.sleep(settings.GPUADMIN_SAMPLE_INTERVAL_S)
+                if _unsent and send_unsent():
+                    log.info("job events held while the broker was away are delivered")
+
+        _resender = threading.Thread(target=resend, name="job-event-resender", daemon=True)
+        _resender.start()
 
 
 # Simulated nodes: the job's real process shows on its GPUs in the simulator's NVML.

@@ -18,6 +18,8 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gpuadmin.access.node_signing import send_as_central
+from gpuadmin.access.services import unix_account_of
 from inventory import live
 from inventory.agent import node_queue
 from scheduling.executor import FinalState, JobFinished, JobSpec, executor_id
@@ -44,7 +46,7 @@ def wake() -> None:
 
 def dispatch(job_id: int) -> None:
     """Send a SCHEDULED job to the agent of every node it was placed on."""
-    job = Job.objects.get(pk=job_id)
+    job = Job.objects.select_related("owner__unix_account").get(pk=job_id)
     send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
 
 
@@ -68,7 +70,7 @@ def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
             timezone.now(),
             f"cannot start: {exc}",
         )
-        current_app.send_task("scheduling.job_event", args=(failed.to_dict(),))
+        send_as_central("scheduling.job_event", args=(failed.to_dict(),))
         return
     for hostname, spec in zip(hostnames, specs, strict=True):
         current_app.send_task(
@@ -89,7 +91,8 @@ def send_cancel(job: Job, hostnames: Iterable[str], message: str) -> None:
 
 def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) -> JobSpec:
     """What an agent runs of a job on one of its nodes (``hostnames``, ``rank`` its place
-    among them). ``ValueError`` for a job the executor would refuse."""
+    among them), as its owner's Unix account. ``ValueError`` for a job the executor would
+    refuse."""
     env = {str(name): str(value) for name, value in job.env.items()}
     if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
         env.update(
@@ -99,8 +102,11 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
         )
     image = job.container_image or None
     workdir = job.working_dir or None
+    account = unix_account_of(job.owner)
     return JobSpec(
         job_id=executor_id(job.pk, job.attempt),
+        unix_user=account.username,
+        allow_root=account.allow_root,
         argv=() if job.use_shell else job.command,
         shell_command=" ".join(job.command) if job.use_shell else None,
         env=env,

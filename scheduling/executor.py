@@ -31,12 +31,21 @@ Design and trade-offs:
   allocated GPUs, which keep their UUIDs inside, so ``CUDA_VISIBLE_DEVICES`` holds the same
   UUIDs as on the host and ``NVIDIA_VISIBLE_DEVICES`` names them too (``void`` for none: CUDA
   images ask for ``all``). ``apptainer --nv`` shows a container every GPU of the node; there
-  ``CUDA_VISIBLE_DEVICES`` is what confines the job, as on the host. Job variables reach a
-  docker or podman container by name (``-e NAME``, the value in the client's environment), so
-  that, as on the host, they never show in the node's process list; one the client itself
-  would read (its configuration, ``PATH``, ``LD_*``) goes as ``-e NAME=VALUE`` instead.
+  ``CUDA_VISIBLE_DEVICES`` is what confines the job, as on the host. Every option is one
+  ``--name=value`` word and the image (never one that could read as an option) ends them, so
+  nothing of the job's becomes an option of the runtime. Job variables reach a docker or podman
+  container by name (``--env=NAME``, the value in the client's environment), so that, as on
+  the host, they never show in the node's process list; one the client itself would read (its
+  configuration, ``PATH``, ``LD_*``) goes as ``--env=NAME=VALUE`` instead.
   Without bind mounts, the image's file system is all the job sees (apptainer's defaults
   aside: it binds ``$HOME``, ``/tmp`` and the client's directory).
+- **Accounts.** Like Slurm, an executor running as root starts each job as its owner's Unix
+  account (:attr:`JobSpec.unix_user`, looked up on this node: uid, gid, supplementary groups,
+  home): the host process and apptainer's client run as it, docker and podman containers get
+  ``--user=uid:gid`` (their client stays the agent's, which talks to the daemon). The job's
+  log (and its rotated pieces) and its scratch folder are the account's. A job fails at once
+  when the node lacks the account, or when it is root (uid 0) and not ``allow_root``. An
+  executor that is not root cannot switch and runs every job as itself.
 - **Logs.** The job's stdout and stderr *are* its log file (``O_APPEND``), not a pipe to the
   agent, so a job keeps logging while the agent restarts and no output dies with a pump
   thread. The job's monitor thread enforces the size limit every poll interval, copytruncate
@@ -62,6 +71,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -71,7 +81,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -112,6 +122,9 @@ _APPTAINER_SOURCE = re.compile(
 
 # Job ids become file names: no separators, no leading dot.
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# What a container image and a Unix user name may be on an argv or in a lookup: never an
+# option (a leading '-'), nor white space or control characters.
+_ARGUMENT = re.compile(r"(?!-)[^\s\x00-\x1f\x7f-\x9f]+")
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _TAIL_BLOCK = 64 * 1024
 
@@ -142,14 +155,17 @@ class JobSpec:
     agent (:meth:`to_dict`, :meth:`from_dict`). Give ``argv`` (run as is) or ``shell_command``
     (run by ``/bin/sh -c``).
 
-    ``cwd`` is where the process starts; ``None`` until the agent gives the job a scratch
-    folder of its own (the executor refuses to launch without one). With a ``container_image``
-    the command runs in that image, in ``container_workdir`` when given (a path inside the
-    container), and ``cwd`` is only where the runtime's client starts.
+    ``cwd`` is where the process starts; ``None``: a scratch folder of its own (the
+    executor's ``scratch_dir``; without one it refuses to launch). ``unix_user`` is the owner's
+    Unix account, which a root executor runs the job as (root only with ``allow_root``). With a
+    ``container_image`` the command runs in that image, in ``container_workdir`` when given (a
+    path inside the container), and ``cwd`` is only where the runtime's client starts.
     """
 
     job_id: str
     cwd: str | None = None
+    unix_user: str | None = None
+    allow_root: bool = False
     argv: Sequence[str] = ()
     shell_command: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
@@ -169,6 +185,16 @@ class JobSpec:
             raise ValueError(f"working directory {self.cwd!r} is not an absolute path")
         if self.max_runtime_s is not None and self.max_runtime_s <= 0:
             raise ValueError("max_runtime_s must be positive")
+        if self.unix_user is not None and not _ARGUMENT.fullmatch(self.unix_user):
+            raise ValueError(f"Unix user name {self.unix_user!r} is not valid")
+        for name, value in self.env.items():
+            if not name or "=" in name or "\0" in name or "\0" in value:
+                raise ValueError(f"environment variable {name!r} is not valid")
+        if self.container_image is not None and not _ARGUMENT.fullmatch(self.container_image):
+            raise ValueError(
+                f"container image {self.container_image!r} is not valid: it starts with '-' or "
+                "holds white space or control characters"
+            )
         if self.container_workdir is not None:
             if not self.container_image:
                 raise ValueError("container_workdir needs a container_image")
@@ -220,40 +246,91 @@ class JobSpec:
         return {**_base_environment(agent_env), **self.variables()}
 
 
+@dataclass(frozen=True)
+class Account:
+    """The Unix account a job runs as on this node."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def named(cls, spec: JobSpec, node_name: str) -> Account:
+        """The account of ``spec.unix_user`` on this node. ``ValueError`` saying why the job
+        cannot run as it: no such account, or root (uid 0) for an owner not allowed it."""
+        if spec.unix_user is None:
+            raise ValueError("the job names no Unix account to run as")
+        try:
+            entry = pwd.getpwnam(spec.unix_user)
+        except KeyError:
+            raise ValueError(f"no Unix account {spec.unix_user!r} on {node_name}") from None
+        if entry.pw_uid == 0 and not spec.allow_root:
+            raise ValueError(
+                f"Unix account {spec.unix_user!r} is root (uid 0) on {node_name}, and its "
+                "owner may not run jobs as root"
+            )
+        groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
+
+    @classmethod
+    def own(cls) -> Account:
+        """The account this process runs as."""
+        uid = os.geteuid()
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:  # a uid without a passwd entry (a container's arbitrary user)
+            return cls(str(uid), uid, os.getegid(), tuple(os.getgroups()), "/")
+        return cls(entry.pw_name, uid, os.getegid(), tuple(os.getgroups()), entry.pw_dir)
+
+
 def container_process(
-    runtime: str, spec: JobSpec, agent_env: Mapping[str, str], *, gpu_devices: bool = True
+    runtime: str,
+    spec: JobSpec,
+    agent_env: Mapping[str, str],
+    *,
+    gpu_devices: bool = True,
+    account: Account | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment of the ``runtime`` client that runs ``spec`` in its image (see
-    the module docstring). ``gpu_devices=False`` gives the container no GPU devices (simulated
-    GPUs have none), while ``CUDA_VISIBLE_DEVICES`` still names the allocated GPUs."""
+    """The argv and environment of the ``runtime`` client that runs ``spec`` in its image as
+    ``account`` (default: this process's; see the module docstring and the README's command
+    lines). ``gpu_devices=False`` gives the container no GPU devices (simulated GPUs have
+    none), while ``CUDA_VISIBLE_DEVICES`` still names the allocated GPUs.
+
+    Nothing the job's owner chose can become an option of the runtime: every option is one
+    ``--name=value`` argument of gpuadmin's making before the image (which :class:`JobSpec`
+    refuses when it could read as an option); the job's command only follows the image."""
     if not spec.container_image:
         raise ValueError(f"job {spec.job_id} has no container image")
     devices = ",".join(spec.gpu_uuids) if gpu_devices else ""
     variables = {**spec.variables(), "NVIDIA_VISIBLE_DEVICES": devices or "void"}
     env = _client_environment(runtime, agent_env)
     workdir = spec.container_workdir
-    if runtime == "apptainer":
+    if runtime == "apptainer":  # it runs as the account that starts it (the executor's doing)
         image = spec.container_image
         if not _APPTAINER_SOURCE.match(image):
             image = f"docker://{image}"
         env.update({f"APPTAINERENV_{name}": value for name, value in variables.items()})
         argv = ["apptainer", "exec", *(["--nv"] if devices else []), "--cleanenv"]
-        return [*argv, *(["--pwd", workdir] if workdir else []), image, *spec.command], env
-    argv = [runtime, "run", "--rm", "--init", "--name", spec.container_name]
+        return [*argv, *([f"--pwd={workdir}"] if workdir else []), image, *spec.command], env
+    account = account or Account.own()
+    argv = [runtime, "run", "--rm", "--init", f"--name={spec.container_name}"]
+    argv.append(f"--user={account.uid}:{account.gid}")
     if devices and runtime == "docker":
         # Quoted: --gpus is read as CSV, where a bare comma would start its next option.
-        argv += ["--gpus", f'"device={devices}"']
+        argv.append(f'--gpus="device={devices}"')
     elif devices:
-        for uuid in spec.gpu_uuids:
-            argv += ["--device", f"nvidia.com/gpu={uuid}"]  # CDI names GPUs by UUID too
+        argv += [f"--device=nvidia.com/gpu={uuid}" for uuid in spec.gpu_uuids]  # CDI: by UUID
     client_reads = (*_client_env_prefixes(runtime), "LD_")
     for name, value in variables.items():
         if name in BASE_ENV_KEYS or name.upper().startswith(client_reads):
-            argv += ["-e", f"{name}={value}"]
+            argv.append(f"--env={name}={value}")  # in the client's environment, it would obey
         else:
-            argv += ["-e", name]
+            argv.append(f"--env={name}")
             env[name] = value
-    return [*argv, *(["-w", workdir] if workdir else []), spec.container_image, *spec.command], env
+    workdir_option = [f"--workdir={workdir}"] if workdir else []
+    return [*argv, *workdir_option, spec.container_image, *spec.command], env
 
 
 # Events are also the wire format of what an agent reports (``scheduling.job_event``): their
@@ -393,7 +470,10 @@ class Executor:
     ``container_runtime`` runs the jobs that give an image: one of :data:`CONTAINER_RUNTIMES`,
     ``auto`` (the first of them on ``PATH``) or ``none``; ``container_gpus=False`` gives their
     containers no GPU devices (see :func:`container_process`). ``node_name`` names this node in
-    the error of a job that needs a runtime it lacks.
+    the errors of a job that cannot start. ``jobs_as_owner`` starts each job as its spec's
+    ``unix_user`` (its uid, gid and groups; ``None``: when this process runs as root, the only
+    one that can); otherwise jobs run as this process. A job without a ``cwd`` starts in a
+    folder of its own under ``scratch_dir``, owned by its account.
     """
 
     def __init__(
@@ -411,6 +491,8 @@ class Executor:
         container_runtime: str = "none",
         container_gpus: bool = True,
         node_name: str | None = None,
+        jobs_as_owner: bool | None = None,
+        scratch_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0:
             raise ValueError("log_max_bytes must be positive and log_backups not negative")
@@ -423,6 +505,9 @@ class Executor:
         self.container_runtime = container_runtime
         self._container_gpus = container_gpus
         self._node_name = node_name or socket.gethostname()
+        #: Whether jobs run as their owners' accounts (otherwise as this process).
+        self.jobs_as_owner = os.geteuid() == 0 if jobs_as_owner is None else jobs_as_owner
+        self._scratch_dir = None if scratch_dir is None else Path(scratch_dir)
         self._log_dir = Path(log_dir)
         self._state_dir = Path(state_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -549,15 +634,17 @@ class Executor:
         with self._lock:
             self._jobs.clear()
 
-    def _process(self, spec: JobSpec) -> tuple[list[str], dict[str, str]]:
+    def _process(self, spec: JobSpec, account: Account | None) -> tuple[list[str], dict[str, str]]:
         """The argv and environment that run a job: its own, or its container runtime's."""
         if not spec.container_image:
-            return spec.command, spec.environment(os.environ)
+            return spec.command, _as_account(spec.environment(os.environ), account)
         runtime = self.container_runtime
         if runtime != "none":
             argv, env = container_process(
-                runtime, spec, os.environ, gpu_devices=self._container_gpus
+                runtime, spec, os.environ, gpu_devices=self._container_gpus, account=account
             )
+            if runtime == "apptainer":
+                env = _as_account(env, account)
             if shutil.which(argv[0], path=env["PATH"]):
                 return argv, env
         why = "" if runtime == "none" else f" ({runtime} is not on PATH)"
@@ -565,14 +652,40 @@ class Executor:
             f"no container runtime on {self._node_name}{why}: set GPUADMIN_CONTAINER_RUNTIME"
         )
 
+    def _account(self, spec: JobSpec) -> Account | None:
+        """The account the job runs as; ``None``: as this process."""
+        if not self.jobs_as_owner:
+            return None
+        try:
+            return Account.named(spec, self._node_name)
+        except ValueError as exc:
+            raise _LaunchError(str(exc)) from None
+
     def _spawn(self, spec: JobSpec, log_path: Path) -> _Job:
-        if spec.cwd is None:
-            raise _LaunchError("no working directory given")
-        if not os.path.isdir(spec.cwd):
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
             raise _LaunchError(f"working directory {spec.cwd!r} does not exist")
-        argv, env = self._process(spec)
+        if spec.cwd is None and self._scratch_dir is None:
+            raise _LaunchError("no working directory given")
+        account = self._account(spec)
+        if spec.cwd is None:
+            assert self._scratch_dir is not None
+            spec = replace(spec, cwd=str(_scratch(self._scratch_dir / spec.job_id, account)))
+        argv, env = self._process(spec, account)
+        # Host jobs and apptainer's client run as the account; a docker or podman client stays
+        # the agent's (it talks to the daemon) and gives the container the account (--user).
+        as_account: dict[str, Any] = {}
+        if account is not None and (
+            not spec.container_image or self.container_runtime == "apptainer"
+        ):
+            as_account = {
+                "user": account.uid,
+                "group": account.gid,
+                "extra_groups": list(account.groups),
+            }
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
+            if account is not None:  # the job's log is its owner's
+                os.fchown(log_fd, account.uid, account.gid)
             proc = subprocess.Popen(
                 argv,
                 cwd=spec.cwd,
@@ -581,6 +694,7 @@ class Executor:
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,
+                **as_account,
             )
         except (OSError, ValueError) as exc:
             raise _LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
@@ -687,6 +801,21 @@ def _base_environment(agent_env: Mapping[str, str]) -> dict[str, str]:
     return {**BASE_ENV_DEFAULTS, **{k: agent_env[k] for k in BASE_ENV_KEYS if k in agent_env}}
 
 
+def _as_account(env: dict[str, str], account: Account | None) -> dict[str, str]:
+    """``env`` with the account's identity (home and name) for a process that runs as it."""
+    if account is None:
+        return env
+    return {**env, "HOME": account.home, "USER": account.name, "LOGNAME": account.name}
+
+
+def _scratch(path: Path, account: Account | None) -> Path:
+    """A job's scratch folder, created for (and owned by) its account."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if account is not None:
+        os.chown(path, account.uid, account.gid, follow_symlinks=False)
+    return path
+
+
 def _client_env_prefixes(runtime: str) -> tuple[str, ...]:
     return (*_CLIENT_ENV_PREFIXES[runtime], *_SHARED_CLIENT_ENV_PREFIXES)
 
@@ -781,11 +910,13 @@ def _backup_path(log: Path, n: int) -> Path:
 
 def _rotate_log(log: Path, max_bytes: int, backups: int) -> None:
     """Copytruncate a log past ``max_bytes``: its newest bytes become ``.1`` (then ``.2`` ...),
-    at most ``max_bytes`` each and ``backups`` files in all; older backups shift up or go."""
+    at most ``max_bytes`` each and ``backups`` files in all; older backups shift up or go.
+    Backups belong to the log's owner (the job's) and have its mode."""
     try:
-        size = log.stat().st_size
+        stat = log.stat()
     except FileNotFoundError:
         return
+    size = stat.st_size
     if size <= max_bytes:
         return
     pieces = min(backups, -(-size // max_bytes))
@@ -799,7 +930,12 @@ def _rotate_log(log: Path, max_bytes: int, backups: int) -> None:
         for n in range(1, pieces + 1):
             start = max(0, size - n * max_bytes)
             file.seek(start)
-            _backup_path(log, n).write_bytes(file.read(size - (n - 1) * max_bytes - start))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            backup_fd = os.open(_backup_path(log, n), flags, stat.st_mode & 0o777)
+            with open(backup_fd, "wb") as piece:
+                if (stat.st_uid, stat.st_gid) != (os.geteuid(), os.getegid()):
+                    os.fchown(backup_fd, stat.st_uid, stat.st_gid)
+                piece.write(file.read(size - (n - 1) * max_bytes - start))
         file.truncate(0)
 
 

@@ -8,7 +8,8 @@ from collections.abc import Iterable
 import django_filters
 from django.db.models import QuerySet
 
-from inventory.filters import SuggestInput, node_hostnames
+from gpuadmin.filters import SuggestInput
+from inventory.filters import node_hostnames
 from scheduling.models import Allocation, Job, JobState, Priority
 
 ME = "me"  # ``?owner=me``: the requesting user

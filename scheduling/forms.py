@@ -4,7 +4,6 @@ form shows the message on."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -14,9 +13,14 @@ from django import forms
 from inventory.models import Gpu
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name
 from scheduling.models import Priority, Topology
-from scheduling.services import SUBMISSION_LIMITS, JobRejected, limit_bounds, split_command
+from scheduling.services import (
+    ENV_NAME,
+    SUBMISSION_LIMITS,
+    JobRejected,
+    limit_bounds,
+    split_command,
+)
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 DURATION_HELP = "HH:MM:SS, D HH:MM:SS or seconds; empty for none."
 
 

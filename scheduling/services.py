@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 import shlex
 import time
 from collections.abc import Collection, Iterable, Mapping
@@ -27,6 +28,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from gpuadmin.audit.services import audit_event, record, record_all
+from gpuadmin.text import unstorable
 from inventory import live
 from inventory.models import Gpu, Node
 from scheduling import dispatch
@@ -66,6 +68,10 @@ AGENT_ACTOR = "agent"
 MAX_RUNTIME_S = 90 * 24 * 3600
 MAX_ENV_VARS = 200
 MAX_ARGV = 4096
+# Linux takes at most 128 KiB per argument (MAX_ARG_STRLEN) and about 2 MiB of arguments and
+# environment together: a job's whole command, and its whole environment, stay below 128 KiB.
+MAX_COMMAND_CHARS = 128 * 1024
+MAX_ENV_CHARS = 128 * 1024
 SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "gpu_count": (1, 64),  # per node
     "node_count": (1, 1024),
@@ -111,6 +117,96 @@ def check_limits(fields: Mapping[str, Any]) -> None:
             MaxValueValidator(high)(value)
         except ValidationError as exc:
             raise JobRejected(name, exc.messages[0]) from None
+
+
+# Environment variables a job may not set, by exact name or by prefix: they choose which GPUs,
+# MIG instances or MPS server a job sees, or configure the container runtime that runs it
+# (gpuadmin sets the ones it needs from the allocation). The one list; README "What a job may
+# not ask for" quotes it.
+RESERVED_ENV_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "NVIDIA_DISABLE_REQUIRE",
+        "NVIDIA_GDS",
+        "NVIDIA_IMEX_CHANNELS",
+        "GPU_DEVICE_ORDINAL",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
+)
+RESERVED_ENV_PREFIXES = (
+    "NVIDIA_REQUIRE_",
+    "NVIDIA_MIG_",
+    "CUDA_MPS_",
+    "GPUADMIN_",
+    "APPTAINERENV_",
+    "APPTAINER_",
+    "SINGULARITYENV_",
+    "SINGULARITY_",
+    "DOCKER_",
+    "CONTAINERS_",
+    "CONTAINER_HOST",
+    "PODMAN_",
+)
+# A POSIX variable name (portable character set, no leading digit).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+# The OCI image reference grammar (github.com/distribution/reference, regexp.go):
+# [host[:port]/]path[:tag][@digest], at most 255 characters of name.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+IMAGE_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_HOST}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?\Z"
+)
+IMAGE_NAME_MAX = 255
+
+
+def check_text(field: str, value: str) -> None:
+    """``JobRejected`` for text PostgreSQL cannot store: NUL characters or lone surrogates."""
+    problem = unstorable(value)
+    if problem:
+        raise JobRejected(field, problem)
+
+
+def check_image(image: str) -> None:
+    """``JobRejected`` unless ``image`` is an OCI image reference (``name[:tag][@digest]``):
+    nothing a container runtime could read as one of its options."""
+    match = IMAGE_REFERENCE.match(image)
+    if match is None:
+        raise JobRejected(
+            "container_image",
+            f"{image!r} is not an image reference: [registry[:port]/]name[:tag][@digest], "
+            "name in lowercase letters, digits and separators",
+        )
+    if len(match["name"]) > IMAGE_NAME_MAX:
+        raise JobRejected("container_image", f"a name of at most {IMAGE_NAME_MAX} characters")
+
+
+def reserved_env_name(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def check_env(env: Mapping[str, str]) -> None:
+    """``JobRejected`` naming ``env`` for a variable that is not a POSIX name, is reserved
+    (``RESERVED_ENV_NAMES``/``_PREFIXES``) or holds text PostgreSQL cannot store."""
+    if len(env) > MAX_ENV_VARS:
+        raise JobRejected("env", f"at most {MAX_ENV_VARS} variables")
+    if sum(len(name) + len(value) for name, value in env.items()) > MAX_ENV_CHARS:
+        raise JobRejected("env", f"at most {MAX_ENV_CHARS} characters of names and values")
+    for name, value in env.items():
+        check_text("env", name)
+        if not ENV_NAME.match(name):
+            raise JobRejected("env", f"not a variable name: {name!r}")
+        if reserved_env_name(name):
+            raise JobRejected(
+                "env", f"{name} is reserved: it would change the job's GPUs or its runtime"
+            )
+        check_text("env", value)
 
 
 def split_command(command: str | list[str], use_shell: bool) -> list[str]:
@@ -293,17 +389,22 @@ def submit_job(
     """Validate a request against the fleet's shape, store it QUEUED (PENDING when held) and
     audit ``job.submitted``; the placement loop is woken when the transaction commits.
     Raises ``JobRejected`` for requests that could never run."""
+    for arg in [command] if isinstance(command, str) else command:
+        check_text("command", arg)
     argv = split_command(command, use_shell)
     if not argv or not argv[0].strip():
         raise JobRejected("command", "empty command")
     if len(argv) > MAX_ARGV:
         raise JobRejected("command", f"at most {MAX_ARGV} arguments")
+    if sum(map(len, argv)) > MAX_COMMAND_CHARS:
+        raise JobRejected("command", f"at most {MAX_COMMAND_CHARS} characters")
+    for name, value in fields.items():
+        if isinstance(value, str):
+            check_text(name, value)
     check_limits(fields)
-    env = fields.get("env") or {}
-    if len(env) > MAX_ENV_VARS:
-        raise JobRejected("env", f"at most {MAX_ENV_VARS} variables")
-    if "CUDA_VISIBLE_DEVICES" in env:
-        raise JobRejected("env", "CUDA_VISIBLE_DEVICES is set by gpuadmin from the allocation")
+    check_env(fields.get("env") or {})
+    if fields.get("container_image"):
+        check_image(fields["container_image"])
     working_dir = fields.get("working_dir") or ""
     if working_dir and not posixpath.isabs(working_dir):
         raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
@@ -556,6 +657,15 @@ def job_finished(
 
 def _is_current(job_id: int, attempt: int) -> bool:
     return Job.objects.filter(pk=job_id, attempt=attempt).exists()
+
+
+def placed_on(name: str, hostname: str) -> bool:
+    """Whether the job attempt of executor id ``name`` was placed on node ``hostname`` (the
+    only node whose agent may report about it)."""
+    job_id, attempt = parse_executor_id(name)
+    return Allocation.objects.filter(
+        job_id=job_id, attempt=attempt, node__hostname=hostname
+    ).exists()
 
 
 def request_placement_pass() -> None:

@@ -2,8 +2,9 @@
 ``scheduling.services`` and (on node queues) ``scheduling.agent``.
 
 Central (default queue): ``placement_pass``, ``job_event`` and ``agent_jobs`` (what agents
-report). Node queues (``node.<name>``): ``run_job``, ``cancel_job`` and ``tail_log``. A job
-travels as ``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
+report, believed only from the node a report is about: ``gpuadmin.access.nodes``). Node
+queues (``node.<name>``): ``run_job``, ``cancel_job`` and ``tail_log``. A job travels as
+``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
 (``scheduling.executor``).
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
+from gpuadmin.access.nodes import CENTRAL, refuse, reporting_node, speaks_for
 from scheduling import agent, loop, services
 from scheduling.executor import event_from_dict
 
@@ -22,15 +24,25 @@ def placement_pass() -> None:
     loop.run_pass()
 
 
-@shared_task(name="scheduling.job_event", ignore_result=True)
-def job_event(event: dict[str, Any]) -> None:
-    services.job_event(event_from_dict(event))
+@shared_task(name="scheduling.job_event", ignore_result=True, bind=True)
+def job_event(self: Task, event: dict[str, Any]) -> None:
+    """An executor's event, believed from the central side or a node the job's attempt was
+    placed on."""
+    sender = reporting_node(self)
+    if sender is None:
+        return
+    parsed = event_from_dict(event)
+    if sender != CENTRAL and not services.placed_on(parsed.job_id, sender):
+        refuse(self.name, sender, f"job {parsed.job_id} was not placed on node {sender!r}")
+        return
+    services.job_event(parsed)
 
 
-@shared_task(name="scheduling.agent_jobs", ignore_result=True)
-def agent_jobs(hostname: str, running: list[list[int]]) -> None:
+@shared_task(name="scheduling.agent_jobs", ignore_result=True, bind=True)
+def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
     """A (re)started agent's list of the (job, attempt) it runs."""
-    services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
+    if speaks_for(self, hostname):
+        services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 
 @shared_task(name="scheduling.run_job", ignore_result=True)

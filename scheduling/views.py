@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRefresh
 
+from gpuadmin import throttling
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
@@ -106,6 +107,14 @@ def job_new(request: HttpRequest) -> HttpResponse:
     if not can_submit(request.user):
         raise PermissionDenied("Viewers cannot submit jobs.")
     form = SubmitJobForm(request.POST if request.method == "POST" else None)
+    wait = throttling.hit("submit", request.user) if request.method == "POST" else None
+    if wait is not None:
+        seconds = throttling.retry_after(wait)
+        form.full_clean()  # keep what was typed, with the reason above it
+        form.add_error(None, f"Too many submissions: try again in {seconds} s.")
+        response = render(request, "scheduling/job_new.html", {"form": form}, status=429)
+        response["Retry-After"] = seconds
+        return response
     if form.is_valid():
         try:
             job = services.submit_job(signed_in(request), **form.submission())

@@ -73,6 +73,16 @@ def session_database_url() -> str:
     return f"postgresql://{credentials}@{db['HOST'] or 'localhost'}{port}/{db['NAME']}"
 
 
+def agent_env(env: dict[str, str], hostname: str) -> dict[str, str]:
+    """``env`` as a node agent of ``hostname`` gets it: its node credential (issued in this
+    session's database), and no database of its own."""
+    from gpuadmin.access.nodes import node_token
+
+    agent = {name: value for name, value in env.items() if name != "DATABASE_URL"}
+    agent["GPUADMIN_NODE_TOKEN"] = node_token(hostname, actor_name="tests")
+    return agent
+
+
 @pytest.fixture
 def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
     """Environment for a `gpuadmin` child process sharing this session's servers."""

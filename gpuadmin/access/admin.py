@@ -1,4 +1,5 @@
-"""Roles are edited here (audited); tokens are read and revoked here, never edited."""
+"""Roles and Unix accounts are edited here (audited); tokens are read and revoked here, never
+edited."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from gpuadmin.access.models import ApiToken, Membership
+from gpuadmin.access.models import ApiToken, Membership, NodeCredential, UnixAccount
+from gpuadmin.access.nodes import revoke_credential
 from gpuadmin.access.permissions import signed_in
-from gpuadmin.access.services import revoke_token
+from gpuadmin.access.services import reset_unix_account, revoke_token, set_unix_account
 from gpuadmin.audit.services import record
 
 
@@ -48,6 +50,36 @@ class MembershipAdmin(admin.ModelAdmin):
             super().delete_model(request, obj)
 
 
+@admin.register(UnixAccount)
+class UnixAccountAdmin(admin.ModelAdmin):
+    """Whose account a person's jobs run as on the nodes; without a row, their user name."""
+
+    list_display = ("user", "username", "allow_root")
+    list_filter = ("allow_root",)
+    search_fields = ("user__username", "username")
+    autocomplete_fields = ("user",)
+
+    def get_readonly_fields(
+        self, request: HttpRequest, obj: UnixAccount | None = None
+    ) -> tuple[str, ...]:
+        return ("user",) if obj else ()  # one row per person: add another person's instead
+
+    def save_model(
+        self, request: HttpRequest, obj: UnixAccount, form: forms.ModelForm, change: bool
+    ) -> None:
+        saved = set_unix_account(
+            obj.user, username=obj.username, allow_root=obj.allow_root, actor=signed_in(request)
+        )
+        obj.pk = saved.pk
+
+    def delete_model(self, request: HttpRequest, obj: UnixAccount) -> None:
+        reset_unix_account(obj.user, actor=signed_in(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[UnixAccount]) -> None:
+        for account in queryset.select_related("user"):
+            reset_unix_account(account.user, actor=signed_in(request))
+
+
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "user", "key_prefix", "created_at", "last_used_at", "revoked_at")
@@ -66,6 +98,32 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return obj is None  # the list (and its action), never a form that edits a token
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(NodeCredential)
+class NodeCredentialAdmin(admin.ModelAdmin):
+    """Read and revoked here; issued by ``gpuadmin node credential create`` (its token is
+    printed once)."""
+
+    list_display = ("node", "pk", "created_at", "revoked_at")
+    list_filter = ("revoked_at",)
+    search_fields = ("node",)
+    actions = ["revoke_credentials"]
+
+    @admin.action(description="Revoke selected node credentials")
+    def revoke_credentials(self, request: HttpRequest, queryset: QuerySet[NodeCredential]) -> None:
+        actor = signed_in(request).get_username()
+        revoked = sum(revoke_credential(item, actor_name=actor) for item in queryset)
+        self.message_user(request, f"{revoked} revoked.", messages.SUCCESS)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return obj is None
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

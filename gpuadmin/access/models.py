@@ -6,6 +6,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.core.validators import RegexValidator
 from django.db import models
 
 
@@ -59,3 +60,62 @@ class ApiToken(models.Model):
     @classmethod
     def new_key(cls) -> str:
         return cls.PREFIX + secrets.token_urlsafe(32)
+
+
+# A portable Unix user name (POSIX's portable file name characters, not starting with '-'),
+# at most 32 characters as in Linux's utmp; it only ever reaches ``pwd.getpwnam`` on a node.
+UNIX_USERNAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
+
+
+class UnixAccount(models.Model):
+    """The Unix account a person's jobs run as on the nodes (without a row: their user name,
+    root refused). Admins edit it through ``services.set_unix_account`` (audited)."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="unix_account"
+    )
+    username = models.CharField(
+        "Unix user name",
+        max_length=32,
+        validators=[
+            RegexValidator(
+                UNIX_USERNAME_PATTERN,
+                "A Unix user name: letters, digits, '.', '_' and '-', not starting with "
+                "'.' or '-', at most 32 characters.",
+            )
+        ],
+        help_text="The account on the nodes that this person's jobs run as.",
+    )
+    allow_root = models.BooleanField(
+        "may run as root",
+        default=False,
+        help_text="Let jobs run when this account is uid 0 on a node (refused otherwise).",
+    )
+
+    class Meta:
+        verbose_name = "Unix account"
+
+    def __str__(self) -> str:
+        return f"{self.user} -> {self.username}"
+
+
+class NodeCredential(models.Model):
+    """What lets a node agent speak for its node: the agent signs its reports with the
+    credential's secret, which is derived from ``SECRET_KEY`` and the salt (``node_signing``),
+    so this table holds nothing an agent could sign with."""
+
+    node = models.CharField(max_length=253, db_index=True, help_text="The node it speaks for.")
+    salt = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-pk"]
+        verbose_name = "node credential"
+
+    def __str__(self) -> str:
+        return f"{self.node} (#{self.pk})"
+
+    @staticmethod
+    def new_salt() -> str:
+        return secrets.token_hex(16)

@@ -1,4 +1,4 @@
-"""OpenAPI description of the API token authentication (``gpuadmin.access.tokens``)."""
+"""OpenAPI description of the API token and basic authentications (``gpuadmin.access.tokens``)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,11 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
         return build_bearer_security_scheme_object(
             header_name="Authorization", token_prefix="Bearer"
         )
+
+
+class BasicScheme(OpenApiAuthenticationExtension):
+    target_class = "gpuadmin.access.tokens.BasicAuthentication"
+    name = "basicAuth"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "http", "scheme": "basic"}

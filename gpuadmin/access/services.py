@@ -1,14 +1,14 @@
-"""Role lookups, and creating and revoking API tokens (audited)."""
+"""Role lookups, creating and revoking API tokens, and people's Unix accounts (audited)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
-from gpuadmin.access.models import ApiToken, Role
+from gpuadmin.access.models import ApiToken, Role, UnixAccount
 from gpuadmin.access.tokens import forget_cached_tokens
 from gpuadmin.audit.services import record
 
@@ -74,3 +74,60 @@ def revoke_token(token: ApiToken, *, actor: User) -> bool:
             record("token.revoked", actor=actor, target=token, before={"name": token.name})
             forget_cached_tokens()
     return bool(updated)
+
+
+def unix_account_of(user: User) -> UnixAccount:
+    """The Unix account ``user``'s jobs run as: the one an admin set, or (unsaved) their user
+    name with root refused."""
+    try:
+        return user.unix_account  # loaded with the user by select_related("unix_account")
+    except UnixAccount.DoesNotExist:
+        return _default_account(user)
+
+
+def set_unix_account(user: User, *, username: str, allow_root: bool, actor: User) -> UnixAccount:
+    """Set the Unix account ``user``'s jobs run as (``ValidationError`` naming the field for a
+    name that is not a Unix user name); audited when it changes."""
+    with transaction.atomic():
+        account = UnixAccount.objects.select_for_update().filter(user=user).first()
+        before = _said(account or _default_account(user))
+        account = account or UnixAccount(user=user)
+        account.username, account.allow_root = username, allow_root
+        account.full_clean()
+        account.save()
+        if _said(account) != before:
+            who = {"user": user.get_username()}
+            record(
+                "unix_account.changed",
+                actor=actor,
+                target=account,
+                before={**who, **before},
+                after={**who, **_said(account)},
+            )
+    return account
+
+
+def reset_unix_account(user: User, *, actor: User) -> None:
+    """Back to the default (their user name, root refused); audited."""
+    with transaction.atomic():
+        account = UnixAccount.objects.select_for_update().filter(user=user).first()
+        if account is None:
+            return
+        who = {"user": user.get_username()}
+        record(
+            "unix_account.changed",
+            actor=actor,
+            target=account,
+            before={**who, **_said(account)},
+            after={**who, **_said(_default_account(user))},
+        )
+        account.delete()
+
+
+def _default_account(user: User) -> UnixAccount:
+    # Not through ``user.unix_account``: an unsaved form's instance may sit in its cache.
+    return UnixAccount(username=user.get_username(), allow_root=False)
+
+
+def _said(account: UnixAccount) -> dict[str, Any]:
+    return {"username": account.username, "allow_root": account.allow_root}

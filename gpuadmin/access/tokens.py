@@ -21,6 +21,7 @@ from rest_framework.request import Request
 
 from gpuadmin import redis_client
 from gpuadmin.access.models import ApiToken
+from gpuadmin.text import unstorable
 
 log = logging.getLogger("gpuadmin.auth")
 
@@ -147,3 +148,15 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
+
+
+class BasicAuthentication(authentication.BasicAuthentication):
+    """DRF's, refusing a user name PostgreSQL cannot store (a NUL) with its usual 401 instead
+    of passing it to the database."""
+
+    def authenticate_credentials(
+        self, userid: str, password: str, request: Request | None = None
+    ) -> tuple[User, None]:
+        if unstorable(userid):
+            raise exceptions.AuthenticationFailed("Invalid username/password.")
+        return super().authenticate_credentials(userid, password, request)

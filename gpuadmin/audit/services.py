@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 
+from gpuadmin import request_id as request_ids
 from gpuadmin.audit.models import AuditEvent
 
 
@@ -49,7 +50,9 @@ def audit_event(
     message: str = "",
     request_id: uuid.UUID | None = None,
 ) -> AuditEvent:
-    """An unsaved audit row, as ``record()`` writes it; ``record_all()`` writes several."""
+    """An unsaved audit row, as ``record()`` writes it; ``record_all()`` writes several.
+    ``request_id`` defaults to the running request's, task's or command's
+    (``gpuadmin.request_id.current()``)."""
     if not actor_name:
         if actor is None:
             raise ValueError("record() needs an actor or an actor_name (e.g. 'placement-loop')")
@@ -67,7 +70,7 @@ def audit_event(
         before=_json_safe(before),
         after=_json_safe(after),
         message=message,
-        request_id=request_id,
+        request_id=request_id or request_ids.current(),
     )
 
 

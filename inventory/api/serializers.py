@@ -9,7 +9,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuadmin import api
-from inventory.models import CATALOG_FIELDS, Gpu, MigInstance, Node, Pool
+from inventory.choices import NvmlBackend
+from inventory.models import CATALOG_FIELDS, MAX_TAGS, Gpu, MigInstance, Node, Pool
 from inventory.nvml.scanner import GpuScan
 from inventory.pages.fleet import GpuRow
 from inventory.services import update_catalog
@@ -28,7 +29,9 @@ class CatalogSerializer(api.ModelSerializer):
         required=False,
     )
     tags = serializers.ListField(
-        child=serializers.CharField(max_length=50, allow_blank=False), required=False
+        child=serializers.CharField(max_length=50, allow_blank=False),
+        max_length=MAX_TAGS,
+        required=False,
     )
 
     def update(self, instance: Gpu | Node, validated_data: dict[str, Any]) -> Gpu | Node:
@@ -38,6 +41,14 @@ class CatalogSerializer(api.ModelSerializer):
 
 class NodeSerializer(CatalogSerializer):
     reachable = serializers.SerializerMethodField()
+    # Declared: a generated read-only field drops ``allow_blank``, and the schema would then
+    # refuse the empty value a node has until its agent says.
+    nvml_backend = serializers.ChoiceField(
+        choices=NvmlBackend.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text=Node._meta.get_field("nvml_backend").help_text,
+    )
     gpu_count = serializers.IntegerField(read_only=True, help_text="GPUs present on the node.")
     missing_gpu_count = serializers.IntegerField(read_only=True)
 
@@ -209,8 +220,3 @@ class DiscoverSerializer(api.Serializer):
     # The metaclass moves declared fields off the class, so "data" does not shadow .data.
     data = DiscoveredGpuSerializer(many=True)  # type: ignore[assignment]
     meta = DiscoverMetaSerializer()
-
-
-class NodeErrorSerializer(api.Serializer):
-    detail = serializers.CharField()
-    node = serializers.CharField()

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuadmin.access.permissions import IsAdminOrReadOnly, IsAdminRole
-from gpuadmin.api import Pagination
+from gpuadmin.access.permissions import IsAdminOrReadOnly, IsAdminRole, signed_in
+from gpuadmin.api import Pagination, ValidationErrorSerializer
 from inventory import live, services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
@@ -90,7 +90,7 @@ NODE_PARAMETER = OpenApiParameter(
         "Node hostname. Defaults to the only node, else to this host's GPUADMIN_NODE_NAME."
     ),
 )
-NODE_ERRORS = {400: s.NodeErrorSerializer, 404: s.NodeErrorSerializer}
+NODE_ERRORS = {404: OpenApiResponse(ValidationErrorSerializer, "No such node, named under `node`.")}
 
 
 def resolve_node(request: Request) -> Node:
@@ -99,7 +99,9 @@ def resolve_node(request: Request) -> Node:
     if hostname is not None:
         node = Node.objects.filter(hostname=hostname).first()
         if node is None:
-            raise NotFound({"detail": f"No node with hostname {hostname!r}.", "node": hostname})
+            raise NotFound(
+                {"detail": f"No node with hostname {hostname!r}.", "node": ["No such node."]}
+            )
         return node
     candidates = list(Node.objects.all()[:2])
     if len(candidates) == 1:
@@ -109,12 +111,15 @@ def resolve_node(request: Request) -> Node:
         return default
     if not candidates:
         raise NotFound(
-            {"detail": "No node is registered; pass ?node=<hostname>.", "node": "<hostname>"}
+            {
+                "detail": "No node is registered; pass ?node=<hostname>.",
+                "node": ["No node is registered."],
+            }
         )
     raise ValidationError(
         {
             "detail": "Several nodes are registered; choose one with ?node=<hostname>.",
-            "node": "This parameter is required when several nodes are registered.",
+            "node": ["This parameter is required when several nodes are registered."],
         }
     )
 
@@ -192,7 +197,7 @@ class DiscoverView(APIView):
     def get(self, request: Request) -> Response:
         node = resolve_node(request)
         try:
-            result = services.discover_node(node)
+            result = services.discover_node(node, actor_name=signed_in(request).get_username())
         except services.DiscoveryFailed as exc:
             body = {"data": [], "meta": {"code": 503, "message": f"GPU discovery failed: {exc}"}}
             return Response(body, status=503)

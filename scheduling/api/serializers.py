@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
@@ -15,7 +14,6 @@ from gpuadmin.access.services import can_act_on
 from scheduling import services
 from scheduling.models import Allocation, Job, Priority, SchedulerSettings, Topology
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 HIDDEN = "(hidden)"
 
 
@@ -67,7 +65,12 @@ class JobSubmitSerializer(api.Serializer):
         required=False,
     )
     working_dir = serializers.CharField(max_length=1024, required=False, allow_blank=True)
-    container_image = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    container_image = serializers.CharField(
+        max_length=500,
+        required=False,
+        allow_blank=True,
+        help_text="An OCI image reference: [registry[:port]/]name[:tag][@digest].",
+    )
     # Bounds from the service's SUBMISSION_LIMITS, as the submit form's.
     gpu_count = serializers.IntegerField(
         default=1, help_text="GPUs per node.", **services.limit_bounds("gpu_count")
@@ -92,12 +95,6 @@ class JobSubmitSerializer(api.Serializer):
     hold = serializers.BooleanField(
         default=False, help_text="Store it PENDING (held) instead of queuing it."
     )
-
-    def validate_env(self, env: dict[str, str]) -> dict[str, str]:
-        bad = sorted(name for name in env if not ENV_NAME.match(name))
-        if bad:
-            raise serializers.ValidationError(f"not variable names: {', '.join(bad)}")
-        return env
 
     def create(self, validated_data: dict[str, Any]) -> Job:
         try:
@@ -368,10 +365,6 @@ class NewTokenSerializer(TokenSerializer):
     class Meta(TokenSerializer.Meta):
         fields = [*TokenSerializer.Meta.fields, "key"]
         read_only_fields = fields
-
-
-class ErrorSerializer(api.Serializer):
-    detail = serializers.CharField()
 
 
 class QueueParamsSerializer(api.Serializer):

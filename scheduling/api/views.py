@@ -18,6 +18,7 @@ from rest_framework.exceptions import APIException, NotFound, PermissionDenied, 
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
 from gpuadmin.access.models import ApiToken
@@ -28,7 +29,8 @@ from gpuadmin.access.permissions import (
     signed_in,
 )
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
-from gpuadmin.api import Pagination
+from gpuadmin.api import ErrorSerializer, Pagination
+from gpuadmin.throttling import SubmitThrottle, TokenThrottle
 from scheduling import admin_services, filters, queries, services
 from scheduling.api import serializers as s
 from scheduling.models import HOLDING_STATES, Allocation, Job, SchedulerSettings
@@ -101,9 +103,12 @@ def cancel(request: Request, job: Job) -> Response:
 
 
 JOB_ERRORS = {
-    403: OpenApiResponse(s.ErrorSerializer, "Not allowed to act on this job."),
-    404: OpenApiResponse(s.ErrorSerializer, "No such job (users see only their own)."),
-    409: OpenApiResponse(s.ErrorSerializer, "Its state does not allow it."),
+    403: OpenApiResponse(ErrorSerializer, "Not allowed to act on this job."),
+    404: OpenApiResponse(ErrorSerializer, "No such job (users see only their own)."),
+    409: OpenApiResponse(ErrorSerializer, "Its state does not allow it."),
+}
+THROTTLED = {
+    429: OpenApiResponse(ErrorSerializer, "Over the per-user rate limit; see Retry-After."),
 }
 CANCELED = {
     200: OpenApiResponse(s.CanceledSerializer, "Canceled."),
@@ -133,7 +138,10 @@ class JobViewSet(
     def get_serializer_class(self) -> type[Serializer]:
         return s.JobSubmitSerializer if self.action == "create" else s.JobSerializer
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer})
+    def get_throttles(self) -> list[BaseThrottle]:
+        return [SubmitThrottle()] if self.action == "create" else []
+
+    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer, **THROTTLED})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Submit a job (same body as ``POST /queue/submit``)."""
         return super().create(request, *args, **kwargs)
@@ -157,8 +165,8 @@ class JobViewSet(
         parameters=[s.LogParamsSerializer],
         responses={
             200: s.JobLogSerializer,
-            404: OpenApiResponse(s.ErrorSerializer, "No such job, or it never ran."),
-            503: OpenApiResponse(s.ErrorSerializer, "The node's agent did not answer."),
+            404: OpenApiResponse(ErrorSerializer, "No such job, or it never ran."),
+            503: OpenApiResponse(ErrorSerializer, "The node's agent did not answer."),
         },
     )
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
@@ -201,7 +209,10 @@ class TokenViewSet(
     def get_queryset(self) -> QuerySet[ApiToken]:
         return queries.own_tokens(self.request.user)
 
-    @extend_schema(request=s.TokenSerializer, responses={201: s.NewTokenSerializer})
+    def get_throttles(self) -> list[BaseThrottle]:
+        return [TokenThrottle()] if self.action == "create" else []
+
+    @extend_schema(request=s.TokenSerializer, responses={201: s.NewTokenSerializer, **THROTTLED})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         name = valid(s.TokenSerializer, request.data)["name"]
         token, key = create_token(signed_in(request), name)
@@ -237,10 +248,15 @@ class QueueView(APIView):
 
 class SubmitView(APIView):
     permission_classes = [CanSubmit]
+    throttle_classes = [SubmitThrottle]
 
     @extend_schema(
         request=s.JobSubmitSerializer,
-        responses={201: s.JobSerializer, 403: OpenApiResponse(s.ErrorSerializer, "Viewers.")},
+        responses={
+            201: s.JobSerializer,
+            403: OpenApiResponse(ErrorSerializer, "Viewers."),
+            **THROTTLED,
+        },
     )
     def post(self, request: Request) -> Response:
         """Submit a job: impossible requests are a 400 naming the field."""
@@ -264,7 +280,7 @@ class PriorityView(APIView):
 
     @extend_schema(
         request=s.PrioritySerializer,
-        responses={200: s.JobSerializer, 400: s.PrioritySerializer, **JOB_ERRORS},
+        responses={200: s.JobSerializer, **JOB_ERRORS},
     )
     def patch(self, request: Request, job_id: int) -> Response:
         """Change a waiting job's priority."""
@@ -309,8 +325,8 @@ class GpuAllocateView(APIView):
         request=s.GpuAllocateSerializer,
         responses={
             201: s.JobSerializer,
-            404: OpenApiResponse(s.ErrorSerializer, "No such job."),
-            409: OpenApiResponse(s.ErrorSerializer, "Not queued, or a GPU is taken."),
+            404: OpenApiResponse(ErrorSerializer, "No such job."),
+            409: OpenApiResponse(ErrorSerializer, "Not queued, or a GPU is taken."),
         },
     )
     def post(self, request: Request) -> Response:
@@ -331,8 +347,8 @@ class GpuReleaseView(APIView):
         responses={
             200: OpenApiResponse(s.ReleaseSerializer, "Released."),
             202: OpenApiResponse(s.ReleaseSerializer, "Released once the agent stops the job."),
-            404: OpenApiResponse(s.ErrorSerializer, "No such job."),
-            409: OpenApiResponse(s.ErrorSerializer, "The job holds no GPUs."),
+            404: OpenApiResponse(ErrorSerializer, "No such job."),
+            409: OpenApiResponse(ErrorSerializer, "The job holds no GPUs."),
         },
     )
     def post(self, request: Request) -> Response:

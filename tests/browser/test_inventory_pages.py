@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 from inventory import live
 from inventory.nvml.scanner import scan
@@ -35,9 +36,9 @@ def test_dashboard_values_change_without_reload(page, live_server):
     faults.start_process(nvml, None, 5, 4242, used_mib=30_000, util=88)
     live.publish(host, scan(nvml, include=("facts", "metrics")))
 
-    page.wait_for_function(
-        "document.querySelector('[data-count=busy]').textContent === '1'", timeout=10_000
-    )
+    # expect() polls from Python: wait_for_function's predicate is evaluated in the page, which
+    # the Content-Security-Policy refuses (no 'unsafe-eval').
+    expect(page.locator("[data-count=busy]")).to_have_text("1", timeout=10_000)
     assert util.inner_text() == "88%"
     assert procs.inner_text() == "1"
     assert page.evaluate("window.__marker") == 1

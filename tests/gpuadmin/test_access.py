@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 from rest_framework.test import APIRequestFactory
 
 from gpuadmin.access import permissions
-from gpuadmin.access.models import ApiToken, Membership, Role
-from gpuadmin.access.services import create_token, role_of
+from gpuadmin.access.models import ApiToken, Membership, Role, UnixAccount
+from gpuadmin.access.services import create_token, role_of, set_unix_account, unix_account_of
 from gpuadmin.audit.models import AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +30,54 @@ def test_a_role_change_is_audited(admin_client, django_user_model):
         (None, "operator"),
         ("operator", None),
     ]
+
+
+def test_a_persons_unix_account_defaults_to_their_name_and_admins_change_it_audited(
+    admin_client, django_user_model
+):
+    erin = django_user_model.objects.create_user("erin")
+    assert (unix_account_of(erin).username, unix_account_of(erin).allow_root) == ("erin", False)
+
+    response = admin_client.post(
+        "/admin/access/unixaccount/add/", {"user": erin.pk, "username": "ekim", "allow_root": "on"}
+    )
+    assert response.status_code == 302, response.content[:500]
+    account = UnixAccount.objects.get(user=erin)
+    admin_client.post(
+        f"/admin/access/unixaccount/{account.pk}/change/", {"username": "ekim", "allow_root": ""}
+    )
+    admin_client.post(f"/admin/access/unixaccount/{account.pk}/delete/", {"post": "yes"})
+
+    erin = django_user_model.objects.get(pk=erin.pk)
+    assert (unix_account_of(erin).username, unix_account_of(erin).allow_root) == ("erin", False)
+    changes = AuditEvent.objects.filter(event_type="unix_account.changed").order_by("pk")
+    assert [(e.actor_name, e.before, e.after) for e in changes] == [
+        (
+            "admin",
+            {"user": "erin", "username": "erin", "allow_root": False},
+            {"user": "erin", "username": "ekim", "allow_root": True},
+        ),
+        (
+            "admin",
+            {"user": "erin", "username": "ekim", "allow_root": True},
+            {"user": "erin", "username": "ekim", "allow_root": False},
+        ),
+        (
+            "admin",
+            {"user": "erin", "username": "ekim", "allow_root": False},
+            {"user": "erin", "username": "erin", "allow_root": False},
+        ),
+    ]
+
+
+@pytest.mark.parametrize("name", ["-oProxy", "../etc", "a b", "x" * 33, "", "é"])
+def test_a_unix_user_name_is_refused_naming_the_field(admin_user, django_user_model, name):
+    erin = django_user_model.objects.create_user("erin")
+    with pytest.raises(ValidationError) as refused:
+        set_unix_account(erin, username=name, allow_root=False, actor=admin_user)
+    assert "username" in refused.value.message_dict
+    assert not UnixAccount.objects.exists()
+    assert not AuditEvent.objects.filter(event_type="unix_account.changed").exists()
 
 
 def test_tokens_are_revoked_from_the_admin(admin_client, admin_user):

@@ -20,10 +20,17 @@ def test_app_services_run_the_gpuadmin_verbs():
     assert SERVICES["worker"]["command"] == ["gpuadmin", "worker"]
     assert SERVICES["beat"]["command"] == ["gpuadmin", "beat"]
     assert "gpuadmin agent --node" in " ".join(SERVICES["agent"]["command"])
-    for name in ("web", "worker", "beat", "agent"):
+    for name in ("web", "worker", "beat"):
         depends = SERVICES[name]["depends_on"]
         assert depends["postgres"]["condition"] == "service_healthy"
         assert depends["redis"]["condition"] == "service_healthy"
+    assert SERVICES["agent"]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+
+
+def test_a_gpu_node_gets_the_broker_and_its_credential_only():
+    env = SERVICES["agent"]["environment"]
+    assert "DATABASE_URL" not in env and "SECRET_KEY" not in env
+    assert {"REDIS_URL", "GPUADMIN_NODE_NAME", "GPUADMIN_NODE_TOKEN"} <= set(env)
 
 
 def test_agent_is_a_gpu_profile_service_on_the_nvidia_runtime():

@@ -1,7 +1,15 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from gpuadmin.env import env_bool, env_choice, env_int, env_list, env_str, parse_database_url
+from gpuadmin.env import (
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_rate,
+    env_str,
+    parse_database_url,
+)
 
 
 def test_env_bool_reads_words_and_refuses_anything_else(monkeypatch):
@@ -79,3 +87,15 @@ def test_parse_database_url_tcp_and_socket():
 def test_parse_database_url_refuses_bad_urls(url, message):
     with pytest.raises(ImproperlyConfigured, match=message):
         parse_database_url(url)
+
+
+def test_env_rate_reads_n_per_period_or_off(monkeypatch):
+    assert env_rate("RATE", "30/hour") == (30, 3600)
+    monkeypatch.setenv("RATE", "600/min")
+    assert env_rate("RATE", "30/hour") == (600, 60)
+    monkeypatch.setenv("RATE", "OFF")
+    assert env_rate("RATE", "30/hour") is None
+    for bad in ("600", "0/min", "ten/min", "5/fortnight"):
+        monkeypatch.setenv("RATE", bad)
+        with pytest.raises(ImproperlyConfigured, match=f"RATE={bad!r} is not a rate"):
+            env_rate("RATE", "30/hour")

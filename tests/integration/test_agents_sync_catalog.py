@@ -12,7 +12,7 @@ import pytest
 from gpuadmin.audit.models import AuditEvent
 from inventory import live
 from inventory.models import Gpu, Node
-from tests.conftest import REPO_DIR, session_database_url
+from tests.conftest import REPO_DIR, agent_env, session_database_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -46,7 +46,7 @@ def test_agents_register_sync_heartbeat_and_reconcile(gpuadmin_env, settings):
     def start(*args: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "gpuadmin", *args],
-            env=env,
+            env=agent_env(env, hostname) if args[0] == "agent" else env,
             cwd=REPO_DIR,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -4,8 +4,11 @@ and the reports bring it to its end."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
 
 from inventory import live
 from inventory.models import Node
@@ -21,8 +25,9 @@ from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from scheduling import services
 from scheduling.checks import run_checks
-from scheduling.models import Job, JobState
-from tests.conftest import REPO_DIR, session_database_url
+from scheduling.models import TERMINAL_STATES, Job, JobState
+from tests.conftest import REPO_DIR, agent_env, session_database_url
+from tests.unix_accounts import new_name, requires_root, runs_as_this_account, unix_user
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +59,7 @@ def sim_node(gpuadmin_env, tmp_path, request) -> Iterator[str]:
     processes = [
         subprocess.Popen(
             [sys.executable, "-m", "gpuadmin", *args],
-            env=env,
+            env=agent_env(env, hostname) if args[0] == "agent" else env,
             cwd=REPO_DIR,
             stdout=(tmp_path / f"{args[0]}.log").open("w"),
             stderr=subprocess.STDOUT,
@@ -84,6 +89,7 @@ def sim_node(gpuadmin_env, tmp_path, request) -> Iterator[str]:
 
 def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     owner = get_user_model().objects.create_user("carol")
+    runs_as_this_account(owner)
     out = tmp_path / "seen.txt"
     job = services.submit_job(
         owner,
@@ -122,6 +128,8 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     stubborn.refresh_from_db()
     assert stubborn.exit_code == -9  # SIGKILL after the 2 s grace
     assert {name: found for name, found in run_checks().items() if found} == {}
+    # The agent ran without DATABASE_URL, and started no PostgreSQL of its own.
+    assert not (tmp_path / "data" / "pgdata").exists()
 
 
 @pytest.mark.parametrize(
@@ -133,6 +141,7 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
 )
 def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_env, tmp_path):
     owner = get_user_model().objects.create_user("dave")
+    runs_as_this_account(owner)
     flag = tmp_path / "done"
     first = services.submit_job(
         owner, command=f"while [ ! -e {flag} ]; do sleep 0.05; done", use_shell=True, gpu_count=8
@@ -159,3 +168,39 @@ def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_en
     first.refresh_from_db()
     second.refresh_from_db()
     assert second.scheduled_at - first.finished_at < timedelta(seconds=5)
+
+
+# The agent's data folder for the next test: jobs of other accounts must be able to enter their
+# scratch folders in it, which they cannot under pytest's private temporary folder.
+OPEN_DATA_DIR = Path(tempfile.gettempdir()) / f"gpuadmin-accounts-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def open_data_dir() -> Iterator[Path]:
+    yield OPEN_DATA_DIR
+    shutil.rmtree(OPEN_DATA_DIR, ignore_errors=True)
+
+
+@requires_root
+@pytest.mark.parametrize("sim_node", [{"GPUADMIN_DATA_DIR": str(OPEN_DATA_DIR)}], indirect=True)
+def test_a_job_submitted_through_the_api_runs_as_its_owners_unix_account(open_data_dir, sim_node):
+    name = new_name()  # a person whose Unix account has their user name (the default)
+    with unix_user(name) as account:
+        client = APIClient()
+        client.force_authenticate(get_user_model().objects.create_user(name))
+        response = client.post(
+            "/api/v1/jobs/",
+            {"command": "id -u; id -g; id -G; pwd", "use_shell": True, "gpu_count": 1},
+            format="json",
+        )
+        assert response.status_code == 201, response.content
+        job = Job.objects.get(pk=response.json()["id"])
+        wait_for(lambda: state_of(job) in TERMINAL_STATES, 60, "the job to end")
+
+        job.refresh_from_db()
+        assert (job.state, job.message) == (JobState.COMPLETED, "")
+        log = open_data_dir / "agent" / sim_node / "logs" / f"{job.pk}.1.log"
+        uid, gid, groups, cwd = log.read_text().splitlines()
+        assert (int(uid), int(gid)) == (account.pw_uid, account.pw_gid)
+        assert {int(g) for g in groups.split()} == set(os.getgrouplist(name, account.pw_gid))
+        assert (log.stat().st_uid, Path(cwd).stat().st_uid) == (account.pw_uid, account.pw_uid)

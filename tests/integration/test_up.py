@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO_DIR, session_database_url
+from tests.unix_accounts import runs_as_this_account
 
 pytestmark = pytest.mark.integration
 
@@ -179,6 +180,7 @@ def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
             stderr=subprocess.STDOUT,
         )
     owner = get_user_model().objects.create_user(f"owner-{node}")
+    runs_as_this_account(owner)
     try:
         wait_for_line(log, "gpuadmin is up", START_TIMEOUT_S, up)
         wait_for(

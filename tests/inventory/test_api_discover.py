@@ -63,6 +63,13 @@ def test_discover_syncs_what_changed_on_the_node(staff, node: SimNode):
     assert AuditEvent.objects.filter(event_type="gpu.error").count() == 1
 
 
+def test_discover_is_audited_under_the_admin_and_the_request(staff, node: SimNode):
+    faults.fall_off_bus(node.state_dir, node.hostname, 6)
+    response = staff.get(f"/gpu/discover?node={node.hostname}")
+    row = AuditEvent.objects.get(event_type="gpu.error")
+    assert (row.actor_name, str(row.request_id)) == ("ops", response["X-Request-ID"])
+
+
 def test_a_silent_agent_is_a_503_with_the_seed_meta(staff, node: SimNode):
     node.broker.answer = False
     response = staff.get(f"/gpu/discover?node={node.hostname}")

@@ -113,7 +113,10 @@ def test_unknown_node_is_404_naming_the_parameter(client, admin_user, dgx):
     for url in ("/api/gpu/devices", "/api/gpu/driver", "/gpu/mig/summary", "/gpu/topology"):
         response = client.get(f"{url}?node=nope-99")
         assert response.status_code == 404
-        assert response.json() == {"detail": "No node with hostname 'nope-99'.", "node": "nope-99"}
+        assert response.json() == {
+            "detail": "No node with hostname 'nope-99'.",
+            "node": ["No such node."],
+        }
 
 
 def test_several_nodes_without_a_choice_is_400_naming_node(client, admin_user, dgx, settings):
@@ -123,7 +126,7 @@ def test_several_nodes_without_a_choice_is_400_naming_node(client, admin_user, d
     assert response.status_code == 400
     assert response.json() == {
         "detail": "Several nodes are registered; choose one with ?node=<hostname>.",
-        "node": "This parameter is required when several nodes are registered.",
+        "node": ["This parameter is required when several nodes are registered."],
     }
     settings.GPUADMIN_NODE_NAME = HOST
     assert client.get("/api/gpu/devices").json()["count"] == 8
@@ -133,7 +136,7 @@ def test_no_node_at_all_is_404(client, admin_user):
     client.force_login(admin_user)
     response = client.get("/api/gpu/driver")
     assert response.status_code == 404
-    assert response.json()["node"] == "<hostname>"
+    assert response.json()["node"] == ["No node is registered."]
 
 
 def test_anonymous_users_are_refused(client, dgx):

@@ -1,5 +1,8 @@
 """/api/v1 resources: nodes, gpus, mig-instances; filters, pagination, audited catalog PATCH."""
 
+import json
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -44,6 +47,14 @@ def test_node_list_and_detail(viewer, fleet):
     )
     assert viewer.get("/api/v1/nodes/box-01/").json()["reachable"] is False
     assert viewer.get("/api/v1/nodes/nope/").status_code == 404
+
+
+def test_the_schema_admits_a_node_no_agent_has_described(viewer, fleet):
+    assert viewer.get("/api/v1/nodes/dgx-01/").json()["nvml_backend"] == ""
+    components = viewer.get("/api/schema/?format=json").json()["components"]["schemas"]
+    field = components["Node"]["properties"]["nvml_backend"]
+    enums = re.findall(r'"#/components/schemas/(\w+)"', json.dumps(field))
+    assert "" in {value for enum in enums for value in components[enum]["enum"]}
 
 
 def test_gpu_list_filters(viewer, fleet):

@@ -31,7 +31,7 @@ from inventory.services import (
     destroy_mig_instance,
 )
 from inventory.signals import mig_change_requested
-from tests.conftest import REPO_DIR, session_database_url
+from tests.conftest import REPO_DIR, agent_env, session_database_url
 from tests.inventory.conftest import SimNode
 
 # dgx-a100-40gb: GPU 0 = 3g.20gb (GI 2 at 4) + 2x 2g.10gb (GI 3 at 0, GI 4 at 2); GPU 2: no MIG.
@@ -227,7 +227,7 @@ def test_a_real_agent_destroys_and_creates_a_gpu_instance(gpuadmin_env):
     def start(*args: str) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "gpuadmin", *args],
-            env=env,
+            env=agent_env(env, hostname) if args[0] == "agent" else env,
             cwd=REPO_DIR,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -3,9 +3,11 @@ simulates) when it registers, and the catalog keeps it."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
+from django.utils.html import escape
 
 from gpuadmin.audit.models import AuditEvent
 from inventory import tasks
@@ -48,3 +50,37 @@ def test_an_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="'cuda' is not an NVML backend"):
         register_node("gpu-09", nvml_backend="cuda")
     assert not Node.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("uid", "job_account", "label"),
+    [(0, "per owner", "their owners' accounts"), (65534, "nobody", "the agent's account, nobody")],
+    ids=["root", "not-root"],
+)
+def test_an_agent_says_whose_account_its_jobs_run_as_and_the_api_and_fleet_show_it(
+    settings, tmp_path, monkeypatch, admin_client, uid, job_account, label
+):
+    settings.GPUADMIN_NVML = "sim"
+    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
+    monkeypatch.undo()
+    [(_, args)] = sent
+    tasks.sync_node(*args)
+
+    node = Node.objects.get(hostname="box-01")
+    assert (node.job_account, node.job_account_label()) == (job_account, label)
+    assert admin_client.get("/api/v1/nodes/box-01/").json()["job_account"] == job_account
+    assert escape(f"jobs run as {label}") in admin_client.get("/fleet/").content.decode()
+
+
+def test_a_root_agent_told_to_run_jobs_as_itself_says_so(settings, monkeypatch):
+    """`gpuadmin up`'s demo agents (--jobs-as-agent): the demo's people have no Unix accounts."""
+    from inventory.agent import job_account, jobs_run_as_owner
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert (jobs_run_as_owner(), job_account()) == (True, "per owner")
+    settings.GPUADMIN_JOBS_AS_OWNER = "off"
+    assert (jobs_run_as_owner(), job_account()) == (False, "root")

@@ -50,13 +50,20 @@ def broker(monkeypatch) -> RecordingBroker:
 def make_executor(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[MakeExecutor]:
     """Executors on one log and state directory (a second one plays the restarted agent), with
     the test module's ``EXECUTOR_OPTIONS`` (e.g. a container runtime) unless a test overrides
-    them."""
+    them. They run jobs as the test's own account, as an agent that is not root does (see
+    ``test_executor_accounts`` for an agent that starts each job as its owner)."""
     executors: list[Executor] = []
     module_options = getattr(request.module, "EXECUTOR_OPTIONS", {})
 
     def make(**options: Any) -> tuple[Executor, Recorder]:
         events = Recorder()
-        options = {"kill_grace_s": GRACE_S, "poll_interval_s": POLL_S, **module_options, **options}
+        options = {
+            "kill_grace_s": GRACE_S,
+            "poll_interval_s": POLL_S,
+            "jobs_as_owner": False,
+            **module_options,
+            **options,
+        }
         executor = Executor(tmp_path / "logs", tmp_path / "state", events, **options)
         executors.append(executor)
         return executor, events

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuadmin.access.services import set_unix_account
 from scheduling import loop, services, tasks
+from scheduling.dispatch import job_spec
 from scheduling.executor import (
     FinalState,
     JobFinished,
@@ -36,9 +38,11 @@ def test_a_job_spec_round_trips_through_json() -> None:
         max_runtime_s=3600,
         container_image="nvcr.io/nvidia/pytorch:24.05-py3",
         container_workdir="/workspace",
+        unix_user="alice",
+        allow_root=False,
     )
     assert JobSpec.from_dict(over_the_wire(spec.to_dict())) == spec
-    host = JobSpec(job_id="4.1", cwd="/data/run", argv=["python", "train.py"])
+    host = JobSpec(job_id="4.1", cwd="/data/run", argv=["python", "train.py"], unix_user="bob")
     assert JobSpec.from_dict(over_the_wire(host.to_dict())) == host
     # A newer central side's extra field does not stop an older agent.
     assert JobSpec.from_dict({**host.to_dict(), "priority": "high"}) == host
@@ -116,7 +120,23 @@ def test_a_gang_is_sent_to_each_node_as_its_spec_with_its_rank(
             None,
         )
         assert spec.max_runtime_s == 600
+        assert (spec.unix_user, spec.allow_root) == ("alice", False)  # by default, their name
     assert not set(specs[0].gpu_uuids) & set(specs[1].gpu_uuids)
+
+
+@pytest.mark.parametrize("allow_root", [False, True])
+def test_a_job_runs_as_the_unix_account_an_admin_gave_its_owner(
+    django_user_model, admin_user, allow_root: bool
+) -> None:
+    add_sim_node("dgx-01")
+    owner = django_user_model.objects.create_user("alice.smith@lab.example")
+    set_unix_account(owner, username="asmith", allow_root=allow_root, actor=admin_user)
+    job = services.submit_job(owner, command=["true"], gpu_count=1)
+    job = Job.objects.select_related("owner__unix_account").get(pk=job.pk)
+
+    spec = job_spec(job, [], 0, ["dgx-01"])
+
+    assert (spec.unix_user, spec.allow_root) == ("asmith", allow_root)
 
 
 @pytest.mark.django_db

@@ -503,6 +503,9 @@ def test_reconcile_reports_an_unreadable_record_as_lost(
         ({"argv": ["true"], "shell_command": "true"}, "exactly one of argv and shell_command"),
         ({"argv": ["true"], "cwd": "relative"}, "not an absolute path"),
         ({"argv": ["true"], "max_runtime_s": 0}, "must be positive"),
+        ({"argv": ["true"], "unix_user": "-oProxy"}, "Unix user name '-oProxy' is not valid"),
+        ({"argv": ["true"], "env": {"A=B": "1"}}, "environment variable 'A=B' is not valid"),
+        ({"argv": ["true"], "env": {"A": "1\x00"}}, "environment variable 'A' is not valid"),
     ],
 )
 def test_job_spec_refuses_invalid_jobs(fields: dict[str, Any], error: str) -> None:

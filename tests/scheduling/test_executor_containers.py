@@ -16,6 +16,7 @@ import pytest
 from gpuadmin.celery import app
 from scheduling import agent
 from scheduling.executor import (
+    Account,
     FinalState,
     JobFinished,
     JobSpec,
@@ -33,6 +34,7 @@ from tests.scheduling.test_executor import (
 )
 
 IMAGE = "nvcr.io/nvidia/pytorch:24.01-py3"
+ALICE = Account("alice", uid=1001, gid=1002, groups=(1002, 44), home="/home/alice")
 GPUS = ("GPU-aaaa", "MIG-bbbb")
 AGENT_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -66,20 +68,21 @@ def spec(**fields: Any) -> JobSpec:
     return JobSpec(**{**defaults, **fields})
 
 
-def test_docker_gets_the_gpus_the_variables_by_name_and_the_workdir() -> None:
-    argv, env = container_process("docker", spec(), AGENT_ENV)
+def test_docker_gets_the_account_the_gpus_the_variables_by_name_and_the_workdir() -> None:
+    argv, env = container_process("docker", spec(), AGENT_ENV, account=ALICE)
 
     assert argv == [
-        "docker", "run", "--rm", "--init", "--name", "gpuadmin-job-12-3",
-        "--gpus", '"device=GPU-aaaa,MIG-bbbb"',
-        "-e", "WANDB_API_KEY",
-        "-e", "PATH=/opt/conda/bin:/usr/bin:/bin",
-        "-e", "LD_PRELOAD=/usr/lib/libjemalloc.so.2",
-        "-e", "DOCKER_HOST=tcp://dind:2375",
-        "-e", "CUDA_VISIBLE_DEVICES",
-        "-e", "GPUADMIN_JOB_ID",
-        "-e", "NVIDIA_VISIBLE_DEVICES",
-        "-w", "/workspace",
+        "docker", "run", "--rm", "--init", "--name=gpuadmin-job-12-3",
+        "--user=1001:1002",
+        '--gpus="device=GPU-aaaa,MIG-bbbb"',
+        "--env=WANDB_API_KEY",
+        "--env=PATH=/opt/conda/bin:/usr/bin:/bin",
+        "--env=LD_PRELOAD=/usr/lib/libjemalloc.so.2",
+        "--env=DOCKER_HOST=tcp://dind:2375",
+        "--env=CUDA_VISIBLE_DEVICES",
+        "--env=GPUADMIN_JOB_ID",
+        "--env=NVIDIA_VISIBLE_DEVICES",
+        "--workdir=/workspace",
         IMAGE, "python", "train.py",
     ]  # fmt: skip
     # The client's environment: its own (never the agent's secrets), then the values by name.
@@ -99,19 +102,20 @@ def test_docker_gets_the_gpus_the_variables_by_name_and_the_workdir() -> None:
 def test_podman_gets_one_cdi_device_per_gpu_and_runs_a_shell_command() -> None:
     job = spec(argv=(), shell_command="nvidia-smi; python train.py", container_workdir=None)
 
-    argv, env = container_process("podman", job, AGENT_ENV)
+    argv, env = container_process("podman", job, AGENT_ENV, account=ALICE)
 
     assert argv == [
-        "podman", "run", "--rm", "--init", "--name", "gpuadmin-job-12-3",
-        "--device", "nvidia.com/gpu=GPU-aaaa",
-        "--device", "nvidia.com/gpu=MIG-bbbb",
-        "-e", "WANDB_API_KEY",
-        "-e", "PATH=/opt/conda/bin:/usr/bin:/bin",
-        "-e", "LD_PRELOAD=/usr/lib/libjemalloc.so.2",
-        "-e", "DOCKER_HOST",
-        "-e", "CUDA_VISIBLE_DEVICES",
-        "-e", "GPUADMIN_JOB_ID",
-        "-e", "NVIDIA_VISIBLE_DEVICES",
+        "podman", "run", "--rm", "--init", "--name=gpuadmin-job-12-3",
+        "--user=1001:1002",
+        "--device=nvidia.com/gpu=GPU-aaaa",
+        "--device=nvidia.com/gpu=MIG-bbbb",
+        "--env=WANDB_API_KEY",
+        "--env=PATH=/opt/conda/bin:/usr/bin:/bin",
+        "--env=LD_PRELOAD=/usr/lib/libjemalloc.so.2",
+        "--env=DOCKER_HOST",
+        "--env=CUDA_VISIBLE_DEVICES",
+        "--env=GPUADMIN_JOB_ID",
+        "--env=NVIDIA_VISIBLE_DEVICES",
         IMAGE, "/bin/sh", "-c", "nvidia-smi; python train.py",
     ]  # fmt: skip
     assert env["CONTAINER_HOST"] == AGENT_ENV["CONTAINER_HOST"]
@@ -123,7 +127,7 @@ def test_apptainer_gets_nv_a_clean_environment_and_prefixed_variables() -> None:
     argv, env = container_process("apptainer", spec(), AGENT_ENV)
 
     assert argv == [
-        "apptainer", "exec", "--nv", "--cleanenv", "--pwd", "/workspace",
+        "apptainer", "exec", "--nv", "--cleanenv", "--pwd=/workspace",
         f"docker://{IMAGE}", "python", "train.py",
     ]  # fmt: skip
     assert env == {
@@ -174,7 +178,7 @@ def test_a_container_without_gpu_devices_gets_none_of_the_nodes(
 
     argv, env = container_process(runtime, job, AGENT_ENV, gpu_devices=gpu_devices)
 
-    assert not {"--gpus", "--device", "--nv"} & set(argv)
+    assert not {"--gpus", "--device", "--nv"} & {arg.partition("=")[0] for arg in argv}
     # CUDA images ask for every GPU (NVIDIA_VISIBLE_DEVICES=all): void refuses them all.
     prefix = "APPTAINERENV_" if runtime == "apptainer" else ""
     assert env[f"{prefix}NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -194,7 +198,8 @@ def test_only_a_container_job_has_a_container_workdir_and_it_is_absolute() -> No
 
 FAKE_RUNTIME = '''#!{python}
 """docker, as far as the executor can tell: records its argv, then runs the container's
-command itself (its variables from -e, in its -w directory), so the job is a real process."""
+command itself (its variables from --env, in its --workdir, as its --user), so the job is a
+real process. Every option must be one --name or --name=value argument before the image."""
 import json, os, sys
 
 args = sys.argv[1:]
@@ -202,20 +207,28 @@ with open({calls!r}, "a") as calls:
     calls.write(json.dumps(args) + "\\n")
 if args[0] != "run":
     sys.exit(0)
-env, workdir, i = {{"PATH": os.environ["PATH"]}}, None, 1
+env, workdir, user, i = {{"PATH": os.environ["PATH"]}}, None, None, 1
 while args[i].startswith("-"):
-    if args[i] in ("--rm", "--init"):
-        i += 1
-        continue
-    flag, value, i = args[i], args[i + 1], i + 2
-    if flag == "-e":
+    flag, _, value = args[i].partition("=")
+    i += 1
+    if flag == "--env":
         name, given, text = value.partition("=")
         env[name] = text if given else os.environ[name]
-    elif flag == "-w":
+    elif flag == "--workdir":
         workdir = value
+    elif flag == "--user":
+        user = value
+    elif flag not in ("--rm", "--init", "--name", "--gpus", "--device"):
+        sys.exit(f"fake docker: unknown option {{args[i - 1]}}")
+if user:  # as docker does: only the uid and gid, no supplementary groups
+    uid, gid = (int(part) for part in user.split(":"))
+    if os.geteuid() == 0:
+        os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
 if workdir:
     os.chdir(workdir)
-os.execve(args[i + 1], args[i + 1 :], env)
+os.execve(args[i + 1], args[i + 1 :], env)  # args[i] is the image
 '''
 
 
@@ -301,13 +314,14 @@ def test_a_container_job_runs_in_its_runtime_with_its_gpus_variables_and_workdir
     assert events.started("12.3").pid > 0
     run, remove = runtime.calls()
     assert run == [
-        "run", "--rm", "--init", "--name", "gpuadmin-job-12-3",
-        "--gpus", '"device=GPU-aaaa,MIG-bbbb"',
-        "-e", "EPOCHS",
-        "-e", "CUDA_VISIBLE_DEVICES",
-        "-e", "GPUADMIN_JOB_ID",
-        "-e", "NVIDIA_VISIBLE_DEVICES",
-        "-w", str(in_image),
+        "run", "--rm", "--init", "--name=gpuadmin-job-12-3",
+        f"--user={os.geteuid()}:{os.getegid()}",  # this agent's own account
+        '--gpus="device=GPU-aaaa,MIG-bbbb"',
+        "--env=EPOCHS",
+        "--env=CUDA_VISIBLE_DEVICES",
+        "--env=GPUADMIN_JOB_ID",
+        "--env=NVIDIA_VISIBLE_DEVICES",
+        f"--workdir={in_image}",
         IMAGE, *argv,
     ]  # fmt: skip
     assert remove == ["rm", "-f", "gpuadmin-job-12-3"]  # a container never outlives its job
@@ -523,6 +537,8 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
         agent.run_job(
             JobSpec(  # as the central side sends a job with an image and a working directory
                 job_id="5.1",
+                unix_user=Account.own().name,  # the test's account, root in CI
+                allow_root=True,
                 shell_command=command,
                 gpu_uuids=["GPU-aaaa"],
                 container_image="alpine:3.20",
@@ -535,18 +551,35 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
 
     assert reported() == ["started", "completed"]
     run, _ = runtime.calls()
-    assert run[:6] == ["run", "--rm", "--init", "--name", "gpuadmin-job-5-1", "--gpus"]
-    assert run[-6:] == ["-w", str(in_image), "alpine:3.20", "/bin/sh", "-c", command]
+    assert run[:4] == ["run", "--rm", "--init", "--name=gpuadmin-job-5-1"]
+    assert run[-5:] == [f"--workdir={in_image}", "alpine:3.20", "/bin/sh", "-c", command]
     assert agent.tail_log(5, 1, 10)["text"] == f"5.1 GPU-aaaa\n{in_image}\n"
     # Its client started in the agent's scratch directory, not in the image's workdir.
     assert (agent.agent_dir("dgx-01") / "work" / "5.1").is_dir()
 
 
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cwd": "runs/today"}, "working directory 'runs/today' is not an absolute path"),
+        (
+            {"container_image": "--privileged"},
+            "container image '--privileged' is not valid: it starts with '-' or holds white "
+            "space or control characters",
+        ),
+    ],
+    ids=["relative-workdir", "image-as-option"],
+)
 def test_the_agent_fails_a_job_it_cannot_start_instead_of_leaving_it_scheduled(
-    settings: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    fields: dict[str, str],
+    message: str,
 ) -> None:
-    """A spec the executor refuses (here a relative working directory from an older central
-    worker, which now rejects it at submission) is reported failed, with the reason."""
+    """A spec the executor refuses (a relative working directory, or an image that would be
+    an option of the runtime, from an older central worker, which now rejects them at
+    submission) is reported failed, with the reason."""
     settings.GPUADMIN_DATA_DIR = tmp_path / "data"
     settings.GPUADMIN_NODE_NAME = "dgx-01"
     broker = RecordingBroker()
@@ -554,9 +587,9 @@ def test_the_agent_fails_a_job_it_cannot_start_instead_of_leaving_it_scheduled(
     monkeypatch.setattr(agent, "_executor", None)
     # No live sample of this made-up node goes to the shared Redis when the job ends.
     monkeypatch.setattr(agent, "publish_sample", lambda hostname: None)
-    agent.run_job({"job_id": "6.1", "argv": ["true"], "cwd": "runs/today"})
+    agent.run_job({"job_id": "6.1", "argv": ["true"], **fields})
     [(args, _)] = broker.named("scheduling.job_event")
     failed = event_from_dict(args[0])
     assert isinstance(failed, JobFinished)
     assert (failed.job_id, failed.state) == ("6.1", FinalState.FAILED)
-    assert failed.message == "cannot start: working directory 'runs/today' is not an absolute path"
+    assert failed.message == f"cannot start: {message}"

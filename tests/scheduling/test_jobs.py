@@ -89,7 +89,7 @@ def test_submission_is_queued_and_audited(alice, fleet):
         ({"gpu_count": 65}, "gpu_count", "Ensure this value is less than or equal to 64."),
         ({"command": ["x"] * 4097}, "command", "at most 4096 arguments"),
         ({"command": ""}, "command", "empty command"),
-        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is set by"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is reserved"),
     ],
 )
 def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, field, message):

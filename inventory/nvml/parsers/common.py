@@ -8,6 +8,7 @@ sentinel or for anything it cannot read, and never raises.
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = [
@@ -52,6 +53,9 @@ _BUS_ID_RE = re.compile(
     r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?"
     r"(?P<bus>[0-9a-fA-F]{1,2}):(?P<device>[0-9a-fA-F]{1,2})(?:\.(?P<function>[0-7]))?$"
 )
+# Linux's NR_CPUS tops out at 8192; a larger id is a corrupt paste, not a CPU (and expanding
+# "0-99999999999" would take forever).
+_MAX_CPUS = 1 << 16
 _TRUE = frozenset({"enabled", "yes", "active", "on", "true"})
 _FALSE = frozenset({"disabled", "no", "not active", "off", "false"})
 
@@ -87,7 +91,8 @@ def _quantity(value: str | None, units: dict[str, float]) -> float | None:
     factor = units.get(unit)
     if factor is None:
         return None
-    return float(number) * factor
+    quantity = float(number) * factor
+    return quantity if math.isfinite(quantity) else None  # "9" * 400 is no reading
 
 
 def parse_float(value: str | None) -> float | None:
@@ -194,7 +199,7 @@ def parse_cpu_list(value: str | None) -> tuple[int, ...] | None:
             return None
         start = int(match[1])
         end = int(match[2]) if match[2] is not None else start
-        if end < start:
+        if end < start or end >= _MAX_CPUS:
             return None
         cpus.update(range(start, end + 1))
     return tuple(sorted(cpus))

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 __all__ = ["ListedGpu", "ListedMigDevice", "parse_gpu_list"]
 
-_GPU_RE = re.compile(r"^\s*GPU\s+(?P<index>\d+):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)")
-_MIG_RE = re.compile(
-    r"^\s*(?P<profile>MIG\s+\S+)\s+Device\s+(?P<index>\d+):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)"
+_GPU_RE = re.compile(
+    r"^\s*GPU\s+(?P<index>\d{1,18}):\s+(?P<name>.*?)\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)"
 )
-_OLD_MIG_UUID_RE = re.compile(r"^MIG-(?P<gpu>GPU-[0-9a-fA-F-]+)/(?P<gi>\d+)/(?P<ci>\d+)$")
+_MIG_RE = re.compile(
+    r"^\s*(?P<profile>MIG\s+\S+)\s+Device\s+(?P<index>\d{1,18}):\s+\(UUID:\s*(?P<uuid>[^)\s]+)\)"
+)
+_OLD_MIG_UUID_RE = re.compile(r"^MIG-(?P<gpu>GPU-[0-9a-fA-F-]+)/(?P<gi>\d{1,18})/(?P<ci>\d{1,18})$")
 
 
 @dataclass(frozen=True)

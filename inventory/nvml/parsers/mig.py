@@ -34,26 +34,28 @@ __all__ = [
 
 _NAME = r"(?P<name>MIG\s+\S+)"
 _GIP_RE = re.compile(
-    rf"^\s*\|\s*(?P<gpu>\d+)\s+{_NAME}\s+(?P<id>\d+)\s+(?P<free>\d+)/(?P<total>\d+)\s+"
-    r"(?P<mem>[\d.]+)\s+(?P<p2p>\w+)\s+(?P<sm>\d+)\s+(?P<dec>\d+)\s+(?P<enc>\d+)\s*\|"
+    rf"^\s*\|\s*(?P<gpu>\d{{1,18}})\s+{_NAME}\s+(?P<id>\d{{1,18}})\s+(?P<free>\d{{1,18}})/(?P<total>\d{{1,18}})\s+"
+    r"(?P<mem>[\d.]+)\s+(?P<p2p>\w+)\s+(?P<sm>\d{1,18})\s+(?P<dec>\d{1,18})\s+(?P<enc>\d{1,18})\s*\|"
 )
-_GIP_CONT_RE = re.compile(r"^\s*\|\s+(?P<ce>\d+)\s+(?P<jpeg>\d+)\s+(?P<ofa>\d+)\s*\|")
+_GIP_CONT_RE = re.compile(
+    r"^\s*\|\s+(?P<ce>\d{1,18})\s+(?P<jpeg>\d{1,18})\s+(?P<ofa>\d{1,18})\s*\|"
+)
 _CIP_RE = re.compile(
-    rf"^\s*\|\s*(?P<gpu>\d+)\s+(?P<gi>\d+)\s+{_NAME}\s+(?P<id>\d+)(?P<default>\*?)\s+"
-    r"(?P<free>\d+)/(?P<total>\d+)\s+(?P<sm>\d+)\s+(?P<dec>\d+)\s+(?P<enc>\d+)\s+(?P<ofa>\d+)\s*\|"
+    rf"^\s*\|\s*(?P<gpu>\d{{1,18}})\s+(?P<gi>\d{{1,18}})\s+{_NAME}\s+(?P<id>\d{{1,18}})(?P<default>\*?)\s+"
+    r"(?P<free>\d{1,18})/(?P<total>\d{1,18})\s+(?P<sm>\d{1,18})\s+(?P<dec>\d{1,18})\s+(?P<enc>\d{1,18})\s+(?P<ofa>\d{1,18})\s*\|"
 )
-_CIP_CONT_RE = re.compile(r"^\s*\|\s+(?P<ce>\d+)\s+(?P<jpeg>\d+)\s*\|")
+_CIP_CONT_RE = re.compile(r"^\s*\|\s+(?P<ce>\d{1,18})\s+(?P<jpeg>\d{1,18})\s*\|")
 _GI_RE = re.compile(
-    rf"^\s*\|\s*(?P<gpu>\d+)\s+{_NAME}\s+(?P<profile>\d+)\s+(?P<id>\d+)\s+"
-    r"(?P<start>\d+):(?P<size>\d+)\s*\|"
+    rf"^\s*\|\s*(?P<gpu>\d{{1,18}})\s+{_NAME}\s+(?P<profile>\d{{1,18}})\s+(?P<id>\d{{1,18}})\s+"
+    r"(?P<start>\d{1,18}):(?P<size>\d{1,18})\s*\|"
 )
 _CI_RE = re.compile(
-    rf"^\s*\|\s*(?P<gpu>\d+)\s+(?P<gi>\d+)\s+{_NAME}\s+(?P<profile>\d+)\*?\s+(?P<id>\d+)"
-    r"(?:\s+(?P<start>\d+):(?P<size>\d+))?\s*\|"
+    rf"^\s*\|\s*(?P<gpu>\d{{1,18}})\s+(?P<gi>\d{{1,18}})\s+{_NAME}\s+(?P<profile>\d{{1,18}})\*?\s+(?P<id>\d{{1,18}})"
+    r"(?:\s+(?P<start>\d{1,18}):(?P<size>\d{1,18}))?\s*\|"
 )
 _PLACEMENT_RE = re.compile(
-    r"GPU\s+(?P<gpu>\d+)\s+(?:GI\s+(?P<gi>\d+)\s+)?Profile\s+ID\s+(?P<id>\d+)\s+"
-    r"Placements?\s*:\s*\{(?P<starts>[\d,\s]*)\}\s*:\s*(?P<size>\d+)"
+    r"GPU\s+(?P<gpu>\d{1,18})\s+(?:GI\s+(?P<gi>\d{1,18})\s+)?Profile\s+ID\s+(?P<id>\d{1,18})\s+"
+    r"Placements?\s*:\s*\{(?P<starts>[\d,\s]*)\}\s*:\s*(?P<size>\d{1,18})"
 )
 
 

@@ -86,9 +86,12 @@ class Node:
         return None if node is None else none_if_na(node.value)
 
     def walk(self) -> Iterator[Node]:
-        for child in self.children:
-            yield child
-            yield from child.walk()
+        """Every descendant in document order; iterative, as a hostile paste can nest deeply."""
+        stack = self.children[::-1]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children[::-1])
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,22 @@ from .smi_model import Node, SmiLog, build_smi_log
 __all__ = ["parse_smi_xml"]
 
 
-def _to_node(element: ET.Element) -> Node:
+def _node(element: ET.Element) -> Node:
     # <gpu id="00000000:06:00.0"> keeps its bus id as the node value, like the text header.
     text = element.get("id") if element.tag == "gpu" else (element.text or "").strip()
-    return Node(
-        key=element.tag,
-        value=text or None,
-        children=[_to_node(child) for child in element],
-    )
+    return Node(key=element.tag, value=text or None)
+
+
+def _to_node(root: ET.Element) -> Node:
+    """The element tree as nodes; iterative, so a deeply nested document cannot overflow."""
+    top = _node(root)
+    stack = [(root, top)]
+    while stack:
+        element, node = stack.pop()
+        for child in element:
+            node.children.append(_node(child))
+            stack.append((child, node.children[-1]))
+    return top
 
 
 def parse_smi_xml(document: str | bytes) -> SmiLog:
@@ -33,7 +41,7 @@ def parse_smi_xml(document: str | bytes) -> SmiLog:
     """
     try:
         root = ET.fromstring(document)
-    except ET.ParseError as exc:
+    except (ET.ParseError, UnicodeError) as exc:  # UnicodeError: a lone surrogate in a str
         raise ParseError(f"not well-formed nvidia-smi XML: {exc}") from exc
     if root.tag != "nvidia_smi_log":
         raise ParseError(f"expected <nvidia_smi_log> root, got <{root.tag}>")

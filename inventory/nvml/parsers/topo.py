@@ -22,7 +22,7 @@ NUMA_COLUMN = "NUMA Affinity"
 
 # Columns after the device columns, in the order nvidia-smi prints them.
 _AFFINITY_COLUMNS = ("CPU Affinity", NUMA_COLUMN, "GPU NUMA ID")
-_LINK_RE = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_LINK_RE = re.compile(r"^(X|NV\d{1,18}|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 
 

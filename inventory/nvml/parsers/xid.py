@@ -25,7 +25,7 @@ __all__ = ["XidEvent", "parse_xid_line", "parse_xid_log"]
 _XID_RE = re.compile(
     r"NVRM: Xid \((?P<pci>(?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
     r"(?:\.[0-7])?)\):\s*"
-    r"(?P<xid>\d+),\s*"
+    r"(?P<xid>\d{1,18}),\s*"
     r"(?:pid=(?P<pid>'[^']*'|[^,\s]*),\s*)?"
     r"(?:name=(?P<name>[^,]*),\s*)?"
     r"(?P<message>.*)$"
@@ -36,7 +36,7 @@ _BRACKET_TS_RE = re.compile(
 )
 # Syslog's "Mmm dd hh:mm:ss[.frac] host kernel:" (journalctl -o short / short-precise).
 _SYSLOG_TS_RE = re.compile(r"^\s*([A-Z][a-z]{2} +\d{1,2} \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ kernel:")
-_CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d+)")
+_CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d{1,18})")
 
 
 @dataclass(frozen=True)

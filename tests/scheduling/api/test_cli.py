@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def gpuadmin(live_server, capsys, monkeypatch, make_user):
     """``gpuadmin(*argv)`` -> (status, stdout, stderr), as alice, through the live server."""
     monkeypatch.setattr(dispatch, "wake", lambda: None)  # no placement pass on the shared Redis
-    monkeypatch.setattr(cli, "_bootstrap_django", lambda: None)  # pytest-django set it up
+    monkeypatch.setattr(cli, "_bootstrap_django", lambda **_: None)  # pytest-django set it up
     make_user("alice")
 
     def run(*argv: str) -> tuple[int, str, str]:

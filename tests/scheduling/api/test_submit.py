@@ -122,11 +122,11 @@ def test_versioned_jobs_endpoint_takes_the_same_body(alice, fleet):
         ({"priority": "urgent"}, "priority", '"urgent" is not a valid choice.'),
         ({"env": ["A=1"]}, "env", 'Expected a dictionary of items but got type "list".'),
         ({"env": {"A": 1}}, "env", "Not a valid string."),
-        ({"env": {"1A": "x"}}, "env", "not variable names: 1A"),
+        ({"env": {"1A": "x"}}, "env", "not a variable name: '1A'"),
         (
             {"env": {"CUDA_VISIBLE_DEVICES": "0"}},
             "env",
-            "CUDA_VISIBLE_DEVICES is set by gpuadmin from the allocation",
+            "CUDA_VISIBLE_DEVICES is reserved: it would change the job's GPUs or its runtime",
         ),
         ({"command": ""}, "command", "empty command"),
         ({"command": "   "}, "command", "empty command"),

@@ -107,7 +107,7 @@ def test_a_shell_command_is_kept_whole(client, alice, agents):
             "estimated_duration",
             "Ensure this value is greater than or equal to 1.",
         ),
-        ({"env": "CUDA_VISIBLE_DEVICES=0"}, "env", "CUDA_VISIBLE_DEVICES is set by gpuadmin"),
+        ({"env": "CUDA_VISIBLE_DEVICES=0"}, "env", "CUDA_VISIBLE_DEVICES is reserved"),
         ({"command": "''"}, "command", "empty command"),
         # refused by the form
         ({"command": "python 'unclosed"}, "command", "cannot split into arguments: No closing"),

@@ -1,6 +1,9 @@
-"""Randomised snapshots and queues: the invariants hold for every seed.
+"""Generated snapshots and queues (hypothesis): the invariants hold for every one.
 
-Plain `random.Random(seed)` loops; a failing seed is named in the assertion message.
+A snapshot is built from a hypothesis-driven `Random` (`st.randoms()`), so a failure shrinks to
+a small fleet and queue and hypothesis prints it. Fleets mix models, layouts, busy GPUs, nodes
+that are draining, offline or unreachable, and GPUs that cannot take work (MIG mode, missing,
+error, a foreign process).
 """
 
 from __future__ import annotations
@@ -9,6 +12,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from random import Random
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from scheduling.placement import (
     Fcfs,
@@ -24,11 +31,19 @@ from scheduling.placement import (
     Snapshot,
     plan,
 )
+from scheduling.placement.fleet import Fleet
 from scheduling.placement.topology import choose
 from tests.scheduling.placement.builders import A100_40, A100_80, GB, H100, MEMORY, NOW
 
-SEEDS = range(300)
 MODELS = (A100_40, A100_80, H100)
+UNAVAILABLE = ("error", "missing", "mig", "foreign-process", "draining", "offline")
+PASSES = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TAKE = Fleet.take  # the real one, for the deliberately broken variants
 
 
 def random_snapshot(rng: Random) -> Snapshot:
@@ -72,7 +87,7 @@ def random_snapshot(rng: Random) -> Snapshot:
                         "dgx": f"{hostname}/nvswitch",
                         "bridged": f"{hostname}/bridge-{index // 2}",
                     }.get(layout),
-                    unavailable=rng.choice(("error", "missing")) if rng.random() < 0.05 else None,
+                    unavailable=rng.choice(UNAVAILABLE) if rng.random() < 0.08 else None,
                     allocated_to=holder,
                 )
             )
@@ -142,64 +157,64 @@ def fits(
     return hosting >= job.node_count
 
 
-def check(snapshot: Snapshot, result: PassResult, order: list[JobRequest], seed: int) -> None:
+def check(snapshot: Snapshot, result: PassResult, order: list[JobRequest]) -> None:
     gpus = {gpu.id: gpu for gpu in snapshot.gpus}
     nodes = {node.hostname: node for node in snapshot.nodes}
     jobs = {job.id: job for job in snapshot.queue}
     placed = [p.job_id for p in result.placements]
     waiting = [p.job_id for p in result.pending]
-    assert sorted(placed + waiting) == sorted(jobs), seed
+    assert sorted(placed + waiting) == sorted(jobs)
 
     given = {gpu_id: p.job_id for p in result.placements for gpu_id in p.gpu_ids}
-    assert len(given) == sum(len(p.gpu_ids) for p in result.placements), f"seed {seed}: twice"
+    assert len(given) == sum(len(p.gpu_ids) for p in result.placements), "a GPU was given twice"
     for placement in result.placements:
         job = jobs[placement.job_id]
-        assert len(placement.nodes) == len(set(placement.nodes)) == job.node_count, seed
+        assert len(placement.nodes) == len(set(placement.nodes)) == job.node_count
         for hostname, ids in placement.by_node:
-            assert nodes[hostname].schedulable, seed
-            assert len(ids) == job.gpus_per_node, seed
+            assert nodes[hostname].schedulable
+            assert len(ids) == job.gpus_per_node
             part = [gpus[i] for i in ids]
             for gpu in part:
-                assert gpu.node == hostname, seed
-                assert gpu.unavailable is None and gpu.allocated_to is None, seed
-                assert gpu.memory_free_mib >= job.min_memory_mib, seed
-                assert job.gpu_model in (None, gpu.model), seed
+                assert gpu.node == hostname
+                assert gpu.unavailable is None and gpu.allocated_to is None
+                assert gpu.memory_free_mib >= job.min_memory_mib
+                assert job.gpu_model in (None, gpu.model)
             if job.topology == "numa" and len(part) > 1:
-                assert len({gpu.numa_node for gpu in part}) == 1, seed
-                assert part[0].numa_node is not None, seed
+                assert len({gpu.numa_node for gpu in part}) == 1
+                assert part[0].numa_node is not None
             if job.topology == "nvlink" and len(part) > 1:
-                assert len({gpu.nvlink_domain for gpu in part}) == 1, seed
-                assert part[0].nvlink_domain is not None, seed
+                assert len({gpu.nvlink_domain for gpu in part}) == 1
+                assert part[0].nvlink_domain is not None
 
     expected = [job.id for job in order if job.id in set(waiting)]
-    assert [p.job_id for p in result.pending] == expected, seed
-    assert [p.position for p in result.pending] == list(range(1, len(waiting) + 1)), seed
+    assert [p.job_id for p in result.pending] == expected
+    assert [p.position for p in result.pending] == list(range(1, len(waiting) + 1))
     for waiting_job in result.pending:
-        check_pending(snapshot, given, waiting_job, seed)
+        check_pending(snapshot, given, waiting_job)
 
 
-def check_pending(snapshot: Snapshot, given: dict[int, int], waiting: Pending, seed: int) -> None:
+def check_pending(snapshot: Snapshot, given: dict[int, int], waiting: Pending) -> None:
     """The reason is the first check the job fails; the estimated start is when it would fit."""
     job = next(job for job in snapshot.queue if job.id == waiting.job_id)
     nodes = {node.hostname: node for node in snapshot.nodes}
     hardware = snapshot.gpus
     up = [gpu for gpu in hardware if nodes[gpu.node].schedulable and gpu.unavailable is None]
     free = [gpu for gpu in up if gpu.allocated_to is None and gpu.id not in given]
-    assert not fits(job, free), f"seed {seed}: job {job.id} could have started"
+    assert not fits(job, free), f"job {job.id} could have started"
     exists = any(gpu.model == job.gpu_model for gpu in hardware) or job.gpu_model is None
-    assert (waiting.reason == Reason.MODEL) == (not exists), seed
+    assert (waiting.reason == Reason.MODEL) == (not exists)
     large_enough = fits(replace(job, gpus_per_node=1, node_count=1), hardware, "any", True)
     assert (waiting.reason == Reason.TOO_LARGE) == (
         large_enough and not fits(job, hardware, "any", by_total=True)
-    ), seed
+    )
     if waiting.reason == Reason.TOPOLOGY:
-        assert not fits(job, hardware, by_total=True) or fits(job, free, "any"), seed
+        assert not fits(job, hardware, by_total=True) or fits(job, free, "any")
     if waiting.reason == Reason.NODES_UNAVAILABLE:
-        assert fits(job, hardware, by_total=True) and not fits(job, up, by_total=True), seed
+        assert fits(job, hardware, by_total=True) and not fits(job, up, by_total=True)
     if waiting.reason == Reason.MEMORY:
-        assert not large_enough or fits(job, free, by_total=True), seed
+        assert not large_enough or fits(job, free, by_total=True)
     if waiting.reason == Reason.RESOURCES_BUSY:
-        assert fits(job, up, by_total=True), seed
+        assert fits(job, up, by_total=True)
 
     # Busy GPUs free up at their job's expected end, unknown ends never.
     ends = {gpu_id: run.expected_end for run in snapshot.running for gpu_id in run.gpu_ids}
@@ -218,10 +233,10 @@ def check_pending(snapshot: Snapshot, given: dict[int, int], waiting: Pending, s
 
     start = waiting.estimated_start
     if start is None:
-        assert not fits(job, free_at(float("inf"))), seed
+        assert not fits(job, free_at(float("inf")))
     else:
-        assert start >= snapshot.now and fits(job, free_at(start)), seed
-        assert start == snapshot.now or not fits(job, free_at(start, before=True)), seed
+        assert start >= snapshot.now and fits(job, free_at(start))
+        assert start == snapshot.now or not fits(job, free_at(start, before=True))
 
 
 def shuffled(snapshot: Snapshot, rng: Random) -> Snapshot:
@@ -237,48 +252,75 @@ def shuffled(snapshot: Snapshot, rng: Random) -> Snapshot:
     )
 
 
-def test_random_passes_keep_every_invariant() -> None:
-    for seed in SEEDS:
-        rng = Random(seed)
-        snapshot = random_snapshot(rng)
-        policy = PriorityWithAging() if seed % 2 else Fcfs()
-        result = plan(snapshot, policy)
-        check(snapshot, result, policy.order(snapshot.queue, snapshot.now), seed)
+def keeps_every_invariant(rng: Random) -> None:
+    snapshot = random_snapshot(rng)
+    policy = PriorityWithAging() if rng.random() < 0.5 else Fcfs()
+    result = plan(snapshot, policy)
+    check(snapshot, result, policy.order(snapshot.queue, snapshot.now))
 
 
-def test_random_passes_are_deterministic_whatever_the_input_order() -> None:
-    for seed in SEEDS:
-        rng = Random(seed)
-        snapshot = random_snapshot(rng)
-        result = plan(snapshot, PriorityWithAging())
-        assert plan(snapshot, PriorityWithAging()) == result, seed
-        assert plan(shuffled(snapshot, rng), PriorityWithAging()) == result, seed
+@PASSES
+@given(rng=st.randoms())
+def test_random_passes_keep_every_invariant(rng: Random) -> None:
+    keeps_every_invariant(rng)
 
 
-def test_a_single_node_job_gets_the_best_choice_of_all_nodes() -> None:
+@pytest.mark.parametrize(
+    "broken_take",
+    [
+        pytest.param(lambda fleet, node, gpus, release_at: None, id="gpus-never-taken"),
+        pytest.param(
+            lambda fleet, node, gpus, release_at: TAKE(fleet, node, list(gpus)[:1], release_at),
+            id="only-first-gpu-taken",
+        ),
+    ],
+)
+def test_the_invariants_catch_broken_bookkeeping(
+    monkeypatch: pytest.MonkeyPatch, broken_take: object
+) -> None:
+    """Proof the property test can fail: a fleet that forgets what it handed out is caught."""
+    monkeypatch.setattr(Fleet, "take", broken_take)
+    search = settings(
+        PASSES, max_examples=500, phases=[Phase.generate], report_multiple_bugs=False
+    )(given(rng=st.randoms())(keeps_every_invariant))
+    with pytest.raises(AssertionError):
+        search()
+
+
+@PASSES
+@given(rng=st.randoms())
+def test_random_passes_are_deterministic_whatever_the_input_order(rng: Random) -> None:
+    snapshot = random_snapshot(rng)
+    result = plan(snapshot, PriorityWithAging())
+    assert plan(snapshot, PriorityWithAging()) == result
+    assert plan(shuffled(snapshot, rng), PriorityWithAging()) == result
+
+
+@PASSES
+@given(rng=st.randoms())
+def test_a_single_node_job_gets_the_best_choice_of_all_nodes(rng: Random) -> None:
     """The bucket walk and its early stops find what trying every node would find."""
-    for seed in SEEDS:
-        snapshot = random_snapshot(Random(seed))
-        placement_pass = PlacementPass(snapshot)
-        free = free_gpus(snapshot)
-        gpus = {gpu.id: gpu for gpu in snapshot.gpus}
-        for job in Fcfs().order(snapshot.queue, snapshot.now):
-            placement = placement_pass.place(job)
-            if job.node_count == 1:
-                count = job.gpus_per_node
-                choices = {
-                    host: choose(eligible(job, node_gpus), count, job.topology)
-                    for host, node_gpus in free.items()
-                }
-                best = min(
-                    (
-                        (c.rank, len(free[host]) - count, c.sockets, c.numa_nodes, host)
-                        for host, c in choices.items()
-                        if c is not None
-                    ),
-                    default=None,
-                )
-                found = None if placement is None else (*placement.score, placement.nodes[0])
-                assert found == best, seed
-            for gpu_id in () if placement is None else placement.gpu_ids:
-                free[gpus[gpu_id].node].remove(gpus[gpu_id])
+    snapshot = random_snapshot(rng)
+    placement_pass = PlacementPass(snapshot)
+    free = free_gpus(snapshot)
+    gpus = {gpu.id: gpu for gpu in snapshot.gpus}
+    for job in Fcfs().order(snapshot.queue, snapshot.now):
+        placement = placement_pass.place(job)
+        if job.node_count == 1:
+            count = job.gpus_per_node
+            choices = {
+                host: choose(eligible(job, node_gpus), count, job.topology)
+                for host, node_gpus in free.items()
+            }
+            best = min(
+                (
+                    (c.rank, len(free[host]) - count, c.sockets, c.numa_nodes, host)
+                    for host, c in choices.items()
+                    if c is not None
+                ),
+                default=None,
+            )
+            found = None if placement is None else (*placement.score, placement.nodes[0])
+            assert found == best
+        for gpu_id in () if placement is None else placement.gpu_ids:
+            free[gpus[gpu_id].node].remove(gpus[gpu_id])

