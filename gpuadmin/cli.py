@@ -244,7 +244,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if user is None:
         print(f"gpuadmin token create: no user {args.user!r}", file=sys.stderr)
         return 1
-    _, key = create_token(user, args.name)
+    _, key = create_token(user, args.name, actor_name=CLI_ACTOR)
     print(key)
     print(
         f"token {args.name!r} for {args.user} created; the key above is shown only this once "

@@ -3,7 +3,7 @@ create/destroy through the node agent (all audited)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
@@ -100,9 +100,14 @@ def record_heartbeat(hostname: str, at: datetime | None = None) -> bool:
 
 
 def apply_discovery(
-    hostname: str, scan: NodeScan, *, actor_name: str = DISCOVERY_ACTOR
+    hostname: str,
+    scan: NodeScan,
+    *,
+    actor_name: str = DISCOVERY_ACTOR,
+    audited: Collection[tuple[str, str]] = (),
 ) -> SyncPlan:
-    """Make the catalog match one scan of ``hostname``, in one transaction, audited.
+    """Make the catalog match one scan of ``hostname``, in one transaction, audited (but for
+    the changes ``audited`` names as (kind, GPU UUID): the caller's own row describes them).
 
     Upserts on natural keys (hostname, GPU UUID). GPUs absent from the scan are marked missing,
     never deleted; a GPU that comes back, or shows up on another node, keeps its row. Catalog
@@ -136,6 +141,8 @@ def apply_discovery(
         if plan.links is not None:
             _apply_links(node, plan.links, plan.nic_links or {})
         for change in plan.changes:
+            if (change.kind, change.uuid) in audited:
+                continue
             target = by_uuid.get(change.uuid) if change.uuid else node
             record(
                 change.kind,
@@ -547,10 +554,12 @@ def _apply_mig_outcome(
     gpu: Gpu, outcome: dict[str, Any], audit: Callable[[list[dict[str, Any]]], None]
 ) -> list[MigInstance]:
     """Apply the node's fresh scan (whatever the outcome: it is the node's real layout) and,
-    when the change was made, its audit row, in one transaction."""
+    when the change was made, its audit row (in place of discovery's ``gpu.mig_changed`` for
+    that GPU), in one transaction."""
     error = outcome["error"]
+    audited = {("gpu.mig_changed", gpu.uuid)} if error is None else set()
     with transaction.atomic():
-        apply_discovery(gpu.node.hostname, NodeScan.from_dict(outcome["scan"]))
+        apply_discovery(gpu.node.hostname, NodeScan.from_dict(outcome["scan"]), audited=audited)
         if error is None:
             audit(_mig_rows(gpu))
     if error is not None:

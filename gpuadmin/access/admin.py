@@ -115,8 +115,8 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected node credentials")
     def revoke_credentials(self, request: HttpRequest, queryset: QuerySet[NodeCredential]) -> None:
-        actor = signed_in(request).get_username()
-        revoked = sum(revoke_credential(item, actor_name=actor) for item in queryset)
+        actor = signed_in(request)
+        revoked = sum(revoke_credential(item, actor=actor) for item in queryset)
         self.message_user(request, f"{revoked} revoked.", messages.SUCCESS)
 
     def has_add_permission(self, request: HttpRequest) -> bool:

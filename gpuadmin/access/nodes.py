@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Task
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -66,14 +67,17 @@ def revoke_credentials(node: str, *, actor_name: str) -> int:
     return len(revoked)
 
 
-def revoke_credential(credential: NodeCredential, *, actor_name: str) -> bool:
+def revoke_credential(
+    credential: NodeCredential, *, actor: User | None = None, actor_name: str = ""
+) -> bool:
+    """Revoke ``credential``; audited under ``actor`` (a person) or ``actor_name`` (the CLI)."""
     with transaction.atomic():
         updated = NodeCredential.objects.filter(pk=credential.pk, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
         )
         if updated:
-            record("node_credential.revoked", actor_name=actor_name, target=credential,
-                   before={"node": credential.node})  # fmt: skip
+            record("node_credential.revoked", actor=actor, actor_name=actor_name,
+                   target=credential, before={"node": credential.node})  # fmt: skip
     return bool(updated)
 
 

@@ -54,14 +54,21 @@ def can_act_on(user: User | AnonymousUser, owned: Owned) -> bool:
     return can_submit(user) and owned.owner_id == user.pk
 
 
-def create_token(user: User, name: str) -> tuple[ApiToken, str]:
-    """A new token for ``user``; the key is returned once and only its hash is kept."""
+def create_token(user: User, name: str, *, actor_name: str = "") -> tuple[ApiToken, str]:
+    """A new token for ``user``; the key is returned once and only its hash is kept. The audit
+    row names ``user`` as who acted, or ``actor_name`` (the CLI) when given."""
     key = ApiToken.new_key()
     with transaction.atomic():
         token = ApiToken.objects.create(
             user=user, name=name, key_prefix=key[:8], digest=ApiToken.hash(key)
         )
-        record("token.created", actor=user, target=token, after={"name": name})
+        record(
+            "token.created",
+            actor=None if actor_name else user,
+            actor_name=actor_name,
+            target=token,
+            after={"name": name},
+        )
     return token, key
 
 

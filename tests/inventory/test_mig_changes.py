@@ -87,7 +87,7 @@ def test_destroy_then_create_goes_through_the_agent_and_is_audited(node, admin):
     assert (created.actor, created.after["gi_id"], created.after["ci_id"]) == (admin, 2, 0)
     assert created.message == "created 3g.20gb as GPU instance 2 / compute instance 0"
     assert [row["gi_id"] for row in created.after["mig_instances"]] == [2, 3, 4]
-    assert len(audit_rows("gpu.mig_changed")) == 2  # discovery's view of the same changes
+    assert audit_rows("gpu.mig_changed") == []  # one row per change: not discovery's too
 
 
 def test_a_change_nvml_refuses_is_reported_and_only_the_scan_is_applied(node, admin):
@@ -283,4 +283,4 @@ def test_a_real_agent_destroys_and_creates_a_gpu_instance(gpuadmin_env):
     assert [row["uuid"] for row in created.after["mig_instances"]][0] == created_uuid
     # Scoped to this GPU: agents of other tests may still have scans queued on the broker.
     changed = [row.target_id for row in audit_rows("gpu.mig_changed") if row.target_id == gpu.uuid]
-    assert changed == [gpu.uuid, gpu.uuid]
+    assert changed == []  # the rows above describe them, not discovery's too

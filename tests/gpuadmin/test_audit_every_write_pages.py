@@ -1,0 +1,288 @@
+"""The pages, the admin's state-changing actions and edits, and the CLI's writing verbs each
+leave exactly the audit rows of their changes, with the person (or ``cli``) who acted and the
+request's id. ``PAGES`` is checked against the URLconf: a page route accepting POST added
+without an entry fails ``test_every_page_write_has_an_entry``."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from gpuadmin import cli
+from gpuadmin.access.models import Membership, Role, UnixAccount
+from gpuadmin.access.nodes import create_credential
+from gpuadmin.access.services import create_token
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Gpu, Node
+from inventory.services import destroy_mig_instance
+from tests.gpuadmin import test_audit_every_write as api_writes
+from tests.gpuadmin.test_audit_every_write import World
+from tests.inventory import conftest as inventory_fixtures
+from tests.inventory.conftest import SimNode
+
+pytestmark = pytest.mark.django_db
+world = api_writes.world  # the API table's people and fleet
+node = inventory_fixtures.node  # a simulated DGX A100 whose agent answers in-process
+
+# Page routes that accept POST but change nothing the audit log covers: signing in and out, and
+# a person's own password (Django's auth views).
+NOT_AUDITED = {
+    "login",
+    "logout",
+    "password_change",
+    "password_reset",
+    "password_reset_confirm",
+}
+HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
+
+
+def allowed_methods(view: Callable[..., Any]) -> set[str]:
+    """The methods a Django view accepts: its class's handlers, else the list of the
+    ``require_http_methods`` family found among its decorators (all methods without one)."""
+    view_class = getattr(view, "view_class", None)
+    if view_class is not None:
+        names = set(view_class.http_method_names)
+        return {name.upper() for name in names if hasattr(view_class, name)}
+    function: Any = view
+    while function is not None:
+        for cell in function.__closure__ or ():
+            value = cell.cell_contents
+            if isinstance(value, list | tuple | set) and value and set(value) <= HTTP_METHODS:
+                return set(value)
+        function = getattr(function, "__wrapped__", None)
+    return HTTP_METHODS
+
+
+def page_writes() -> set[str]:
+    """The names of the page routes (neither the API nor the admin) that accept POST."""
+    found: set[str] = set()
+
+    def walk(patterns: list[Any], namespace: str, prefix: str) -> None:
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                if route.startswith("admin/"):
+                    continue  # the admin's writes: ADMIN below
+                inner = f"{namespace}{pattern.namespace}:" if pattern.namespace else namespace
+                walk(pattern.url_patterns, inner, route)
+                continue
+            assert isinstance(pattern, URLPattern)
+            if hasattr(pattern.callback, "cls"):  # DRF: test_audit_every_write.py
+                continue
+            if "POST" in allowed_methods(pattern.callback):
+                found.add(f"{namespace}{pattern.name}")
+
+    walk(get_resolver().url_patterns, "", "")
+    return found
+
+
+@dataclass
+class Write:
+    """One write through a page or the admin: who sends it, where, with what, and the audit
+    rows it must leave (one per change)."""
+
+    actor: User
+    url: str
+    events: list[str]
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def mig(request: pytest.FixtureRequest) -> SimNode:
+    """A simulated DGX A100 whose agent answers in-process (after ``world``'s broker)."""
+    return request.getfixturevalue("node")
+
+
+def room_on_gpu0(w: World, request: pytest.FixtureRequest) -> Gpu:
+    """GPU 0 with its 3g.20gb instance destroyed (its memory slices 4-7 free)."""
+    gpu = mig(request).gpu(0)
+    destroy_mig_instance(gpu, 2, actor=w.root)
+    return gpu
+
+
+PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
+    "scheduling:job-new": lambda w, r: Write(
+        w.alice,
+        "/jobs/new/",
+        ["job.submitted"],
+        {
+            "command": "sleep 60",
+            "gpu_count": 1,
+            "node_count": 1,
+            "topology": "any",
+            "priority": "normal",
+            "max_retries": 0,
+        },
+    ),
+    "scheduling:job-cancel": lambda w, r: Write(
+        w.alice, f"/jobs/{w.job().pk}/cancel/", ["job.canceled"]
+    ),
+    # One row: not discovery's view of the same change from the agent's fresh scan too.
+    "inventory:mig-create": lambda w, r: Write(
+        w.root,
+        f"/gpus/{room_on_gpu0(w, r).uuid}/mig/create/",
+        ["gpu.mig_instance_created"],
+        {"profile_name": "3g.20gb", "placement_start": 4},
+    ),
+    "inventory:mig-destroy": lambda w, r: Write(
+        w.root,
+        f"/gpus/{mig(r).gpu(0).uuid}/mig/2/destroy/",
+        ["gpu.mig_instance_destroyed"],
+    ),
+}
+
+
+def action(name: str, *pks: object) -> dict[str, Any]:
+    return {"action": name, "_selected_action": [str(pk) for pk in pks], "index": "0"}
+
+
+def change_form(w: World, url: str, **changes: Any) -> dict[str, Any]:
+    """What the admin's change form at ``url`` posts: its current values (and its inlines'),
+    with ``changes``."""
+    client = Client()
+    client.force_login(w.root)
+    context = client.get(url).context
+    data: dict[str, Any] = {}
+    forms = [context["adminform"].form]
+    for inline in context["inline_admin_formsets"]:
+        forms += [inline.formset.management_form, *inline.formset.forms]
+    for form in forms:
+        for bound in form:
+            value = bound.value()
+            if value is not None and not (bound.field.disabled or bound.name in ("DELETE",)):
+                data[bound.html_name] = value
+    return {**data, **changes}
+
+
+def membership(w: World) -> Write:
+    row = Membership.objects.get(user=w.ops)
+    url = f"/admin/access/membership/{row.pk}/change/"
+    return Write(
+        w.root,
+        url,
+        ["membership.role_changed"],
+        {"user": w.ops.pk, "role": Role.ADMIN},
+    )
+
+
+def unix_account(w: World) -> Write:
+    account = UnixAccount.objects.create(user=w.alice, username="alice")
+    return Write(
+        w.root,
+        f"/admin/access/unixaccount/{account.pk}/change/",
+        ["unix_account.changed"],
+        {"username": "alice2"},
+    )
+
+
+ADMIN: dict[str, Callable[[World], Write]] = {
+    "job cancel action": lambda w: Write(
+        w.root,
+        "/admin/scheduling/job/",
+        ["job.canceled"],
+        action("cancel_jobs", w.job().pk),
+    ),
+    "token revoke action": lambda w: Write(
+        w.root,
+        "/admin/access/apitoken/",
+        ["token.revoked"],
+        action("revoke_tokens", create_token(w.alice, "old")[0].pk),
+    ),
+    "node credential revoke action": lambda w: Write(
+        w.root,
+        "/admin/access/nodecredential/",
+        ["node_credential.revoked"],
+        action(
+            "revoke_credentials",
+            create_credential("dgx-01", actor_name="tests")[0].pk,
+        ),
+    ),
+    "membership role change": membership,
+    "unix account change": unix_account,
+    "gpu catalog edit": lambda w: Write(
+        w.root,
+        url := f"/admin/inventory/gpu/{w.gpu().pk}/change/",
+        ["gpu.catalog_changed"],
+        change_form(w, url, label="left", notes="fan noisy"),
+    ),
+    "node catalog edit": lambda w: Write(
+        w.root,
+        url := f"/admin/inventory/node/{Node.objects.get(hostname='dgx-01').pk}/change/",
+        ["node.catalog_changed"],
+        change_form(w, url, notes="rack 4"),
+    ),
+}
+
+
+def test_every_page_write_has_an_entry():
+    """A new page that accepts POST needs a row in ``PAGES`` (or a reason in NOT_AUDITED)."""
+    assert page_writes() == set(PAGES) | NOT_AUDITED
+
+
+def send(write: Write) -> tuple[uuid.UUID, list[AuditEvent]]:
+    """Post ``write`` as its actor under a fresh request id; the id and the rows it left."""
+    seen = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    client = Client()
+    client.force_login(write.actor)
+    sent = uuid.uuid4()
+    response = client.post(write.url, write.data, HTTP_X_REQUEST_ID=str(sent))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert response["X-Request-ID"] == str(sent)
+    return sent, list(AuditEvent.objects.filter(pk__gt=seen).order_by("pk"))
+
+
+def assert_rows(rows: list[AuditEvent], events: list[str], actor: User, sent: uuid.UUID) -> None:
+    assert sorted(row.event_type for row in rows) == sorted(events)
+    assert {(row.actor_id, row.actor_name) for row in rows} == {(actor.pk, actor.get_username())}
+    assert {row.request_id for row in rows} == {sent}
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_a_page_write_leaves_one_audit_row_per_change(world, request, page):
+    write = PAGES[page](world, request)
+    sent, rows = send(write)
+    assert_rows(rows, write.events, write.actor, sent)
+
+
+@pytest.mark.parametrize("what", sorted(ADMIN))
+def test_an_admin_write_leaves_one_audit_row_per_change(world, what):
+    User.objects.filter(pk=world.root.pk).update(is_superuser=True)  # every model's admin
+    write = ADMIN[what](world)
+    sent, rows = send(write)
+    assert_rows(rows, write.events, write.actor, sent)
+
+
+def run_cli(monkeypatch: pytest.MonkeyPatch, *argv: str) -> list[AuditEvent]:
+    """Run a verb in this process; the audit rows it left."""
+    monkeypatch.setattr(cli, "_bootstrap_django", lambda **_: None)  # pytest-django set it up
+    seen = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    assert cli.main(list(argv)) == 0
+    return list(AuditEvent.objects.filter(pk__gt=seen).order_by("pk"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "events"),
+    [
+        (("token", "create", "laptop", "--user", "alice"), ["token.created"]),
+        (("node", "credential", "create", "dgx-09"), ["node_credential.created"]),
+        (
+            ("node", "credential", "revoke", "dgx-01"),  # both of its credentials
+            ["node_credential.revoked", "node_credential.revoked"],
+        ),
+    ],
+    ids=lambda value: " ".join(value[:3]) if isinstance(value, tuple) else None,
+)
+def test_a_cli_verb_leaves_its_rows_under_one_request_id(world, monkeypatch, capsys, argv, events):
+    create_credential("dgx-01", actor_name="tests")
+    create_credential("dgx-01", actor_name="tests")
+    rows = run_cli(monkeypatch, *argv)
+    assert [row.event_type for row in rows] == events
+    assert {(row.actor_id, row.actor_name) for row in rows} == {(None, cli.CLI_ACTOR)}
+    [request_id] = {row.request_id for row in rows}
+    assert request_id is not None
