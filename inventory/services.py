@@ -333,18 +333,13 @@ def _announcing_schedulable(gpus: GpuQuerySet) -> Iterator[None]:
     """Wrap a change of ``gpus`` inside its transaction: once that commits, send
     ``gpus_became_schedulable`` with those the change made schedulable whole, if any (apps
     above inventory, e.g. scheduling waking its placement loop, must not wait for a poll)."""
-    before = _schedulable_whole(gpus)
+    before = set(gpus.schedulable().values_list("pk", flat=True))
     yield
-    became = _schedulable_whole(gpus) - before
+    became = set(gpus.schedulable().values_list("pk", flat=True)) - before
     if became:
         transaction.on_commit(
             partial(gpus_became_schedulable.send_robust, sender=Gpu, gpu_ids=sorted(became))
         )
-
-
-def _schedulable_whole(gpus: GpuQuerySet) -> set[int]:
-    """Primary keys of ``gpus`` that could be given whole now (a MIG-mode GPU cannot)."""
-    return set(gpus.schedulable().values_list("pk", flat=True))
 
 
 def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> bool:

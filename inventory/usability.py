@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-# The values of inventory.choices.NodeState.ONLINE and GpuState.AVAILABLE.
+# The values of inventory.choices' NodeState/GpuState this rule reads (no Django here;
+# tests/inventory/test_usability.py checks they match).
 ONLINE = "online"
 AVAILABLE = "available"
+OFFLINE = "offline"
 
 
 class Reason(StrEnum):
@@ -48,9 +50,9 @@ def stored_unusable(
 ) -> Unusable | None:
     """The reason the stored rows give (``Gpu.objects.schedulable()`` is exactly these GPUs
     minus the ones with a reason), first match wins."""
-    if node_state == Reason.OFFLINE:
+    if node_state == OFFLINE:
         return Unusable(Reason.OFFLINE, "its node is offline")
-    if gpu_state == Reason.OFFLINE:
+    if gpu_state == OFFLINE:
         return Unusable(Reason.OFFLINE, "the GPU is offline")
     if not reachable:
         return Unusable(Reason.UNREACHABLE, "its node's agent has not been heard from lately")

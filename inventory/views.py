@@ -27,6 +27,7 @@ from inventory import live, services
 from inventory.filters import GpuFilterSet
 from inventory.forms import MigCreateForm
 from inventory.models import Gpu, GpuLink, Node
+from inventory.occupancy import Occupancy
 from inventory.pages import fleet, mig, topology
 
 AUDIT_HISTORY = 50
@@ -57,7 +58,9 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     )
     node = gpu.node
     sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid)
-    context = {"gpu": gpu, "row": fleet.GpuRow(gpu, node.is_reachable(), sample, node.state)}
+    # Its occupant too, so a job's own processes are not taken for foreign ones.
+    row = fleet.GpuRow(gpu, node.is_reachable(), sample, node.state, Occupancy([gpu.pk]))
+    context = {"gpu": gpu, "row": row}
     if htmx_partial(request):
         if gpu.is_missing:
             return HttpResponseStopPolling()  # a GPU gone from its node publishes no samples

@@ -337,7 +337,12 @@ def _expected_end(start: datetime | None, runtime_s: int | None) -> float | None
 def commit_placement(decision: placement.Placement, slots: dict[int, placement.GpuSlot]) -> bool:
     """Allocate the decision's GPUs and mark the job SCHEDULED in one transaction; on commit,
     send it to its nodes' agents. ``False`` when the database (or a newer state) refused it."""
-    job = Job.objects.filter(pk=decision.job_id, state=JobState.QUEUED).first()
+    # The owner and their Unix account go into the spec sent to the agents: no lazy reads.
+    job = (
+        Job.objects.select_related("owner__unix_account")
+        .filter(pk=decision.job_id, state=JobState.QUEUED)
+        .first()
+    )
     if job is None:
         return False
     why = {

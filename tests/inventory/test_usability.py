@@ -126,3 +126,10 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
     found = set(Gpu.objects.schedulable(now).values_list("pk", flat=True))
     assert found == {pk for pk, usable in expected.items() if usable}
     assert len(found) == 1
+
+
+def test_the_rule_reads_the_states_inventory_defines():
+    from inventory.choices import GpuState, NodeState
+
+    assert usability.ONLINE == NodeState.ONLINE and usability.AVAILABLE == GpuState.AVAILABLE
+    assert usability.OFFLINE == NodeState.OFFLINE == GpuState.OFFLINE
