@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django import forms
+from django.db.models import Model
 from django.forms.renderers import BaseRenderer
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -30,3 +31,12 @@ class SuggestInput(forms.TextInput):
         field = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
         options = format_html_join("", '<option value="{}">', ((v,) for v in self.suggestions()))
         return format_html('{}<datalist id="{}">{}</datalist>', field, list_id, options)
+
+
+def distinct_values(model: type[Model], field: str) -> Iterable[str]:
+    """The distinct non-empty values of ``field``, in order: a filter's suggestions (read when
+    the form is drawn, never by the API or a polled partial)."""
+    values = (
+        model._default_manager.exclude(**{field: ""}).order_by(field).values_list(field, flat=True)
+    )
+    return values.distinct()

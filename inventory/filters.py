@@ -9,7 +9,7 @@ import django_filters
 from django import forms
 from django.db.models import Q, QuerySet
 
-from gpuadmin.filters import SuggestInput
+from gpuadmin.filters import SuggestInput, distinct_values
 from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, MigInstance, Node, Pool
@@ -31,10 +31,6 @@ class NodeFilterSet(django_filters.FilterSet):
 def node_hostnames() -> Iterable[str]:
     """Every node's hostname, in order: the suggestions of a ``node`` filter."""
     return Node.objects.order_by("hostname").values_list("hostname", flat=True)
-
-
-def _models() -> Iterable[str]:
-    return Gpu.objects.order_by("name").values_list("name", flat=True).distinct()
 
 
 def _pools() -> Iterable[str]:
@@ -60,7 +56,7 @@ class GpuFilterSet(django_filters.FilterSet):
         lookup_expr="icontains",
         label="Model",
         help_text="GPU model (product name) contains.",
-        widget=SuggestInput(_models),
+        widget=SuggestInput(lambda: distinct_values(Gpu, "name")),
     )
     state = django_filters.ChoiceFilter(label="State", choices=GpuState.choices, empty_label="all")
     pool = django_filters.CharFilter(

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import django_filters
 from django.db.models import QuerySet
 
-from gpuadmin.filters import SuggestInput
+from gpuadmin.filters import SuggestInput, distinct_values
 from inventory.filters import node_hostnames
 from scheduling.models import Allocation, Job, JobState, Priority
 
@@ -16,13 +16,7 @@ ME = "me"  # ``?owner=me``: the requesting user
 
 
 def _owners() -> Iterable[str]:
-    owners = Job.objects.order_by("owner__username").values_list("owner__username", flat=True)
-    return [ME, *owners.distinct()]
-
-
-def _projects() -> Iterable[str]:
-    jobs = Job.objects.exclude(project="").order_by("project")
-    return jobs.values_list("project", flat=True).distinct()
+    return [ME, *distinct_values(Job, "owner__username")]
 
 
 class JobFilterSet(django_filters.FilterSet):
@@ -37,7 +31,9 @@ class JobFilterSet(django_filters.FilterSet):
         help_text="Username, or `me` for the requesting user.",
         widget=SuggestInput(_owners),
     )
-    project = django_filters.CharFilter(label="Project", widget=SuggestInput(_projects))
+    project = django_filters.CharFilter(
+        label="Project", widget=SuggestInput(lambda: distinct_values(Job, "project"))
+    )
     priority = django_filters.ChoiceFilter(
         label="Priority", choices=Priority.choices, empty_label="all"
     )

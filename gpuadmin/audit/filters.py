@@ -3,20 +3,14 @@ page select the same rows for the same query string."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import django_filters
 from django import forms
 from django.db.models import QuerySet
 
 from gpuadmin.audit.models import AuditEvent
-from gpuadmin.filters import SuggestInput
+from gpuadmin.filters import SuggestInput, distinct_values
 
 ANY_SUFFIX = ".*"  # ``event_type=job.*``: every job event
-
-
-def _distinct(field: str) -> Iterable[str]:
-    return AuditEvent.objects.order_by(field).values_list(field, flat=True).distinct()
 
 
 class DateTimeInput(forms.DateTimeInput):
@@ -28,18 +22,18 @@ class AuditEventFilterSet(django_filters.FilterSet):
         field_name="actor_name",
         label="Actor",
         help_text="Username, or the background process (e.g. placement-loop).",
-        widget=SuggestInput(lambda: _distinct("actor_name")),
+        widget=SuggestInput(lambda: distinct_values(AuditEvent, "actor_name")),
     )
     event_type = django_filters.CharFilter(
         method="filter_event_type",
         label="Action",
         help_text="Event type such as job.canceled; `job.*` for every job event.",
-        widget=SuggestInput(lambda: _distinct("event_type")),
+        widget=SuggestInput(lambda: distinct_values(AuditEvent, "event_type")),
     )
     target_type = django_filters.CharFilter(
         label="Target type",
         help_text="app_label.model, e.g. scheduling.job.",
-        widget=SuggestInput(lambda: _distinct("target_type")),
+        widget=SuggestInput(lambda: distinct_values(AuditEvent, "target_type")),
     )
     target_id = django_filters.CharFilter(label="Target id", help_text="The target's key.")
     request_id = django_filters.UUIDFilter(
