@@ -52,6 +52,7 @@ GPUADMIN_HEARTBEAT_GRACE_S = env_int("GPUADMIN_HEARTBEAT_GRACE_S", 30, minimum=1
 GPUADMIN_RESCAN_INTERVAL_S = env_int("GPUADMIN_RESCAN_INTERVAL_S", 300, minimum=5)
 # How often agents publish live GPU samples (utilization, memory, temperature, power) to Redis.
 GPUADMIN_SAMPLE_INTERVAL_S = env_int("GPUADMIN_SAMPLE_INTERVAL_S", 2, minimum=1)
+# --- health: telemetry history, health events and recovery policies, quarantine, alerts
 # Scheduling: beat's backstop placement pass (passes also run on every submit/finish), and how
 # node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
 GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
@@ -238,6 +239,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(GPUADMIN_PLACEMENT_INTERVAL_S)},
     },
 }
+# --- health: periodic tasks on the central worker
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()
 LOGGING = {

@@ -12,11 +12,16 @@ class NodeState(models.TextChoices):
 
 
 class GpuState(models.TextChoices):
-    """What an admin decided for a GPU; health and allocation are tracked apart."""
+    """A GPU's service state, as an admin or the health policies set it through
+    ``inventory.services.set_gpu_state`` (the one place that changes it; ``GPU_TRANSITIONS``
+    says which changes are legal). Whether a job holds the GPU is the allocations' business,
+    and "missing" is what the last scan saw (``Gpu.missing_since``): neither is stored here."""
 
     AVAILABLE = "available", "Available"
-    DRAINING = "draining", "Draining"
-    OFFLINE = "offline", "Offline"
+    DRAINING = "draining", "Draining"  # no new work; running work finishes
+    DEGRADED = "degraded", "Degraded"  # fenced by a health policy: no new work until it recovers
+    RESETTING = "resetting", "Resetting"  # a GPU reset is under way through the node's agent
+    OFFLINE = "offline", "Offline"  # out of service now
 
 
 class NvmlBackend(models.TextChoices):
@@ -36,5 +41,7 @@ BADGE_COLOURS: dict[str, str] = {
     NodeState.OFFLINE: "grey",
     GpuState.AVAILABLE: "green",
     GpuState.DRAINING: "amber",
+    GpuState.DEGRADED: "red",
+    GpuState.RESETTING: "amber",
     GpuState.OFFLINE: "grey",
 }

@@ -40,6 +40,21 @@ class Pool(models.Model):
 CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
 # Sizes of the free-form catalog fields; the admin and the API refuse more (a 400 naming it).
 MAX_NOTES_CHARS = 10_000
+# Why a node or GPU is in its state (an admin's reason, a health policy's finding).
+STATE_REASON_CHARS = 500
+
+
+class StateFields(models.Model):
+    """The service state's why and since, written only by ``inventory.services``' state
+    changes (never a form: the admin's actions ask for a reason)."""
+
+    state_reason = models.CharField(max_length=STATE_REASON_CHARS, blank=True, editable=False)
+    state_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        abstract = True
+
+
 MAX_TAGS = 32
 
 
@@ -65,7 +80,7 @@ class CatalogFields(models.Model):
         abstract = True
 
 
-class Node(CatalogFields):
+class Node(CatalogFields, StateFields):
     """A GPU host, identified by its hostname; its agent registers and heartbeats."""
 
     # What agents report (read-only for people), in display order.
@@ -133,7 +148,7 @@ class Node(CatalogFields):
         return self.last_heartbeat_at >= (now or timezone.now()) - grace
 
 
-class Gpu(CatalogFields):
+class Gpu(CatalogFields, StateFields):
     """A physical GPU, identified by its NVML UUID for life: it keeps its row when it goes
     missing from scans, comes back, or moves to another node."""
 

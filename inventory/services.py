@@ -3,7 +3,7 @@ create/destroy through the node agent (all audited)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
@@ -21,9 +21,17 @@ from redis.exceptions import RedisError
 from gpuadmin.audit.services import record
 from inventory import live
 from inventory.agent import node_queue
-from inventory.choices import NvmlBackend
+from inventory.choices import GpuState, NvmlBackend
 from inventory.discovery import GPU_FIELDS, LinkKey, NicKey, StoredGpu, SyncPlan, plan_sync
-from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, GpuNicLink, MigInstance, Node
+from inventory.models import (
+    CATALOG_FIELDS,
+    STATE_REASON_CHARS,
+    Gpu,
+    GpuLink,
+    GpuNicLink,
+    MigInstance,
+    Node,
+)
 from inventory.nvml.scanner import NodeScan
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
 from inventory.signals import gpus_became_schedulable, mig_change_requested
@@ -270,20 +278,55 @@ def _apply_links(
     )
 
 
-def set_gpu_state(gpu: Gpu, state: str, *, actor: User, reason: str = "") -> bool:
-    """Drain, offline or bring a GPU back online; ``False`` when it already was in ``state``."""
+class IllegalGpuTransition(ValueError):
+    """A GPU state change ``GPU_TRANSITIONS`` does not allow; the message says which are."""
+
+
+_G = GpuState
+# Which service states a GPU may go to from each (a change to the same state is a no-op).
+# A reset ends in available, degraded (it did not help) or offline; nothing else interrupts
+# it but an admin's offline. Everything else may go anywhere.
+GPU_TRANSITIONS: dict[str, frozenset[str]] = {
+    _G.AVAILABLE: frozenset({_G.DRAINING, _G.DEGRADED, _G.RESETTING, _G.OFFLINE}),
+    _G.DRAINING: frozenset({_G.AVAILABLE, _G.DEGRADED, _G.RESETTING, _G.OFFLINE}),
+    _G.DEGRADED: frozenset({_G.AVAILABLE, _G.DRAINING, _G.RESETTING, _G.OFFLINE}),
+    _G.RESETTING: frozenset({_G.AVAILABLE, _G.DEGRADED, _G.OFFLINE}),
+    _G.OFFLINE: frozenset({_G.AVAILABLE, _G.DRAINING, _G.DEGRADED, _G.RESETTING}),
+}
+
+
+def set_gpu_state(
+    gpu: Gpu,
+    state: str,
+    *,
+    actor: User | None = None,
+    actor_name: str = "",
+    reason: str = "",
+    expect: Iterable[str] | None = None,
+) -> bool:
+    """The GPU state machine: move a GPU to ``state`` (audited ``gpu.state_changed``, with
+    ``reason``), ``False`` when it already was in ``state``. Raises ``IllegalGpuTransition``
+    for a change ``GPU_TRANSITIONS`` refuses, or when ``expect`` is given and the GPU's state
+    (read under its row lock) is not one of them: a health policy that fenced a GPU only
+    returns it if an admin did not take it over meanwhile. ``actor_name`` names a system
+    actor (``health``) where there is no user."""
     return _set_state(
         Gpu,
         gpu,
         state,
         gpus=Gpu.objects.filter(pk=gpu.pk),
         actor=actor,
+        actor_name=actor_name,
         reason=reason,
         event_type="gpu.state_changed",
+        transitions=GPU_TRANSITIONS,
+        expect=None if expect is None else frozenset(expect),
     )
 
 
-def set_node_state(node: Node, state: str, *, actor: User, reason: str = "") -> bool:
+def set_node_state(
+    node: Node, state: str, *, actor: User | None = None, actor_name: str = "", reason: str = ""
+) -> bool:
     """Drain, offline or bring a node back online; ``False`` when it already was in ``state``."""
     return _set_state(
         Node,
@@ -291,6 +334,7 @@ def set_node_state(node: Node, state: str, *, actor: User, reason: str = "") -> 
         state,
         gpus=Gpu.objects.filter(node=node),
         actor=actor,
+        actor_name=actor_name,
         reason=reason,
         event_type="node.state_changed",
     )
@@ -302,30 +346,55 @@ def _set_state(
     state: str,
     *,
     gpus: GpuQuerySet,
-    actor: User,
+    actor: User | None,
     reason: str,
     event_type: str,
+    actor_name: str = "",
+    transitions: Mapping[str, frozenset[str]] | None = None,
+    expect: frozenset[str] | None = None,
 ) -> bool:
     """Set ``row``'s state (audited); ``gpus`` are those whose schedulability it decides."""
     if state not in {value for value, _ in model._meta.get_field("state").flatchoices}:
         raise ValueError(f"{state!r} is not a {model.__name__} state")
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=row.pk)
+        label = _state_label(locked)
+        if expect is not None and locked.state not in expect:
+            raise IllegalGpuTransition(
+                f"{label} is {locked.state}, not {' or '.join(sorted(expect))}: left as it is"
+            )
         if locked.state == state:
             return False
+        if transitions is not None and state not in transitions[locked.state]:
+            allowed = ", ".join(sorted(transitions[locked.state]))
+            raise IllegalGpuTransition(
+                f"{label} is {locked.state}: it can go to {allowed}, not {state}"
+            )
+        now = timezone.now()
         with _announcing_schedulable(gpus):
-            model.objects.filter(pk=row.pk).update(state=state)
+            model.objects.filter(pk=row.pk).update(
+                state=state, state_reason=reason[:STATE_REASON_CHARS], state_changed_at=now
+            )
         record(
             event_type,
             actor=actor,
+            actor_name=actor_name or None,
             target=locked,
             target_id=getattr(locked, "uuid", "") or locked.pk,
             before={"state": locked.state},
             after={"state": state},
             message=reason,
         )
-    row.state = state
+    row.state, row.state_reason, row.state_changed_at = state, reason[:STATE_REASON_CHARS], now
     return True
+
+
+def _state_label(row: Gpu | Node) -> str:
+    return (
+        f"GPU {row.index} of {row.node.hostname}"
+        if isinstance(row, Gpu)
+        else f"node {row.hostname}"
+    )
 
 
 @contextmanager

@@ -21,3 +21,21 @@ mig_change_requested = Signal()
 # ``{gpu_id: inventory.occupancy.Occupant}`` for the GPUs held by work it knows of
 # (scheduling: the job and user of each active allocation), in one query for all of them.
 gpu_occupants_requested = Signal()
+
+# Sent (``sender=Gpu``, ``gpu_ids``: sorted primary keys, ``reason``: a sentence,
+# ``actor_name``) once a committed state change took GPUs offline: their running work must stop
+# now and be requeued (scheduling requeues the jobs holding them; a job that cannot go back to
+# the queue fails with the reason).
+gpus_went_offline = Signal()
+
+# Sent (``sender=Node``, ``hostname``, ``scan``: the ``NodeScan`` just published) on a node's
+# agent after each live sample is published (the periodic one and the fresh one after a job
+# ends); the health app's watcher compares it with the previous one. Agent side only.
+sample_taken = Signal()
+
+# Sent (``sender``: the page's model, ``page``: "gpu", "node" or "fleet", ``obj``: the Gpu,
+# the Node or None, ``request``) with ``send`` by the inventory pages; a receiver returns an
+# ``inventory.pages.common.Section`` (or ``None``) that the page renders in ``order``: charts,
+# health events, alerts, the allocation history. Kept cheap: the fleet page's live partial
+# has a budget of 100 ms at 500 nodes.
+page_sections_requested = Signal()

@@ -19,6 +19,8 @@ from typing import Any
 ONLINE = "online"
 AVAILABLE = "available"
 OFFLINE = "offline"
+DEGRADED = "degraded"
+RESETTING = "resetting"
 
 
 class Reason(StrEnum):
@@ -28,6 +30,8 @@ class Reason(StrEnum):
     UNREACHABLE = "unreachable"  # no heartbeat from the node's agent within the grace
     MISSING = "missing"  # not seen by the last scan of its node
     ERROR = "error"  # NVML failed on it: in the last scan, or in its latest live sample
+    RESETTING = "resetting"  # a GPU reset is under way
+    DEGRADED = "degraded"  # fenced by a health policy (a fault, heat, an ECC rate)
     DRAINING = "draining"  # the node or the GPU
     MIG = "mig"  # MIG mode: only slices can be given, never the whole GPU
     FOREIGN_PROCESS = "foreign-process"  # work that no allocation accounts for
@@ -60,6 +64,10 @@ def stored_unusable(
         return Unusable(Reason.MISSING, "the last scan of its node did not see it")
     if error_message:
         return Unusable(Reason.ERROR, f"the last scan failed on it: {error_message}")
+    if gpu_state == RESETTING:
+        return Unusable(Reason.RESETTING, "the GPU is being reset")
+    if gpu_state == DEGRADED:
+        return Unusable(Reason.DEGRADED, "the GPU is degraded (fenced by a health policy)")
     if node_state != ONLINE:
         return Unusable(Reason.DRAINING, f"its node is {node_state}")
     if gpu_state != AVAILABLE:

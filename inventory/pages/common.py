@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 from inventory.choices import BADGE_COLOURS
 
 MIB_PER_GIB = 1024
@@ -14,3 +18,14 @@ def badge_colour(state: str) -> str:
 def short_gpu_name(name: str) -> str:
     """``NVIDIA A100-SXM4-40GB`` -> ``A100-SXM4-40GB``."""
     return name.removeprefix("NVIDIA ").strip()
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of an inventory page that an app above inventory contributes
+    (``inventory.signals.page_sections_requested``): ``template`` rendered with ``context``,
+    sections sorted by ``order`` (lower first)."""
+
+    template: str
+    context: Mapping[str, Any] = field(default_factory=dict)
+    order: int = 100

@@ -37,6 +37,9 @@ LOST = {"error_message": "NVML_ERROR_GPU_IS_LOST: GPU is lost", "sampled_at": 1.
         ({"gpu_state": "offline"}, Reason.OFFLINE),
         ({"node_state": "draining"}, Reason.DRAINING),
         ({"gpu_state": "draining"}, Reason.DRAINING),
+        ({"gpu_state": "degraded"}, Reason.DEGRADED),
+        ({"gpu_state": "resetting"}, Reason.RESETTING),
+        ({"gpu_state": "degraded", "node_state": "draining"}, Reason.DEGRADED),
         ({"reachable": False}, Reason.UNREACHABLE),
         ({"missing": True}, Reason.MISSING),
         ({"error_message": "Unknown Error"}, Reason.ERROR),
@@ -133,3 +136,4 @@ def test_the_rule_reads_the_states_inventory_defines():
 
     assert usability.ONLINE == NodeState.ONLINE and usability.AVAILABLE == GpuState.AVAILABLE
     assert usability.OFFLINE == NodeState.OFFLINE == GpuState.OFFLINE
+    assert usability.DEGRADED == GpuState.DEGRADED and usability.RESETTING == GpuState.RESETTING
