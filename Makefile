@@ -17,6 +17,7 @@ up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated a
 
 test: $(STAMP)  ## the whole suite (browser and integration tests included)
 	sh .ci/install-chromium
+	sh .ci/install-prometheus
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy

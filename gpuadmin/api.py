@@ -101,6 +101,15 @@ def error_body(data: Any) -> Any:
     return data
 
 
+class Conflict(APIException):
+    """A 409: the request is well formed but the object's current state does not allow it
+    (a job's or a GPU's state machine refused)."""
+
+    status_code = 409
+    default_detail = "The request conflicts with the object's current state."
+    default_code = "conflict"
+
+
 class DatabaseUnavailable(APIException):
     status_code = 503
     default_detail = "The database cannot be reached right now; retry shortly."

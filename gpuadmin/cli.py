@@ -161,6 +161,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 @_with_django
 def cmd_beat(args: argparse.Namespace) -> int:
     schedule = data_dir_from_env() / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
     return _celery(["beat", "-l", "INFO", "-s", str(schedule)])
 
 
@@ -181,7 +182,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from django.conf import settings
 
         from gpuadmin.access.node_signing import parse_token, send_as_node
-        from inventory.agent import AgentLoop, node_queue, scan_this_node
+        from health import agent as health_agent
+        from inventory.agent import AgentLoop, node_backend, node_queue, scan_this_node
         from scheduling.agent import executor
 
         try:
@@ -197,6 +199,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         system = scan.system
         summary = f"{len(scan.gpus)} GPUs, driver {system.driver_version or 'n/a'}"
         print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
+        # The health watcher compares every sample the loop takes; XIDs come from NVML events.
+        health = health_agent.start(args.node, node_backend(), send_as_node)
         loop = AgentLoop(args.node, send_as_node)
         loop.start()
         jobs = executor()  # re-adopts or reports the jobs a previous agent left
@@ -215,6 +219,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             )  # fmt: skip
         finally:
             loop.stop()
+            health.stop()
             if args.stop_jobs_on_exit and (running := jobs.running()):
                 AGENT_LOG.info("agent %s: canceling %d running job(s)", args.node, len(running))
             # By default jobs keep running and the next agent re-adopts them.

@@ -12,6 +12,7 @@ from gpuadmin.embedded import data_dir_from_env
 from gpuadmin.env import (
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_rate,
@@ -53,6 +54,39 @@ GPUADMIN_RESCAN_INTERVAL_S = env_int("GPUADMIN_RESCAN_INTERVAL_S", 300, minimum=
 # How often agents publish live GPU samples (utilization, memory, temperature, power) to Redis.
 GPUADMIN_SAMPLE_INTERVAL_S = env_int("GPUADMIN_SAMPLE_INTERVAL_S", 2, minimum=1)
 # --- health: telemetry history, health events and recovery policies, quarantine, alerts
+# Agents: how many samples the Redis stream gpuadmin:samples keeps for the history ingest
+# (approximate trim), and after how many consecutive failed samples a GPU's failing NVML
+# queries become a health event.
+GPUADMIN_SAMPLE_STREAM_MAX = env_int("GPUADMIN_SAMPLE_STREAM_MAX", 100_000, minimum=100)
+GPUADMIN_QUERY_FAILURES = env_int("GPUADMIN_QUERY_FAILURES", 3, minimum=1)
+# Telemetry history: the Redis stream agents add each sample to, how often the central worker
+# copies it into PostgreSQL, and how long raw samples (hours) and 1-minute rollups (days) stay.
+GPUADMIN_SAMPLE_STREAM = env_str("GPUADMIN_SAMPLE_STREAM") or "gpuadmin:samples"
+GPUADMIN_INGEST_INTERVAL_S = env_int("GPUADMIN_INGEST_INTERVAL_S", 2, minimum=1)
+GPUADMIN_RAW_RETENTION_H = env_int("GPUADMIN_RAW_RETENTION_H", 6, minimum=1)
+GPUADMIN_ROLLUP_RETENTION_D = env_int("GPUADMIN_ROLLUP_RETENTION_D", 30, minimum=1)
+# GET /metrics (Prometheus): open to anyone who reaches it unless this bearer token is set.
+GPUADMIN_METRICS_TOKEN = env_str("GPUADMIN_METRICS_TOKEN")
+# Alerts: how often the rules are evaluated; webhooks' attempts (exponential backoff from
+# GPUADMIN_WEBHOOK_BACKOFF_S), timeout, and the address links in alerts point to.
+GPUADMIN_ALERT_INTERVAL_S = env_int("GPUADMIN_ALERT_INTERVAL_S", 10, minimum=1)
+GPUADMIN_WEBHOOK_MAX_ATTEMPTS = env_int("GPUADMIN_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+GPUADMIN_WEBHOOK_BACKOFF_S = env_int("GPUADMIN_WEBHOOK_BACKOFF_S", 5, minimum=1)
+GPUADMIN_WEBHOOK_TIMEOUT_S = env_int("GPUADMIN_WEBHOOK_TIMEOUT_S", 10, minimum=1)
+GPUADMIN_PUBLIC_URL = env_str("GPUADMIN_PUBLIC_URL") or "http://localhost:8000"
+GPUADMIN_ALERTMANAGER_RESEND_S = env_int("GPUADMIN_ALERTMANAGER_RESEND_S", 60, minimum=5)
+# Quarantine: the circuit breaker stops automatic fencing when more GPUs than
+# max(GPUADMIN_BREAKER_MIN_GPUS, GPUADMIN_BREAKER_SHARE x the fleet) were fenced within
+# GPUADMIN_BREAKER_WINDOW_S; a GPU quarantined GPUADMIN_FLAP_LIMIT times in 24 h is held for a
+# human; a hot GPU's probation starts GPUADMIN_THERMAL_HYSTERESIS_C below the policy's threshold.
+GPUADMIN_BREAKER_WINDOW_S = env_int("GPUADMIN_BREAKER_WINDOW_S", 300, minimum=1)
+GPUADMIN_BREAKER_MIN_GPUS = env_int("GPUADMIN_BREAKER_MIN_GPUS", 3, minimum=0)
+GPUADMIN_BREAKER_SHARE = env_float("GPUADMIN_BREAKER_SHARE", 0.1, minimum=0, maximum=1)
+GPUADMIN_FLAP_LIMIT = env_int("GPUADMIN_FLAP_LIMIT", 3, minimum=2)
+GPUADMIN_THERMAL_HYSTERESIS_C = env_int("GPUADMIN_THERMAL_HYSTERESIS_C", 5, minimum=0)
+# Recovery policies: whether a policy may reset a GPU through its node's agent ("auto": on for
+# simulated nodes, off on real hardware, where a reset stays an admin's decision).
+GPUADMIN_GPU_RESET = env_choice("GPUADMIN_GPU_RESET", ("auto", "on", "off"), "auto")
 # Scheduling: beat's backstop placement pass (passes also run on every submit/finish), and how
 # node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
 GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
@@ -217,6 +251,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # GPU states as stored, and the subset people set (maintenance): two enums, two names.
+    "ENUM_NAME_OVERRIDES": {
+        "GpuStateEnum": "inventory.choices.GpuState",
+        "GpuMaintenanceStateEnum": "inventory.api.serializers.GPU_MAINTENANCE_STATES",
+    },
 }
 
 CELERY_BROKER_URL = _redis_url
@@ -240,6 +279,36 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 # --- health: periodic tasks on the central worker
+CELERY_BEAT_SCHEDULE["health-review-quarantines"] = {
+    "task": "health.review_quarantines",
+    "schedule": 10.0,
+    "options": {"expires": 10.0},
+}
+CELERY_BEAT_SCHEDULE["health-ingest-samples"] = {
+    "task": "health.ingest_samples",
+    "schedule": float(GPUADMIN_INGEST_INTERVAL_S),
+    "options": {"expires": float(GPUADMIN_INGEST_INTERVAL_S)},
+}
+CELERY_BEAT_SCHEDULE["health-maintain-telemetry"] = {
+    "task": "health.maintain_telemetry",
+    "schedule": 60.0,
+    "options": {"expires": 60.0},
+}
+CELERY_BEAT_SCHEDULE["health-evaluate-alerts"] = {
+    "task": "health.evaluate_alerts",
+    "schedule": float(GPUADMIN_ALERT_INTERVAL_S),
+    "options": {"expires": float(GPUADMIN_ALERT_INTERVAL_S)},
+}
+CELERY_BEAT_SCHEDULE["health-resend-to-alertmanager"] = {
+    "task": "health.resend_to_alertmanager",
+    "schedule": float(GPUADMIN_ALERTMANAGER_RESEND_S),
+    "options": {"expires": float(GPUADMIN_ALERTMANAGER_RESEND_S)},
+}
+CELERY_BEAT_SCHEDULE["health-watch-heartbeats"] = {
+    "task": "health.watch_heartbeats",
+    "schedule": 10.0,
+    "options": {"expires": 10.0},
+}
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()
 LOGGING = {
@@ -282,12 +351,13 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 SESSION_COOKIE_HTTPONLY = True
 # Behind HTTPS (a TLS proxy that sets X-Forwarded-Proto): Secure cookies, redirect plain HTTP
-# (the health probe excepted) and HTTP Strict Transport Security.
+# (the health probe and Prometheus's scrapes of /metrics excepted) and HTTP Strict Transport
+# Security.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-SECURE_REDIRECT_EXEMPT = [r"^-/health$"]
+SECURE_REDIRECT_EXEMPT = [r"^-/health$", r"^metrics$"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)

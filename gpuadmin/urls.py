@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
-from gpuadmin import views
+from gpuadmin import metrics, views
 from gpuadmin.audit import api as audit_api
 from gpuadmin.audit import views as audit_views
 
@@ -13,6 +13,7 @@ audit_router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 urlpatterns = [
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("audit/", audit_views.audit_log, name="audit-log"),
@@ -20,6 +21,10 @@ urlpatterns = [
     path("", include("inventory.urls")),
     path("", include("inventory.api.urls")),
     path("", include("scheduling.api.urls")),
+    path("api/v1/", include("health.api.history")),
+    path("", include("health.api.alerts")),
+    path("", include("health.api.quarantine")),
+    path("", include("health.urls")),
     path("", include("scheduling.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script from a URL, not inline (the CSP allows none).

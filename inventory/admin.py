@@ -4,37 +4,57 @@ discovered is read-only; state changes go through the audited services."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in
-from inventory.choices import GpuState, NodeState
-from inventory.models import CATALOG_FIELDS, Gpu, GpuLink, MigInstance, Node, Pool
+from gpuadmin.admin_actions import reason_action
+from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES
+from inventory.models import (
+    CATALOG_FIELDS,
+    STATE_REASON_CHARS,
+    Gpu,
+    GpuLink,
+    MigInstance,
+    Node,
+    Pool,
+)
 from inventory.querysets import GpuQuerySet
-from inventory.services import set_gpu_state, set_node_state, update_catalog
+from inventory.services import (
+    IllegalGpuTransition,
+    set_gpu_state,
+    set_node_state,
+    update_catalog,
+)
 
 
 def state_actions(
-    setter: Callable[..., bool], states: type[GpuState] | type[NodeState]
-) -> list[Callable[..., None]]:
-    """One admin action per state, each going through the audited service."""
+    setter: Callable[..., bool], verbs: dict[str, str], noun: str
+) -> list[Callable[..., Any]]:
+    """One admin action per maintenance state, each asking for a reason and going through the
+    audited service; a change the state machine refuses is named in a message."""
 
-    def make(state: str, label: str) -> Callable[..., None]:
-        def action(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-            changed = sum(setter(row, state, actor=signed_in(request)) for row in queryset)
-            modeladmin.message_user(
-                request,
-                f"{changed} set to {label.lower()}; {len(queryset) - changed} unchanged.",
-                messages.SUCCESS,
-            )
+    def make(state: str, verb: str) -> Callable[..., Any]:
+        def apply(row: Gpu | Node, reason: str, request: HttpRequest) -> str | None:
+            try:
+                setter(row, state, actor=signed_in(request), reason=reason)
+            except IllegalGpuTransition as exc:
+                return str(exc)
+            return None
 
-        action.__name__ = f"set_{state}"
-        return admin.action(description=f"Set selected to {label.lower()}")(action)
+        return reason_action(
+            f"set_{state}", f"{verb} selected {noun}", apply, max_length=STATE_REASON_CHARS
+        )
 
-    return [make(value, str(label)) for value, label in states.choices]
+    return [make(state, verb) for state, verb in verbs.items()]
+
+
+# Shown, never edited: the state changes through the actions (with a reason).
+STATE_FIELDS = ("state", "state_reason", "state_changed_at")
 
 
 class MissingFilter(admin.SimpleListFilter):
@@ -115,10 +135,10 @@ class NodeAdmin(AuditedCatalogAdmin):
     )
     list_filter = ("state", "model", "pool", "driver_version")
     search_fields = ("hostname", "label", "notes")
-    readonly_fields = (*Node.DISCOVERED_FIELDS, "state")
-    fields = (*Node.DISCOVERED_FIELDS, "state", *CATALOG_FIELDS)
+    readonly_fields = (*Node.DISCOVERED_FIELDS, *STATE_FIELDS)
+    fields = (*Node.DISCOVERED_FIELDS, *STATE_FIELDS, *CATALOG_FIELDS)
     inlines = [GpuInline]
-    actions = state_actions(set_node_state, NodeState)
+    actions = state_actions(set_node_state, MAINTENANCE_NODE_STATES, "nodes")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # nodes register themselves through their agent
@@ -140,10 +160,10 @@ class GpuAdmin(AuditedCatalogAdmin):
     list_filter = ("node", "name", "state", "pool", "mig_enabled", MissingFilter)
     list_select_related = ("node", "pool")
     search_fields = ("uuid", "serial", "node__hostname", "label")
-    readonly_fields = (*Gpu.DISCOVERED_FIELDS, "state")
-    fields = (*Gpu.DISCOVERED_FIELDS, "state", *CATALOG_FIELDS)
+    readonly_fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS)
+    fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS, *CATALOG_FIELDS)
     inlines = [MigInstanceInline]
-    actions = state_actions(set_gpu_state, GpuState)
+    actions = state_actions(set_gpu_state, MAINTENANCE_GPU_STATES, "GPUs")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # GPUs are discovered, never typed in

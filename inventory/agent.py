@@ -17,13 +17,15 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from gpuadmin import __version__
-from inventory import live
+from inventory import live, signals
 from inventory.choices import JOBS_RUN_AS_OWNER
+from inventory.models import Node
 from inventory.nvml import SECTIONS, open_backend
 from inventory.nvml.scanner import NodeScan, scan
 
-# What a live sample needs (memory used is one of the facts).
-SAMPLE_SECTIONS = ("facts", "metrics")
+# What a live sample needs: memory used and MIG mode are facts, the counters the health
+# watcher compares are the health section.
+SAMPLE_SECTIONS = ("facts", "metrics", "health")
 
 log = logging.getLogger("gpuadmin.agent")
 
@@ -90,7 +92,25 @@ def publish_sample(hostname: str) -> NodeScan:
     with _sampling:
         result = scan_this_node(include=SAMPLE_SECTIONS)
         live.publish(hostname, result)
+        sample_taken(hostname, result)
     return result
+
+
+def sample_taken(hostname: str, result: NodeScan) -> None:
+    """Tell the receivers (the health watcher) that a sample was published. Sent under the
+    sampling lock, so they see samples in the order they were taken; a receiver that fails is
+    logged and never stops the sampling."""
+    for receiver, outcome in signals.sample_taken.send_robust(
+        sender=Node, hostname=hostname, scan=result
+    ):
+        if isinstance(outcome, Exception):
+            log.error(
+                "agent %s: sample_taken receiver %s failed: %r",
+                hostname,
+                getattr(receiver, "__qualname__", receiver),
+                outcome,
+                exc_info=outcome,
+            )
 
 
 class AgentLoop(threading.Thread):
@@ -180,6 +200,7 @@ class AgentLoop(threading.Thread):
         with _sampling:
             result = scan_this_node()
             live.publish(self.hostname, result)
+            sample_taken(self.hostname, result)
         self._send(
             "inventory.sync_node",
             self.hostname,

@@ -24,6 +24,20 @@ class GpuState(models.TextChoices):
     OFFLINE = "offline", "Offline"  # out of service now
 
 
+# The states people put a GPU in (maintenance from the admin, the API and its page), with
+# what the change is called; degraded and resetting are the health policies' to set.
+MAINTENANCE_GPU_STATES: dict[str, str] = {
+    GpuState.AVAILABLE: "Bring online",
+    GpuState.DRAINING: "Drain",
+    GpuState.OFFLINE: "Take offline",
+}
+MAINTENANCE_NODE_STATES: dict[str, str] = {
+    NodeState.ONLINE: "Bring online",
+    NodeState.DRAINING: "Drain",
+    NodeState.OFFLINE: "Take offline",
+}
+
+
 class NvmlBackend(models.TextChoices):
     """What a node's agent queries (``GPUADMIN_NVML`` on that node)."""
 

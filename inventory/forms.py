@@ -1,4 +1,4 @@
-"""Forms of the inventory pages (the admins' MIG changes)."""
+"""Forms of the inventory pages (the admins' MIG changes, maintenance)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from typing import Any
 
 from django import forms
 
-from inventory.models import Gpu
+from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES
+from inventory.models import STATE_REASON_CHARS, Gpu, Node
 from inventory.nvml import mig_catalog
+from inventory.services import GPU_TRANSITIONS
 
 
 class MigCreateForm(forms.Form):
@@ -25,3 +27,26 @@ class MigCreateForm(forms.Form):
         field = self.fields["profile_name"]
         assert isinstance(field, forms.ChoiceField)
         field.choices = [(p.name, p.name) for p in profiles]
+
+
+class StateChangeForm(forms.Form):
+    """A maintenance change of a GPU or node from its page and why. Shown, it offers the
+    states the row may go to now (the state machine's table for GPUs); posted, it takes any
+    maintenance state, so a change the state machine refuses meanwhile gets its own message."""
+
+    state = forms.ChoiceField(label="Change to")
+    reason = forms.CharField(label="Reason", max_length=STATE_REASON_CHARS)
+
+    def __init__(self, *args: Any, row: Gpu | Node, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(row, Gpu):
+            verbs, allowed = MAINTENANCE_GPU_STATES, GPU_TRANSITIONS[row.state]
+        else:
+            verbs, allowed = MAINTENANCE_NODE_STATES, frozenset(MAINTENANCE_NODE_STATES)
+        field = self.fields["state"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [
+            (state, verb)
+            for state, verb in verbs.items()
+            if self.is_bound or (state != row.state and state in allowed)
+        ]

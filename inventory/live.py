@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from django.conf import settings
 
 from gpuadmin.redis_client import client
@@ -21,8 +22,10 @@ KEY_PREFIX = "gpuadmin:live:"
 
 
 def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
-    """What the dashboard shows of a GPU right now."""
-    facts, metrics = gpu.facts, gpu.metrics
+    """What the dashboard shows of a GPU right now, and what the history keeps of it. The
+    metrics and health fields are there when the scan read those sections; each is None where
+    the GPU does not report it."""
+    facts, metrics, health = gpu.facts, gpu.metrics, gpu.health
     values: dict[str, Any] = {
         "index": facts.index,
         "memory_total_mib": facts.memory_total_mib,
@@ -31,14 +34,50 @@ def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
         "sampled_at": at,
     }
     if metrics is not None:
+        mig = facts.mig_enabled or bool(metrics.mig_devices)
         values.update(
-            utilization_gpu_pct=metrics.utilization_gpu_pct,
-            utilization_memory_pct=metrics.utilization_memory_pct,
+            # NVML cannot measure a MIG-enabled GPU's utilization: None ("not measurable").
+            utilization_gpu_pct=None if mig else metrics.utilization_gpu_pct,
+            utilization_memory_pct=None if mig else metrics.utilization_memory_pct,
             temperature_c=metrics.temperature_c,
+            memory_temperature_c=metrics.memory_temperature_c,
             power_w=metrics.power_w,
+            energy_mj=metrics.energy_mj,
+            sm_clock_mhz=metrics.sm_clock_mhz,
+            mem_clock_mhz=metrics.mem_clock_mhz,
+            pstate=metrics.pstate,
+            pcie_tx_kbps=metrics.pcie_tx_kbps,
+            pcie_rx_kbps=metrics.pcie_rx_kbps,
             fan_pct=metrics.fan_pct,
             throttle_reasons=list(metrics.throttle_reasons),
-            processes=len(metrics.processes),
+            processes=len(metrics.processes),  # a count: the usability rule reads it
+            pids=[[p.pid, p.used_memory_mib] for p in metrics.processes],
+            mig=[
+                {
+                    "gi_id": device.gi_id,
+                    "ci_id": device.ci_id,
+                    "uuid": device.uuid,
+                    "profile": device.profile,
+                    "memory_used_mib": device.memory_used_mib,
+                    "memory_total_mib": device.memory_total_mib,
+                }
+                for device in metrics.mig_devices
+            ],
+        )
+    if health is not None:
+        values.update(
+            ecc_corrected=health.ecc_volatile_corrected,
+            ecc_uncorrected=health.ecc_volatile_uncorrected,
+            ecc_corrected_total=health.ecc_aggregate_corrected,
+            ecc_uncorrected_total=health.ecc_aggregate_uncorrected,
+            retired_pages_sbe=health.retired_pages_sbe,
+            retired_pages_dbe=health.retired_pages_dbe,
+            retired_pages_pending=health.retired_pages_pending,
+            remapped_rows_correctable=health.remapped_rows_correctable,
+            remapped_rows_uncorrectable=health.remapped_rows_uncorrectable,
+            remapped_rows_pending=health.remapped_rows_pending,
+            remapped_rows_failure=health.remapped_rows_failure,
+            nvlink_errors=health.nvlink_errors,
         )
     return values
 
@@ -48,17 +87,14 @@ _uuid_at: dict[str, dict[int, str]] = {}
 
 
 def publish(hostname: str, scan: NodeScan, *, ttl_s: int | None = None) -> None:
-    """Replace the node's samples with this scan's. A GPU whose queries failed before its
-    UUID was read (one that fell off the bus) is published under the UUID last seen at its
-    index, so that its NVML error makes it unusable at once; one never seen cannot be shown
-    (the scan sent to the catalog names it by index)."""
+    """Replace the node's samples with this scan's and append them to the sample stream, in
+    one round trip. A GPU whose queries failed before its UUID was read (one that fell off the
+    bus) is published under the UUID last seen at its index, so that its NVML error makes it
+    unusable at once; one never seen cannot be shown (the scan sent to the catalog names it by
+    index)."""
     at = time.time()
-    known = _uuid_at.setdefault(hostname, {})
-    known.update((gpu.facts.index, gpu.facts.uuid) for gpu in scan.gpus if gpu.facts.uuid)
     mapping = {
-        uuid: json.dumps(sample(gpu, at))
-        for gpu in scan.gpus
-        if (uuid := gpu.facts.uuid or known.get(gpu.facts.index))
+        uuid: json.dumps(sample(gpu, at)) for gpu in scan.gpus if (uuid := gpu_uuid(hostname, gpu))
     }
     key = KEY_PREFIX + hostname
     pipe = client().pipeline()
@@ -66,7 +102,25 @@ def publish(hostname: str, scan: NodeScan, *, ttl_s: int | None = None) -> None:
     if mapping:
         pipe.hset(key, mapping=mapping)
         pipe.expire(key, ttl_s or settings.GPUADMIN_HEARTBEAT_GRACE_S)
+        gpus = "{" + ",".join(f"{json.dumps(uuid)}:{raw}" for uuid, raw in mapping.items()) + "}"
+        # The telemetry history's source: one entry per publish (node, at, {uuid: sample}).
+        pipe.xadd(
+            settings.GPUADMIN_SAMPLE_STREAM,
+            {"node": hostname, "at": repr(at), "gpus": gpus},
+            maxlen=settings.GPUADMIN_SAMPLE_STREAM_MAX,
+            approximate=True,
+        )
     pipe.execute()
+
+
+def gpu_uuid(hostname: str, gpu: GpuScan) -> str | None:
+    """The GPU's UUID, or the one last seen at its index on this node when its queries failed
+    before the UUID was read; None for a GPU never seen."""
+    known = _uuid_at.setdefault(hostname, {})
+    if gpu.facts.uuid:
+        known[gpu.facts.index] = gpu.facts.uuid
+        return gpu.facts.uuid
+    return known.get(gpu.facts.index)
 
 
 def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -76,7 +130,8 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
     for name in names:
         pipe.hgetall(KEY_PREFIX + name)
     return {
-        name: {uuid.decode(): json.loads(raw) for uuid, raw in found.items()}
+        # orjson: the fleet poll decodes 4,000 samples, 30 ms with json, 10 ms with it.
+        name: {uuid.decode(): orjson.loads(raw) for uuid, raw in found.items()}
         for name, found in zip(names, pipe.execute(), strict=True)
     }
 

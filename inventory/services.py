@@ -34,7 +34,7 @@ from inventory.models import (
 )
 from inventory.nvml.scanner import NodeScan
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
-from inventory.signals import gpus_became_schedulable, mig_change_requested
+from inventory.signals import gpus_became_schedulable, gpus_went_offline, mig_change_requested
 
 DISCOVERY_ACTOR = "discovery"
 
@@ -371,6 +371,9 @@ def _set_state(
                 f"{label} is {locked.state}: it can go to {allowed}, not {state}"
             )
         now = timezone.now()
+        if state == GpuState.OFFLINE:  # == NodeState.OFFLINE: a node's GPUs go with it
+            said = f"{label} went offline" + (f": {reason}" if reason else "")
+            _announce_offline(gpus, reason=said, actor_name=actor_name or _username(actor))
         with _announcing_schedulable(gpus):
             model.objects.filter(pk=row.pk).update(
                 state=state, state_reason=reason[:STATE_REASON_CHARS], state_changed_at=now
@@ -387,6 +390,27 @@ def _set_state(
         )
     row.state, row.state_reason, row.state_changed_at = state, reason[:STATE_REASON_CHARS], now
     return True
+
+
+def _announce_offline(gpus: GpuQuerySet, *, reason: str, actor_name: str) -> None:
+    """Before ``gpus`` (or their node) go offline: once that commits, send
+    ``gpus_went_offline`` with those not offline already (their running work must stop),
+    ``reason`` the sentence their jobs will show."""
+    going = sorted(gpus.exclude(state=GpuState.OFFLINE).values_list("pk", flat=True))
+    if going:
+        transaction.on_commit(
+            partial(
+                gpus_went_offline.send_robust,
+                sender=Gpu,
+                gpu_ids=going,
+                reason=reason,
+                actor_name=actor_name,
+            )
+        )
+
+
+def _username(actor: User | None) -> str:
+    return actor.get_username() if actor is not None else ""
 
 
 def _state_label(row: Gpu | Node) -> str:

@@ -1,4 +1,6 @@
-"""Inventory pages: the fleet dashboard, GPU detail, MIG and topology pages.
+"""Inventory pages: the fleet dashboard, the GPU page (its passport), the node page, MIG and
+topology pages. The apps above inventory add sections to the first three
+(``inventory.pages.sections``).
 
 Each page is one template; the live regions are ``{% partialdef %}`` blocks that the same view
 renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab is visible.
@@ -29,6 +31,7 @@ from inventory.forms import MigCreateForm
 from inventory.models import Gpu, GpuLink, Node
 from inventory.occupancy import Occupancy
 from inventory.pages import fleet, mig, topology
+from inventory.pages.sections import requested_sections
 
 AUDIT_HISTORY = 50
 
@@ -36,23 +39,32 @@ AUDIT_HISTORY = 50
 @require_GET
 @vary_on_headers("HX-Request")
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
-    """Every node in view as a card of its GPUs with their live values; filters in the URL."""
+    """Every node in view as a card of its GPUs with their live values; filters in the URL.
+    The sections other apps add (charts, alerts) come with the full page, not the poll."""
     # The API's FilterSet: a query string selects the same GPUs here and in /api/v1/gpus/.
     filterset = GpuFilterSet(request.GET, queryset=Gpu.objects.all())
-    nodes = list(fleet.nodes_in_view(filterset.qs, filtered=filterset.active))
-    rows, summary = fleet.fleet_rows(nodes, live.latest(node.hostname for node in nodes))
+    poll = htmx_partial(request)
+    nodes = fleet.dashboard_nodes(filterset.qs, filtered=filterset.active, live_only=poll)
+    samples = live.latest(node.hostname for node, _ in nodes)
+    rows, summary = fleet.node_rows(nodes, samples)
     context = {"nodes": rows, "summary": summary, "filterset": filterset}
-    if htmx_partial(request):
+    if poll:
         if not nodes:
             return HttpResponseStopPolling()  # nothing in view to refresh
+        context.update(poll_rows=fleet.poll_rows_html(rows))
         return render(request, "inventory/dashboard.html#refresh", context)
+    context.update(
+        legend=fleet.STATUS_MEANINGS, sections=requested_sections("fleet", None, request)
+    )
     return render(request, "inventory/dashboard.html", context)
 
 
 @require_GET
 @vary_on_headers("HX-Request")
 def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
-    """A GPU's facts, live values, MIG layout, links to its peers and audit history."""
+    """The GPU's passport: facts, service state and why, live values (processes, MIG devices,
+    ECC and remap counters), MIG layout and history, links to its peers, the sections other
+    apps add (health events, allocations, charts) and, for admins, its audit history."""
     gpu = get_object_or_404(
         Gpu.objects.select_related("node", "node__pool", "pool", "owner"), uuid=uuid
     )
@@ -73,16 +85,45 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
         (peer, topology.link_cell(gpu, peer, links.get(peer.pk)))
         for peer in node.gpus.present().exclude(pk=gpu.pk).order_by("index")
     ]
+    admin = is_admin(request.user)
     context.update(
         mig=mig.mig_layout(gpu, gpu.mig_instances.all()) if gpu.mig_capable else None,
+        mig_history=mig.mig_history(gpu) if gpu.mig_capable else None,
         peers=peers,
-        events=AuditEvent.objects.filter(target_type="inventory.gpu", target_id=gpu.uuid)[
-            :AUDIT_HISTORY
-        ]
-        if is_admin(request.user)
-        else None,  # the history is for admins
+        nvlink_peers=sum(1 for _, cell in peers if cell.css == "nv"),
+        sections=requested_sections("gpu", gpu, request),
+        is_admin=admin,
+        events=_audit_history("inventory.gpu", gpu.uuid) if admin else None,  # for admins
     )
     return render(request, "inventory/gpu_detail.html", context)
+
+
+def _audit_history(target_type: str, target_id: str) -> list[AuditEvent]:
+    return list(
+        AuditEvent.objects.filter(target_type=target_type, target_id=target_id)[:AUDIT_HISTORY]
+    )
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+def node_detail(request: HtmxHttpRequest, hostname: str) -> HttpResponse:
+    """A node: its facts, service state and why, its GPUs with their live values (polled),
+    links to its topology and MIG pages, the sections other apps add (charts, health events)
+    and, for admins, its audit history."""
+    nodes = Node.objects.select_related("pool", "owner").annotate(has_mig=fleet.has_mig())
+    node = get_object_or_404(nodes, hostname=hostname)
+    gpus = fleet.dashboard_gpus(node.gpus.all()).get(node.pk, [])
+    [card], summary = fleet.node_rows([(node, gpus)], live.latest([node.hostname]))
+    context = {"node": node, "card": card, "summary": summary}
+    if htmx_partial(request):
+        return render(request, "inventory/node_detail.html#node-live", context)
+    admin = is_admin(request.user)
+    context.update(
+        legend=fleet.STATUS_MEANINGS,
+        sections=requested_sections("node", node, request),
+        events=_audit_history("inventory.node", str(node.pk)) if admin else None,
+    )
+    return render(request, "inventory/node_detail.html", context)
 
 
 # A message's extra tag naming the GPU whose MIG card shows it.

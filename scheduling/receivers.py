@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from health.models import HealthEvent
+from health.policies import pid_of
 from inventory.models import Gpu
 from inventory.occupancy import Occupant
 from scheduling import pages, services
@@ -29,3 +31,32 @@ def refuse_mig_change_under_allocation(sender: type, gpu: Gpu, **kwargs: Any) ->
     if job_id is None:
         return None
     return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"
+
+
+def stop_jobs_for_health(
+    sender: type,
+    gpu_ids: Collection[int],
+    action: str = "requeue",
+    reason: str = "",
+    event_id: int | None = None,
+    **kwargs: Any,
+) -> list[int]:
+    """A recovery policy says the jobs on these GPUs must stop: requeue or fail them (only
+    the job of the XID's pid when the event names one of theirs)."""
+    event = HealthEvent.objects.filter(pk=event_id).first() if event_id is not None else None
+    return services.stop_jobs_on_gpus(
+        gpu_ids,
+        requeue=action != "fail",
+        reason=reason or "a health policy stopped it",
+        pid=pid_of(event) if event is not None else None,
+    )
+
+
+def requeue_jobs_on_offline_gpus(
+    sender: type, gpu_ids: Collection[int], reason: str = "", **kwargs: Any
+) -> list[int]:
+    """GPUs went offline (an admin, or a policy): their running work is requeued now, with
+    inventory's sentence ("GPU 3 of dgx-01 went offline: <why>")."""
+    return services.stop_jobs_on_gpus(
+        gpu_ids, requeue=True, reason=reason or "its GPU went offline"
+    )

@@ -16,6 +16,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, TypedDict
 
 from django.contrib.auth.models import User
@@ -60,6 +61,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 LOOP_ACTOR = "placement-loop"
 AGENT_ACTOR = "agent"
+HEALTH_ACTOR = "health"  # jobs stopped because the hardware under them failed
 
 # Submission limits beyond the fleet's own shape: absurd values are refused up front. The one
 # definition: the form and the serializer take their bounds from ``SUBMISSION_LIMITS``, and a
@@ -461,6 +463,39 @@ def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
             transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message))
         return job
     return transition(job, S.CANCELED, actor=actor, message=message)
+
+
+def stop_jobs_on_gpus(
+    gpu_ids: Collection[int], *, requeue: bool, reason: str, pid: int | None = None
+) -> list[int]:
+    """Stop now the jobs holding any of ``gpu_ids`` because the hardware under them failed (a
+    health policy, or the GPUs went offline): requeue them (their next placement is their next
+    attempt) or fail them, with ``reason`` as the job's message, their GPUs released at once,
+    and their processes canceled through their nodes' agents (the agent's later report of
+    the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
+    process it is, when one of them is. A job that already moved on is left alone; the ids of
+    the jobs stopped."""
+    holding = Job.objects.filter(
+        state__in=HOLDING_STATES,
+        allocations__gpu_id__in=gpu_ids,
+        allocations__released_at__isnull=True,
+    )
+    jobs = list(holding.distinct().order_by("pk"))
+    if pid is not None and any(job.pid == pid for job in jobs):
+        jobs = [job for job in jobs if job.pid == pid]
+    stopped = []
+    for job in jobs:
+        with transaction.atomic():
+            if not holding.filter(pk=job.pk).select_for_update(of=("self",)).exists():
+                continue  # ended, or requeued and placed elsewhere, since the query
+            hostnames = [node.hostname for node in _job_nodes(job) if node.is_reachable()]
+            locked = transition(
+                job.pk, S.QUEUED if requeue else S.FAILED, actor_name=HEALTH_ACTOR, message=reason
+            )
+            if hostnames:
+                transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, reason))
+        stopped.append(job.pk)
+    return stopped
 
 
 def _job_nodes(job: Job) -> list[Node]:

@@ -9,6 +9,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from health.choices import Action, EventKind, QuarantineState, Severity
+from inventory.choices import GpuState
 from inventory.models import Gpu, Node
 
 
@@ -109,6 +110,13 @@ class Quarantine(models.Model):
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="quarantines")
     state = models.CharField(
         max_length=12, choices=QuarantineState.choices, default=QuarantineState.FENCED
+    )
+    gpu_state = models.CharField(
+        max_length=12,
+        choices=GpuState.choices,
+        default=GpuState.DEGRADED,
+        help_text="The state health put the GPU in: probation returns it only from there "
+        "(an admin's own change releases the quarantine).",
     )
     cause = models.ForeignKey(HealthEvent, on_delete=models.PROTECT, related_name="quarantines")
     policy = models.ForeignKey(

@@ -9,8 +9,16 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuadmin import api
-from inventory.choices import NvmlBackend
-from inventory.models import CATALOG_FIELDS, MAX_TAGS, Gpu, MigInstance, Node, Pool
+from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES, NvmlBackend
+from inventory.models import (
+    CATALOG_FIELDS,
+    MAX_TAGS,
+    STATE_REASON_CHARS,
+    Gpu,
+    MigInstance,
+    Node,
+    Pool,
+)
 from inventory.nvml.scanner import GpuScan
 from inventory.pages.fleet import GpuRow
 from inventory.services import update_catalog
@@ -57,6 +65,8 @@ class NodeSerializer(CatalogSerializer):
         fields = [
             "id",
             "state",
+            "state_reason",
+            "state_changed_at",
             "reachable",
             *Node.DISCOVERED_FIELDS,
             "gpu_count",
@@ -83,12 +93,43 @@ class GpuSerializer(CatalogSerializer):
         fields = [
             "id",
             "state",
+            "state_reason",
+            "state_changed_at",
             "missing",
             *Gpu.DISCOVERED_FIELDS,
             "mig_instance_count",
             *CATALOG_FIELDS,
         ]
         read_only_fields = [name for name in fields if name not in CATALOG_FIELDS]
+
+
+class StateChangeSerializer(api.Serializer):
+    """A maintenance change (``POST .../state/``): the state to go to and why."""
+
+    reason = serializers.CharField(
+        max_length=STATE_REASON_CHARS, help_text="Why: shown with the state and audited."
+    )
+
+
+# The choices a person may set, named apart from GpuState's in the OpenAPI schema
+# (settings.SPECTACULAR_SETTINGS["ENUM_NAME_OVERRIDES"]).
+GPU_MAINTENANCE_STATES = list(MAINTENANCE_GPU_STATES)
+
+
+class GpuStateChangeSerializer(StateChangeSerializer):
+    state = serializers.ChoiceField(
+        choices=GPU_MAINTENANCE_STATES,
+        help_text="available (online), draining (no new work; running work finishes) or "
+        "offline (now: running work is requeued).",
+    )
+
+
+class NodeStateChangeSerializer(StateChangeSerializer):
+    state = serializers.ChoiceField(
+        choices=list(MAINTENANCE_NODE_STATES),
+        help_text="online, draining (no new work; running work finishes) or offline (now: "
+        "running work on its GPUs is requeued).",
+    )
 
 
 class MigInstanceRowSerializer(api.ModelSerializer):

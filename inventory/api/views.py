@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.conf import settings
 from django.db.models import Count, Prefetch, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
@@ -14,8 +17,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuadmin.access.permissions import IsAdminOrReadOnly, IsAdminRole, signed_in
-from gpuadmin.api import Pagination, ValidationErrorSerializer
+from gpuadmin.access.permissions import (
+    IsAdminOrReadOnly,
+    IsAdminRole,
+    IsOperatorOrReadOnly,
+    signed_in,
+)
+from gpuadmin.api import Conflict, ErrorSerializer, Pagination, ValidationErrorSerializer
 from inventory import live, services
 from inventory.api import serializers as s
 from inventory.filters import GpuFilterSet, MigInstanceFilterSet, NodeFilterSet
@@ -34,7 +42,36 @@ class CatalogViewSet(
     permission_classes = [IsAdminOrReadOnly]
     pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
-    http_method_names = ["get", "patch", "head", "options"]
+    http_method_names = ["get", "patch", "post", "head", "options"]  # POST: ``state`` only
+
+
+STATE_ERRORS = {
+    409: OpenApiResponse(
+        ErrorSerializer, "The state machine refuses the change now (the message names states)."
+    )
+}
+
+
+def apply_state_change(
+    request: Request,
+    row: Gpu | Node,
+    setter: Callable[..., bool],
+    serializer_class: type[s.StateChangeSerializer],
+) -> dict[str, Any]:
+    """Validate ``{state, reason}`` (400 naming the field) and apply it as the requester,
+    audited; 409 when the state machine refuses."""
+    change = serializer_class(data=request.data)
+    change.is_valid(raise_exception=True)
+    try:
+        setter(
+            row,
+            change.validated_data["state"],
+            actor=signed_in(request),
+            reason=change.validated_data["reason"],
+        )
+    except services.IllegalGpuTransition as exc:
+        raise Conflict(str(exc)) from None
+    return change.validated_data
 
 
 class NodeViewSet(CatalogViewSet):
@@ -58,6 +95,22 @@ class NodeViewSet(CatalogViewSet):
         """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity."""
         return Response(s.TopologySerializer(topology.topology_matrix(self.get_object())).data)
 
+    @extend_schema(request=s.NodeStateChangeSerializer, responses={200: s.NodeSerializer})
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="state",
+        permission_classes=[IsOperatorOrReadOnly],
+        filter_backends=[],
+        pagination_class=None,
+    )
+    def change_state(self, request: Request, hostname: str) -> Response:
+        """Maintenance (operators and admins): drain the node, take it offline (the jobs on
+        its GPUs are requeued) or bring it online, with a reason (audited)."""
+        node = self.get_object()
+        apply_state_change(request, node, services.set_node_state, s.NodeStateChangeSerializer)
+        return Response(s.NodeSerializer(node, context={"request": request}).data)
+
 
 class GpuViewSet(CatalogViewSet):
     queryset = (
@@ -69,6 +122,26 @@ class GpuViewSet(CatalogViewSet):
     filterset_class = GpuFilterSet
     lookup_field = "uuid"
     lookup_value_regex = r"[^/]+"
+
+    @extend_schema(
+        request=s.GpuStateChangeSerializer, responses={200: s.GpuSerializer, **STATE_ERRORS}
+    )
+    @action(
+        detail=True,
+        methods=["post"],
+        url_path="state",
+        permission_classes=[IsOperatorOrReadOnly],
+        filter_backends=[],
+        pagination_class=None,
+    )
+    def change_state(self, request: Request, uuid: str) -> Response:
+        """Maintenance (operators and admins): drain the GPU (running work finishes), take it
+        offline (its jobs are requeued) or bring it online, with a reason (audited). A change
+        the GPU state machine refuses (e.g. while a reset runs) is a 409 naming the states;
+        an admin's change of a quarantined GPU releases its quarantine."""
+        gpu = self.get_object()
+        apply_state_change(request, gpu, services.set_gpu_state, s.GpuStateChangeSerializer)
+        return Response(s.GpuSerializer(gpu, context={"request": request}).data)
 
 
 class MigInstanceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -657,7 +657,7 @@ def _temperatures(gpu: GpuInfo, node: Node, load: float | None, src: _Sources) -
     mem_max = parse_celsius(
         node.get("temperature", ("gpu_temp_max_mem_threshold", "memory_max_operating_temp"))
     )
-    return {
+    found: Temperatures = {
         "idle": idle,
         "full_load": full_load,
         "shutdown": thresholds["shutdown"],
@@ -665,6 +665,9 @@ def _temperatures(gpu: GpuInfo, node: Node, load: float | None, src: _Sources) -
         "gpu_max": gpu_max,
         "mem_max": mem_max,
     }
+    if temps.memory_c is not None and temps.gpu_c is not None:  # an HBM sensor
+        found["memory_idle"] = idle + temps.memory_c - temps.gpu_c
+    return found
 
 
 def _fan(pct: int | None, temperature: Temperatures) -> dict[str, int] | None:

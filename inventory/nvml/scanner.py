@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from ctypes import byref, c_uint
 from typing import Any, TypeVar
 
@@ -120,6 +120,28 @@ _ECC_COUNTERS = (
         pynvml.NVML_AGGREGATE_ECC,
     ),
 )
+# One nvmlDeviceGetFieldValues call per GPU reads these (DCGM's DCGM_FI_DEV_MEMORY_TEMP and
+# DCGM_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL come from the same fields): the memory (HBM)
+# temperature, and NVLink's error counters summed over every link, where per-link
+# nvmlDeviceGetNvLinkErrorCounter calls would cost 4 calls per link (48 per A100).
+_MEMORY_TEMP_FIELD = pynvml.NVML_FI_DEV_MEMORY_TEMP
+_NVLINK_ERROR_FIELDS = (
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+)
+_SAMPLE_FIELDS = (_MEMORY_TEMP_FIELD, *_NVLINK_ERROR_FIELDS)
+# c_nvmlFieldValue_t.valueType -> the c_nvmlValue_t member holding the value.
+_FIELD_VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 # --------------------------------------------------------------------------- errors
@@ -228,20 +250,38 @@ class ProcessInfo(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class MigDeviceMetrics(Record):
+    """A MIG device (one compute instance) right now: NVML reports its memory, never its
+    utilization."""
+
+    gi_id: int
+    ci_id: int
+    uuid: str | None = None
+    profile: str | None = None  # "3g.20gb", "1c.3g.20gb"
+    memory_used_mib: int | None = None
+    memory_total_mib: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuMetrics(Record):
-    """How busy a GPU is right now. None where the GPU cannot say (fan on SXM, util with MIG)."""
+    """How busy a GPU is right now. None where the GPU cannot say (fan on SXM, util with MIG,
+    memory temperature on GDDR boards)."""
 
     utilization_gpu_pct: int | None = None
     utilization_memory_pct: int | None = None
     temperature_c: int | None = None
+    memory_temperature_c: int | None = None
     power_w: float | None = None
     energy_mj: int | None = None
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None
     fan_pct: int | None = None
     pstate: str | None = None
+    pcie_tx_kbps: int | None = None
+    pcie_rx_kbps: int | None = None
     throttle_reasons: tuple[str, ...] = ()
     processes: tuple[ProcessInfo, ...] = ()
+    mig_devices: tuple[MigDeviceMetrics, ...] = ()  # while MIG is enabled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +342,8 @@ class HealthCounters(Record):
     remapped_rows_uncorrectable: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
+    # CRC (flit and data), replay and recovery errors summed over every NVLink; None: no NVLink.
+    nvlink_errors: int | None = None
     throttle_reasons: tuple[str, ...] = ()
     gpu_lost: bool = False
 
@@ -457,6 +499,12 @@ def throttle_reason_names(mask: int) -> tuple[str, ...]:
     return tuple(names)
 
 
+def throttle_reason_mask(names: Iterable[str]) -> int:
+    """The NVML bitmask of these reason names (the inverse of ``throttle_reason_names``)."""
+    bits = {name: bit for bit, name in _THROTTLE_REASONS}
+    return sum(bits[name] if name in bits else int(name, 16) for name in set(names))
+
+
 def _lowest_bit(words: Iterable[int], word_bits: int = 64) -> int | None:
     for position, word in enumerate(words):
         if word:
@@ -598,10 +646,11 @@ class _NodeScanner:
             metrics = health = None
             if sections & {"metrics", "health"}:
                 reasons = self._throttle_reasons(handle)
+                fields = self._field_values(handle, _SAMPLE_FIELDS)
                 if "metrics" in sections:
-                    metrics = self._metrics(handle, reasons)
+                    metrics = self._metrics(handle, reasons, fields, facts.get("mig_enabled"))
                 if "health" in sections:
-                    health = self._health(handle, reasons)
+                    health = self._health(handle, reasons, fields)
         except NVMLError as err:
             message = describe_error(err)
             log.debug("GPU %d: %s", index, message)  # in the result; callers log changes
@@ -731,7 +780,24 @@ class _NodeScanner:
             mask = _optional(nvml.nvmlDeviceGetCurrentClocksThrottleReasons, handle)
         return () if mask is None else throttle_reason_names(mask)
 
-    def _metrics(self, handle: Any, throttle_reasons: tuple[str, ...]) -> GpuMetrics:
+    def _field_values(self, handle: Any, field_ids: tuple[int, ...]) -> dict[int, Any]:
+        """Field id -> value, None for a field the GPU does not report (each field carries its
+        own NVML return code; the call as a whole fails only for the device)."""
+        values = _optional(self.nvml.nvmlDeviceGetFieldValues, handle, list(field_ids))
+        found: dict[int, Any] = dict.fromkeys(field_ids)
+        for value in values or ():
+            member = _FIELD_VALUE_MEMBERS.get(value.valueType)
+            if value.nvmlReturn == pynvml.NVML_SUCCESS and member is not None:
+                found[value.fieldId] = getattr(value.value, member)
+        return found
+
+    def _metrics(
+        self,
+        handle: Any,
+        throttle_reasons: tuple[str, ...],
+        fields: dict[int, Any],
+        mig_enabled: bool | None,
+    ) -> GpuMetrics:
         nvml = self.nvml
         utilization = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
         pstate = _optional(nvml.nvmlDeviceGetPerformanceState, handle)
@@ -741,15 +807,43 @@ class _NodeScanner:
             temperature_c=_optional(
                 nvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
             ),
+            memory_temperature_c=fields[_MEMORY_TEMP_FIELD],
             power_w=_watts(_optional(nvml.nvmlDeviceGetPowerUsage, handle)),
             energy_mj=_optional(nvml.nvmlDeviceGetTotalEnergyConsumption, handle),
             sm_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
             mem_clock_mhz=_optional(nvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM),
             fan_pct=_optional(nvml.nvmlDeviceGetFanSpeed, handle),
             pstate=None if pstate is None or pstate > 15 else f"P{pstate}",
+            # Each call samples the PCIe byte counters for 20 ms on real GPUs.
+            pcie_tx_kbps=_optional(
+                nvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES
+            ),
+            pcie_rx_kbps=_optional(
+                nvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES
+            ),
             throttle_reasons=throttle_reasons,
             processes=self._processes(handle),
+            mig_devices=self._mig_device_metrics(handle) if mig_enabled else (),
         )
+
+    def _mig_device_metrics(self, handle: Any) -> tuple[MigDeviceMetrics, ...]:
+        nvml = self.nvml
+        devices = []
+        for (gi_id, ci_id), device in self._mig_devices(handle):
+            memory = nvml.nvmlDeviceGetMemoryInfo(device)
+            name = nvml.nvmlDeviceGetName(device)
+            devices.append(
+                MigDeviceMetrics(
+                    gi_id=gi_id,
+                    ci_id=ci_id,
+                    uuid=nvml.nvmlDeviceGetUUID(device),
+                    profile=name.rpartition(" MIG ")[2] if " MIG " in name else None,
+                    memory_used_mib=memory.used // _MIB,
+                    memory_total_mib=memory.total // _MIB,
+                )
+            )
+        devices.sort(key=lambda d: (d.gi_id, d.ci_id))
+        return tuple(devices)
 
     def _processes(self, handle: Any) -> tuple[ProcessInfo, ...]:
         nvml = self.nvml
@@ -770,7 +864,9 @@ class _NodeScanner:
                 )
         return tuple(processes)
 
-    def _health(self, handle: Any, throttle_reasons: tuple[str, ...]) -> HealthCounters:
+    def _health(
+        self, handle: Any, throttle_reasons: tuple[str, ...], fields: dict[int, Any]
+    ) -> HealthCounters:
         nvml = self.nvml
         counters: dict[str, Any] = {
             name: _optional(nvml.nvmlDeviceGetTotalEccErrors, handle, error_type, counter)
@@ -792,9 +888,11 @@ class _NodeScanner:
                 remapped_rows_pending=bool(remap_pending),
                 remapped_rows_failure=bool(failure),
             )
+        nvlink = [fields[field] for field in _NVLINK_ERROR_FIELDS if fields[field] is not None]
         return HealthCounters(
             **counters,
             retired_pages_pending=None if pending is None else bool(pending),
+            nvlink_errors=sum(nvlink) if nvlink else None,
             throttle_reasons=throttle_reasons,
         )
 
@@ -892,8 +990,13 @@ class _NodeScanner:
 
     def _mig_device_uuids(self, handle: Any) -> dict[tuple[int, int], str]:
         """(GI id, CI id) -> `MIG-...` UUID of the MIG devices NVML enumerates."""
+        return {
+            key: self.nvml.nvmlDeviceGetUUID(device) for key, device in self._mig_devices(handle)
+        }
+
+    def _mig_devices(self, handle: Any) -> Iterator[tuple[tuple[int, int], Any]]:
+        """((GI id, CI id), MIG device handle) of each MIG device NVML enumerates."""
         nvml = self.nvml
-        uuids = {}
         for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -905,8 +1008,7 @@ class _NodeScanner:
                 nvml.nvmlDeviceGetGpuInstanceId(device),
                 nvml.nvmlDeviceGetComputeInstanceId(device),
             )
-            uuids[key] = nvml.nvmlDeviceGetUUID(device)
-        return uuids
+            yield key, device
 
     # ----------------------------------------------------------------- topology
 

@@ -6,9 +6,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.urls import reverse
+
 from inventory.choices import BADGE_COLOURS
 
 MIB_PER_GIB = 1024
+
+# reverse() costs about 75 us, too much once per GPU of a 4,000-GPU dashboard polled every
+# 2 s: row URLs are formatted from one reversed template instead. No id reaches the sentinel.
+_URL_SENTINEL = 2_147_483_646
+
+
+def url_format(viewname: str) -> str:
+    """``"/jobs/{}/"``: the URL of ``viewname`` with a ``{}`` for its one argument."""
+    return reverse(viewname, args=[_URL_SENTINEL]).replace(str(_URL_SENTINEL), "{}")
 
 
 def badge_colour(state: str) -> str:

@@ -1,15 +1,18 @@
-"""The MIG page's data: a GPU's instances drawn on its memory slices, and the room left per
-profile by the NVML layer's own rules (``inventory.nvml.mig_fit``)."""
+"""The MIG page's data: a GPU's instances drawn on its memory slices, the room left per
+profile by the NVML layer's own rules (``inventory.nvml.mig_fit``), and a GPU's MIG history
+(from the audit log)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, MigInstance, Node
 from inventory.nvml import mig_catalog, mig_fit
 from inventory.nvml.mig_catalog import MigProfile, MigTable
@@ -154,3 +157,39 @@ def mig_gpus(node: Node) -> QuerySet[Gpu]:
         .prefetch_related("mig_instances")
         .order_by("index")
     )
+
+
+# The audit rows of a GPU's MIG changes: its layout as scans found it, an admin's instance
+# made or destroyed; plus the facts changes that switched MIG mode.
+_MIG_EVENTS = ("gpu.mig_changed", "gpu.mig_instance_created", "gpu.mig_instance_destroyed")
+_MIG_MODE_FIELDS = ("mig_enabled", "mig_pending_enabled")
+MIG_HISTORY = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class MigChange:
+    time: datetime
+    actor_name: str
+    text: str
+
+
+def mig_history(gpu: Gpu, limit: int = MIG_HISTORY) -> list[MigChange]:
+    """The GPU's last ``limit`` MIG changes, newest first, in words (one query)."""
+    events = AuditEvent.objects.filter(target_type="inventory.gpu", target_id=gpu.uuid).filter(
+        Q(event_type__in=_MIG_EVENTS)
+        | Q(event_type="gpu.facts_changed", after__has_any_keys=_MIG_MODE_FIELDS)
+    )
+    return [MigChange(e.time, e.actor_name, _mig_change_text(e)) for e in events[:limit]]
+
+
+def _mig_change_text(event: AuditEvent) -> str:
+    after = event.after or {}
+    if event.event_type == "gpu.facts_changed":
+        if "mig_enabled" in after:
+            return f"MIG mode {'enabled' if after['mig_enabled'] else 'disabled'}"
+        pending = after["mig_pending_enabled"]
+        return f"MIG mode {'enabled' if pending else 'disabled'} after the next GPU reset"
+    if event.event_type == "gpu.mig_changed":
+        before = ", ".join((event.before or {}).get("instances") or []) or "none"
+        return f"instances: {before} \u2192 {', '.join(after.get('instances') or []) or 'none'}"
+    return event.message

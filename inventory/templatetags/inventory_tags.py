@@ -1,4 +1,5 @@
-"""Inventory's parts of pages that other apps own (the project's home page)."""
+"""Inventory's parts of pages that other apps own (the project's home page), and the tag
+that renders the sections other apps contribute to inventory's pages."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from typing import Any
 
 from django import template
 from django.db.models import Count
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString
 
 from inventory.choices import NvmlBackend
 from inventory.models import Node
+from inventory.pages.common import Section
 
 register = template.Library()
 
@@ -27,3 +31,10 @@ def node_backends() -> dict[str, Any]:
         label = NvmlBackend(backend).label if backend else "backend not reported"
         rows.append((f"{label}: {model}" if model else label, nodes))
     return {"backends": rows}
+
+
+@register.simple_tag(takes_context=True)
+def render_section(context: template.Context, section: Section) -> SafeString:
+    """A page section an app above inventory contributed (``inventory.pages.sections``): its
+    template rendered with its own context and the request's (user, CSRF token)."""
+    return render_to_string(section.template, dict(section.context), request=context.get("request"))

@@ -29,19 +29,13 @@ from gpuadmin.access.permissions import (
     signed_in,
 )
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
-from gpuadmin.api import ErrorSerializer, Pagination
+from gpuadmin.api import Conflict, ErrorSerializer, Pagination
 from gpuadmin.throttling import SubmitThrottle, TokenThrottle
 from scheduling import admin_services, filters, queries, services
 from scheduling.api import serializers as s
 from scheduling.models import HOLDING_STATES, Allocation, Job, SchedulerSettings
 
 # --------------------------------------------------------------------------- plumbing
-
-
-class Conflict(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = "The request conflicts with the job's or the GPU's current state."
-    default_code = "conflict"
 
 
 class Unavailable(APIException):

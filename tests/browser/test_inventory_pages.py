@@ -38,10 +38,37 @@ def test_dashboard_values_change_without_reload(page, live_server):
 
     # expect() polls from Python: wait_for_function's predicate is evaluated in the page, which
     # the Content-Security-Policy refuses (no 'unsafe-eval').
-    expect(page.locator("[data-count=busy]")).to_have_text("1", timeout=10_000)
+    # A process that no allocation accounts for: foreign.
+    expect(page.locator("[data-count=foreign]")).to_have_text("1", timeout=10_000)
+    expect(row).to_have_class("s-foreign")
     assert util.inner_text() == "88%"
     assert procs.inner_text() == "1"
     assert page.evaluate("window.__marker") == 1
+
+
+def test_a_gpu_fenced_by_health_turns_red_on_the_dashboard_without_reload(page, live_server):
+    from inventory.models import Gpu
+    from inventory.services import set_gpu_state
+
+    host = unique_host()
+    add_node(host)
+    card = page.locator(f'[id="node-{host}"]')
+    row = card.locator("tbody.live tr").nth(4)
+    page.goto(live_server.url + "/fleet/")
+    expect(row).to_have_class("s-free")
+    free_colour = row.locator("td").first.evaluate("cell => getComputedStyle(cell).color")
+
+    gpu = Gpu.objects.get(node__hostname=host, index=4)
+    set_gpu_state(gpu, "degraded", actor_name="health", reason="XID 48: double-bit ECC error")
+
+    expect(page.locator("[data-count=degraded]")).to_have_text("1", timeout=10_000)
+    expect(row).to_have_class("s-degraded")
+    red = page.evaluate("getComputedStyle(document.documentElement).getPropertyValue('--red')")
+    degraded_colour = row.locator("td").first.evaluate("cell => getComputedStyle(cell).color")
+    assert degraded_colour != free_colour and red.strip()
+    # The passport says why, and since when.
+    page.goto(live_server.url + f"/gpus/{gpu.uuid}/")
+    expect(page.locator("dd.service-state")).to_contain_text("XID 48: double-bit ECC error")
 
 
 def test_failed_refresh_shows_a_toast_and_keeps_the_page(page, live_server):

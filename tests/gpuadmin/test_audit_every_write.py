@@ -12,12 +12,16 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from gpuadmin.access.models import ApiToken, Membership, Role
 from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
+from health import quarantine
+from health.alerts import open_alert
+from health.models import BreakerTrip, HealthEvent, Quarantine
 from inventory.models import Gpu
 from scheduling import services
 from scheduling.models import Job, SchedulerSettings
@@ -74,6 +78,21 @@ class World:
     def gpu(self, hostname: str = "dgx-01") -> Gpu:
         return Gpu.objects.get(node__hostname=hostname, index=0)
 
+    def quarantine(self, hostname: str = "dgx-02") -> Quarantine:
+        """GPU 7 of ``hostname`` fenced by health (an XID 48): its open quarantine."""
+        gpu = Gpu.objects.get(node__hostname=hostname, index=7)
+        cause = HealthEvent.objects.create(
+            node=gpu.node,
+            gpu=gpu,
+            kind="xid",
+            xid=48,
+            severity="critical",
+            occurred_at=timezone.now(),
+            dedupe_key=f"audit:{gpu.uuid}",
+        )
+        quarantine.fence(gpu, event=cause, policy=None, to_state="degraded")
+        return Quarantine.objects.get(gpu=gpu, closed_at__isnull=True)
+
     def scheduled_job(self) -> Job:
         job = self.job()
         services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
@@ -92,6 +111,12 @@ def switch(w: World, enable: bool) -> Call:
     return Call(w.root, "post", f"/orchestrator/{verb}", [event])
 
 
+def reset_breaker(w: World) -> Call:
+    """Reset the circuit breaker, tripped."""
+    BreakerTrip.objects.create(falling=4, fleet=16)
+    return Call(w.root, "post", "/api/v1/breaker/reset/", ["health.breaker_reset"], {"reason": "x"})
+
+
 CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("api-v1:node-detail", "PATCH"): lambda w: Call(
         w.root, "patch", "/api/v1/nodes/dgx-01/", ["node.catalog_changed"], {"notes": "rack 4"}
@@ -103,6 +128,28 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         ["gpu.catalog_changed"],
         {"label": "left", "notes": "fan noisy"},
     ),
+    ("api-v1:node-change-state", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        "/api/v1/nodes/dgx-02/state/",
+        ["node.state_changed"],
+        {"state": "offline", "reason": "rack power"},
+    ),
+    ("api-v1:gpu-change-state", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        f"/api/v1/gpus/{w.gpu().uuid}/state/",
+        ["gpu.state_changed"],
+        {"state": "draining", "reason": "firmware"},
+    ),
+    ("health-quarantine:quarantine-release", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        f"/api/v1/quarantines/{w.quarantine().pk}/release/",
+        ["gpu.state_changed", "gpu.quarantine_changed"],  # back in service, quarantine closed
+        {"reason": "reseated"},
+    ),
+    ("api-breaker-reset", "POST"): reset_breaker,
     ("scheduling-api-v1:job-list", "POST"): lambda w: Call(
         w.alice, "post", "/api/v1/jobs/", ["job.submitted"], submit_body()
     ),
@@ -147,6 +194,13 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         "/orchestrator/policies",
         ["scheduler.policy_changed"],
         {"policy": "priority", "aging_interval_s": 123},
+    ),
+    ("health-api-v1:alert-ack", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        f"/api/v1/alerts/{open_alert(fingerprint='a', severity='warning', summary='x').pk}/ack/",
+        ["alert.acknowledged"],
+        {"comment": "on it"},
     ),
     ("scheduling-api-v1:token-list", "POST"): lambda w: Call(
         w.alice, "post", "/api/v1/tokens/", ["token.created"], {"name": "laptop"}

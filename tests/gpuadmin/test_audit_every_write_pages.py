@@ -20,6 +20,8 @@ from gpuadmin.access.models import Membership, Role, UnixAccount
 from gpuadmin.access.nodes import create_credential
 from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
+from health.alerts import open_alert
+from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
 from tests.gpuadmin import test_audit_every_write as api_writes
@@ -135,7 +137,23 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
         f"/gpus/{mig(r).gpu(0).uuid}/mig/2/destroy/",
         ["gpu.mig_instance_destroyed"],
     ),
+    "inventory:gpu-state": lambda w, r: Write(
+        w.ops,
+        f"/gpus/{w.gpu().uuid}/state/",
+        ["gpu.state_changed"],
+        {"state": "offline", "reason": "fan"},
+    ),
+    "inventory:node-state": lambda w, r: Write(
+        w.ops, "/nodes/dgx-02/state/", ["node.state_changed"], {"state": "draining", "reason": "x"}
+    ),
+    "health:alert-ack": lambda w, r: Write(
+        w.ops, f"/alerts/{firing_alert().pk}/ack/", ["alert.acknowledged"], {"comment": "seen"}
+    ),
 }
+
+
+def firing_alert() -> Alert:
+    return open_alert(fingerprint=f"audit-{uuid.uuid4().hex[:6]}", severity="warning", summary="x")
 
 
 def action(name: str, *pks: object) -> dict[str, Any]:
@@ -210,6 +228,50 @@ ADMIN: dict[str, Callable[[World], Write]] = {
         url := f"/admin/inventory/gpu/{w.gpu().pk}/change/",
         ["gpu.catalog_changed"],
         change_form(w, url, label="left", notes="fan noisy"),
+    ),
+    "gpu drain action": lambda w: Write(
+        w.root,
+        "/admin/inventory/gpu/",
+        ["gpu.state_changed"],
+        action("set_draining", w.gpu().pk) | {"apply": "1", "reason": "firmware"},
+    ),
+    "node offline action": lambda w: Write(
+        w.root,
+        "/admin/inventory/node/",
+        ["node.state_changed"],
+        action("set_offline", Node.objects.get(hostname="dgx-02").pk)
+        | {"apply": "1", "reason": "rack"},
+    ),
+    "quarantine release action": lambda w: Write(
+        w.root,
+        "/admin/health/quarantine/",
+        ["gpu.state_changed", "gpu.quarantine_changed"],
+        action("release_quarantines", w.quarantine().pk) | {"apply": "1", "reason": "ok"},
+    ),
+    "breaker reset action": lambda w: Write(
+        w.root,
+        "/admin/health/breakertrip/",
+        ["health.breaker_reset"],
+        action("reset_breaker", BreakerTrip.objects.create(falling=4, fleet=16).pk)
+        | {"apply": "1", "reason": "fixed"},
+    ),
+    "alert acknowledge action": lambda w: Write(
+        w.root,
+        "/admin/health/alert/",
+        ["alert.acknowledged"],
+        action("acknowledge", firing_alert().pk),
+    ),
+    "alert rule edit": lambda w: Write(
+        w.root,
+        url := f"/admin/health/alertrule/{AlertRule.objects.get(kind='metric').pk}/change/",
+        ["alert_rule.changed"],
+        change_form(w, url, threshold=88),
+    ),
+    "recovery policy edit": lambda w: Write(
+        w.root,
+        url := f"/admin/health/recoverypolicy/{RecoveryPolicy.objects.get(xid=13).pk}/change/",
+        ["health.policy_changed"],
+        change_form(w, url, actions=["alert"]),
     ),
     "node catalog edit": lambda w: Write(
         w.root,

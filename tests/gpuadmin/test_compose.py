@@ -1,5 +1,7 @@
 """docker-compose.yml cannot run here (no Docker engine): check it against the settings."""
 
+import json
+
 import yaml
 
 from tests.conftest import REPO_DIR
@@ -10,7 +12,16 @@ SERVICES = COMPOSE["services"]
 
 
 def test_services_and_images():
-    assert set(SERVICES) == {"postgres", "redis", "web", "worker", "beat", "agent"}
+    assert set(SERVICES) == {
+        "postgres",
+        "redis",
+        "web",
+        "worker",
+        "beat",
+        "agent",
+        "prometheus",
+        "grafana",
+    }
     assert SERVICES["postgres"]["image"] == "postgres:16"
     assert SERVICES["redis"]["image"] == "redis:7"
 
@@ -53,3 +64,45 @@ def test_environment_names_are_settings_the_app_reads():
         "@postgres:5432/gpuadmin"
     )
     assert SERVICES["web"]["environment"]["REDIS_URL"] == "redis://redis:6379/0"
+
+
+def mounts(service: str) -> dict[str, str]:
+    """Container path -> the repository file or folder bound there (named volumes left out)."""
+    bound = {}
+    for volume in SERVICES[service]["volumes"]:
+        source, target, *_ = volume.split(":")
+        if source.startswith("./"):
+            assert (REPO_DIR / source).exists(), source
+            bound[target] = source
+    return bound
+
+
+def test_prometheus_and_grafana_are_a_monitoring_profile_on_the_shipped_files():
+    prometheus, grafana = SERVICES["prometheus"], SERVICES["grafana"]
+    assert prometheus["profiles"] == grafana["profiles"] == ["monitoring"]
+    assert mounts("prometheus") == {
+        "/etc/prometheus/prometheus.yml": "./deploy/prometheus/prometheus.yml"
+    }
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    # Prometheus scrapes the web service's /metrics, once web answers its health probe.
+    scrape = yaml.safe_load((REPO_DIR / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = scrape["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["static_configs"] == [{"targets": ["web:8000"]}]
+    assert SERVICES["web"]["ports"] == ["8000:8000"]
+    assert prometheus["depends_on"] == {"web": {"condition": "service_healthy"}}
+    # Grafana: the data source is that Prometheus, the dashboards those of deploy/grafana.
+    assert mounts("grafana") == {
+        "/etc/grafana/provisioning": "./deploy/grafana/provisioning",
+        "/etc/grafana/dashboards": "./deploy/grafana/dashboards",
+    }
+    provisioning = REPO_DIR / "deploy/grafana/provisioning"
+    sources = yaml.safe_load((provisioning / "datasources/prometheus.yml").read_text())
+    (source,) = sources["datasources"]
+    assert (source["type"], source["url"]) == ("prometheus", "http://prometheus:9090")
+    assert "9090:9090" in prometheus["ports"]
+    providers = yaml.safe_load((provisioning / "dashboards/gpuadmin.yml").read_text())
+    (provider,) = providers["providers"]
+    assert provider["options"]["path"] == "/etc/grafana/dashboards"
+    dashboards = list((REPO_DIR / "deploy/grafana/dashboards").glob("*.json"))
+    assert [json.loads(path.read_text())["uid"] for path in dashboards] == ["gpuadmin-gpus"]

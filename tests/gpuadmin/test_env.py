@@ -4,6 +4,7 @@ from django.core.exceptions import ImproperlyConfigured
 from gpuadmin.env import (
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_rate,
@@ -33,6 +34,22 @@ def test_env_int_checks_type_and_minimum(monkeypatch):
     monkeypatch.setenv("N", "-1")
     with pytest.raises(ImproperlyConfigured, match="below the minimum of 0"):
         env_int("N", 3, minimum=0)
+
+
+def test_env_float_checks_type_and_bounds(monkeypatch):
+    monkeypatch.setenv("SHARE", "0.25")
+    assert env_float("SHARE", 0.1) == 0.25
+    monkeypatch.setenv("SHARE", "")
+    assert env_float("SHARE", 0.1) == 0.1
+    for raw, refusal in (
+        ("a tenth", "is not a number"),
+        ("nan", "is not a finite number"),
+        ("-0.5", "below the minimum of 0"),
+        ("1.5", "above the maximum of 1"),
+    ):
+        monkeypatch.setenv("SHARE", raw)
+        with pytest.raises(ImproperlyConfigured, match=refusal):
+            env_float("SHARE", 0.1, minimum=0, maximum=1)
 
 
 def test_env_list_and_choice(monkeypatch):

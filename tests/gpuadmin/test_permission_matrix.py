@@ -23,10 +23,14 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from gpuadmin.access.models import Membership, Role
 from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
+from health import quarantine
+from health.alerts import open_alert
+from health.models import HealthEvent, Quarantine
 from inventory import services as inventory_services
 from inventory.models import Gpu
 from scheduling import admin_services, services
@@ -62,7 +66,8 @@ ACT_ON_JOB = by_role(401, (403, 403), (200, 404), (200, 200), (200, 200))
 class Entry:
     """A request; ``path`` and ``body`` name objects as ``{job}`` (a held job), ``{placed}`` (a
     job holding a GPU), ``{allocation}``, ``{token}``, ``{event}``, ``{node}``, ``{gpu}``,
-    ``{free_gpu}``, ``{queued}`` (someone's queued job)."""
+    ``{free_gpu}``, ``{queued}`` (someone's queued job), ``{alert}`` (a firing alert),
+    ``{quarantine}`` (an open one)."""
 
     path: str
     expect: dict[str, Expected]
@@ -75,6 +80,8 @@ TABLE: dict[tuple[str, str], Entry] = {
     # Project pages and health
     ("", "GET"): Entry("/", PUBLIC),
     ("-/health", "GET"): Entry("/-/health", PUBLIC),
+    # Prometheus scrapes it (GPUADMIN_METRICS_TOKEN, when set, guards it: tests/health/)
+    ("metrics", "GET"): Entry("/metrics", PUBLIC),
     ("api/schema/", "GET"): Entry("/api/schema/", PUBLIC),
     ("api/docs/", "GET"): Entry("/api/docs/", PUBLIC),
     ("admin/", "GET"): Entry("/admin/", by_role(302, 302, 302, 302, 302, 200)),
@@ -102,8 +109,15 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("gpus/<str:uuid>/mig/<int:gi_id>/destroy/", "POST"): Entry(
         "/gpus/{gpu}/mig/1/destroy/", by_role(LOGIN, 403, 403, 403, 302), form=True
     ),
+    ("nodes/<str:hostname>/", "GET"): Entry("/nodes/{node}/", PUBLIC),
     ("nodes/<str:hostname>/mig/", "GET"): Entry("/nodes/{node}/mig/", PUBLIC),
     ("nodes/<str:hostname>/topology/", "GET"): Entry("/nodes/{node}/topology/", PUBLIC),
+    # Telemetry history for the charts: as public as the pages that draw them
+    ("api/v1/gpus/<str:uuid>/history/", "GET"): Entry("/api/v1/gpus/{gpu}/history/", PUBLIC),
+    ("api/v1/nodes/<str:hostname>/history/", "GET"): Entry(
+        "/api/v1/nodes/{node}/history/?range=24h", PUBLIC
+    ),
+    ("api/v1/fleet/history/", "GET"): Entry("/api/v1/fleet/history/?range=7d", PUBLIC),
     # Inventory API: everyone signed in reads; catalog edits and discovery for admins
     ("api/v1/", "GET"): Entry("/api/v1/", API_READ),
     ("api/v1/^nodes/$", "GET"): Entry("/api/v1/nodes/", API_READ),
@@ -120,12 +134,57 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/gpus/{gpu}/", ADMINS, {"label": "patched"}
     ),
     ("api/v1/^mig-instances/$", "GET"): Entry("/api/v1/mig-instances/", API_READ),
+    # Maintenance (drain, offline, online with a reason): operators and admins
+    ("api/v1/^nodes/(?P<hostname>[^/]+)/state/$", "POST"): Entry(
+        "/api/v1/nodes/{node}/state/", OPERATORS, {"state": "draining", "reason": "tests"}
+    ),
+    ("api/v1/^gpus/(?P<uuid>[^/]+)/state/$", "POST"): Entry(
+        "/api/v1/gpus/{gpu}/state/", OPERATORS, {"state": "draining", "reason": "tests"}
+    ),
+    ("gpus/<str:uuid>/state/", "POST"): Entry(
+        "/gpus/{gpu}/state/",
+        by_role(LOGIN, 403, 403, 302, 302),
+        {"state": "draining", "reason": "tests"},
+        form=True,
+    ),
+    ("nodes/<str:hostname>/state/", "POST"): Entry(
+        "/nodes/{node}/state/",
+        by_role(LOGIN, 403, 403, 302, 302),
+        {"state": "draining", "reason": "tests"},
+        form=True,
+    ),
+    # Quarantines: everyone signed in reads, operators release (a GPU back in service); the
+    # circuit breaker: admins reset it (409 here: it is not open)
+    ("api/v1/^quarantines/$", "GET"): Entry("/api/v1/quarantines/", API_READ),
+    ("api/v1/^quarantines/(?P<pk>[^/.]+)/$", "GET"): Entry(
+        "/api/v1/quarantines/{quarantine}/", API_READ
+    ),
+    ("api/v1/^quarantines/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
+        "/api/v1/quarantines/{quarantine}/release/", OPERATORS, {"reason": "tests"}
+    ),
+    ("api/v1/breaker/", "GET"): Entry("/api/v1/breaker/", API_READ),
+    ("api/v1/breaker/reset/", "POST"): Entry(
+        "/api/v1/breaker/reset/", by_role(401, 403, 403, 403, 409), {"reason": "tests"}
+    ),
     ("api/gpu/devices", "GET"): Entry("/api/gpu/devices?node={node}", API_READ),
     ("api/gpu/driver", "GET"): Entry("/api/gpu/driver?node={node}", API_READ),
     ("gpu/mig/summary", "GET"): Entry("/gpu/mig/summary?node={node}", API_READ),
     ("gpu/mig/instances", "GET"): Entry("/gpu/mig/instances?node={node}", API_READ),
     ("gpu/topology", "GET"): Entry("/gpu/topology?node={node}", API_READ),
     ("gpu/discover", "GET"): Entry("/gpu/discover?node={node}", by_role(401, 403, 403, 403, 503)),
+    # Alerts: everyone signed in reads; operators and admins acknowledge
+    ("alerts/", "GET"): Entry("/alerts/", PAGE_READ),
+    ("alerts/idle/", "GET"): Entry("/alerts/idle/", PAGE_READ),
+    ("alerts/panel/", "GET"): Entry("/alerts/panel/", PAGE_READ),
+    ("alerts/<int:pk>/ack/", "POST"): Entry(
+        "/alerts/{alert}/ack/", by_role(LOGIN, 403, 403, 302, 302), {"comment": "seen"}, form=True
+    ),
+    ("api/v1/^alerts/$", "GET"): Entry("/api/v1/alerts/", API_READ),
+    ("api/v1/^alerts/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/alerts/{alert}/", API_READ),
+    ("api/v1/^alerts/(?P<pk>[^/.]+)/ack/$", "POST"): Entry(
+        "/api/v1/alerts/{alert}/ack/", OPERATORS, {"comment": "seen"}
+    ),
+    ("api/v1/^idle-held/$", "GET"): Entry("/api/v1/idle-held/", API_READ),
     # Audit log: operators and admins
     ("api/v1/^audit/$", "GET"): Entry("/api/v1/audit/", OPERATORS),
     ("api/v1/^audit/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/audit/{event}/", OPERATORS),
@@ -273,6 +332,21 @@ def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     return {name: str(row.pk) for name, row in ids.items()}
 
 
+def fenced(gpu: Gpu) -> Quarantine:
+    """``gpu`` fenced by health for an XID 48: its open quarantine."""
+    cause = HealthEvent.objects.create(
+        node=gpu.node,
+        gpu=gpu,
+        kind="xid",
+        xid=48,
+        severity="critical",
+        occurred_at=timezone.now(),
+        dedupe_key=f"matrix:{gpu.uuid}",
+    )
+    assert quarantine.fence(gpu, event=cause, policy=None, to_state="degraded")
+    return Quarantine.objects.get(gpu=gpu, closed_at__isnull=True)
+
+
 @pytest.fixture
 def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
     """Two simulated nodes; a person per role and someone else, each owning the objects of
@@ -293,6 +367,8 @@ def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
         "free_gpu": next(gpus).uuid,
         "queued": str(services.submit_job(someone, command=["true"], gpu_count=1).pk),
         "event": str(AuditEvent.objects.latest("pk").pk),
+        "alert": str(open_alert(fingerprint="matrix", severity="warning", summary="x").pk),
+        "quarantine": str(fenced(nodes[1].gpus.get(index=7)).pk),
     }
     other = {**theirs, **shared}
     people = {"anonymous": Person(Client(), other, other)}

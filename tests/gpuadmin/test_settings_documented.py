@@ -9,7 +9,15 @@ import re
 from tests.conftest import REPO_DIR
 
 PACKAGES = ("gpuadmin", "inventory", "health", "scheduling")
-ENV_FUNCTIONS = {"env_bool", "env_choice", "env_int", "env_list", "env_rate", "env_str"}
+ENV_FUNCTIONS = {
+    "env_bool",
+    "env_choice",
+    "env_float",
+    "env_int",
+    "env_list",
+    "env_rate",
+    "env_str",
+}
 
 
 def _is_environ(node: ast.expr) -> bool:

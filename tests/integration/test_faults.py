@@ -340,7 +340,9 @@ def test_redis_stopped_while_agents_report(servers, free_port, capsys):
     servers.start_redis()
     back = servers.sql(url, "SELECT now()")[0][0]
 
-    wait_for(lambda: fresh() == set(hosts), 30, "the heartbeats to arrive again")
+    # The central worker reconnects on kombu's backoff (2 s more per attempt, up to 30 s):
+    # with the whole suite loading 2 cores, the first heartbeat it records can take over 30 s.
+    wait_for(lambda: fresh() == set(hosts), 60, "the heartbeats to arrive again")
     wait_for(
         lambda: all(states()[job] == "completed" for job in running),
         60,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 from django.utils import timezone
 
@@ -19,17 +20,25 @@ def unique_host(prefix: str = "dgx") -> str:
 
 
 def add_node(
-    hostname: str, model: str = "dgx-a100-40gb", *, busy: dict[int, int] | None = None
+    hostname: str,
+    model: str = "dgx-a100-40gb",
+    *,
+    busy: dict[int, int] | None = None,
+    prepare: Callable[[SimulatedNvml], object] | None = None,
 ) -> NodeScan:
-    """Discover a simulated node, mark it heard from now and publish its live samples.
+    """Discover a simulated node, mark it heard from now and publish its live samples (the
+    sections an agent samples: facts, metrics and health counters).
 
-    ``busy`` maps GPU indexes to a utilization; each gets one process using 30,000 MiB.
+    ``busy`` maps GPU indexes to a utilization; each gets one process (pid 4000 + index)
+    using 30,000 MiB. ``prepare`` gets the simulator before the sample (to inject faults).
     """
     nvml = SimulatedNvml.from_model(model, node_name=hostname)
     apply_discovery(hostname, scan(nvml))
     for index, util in (busy or {}).items():
         faults.start_process(nvml, None, index, 4000 + index, used_mib=30_000, util=util)
-    scanned = scan(nvml, include=("facts", "metrics"))
+    if prepare is not None:
+        prepare(nvml)
+    scanned = scan(nvml, include=("facts", "metrics", "health"))
     Node.objects.filter(hostname=hostname).update(last_heartbeat_at=timezone.now())
     live.publish(hostname, scanned)
     return scanned

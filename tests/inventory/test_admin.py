@@ -87,22 +87,28 @@ def test_discovered_fields_are_read_only_and_catalog_edits_are_audited(admin_cli
 
 
 def test_state_actions_go_through_the_audited_service(admin_client, fleet):
+    """(The reason's intermediate page and refusals: tests/inventory/test_maintenance.py.)"""
     pks = list(Gpu.objects.filter(node__hostname="box-01").values_list("pk", flat=True))
     response = admin_client.post(
         "/admin/inventory/gpu/",
-        {"action": "set_draining", "_selected_action": pks[:2]},
+        {"action": "set_draining", "_selected_action": pks[:2], "apply": "1", "reason": "bios"},
         follow=True,
     )
-    assert "2 set to draining; 0 unchanged." in response.content.decode()
+    assert "Drain selected GPUs: 2 done." in response.content.decode()
     assert sorted(Gpu.objects.filter(state="draining").values_list("pk", flat=True)) == pks[:2]
     events = AuditEvent.objects.filter(event_type="gpu.state_changed")
     assert events.count() == 2
-    assert {(e.actor_name, e.before["state"], e.after["state"]) for e in events} == {
-        ("admin", "available", "draining")
+    assert {(e.actor_name, e.before["state"], e.after["state"], e.message) for e in events} == {
+        ("admin", "available", "draining", "bios")
     }
     admin_client.post(
         "/admin/inventory/node/",
-        {"action": "set_offline", "_selected_action": [Node.objects.get(hostname="dgx-01").pk]},
+        {
+            "action": "set_offline",
+            "_selected_action": [Node.objects.get(hostname="dgx-01").pk],
+            "apply": "1",
+            "reason": "rack",
+        },
     )
     assert Node.objects.get(hostname="dgx-01").state == "offline"
     assert AuditEvent.objects.filter(event_type="node.state_changed").count() == 1

@@ -1,9 +1,11 @@
 """Live samples in the real Redis."""
 
+import json
 import time
 import uuid
 
 from inventory import live
+from inventory.agent import SAMPLE_SECTIONS
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml, faults
 
@@ -38,3 +40,39 @@ def test_a_new_publish_replaces_the_old_samples():
     live.publish(host, scan(SimulatedNvml.from_model("dgx-h100", node_name=host)))
     live.publish(host, scan(SimulatedNvml.from_model("rtx-4080-super", node_name=host)))
     assert len(live.latest([host])[host]) == 1
+
+
+def test_each_publish_adds_one_entry_to_the_sample_stream(settings):
+    host = f"live-{uuid.uuid4().hex[:6]}"
+    redis = live.client()
+    stream = settings.GPUADMIN_SAMPLE_STREAM
+    newest = redis.xrevrange(stream, count=1)
+    after = newest[0][0].decode() if newest else "0-0"
+    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name=host)
+    faults.start_process(nvml, None, 0, 4242, used_mib=3000, gpu_instance=3)
+    faults.start_process(nvml, None, 5, 4343, used_mib=20_000, util=80)
+
+    live.publish(host, scan(nvml, include=SAMPLE_SECTIONS))
+    live.publish(host, scan(nvml, include=SAMPLE_SECTIONS))
+
+    mine = [
+        fields
+        for _, fields in redis.xrange(stream, min=f"({after}")
+        if fields[b"node"] == host.encode()
+    ]
+    assert len(mine) == 2
+    assert float(mine[1][b"at"]) >= float(mine[0][b"at"])
+    gpus = json.loads(mine[1][b"gpus"])
+    assert gpus == live.latest([host])[host]  # the same samples as the live hash
+    whole, mig = (next(s for s in gpus.values() if s["index"] == i) for i in (5, 0))
+    assert whole["pids"] == [[4343, 20_000]] and whole["processes"] == 1
+    assert whole["utilization_gpu_pct"] == 80 and whole["memory_temperature_c"] is not None
+    assert (whole["ecc_uncorrected"], whole["nvlink_errors"], whole["pcie_tx_kbps"]) == (0, 0, 9600)
+    assert whole["remapped_rows_pending"] is False and whole["retired_pages_sbe"] is None
+    # MIG: utilization is not measurable (None, never 0); each MIG device shows its memory.
+    assert mig["utilization_gpu_pct"] is None and mig["pids"] == [[4242, 3000]]
+    assert [(d["gi_id"], d["profile"], d["memory_used_mib"]) for d in mig["mig"]] == [
+        (2, "3g.20gb", 0),
+        (3, "2g.10gb", 3000),
+        (4, "2g.10gb", 0),
+    ]

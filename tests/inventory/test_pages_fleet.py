@@ -58,10 +58,11 @@ def test_dashboard_shows_every_node_with_live_values(client):
     assert cells["util"] == "97%"
     assert f"{used_mib / 1024:.1f}/40" in cells["mem"]
     assert cells["procs"] == "1"
-    assert row.startswith('<tr class="s-busy">')
+    # A process that no allocation accounts for (started outside the scheduler): foreign.
+    assert row.startswith('<tr class="s-foreign">')
     assert 'title="3 MIG instances">MIG 3<' in gpu_row(html, scanned.gpus[0].facts.uuid)
     # GPUs 0 and 1 are in MIG mode: their slices may be given, the whole GPUs are not free.
-    assert (count(html, "total"), count(html, "busy"), count(html, "free")) == (8, 1, 5)
+    assert (count(html, "total"), count(html, "foreign"), count(html, "free")) == (8, 1, 5)
     assert count(html, "mig") == 2
     assert 'hx-trigger="every 2s"' in html
     assert "Refresh live GPUs" in html
@@ -109,7 +110,7 @@ def test_unreachable_node_greys_its_gpus_offline(client):
     assert (count(html, "offline"), count(html, "free")) == (8, 0)
 
 
-def test_missing_and_failing_gpus_count_as_degraded(client):
+def test_missing_gpus_count_as_missing_and_failing_ones_as_degraded(client):
     host = unique_host()
     scanned = add_node(host)
     Gpu.objects.filter(index=5).update(missing_since=timezone.now())
@@ -117,7 +118,7 @@ def test_missing_and_failing_gpus_count_as_degraded(client):
 
     html = client.get("/fleet/").content.decode()
 
-    assert count(html, "degraded") == 2
+    assert (count(html, "missing"), count(html, "degraded")) == (1, 1)
     assert ">missing</span>" in gpu_row(html, scanned.gpus[5].facts.uuid)
     _, failing = live_row(html, scanned.gpus[6].facts.uuid)
     assert 'title="GPU has fallen off the bus">error<' in failing["status"]

@@ -117,7 +117,8 @@ def test_admin_state_actions_announce(admin_client, announced):
 
     def admin_action(model: str, action: str, pks: list[int]) -> None:
         response = admin_client.post(
-            f"/admin/inventory/{model}/", {"action": action, "_selected_action": pks}
+            f"/admin/inventory/{model}/",
+            {"action": action, "_selected_action": pks, "apply": "1", "reason": "tests"},
         )
         assert response.status_code == 302
 

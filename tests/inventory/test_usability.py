@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from inventory import usability
+from inventory.choices import GpuState
 from inventory.models import Gpu, Node
 from inventory.usability import Reason, sample_unusable, stored_unusable, why_unusable
 
@@ -89,15 +90,15 @@ def test_the_rule_is_pure_python():
 
 @pytest.mark.django_db
 def test_schedulable_queryset_is_exactly_the_stored_rule():
-    """Every combination of the stored reasons: the queryset keeps a GPU exactly when
-    ``stored_unusable`` finds nothing."""
+    """Every combination of the stored reasons (480, every GPU state of the state machine):
+    the queryset keeps a GPU exactly when ``stored_unusable`` finds nothing."""
     now = timezone.now()
     stale = now - timezone.timedelta(hours=1)
     expected = {}
     combos = itertools.product(
         ("online", "draining", "offline"),  # node state
         (True, False),  # reachable
-        ("available", "draining", "offline"),  # GPU state
+        GpuState.values,  # GPU state: available, draining, degraded, resetting, offline
         (False, True),  # missing
         ("", "Unknown Error"),  # error
         (False, True),  # MIG mode

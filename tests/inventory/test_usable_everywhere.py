@@ -84,7 +84,7 @@ def test_a_mig_gpu_is_not_free_as_a_whole_gpu(admin_client, node):
     assert (count(html, "free"), count(html, "mig")) == (6, 2)
 
 
-def test_a_foreign_process_makes_a_gpu_busy_not_free(admin_client, node):
+def test_a_foreign_process_makes_a_gpu_foreign_not_free(admin_client, node):
     host, nvml = node
     faults.start_process(nvml, None, BUSY_GPU, 4242, used_mib=1_000, util=50)
     sample(host, nvml)
@@ -92,7 +92,7 @@ def test_a_foreign_process_makes_a_gpu_busy_not_free(admin_client, node):
     assert BUSY_GPU not in free_indexes(admin_client, host)
     html = admin_client.get(f"/fleet/?node={host}").content.decode()
     row, _ = live_row(html, uuid_of(host, BUSY_GPU))
-    assert row.startswith('<tr class="s-busy">')
+    assert row.startswith('<tr class="s-foreign">')
     assert count(html, "free") == 5
 
 

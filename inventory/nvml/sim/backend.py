@@ -62,6 +62,20 @@ _TEMPERATURE_THRESHOLDS: dict[int, Literal["shutdown", "slowdown", "mem_max", "g
     pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: "gpu_max",
 }
 _SUPPORTED_REASONS = 0x1FF  # clocks_event_reasons.supported in the captures
+# nvmlDeviceGetNvLinkErrorCounter's counters, as the state names them.
+_NVLINK_COUNTERS = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+# nvmlDeviceGetFieldValues' NVLink error fields: field id -> (counter, link; None = all links).
+_NVLINK_FIELDS: dict[int, tuple[str, int | None]] = {}
+for _name in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY"):
+    _prefix = f"NVML_FI_DEV_NVLINK_{_name}_ERROR_COUNT_"
+    _NVLINK_FIELDS[getattr(pynvml, _prefix + "TOTAL")] = (_name.lower(), None)
+    for _link in range(12):  # pynvml names per-link fields for links 0-11 only
+        _NVLINK_FIELDS[getattr(pynvml, f"{_prefix}L{_link}")] = (_name.lower(), _link)
 
 
 _T = TypeVar("_T")
@@ -248,6 +262,7 @@ class _EventSet:
         self.owner = owner
         self.registered: dict[int, list[int]] = {}  # GPU index -> [event mask, last seen seq]
         self.freed = False
+        self.last_message = ""  # the text of the event last delivered (see event_message)
         self.handle = owner._new_handle(_EventSetHandle, self)
 
 
@@ -501,6 +516,11 @@ class SimulatedNvml:
     def reset_gpu(self, index: int) -> None:
         """Simulate a GPU reset (``nvidia-smi -r``): pending MIG mode becomes current."""
         self._mutate(lambda st: statemod.reset_gpu(st, index, self._clock()))
+
+    def event_message(self, eventSet: Any) -> str:
+        """The text of the event last delivered on the set (``inject xid --message``): what the
+        kernel log line of a real XID says, which NVML's event data does not carry."""
+        return self._event_set(eventSet).last_message
 
     def reboot(self) -> None:
         """Simulate a node reboot: every GPU is reset and the driver clock restarts."""
@@ -964,10 +984,53 @@ class SimulatedNvml:
                          peer.type.pci_subsystem_id)  # fmt: skip
 
     def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
-        self._link(device, link)
+        gpu, _, _ = self._link(device, link)
         if not 0 <= counter < pynvml.NVML_NVLINK_ERROR_COUNT:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 0
+        name = _NVLINK_COUNTERS.get(counter)  # DL_ECC_DATA: 0 (no ECC lane errors modelled)
+        return 0 if name is None else _nvlink_errors(gpu, name, link)
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: list[Any]) -> Any:
+        """The fields gpuadmin samples (memory temperature, NVLink error counters, ECC totals);
+        any other field comes back with its own ``nvmlReturn`` NOT_SUPPORTED, as NVML does for
+        fields a GPU lacks."""
+        gpu = self._gpu(handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        stamp = int(self._clock() * 1_000_000)
+        for value, field in zip(values, fieldIds, strict=True):
+            if isinstance(field, tuple):
+                value.fieldId, value.scopeId = field
+            else:
+                value.fieldId = field
+            value.timestamp = stamp
+            found = self._field(gpu, value.fieldId)
+            if found is None:
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            value.valueType, member, number = found
+            value.nvmlReturn = pynvml.NVML_SUCCESS
+            setattr(value.value, member, number)
+        return values
+
+    def _field(self, gpu: _Gpu, field: int) -> tuple[int, str, int] | None:
+        """(value type, c_nvmlValue_t member, value) of one field, None when unsupported."""
+        if field == pynvml.NVML_FI_DEV_MEMORY_TEMP:
+            celsius = gpu.snapshot().memory_temperature
+            if celsius is None:
+                return None
+            return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", celsius
+        if field in _NVLINK_FIELDS:
+            counter, link = _NVLINK_FIELDS[field]
+            links = len(gpu.slot.nvlink_switch_links) or len(gpu.slot.nvlink_gpu_links)
+            if not links or (link is not None and link >= links):
+                return None
+            count = _nvlink_errors(gpu, counter, link)
+            return pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", count
+        ecc = _ECC_FIELDS.get(field)
+        if ecc is None or not gpu.type.ecc_enabled:
+            return None
+        counts = gpu.gs["ecc"][ecc[0]][ecc[1]]
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", counts["dram"] + counts["sram"]
 
     # --- MIG ----------------------------------------------------------------------------------
 
@@ -1409,6 +1472,7 @@ class SimulatedNvml:
             self._poll(force=True)
             event = self._next_event(es)
             if event is not None:
+                es.last_message = event["message"]
                 data = pynvml.c_nvmlEventData_t(
                     eventType=event["type"],
                     eventData=event["data"],
@@ -1494,6 +1558,22 @@ def _clock_key(clock_type: int) -> str:
     if key is None:
         raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
     return key
+
+
+_ECC_FIELDS = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: ("volatile", "corrected"),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: ("volatile", "uncorrected"),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: ("aggregate", "corrected"),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: ("aggregate", "uncorrected"),
+}
+
+
+def _nvlink_errors(gpu: _Gpu, counter: str, link: int | None) -> int:
+    """One NVLink error counter of a link, or summed over all links (``link`` None)."""
+    per_link = gpu.gs.get("nvlink_errors", {})  # absent in older state files
+    if link is not None:
+        return int(per_link.get(str(link), {}).get(counter, 0))
+    return sum(int(counts.get(counter, 0)) for counts in per_link.values())
 
 
 def _retirement_key(cause: int) -> str:

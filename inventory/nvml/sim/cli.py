@@ -70,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--failure", action=argparse.BooleanOptionalAction)
     p = inject.add_parser("temp", parents=[node_gpu], help="pin the GPU temperature")
     p.add_argument("celsius", type=int)
+    p = inject.add_parser("nvlink", parents=[node_gpu], help="add NVLink errors on a link")
+    p.add_argument("count", type=int)
+    p.add_argument("--counter", choices=faults.NVLINK_COUNTERS, default="crc_flit")
+    p.add_argument("--link", type=int, default=0)
+    p = inject.add_parser("brake", parents=[node_gpu], help="assert the HW power brake")
+    p.add_argument("--off", action="store_true", help="release it")
     inject.add_parser("lost", parents=[node_gpu], help="the GPU falls off the bus (XID 79)")
     p = inject.add_parser("fail", parents=[node_gpu], help="make every query on the GPU fail")
     p.add_argument("--code", type=_error_code, default=pynvml.NVML_ERROR_UNKNOWN)
@@ -164,6 +170,12 @@ def _run(args: argparse.Namespace) -> str:
         )
     elif fault == "temp":
         faults.set_temperature(target, node, args.gpu, args.celsius)
+    elif fault == "nvlink":
+        faults.add_nvlink_errors(
+            target, node, args.gpu, count=args.count, counter=args.counter, link=args.link
+        )
+    elif fault == "brake":
+        faults.power_brake(target, node, args.gpu, engaged=not args.off)
     elif fault == "lost":
         faults.fall_off_bus(target, node, args.gpu)
     elif fault == "fail":

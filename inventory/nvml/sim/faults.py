@@ -24,6 +24,8 @@ from .state import NO_ID, FileStore
 Target = str | os.PathLike[str] | SimulatedNvml
 
 XID_FALLEN_OFF_BUS = 79
+NVLINK_COUNTERS = ("crc_flit", "crc_data", "replay", "recovery")
+POWER_BRAKE = "nvmlClocksEventReasonHwPowerBrakeSlowdown"
 
 
 def _edit(
@@ -187,6 +189,47 @@ def set_temperature(target: Target, node: str | None, gpu_index: int, celsius: i
     _edit(target, node, change)
 
 
+def add_nvlink_errors(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    *,
+    count: int = 1,
+    counter: str = "crc_flit",
+    link: int = 0,
+) -> None:
+    """Add ``count`` errors to one NVLink error counter of one link (``counter``: crc_flit,
+    crc_data, replay or recovery), as ``nvmlDeviceGetNvLinkErrorCounter`` and the
+    ``NVML_FI_DEV_NVLINK_*_ERROR_COUNT_*`` fields report them."""
+    if counter not in NVLINK_COUNTERS or count < 1:
+        raise ValueError(f"counter must be one of {', '.join(NVLINK_COUNTERS)} and count >= 1")
+
+    def change(state: dict[str, Any], t: float) -> None:
+        slot = _machine(state).gpus[gpu_index]
+        links = len(slot.nvlink_switch_links) or len(slot.nvlink_gpu_links)
+        if not 0 <= link < links:
+            raise ValueError(f"GPU {gpu_index} has no NVLink {link}")
+        per_link = _gpu(state, gpu_index).setdefault("nvlink_errors", {})
+        counts = per_link.setdefault(str(link), {})
+        counts[counter] = counts.get(counter, 0) + count
+
+    _edit(target, node, change)
+
+
+def power_brake(target: Target, node: str | None, gpu_index: int, engaged: bool = True) -> None:
+    """Assert (or release) the external power brake: the GPU reports HW_POWER_BRAKE_SLOWDOWN
+    and HW_SLOWDOWN, and its clocks drop."""
+
+    def change(state: dict[str, Any], t: float) -> None:
+        reasons = _gpu(state, gpu_index).setdefault("clock_event_reasons", [])
+        if POWER_BRAKE in reasons:
+            reasons.remove(POWER_BRAKE)
+        if engaged:
+            reasons.append(POWER_BRAKE)
+
+    _edit(target, node, change)
+
+
 def fall_off_bus(
     target: Target, node: str | None, gpu_index: int, *, now: float | None = None
 ) -> None:
@@ -218,8 +261,9 @@ def fail_queries(
 
 
 def clear(target: Target, node: str | None, gpu_index: int | None = None) -> None:
-    """Remove injected faults (temperature, lost, failing queries, ECC, remaps, retired pages)
-    from one GPU or all of them. MIG layouts and processes are left alone."""
+    """Remove injected faults (temperature, lost, failing queries, ECC, remaps, retired pages,
+    NVLink errors, the power brake) from one GPU or all of them. MIG layouts and processes are
+    left alone."""
 
     def change(state: dict[str, Any], t: float) -> None:
         indexes = range(len(state["gpus"])) if gpu_index is None else [gpu_index]
@@ -227,8 +271,10 @@ def clear(target: Target, node: str | None, gpu_index: int | None = None) -> Non
             gpu = _gpu(state, index)
             fresh = statemod.new_gpu_state(gpu["mig"] is not None)
             for key in ("ecc", "retired_pages", "remapped_rows", "temperature_c", "lost",
-                        "fail_code"):  # fmt: skip
+                        "fail_code", "nvlink_errors"):  # fmt: skip
                 gpu[key] = fresh[key]
+            reasons = gpu.get("clock_event_reasons", [])
+            gpu["clock_event_reasons"] = [r for r in reasons if r != POWER_BRAKE]
 
     _edit(target, node, change)
 

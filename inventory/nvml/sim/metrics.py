@@ -21,6 +21,7 @@ REASON_SW_POWER_CAP = _R.nvmlClocksEventReasonSwPowerCap
 REASON_HW_SLOWDOWN = _R.nvmlClocksEventReasonHwSlowdown
 REASON_SW_THERMAL = _R.nvmlClocksEventReasonSwThermalSlowdown
 REASON_HW_THERMAL = _R.nvmlClocksEventReasonHwThermalSlowdown
+REASON_HW_POWER_BRAKE = _R.nvmlClocksEventReasonHwPowerBrakeSlowdown
 
 
 def noise(seed: int, second: int, channel: int) -> float:
@@ -52,6 +53,7 @@ class Snapshot:
     util: int
     mem_util: int
     temperature: int
+    memory_temperature: int | None  # None: no memory sensor (GDDR boards: NOT_SUPPORTED)
     power_mw: int | None  # None: no power readings (NOT_SUPPORTED)
     clocks: tuple[int, int, int, int]  # graphics, sm, mem, video (NVML_CLOCK_* order)
     pstate: int
@@ -76,6 +78,9 @@ def snapshot(
             temp += (temps["full_load"] - temps["idle"]) * load * ramp
         temp += 0.6 * noise(seed, second, 1)
     temperature = round(temp)
+    # HBM sits on the GPU's package: its sensor follows the die at the captured idle offset.
+    memory_idle = temps.get("memory_idle")
+    memory_temperature = None if memory_idle is None else round(temp + memory_idle - temps["idle"])
 
     reasons = 0 if load else REASON_IDLE
     for name in gpu_state.get("clock_event_reasons", ()):  # absent in older state files
@@ -92,12 +97,22 @@ def snapshot(
 
     source = gpu_type.clocks_max if load else gpu_type.clocks_idle
     scale = 1.0
-    if temps["slowdown"] is not None and temperature >= temps["slowdown"]:
-        reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL
-        scale = 0.5
-    elif temps["gpu_max"] is not None and temperature >= temps["gpu_max"]:
+    # NVML's SW thermal slowdown: the GPU above its max operating temperature, or the memory
+    # above its own; the HW slowdown at the slowdown threshold comes on top of it (the die is
+    # above the max operating temperature too). An external power brake engages HW slowdown.
+    if (temps["gpu_max"] is not None and temperature >= temps["gpu_max"]) or (
+        memory_temperature is not None
+        and temps["mem_max"] is not None
+        and memory_temperature >= temps["mem_max"]
+    ):
         reasons |= REASON_SW_THERMAL
         scale = 0.8
+    if temps["slowdown"] is not None and temperature >= temps["slowdown"]:
+        reasons |= REASON_HW_SLOWDOWN | REASON_HW_THERMAL
+    if reasons & REASON_HW_POWER_BRAKE:
+        reasons |= REASON_HW_SLOWDOWN
+    if reasons & REASON_HW_SLOWDOWN:
+        scale = 0.5
     graphics = max(gpu_type.clocks_idle["graphics"], int(source["graphics"] * scale))
     sm = max(gpu_type.clocks_idle["sm"], int(source["sm"] * scale))
 
@@ -115,6 +130,7 @@ def snapshot(
         util=round(load * 100),
         mem_util=round(load * gpu_type.mem_util_at_full_load),
         temperature=temperature,
+        memory_temperature=memory_temperature,
         power_mw=power_mw,
         clocks=(graphics, sm, source["mem"], source["video"]),
         pstate=gpu_type.pstate["load" if load else "idle"],

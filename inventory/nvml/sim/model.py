@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypedDict, overload
+from typing import Any, NotRequired, TypedDict, overload
 
 import pynvml
 
@@ -60,6 +60,8 @@ class Temperatures(TypedDict):
     slowdown: int | None
     gpu_max: int | None
     mem_max: int | None
+    # The memory (HBM) sensor at idle; absent: no memory sensor (GDDR boards: NOT_SUPPORTED).
+    memory_idle: NotRequired[int]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The health app's API: alerts, telemetry history."""

@@ -1,0 +1,130 @@
+"""GPU resets a recovery policy asks for: whether one is allowed, the reset itself on the node's
+agent (the simulator's, or ``nvidia-smi --gpu-reset``), and its result back on the central side.
+
+While it runs the GPU is ``resetting``; afterwards it is available again, or degraded when the
+reset failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import pynvml
+from django.conf import settings
+from django.db import transaction
+
+from health.models import HealthEvent
+from inventory.agent import node_backend
+from inventory.choices import GpuState, NvmlBackend
+from inventory.models import Gpu
+from inventory.services import IllegalGpuTransition, set_gpu_state
+
+log = logging.getLogger("gpuadmin.health")
+
+ACTOR = "health"
+
+
+def reset_allowed(nvml_backend: str) -> bool:
+    """Whether a GPU of a node on ``nvml_backend`` may be reset by a policy:
+    ``GPUADMIN_GPU_RESET`` on or off, or ``auto``: on for the simulator only (a reset of
+    real hardware is an admin's decision unless they turn it on)."""
+    mode = settings.GPUADMIN_GPU_RESET
+    if mode == "auto":
+        return nvml_backend == NvmlBackend.SIM
+    return mode == "on"
+
+
+def reset_on_this_node(index: int, *, wait_s: float | None = None) -> str | None:
+    """Reset GPU ``index`` of this node (on its agent): the simulator's reset, or
+    ``nvidia-smi --gpu-reset -i N`` on real NVML. Refused while processes run on it, after
+    waiting ``wait_s`` (default: the jobs' kill grace and 5 s) for the jobs the policy stopped
+    to go. ``None`` when done, else why not."""
+    if not reset_allowed(settings.GPUADMIN_NVML):
+        return f"GPU resets are off on this node (GPUADMIN_GPU_RESET={settings.GPUADMIN_GPU_RESET})"
+    real = settings.GPUADMIN_NVML != NvmlBackend.SIM
+    nvml = node_backend()
+    try:
+        nvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"NVML: {exc}"
+    try:
+        deadline = time.monotonic() + (
+            settings.GPUADMIN_JOB_KILL_GRACE_S + 5.0 if wait_s is None else wait_s
+        )
+        while pids := _running_pids(nvml, index, real=real):
+            if time.monotonic() >= deadline:
+                return f"processes still run on it (pids {', '.join(map(str, pids))})"
+            time.sleep(0.25)
+        if not real:
+            nvml.reset_gpu(index)
+            return None
+    except pynvml.NVMLError as exc:
+        return f"NVML: {exc}"
+    finally:
+        nvml.nvmlShutdown()
+    return _nvidia_smi_reset(index)
+
+
+def _running_pids(nvml: Any, index: int, *, real: bool) -> list[int]:
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        return [proc.pid for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    except pynvml.NVMLError:
+        if real:
+            raise
+        return []  # the simulator's lost GPU answers nothing: its reset brings it back
+
+
+def _nvidia_smi_reset(index: int) -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "nvidia-smi is not installed"
+    done = subprocess.run(  # noqa: S603 - a fixed program and arguments
+        [smi, "--gpu-reset", "-i", str(index)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode:
+        return (done.stderr or done.stdout).strip() or f"nvidia-smi exited {done.returncode}"
+    return None
+
+
+def start_reset(gpu: Gpu, *, reason: str) -> None:
+    """Mark ``gpu`` ``resetting`` (inside the policy's transaction; the caller sends the
+    agent its ``health.reset_gpu`` on commit). A quarantine follows health's own change."""
+    set_gpu_state(gpu, GpuState.RESETTING, actor_name=ACTOR, reason=reason)
+
+
+def finish_reset(hostname: str, gpu_uuid: str, error: str | None, event_id: int | None) -> bool:
+    """The agent says a reset ended: the GPU is available again, or degraded when the reset
+    failed (a human looks at it; a quarantine follows either). Only a GPU still ``resetting``
+    moves (an admin may have taken it over meanwhile); the event's outcome gains the result.
+    ``False`` if nothing moved."""
+    gpu = Gpu.objects.filter(node__hostname=hostname, uuid=gpu_uuid).select_related("node").first()
+    if gpu is None:
+        return False
+    what = f"reset of GPU {gpu.index} of {hostname}"
+    step = f"{what} done" if error is None else f"{what} failed: {error}"
+    with transaction.atomic():
+        try:
+            moved = set_gpu_state(
+                gpu,
+                GpuState.AVAILABLE if error is None else GpuState.DEGRADED,
+                actor_name=ACTOR,
+                reason=step,
+                expect={GpuState.RESETTING},
+            )
+        except IllegalGpuTransition as exc:
+            moved, step = False, f"{step}; left as it is: {exc}"
+        event = (
+            HealthEvent.objects.select_for_update().filter(pk=event_id).first()
+            if event_id is not None
+            else None
+        )
+        if event is not None:
+            event.outcome = [*event.outcome, step]
+            event.save(update_fields=["outcome"])
+    log.info("%s", step)
+    return moved

@@ -1,0 +1,127 @@
+"""Webhooks through a real central Celery worker on the real Redis, to real HTTP receivers:
+an alert's opening reaches a generic, a Slack-compatible and an Alertmanager receiver; one that
+answers 500 twice gets it on the third attempt (the task's backoff); resolving sends endsAt."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from health import alerts
+from health.choices import DeliveryState, WebhookKind
+from health.models import Webhook, WebhookDelivery
+from tests.conftest import REPO_DIR, session_database_url
+from tests.health.receiver import Receiver, receiver
+from tests.scheduling.conftest import add_sim_node
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def central_worker(gpuadmin_env, tmp_path, settings) -> Iterator[str]:
+    """A central worker on a queue of this test's own (sessions share Redis), retrying
+    webhooks after 1 s, 2 s, ..."""
+    queue = f"hooks-{uuid.uuid4().hex[:6]}"
+    settings.GPUADMIN_CENTRAL_QUEUE = queue
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_CENTRAL_QUEUE": queue,
+        "GPUADMIN_WEBHOOK_BACKOFF_S": "1",
+        "GPUADMIN_WEBHOOK_MAX_ATTEMPTS": "4",
+    }
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "gpuadmin", "worker", "--concurrency", "2"],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        yield queue
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        print(log.read_text()[-3000:])  # noqa: T201 (shown when a test fails)
+
+
+def hook(name: str, got: Receiver, kind: str = WebhookKind.GENERIC) -> Webhook:
+    return Webhook.objects.create(name=name, url=got.url + "/in", kind=kind, min_severity="info")
+
+
+def states(alert_id: int) -> dict[str, tuple[str, int]]:
+    return {
+        name: (state, attempts)
+        for name, state, attempts in WebhookDelivery.objects.filter(alert_id=alert_id).values_list(
+            "webhook__name", "state", "attempts"
+        )
+    }
+
+
+def test_a_worker_delivers_every_format_and_retries_a_failing_receiver(central_worker):
+    gpu = add_sim_node(f"wh-{uuid.uuid4().hex[:6]}").gpus.get(index=0)
+    with (
+        receiver() as generic,
+        receiver() as slack,
+        receiver() as alertmanager,
+        receiver(fail_first=2) as flaky,
+    ):
+        hook("generic", generic)
+        hook("slack", slack, WebhookKind.SLACK)
+        hook("am", alertmanager, WebhookKind.ALERTMANAGER)
+        hook("flaky", flaky)
+        started = time.monotonic()
+        alert = alerts.open_alert(
+            fingerprint="it:hot", severity="critical", summary="GPU 0 at 97 C", gpu=gpu
+        )
+        opened = {"generic", "slack", "am", "flaky"}
+        wait_for(
+            lambda: {n for n, (s, _) in states(alert.pk).items() if s == "delivered"} == opened,
+            60,
+            "every receiver to get the alert",
+        )
+        took = time.monotonic() - started
+
+        assert states(alert.pk)["flaky"] == (DeliveryState.DELIVERED, 3)
+        assert [r.status for r in flaky.requests] == [500, 500, 200]
+        assert took >= 1 + 2  # the backoff: 1 s, then 2 s
+        assert generic.requests[0].body["alert"]["summary"] == "GPU 0 at 97 C"
+        assert slack.requests[0].body["text"] == "[OPENED] critical: GPU 0 at 97 C"
+        [posted] = alertmanager.requests[0].body
+        assert alertmanager.requests[0].path == "/in/api/v2/alerts"
+        assert posted["labels"]["UUID"] == gpu.uuid and "endsAt" not in posted
+
+        alerts.resolve_alert("it:hot")
+        alertmanager.wait_for(2)
+        assert alertmanager.requests[1].body[0]["endsAt"]
+        generic.wait_for(2)
+        assert generic.requests[1].body["change"] == "resolved"
+
+
+def test_a_receiver_that_never_answers_is_given_up_after_the_last_attempt(central_worker):
+    with receiver(fail_first=100) as down:
+        hook("down", down)
+        alert = alerts.open_alert(fingerprint="it:down", severity="warning", summary="x")
+        wait_for(
+            lambda: states(alert.pk).get("down", ("", 0))[0] == DeliveryState.FAILED,
+            60,
+            "the delivery to be given up",
+        )
+    assert states(alert.pk)["down"] == (DeliveryState.FAILED, 4)
+    assert len(down.requests) == 4
