@@ -1,12 +1,15 @@
-"""What the benchmarks share: a throwaway database on the configured PostgreSQL server, and a
-simulated fleet loaded into it through the same discovery sync the agents use."""
+"""What the benchmarks share: a throwaway database on the configured PostgreSQL server, a
+simulated fleet loaded into it through the same discovery sync the agents use, and real
+``gpuadmin`` processes to wait on."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -75,11 +78,12 @@ def throwaway_database(prefix: str) -> Iterator[str]:
 
 def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
     """``nodes`` simulated 8-GPU nodes (the models in turn), heartbeating for the next hour;
-    with ``publish_samples`` their live samples go to Redis too (delete the keys after). The
-    hostnames."""
+    with ``publish_samples`` their live samples go to Redis too, as their agents publish them
+    (every sampled section; delete the keys after). The hostnames."""
     from django.utils import timezone
 
     from inventory import live
+    from inventory.agent import SAMPLE_SECTIONS
     from inventory.models import Node
     from inventory.nvml.scanner import scan
     from inventory.nvml.sim import SimulatedNvml
@@ -92,9 +96,31 @@ def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
         nvml = SimulatedNvml.from_model(MODELS[number % len(MODELS)], node_name=hostname)
         apply_discovery(hostname, scan(nvml))
         if publish_samples:
-            live.publish(hostname, scan(nvml, include=("facts", "metrics")), ttl_s=3600)
+            live.publish(hostname, scan(nvml, include=SAMPLE_SECTIONS), ttl_s=3600)
     Node.objects.update(last_heartbeat_at=timezone.now() + timedelta(hours=1))
     return hostnames
+
+
+def wait_for(
+    condition: Callable[[], object], timeout: float, what: str, *, poll_s: float = 0.02
+) -> None:
+    """Poll ``condition`` until it holds; a RuntimeError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def start_gpuadmin(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``gpuadmin ARGS`` as a real process of this checkout, its output to ``log``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuadmin", *args],
+        cwd=REPO_DIR,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 def delete_redis_keys(names: set[str]) -> None:

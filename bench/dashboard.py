@@ -22,21 +22,10 @@ import statistics
 import sys
 import time
 
-from common import MODELS, load_sim_fleet, throwaway_database
+from common import load_sim_fleet, throwaway_database
 
 FULL_TARGET_MS = 500.0
 PARTIAL_TARGET_MS = 100.0
-
-
-def _publish_agent_samples(hostnames: list[str]) -> None:
-    """Each node's live samples as its agent publishes them (with the health counters)."""
-    from inventory import live
-    from inventory.nvml.scanner import scan
-    from inventory.nvml.sim import SimulatedNvml
-
-    for number, hostname in enumerate(hostnames):
-        nvml = SimulatedNvml.from_model(MODELS[number % len(MODELS)], node_name=hostname)
-        live.publish(hostname, scan(nvml, include=("facts", "metrics", "health")), ttl_s=3600)
 
 
 def _allocate_every_gpu() -> None:
@@ -105,8 +94,7 @@ def main() -> None:
         try:
             setup_test_environment()
             started = time.perf_counter()
-            hostnames = load_sim_fleet(args.nodes)
-            _publish_agent_samples(hostnames)
+            hostnames = load_sim_fleet(args.nodes, publish_samples=True)
             gpus = Gpu.objects.count()
             elapsed = time.perf_counter() - started
             print(f"loaded {args.nodes} nodes, {gpus} GPUs in {elapsed:.1f} s")

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from common import MODELS, load_sim_fleet, throwaway_database
+from common import load_sim_fleet, throwaway_database
 
 
 def _median_ms(client, runs: int, **headers: str) -> tuple[float, int]:  # noqa: ANN001
@@ -49,17 +49,11 @@ def main() -> None:
 
         from inventory import live
         from inventory.models import Gpu
-        from inventory.nvml.scanner import scan
-        from inventory.nvml.sim import SimulatedNvml
 
         try:
             setup_test_environment()
             started = time.perf_counter()
-            hostnames = load_sim_fleet(args.nodes)
-            for number, hostname in enumerate(hostnames):  # the models load_sim_fleet gave
-                nvml = SimulatedNvml.from_model(MODELS[number % len(MODELS)], node_name=hostname)
-                sample = scan(nvml, include=("facts", "metrics", "health"))
-                live.publish(hostname, sample, ttl_s=3600)
+            hostnames = load_sim_fleet(args.nodes, publish_samples=True)
             elapsed = time.perf_counter() - started
             print(f"loaded {args.nodes} nodes, {Gpu.objects.count()} GPUs in {elapsed:.1f} s")
 

@@ -26,37 +26,15 @@ import os
 import pwd
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from common import REPO_DIR, delete_redis_keys, throwaway_database
+from common import delete_redis_keys, start_gpuadmin, throwaway_database, wait_for
 
 QUEUE = f"bench-release-{os.getpid()}"
 HOSTNAME = f"bench-{os.getpid()}-0000"
 MODEL = "dgx-a100-80gb"
 TARGET_MEDIAN_MS = 1000
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuadmin", *args],
-        cwd=REPO_DIR,
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
 
 
 def percentile(values: list[float], pct: int) -> float:
@@ -97,8 +75,8 @@ def main() -> None:
             "GPUADMIN_JOB_KILL_GRACE_S": "2",
         }
         processes = [
-            start(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
-            start(
+            start_gpuadmin(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
+            start_gpuadmin(
                 ["agent", "--node", HOSTNAME, "--sim", MODEL],
                 {**env, "GPUADMIN_NODE_TOKEN": node_token(HOSTNAME, actor_name="bench")},
                 scratch / "agent.log",

@@ -31,7 +31,15 @@ from redis.exceptions import RedisError
 from health.choices import EventKind
 from health.wire import HealthReport
 from inventory import live
-from inventory.nvml.scanner import GpuMetrics, GpuScan, HealthCounters, NodeScan, describe_error
+from inventory.nvml.scanner import (
+    POWER_BRAKE_REASONS,
+    THERMAL_REASONS,
+    GpuMetrics,
+    GpuScan,
+    HealthCounters,
+    NodeScan,
+    describe_error,
+)
 from inventory.signals import sample_taken
 
 log = logging.getLogger("gpuadmin.agent")
@@ -39,8 +47,6 @@ log = logging.getLogger("gpuadmin.agent")
 REPORT_TASK = "health.report"
 # Reports kept while the broker is away; past it the oldest go (and the loss is logged).
 MAX_UNSENT = 1000
-THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
-POWER_REASONS = frozenset({"hw_power_brake_slowdown"})
 XID_EVENTS = pynvml.nvmlEventTypeXidCriticalError
 _NO_ID = 0xFFFFFFFF
 
@@ -293,7 +299,7 @@ class _Changes:
         metrics = self.gpu.metrics or GpuMetrics()
         for kind, watched in (
             (EventKind.THERMAL, THERMAL_REASONS),
-            (EventKind.POWER, POWER_REASONS),
+            (EventKind.POWER, POWER_BRAKE_REASONS),
         ):
             if appeared := sorted((reasons & watched) - old):
                 self.add(

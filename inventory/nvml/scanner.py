@@ -97,6 +97,10 @@ _THROTTLE_REASONS = (
     (0x100, "display_clock_setting"),
 )
 _KNOWN_REASON_BITS = sum(bit for bit, _ in _THROTTLE_REASONS)
+# The reasons that say heat slowed the GPU down (the fleet page's "hot" mark, the health
+# watcher's thermal events), and the hardware power brake (a power fault, not the cap).
+THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+POWER_BRAKE_REASONS = frozenset({"hw_power_brake_slowdown"})
 # nvmlDeviceGetTopologyCommonAncestor level -> `nvidia-smi topo -m` label.
 _PCIE_LINKS = {
     pynvml.NVML_TOPOLOGY_INTERNAL: "X",

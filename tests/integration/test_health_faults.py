@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,20 +28,12 @@ from scheduling import services
 from scheduling.models import Allocation, Job, JobState
 from tests.conftest import REPO_DIR, agent_env, session_database_url
 from tests.unix_accounts import runs_as_this_account
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 # The issue's bound from a fault to its policy's effect.
 WITHIN_S = 5.0
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> float:
-    """Poll until ``condition`` holds; the seconds it took."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 class Fleet:

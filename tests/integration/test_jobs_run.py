@@ -9,9 +9,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,15 +27,9 @@ from scheduling.checks import run_checks
 from scheduling.models import TERMINAL_STATES, Job, JobState
 from tests.conftest import REPO_DIR, agent_env, session_database_url
 from tests.unix_accounts import new_name, requires_root, runs_as_this_account, unix_user
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def state_of(job: Job) -> str:

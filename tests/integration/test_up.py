@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import REPO_DIR, session_database_url
 from tests.unix_accounts import runs_as_this_account
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -134,13 +135,6 @@ def wait_for_line(log: Path, marker: str, timeout: float, process: subprocess.Po
         assert time.monotonic() < deadline, f"{marker!r} not seen; output so far:\n{text}"
         time.sleep(0.2)
     return text
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def job_state(job) -> str:

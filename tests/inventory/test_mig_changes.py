@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -33,6 +32,7 @@ from inventory.services import (
 from inventory.signals import mig_change_requested
 from tests.conftest import REPO_DIR, agent_env, session_database_url
 from tests.inventory.conftest import SimNode
+from tests.waiting import wait_for
 
 # dgx-a100-40gb: GPU 0 = 3g.20gb (GI 2 at 4) + 2x 2g.10gb (GI 3 at 0, GI 4 at 2); GPU 2: no MIG.
 INITIAL_GPU0 = [(2, 0, "3g.20gb", 4), (3, 0, "2g.10gb", 0), (4, 0, "2g.10gb", 2)]
@@ -204,13 +204,6 @@ def test_the_node_task_returns_the_error_and_a_fresh_scan(node):
 
 
 # --------------------------------------------------------------------------- a real agent
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.integration
