@@ -59,14 +59,14 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
     Node.objects.update(last_heartbeat_at=timezone.now() + timedelta(hours=1))
     env = {**gpuadmin_env, "DATABASE_URL": session_database_url()}
 
-    def start(*args: str, log: Path | None = None) -> subprocess.Popen:
-        # A client's output (a traceback, if it fails) lands in the assertion; a worker's in
-        # its log file (an unread pipe would fill up and stall it).
+    def start(*args: str, log: Path) -> subprocess.Popen:
+        # Output goes to a file, never an unread pipe: a client blocked writing its log while
+        # it holds GPU row locks would stall the placement pass and every other client.
         return subprocess.Popen(
             [sys.executable, *args],
             env=env,
             cwd=REPO_DIR,
-            stdout=log.open("w") if log else subprocess.PIPE,
+            stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             text=True,
         )
@@ -75,12 +75,16 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
     workers = [start("-m", "gpuadmin", "worker", "--concurrency", "2", log=log) for log in logs]
     try:
         wait_until_ready(workers, logs, timeout=60)
+        client_logs = [tmp_path / f"churn-{n}.log" for n in range(CLIENTS)]
         clients = [
             start("-m", "tests.integration.churn", "--seconds", str(CHURN_S), "--seed", str(n),
-                  "--owner", f"churn-{n}")
-            for n in range(CLIENTS)
+                  "--owner", f"churn-{n}", log=log)
+            for n, log in enumerate(client_logs)
         ]  # fmt: skip
-        outputs = [client.communicate(timeout=CHURN_S + 120)[0] for client in clients]
+        for client in clients:
+            client.wait(timeout=CHURN_S + 120)
+        # A client's output (a traceback, if it fails) lands in the assertion.
+        outputs = [log.read_text()[-4000:] for log in client_logs]
         assert [client.returncode for client in clients] == [0] * CLIENTS, outputs
         # Stop placing, wait out a pass in flight, then play the agents: what holds GPUs ends.
         SchedulerSettings.objects.update_or_create(pk=1, defaults={"enabled": False})

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -224,6 +225,13 @@ class FileStore:
             with os.fdopen(fd, "w") as fh:
                 json.dump(state, fh, separators=(",", ":"))
                 fh.flush()
+                # Readers reload when the signature changes. Two writes within one tick of
+                # the filesystem's clock, of the same size, can reuse one inode (each replace
+                # frees one): a strictly later mtime tells them apart.
+                stamp = time.time_ns()
+                if (previous := self.signature()) is not None and stamp <= previous[0]:
+                    stamp = previous[0] + 1
+                os.utime(fh.fileno(), ns=(stamp, stamp))
                 st = os.fstat(fh.fileno())
             os.replace(tmp, self.path)
             # The renamed file keeps this inode, so a reader that sees this signature has read
