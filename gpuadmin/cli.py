@@ -124,6 +124,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "--threads", str(args.threads),
         "--access-logfile", "-",
         "--graceful-timeout", "10",
+        # The longest request line gunicorn takes (its default, 4094, refuses long filter
+        # URLs with its own HTML 400 before the API can answer in JSON).
+        "--limit-request-line", "8190",
     ]  # fmt: skip
     WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]").run()
     return 0
