@@ -137,3 +137,66 @@ def delete_redis_keys(names: set[str]) -> None:
     ]
     for start in range(0, len(keys), 1000):
         redis.delete(*keys[start : start + 1000])
+
+
+def process_env(database_url: str, scratch: Path, **settings: str) -> dict[str, str]:
+    """The environment of the gpuadmin processes a bench starts: its throwaway database, the
+    configured Redis, a data folder under ``scratch`` and ``settings``."""
+    from django.conf import settings as django_settings
+
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": django_settings.REDIS_URL,
+        "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
+        "GPUADMIN_DATA_DIR": str(scratch / "data"),
+        **settings,
+    }
+
+
+def start_worker_and_agent(
+    env: dict[str, str],
+    scratch: Path,
+    hostname: str,
+    model: str,
+    agent_args: tuple[str, ...] = (),
+    agent_env: dict[str, str] | None = None,
+) -> list[subprocess.Popen[bytes]]:
+    """A central worker and one simulated node agent (with its credential) as real processes,
+    logging to ``scratch``; returns once the agent has registered its node's GPUs."""
+    from gpuadmin.access.nodes import node_token
+    from inventory.models import Node
+
+    processes = [
+        start_gpuadmin(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
+        start_gpuadmin(
+            ["agent", "--node", hostname, "--sim", model, *agent_args],
+            {
+                **env,
+                "GPUADMIN_NODE_TOKEN": node_token(hostname, actor_name="bench"),
+                **(agent_env or {}),
+            },
+            scratch / "agent.log",
+        ),
+    ]
+    try:
+        wait_for(
+            lambda: (
+                (node := Node.objects.filter(hostname=hostname).first()) is not None
+                and node.is_reachable()
+                and node.gpus.exists()
+            ),
+            120,
+            "the agent to register its node",
+        )
+    except BaseException:
+        stop(processes)
+        raise
+    return processes
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout=60)

@@ -30,7 +30,14 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from common import delete_redis_keys, start_gpuadmin, throwaway_database, wait_for
+from common import (
+    delete_redis_keys,
+    process_env,
+    start_worker_and_agent,
+    stop,
+    throwaway_database,
+    wait_for,
+)
 
 QUEUE = f"bench-faults-{os.getpid()}"
 HOSTNAME = f"bench-{os.getpid()}-faults"
@@ -51,34 +58,22 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="gpuadmin-bench-faults-"))
     sim_dir = scratch / "data" / "sim"  # the agent's simulator state (GPUADMIN_DATA_DIR/sim)
     with throwaway_database("gpuadmin_bench_faults") as database_url:
-        from django.conf import settings
         from django.contrib.auth import get_user_model
 
-        from gpuadmin.access.nodes import node_token
         from gpuadmin.audit.models import AuditEvent
         from inventory.choices import GpuState
-        from inventory.models import Gpu, Node
+        from inventory.models import Gpu
         from inventory.nvml.sim import faults
         from inventory.services import set_gpu_state
 
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": settings.REDIS_URL,
-            "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
-            "GPUADMIN_DATA_DIR": str(scratch / "data"),
-            "GPUADMIN_SAMPLE_INTERVAL_S": str(args.sample_interval),
-            "GPUADMIN_BREAKER_MIN_GPUS": "100000",
-            "GPUADMIN_FLAP_LIMIT": "100000",
-        }
-        processes = [
-            start_gpuadmin(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
-            start_gpuadmin(
-                ["agent", "--node", HOSTNAME, "--sim", MODEL],
-                {**env, "GPUADMIN_NODE_TOKEN": node_token(HOSTNAME, actor_name="bench")},
-                scratch / "agent.log",
-            ),
-        ]
+        env = process_env(
+            database_url,
+            scratch,
+            GPUADMIN_SAMPLE_INTERVAL_S=str(args.sample_interval),
+            GPUADMIN_BREAKER_MIN_GPUS="100000",
+            GPUADMIN_FLAP_LIMIT="100000",
+        )
+        processes = start_worker_and_agent(env, scratch, HOSTNAME, MODEL)
         admin = get_user_model().objects.create_superuser("bench-admin")
 
         def fenced_at(gpu: Gpu, since: float) -> float | None:
@@ -121,15 +116,6 @@ def main() -> None:
         finished = False
         delays: dict[str, list[float]] = {kind: [] for kind in kinds}
         try:
-            wait_for(
-                lambda: (
-                    (node := Node.objects.filter(hostname=HOSTNAME).first()) is not None
-                    and node.is_reachable()
-                    and node.gpus.count() == 8
-                ),
-                120,
-                "the agent to register its node",
-            )
             print(
                 f"1 simulated {MODEL} agent, samples every {args.sample_interval} s, "
                 f"{args.rounds} rounds of {len(kinds)} faults; {os.cpu_count()} cores "
@@ -155,10 +141,7 @@ def main() -> None:
                     back_online(index)
             finished = True
         finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                process.wait(timeout=60)
+            stop(processes)
             delete_redis_keys({QUEUE, HOSTNAME})
             if finished:
                 shutil.rmtree(scratch, ignore_errors=True)

@@ -7,17 +7,26 @@ Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, 
 embedded one) and loads ``--nodes`` simulated DGX nodes through the agents' discovery sync
 (NUMA, socket, NVSwitch links and MIG as a scan reports them; live samples published to Redis,
 heartbeats fresh). About half the schedulable GPUs are then held by running jobs (blocks of 1,
-2, 4 or 8 GPUs given through ``services.allocate`` and started like an agent reports it), and
-``--jobs`` jobs are queued in bulk with their ``job.submitted`` audit rows, shaped like
-bench/placement.py's queue (1, 2, 4, 8-GPU jobs and 2x8, 4x8 gangs).
+2, 4 or 8 GPUs given through ``services.allocate_many`` and started like an agent reports it),
+and ``--jobs`` jobs are queued in bulk with their ``job.submitted`` audit rows, shaped like
+bench/placement.py's queue (1, 2, 4, 8-GPU jobs and 2x8, 4x8 gangs). ``--policy`` is the
+policy of the GPUs in no pool (all of them here).
 
 Then ``scheduling.loop.run_pass()`` runs as the central worker runs it: the first pass places
 what fits and writes every waiting job's reason; then ``--runs`` blocked passes (nothing fits
-any more: the steady cost of re-explaining the queue); then ``--runs`` placing passes, each
-after the previous one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED
-transition that releases their GPUs). Prints each phase (snapshot, plan, commit, save_pending)
-as medians over the runs, checks the scheduler's invariants (``gpuadmin check``) before and
-after, and ends with headline lines ``name: value unit``.
+any more: the steady cost of re-explaining the queue, which must write nothing: the queue did
+not change, only the clock moved); then ``--runs`` placing passes, each after the previous
+one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED transition that releases
+their GPUs). Prints each phase (snapshot, plan, commit: placements committed in batches and
+sent to their agents, save_pending) as medians over the runs, the queries of each kind of
+pass, checks the scheduler's invariants (``gpuadmin check``) and that every placement was
+audited, before and after, and ends with headline lines ``name: value unit``:
+
+- ``placements_per_s``: jobs placed per second of the commit phase (allocations, audit rows,
+  job transitions and dispatch), median over the placing passes; ``placing_pass_per_s`` the
+  same over the whole pass (snapshot and engine included).
+- ``blocked_pass_ms``: a whole blocked pass, median.
+- ``unchanged_rows_written``: waiting jobs' rows written by all the blocked passes together.
 
 Dispatch is real: each placement sends ``scheduling.run_job`` to the node's Celery queue
 ``node.bench-<pid>-NNNN``, which no agent consumes; the central queue is ``bench-loop-<pid>``.
@@ -32,6 +41,8 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from random import Random
 from typing import TYPE_CHECKING
@@ -145,8 +156,13 @@ def hold_half(rng: Random, owners: list[User]) -> int:
     for job, block in zip(jobs, blocks, strict=True):  # the shape of the GPUs they hold
         job.gpu_count, job.node_count, job.topology = len(block), 1, "any"
     now = timezone.now()
-    for job, block in zip(enqueue(rng, jobs), blocks, strict=True):
-        services.allocate(job, [gpu.pk for gpu in block], actor_name=services.LOOP_ACTOR)
+    grants = [
+        services.Grant(job.pk, tuple(gpu.pk for gpu in block))
+        for job, block in zip(enqueue(rng, jobs), blocks, strict=True)
+    ]
+    outcome = services.allocate_many(grants, actor_name=services.LOOP_ACTOR)
+    assert not outcome.refused, outcome.refused
+    for job, _ in outcome.granted:
         started_at = now - timedelta(seconds=rng.uniform(0, 3600))
         services.job_started(job.pk, job.attempt, 1000 + job.pk, started_at)
     return sum(len(block) for block in blocks)
@@ -171,13 +187,49 @@ def requeue(job_ids: list[int]) -> None:
 
 
 def check_invariants(when: str) -> None:
-    """``gpuadmin check``: exit when the set-up (or the passes) broke an invariant."""
+    """``gpuadmin check``, and that every allocation and every placement was audited: exit
+    when the set-up (or the passes) broke one."""
+    from django.db.models import Sum
+
+    from gpuadmin.audit.models import AuditEvent
     from scheduling.checks import run_checks
+    from scheduling.models import Allocation, Job
 
     broken = {name: found for name, found in run_checks().items() if found}
     if broken:
         sys.exit(f"invariants broken {when}: {broken}")
-    print(f"gpuadmin check {when}: all invariants hold")
+    allocations = Allocation.objects.count()
+    placements = Job.objects.aggregate(total=Sum("attempt"))["total"] or 0
+    audited = Counter(
+        AuditEvent.objects.filter(
+            event_type__in=("allocation.created", "job.scheduled")
+        ).values_list("event_type", flat=True)
+    )
+    if (audited["allocation.created"], audited["job.scheduled"]) != (allocations, placements):
+        sys.exit(
+            f"unaudited writes {when}: {allocations} allocations, {placements} placements, "
+            f"audited {dict(audited)}"
+        )
+    print(
+        f"gpuadmin check {when}: all invariants hold; {allocations} allocations and "
+        f"{placements} placements, each audited"
+    )
+
+
+@contextmanager
+def counting_queries(counts: list[int]) -> Iterator[None]:
+    """Append the number of statements run inside to ``counts``."""
+    from django.db import connection
+
+    seen = [0]
+
+    def count(execute, sql, params, many, context):  # noqa: ANN001, ANN202 - Django's hook
+        seen[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        yield
+    counts.append(seen[0])
 
 
 def median_phases(summaries: list[PassSummary]) -> dict[str, float]:
@@ -205,13 +257,14 @@ def main() -> None:
 
         from inventory.models import Gpu
         from scheduling import loop
-        from scheduling.models import Job, JobState, SchedulerSettings
+        from scheduling.models import Job, JobState, PoolPolicy
 
         rng = Random(args.seed)
         started = time.perf_counter()
         hostnames = load_sim_fleet(args.nodes, publish_samples=True)
+        queries: dict[str, list[int]] = {"first pass": [], "blocked": [], "placing": []}
         try:
-            SchedulerSettings.objects.update_or_create(pk=1, defaults={"policy": args.policy})
+            PoolPolicy.objects.update_or_create(pool=None, defaults={"policy": args.policy})
             user_model = get_user_model()
             owners = user_model.objects.bulk_create(
                 user_model(username=f"user{number}") for number in range(OWNERS)
@@ -229,12 +282,17 @@ def main() -> None:
             )
             check_invariants("after set-up")
 
-            first = loop.run_pass()
-            blocked = [loop.run_pass() for _ in range(args.runs)]
+            with counting_queries(queries["first pass"]):
+                first = loop.run_pass()
+            blocked = []
+            for _ in range(args.runs):
+                with counting_queries(queries["blocked"]):
+                    blocked.append(loop.run_pass())
             placing: list[PassSummary] = []
             for _ in range(args.runs):
                 requeue(placing[-1].dispatched if placing else first.dispatched)
-                placing.append(loop.run_pass())
+                with counting_queries(queries["placing"]):
+                    placing.append(loop.run_pass())
             check_invariants("after the passes")
             reasons = Counter(
                 Job.objects.filter(state=JobState.QUEUED).values_list("pending_code", flat=True)
@@ -260,16 +318,25 @@ def main() -> None:
                 for runs in passes.values()
             )
         )
+    print(
+        f"{'queries':26}"
+        + "".join(f"{statistics.median(counts):>14.0f}" for counts in queries.values())
+    )
     print(f"waiting jobs by reason: {dict(reasons.most_common())}")
     placed = statistics.median(s.placed for s in placing)
-    commit_per_job = columns["placing"]["commit"] / placed if placed else 0.0
+    commit_s = columns["placing"]["commit"] / 1000
     print(f"\nload average now {os.getloadavg()[0]:.1f}\n")
     for name, values in (("blocked", columns["blocked"]), ("placing", columns["placing"])):
         print(f"loop_pass_{name}_ms: {values['pass']:.0f} ms")
         for phase in PHASES:
             print(f"loop_pass_{name}_{phase}_ms: {values[phase]:.0f} ms")
-    print(f"loop_commit_per_placement_ms: {commit_per_job:.2f} ms")
     print(f"loop_first_pass_ms: {columns['first pass']['pass']:.0f} ms")
+    print(f"loop_commit_per_placement_ms: {commit_s * 1000 / placed if placed else 0:.2f} ms")
+    print(f"loop_queries_per_placement: {statistics.median(queries['placing']) / placed:.3f}")
+    print(f"placing_pass_per_s: {placed / (columns['placing']['pass'] / 1000):.0f} placements/s")
+    print(f"placements_per_s: {placed / commit_s if commit_s else 0:.0f} placements/s")
+    print(f"blocked_pass_ms: {columns['blocked']['pass']:.0f} ms")
+    print(f"unchanged_rows_written: {sum(s.pending_saved for s in blocked)} rows")
 
 
 if __name__ == "__main__":

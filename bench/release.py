@@ -29,7 +29,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from common import delete_redis_keys, start_gpuadmin, throwaway_database, wait_for
+from common import (
+    delete_redis_keys,
+    process_env,
+    start_worker_and_agent,
+    stop,
+    throwaway_database,
+    wait_for,
+)
 
 QUEUE = f"bench-release-{os.getpid()}"
 HOSTNAME = f"bench-{os.getpid()}-0000"
@@ -55,43 +62,21 @@ def main() -> None:
     os.environ.setdefault("LOG_LEVEL", "warning")
     scratch = Path(tempfile.mkdtemp(prefix="gpuadmin-bench-release-"))
     with throwaway_database("gpuadmin_bench_release") as database_url:
-        from django.conf import settings
         from django.contrib.auth import get_user_model
 
         from gpuadmin.access.models import UnixAccount
-        from gpuadmin.access.nodes import node_token
         from inventory import live
-        from inventory.models import Node
         from scheduling import services
         from scheduling.models import Job, JobState
 
-        env = {
-            **os.environ,
-            "DATABASE_URL": database_url,
-            "REDIS_URL": settings.REDIS_URL,
-            "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
-            "GPUADMIN_DATA_DIR": str(scratch / "data"),
-            "GPUADMIN_SAMPLE_INTERVAL_S": str(args.sample_interval),
-            "GPUADMIN_JOB_KILL_GRACE_S": "2",
-        }
-        processes = [
-            start_gpuadmin(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
-            start_gpuadmin(
-                ["agent", "--node", HOSTNAME, "--sim", MODEL],
-                {**env, "GPUADMIN_NODE_TOKEN": node_token(HOSTNAME, actor_name="bench")},
-                scratch / "agent.log",
-            ),
-        ]
+        env = process_env(
+            database_url,
+            scratch,
+            GPUADMIN_SAMPLE_INTERVAL_S=str(args.sample_interval),
+            GPUADMIN_JOB_KILL_GRACE_S="2",
+        )
+        processes = start_worker_and_agent(env, scratch, HOSTNAME, MODEL)
         try:
-            wait_for(
-                lambda: (
-                    (node := Node.objects.filter(hostname=HOSTNAME).first()) is not None
-                    and node.is_reachable()
-                    and node.gpus.count() == 8
-                ),
-                120,
-                "the agent to register its node",
-            )
             owner = get_user_model().objects.create_user("bench")
             # Its jobs run as this account (an agent running as root starts each job as its
             # owner's, and no Unix account "bench" exists).
@@ -152,10 +137,7 @@ def main() -> None:
             services.cancel_job(running, actor=owner)
             wait_for(lambda: state(running) == JobState.CANCELED, 30, "the last job to end")
         finally:
-            for process in processes:
-                process.terminate()
-            for process in processes:
-                process.wait(timeout=60)
+            stop(processes)
             delete_redis_keys({QUEUE, HOSTNAME})
             shutil.rmtree(scratch, ignore_errors=True)
 

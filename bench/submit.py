@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/submit.py [--configs gthread:3x4 sync:2] [--clients 4 8 16 32]
                                      [--runs 3] [--duration 15] [--warmup 3] [--profile 0]
+                                     [--answers minimal full] [--slurm-clients 1 4] [--no-slurm]
 
 Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
 embedded one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for each
@@ -9,12 +10,25 @@ gunicorn configuration (``sync:W`` = W sync workers, ``gthread:WxT`` = W workers
 starts gunicorn and runs ``--runs`` rounds per client count: each client is a process with one
 keep-alive ``http.client`` connection POSTing submissions for ``--duration`` seconds after
 ``--warmup``. The placement loop does not run (jobs just queue); Redis must be reachable
-(every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s, latency
-percentiles and the server's CPU per job (gunicorn and the PostgreSQL backends, from /proc:
-steadier than jobs/s on a shared host) per setting, medians over the runs, and ends with
+(every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s (accepted
+submissions; refused ones are counted as errors), latency percentiles and the server's CPU per
+job (gunicorn and the PostgreSQL backends; for Slurm slurmctld, slurmrestd and munged; from
+/proc: steadier than jobs/s on a shared host) per setting, medians over the runs, and ends with
 headline lines ``name: value unit`` for the setting with the most jobs/s whose p50 meets the
 20 ms target (else the most jobs/s). ``--profile N`` instead profiles N submissions
 in-process (cProfile over the Django test client, and the SQL queries of one submission).
+
+With ``--slurm`` (the default) the same run also measures Slurm 22.05 on this machine
+(bench/slurm.py: installed from Debian when missing, one node with 8 GPUs as GRES, tuned):
+``sbatch`` (a process per submission) and slurmrestd over a kept-open connection, with
+``--slurm-clients`` clients, held one-GPU jobs, the same rounds, interleaved with gpuadmin's
+(each run measures every setting once, so a shared host's changing load weighs on both alike);
+and prints gpuadmin's best jobs/s at each of those client counts as a ratio to slurmrestd's
+(``submit_vs_slurmrestd_4_clients``; the issue's target is at least 1.0), and the best with the
+whole job as the answer (``submit_full_answer_vs_...``). Each gunicorn configuration is measured
+with each of ``--answers``: ``minimal`` sends ``Prefer: return=minimal`` (RFC 7240: answered
+with the job's id, state and time, as slurmrestd answers with its job id), ``full`` gets the
+whole job (the default answer); a setting is named ``<config> <answer>``.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import http.client
+import itertools
 import json
 import multiprocessing
 import os
@@ -31,12 +46,17 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from common import REPO_DIR, delete_redis_keys, load_sim_fleet, throwaway_database
+from slurm import SlurmClient, SlurmCluster
 
 TARGET_P50_MS = 20  # the issue's latency target
+SLURM = "slurm "  # Slurm's settings: "slurm sbatch", "slurm slurmrestd"
+ANSWERS = ("minimal", "full")  # what a submission asks to be answered with
 # The server's own central queue: the placement_pass messages it sends wake no one's worker
 # (and are deleted at the end).
 QUEUE = f"bench-submit-{os.getpid()}"
@@ -69,8 +89,26 @@ def server_cpu_s(server: Server) -> float:
     """CPU seconds used so far by gunicorn (master and workers) and by the PostgreSQL backends
     of the bench's database: what a submission costs the machine, steadier than jobs/s on a
     shared host (Linux /proc)."""
-    ticks = 0
     database = server.database.encode()
+
+    def ours(pid: int, ppid: int, cmdline: bytes) -> bool:
+        backend = cmdline.startswith(b"postgres:") and database in cmdline
+        return server.process.pid in (pid, ppid) or backend
+
+    return cpu_s(ours)
+
+
+def slurm_cpu_s() -> float:
+    """CPU seconds used so far by Slurm's side of a submission: slurmctld, slurmrestd and
+    munged (the credential of every request)."""
+    names = (b"slurmctld", b"slurmrestd", b"munged")
+    return cpu_s(lambda pid, ppid, cmdline: os.path.basename(cmdline.split(b"\0")[0]) in names)
+
+
+def cpu_s(counted: Callable[[int, int, bytes], bool]) -> float:
+    """CPU seconds (user and system) used so far by the processes for which ``counted(pid,
+    ppid, cmdline)`` holds (Linux /proc)."""
+    ticks = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -83,17 +121,16 @@ def server_cpu_s(server: Server) -> float:
             continue
         # After "pid (comm)": state, ppid, ..., utime and stime are the 12th and 13th.
         fields = stat.rsplit(b")", 1)[1].split()
-        gunicorn = server.process.pid in (int(entry.name), int(fields[1]))
-        backend = cmdline.startswith(b"postgres:") and database in cmdline
-        if gunicorn or backend:
+        if counted(int(entry.name), int(fields[1]), cmdline):
             ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def client(port: int, token: str, measure_from: float, stop_at: float) -> tuple[list[float], int]:
+def client(
+    port: int, headers: dict[str, str], measure_from: float, stop_at: float
+) -> tuple[list[float], int]:
     """One client: POST until ``stop_at``; latencies (s) of requests started after
     ``measure_from``, and how many of those failed."""
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     latencies: list[float] = []
     errors = 0
@@ -114,11 +151,11 @@ def client(port: int, token: str, measure_from: float, stop_at: float) -> tuple[
 
 
 def one_round(
-    server: Server, token: str, clients: int, warmup_s: float, duration_s: float
+    server: Server, headers: dict[str, str], clients: int, warmup_s: float, duration_s: float
 ) -> Round:
     start = time.monotonic() + 0.5  # let the processes start
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
-    arguments = [(server.port, token, measure_from, stop_at)] * clients
+    arguments = [(server.port, headers, measure_from, stop_at)] * clients
     with multiprocessing.get_context("fork").Pool(clients) as pool:
         pending = pool.starmap_async(client, arguments)
         time.sleep(max(0.0, measure_from - time.monotonic()))
@@ -126,20 +163,78 @@ def one_round(
         time.sleep(max(0.0, stop_at - time.monotonic()))
         cpu_s = server_cpu_s(server) - cpu_from
         results = pending.get()
+    return summarize(results, duration_s, cpu_s)
+
+
+def summarize(results: list[tuple[list[float], int]], duration_s: float, cpu_s: float) -> Round:
+    """The clients' latencies and errors as one round's figures."""
     latencies = sorted(latency for part, _ in results for latency in part)
-    if not latencies:
-        sys.exit("no request completed")
+    errors = sum(errors for _, errors in results)
+    accepted = len(latencies) - errors  # jobs/s and CPU per job count accepted jobs only
+    if not accepted:
+        sys.exit("no submission was accepted")
 
     def percentile(q: float) -> float:
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000
 
     return Round(
-        jobs_per_s=len(latencies) / duration_s,
+        jobs_per_s=accepted / duration_s,
         p50_ms=percentile(0.50),
         p95_ms=percentile(0.95),
         p99_ms=percentile(0.99),
-        cpu_ms_per_job=cpu_s * 1000 / len(latencies),
-        errors=sum(errors for _, errors in results),
+        cpu_ms_per_job=cpu_s * 1000 / accepted,
+        errors=errors,
+    )
+
+
+def slurm_client(
+    slurm: SlurmClient, way: str, measure_from: float, stop_at: float
+) -> tuple[list[float], int]:
+    """One Slurm client (``sbatch``: a process per submission, as a shell loop runs it;
+    ``slurmrestd``: one kept-open connection), submitting held one-GPU ``true`` jobs."""
+    connection = slurm.connect() if way == "slurmrestd" else None
+    latencies: list[float] = []
+    errors = 0
+    while (started := time.monotonic()) < stop_at:
+        try:
+            if connection is None:
+                slurm.sbatch(["--hold", "--gres=gpu:1", "--wrap", "true"])
+            else:
+                slurm.rest_submit(connection, hold=True)
+            ok = True
+        except (subprocess.CalledProcessError, RuntimeError, OSError, http.client.HTTPException):
+            ok = False
+        if started >= measure_from:
+            latencies.append(time.monotonic() - started)
+            errors += not ok
+    return latencies, errors
+
+
+def slurm_round(
+    slurm: SlurmCluster, way: str, clients: int, warmup_s: float, duration_s: float
+) -> Round:
+    start = time.monotonic() + 0.5
+    measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
+    with multiprocessing.get_context("fork").Pool(clients) as pool:
+        arguments = [(slurm.client(), way, measure_from, stop_at)] * clients
+        pending = pool.starmap_async(slurm_client, arguments)
+        time.sleep(max(0.0, measure_from - time.monotonic()))
+        cpu_from = slurm_cpu_s()
+        time.sleep(max(0.0, stop_at - time.monotonic()))
+        cpu_s = slurm_cpu_s() - cpu_from
+        results = pending.get()
+    slurm.cancel_all()  # the next round starts from an empty queue, as gpuadmin's do not
+    return summarize(results, duration_s, cpu_s)
+
+
+def median_round(rounds: list[Round]) -> Round:
+    return Round(
+        jobs_per_s=statistics.median(r.jobs_per_s for r in rounds),
+        p50_ms=statistics.median(r.p50_ms for r in rounds),
+        p95_ms=statistics.median(r.p95_ms for r in rounds),
+        p99_ms=statistics.median(r.p99_ms for r in rounds),
+        cpu_ms_per_job=statistics.median(r.cpu_ms_per_job for r in rounds),
+        errors=sum(r.errors for r in rounds),
     )
 
 
@@ -213,16 +308,66 @@ def profile(token: str, submissions: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
 
 
+def print_row(config: str, clients: int, median: Round) -> None:
+    print(
+        f"{config:<18}{clients:>8}{median.jobs_per_s:>9.0f}"
+        f"{median.p50_ms:>9.1f}{median.p95_ms:>9.1f}{median.p99_ms:>9.1f}"
+        + (f"{median.cpu_ms_per_job:>12.2f}" if median.cpu_ms_per_job else f"{'-':>12}")
+        + (f"  ({median.errors} errors)" if median.errors else ""),
+        flush=True,
+    )
+
+
+def measure(
+    args: argparse.Namespace, servers: dict[str, Server], token: str, slurm: SlurmCluster | None
+) -> dict[tuple[str, int], list[Round]]:
+    """Every setting's rounds, keyed by (gunicorn config or ``slurm <way>``, clients). The
+    runs interleave: each measures every setting once, gpuadmin's and Slurm's in turn, so
+    that a shared host's changing load weighs on all of them alike."""
+    rounds: dict[tuple[str, int], list[Round]] = {}
+    for run in range(args.runs):
+        print(f"run {run + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})", flush=True)
+        for (config, server), answer in itertools.product(servers.items(), args.answers):
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            if answer == "minimal":
+                headers["Prefer"] = "return=minimal"
+            for clients in args.clients:
+                found = one_round(server, headers, clients, args.warmup, args.duration)
+                rounds.setdefault((f"{config} {answer}", clients), []).append(found)
+        if slurm is None:
+            continue
+        for way in ("sbatch", "slurmrestd"):
+            for clients in args.slurm_clients:
+                found = slurm_round(slurm, way, clients, args.warmup, args.duration)
+                rounds.setdefault((SLURM + way, clients), []).append(found)
+    return rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # gthread:3x4 is what `gpuadmin serve` runs by default (WEB_CONCURRENCY=3, WEB_THREADS=4).
     parser.add_argument("--configs", nargs="+", default=["gthread:3x4", "sync:2"])
-    parser.add_argument("--clients", nargs="+", type=int, default=[4, 8, 16, 32])
+    parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=15.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--profile", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--slurm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure Slurm 22.05 (installed from Debian when missing) in the same run",
+    )
+    parser.add_argument("--slurm-clients", nargs="+", type=int, default=[1, 4])
+    parser.add_argument(
+        "--answers",
+        nargs="+",
+        choices=ANSWERS,
+        default=list(ANSWERS),
+        help="minimal: Prefer: return=minimal, answered with the job's id, state and time (as "
+        "slurmrestd answers with the job's id); full: answered with the whole job",
+    )
     args = parser.parse_args()
 
     with throwaway_database("gpuadmin_bench_submit") as database_url:
@@ -242,39 +387,29 @@ def main() -> None:
             f"{os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}); {args.nodes} "
             f"nodes; {args.runs} runs of {args.duration:g} s after {args.warmup:g} s warm-up"
         )
-        print(
-            f"{'config':<14}{'clients':>8}{'jobs/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
-            f"{'CPU ms/job':>12}"
-        )
-        results: list[tuple[str, int, Round]] = []
-        for config in args.configs:
-            server = start_server(config, urlsplit(database_url).path.lstrip("/"))
-            try:
-                for clients in args.clients:
-                    rounds = [
-                        one_round(server, token, clients, args.warmup, args.duration)
-                        for _ in range(args.runs)
-                    ]
-                    median = Round(
-                        jobs_per_s=statistics.median(r.jobs_per_s for r in rounds),
-                        p50_ms=statistics.median(r.p50_ms for r in rounds),
-                        p95_ms=statistics.median(r.p95_ms for r in rounds),
-                        p99_ms=statistics.median(r.p99_ms for r in rounds),
-                        cpu_ms_per_job=statistics.median(r.cpu_ms_per_job for r in rounds),
-                        errors=sum(r.errors for r in rounds),
-                    )
-                    print(
-                        f"{config:<14}{clients:>8}{median.jobs_per_s:>9.0f}"
-                        f"{median.p50_ms:>9.1f}{median.p95_ms:>9.1f}{median.p99_ms:>9.1f}"
-                        f"{median.cpu_ms_per_job:>12.2f}"
-                        + (f"  ({median.errors} errors)" if median.errors else ""),
-                        flush=True,
-                    )
-                    results.append((config, clients, median))
-            finally:
+        database = urlsplit(database_url).path.lstrip("/")
+        servers: dict[str, Server] = {}
+        try:
+            with SlurmCluster(tuned=True) if args.slurm else nullcontext() as slurm:
+                for config in args.configs:
+                    servers[config] = start_server(config, database)
+                rounds = measure(args, servers, token, slurm)
+        finally:
+            for server in servers.values():
                 server.process.terminate()
                 server.process.wait(timeout=30)
-                delete_redis_keys({QUEUE})
+            delete_redis_keys({QUEUE})
+        medians = {setting: median_round(found) for setting, found in rounds.items()}
+        print(
+            f"\n{'config':<18}{'clients':>8}{'jobs/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+            f"{'CPU ms/job':>12}"
+        )
+        for (setting, clients), median in medians.items():
+            print_row(setting, clients, median)
+        results = [(c, n, r) for (c, n), r in medians.items() if not c.startswith(SLURM)]
+        slurm_figures = {
+            (c.removeprefix(SLURM), n): r for (c, n), r in medians.items() if c.startswith(SLURM)
+        }
         # The operating point: the most jobs/s with p50 within the target, else the most jobs/s.
         within = [r for r in results if r[2].p50_ms <= TARGET_P50_MS] or results
         config, clients, median = max(within, key=lambda r: r[2].jobs_per_s)
@@ -289,6 +424,19 @@ def main() -> None:
         print(f"submit_latency_p95: {median.p95_ms:.1f} ms")
         print(f"submit_latency_p99: {median.p99_ms:.1f} ms")
         print(f"submit_server_cpu_per_job: {median.cpu_ms_per_job:.2f} ms")
+        for (way, clients), figures in slurm_figures.items():
+            print(f"slurm_{way}_{clients}_clients: {figures.jobs_per_s:.0f} jobs/s")
+        for clients in args.slurm_clients:
+            theirs = slurm_figures.get(("slurmrestd", clients))
+            ours = [(c, r) for c, n, r in results if n == clients]
+            if not (ours and theirs):
+                continue
+            best = max(r.jobs_per_s for _, r in ours)
+            print(f"submit_vs_slurmrestd_{clients}_clients: {best / theirs.jobs_per_s:.2f} x")
+            full = [r.jobs_per_s for c, r in ours if c.endswith(" full")]
+            if full:
+                ratio = max(full) / theirs.jobs_per_s
+                print(f"submit_full_answer_vs_slurmrestd_{clients}_clients: {ratio:.2f} x")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import functools
 import logging
 from typing import Any, ClassVar
 
-from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLResolver, get_resolver
@@ -20,6 +20,7 @@ from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
+from rest_framework.utils.serializer_helpers import BindingDict
 
 from gpuadmin.parsers import RequestTooLarge
 from gpuadmin.text import is_api_view
@@ -81,6 +82,66 @@ class Serializer(PrototypeFieldsMixin, serializers.Serializer):
 
 class ModelSerializer(PrototypeFieldsMixin, serializers.ModelSerializer):
     """``serializers.ModelSerializer`` with fields built once per class."""
+
+
+class NoContext(dict[str, Any]):
+    """The context of a ``SharedFieldsSerializer``'s fields: any use of it is an error."""
+
+    def __missing__(self, key: str) -> Any:
+        raise ImproperlyConfigured(
+            f"a SharedFieldsSerializer's fields have no context (asked for {key!r}): make "
+            "the serializer an api.Serializer"
+        )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key]
+
+
+class SharedFieldsSerializer(Serializer):
+    """A ``Serializer`` whose fields are bound once per class and shared by its instances.
+
+    Even as copies of prototypes, binding fields to each instance is half the cost of
+    validating a job submission. Sharing them is safe for serializers whose fields read nothing
+    from the serializer they are bound to: not its ``context`` (an error here: ``NoContext``),
+    its instance or validators needing either; and never ``partial`` (refused). Not for nesting
+    in another serializer. The serializer's own methods (``validate_<field>``, ``create``,
+    ``to_representation``) are the instance's as usual."""
+
+    _shared_fields: ClassVar[BindingDict]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("partial"):
+            raise ImproperlyConfigured(f"{type(self).__name__} cannot validate partially")
+        super().__init__(*args, **kwargs)
+
+    @property
+    def fields(self) -> BindingDict:
+        cls = type(self)
+        shared = cls.__dict__.get("_shared_fields")
+        if shared is None:  # two threads may both bind them: equal fields either way
+            owner = serializers.Serializer.__new__(cls)
+            serializers.Serializer.__init__(owner, context=NoContext())
+            shared = BindingDict(owner)
+            for name, field in self.get_fields().items():
+                shared[name] = field
+            cls._shared_fields = shared
+        return shared
+
+
+# --------------------------------------------------------------------------- preferences
+
+# RFC 7240's answer to ``Prefer: return=minimal``: the server says it applied the preference.
+MINIMAL_APPLIED = {"Preference-Applied": "return=minimal"}
+
+
+def prefers_minimal(request: HttpRequest) -> bool:
+    """Whether the request carries RFC 7240's ``Prefer: return=minimal``: answer a write with
+    what the client cannot know (a new job's id, state and time), not the whole object."""
+    preferences = request.headers.get("Prefer", "")
+    return any(
+        preference.split(";")[0].replace(" ", "").lower() == "return=minimal"
+        for preference in preferences.split(",")
+    )
 
 
 # --------------------------------------------------------------------------- errors

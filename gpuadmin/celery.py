@@ -12,5 +12,7 @@ app = Celery("gpuadmin")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-# Tasks carry the request id of what sent them (the audit log's ``request_id``).
+# Workers keep their database connections between tasks (DATABASE_CONN_MAX_AGE); tasks carry
+# the request id of what sent them (the audit log's ``request_id``).
+import gpuadmin.celery_db  # noqa: E402, F401
 import gpuadmin.request_id  # noqa: E402, F401

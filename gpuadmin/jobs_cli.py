@@ -125,6 +125,13 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "working_dir": args.workdir,
         "container_image": args.image,
         "hold": args.hold or None,
+        "pool": args.pool,
+        "mig_profile": args.mig,
+        "mps_percent": args.mps,
+        "mps_memory_mib": args.mps_memory,
+        "reservation": args.reservation,
+        "dependency": args.dependency,
+        "array": args.array,
     }
     body = {
         # With --shell the words are one shell command line (``&&``, ``$VAR`` and all).
@@ -132,19 +139,52 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "use_shell": args.shell,
         **{name: value for name, value in options.items() if value is not None},
     }
-    job = api.call("POST", "/queue/submit", body)
-    print(f"job {job['id']} submitted: {job['state']} ({_needs(job)})", file=out)
-    print(f"  gpuadmin jobs show {job['id']}   # where it runs, or why it waits", file=out)
+    submitted = api.call("POST", "/queue/submit", body)
+    if args.array:
+        ids = submitted["task_ids"]
+        cap = submitted["max_running"]
+        print(
+            f"array {submitted['id']} submitted: {submitted['size']} tasks, jobs "
+            f"{ids[0]}-{ids[-1]}" + (f", at most {cap} at once" if cap else ""),
+            file=out,
+        )
+        print(f"  gpuadmin jobs array {submitted['id']}   # its tasks by state", file=out)
+        return 0
+    print(f"job {submitted['id']} submitted: {submitted['state']} ({_needs(submitted)})", file=out)
+    print(f"  gpuadmin jobs show {submitted['id']}   # where it runs, or why it waits", file=out)
+    return 0
+
+
+def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    """A job array's tasks by state; with ``--cancel``, cancel its unfinished tasks."""
+    path = f"/api/v1/arrays/{args.array_id}/"
+    if args.cancel:
+        result = api.call("POST", path + "cancel/")
+        print(
+            f"array {args.array_id}: {len(result['canceled'])} tasks canceled, "
+            f"{len(result['canceling'])} stopping through their agents",
+            file=out,
+        )
+        return 0
+    array = api.call("GET", path)
+    cap = f", at most {array['max_running']} at once" if array["max_running"] else ""
+    print(
+        f"array {array['id']} [{array['spec']}] ({array['owner']}): {array['size']} tasks{cap}",
+        file=out,
+    )
+    for state, count in array["tasks"].items():
+        print(f"  {state + ':':<11}{count}", file=out)
+    print(f"  gpuadmin jobs list --array {array['id']}   # the tasks", file=out)
     return 0
 
 
 def cmd_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     states = args.state or (None if args.all else list(ACTIVE_STATES))
-    page = api.call("GET", "/api/v1/jobs/", state=states, limit=args.limit)
+    page = api.call("GET", "/api/v1/jobs/", state=states, limit=args.limit, array=args.array)
     rows = [("ID", "STATE", "PRIORITY", "GPUS", "OWNER", "NAME", "WHERE / WHY")]
     rows += [
         (
-            str(job["id"]),
+            str(job["id"]) + (f" ({job['array']}_{job['array_index']})" if job["array"] else ""),
             job["state"],
             job["priority"],
             str(job["gpu_count"] * job["node_count"]),
@@ -174,7 +214,15 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     command = job["command"][0] if job["use_shell"] else shlex.join(job["command"])
-    facts = [("command", command), ("needs", _needs(job)), ("submitted", job["submitted_at"])]
+    facts = [
+        ("command", command),
+        ("needs", _needs(job)),
+        ("pool", job["pool"]),
+        ("reservation", job["reservation"]),
+        ("array", job["array"] and f"{job['array']}, task {job['array_index']}"),
+        ("depends on", ", ".join(_dependency(d) for d in job["dependencies"])),
+        ("submitted", job["submitted_at"]),
+    ]
     if job["state"] in ("pending", "queued"):
         reason = job["pending_reason"] or (
             "held (submitted with hold): the scheduler leaves it alone"
@@ -199,6 +247,11 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("finished", job["finished_at"]),
         ("exit code", job["exit_code"]),
         ("message", job["message"]),
+        (
+            "borrowed",
+            "yes: over its quota on idle GPUs, reclaimed first" if job["borrowed"] else "",
+        ),
+        ("preempted by", job["preempted_by"] and f"job {job['preempted_by']}"),
     ]
     for label, value in facts:
         if value not in (None, ""):
@@ -262,7 +315,17 @@ def new_lines(previous: list[str], current: list[str]) -> list[str]:
     return current
 
 
+def _dependency(dependency: dict[str, Any]) -> str:
+    held = {True: "holds", False: "never holds", None: "pending"}[dependency["satisfied"]]
+    return f"{dependency['kind']}:{dependency['job']} ({dependency['state']}, {held})"
+
+
 def _needs(job: dict[str, Any]) -> str:
+    if job.get("mig_profile"):
+        return f"MIG device {job['mig_profile']}"
+    if job.get("mps_percent") is not None:
+        memory = f", {job['mps_memory_mib']} MiB" if job.get("mps_memory_mib") else ""
+        return f"MPS share {job['mps_percent']}% of SMs{memory}"
     parts = [f"{job['gpu_count']} GPU(s) x {job['node_count']} node(s)"]
     if job["gpu_model"]:
         parts.append(job["gpu_model"])
@@ -324,6 +387,17 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--image", metavar="IMAGE", help="run in this container image")
     submit.add_argument("--hold", action="store_true", help="store it held (pending)")
+    submit.add_argument("--pool", help="run on this pool's GPUs (default: the GPUs in no pool)")
+    submit.add_argument("--mig", metavar="PROFILE", help="one MIG device, e.g. 1g.10gb")
+    submit.add_argument("--mps", type=int, metavar="PERCENT", help="an MPS share: % of SMs")
+    submit.add_argument("--mps-memory", type=int, metavar="MIB", help="its memory limit")
+    submit.add_argument("--reservation", type=int, metavar="ID", help="run in your reservation")
+    submit.add_argument(
+        "--dependency", metavar="SPEC", help="as Slurm's: afterok:12:13,afterany:14,afternotok:15"
+    )
+    submit.add_argument(
+        "--array", metavar="SPEC", help="a job array, as Slurm's: 0-999%%50, 1,3,5-9, 0-15:4"
+    )
     submit.add_argument("--shell", action="store_true", help="run CMD through /bin/sh -c")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     submit.set_defaults(run=_run(cmd_submit))
@@ -332,11 +406,17 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     listing.add_argument("--state", action="append", choices=STATES, help="repeatable")
     listing.add_argument("--all", action="store_true", help="finished jobs too")
     listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--array", type=int, metavar="ID", help="the tasks of this job array")
     listing.set_defaults(run=_run(cmd_list))
 
     show = actions.add_parser("show", help="a job: where it runs, or why it is pending")
     show.add_argument("job_id", type=int)
     show.set_defaults(run=_run(cmd_show))
+
+    array = actions.add_parser("array", help="a job array's tasks by state (or --cancel it)")
+    array.add_argument("array_id", type=int)
+    array.add_argument("--cancel", action="store_true", help="cancel its unfinished tasks")
+    array.set_defaults(run=_run(cmd_array))
 
     cancel = actions.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)

@@ -47,7 +47,8 @@ def encoding(parser_context: Mapping[str, Any] | None) -> str:
 
 
 class FormParser(parsers.FormParser):
-    """DRF's, reading at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (more is a 413)."""
+    """DRF's, reading at most ``DATA_UPLOAD_MAX_MEMORY_SIZE`` bytes (more is a 413), refusing
+    text PostgreSQL cannot store (a 400 naming the field)."""
 
     def parse(
         self,
@@ -55,7 +56,28 @@ class FormParser(parsers.FormParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> _ImmutableQueryDict:
-        return QueryDict(read_body(stream), encoding=encoding(parser_context))
+        data = QueryDict(read_body(stream), encoding=encoding(parser_context))
+        check_form(data)
+        return data
+
+
+class MultiPartParser(parsers.MultiPartParser):
+    """DRF's, refusing field text PostgreSQL cannot store (a 400 naming the field)."""
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> parsers.DataAndFiles:
+        parsed = super().parse(stream, media_type, parser_context)
+        check_form(parsed.data)
+        return parsed
+
+
+def check_form(data: QueryDict) -> None:
+    """``check_json``'s text rule for a form: every name and value as a JSON object's."""
+    check_json({name: data.getlist(name) for name in data})
 
 
 class JSONParser(parsers.JSONParser):

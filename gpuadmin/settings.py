@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,9 @@ GPUADMIN_GPU_RESET = env_choice("GPUADMIN_GPU_RESET", ("auto", "on", "off"), "au
 # Scheduling: beat's backstop placement pass (passes also run on every submit/finish), and how
 # node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
 GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
+GPUADMIN_ACCOUNTING_INTERVAL_S = env_int("GPUADMIN_ACCOUNTING_INTERVAL_S", 300, minimum=10)
+# How long a MIG re-layout waits for the GPU's jobs to end before it gives up (rolled back).
+GPUADMIN_MIG_RELAYOUT_DRAIN_S = env_int("GPUADMIN_MIG_RELAYOUT_DRAIN_S", 86400, minimum=60)
 GPUADMIN_JOB_KILL_GRACE_S = env_int("GPUADMIN_JOB_KILL_GRACE_S", 10, minimum=0)
 GPUADMIN_JOB_LOG_MAX_BYTES = env_int("GPUADMIN_JOB_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
 GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
@@ -236,7 +240,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": [
         "gpuadmin.parsers.JSONParser",
         "gpuadmin.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "gpuadmin.parsers.MultiPartParser",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -256,6 +260,10 @@ SPECTACULAR_SETTINGS = {
         "GpuStateEnum": "inventory.choices.GpuState",
         "GpuMaintenanceStateEnum": "inventory.api.serializers.GPU_MAINTENANCE_STATES",
     },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",  # the default
+        "scheduling.api.schema.submissions_any_of",
+    ],
 }
 
 CELERY_BROKER_URL = _redis_url
@@ -268,6 +276,9 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_ACKS_LATE = True
+# Celery closes a worker's database connections around every task unless this is set; they
+# live for DATABASE_CONN_MAX_AGE instead, checked around each task (gpuadmin/celery_db.py).
+CELERY_DB_REUSE_MAX = sys.maxsize
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
@@ -277,6 +288,23 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(GPUADMIN_PLACEMENT_INTERVAL_S),
         "options": {"expires": float(GPUADMIN_PLACEMENT_INTERVAL_S)},
     },
+}
+CELERY_BEAT_SCHEDULE["scheduling-account-usage"] = {
+    "task": "scheduling.account_usage",
+    "schedule": float(GPUADMIN_ACCOUNTING_INTERVAL_S),
+    "options": {"expires": float(GPUADMIN_ACCOUNTING_INTERVAL_S)},
+}
+# MIG re-layouts step on (scheduling.relayout.advance_open); agents' job reports wake it too.
+CELERY_BEAT_SCHEDULE["scheduling-advance-relayouts"] = {
+    "task": "scheduling.advance_relayouts",
+    "schedule": 10.0,
+    "options": {"expires": 10.0},
+}
+# Ends reservations, releases unused ones (scheduling.reservations.sweep).
+CELERY_BEAT_SCHEDULE["scheduling-sweep-reservations"] = {
+    "task": "scheduling.sweep_reservations",
+    "schedule": 60.0,
+    "options": {"expires": 60.0},
 }
 # --- health: periodic tasks on the central worker
 CELERY_BEAT_SCHEDULE["health-review-quarantines"] = {

@@ -16,6 +16,7 @@ from gpuadmin.admin_actions import reason_action
 from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES
 from inventory.models import (
     CATALOG_FIELDS,
+    GPU_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     GpuLink,
@@ -153,15 +154,16 @@ class GpuAdmin(AuditedCatalogAdmin):
         "name",
         "state",
         "mig_enabled",
+        "mps_shared",
         "label",
         "pool",
         "missing_since",
     )
-    list_filter = ("node", "name", "state", "pool", "mig_enabled", MissingFilter)
+    list_filter = ("node", "name", "state", "pool", "mig_enabled", "mps_shared", MissingFilter)
     list_select_related = ("node", "pool")
     search_fields = ("uuid", "serial", "node__hostname", "label")
     readonly_fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS)
-    fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS, *CATALOG_FIELDS)
+    fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS, *GPU_CATALOG_FIELDS)
     inlines = [MigInstanceInline]
     actions = state_actions(set_gpu_state, MAINTENANCE_GPU_STATES, "GPUs")
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from gpuadmin.filters import SuggestInput, distinct_values
 from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, MigInstance, Node, Pool
 from inventory.occupancy import Occupancy
-from inventory.querysets import GpuQuerySet
+from inventory.querysets import GpuQuerySet, pool_is
 
 
 class NodeFilterSet(django_filters.FilterSet):
@@ -99,11 +99,7 @@ class GpuFilterSet(django_filters.FilterSet):
     def filter_pool(self, queryset: QuerySet[Gpu], name: str, value: Any) -> QuerySet:
         if value in (None, ""):
             return queryset
-        key = "name" if name == "pool" else "pk"
-        # A GPU without a pool of its own belongs to its node's pool.
-        return queryset.filter(
-            Q(**{f"pool__{key}": value}) | Q(pool__isnull=True, **{f"node__pool__{key}": value})
-        )
+        return queryset.filter(pool_is(**{"name" if name == "pool" else "pk": value}))
 
     def filter_missing(self, queryset: QuerySet[Gpu], name: str, value: bool | None) -> QuerySet:
         if value is None:

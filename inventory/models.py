@@ -38,6 +38,8 @@ class Pool(models.Model):
 
 
 CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
+# A GPU's catalog adds how it is shared (``Gpu.mps_shared``).
+GPU_CATALOG_FIELDS = (*CATALOG_FIELDS, "mps_shared")
 # Sizes of the free-form catalog fields; the admin and the API refuse more (a 400 naming it).
 MAX_NOTES_CHARS = 10_000
 # Why a node or GPU is in its state (an admin's reason, a health policy's finding).
@@ -187,6 +189,10 @@ class Gpu(CatalogFields, StateFields):
     mig_enabled = models.BooleanField("MIG enabled", default=False)
     mig_pending_enabled = models.BooleanField("MIG enabled after reset", default=False)
     error_message = models.TextField(blank=True)
+    # Catalog (people's): shared by MPS, so only MPS shares of it are given, never the whole.
+    mps_shared = models.BooleanField(
+        "MPS shared", default=False, help_text="Jobs get MPS shares of it, never the whole GPU."
+    )
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
     missing_since = models.DateTimeField(null=True, blank=True)
@@ -228,6 +234,7 @@ class Gpu(CatalogFields, StateFields):
             missing=self.is_missing,
             error_message=self.error_message,
             mig_enabled=self.mig_enabled,
+            mps_shared=self.mps_shared,
             sample=sample,
             allocated=allocated,
         )

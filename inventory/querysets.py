@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from inventory import live, usability
@@ -26,6 +28,21 @@ class NodeQuerySet(models.QuerySet):
         return self.exclude(last_heartbeat_at__gte=heartbeat_cutoff(now))
 
 
+def pool_name() -> Coalesce:
+    """The name of the pool a GPU belongs to: its own pool, else its node's (NULL: none)."""
+    return Coalesce("pool__name", "node__pool__name")
+
+
+def pool_is(**lookup: object) -> Q:
+    """GPUs whose pool matches ``lookup`` (Pool's fields, e.g. ``name="a100"``; nothing: the
+    GPUs in no pool), their own pool or, when they have none, their node's."""
+    if not lookup:
+        return Q(pool__isnull=True, node__pool__isnull=True)
+    own = {f"pool__{field}": value for field, value in lookup.items()}
+    node = {f"node__pool__{field}": value for field, value in lookup.items()}
+    return Q(**own) | Q(pool__isnull=True, **node)
+
+
 class GpuQuerySet(models.QuerySet):
     def present(self) -> GpuQuerySet:
         """GPUs the last scan of their node saw."""
@@ -39,13 +56,14 @@ class GpuQuerySet(models.QuerySet):
 
     def schedulable(self, now: datetime | None = None) -> GpuQuerySet:
         """GPUs whose stored rows give no reason they cannot take a whole-GPU job
-        (``usability.stored_unusable``): present, available, error-free, not in MIG mode, on
-        online nodes whose agent is reachable. The live sample may still refuse them
-        (``free``, ``usability.sample_unusable``)."""
+        (``usability.stored_unusable``): present, available, error-free, neither in MIG mode
+        nor shared through MPS, on online nodes whose agent is reachable. The live sample may
+        still refuse them (``free``, ``usability.sample_unusable``)."""
         return self.present().filter(
             state=GpuState.AVAILABLE,
             error_message="",
             mig_enabled=False,
+            mps_shared=False,
             node__state=NodeState.ONLINE,
             node__last_heartbeat_at__gte=heartbeat_cutoff(now),
         )

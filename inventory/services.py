@@ -25,6 +25,7 @@ from inventory.choices import GpuState, NvmlBackend
 from inventory.discovery import GPU_FIELDS, LinkKey, NicKey, StoredGpu, SyncPlan, plan_sync
 from inventory.models import (
     CATALOG_FIELDS,
+    GPU_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     GpuLink,
@@ -436,11 +437,14 @@ def _announcing_schedulable(gpus: GpuQuerySet) -> Iterator[None]:
 
 
 def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> bool:
-    """Write people-owned fields (``CATALOG_FIELDS``) of a node or GPU under a row lock and
-    audit ``<model>.catalog_changed`` with what actually changed; other keys are ignored.
-    ``row`` gets the stored values; ``False`` when nothing changed."""
-    names = [name for name in CATALOG_FIELDS if name in changes]
+    """Write people-owned fields (``CATALOG_FIELDS``; a GPU's ``GPU_CATALOG_FIELDS``) of a
+    node or GPU under a row lock and audit ``<model>.catalog_changed`` with what actually
+    changed; other keys are ignored. ``row`` gets the stored values; ``False`` when nothing
+    changed. A GPU no longer shared through MPS is announced schedulable."""
+    editable = GPU_CATALOG_FIELDS if isinstance(row, Gpu) else CATALOG_FIELDS
+    names = [name for name in editable if name in changes]
     model = type(row)
+    gpus = Gpu.objects.filter(pk=row.pk) if isinstance(row, Gpu) else Gpu.objects.none()
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=row.pk)
         before = _catalog_values(locked, names)
@@ -449,7 +453,8 @@ def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> 
         after = _catalog_values(locked, names)
         changed = [name for name in names if before[name] != after[name]]
         if changed:
-            locked.save(update_fields=changed)
+            with _announcing_schedulable(gpus):
+                locked.save(update_fields=changed)
             record(
                 f"{model._meta.model_name}.catalog_changed",
                 actor=actor,
@@ -503,7 +508,12 @@ class AgentTimedOut(TimeoutError):
 
 
 def create_mig_instance(
-    gpu: Gpu, profile_name: str, *, actor: User, placement_start: int | None = None
+    gpu: Gpu,
+    profile_name: str,
+    *,
+    actor: User | None = None,
+    actor_name: str | None = None,
+    placement_start: int | None = None,
 ) -> list[MigInstance]:
     """Create a ``profile_name`` GPU instance (at ``placement_start``, or where NVML chooses)
     with its full-size compute instance on ``gpu``, through its node's agent.
@@ -511,8 +521,8 @@ def create_mig_instance(
     Refuses (``MigChangeRefused``) before sending anything unless the GPU is present and
     MIG-enabled, its node reachable and it runs no work; the node's NVML may refuse too (no
     room, unknown profile, ...). Waits ``MIG_TASK_TIMEOUT_S`` (``AgentTimedOut``). Applies
-    the node's fresh scan and audits ``gpu.mig_instance_created`` as ``actor``. Returns the
-    GPU's MIG instances after the change.
+    the node's fresh scan and audits ``gpu.mig_instance_created`` as ``actor`` (or the system
+    actor ``actor_name``). Returns the GPU's MIG instances after the change.
     """
     gpu = _check_mig_change(gpu)
     before = _mig_rows(gpu)
@@ -523,6 +533,7 @@ def create_mig_instance(
         record(
             "gpu.mig_instance_created",
             actor=actor,
+            actor_name=actor_name,
             target=gpu,
             target_id=gpu.uuid,
             before={"mig_instances": before},
@@ -538,7 +549,9 @@ def create_mig_instance(
     return _apply_mig_outcome(gpu, outcome, audit)
 
 
-def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: User) -> list[MigInstance]:
+def destroy_mig_instance(
+    gpu: Gpu, gi_id: int, *, actor: User | None = None, actor_name: str | None = None
+) -> list[MigInstance]:
     """Destroy GPU instance ``gi_id`` of ``gpu`` (its compute instances first) through its
     node's agent; same refusals, timeout and auditing (``gpu.mig_instance_destroyed``) as
     ``create_mig_instance``. Returns the GPU's MIG instances after the change."""
@@ -553,6 +566,7 @@ def destroy_mig_instance(gpu: Gpu, gi_id: int, *, actor: User) -> list[MigInstan
         record(
             "gpu.mig_instance_destroyed",
             actor=actor,
+            actor_name=actor_name,
             target=gpu,
             target_id=gpu.uuid,
             before={"gi_id": gi_id, "profile_name": profile_name, "mig_instances": before},

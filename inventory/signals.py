@@ -4,10 +4,10 @@ imports none of them; they connect receivers here, in their ``AppConfig.ready``)
 from django.dispatch import Signal
 
 # Sent (``sender=Gpu``, ``gpu_ids``: sorted primary keys) once a committed change has made
-# GPUs schedulable as whole GPUs (``Gpu.objects.schedulable()``, not in MIG mode) that were
-# not: a node or GPU set back to online/available, a silent node heard from again, GPUs that
-# appeared, came back, recovered from an error or left MIG mode. Never sent for a change that
-# rolled back, nor for one that only takes GPUs away.
+# GPUs schedulable as whole GPUs (``Gpu.objects.schedulable()``, not in MIG mode nor shared
+# through MPS) that were not: a node or GPU set back to online/available, a silent node heard
+# from again, GPUs that appeared, came back, recovered from an error, left MIG mode or MPS.
+# Never sent for a change that rolled back, nor for one that only takes GPUs away.
 gpus_became_schedulable = Signal()
 
 # Sent (``sender=Gpu``, ``gpu``: the GPU as stored now) with ``send`` before a MIG change is

@@ -34,6 +34,7 @@ class Reason(StrEnum):
     DEGRADED = "degraded"  # fenced by a health policy (a fault, heat, an ECC rate)
     DRAINING = "draining"  # the node or the GPU
     MIG = "mig"  # MIG mode: only slices can be given, never the whole GPU
+    MPS = "mps"  # shared through MPS: only shares can be given, never the whole GPU
     FOREIGN_PROCESS = "foreign-process"  # work that no allocation accounts for
 
 
@@ -51,6 +52,7 @@ def stored_unusable(
     missing: bool,
     error_message: str,
     mig_enabled: bool,
+    mps_shared: bool = False,
 ) -> Unusable | None:
     """The reason the stored rows give (``Gpu.objects.schedulable()`` is exactly these GPUs
     minus the ones with a reason), first match wins."""
@@ -74,6 +76,8 @@ def stored_unusable(
         return Unusable(Reason.DRAINING, f"the GPU is {gpu_state}")
     if mig_enabled:
         return Unusable(Reason.MIG, "it is in MIG mode: only its MIG slices can be given")
+    if mps_shared:
+        return Unusable(Reason.MPS, "it is shared through MPS: only shares of it can be given")
     return None
 
 
@@ -101,6 +105,7 @@ def why_unusable(
     mig_enabled: bool,
     sample: Mapping[str, Any] | None,
     allocated: bool,
+    mps_shared: bool = False,
 ) -> Unusable | None:
     """Why the GPU cannot take a whole-GPU job now, or ``None`` when it can: of the stored
     and the live reason, the one first in ``Reason``'s order. ``allocated``: an active
@@ -112,6 +117,7 @@ def why_unusable(
         missing=missing,
         error_message=error_message,
         mig_enabled=mig_enabled,
+        mps_shared=mps_shared,
     )
     found = [why for why in (stored, sample_unusable(sample, allocated=allocated)) if why]
     return min(found, key=lambda why: _RANK[why.code], default=None)

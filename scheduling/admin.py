@@ -10,7 +10,7 @@ from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on
-from scheduling import admin_services, services
+from scheduling import admin_arrays, admin_policies, admin_services, services  # noqa: F401 - its admin pages
 from scheduling.models import Allocation, Job, SchedulerSettings
 
 
@@ -44,6 +44,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_filter = ("state", "priority", "topology", "pending_code")
     list_select_related = ("owner",)
     search_fields = ("id", "name", "project", "owner__username")
+    inlines = (admin_arrays.DependencyInline,)
     actions = ["cancel_jobs"]
 
     @admin.action(description="Cancel selected jobs")
@@ -76,10 +77,11 @@ class AllocationAdmin(ReadOnlyAdmin):
 
 @admin.register(SchedulerSettings)
 class SchedulerSettingsAdmin(admin.ModelAdmin):
-    """The loop's switch and policy, changed through the audited admin services."""
+    """The loop's switch, changed through the audited admin services (each pool's policy:
+    ``admin_policies``)."""
 
-    list_display = ("__str__", "enabled", "policy", "aging_interval_s", "updated_at")
-    fields = ("enabled", "policy", "aging_interval_s")
+    list_display = ("__str__", "enabled", "updated_at")
+    fields = ("enabled",)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
         SchedulerSettings.load()  # the one row exists from the first look
@@ -94,5 +96,4 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: SchedulerSettings, form: forms.ModelForm, change: bool
     ):
-        admin_services.set_policy(obj.policy, obj.aging_interval_s, actor=signed_in(request))
         admin_services.set_scheduler_enabled(obj.enabled, actor=signed_in(request))

@@ -1,5 +1,5 @@
 """Operator and admin actions on the scheduler, each audited in the transaction of its change:
-the placement loop's switch and policy, and GPUs given to or taken from a job by hand.
+the placement loop's switch, each pool's policy, and GPUs given to or taken from a job by hand.
 
 Manual allocations go through ``services.allocate`` like the loop's, so the same row locks and
 the same partial unique index refuse a GPU that is taken; a release ends the job through
@@ -9,15 +9,19 @@ the same partial unique index refuse a GPU that is taken; a release ends the job
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 
 from gpuadmin.audit.services import record
-from inventory.models import Gpu
-from scheduling import dispatch, services
-from scheduling.models import Allocation, Job, JobState, SchedulerSettings
+from inventory.models import Gpu, Pool
+from scheduling import dispatch, quotas, services
+from scheduling.models import Allocation, Job, JobState, PolicyName, PoolPolicy, SchedulerSettings
 
 
 class AllocationInvalid(ValueError):
@@ -57,19 +61,102 @@ def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
     return config
 
 
-def set_policy(policy: str, aging_interval_s: int, *, actor: User) -> SchedulerSettings:
-    """Change the queue policy (values checked by the caller; audited
-    ``scheduler.policy_changed`` with before/after). The loop is woken to re-order the queue."""
+# What each policy field may say: (least, most) for numbers (the API's, the admin's and the
+# service's bounds); the signals a job may be asked to checkpoint on before its grace ends.
+POLICY_LIMITS: dict[str, tuple[int, int]] = {
+    "aging_interval_s": (1, 7 * 24 * 3600),
+    "fairshare_half_life_s": (60, 365 * 24 * 3600),
+    "fairshare_weight": (0, 1_000_000),
+    "preempt_grace_s": (0, 3600),
+    "reservation_release_after_s": (0, 7 * 24 * 3600),
+}
+LAS_THRESHOLDS_MAX = 8  # queues of least attained service: at most 9
+LAS_THRESHOLD_LIMITS = (1, 10**9)  # GPU-seconds
+PREEMPT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+POLICY_FIELDS: tuple[str, ...] = (
+    "policy",
+    "backfill",
+    "aging_interval_s",
+    "fairshare_half_life_s",
+    "fairshare_weight",
+    "las_thresholds_gpu_s",
+    "allow_borrowing",
+    "preemption",
+    "preempt_signal",
+    "preempt_grace_s",
+    "dynamic_mig",
+    "reservation_auto_approve",
+    "reservation_release_after_s",
+)
+BOOLEAN_POLICY_FIELDS = frozenset(
+    {"backfill", "allow_borrowing", "preemption", "dynamic_mig", "reservation_auto_approve"}
+)
+
+
+class PolicyInvalid(ValueError):
+    """A policy value that cannot be set, naming the field and why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _bounded(field: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PolicyInvalid(field, "a whole number")
+    try:
+        MinValueValidator(low)(value)
+        MaxValueValidator(high)(value)
+    except ValidationError as exc:
+        raise PolicyInvalid(field, exc.messages[0]) from None
+
+
+def check_policy(fields: Mapping[str, Any]) -> None:
+    """``PolicyInvalid`` naming the first of ``fields`` (policy field -> new value) that a
+    pool's policy cannot take."""
+    for name, value in fields.items():
+        if name not in POLICY_FIELDS:
+            raise PolicyInvalid(name, "not a policy setting")
+        if name == "policy" and value not in PolicyName.values:
+            raise PolicyInvalid(name, f"one of {', '.join(PolicyName.values)}")
+        if name in BOOLEAN_POLICY_FIELDS and not isinstance(value, bool):
+            raise PolicyInvalid(name, "true or false")
+        if name in POLICY_LIMITS:
+            _bounded(name, value, *POLICY_LIMITS[name])
+        if name == "preempt_signal" and value not in PREEMPT_SIGNALS:
+            raise PolicyInvalid(name, f"one of {', '.join(PREEMPT_SIGNALS)}")
+        if name == "las_thresholds_gpu_s":
+            if not isinstance(value, list | tuple) or len(value) > LAS_THRESHOLDS_MAX:
+                raise PolicyInvalid(name, f"a list of at most {LAS_THRESHOLDS_MAX} GPU-seconds")
+            for threshold in value:
+                _bounded(name, threshold, *LAS_THRESHOLD_LIMITS)
+            if list(value) != sorted(set(value)):
+                raise PolicyInvalid(name, "GPU-seconds in increasing order, each once")
+
+
+def set_pool_policy(pool: Pool | None, *, actor: User, **fields: Any) -> PoolPolicy:
+    """Change ``pool``'s policy (None: the GPUs in no pool): ``PolicyInvalid`` names a bad
+    value; the fields that change are audited ``scheduler.policy_changed`` (before/after, the
+    pool in the message) and the loop is woken to re-order its queue. A pool without a policy
+    row gets one."""
+    check_policy(fields)
     with transaction.atomic():
-        config = _locked_settings()
-        before = {"policy": config.policy, "aging_interval_s": config.aging_interval_s}
-        after = {"policy": policy, "aging_interval_s": aging_interval_s}
-        if before != after:
-            config.policy = policy
-            config.aging_interval_s = aging_interval_s
-            config.save(update_fields=["policy", "aging_interval_s", "updated_at"])
+        PoolPolicy.objects.get_or_create(pool=pool)
+        config = PoolPolicy.objects.select_for_update().get(pool=pool)
+        before = {name: getattr(config, name) for name in fields}
+        changed = [name for name, value in fields.items() if before[name] != value]
+        if changed:
+            for name in changed:
+                setattr(config, name, fields[name])
+            config.save(update_fields=[*changed, "updated_at"])
             record(
-                "scheduler.policy_changed", actor=actor, target=config, before=before, after=after
+                "scheduler.policy_changed",
+                actor=actor,
+                target=config,
+                before={name: before[name] for name in changed},
+                after={name: fields[name] for name in changed},
+                message=f"policy of {quotas.pool_label(pool.name if pool else None)}",
             )
             services.request_placement_pass()
     return config

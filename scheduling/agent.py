@@ -13,6 +13,8 @@ run on the node queue and the executor's threads share this process and its one 
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -28,6 +30,7 @@ from redis.exceptions import RedisError
 from gpuadmin.access.node_signing import send_as_node
 from inventory.agent import jobs_run_as_owner, publish_sample, scan_this_node
 from inventory.nvml.sim import faults
+from scheduling import mps_standin
 from scheduling.executor import (
     Executor,
     ExecutorEvent,
@@ -37,12 +40,15 @@ from scheduling.executor import (
     executor_id,
     parse_executor_id,
 )
+from scheduling.mps import MpsDaemons
 
 log = logging.getLogger("gpuadmin.agent")
 
 # What a simulated job's process does to each of its GPUs.
 SIM_MEMORY_FRACTION = 0.6
 SIM_UTILIZATION_PCT = 92
+# What a simulated MPS server takes of its GPU.
+SIM_MPS_SERVER_MIB = 300
 
 _lock = threading.Lock()
 _executor: Executor | None = None
@@ -64,8 +70,15 @@ def executor() -> Executor:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
             hooks: dict[str, Any] = {}
+            mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
                 hooks = {"on_process_started": _sim_started, "on_process_ended": _sim_ended}
+                mps = MpsDaemons(
+                    root / "mps",
+                    command=(sys.executable, mps_standin.__file__),
+                    on_started=_sim_mps_started,
+                    on_stopped=_sim_mps_stopped,
+                )
             _executor = Executor(
                 root / "logs",
                 root / "executor",
@@ -79,6 +92,7 @@ def executor() -> Executor:
                 node_name=settings.GPUADMIN_NODE_NAME,
                 scratch_dir=root / "work",
                 jobs_as_owner=jobs_run_as_owner(),
+                mps=mps,
                 **hooks,
             )
             log.info(
@@ -95,6 +109,7 @@ def executor() -> Executor:
 def run_job(data: dict[str, Any]) -> None:
     """Start the node's part of a placed job (a ``JobSpec.to_dict()``)."""
     name = data["job_id"]
+    log.debug("job %s: run_job received", name)  # bench/throughput.py --profile reads it
     if name in _canceled:
         report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), "canceled"))
         return
@@ -106,11 +121,23 @@ def run_job(data: dict[str, Any]) -> None:
     executor().launch(spec)
 
 
-def cancel_job(job_id: int, attempt: int, message: str) -> bool:
-    """Signal the job's processes (its JobFinished follows once they are gone); ``False`` when
-    it does not run here: it is reported canceled now and will not start if it arrives."""
+def cancel_job(
+    job_id: int,
+    attempt: int,
+    message: str,
+    signal_name: str = "SIGTERM",
+    grace_s: float | None = None,
+) -> bool:
+    """Signal the job's processes with ``signal_name`` (then SIGKILL after ``grace_s``, by
+    default the agent's grace; its JobFinished follows once they are gone); ``False`` when it
+    does not run here: it is reported canceled now and will not start if it arrives."""
     name = executor_id(job_id, attempt)
-    if executor().cancel(name):
+    try:
+        first = signal.Signals[signal_name]
+    except KeyError:
+        log.warning("job %s: unknown signal %r, sending SIGTERM", name, signal_name)
+        first = signal.SIGTERM
+    if executor().cancel(name, stop_signal=first, grace_s=grace_s):
         return True
     _canceled.add(name)
     report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), message))
@@ -183,19 +210,68 @@ def _sim_target() -> tuple[str, str]:
 
 
 def _sim_started(spec: JobSpec, pid: int) -> None:
+    """The job's process shows on its GPUs: whole GPUs, its MIG device, or its MPS share (its
+    memory limit, else its percent of the memory, and its percent of the utilization)."""
     state_dir, node = _sim_target()
-    by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scan_this_node(include=("facts",)).gpus}
+    scanned = scan_this_node(include=("facts", "mig")).gpus
+    by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scanned}
+    mig_devices = {
+        ci.uuid: (gpu.facts.index, gi, ci.ci_id)
+        for gpu in scanned
+        for gi in (gpu.mig.gpu_instances if gpu.mig else ())
+        for ci in gi.compute_instances
+        if ci.uuid
+    }
     for uuid in spec.gpu_uuids:
+        if uuid in mig_devices:
+            index, gi, ci_id = mig_devices[uuid]
+            faults.start_process(
+                state_dir,
+                node,
+                index,
+                pid,
+                used_mib=int(gi.memory_mib * SIM_MEMORY_FRACTION),
+                util=SIM_UTILIZATION_PCT,
+                gpu_instance=gi.gi_id,
+                compute_instance=ci_id,
+            )
+            continue
         facts = by_uuid.get(uuid)
         if facts is None:
             continue
-        used = int((facts.memory_total_mib or 0) * SIM_MEMORY_FRACTION)
-        faults.start_process(
-            state_dir, node, facts.index, pid, used_mib=used, util=SIM_UTILIZATION_PCT
-        )
+        total = facts.memory_total_mib or 0
+        used, util = int(total * SIM_MEMORY_FRACTION), SIM_UTILIZATION_PCT
+        if spec.mps_percent is not None:
+            used = spec.mps_memory_mib or total * spec.mps_percent // 100
+            util = SIM_UTILIZATION_PCT * spec.mps_percent // 100
+        faults.start_process(state_dir, node, facts.index, pid, used_mib=used, util=util)
 
 
 def _sim_ended(spec: JobSpec, pid: int) -> None:
+    _sim_stop(pid)
+
+
+def _sim_stop(pid: int) -> None:
     state_dir, node = _sim_target()
     with suppress(ValueError):  # already gone (a GPU reset, or it never started on a GPU)
         faults.stop_process(state_dir, node, pid)
+
+
+def _sim_mps_started(gpu_uuid: str, pid: int) -> None:
+    """An MPS control daemon shows on its simulated GPU, as the MPS server does on a real one."""
+    state_dir, node = _sim_target()
+    by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scan_this_node(include=("facts",)).gpus}
+    if gpu_uuid in by_uuid:
+        faults.start_process(
+            state_dir,
+            node,
+            by_uuid[gpu_uuid].index,
+            pid,
+            used_mib=SIM_MPS_SERVER_MIB,
+            util=0,
+            name="nvidia-cuda-mps-server",
+        )
+
+
+def _sim_mps_stopped(gpu_uuid: str, pid: int) -> None:
+    _sim_stop(pid)

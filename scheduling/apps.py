@@ -17,6 +17,10 @@ class SchedulingConfig(AppConfig):
             mig_change_requested,
             page_sections_requested,
         )
+        from scheduling import (  # noqa: F401 - they register their admin pages
+            admin_relayout,
+            admin_reservations,
+        )
         from scheduling.metrics import SchedulingCollector
         from scheduling.receivers import (
             name_occupants,
@@ -25,7 +29,7 @@ class SchedulingConfig(AppConfig):
             stop_jobs_for_health,
             wake_on_schedulable_gpus,
         )
-        from scheduling.sections import allocation_section
+        from scheduling.sections import allocation_section, reservation_section
 
         gpu_occupants_requested.connect(name_occupants, dispatch_uid="scheduling.name_occupants")
         # A MIG layout never changes under a job that holds the GPU.
@@ -49,4 +53,14 @@ class SchedulingConfig(AppConfig):
         # The GPU page lists every allocation the GPU has had.
         page_sections_requested.connect(
             allocation_section, dispatch_uid="scheduling.allocation_section"
+        )
+        # A MIG GPU's page shows its re-layouts live, with the admins' form.
+        from scheduling.relayout_views import relayout_section
+
+        page_sections_requested.connect(
+            relayout_section, dispatch_uid="scheduling.relayout_section"
+        )
+        # The GPU and node pages list their coming reservations, with their week calendars.
+        page_sections_requested.connect(
+            reservation_section, dispatch_uid="scheduling.reservation_section"
         )

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from contextlib import suppress
 
 from celery import current_app
 from django.conf import settings
 from django.utils import timezone
+from kombu import Producer
 from redis.exceptions import RedisError
 
 from gpuadmin.access.node_signing import send_as_central
@@ -44,19 +46,56 @@ def wake() -> None:
     current_app.send_task("scheduling.placement_pass")
 
 
+# The wake key's value once the pass it asked for found another pass running.
+DEFERRED = b"deferred"
+
+
+def defer_wake() -> None:
+    """Before a pass that was asked for tries the loop's lock: mark the wake as left to the
+    pass that holds the lock, should one hold it (``pass_done`` then asks again)."""
+    with suppress(RedisError):  # the pass holding the lock, or beat's, will come
+        live.client().set(wake_key(), DEFERRED, xx=True, ex=60)
+
+
+def pass_done() -> None:
+    """After a pass: a wake whose pass found this one running asks for the next pass now,
+    behind what the central queue holds (the agents' reports that came meanwhile, mostly):
+    those are recorded first, and one pass places all the GPUs they gave back."""
+    try:
+        if live.client().get(wake_key()) != DEFERRED:
+            return  # not woken meanwhile, or its pass is still to come
+    except RedisError as exc:  # beat's backstop pass will come
+        log.warning("cannot wake the placement loop: %s", exc)
+        return
+    current_app.send_task("scheduling.placement_pass")
+
+
 def dispatch(job_id: int) -> None:
     """Send a SCHEDULED job to the agent of every node it was placed on."""
     job = Job.objects.select_related("owner__unix_account").get(pk=job_id)
     send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
 
 
-def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
+def send_placed(placed: Iterable[tuple[Job, Iterable[Allocation]]]) -> None:
+    """Send each placed job to its nodes' agents (``send_to_agents``) through one broker
+    producer whose messages go out together (a Redis pipeline: the loop places hundreds at
+    once, and a round trip each would cost more than their commit)."""
+    with current_app.producer_or_acquire() as producer, producer.batch():
+        for job, allocations in placed:
+            send_to_agents(job, allocations, producer)
+
+
+def send_to_agents(
+    job: Job, allocations: Iterable[Allocation], producer: Producer | None = None
+) -> None:
     """Send ``job`` to the agent of each node of its ``allocations`` (GPU rows and nodes
-    loaded), GPUs in index order. A job whose spec is invalid (a row stored before today's
-    submission checks) is reported failed, as an agent reports a job it cannot start."""
+    loaded), GPUs in index order, through ``producer`` (a kombu producer; by default one from
+    the app's pool). A job whose spec is invalid (a row stored before today's submission
+    checks) is reported failed, as an agent reports a job it cannot start."""
     by_node: dict[str, list[str]] = defaultdict(list)
     for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
-        by_node[allocation.node.hostname].append(allocation.gpu.uuid)
+        # A MIG device's own UUID (MIG-...); a whole GPU's or an MPS-shared GPU's, GPU-...
+        by_node[allocation.node.hostname].append(allocation.device_uuid or allocation.gpu.uuid)
     hostnames = sorted(by_node)
     try:
         specs = [
@@ -74,17 +113,32 @@ def send_to_agents(job: Job, allocations: Iterable[Allocation]) -> None:
         return
     for hostname, spec in zip(hostnames, specs, strict=True):
         current_app.send_task(
-            "scheduling.run_job", args=(spec.to_dict(),), queue=node_queue(hostname)
+            "scheduling.run_job",
+            args=(spec.to_dict(),),
+            # What logs and events show of the message: its job, not its command and
+            # environment (nor the time Celery takes to print them).
+            argsrepr=f"({spec.job_id!r},)",
+            queue=node_queue(hostname),
+            producer=producer,
         )
 
 
-def send_cancel(job: Job, hostnames: Iterable[str], message: str) -> None:
-    """Ask the agents of ``hostnames`` to stop the job's current attempt (SIGTERM, then SIGKILL
-    after the grace); each reports the end as a ``JobFinished``."""
+def send_cancel(
+    job: Job,
+    hostnames: Iterable[str],
+    message: str,
+    *,
+    signal: str = "SIGTERM",
+    grace_s: float | None = None,
+) -> None:
+    """Ask the agents of ``hostnames`` to stop the job's current attempt (``signal``, then
+    SIGKILL after ``grace_s``, by default the agent's grace); each reports the end as a
+    ``JobFinished``."""
+    chosen = () if (signal, grace_s) == ("SIGTERM", None) else (signal, grace_s)
     for hostname in hostnames:
         current_app.send_task(
             "scheduling.cancel_job",
-            args=(job.pk, job.attempt, message),
+            args=(job.pk, job.attempt, message, *chosen),
             queue=node_queue(hostname),
         )
 
@@ -99,6 +153,14 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
             GPUADMIN_NODE_RANK=str(rank),
             GPUADMIN_NNODES=str(len(hostnames)),
             GPUADMIN_NODES=",".join(hostnames),
+        )
+    if job.array_id is not None:  # a task of a job array; Slurm's names too, for its scripts
+        array, index = str(job.array_id), str(job.array_index)
+        env.update(
+            GPUADMIN_ARRAY_JOB_ID=array,
+            GPUADMIN_ARRAY_TASK_ID=index,
+            SLURM_ARRAY_JOB_ID=array,
+            SLURM_ARRAY_TASK_ID=index,
         )
     image = job.container_image or None
     workdir = job.working_dir or None
@@ -117,4 +179,6 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
         # job without a directory, starts in a scratch folder the agent gives it.
         cwd=None if image else workdir,
         container_workdir=workdir if image else None,
+        mps_percent=job.mps_percent,
+        mps_memory_mib=job.mps_memory_mib,
     )

@@ -11,10 +11,14 @@ Design and trade-offs:
 - **Isolation.** ``argv`` runs without a shell unless the job gives a ``shell_command`` (run as
   ``/bin/sh -c``). The environment is clean: the few node-describing variables of
   :data:`BASE_ENV_KEYS`, the job's own variables, then ``CUDA_VISIBLE_DEVICES`` (the allocated
-  GPU or MIG UUIDs; empty means no GPU) and ``GPUADMIN_JOB_ID``, which the job cannot override.
+  GPU or MIG UUIDs; empty means no GPU) and ``GPUADMIN_JOB_ID``, which the job cannot override;
+  an MPS share adds its GPU's MPS variables (:mod:`scheduling.mps`, whose control daemon the
+  executor starts before the GPU's first share and stops after its last).
   Each job leads its own session, so its process group is what cancel and timeouts signal
-  (SIGTERM, then SIGKILL after ``kill_grace_s``). A job ends when its main process exits; what
-  it left in its group is then terminated the same way, so its GPUs are free by the time
+  (SIGTERM, then SIGKILL after ``kill_grace_s``; a preemption's cancel chooses its first signal
+  and grace). A job ends when its main process exits (seen at once: a thread waits for the
+  executor's child and wakes its monitor; an adopted job is polled every ``poll_interval_s``);
+  what it left in its group is then terminated the same way, so its GPUs are free by the time
   :class:`JobFinished` is reported. Processes that leave the group (``setsid``, daemons) escape:
   containing those needs cgroups, which this module does not manage.
 - **Containers.** A job that names a ``container_image`` runs through the node's container
@@ -86,6 +90,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from scheduling.mps import MpsDaemons, MpsError
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +179,9 @@ class JobSpec:
     max_runtime_s: float | None = None
     container_image: str | None = None
     container_workdir: str | None = None
+    # An MPS share of its one GPU: percent of the GPU's SMs, and its device memory limit.
+    mps_percent: int | None = None
+    mps_memory_mib: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -195,6 +204,15 @@ class JobSpec:
                 f"container image {self.container_image!r} is not valid: it starts with '-' or "
                 "holds white space or control characters"
             )
+        if self.mps_percent is not None:
+            if not 1 <= self.mps_percent <= 100 or len(self.gpu_uuids) != 1:
+                raise ValueError("an MPS share is 1-100 percent of exactly one GPU")
+            if self.container_image:
+                raise ValueError("an MPS share runs on the host, not in a container")
+        if self.mps_memory_mib is not None and (
+            self.mps_percent is None or self.mps_memory_mib < 1
+        ):
+            raise ValueError("an MPS memory limit is a positive MiB count of an MPS share")
         if self.container_workdir is not None:
             if not self.container_image:
                 raise ValueError("container_workdir needs a container_image")
@@ -424,6 +442,9 @@ class _Job:
     proc: subprocess.Popen[bytes] | None  # None when adopted: not our child
     runtime: str | None = None  # the container runtime it runs in; None: on the host
     cancel_requested: bool = False
+    # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
+    stop_signal: signal.Signals = signal.SIGTERM
+    stop_grace_s: float | None = None
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -473,7 +494,9 @@ class Executor:
     the errors of a job that cannot start. ``jobs_as_owner`` starts each job as its spec's
     ``unix_user`` (its uid, gid and groups; ``None``: when this process runs as root, the only
     one that can); otherwise jobs run as this process. A job without a ``cwd`` starts in a
-    folder of its own under ``scratch_dir``, owned by its account.
+    folder of its own under ``scratch_dir``, owned by its account. ``mps`` runs the MPS
+    control daemons of the GPUs whose shares jobs get (``JobSpec.mps_percent``); without it
+    such a job fails to start.
     """
 
     def __init__(
@@ -493,6 +516,7 @@ class Executor:
         node_name: str | None = None,
         jobs_as_owner: bool | None = None,
         scratch_dir: str | os.PathLike[str] | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0:
             raise ValueError("log_max_bytes must be positive and log_backups not negative")
@@ -508,6 +532,7 @@ class Executor:
         #: Whether jobs run as their owners' accounts (otherwise as this process).
         self.jobs_as_owner = os.geteuid() == 0 if jobs_as_owner is None else jobs_as_owner
         self._scratch_dir = None if scratch_dir is None else Path(scratch_dir)
+        self._mps = mps
         self._log_dir = Path(log_dir)
         self._state_dir = Path(state_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -549,14 +574,24 @@ class Executor:
             log.write(f"gpuadmin: {error}\n")
         self._emit(JobFinished(spec.job_id, FinalState.FAILED, None, _now(), error))
 
-    def cancel(self, job_id: str) -> bool:
-        """Stop a job: SIGTERM to its process group, SIGKILL after the grace. False if it does
-        not run here. Its JobFinished (CANCELED, unless it ended first) follows."""
+    def cancel(
+        self,
+        job_id: str,
+        *,
+        stop_signal: signal.Signals = signal.SIGTERM,
+        grace_s: float | None = None,
+    ) -> bool:
+        """Stop a job: ``stop_signal`` (SIGTERM; a preemption may choose another, e.g. SIGUSR1
+        for a checkpoint) to its process group, SIGKILL after ``grace_s`` (default: the
+        executor's ``kill_grace_s``). False if it does not run here. Its JobFinished
+        (CANCELED, unless it ended first) follows."""
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
             return False
-        job.cancel_requested = True
+        if not job.cancel_requested:  # the first request's signal and grace stand
+            job.stop_signal, job.stop_grace_s = stop_signal, grace_s
+            job.cancel_requested = True
         job.wake.set()
         return True
 
@@ -593,6 +628,7 @@ class Executor:
         still runs (JobStarted with ``adopted=True``), report the others LOST. The events go to
         ``on_event`` and are returned too."""
         events: list[ExecutorEvent] = []
+        lost: list[JobSpec] = []
         for path in sorted(self._state_dir.glob("*.json")):
             with self._lock:
                 if path.stem in self._jobs:
@@ -614,6 +650,10 @@ class Executor:
                 path.unlink()
                 message = f"its process {job.pid} ended while no agent was watching it"
                 events.append(self._lost(job.spec.job_id, message))
+                lost.append(job.spec)
+        with self._lock:  # once every live job is adopted: their GPUs' daemons stay
+            for spec in lost:
+                self._release_mps(spec)
         return events
 
     def shutdown(self, *, kill: bool) -> None:
@@ -670,7 +710,50 @@ class Executor:
         if spec.cwd is None:
             assert self._scratch_dir is not None
             spec = replace(spec, cwd=str(_scratch(self._scratch_dir / spec.job_id, account)))
-        argv, env = self._process(spec, account)
+        if spec.mps_percent is not None:
+            spec = replace(spec, env={**spec.env, **self._mps_client(spec)})
+        try:
+            argv, env = self._process(spec, account)
+            return self._popen(spec, log_path, argv, env, account)
+        except _LaunchError:
+            self._release_mps(spec)
+            raise
+
+    def _mps_client(self, spec: JobSpec) -> dict[str, str]:
+        """Start the MPS control daemon of the job's GPU unless it runs; the job's MPS
+        variables (pipe and log directory, thread percentage, memory limit)."""
+        if self._mps is None:
+            raise _LaunchError(f"{self._node_name} runs no MPS: the job's share cannot start")
+        [gpu_uuid] = spec.gpu_uuids
+        assert spec.mps_percent is not None
+        try:
+            self._mps.ensure(gpu_uuid, _base_environment(os.environ))
+        except MpsError as exc:
+            raise _LaunchError(str(exc)) from None
+        return self._mps.client_variables(gpu_uuid, spec.mps_percent, spec.mps_memory_mib)
+
+    def _release_mps(self, spec: JobSpec) -> None:
+        """After an MPS job ended (the caller holds the lock): stop its GPU's control daemon
+        when no other running job has a share of that GPU."""
+        if self._mps is None or spec.mps_percent is None:
+            return
+        [gpu_uuid] = spec.gpu_uuids
+        sharing = (
+            other
+            for other in self._jobs.values()
+            if other.spec.mps_percent is not None and gpu_uuid in other.spec.gpu_uuids
+        )
+        if next(sharing, None) is None:
+            self._mps.stop(gpu_uuid, _base_environment(os.environ))
+
+    def _popen(
+        self,
+        spec: JobSpec,
+        log_path: Path,
+        argv: list[str],
+        env: dict[str, str],
+        account: Account | None,
+    ) -> _Job:
         # Host jobs and apptainer's client run as the account; a docker or podman client stays
         # the agent's (it talks to the daemon) and gives the container the account (--user).
         as_account: dict[str, Any] = {}
@@ -721,6 +804,13 @@ class Executor:
             target=self._monitor, args=(job, announce), name=f"job-{job.spec.job_id}", daemon=True
         )
         job.thread.start()
+        if job.proc is not None:  # our child: its end wakes the monitor at once
+            threading.Thread(
+                target=_wake_on_exit,
+                args=(job.proc, job.wake),
+                name=f"job-{job.spec.job_id}-exit",
+                daemon=True,
+            ).start()
 
     def _monitor(self, job: _Job, announce: bool) -> None:
         """Follow one job until its process group is gone (or the executor detaches)."""
@@ -747,8 +837,10 @@ class Executor:
                     stop_reason = FinalState.TIMED_OUT
                 # After the main process ends, this terminates what it left in its group.
                 if ended or stop_reason is not None:
-                    _signal_group(job.pid, signal.SIGTERM)
-                    kill_at = now + self._kill_grace_s
+                    canceled = stop_reason is FinalState.CANCELED
+                    _signal_group(job.pid, job.stop_signal if canceled else signal.SIGTERM)
+                    grace = job.stop_grace_s if canceled else None
+                    kill_at = now + (self._kill_grace_s if grace is None else grace)
             elif now >= kill_at:
                 if not killed:  # once: it can take the runtime a while
                     _container_call(job, "kill")
@@ -762,6 +854,7 @@ class Executor:
         with self._lock:
             self._record_path(job.spec.job_id).unlink(missing_ok=True)
             del self._jobs[job.spec.job_id]
+            self._release_mps(job.spec)
         state, message = _final_state(job.spec, stop_reason, exit_code)
         self._emit(JobFinished(job.spec.job_id, state, exit_code, _now(), message))
 
@@ -795,6 +888,14 @@ class Executor:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _wake_on_exit(proc: subprocess.Popen[bytes], wake: threading.Event) -> None:
+    """Wait for the executor's child to exit (reaping it) and wake its monitor, which would
+    otherwise see the end only at its next poll: a job that ends at once has its GPUs back
+    within milliseconds, not a poll interval later."""
+    proc.wait()
+    wake.set()
 
 
 def _base_environment(agent_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,16 +1,24 @@
-"""FilterSets for the job and allocation lists, shared by the API viewsets and the queue page
-(NetBox's rule: one FilterSet per model, so a query string selects the same jobs on both)."""
+"""FilterSets for the job, allocation and reservation lists, shared by the API viewsets and the
+pages (NetBox's rule: one FilterSet per model, so a query string selects the same rows on both)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import django_filters
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from gpuadmin.filters import SuggestInput, distinct_values
 from inventory.filters import node_hostnames
-from scheduling.models import Allocation, Job, JobState, Priority
+from scheduling.models import (
+    Allocation,
+    Job,
+    JobState,
+    Priority,
+    Reservation,
+    ReservationGpu,
+    ReservationState,
+)
 
 ME = "me"  # ``?owner=me``: the requesting user
 
@@ -44,9 +52,13 @@ class JobFilterSet(django_filters.FilterSet):
         widget=SuggestInput(node_hostnames),
     )
 
+    array = django_filters.NumberFilter(
+        field_name="array_id", label="Array", help_text="Id of a job array: its tasks."
+    )
+
     class Meta:
         model = Job
-        fields = ["state", "owner", "project", "priority", "node"]
+        fields = ["state", "owner", "project", "priority", "node", "array"]
 
     def filter_owner(self, queryset: QuerySet[Job], name: str, value: str) -> QuerySet[Job]:
         user = getattr(self.request, "user", None)
@@ -71,3 +83,60 @@ class AllocationFilterSet(django_filters.FilterSet):
     class Meta:
         model = Allocation
         fields = ["job", "gpu", "node", "active", "manual"]
+
+
+class ReservationFilterSet(django_filters.FilterSet):
+    """The reservations of ``/api/v1/reservations/`` and of the reservations page."""
+
+    state = django_filters.MultipleChoiceFilter(
+        label="State", choices=ReservationState.choices, help_text="Repeat for several states."
+    )
+    owner = django_filters.CharFilter(
+        method="filter_owner",
+        label="Owner",
+        help_text="Username, or `me` for the requesting user.",
+        widget=SuggestInput(lambda: [ME, *distinct_values(Reservation, "owner__username")]),
+    )
+    pool = django_filters.CharFilter(field_name="pool__name", label="Pool")
+    node = django_filters.CharFilter(
+        method="filter_node",
+        label="Node",
+        help_text="Hostname: reservations asking for it or holding GPUs on it.",
+        widget=SuggestInput(node_hostnames),
+    )
+    gpu = django_filters.CharFilter(
+        method="filter_gpu", label="GPU", help_text="UUID: reservations naming or holding it."
+    )
+    since = django_filters.IsoDateTimeFilter(
+        field_name="end", lookup_expr="gt", label="Since", help_text="Ending after this time."
+    )
+    until = django_filters.IsoDateTimeFilter(
+        field_name="start", lookup_expr="lt", label="Until", help_text="Starting before it."
+    )
+
+    class Meta:
+        model = Reservation
+        fields = ["state", "owner", "pool", "node", "gpu", "since", "until"]
+
+    def filter_owner(
+        self, queryset: QuerySet[Reservation], name: str, value: str
+    ) -> QuerySet[Reservation]:
+        user = getattr(self.request, "user", None)
+        if value == ME and user is not None and user.is_authenticated:
+            return queryset.filter(owner=user)
+        return queryset.filter(owner__username=value)
+
+    def filter_node(
+        self, queryset: QuerySet[Reservation], name: str, value: str
+    ) -> QuerySet[Reservation]:
+        holding = ReservationGpu.objects.filter(gpu__node__hostname=value).values("reservation_id")
+        return queryset.filter(Q(node__hostname=value) | Q(pk__in=holding))
+
+    def filter_gpu(
+        self, queryset: QuerySet[Reservation], name: str, value: str
+    ) -> QuerySet[Reservation]:
+        holding = ReservationGpu.objects.filter(gpu__uuid=value).values("reservation_id")
+        named = Reservation.requested_gpus.through.objects.filter(gpu__uuid=value).values(
+            "reservation_id"
+        )
+        return queryset.filter(Q(pk__in=holding) | Q(pk__in=named))

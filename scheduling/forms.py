@@ -1,6 +1,6 @@
-"""The job submission form: what a person types, turned into ``services.submit_job``'s
-arguments. The fleet-dependent checks stay in the service (``JobRejected``), whose field the
-form shows the message on."""
+"""The job submission form: what a person types, turned into ``services.submit``'s
+arguments (a job, or a job array). The fleet-dependent checks stay in the service
+(``JobRejected``), whose field the form shows the message on."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.contrib.auth.models import User
+from django.utils import timezone
 
-from inventory.models import Gpu
+from inventory.models import Gpu, Pool
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name
-from scheduling.models import Priority, Topology
+from scheduling.models import Priority, Reservation, ReservationState, Topology
 from scheduling.services import (
     ENV_NAME,
     SUBMISSION_LIMITS,
@@ -60,6 +62,41 @@ class SubmitJobForm(forms.Form):
         help_text="KEY=VALUE, one per line.",
     )
     working_dir = forms.CharField(max_length=1024, required=False, label="Working directory")
+    pool = forms.ChoiceField(required=False, help_text="It runs only on this pool's GPUs.")
+    reservation = forms.TypedChoiceField(
+        required=False,
+        coerce=int,
+        empty_value=None,
+        help_text="Run on the GPUs of one of your reservations, in its window.",
+    )
+    mig_profile = forms.CharField(
+        max_length=32,
+        required=False,
+        label="MIG profile",
+        help_text="One MIG device of this profile instead of whole GPUs, e.g. 1g.10gb.",
+    )
+    mps_percent = forms.IntegerField(
+        required=False,
+        label="MPS share (% of SMs)",
+        help_text="A share of one MPS-shared GPU instead of whole GPUs.",
+        **limit_bounds("mps_percent"),
+    )
+    mps_memory_mib = forms.IntegerField(
+        required=False, label="MPS memory limit (MiB)", **limit_bounds("mps_memory_mib")
+    )
+    array = forms.CharField(
+        max_length=200,
+        required=False,
+        label="Job array",
+        help_text="As Slurm's --array: 0-999%50 (%50: at most 50 tasks at once), 1,3,5-9 or "
+        "0-15:4. Each task gets GPUADMIN_ARRAY_TASK_ID (and SLURM_ARRAY_TASK_ID).",
+    )
+    dependency = forms.CharField(
+        max_length=2000,
+        required=False,
+        label="Dependency",
+        help_text="As Slurm's --dependency: afterok:12:13,afterany:14 (afternotok too).",
+    )
 
     # JobRejected names the job's field; the form's field where a person typed it.
     FIELD_OF_JOB_FIELD = {
@@ -68,12 +105,30 @@ class SubmitJobForm(forms.Form):
         "estimated_duration_s": "estimated_duration",
     }
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: User | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         models = Gpu.objects.present().order_by("name").values_list("name", flat=True).distinct()
-        field = self.fields["gpu_model"]
+        self._choices("gpu_model", [("", "any model")], ((m, short_gpu_name(m)) for m in models))
+        pools = Pool.objects.values_list("name", flat=True)
+        self._choices("pool", [("", "none: the GPUs in no pool")], ((p, p) for p in pools))
+        reservations = Reservation.objects.filter(
+            owner_id=user.pk if user else None,
+            state__in=(ReservationState.REQUESTED, ReservationState.APPROVED),
+            end__gt=timezone.now(),
+        ).order_by("start")
+        self._choices(
+            "reservation",
+            [("", "none")],
+            (
+                (r.pk, f"#{r.pk}: {r.gpu_count} GPUs, {r.start:%Y-%m-%d %H:%M} to {r.end:%H:%M}")
+                for r in reservations
+            ),
+        )
+
+    def _choices(self, name: str, first: list[tuple[Any, str]], rest: Any) -> None:
+        field = self.fields[name]
         assert isinstance(field, forms.ChoiceField)
-        field.choices = [("", "any model")] + [(name, short_gpu_name(name)) for name in models]
+        field.choices = [*first, *rest]
 
     def clean_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -107,7 +162,7 @@ class SubmitJobForm(forms.Form):
         return data
 
     def submission(self) -> dict[str, Any]:
-        """``services.submit_job``'s keyword arguments (after ``is_valid()``)."""
+        """``services.submit``'s keyword arguments (after ``is_valid()``)."""
         data = self.cleaned_data
         memory: Decimal | None = data["min_gpu_memory_gib"]
         return {
@@ -126,6 +181,13 @@ class SubmitJobForm(forms.Form):
             "max_retries": data["max_retries"],
             "env": data["env"],
             "working_dir": data["working_dir"],
+            "pool": data["pool"] or None,
+            "reservation": data["reservation"],
+            "mig_profile": data["mig_profile"],
+            "mps_percent": data["mps_percent"],
+            "mps_memory_mib": data["mps_memory_mib"],
+            "array": data["array"],
+            "dependency": data["dependency"] or None,
         }
 
     def add_rejection(self, exc: JobRejected) -> None:

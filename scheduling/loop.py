@@ -1,35 +1,54 @@
-"""The placement loop: snapshot -> engine -> one transaction per decision.
+"""The placement loop: snapshot -> engine -> decisions committed in batches.
 
 Woken on commit by submit/cancel/finish and other state changes (``dispatch.wake``, coalesced
 through a Redis key so a burst of submissions wakes it once), and by beat as a backstop. One
 pass runs at a time: a PostgreSQL advisory lock serialises passes across workers. The engine
-(``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` and
-its decisions back into allocations (``services.allocate``, which the database can refuse).
+(``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` (a
+fixed number of queries, whatever the fleet's and the queue's sizes) and its decisions back
+into the database: placements ``COMMIT_BATCH`` at a time (``services.allocate_many``, which
+the database can refuse, one decision at a time), preemptions (``scheduling.preemption``) and
+MIG instances to create (``scheduling.sharing``), then each waiting job's word where it
+changed.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache, partial
+from types import MappingProxyType
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Sum, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from inventory import live
 from inventory.models import Gpu, GpuLink, Node
-from inventory.querysets import heartbeat_cutoff
+from inventory.nvml.mig_catalog import table_for_gpu
+from inventory.querysets import heartbeat_cutoff, pool_name
 from inventory.usability import why_unusable
-from scheduling import placement, services
-from scheduling.dispatch import send_to_agents, wake, wake_key
-from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
+from scheduling import dependencies, placement, preemption, quotas, reservations, services, sharing
+from scheduling.accounting import gpu_share
+from scheduling.dispatch import defer_wake, pass_done, send_placed, wake, wake_key
+from scheduling.models import (
+    HOLDING_STATES,
+    Allocation,
+    AllocationKind,
+    Job,
+    JobState,
+    PoolPolicy,
+    SchedulerSettings,
+    expected_end,
+)
 
 log = logging.getLogger("gpuadmin.placement")
 
@@ -38,6 +57,12 @@ log = logging.getLogger("gpuadmin.placement")
 PASS_LOCK_ID = 0x67707561_646D696E  # "gpuadmin"
 # A job SCHEDULED on a node whose agent has been silent this long is given back to the queue.
 SCHEDULED_LOST_AFTER_S = 120
+# Placements committed per transaction: a handful of statements each, however many. Larger
+# batches pay fewer round trips but hold their GPU rows' locks longer (a job's end waits for
+# them); 250 commit in about a tenth of a second.
+COMMIT_BATCH = 250
+# How long a pass reuses the fair-share usage an earlier pass read (see _fairshare_usage).
+USAGE_MAX_AGE_S = 60.0
 
 
 @dataclass
@@ -52,6 +77,8 @@ class PassSummary:
     # Milliseconds per phase: snapshot, plan, commit (placements and dispatch), save_pending.
     phase_ms: dict[str, float] = field(default_factory=dict)
     pending_saved: int = 0  # waiting jobs whose stored reason, position, ... changed
+    preempting: int = 0  # running jobs asked to stop for a waiting one
+    mig_requested: int = 0  # MIG instances asked of agents for waiting jobs
 
 
 @contextmanager
@@ -67,9 +94,11 @@ def pass_lock() -> Iterator[None]:
 
 
 def run_pass() -> PassSummary:
-    """One placement pass; every decision commits (or is refused) on its own."""
+    """One placement pass: its placements committed in batches (a refused one never costs
+    the others), its preemptions and MIG instances asked for, and each waiting job's word
+    stored where it changed."""
     started = time.perf_counter()
-    with pass_lock():
+    with pass_lock(), _no_cyclic_gc():
         with suppress(RedisError):
             live.client().delete(wake_key())  # wakes from now on ask for a new pass
         summary = PassSummary()
@@ -79,35 +108,81 @@ def run_pass() -> PassSummary:
             summary.skipped = "the scheduler is stopped"
         else:
             clock = _PhaseClock(summary.phase_ms)
-            snapshot, gpu_rows = take_snapshot()
+            read = read_pass_input()
             clock.lap("snapshot")
-            result = placement.plan(snapshot, _policy(config))
+            result = placement.plan(read.snapshot)
             clock.lap("plan")
-            for decision in result.placements:
-                if commit_placement(decision, gpu_rows):
-                    summary.placed += 1
-                    summary.dispatched.append(decision.job_id)
-                else:
-                    summary.refused += 1
+            summary.dispatched, summary.refused = commit_placements(result.placements, read.slots)
+            summary.placed = len(summary.dispatched)
+            summary.preempting = start_preemptions(result.preemptions, read.snapshot)
+            for creation in result.mig_creates:
+                sharing.request_mig_instance(creation)
+            summary.mig_requested = len(result.mig_creates)
             clock.lap("commit")
-            summary.pending_saved = save_pending(result.pending)
+            summary.pending_saved = save_pending(result.pending, read.waiting, read.snapshot.now)
             clock.lap("save_pending")
             summary.waiting = len(result.pending)
     summary.duration_ms = (time.perf_counter() - started) * 1000
     if summary.refused:
         wake()  # refused decisions are retried by the next pass
-    changed = summary.placed or summary.refused or summary.requeued or summary.pending_saved
+    changed = (
+        summary.placed
+        or summary.refused
+        or summary.requeued
+        or summary.pending_saved
+        or summary.preempting
+        or summary.mig_requested
+    )
     log.log(
         logging.INFO if changed else logging.DEBUG,  # beat's idle backstop passes are quiet
-        "placement pass: %d placed, %d refused, %d waiting, %d re-queued in %.0f ms%s",
+        "placement pass: %d placed, %d refused, %d waiting, %d re-queued, %d preempting, "
+        "%d MIG instances asked for in %.0f ms%s",
         summary.placed,
         summary.refused,
         summary.waiting,
         summary.requeued,
+        summary.preempting,
+        summary.mig_requested,
         summary.duration_ms,
         f" ({summary.skipped})" if summary.skipped else "",
     )
     return summary
+
+
+def run_woken_pass() -> PassSummary | None:
+    """The pass that a wake (``dispatch.wake``) or beat asks for, unless another pass runs:
+    a worker process never waits on another's pass, and stays free for the agents' reports.
+    A wake left to the pass in progress asks again once that pass is done
+    (``pass_done``), so a job's end during a pass still gets a pass after it. (A worker that
+    dies in its pass leaves such a wake to beat's backstop pass.)"""
+    defer_wake()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_ID])
+        [(free,)] = cursor.fetchall()
+    if not free:
+        return None
+    try:
+        summary = run_pass()  # takes the lock again (advisory locks nest within a session)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_ID])
+    pass_done()
+    return summary
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Hold the cyclic garbage collector off: a pass makes tens of thousands of objects
+    (rows, slots, requests, decisions) that all live until its end, and each collection
+    would walk them all again for nothing (a third of a pass at 10,000 GPUs). Reference
+    counting still frees what dies; a collection may run afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _PhaseClock:
@@ -121,12 +196,6 @@ class _PhaseClock:
         now = time.perf_counter()
         self.phases[name] = (now - self.last) * 1000
         self.last = now
-
-
-def _policy(config: SchedulerSettings) -> placement.Policy:
-    if config.policy == "priority":
-        return placement.PriorityWithAging(aging_interval_s=config.aging_interval_s)
-    return placement.POLICIES[config.policy]()
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -156,13 +225,37 @@ class GpuRow(NamedTuple):
     state: str
     error_message: str
     mig_enabled: bool
+    mps_shared: bool
+    pool: str | None  # its own pool's name, else its node's
+
+
+# The loop's stored word on a waiting job: pending_code, pending_reason, queue_position,
+# estimated_start_at, what_if (``save_pending`` writes only what differs from it).
+WAIT_FIELDS = ("pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if")
+Wait = tuple[str, str, int | None, datetime | None, str]
+
+
+class PassInput(NamedTuple):
+    """What a pass reads: the engine's snapshot, its GPU slots by id, and the stored word on
+    each waiting job, by job id."""
+
+    snapshot: placement.Snapshot
+    slots: dict[int, placement.GpuSlot]
+    waiting: dict[int, Wait]
 
 
 def take_snapshot(
     now: datetime | None = None,
 ) -> tuple[placement.Snapshot, dict[int, placement.GpuSlot]]:
-    """The engine's view of the fleet and the queue, read in a handful of queries as plain
-    rows, and its GPU slots by id."""
+    """The engine's view of the fleet and the queue, and its GPU slots by id."""
+    read = read_pass_input(now)
+    return read.snapshot, read.slots
+
+
+def read_pass_input(now: datetime | None = None) -> PassInput:
+    """The fleet, the running jobs, the queue and the pools' policies, quotas, reservations
+    and array caps, read in a fixed number of queries as plain rows, whatever their sizes.
+    Jobs whose dependencies do not hold yet stay out of the queue."""
     now = now or timezone.now()
     cutoff = heartbeat_cutoff(now)
     nodes = [
@@ -181,15 +274,28 @@ def take_snapshot(
     reachable = {info.hostname for info in node_infos if info.reachable}
     gpus = [
         GpuRow._make(row)
-        for row in Gpu.objects.present().order_by("node_id", "index").values_list(*GpuRow._fields)
+        for row in Gpu.objects.present()
+        .order_by("node_id", "index")
+        .values_list(*GpuRow._fields[:-1], pool_name())
     ]
-    allocated = dict(Allocation.objects.active().values_list("gpu_id", "job_id"))
+    # Whole GPUs are held by one job; MIG devices and MPS shares share theirs.
+    held: dict[int, list[int]] = defaultdict(list)
+    whole: dict[int, int] = {}
+    for gpu_id, job_id, kind in Allocation.objects.active().values_list("gpu_id", "job_id", "kind"):
+        held[job_id].append(gpu_id)
+        if kind == AllocationKind.GPU:
+            whole[gpu_id] = job_id
+    in_use = {gpu_id for gpu_ids in held.values() for gpu_id in gpu_ids}
     domains = nvlink_domains(gpus, by_pk)
     samples = live.latest(sorted(reachable))
+    mig_mode = [gpu.pk for gpu in gpus if gpu.mig_enabled]
+    devices = sharing.mig_slots(mig_mode) if mig_mode else {}
+    shares = sharing.mps_use()
     slots = []
     for gpu in gpus:
         node = by_pk[gpu.node_id]
         sample = samples.get(node.hostname, {}).get(gpu.uuid)
+        percent, memory, share_jobs = shares.get(gpu.pk, (0, 0, ()))
         slots.append(
             placement.GpuSlot(
                 id=gpu.pk,
@@ -202,54 +308,76 @@ def take_snapshot(
                 numa_node=gpu.numa_node,
                 socket=gpu.socket,
                 nvlink_domain=domains.get(gpu.pk),
-                unavailable=_unavailable(gpu, node, node.hostname in reachable, sample, allocated),
-                allocated_to=allocated.get(gpu.pk),
+                unavailable=_unavailable(
+                    gpu, node, node.hostname in reachable, sample, gpu.pk in in_use
+                ),
+                allocated_to=whole.get(gpu.pk),
+                pool=gpu.pool,
+                mig_slots=devices.get(gpu.pk, ()),
+                mig_table=_mig_table(gpu.name) if gpu.mig_enabled else None,
+                mps_used_percent=percent,
+                mps_used_memory_mib=memory,
+                mps_jobs=share_jobs,
             )
         )
-    held: dict[int, list[int]] = defaultdict(list)
-    for gpu_id, job_id in allocated.items():
-        held[job_id].append(gpu_id)
-    running = []
-    holding = Job.objects.filter(state__in=HOLDING_STATES).values_list(
-        "pk", "started_at", "scheduled_at", "estimated_duration_s", "max_runtime_s"
-    )
-    for pk, started_at, scheduled_at, estimated_s, max_runtime_s in holding:
-        start = started_at or scheduled_at
-        running.append(
-            placement.RunningJob(
-                id=pk,
-                gpu_ids=tuple(held[pk]),
-                started_at=(start or now).timestamp(),
-                expected_end=_expected_end(start, estimated_s or max_runtime_s),
-            )
-        )
-    queue = tuple(
-        placement.JobRequest(
-            id=job.pk,
-            owner=str(job.owner_id),
-            priority=job.priority,
-            submitted_at=job.submitted_at.timestamp(),
-            gpus_per_node=job.gpu_count,
-            node_count=job.node_count,
-            min_memory_mib=job.min_gpu_memory_mib,
-            gpu_model=job.gpu_model or None,
-            topology=job.topology,
-            estimated_duration_s=job.estimated_duration_s,
-            max_runtime_s=job.max_runtime_s,
-            preemptible=job.preemptible,
-        )
-        for job in Job.objects.filter(state=JobState.QUEUED).values_list(
-            "pk", *QUEUE_FIELDS, named=True
-        )
-    )
+    running = tuple(_running_jobs(held, now))
+    queue, waiting = _queue(now)
+    configs = quotas.pool_configs()
     snapshot = placement.Snapshot(
         now=now.timestamp(),
         nodes=node_infos,
         gpus=tuple(slots),
-        running=tuple(running),
+        running=running,
         queue=queue,
+        pools=MappingProxyType(configs),
+        quotas=quotas.quota_limits(now),
+        usage=_fairshare_usage(now, configs),
+        reservations=reservations.reservation_windows(now),
+        array_limits=MappingProxyType(dependencies.array_limits()),
     )
-    return snapshot, {slot.id: slot for slot in slots}
+    return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting)
+
+
+HOLDING_FIELDS = (
+    "pk",
+    "started_at",
+    "scheduled_at",
+    "estimated_duration_s",
+    "max_runtime_s",
+    "owner_id",
+    "project",
+    "pool__name",
+    "priority",
+    "submitted_at",
+    "preemptible",
+    "borrowed",
+    "preempt_requested_at",
+    "array_id",
+)
+
+
+def _running_jobs(held: Mapping[int, list[int]], now: datetime) -> Iterator[placement.RunningJob]:
+    """The jobs holding GPUs (``held``: their GPU ids, by job id)."""
+    holding = Job.objects.filter(state__in=HOLDING_STATES).values_list(*HOLDING_FIELDS, named=True)
+    for job in holding:
+        start = job.started_at or job.scheduled_at
+        yield placement.RunningJob(
+            id=job.pk,
+            gpu_ids=tuple(held.get(job.pk, ())),
+            started_at=(start or now).timestamp(),
+            expected_end=_timestamp(
+                expected_end(start, job.estimated_duration_s, job.max_runtime_s)
+            ),
+            owner=str(job.owner_id),
+            project=job.project,
+            pool=job.pool__name,
+            priority=job.priority,
+            submitted_at=job.submitted_at.timestamp(),
+            preemptible=job.preemptible,
+            borrowed=job.borrowed,
+            stopping=job.preempt_requested_at is not None,
+            array=job.array_id,
+        )
 
 
 QUEUE_FIELDS = (
@@ -264,7 +392,113 @@ QUEUE_FIELDS = (
     "estimated_duration_s",
     "max_runtime_s",
     "preemptible",
+    "pool__name",
+    "project",
+    "mig_profile",
+    "mps_percent",
+    "mps_memory_mib",
+    "reservation_id",
+    "array_id",
 )
+
+
+def _queue(now: datetime) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait]]:
+    """The QUEUED jobs whose dependencies hold, as requests, and the stored word on each."""
+    blocked = dependencies.resolve(now)
+    attained = _attained_service()
+    rows = (
+        Job.objects.filter(state=JobState.QUEUED)
+        .exclude(pk__in=blocked)
+        .values_list("pk", *QUEUE_FIELDS, *WAIT_FIELDS, named=True)
+    )
+    queue = []
+    waiting: dict[int, Wait] = {}
+    for job in rows:
+        queue.append(
+            placement.JobRequest(
+                id=job.pk,
+                owner=str(job.owner_id),
+                priority=job.priority,
+                submitted_at=job.submitted_at.timestamp(),
+                gpus_per_node=job.gpu_count,
+                node_count=job.node_count,
+                min_memory_mib=job.min_gpu_memory_mib,
+                gpu_model=job.gpu_model or None,
+                topology=job.topology,
+                estimated_duration_s=job.estimated_duration_s,
+                max_runtime_s=job.max_runtime_s,
+                preemptible=job.preemptible,
+                pool=job.pool__name,
+                project=job.project,
+                mig_profile=job.mig_profile or None,
+                mps_percent=job.mps_percent,
+                mps_memory_mib=job.mps_memory_mib,
+                reservation=job.reservation_id,
+                array=job.array_id,
+                attained_service_s=attained.get(job.pk, 0.0),
+            )
+        )
+        waiting[job.pk] = (
+            job.pending_code,
+            job.pending_reason,
+            job.queue_position,
+            job.estimated_start_at,
+            job.what_if,
+        )
+    return tuple(queue), waiting
+
+
+def _attained_service() -> dict[int, float]:
+    """GPU-seconds the earlier attempts of each QUEUED job held (a share counts its part of
+    its GPU, ``accounting.gpu_share``), in one grouped query."""
+    rows = (
+        Allocation.objects.filter(job__state=JobState.QUEUED, released_at__isnull=False)
+        .values_list(
+            "job_id",
+            "kind",
+            "gpu__name",
+            Coalesce("mig_instance__profile_name", NullIf("job__mig_profile", Value(""))),
+            "mps_percent",
+        )
+        .annotate(held=Sum(F("released_at") - F("allocated_at")))
+        .order_by()
+    )
+    attained: dict[int, float] = defaultdict(float)
+    for job_id, kind, gpu_name, profile, percent, duration in rows:
+        attained[job_id] += gpu_share(kind, gpu_name, profile, percent) * duration.total_seconds()
+    return attained
+
+
+UsageKey = tuple[str | None, tuple[str, str]]  # as Snapshot.usage's
+_usage: tuple[float, Mapping[UsageKey, float] | None] = (0.0, None)
+
+
+def _fairshare_usage(
+    now: datetime, configs: Mapping[str | None, placement.PoolConfig]
+) -> Mapping[UsageKey, float]:
+    """The pools' decayed fair-share usage (``quotas.fairshare_usage``), read again at most
+    every ``USAGE_MAX_AGE_S``: it moves by a fraction of a GPU-hour a minute against usage
+    of thousands, and its query reads weeks of allocations."""
+    global _usage
+    read_at, usage = _usage
+    if usage is None or time.monotonic() - read_at > USAGE_MAX_AGE_S:
+        fresh: dict[UsageKey, float] = dict(quotas.fairshare_usage(now, configs).items())
+        usage = MappingProxyType(fresh)
+        _usage = (time.monotonic(), usage)
+    return usage
+
+
+def forget_usage() -> None:
+    """Drop the cached fair-share usage (the next pass reads it again)."""
+    global _usage
+    _usage = (0.0, None)
+
+
+@cache
+def _mig_table(model: str) -> str | None:
+    """The name of the MIG placement rules of a GPU model (``inventory.nvml.mig_catalog``)."""
+    table = table_for_gpu(model)
+    return None if table is None else table.name
 
 
 def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, str]:
@@ -308,10 +542,11 @@ def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
 
 
 def _unavailable(
-    gpu: GpuRow, node: NodeRow, reachable: bool, sample: dict | None, allocated: dict[int, int]
+    gpu: GpuRow, node: NodeRow, reachable: bool, sample: dict | None, allocated: bool
 ) -> str | None:
-    """Why the GPU cannot be given now, as the one rule's machine code (the snapshot holds
-    present GPUs only), or None."""
+    """Why the GPU cannot take a whole-GPU job now, as the one rule's machine code (the
+    snapshot holds present GPUs only), or None. ``allocated``: an active allocation (a job,
+    a MIG device's or an MPS share's) accounts for its processes."""
     why = why_unusable(
         node_state=node.state,
         reachable=reachable,
@@ -319,32 +554,44 @@ def _unavailable(
         missing=False,
         error_message=gpu.error_message,
         mig_enabled=gpu.mig_enabled,
+        mps_shared=gpu.mps_shared,
         sample=sample,
-        allocated=gpu.pk in allocated,
+        allocated=allocated,
     )
     return None if why is None else str(why.code)
 
 
-def _expected_end(start: datetime | None, runtime_s: int | None) -> float | None:
-    if start is None or runtime_s is None:
-        return None
-    return start.timestamp() + runtime_s
+def _timestamp(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
 
 
 # --------------------------------------------------------------------------- decisions
 
 
-def commit_placement(decision: placement.Placement, slots: dict[int, placement.GpuSlot]) -> bool:
-    """Allocate the decision's GPUs and mark the job SCHEDULED in one transaction; on commit,
-    send it to its nodes' agents. ``False`` when the database (or a newer state) refused it."""
-    # The owner and their Unix account go into the spec sent to the agents: no lazy reads.
-    job = (
-        Job.objects.select_related("owner__unix_account")
-        .filter(pk=decision.job_id, state=JobState.QUEUED)
-        .first()
-    )
-    if job is None:
-        return False
+def commit_placements(
+    decisions: Sequence[placement.Placement], slots: Mapping[int, placement.GpuSlot]
+) -> tuple[list[int], int]:
+    """Commit the decisions ``COMMIT_BATCH`` at a time (``services.allocate_many``: one
+    transaction each, a refused decision never costs the others) and send each batch's jobs
+    to their nodes' agents once it commits. The ids of the jobs placed, and how many
+    decisions the database (or a newer state) refused."""
+    placed: list[int] = []
+    refused = 0
+    for start in range(0, len(decisions), COMMIT_BATCH):
+        grants = [_grant(decision, slots) for decision in decisions[start : start + COMMIT_BATCH]]
+        outcome = services.allocate_many(grants, actor_name=services.LOOP_ACTOR)
+        for job_id, why in outcome.refused.items():
+            log.info("placement of job %d refused: %s", job_id, why)
+        # Committed, so this runs now (or when a transaction the caller holds commits); the
+        # jobs carry their owner's account and new attempt, the rows their GPU and node.
+        transaction.on_commit(partial(send_placed, outcome.granted))
+        placed += [job.pk for job, _ in outcome.granted]
+        refused += len(outcome.refused)
+    return placed, refused
+
+
+def _grant(decision: placement.Placement, slots: Mapping[int, placement.GpuSlot]) -> services.Grant:
+    """A decision as what ``allocate_many`` commits, with why these GPUs (``Job.placement``)."""
     why = {
         "topology_class": str(decision.topology_class),
         "numa_nodes": list(decision.numa_nodes),
@@ -352,37 +599,82 @@ def commit_placement(decision: placement.Placement, slots: dict[int, placement.G
         "explanation": decision.explanation,
         "nodes": {hostname: [slots[pk].index for pk in ids] for hostname, ids in decision.by_node},
     }
-    try:
-        allocations = services.allocate(  # its own transaction
-            job, decision.gpu_ids, actor_name=services.LOOP_ACTOR, placement=why
-        )
-    except services.AllocationRefused as exc:
-        log.info("placement of job %d refused: %s", job.pk, exc)
-        return False
-    # allocate() has committed, so this runs now (or when a transaction the caller holds
-    # commits); its rows carry their GPU and node, and the job its new attempt: no re-read.
-    transaction.on_commit(lambda: send_to_agents(job, allocations))
-    return True
+    return services.Grant(
+        job_id=decision.job_id,
+        gpu_ids=decision.gpu_ids,
+        placement=why,
+        mig_instance=decision.mig_slot,
+        mps_percent=decision.mps_percent,
+        mps_memory_mib=decision.mps_memory_mib,
+        borrowed=decision.borrowed,
+    )
 
 
-def save_pending(pending: tuple[placement.Pending, ...]) -> int:
-    """Store each waiting job's reason, position, estimated start and what-if in one
-    statement that writes only rows whose values changed (a pass re-explains thousands of
-    jobs; most keep their reason). These are not state changes, so they are not audited. The
-    number of rows written."""
-    if not pending:
+def start_preemptions(
+    decisions: Sequence[placement.Preemption], snapshot: placement.Snapshot
+) -> int:
+    """Start each preemption with its pool's signal and grace (``preemption.preempt``); the
+    number of victims marked now."""
+    if not decisions:
         return 0
-    columns: tuple[list, ...] = ([], [], [], [], [], [])
+    pools = {job.id: job.pool for job in snapshot.queue}
+    signals = _preempt_signals()
+    marked = 0
+    for decision in decisions:
+        signal, grace_s = signals.get(pools.get(decision.job_id), _DEFAULT_SIGNAL)
+        marked += len(
+            preemption.preempt(
+                decision, signal=signal, grace_s=grace_s, actor_name=services.LOOP_ACTOR
+            )
+        )
+    return marked
+
+
+_DEFAULT_SIGNAL = (PoolPolicy().preempt_signal, PoolPolicy().preempt_grace_s)
+
+
+def _preempt_signals() -> dict[str | None, tuple[str, int]]:
+    """Each pool's preemption signal and grace, by pool name (a pool without a policy row
+    has the defaults); one query."""
+    rows = PoolPolicy.objects.values_list("pool__name", "preempt_signal", "preempt_grace_s")
+    return {pool: (signal, grace_s) for pool, signal, grace_s in rows}
+
+
+def save_pending(
+    pending: Sequence[placement.Pending], stored: Mapping[int, Wait], now: float
+) -> int:
+    """Store each waiting job's reason, position, estimated start and what-if where they
+    differ from the ``stored`` word (the values the pass read), in one statement that also
+    skips rows equal in the database, or none at all: a pass re-explains thousands of jobs
+    and most keep their word. Not state changes, so not audited. The number of rows written.
+
+    An estimated start the engine puts at ``now`` (enough GPUs would be free already: their
+    jobs are past their expected end) keeps the moment stored when it was first reached, so
+    that an unchanged queue is not rewritten because the clock moved."""
+    rows = []
     for p in pending:
-        start = None
-        if p.estimated_start is not None:
-            start = datetime.fromtimestamp(round(p.estimated_start), tz=UTC)
-        row = (p.job_id, str(p.reason), p.message, p.position, start, p.what_if or "")
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
+        before = stored.get(p.job_id)
+        start = _estimated_start(p.estimated_start, before[3] if before else None, now)
+        row = (str(p.reason), p.message, p.position, start, p.what_if or "")
+        if row != before:
+            rows.append((p.job_id, *row))
+    if not rows:
+        return 0
+    columns = [list(column) for column in zip(*rows, strict=True)]
     with connection.cursor() as cursor:
         cursor.execute(SAVE_PENDING_SQL, [*columns, JobState.QUEUED])
         return cursor.rowcount
+
+
+def _estimated_start(
+    estimate: float | None, stored: datetime | None, now: float
+) -> datetime | None:
+    """The estimate to store: to the second, or ``stored`` when both are reached already."""
+    if estimate is None:
+        return None
+    if estimate <= now and stored is not None and stored.timestamp() <= now:
+        return stored
+    return datetime.fromtimestamp(round(estimate), tz=UTC)
 
 
 SAVE_PENDING_SQL = """

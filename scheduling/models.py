@@ -8,16 +8,18 @@ GPU (a partial unique index), whatever the Python code above it does.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.constraints import ExclusionConstraint
+from django.contrib.postgres.fields import ArrayField, DateTimeRangeField, RangeOperators
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Func, Q, Value
 from django.db.models.functions import Now
 
-from inventory.models import Gpu, Node
+from inventory.models import Gpu, MigInstance, Node, Pool
 
 
 class JobState(models.TextChoices):
@@ -86,6 +88,38 @@ class Job(models.Model):
     estimated_duration_s = models.PositiveIntegerField(null=True, blank=True)
     max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
     max_retries = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(20)])
+    pool = models.ForeignKey(
+        Pool,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The pool whose GPUs it runs on; none: the GPUs in no pool.",
+    )
+    # Sharing: a MIG device of this profile, or an MPS share of one GPU (then gpu_count is 1).
+    mig_profile = models.CharField(
+        "MIG profile", max_length=32, blank=True, help_text="e.g. 1g.10gb: one MIG device."
+    )
+    mps_percent = models.PositiveSmallIntegerField(
+        "MPS share (% of SMs)",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+    )
+    mps_memory_mib = models.PositiveIntegerField("MPS memory limit (MiB)", null=True, blank=True)
+    # Slurm-style arrays and dependencies
+    array = models.ForeignKey(
+        "JobArray", null=True, blank=True, on_delete=models.PROTECT, related_name="tasks"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    reservation = models.ForeignKey(
+        "Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="jobs",
+        help_text="Runs on this reservation's GPUs, inside its window.",
+    )
 
     # Where it stands
     state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING)
@@ -106,12 +140,21 @@ class Job(models.Model):
     what_if = models.TextField(blank=True)
     # Why the GPUs it runs on were chosen (topology class, NUMA nodes, score, sentence)
     placement = models.JSONField(null=True, blank=True)
+    # Placed over its quota on idle GPUs (borrowing): preemptible, and reclaimed first.
+    borrowed = models.BooleanField(default=False)
+    # Set when the loop asked its agents to stop it for another job (signal, then the grace);
+    # its end is then a preemption: it is re-queued, not canceled.
+    preempted_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    preempt_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-pk"]
         indexes = [
             models.Index(fields=["state", "submitted_at"], name="job_state_submitted"),
             models.Index(fields=["owner", "state"], name="job_owner_state"),
+            models.Index(fields=["array", "state"], name="job_array_state"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="job_gpu_count_positive"),
@@ -127,6 +170,20 @@ class Job(models.Model):
                 ),
                 name="job_waiting_fields_only_while_queued",
             ),
+            models.CheckConstraint(
+                condition=Q(mig_profile="") | Q(mps_percent__isnull=True),
+                name="job_mig_or_mps_not_both",
+            ),
+            models.CheckConstraint(
+                condition=(Q(mig_profile="") & Q(mps_percent__isnull=True))
+                | Q(gpu_count=1, node_count=1),
+                name="job_shares_are_single_gpu",
+            ),
+            models.CheckConstraint(
+                condition=Q(mps_percent__isnull=True) | Q(mps_percent__gte=1, mps_percent__lte=100),
+                name="job_mps_percent_range",
+            ),
+            models.UniqueConstraint(fields=["array", "array_index"], name="job_array_index_unique"),
         ]
 
     def __str__(self) -> str:
@@ -141,17 +198,50 @@ class Job(models.Model):
         return self.state in TERMINAL_STATES
 
 
+def expected_end(
+    start: datetime | None, estimated_duration_s: int | None, max_runtime_s: int | None
+) -> datetime | None:
+    """When a job that started at ``start`` should let go of its GPUs: its estimate, else its
+    maximum runtime, after the start (None when either is unknown). The placement loop's and
+    the calendar's one rule."""
+    runtime = estimated_duration_s or max_runtime_s
+    if start is None or runtime is None:
+        return None
+    return start + timedelta(seconds=runtime)
+
+
 class AllocationQuerySet(models.QuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(released_at__isnull=True)
 
 
+class AllocationKind(models.TextChoices):
+    GPU = "gpu", "Whole GPU"
+    MIG = "mig", "MIG device"
+    MPS = "mps", "MPS share"
+
+
 class Allocation(models.Model):
-    """One GPU given to one job, from placement until the job lets go of it."""
+    """One GPU (or one MIG device of it, or an MPS share of it) given to one job, from
+    placement until the job lets go of it.
+
+    The database guards every kind (migration 0006's trigger, with the GPU row locked): a
+    whole GPU shares with nothing; MIG devices share a GPU only with other MIG devices, each
+    device once; MPS shares share a GPU only with MPS shares, at most 100 % of its SMs."""
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="allocations")
     gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    kind = models.CharField(max_length=3, choices=AllocationKind.choices, default="gpu")
+    # The MIG device given (kept as a UUID too: discovery may delete the instance row later).
+    mig_instance = models.ForeignKey(
+        MigInstance, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    device_uuid = models.CharField(
+        max_length=64, blank=True, help_text="What CUDA_VISIBLE_DEVICES names: GPU-... or MIG-..."
+    )
+    mps_percent = models.PositiveSmallIntegerField(null=True, blank=True)
+    mps_memory_mib = models.PositiveIntegerField(null=True, blank=True)
     attempt = models.PositiveSmallIntegerField(default=0)
     manual = models.BooleanField(default=False, help_text="Made by hand (gpu-allocate).")
     # The database's clock (the INSERT's and the release UPDATE's statement time), so one GPU's
@@ -164,14 +254,30 @@ class Allocation(models.Model):
     class Meta:
         ordering = ["pk"]
         constraints = [
-            # The integrity rule: a GPU is never given twice.
+            # The integrity rule: a GPU is never given twice (other kinds: the trigger).
             models.UniqueConstraint(
                 fields=["gpu"],
-                condition=Q(released_at__isnull=True),
+                condition=Q(released_at__isnull=True, kind="gpu"),
                 name="allocation_one_active_per_gpu",
             ),
+            models.UniqueConstraint(
+                fields=["mig_instance"],
+                condition=Q(released_at__isnull=True, kind="mig"),
+                name="allocation_one_active_per_mig_device",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind="mps", mps_percent__gte=1, mps_percent__lte=100)
+                | (~Q(kind="mps") & Q(mps_percent__isnull=True, mps_memory_mib__isnull=True)),
+                name="allocation_mps_share_only_for_mps",
+            ),
         ]
-        indexes = [models.Index(fields=["job", "released_at"], name="allocation_job_active")]
+        indexes = [
+            models.Index(fields=["job", "released_at"], name="allocation_job_active"),
+            models.Index(
+                fields=["gpu"], condition=Q(released_at__isnull=True), name="allocation_gpu_active"
+            ),
+            models.Index(fields=["released_at"], name="allocation_released"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.gpu_id} -> job {self.job_id}"
@@ -182,25 +288,347 @@ class Allocation(models.Model):
 
 
 class SchedulerSettings(models.Model):
-    """The placement loop's switch and policy (one row; changes are audited)."""
-
-    POLICY_CHOICES = [("fcfs", "First come, first served"), ("priority", "Priority with aging")]
+    """The placement loop's switch (one row; changes are audited). Queue policies are per
+    pool: ``PoolPolicy``."""
 
     enabled = models.BooleanField(default=True, help_text="Off: nothing new is placed.")
-    policy = models.CharField(max_length=16, choices=POLICY_CHOICES, default="priority")
-    aging_interval_s = models.PositiveIntegerField(
-        default=60,
-        validators=[MinValueValidator(1)],
-        help_text="A waiting job gains one priority point per interval (1,000 points per level).",
-    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         verbose_name = verbose_name_plural = "scheduler settings"
 
     def __str__(self) -> str:
-        return f"scheduler ({'on' if self.enabled else 'off'}, {self.policy})"
+        return f"scheduler ({'on' if self.enabled else 'off'})"
 
     @classmethod
     def load(cls) -> SchedulerSettings:
         return cls.objects.get_or_create(pk=1)[0]
+
+
+class PolicyName(models.TextChoices):
+    FCFS = "fcfs", "First come, first served"
+    PRIORITY = "priority", "Priority with aging"
+    SJF = "sjf", "Shortest job first (the user's estimate)"
+    FAIRSHARE = "fairshare", "Weighted fair share"
+    LAS = "las", "Least attained service (Tiresias)"
+
+
+class PoolPolicy(models.Model):
+    """How one pool shares its GPUs; ``pool`` empty: the GPUs in no pool (one row each,
+    audited)."""
+
+    pool = models.OneToOneField(
+        Pool, null=True, blank=True, on_delete=models.CASCADE, related_name="policy"
+    )
+    policy = models.CharField(max_length=16, choices=PolicyName.choices, default="priority")
+    backfill = models.BooleanField(
+        default=True,
+        help_text="EASY backfill: a later job may start first if it does not delay the first "
+        "waiting job's start (by estimates, else maximum runtimes).",
+    )
+    aging_interval_s = models.PositiveIntegerField(
+        default=60,
+        validators=[MinValueValidator(1)],
+        help_text="A waiting job gains one priority point per interval (1,000 points per level).",
+    )
+    fairshare_half_life_s = models.PositiveIntegerField(
+        default=7 * 24 * 3600,
+        validators=[MinValueValidator(60)],
+        help_text="Past usage counts half after this long (Slurm's PriorityDecayHalfLife).",
+    )
+    fairshare_weight = models.PositiveIntegerField(
+        default=10_000,
+        help_text="Priority points a fully under-served user gains over a fully over-served one.",
+    )
+    las_thresholds_gpu_s = ArrayField(
+        models.PositiveIntegerField(),
+        default=list,
+        blank=True,
+        help_text="Least attained service: GPU-seconds at which a job drops to the next queue "
+        "(empty: 3,600 and 36,000).",
+    )
+    allow_borrowing = models.BooleanField(
+        default=True,
+        help_text="Over-quota work may run on idle GPUs as preemptible, reclaimed first.",
+    )
+    preemption = models.BooleanField(
+        default=True, help_text="Higher-priority or under-share jobs may preempt preemptible work."
+    )
+    preempt_signal = models.CharField(max_length=10, default="SIGTERM")
+    preempt_grace_s = models.PositiveIntegerField(
+        default=30, validators=[MaxValueValidator(3600)], help_text="Time to checkpoint."
+    )
+    dynamic_mig = models.BooleanField(
+        default=False,
+        help_text="The scheduler may create MIG instances on idle MIG-mode GPUs for MIG jobs.",
+    )
+    reservation_auto_approve = models.BooleanField(
+        default=True, help_text="Reservations within the requester's quota need no admin."
+    )
+    reservation_release_after_s = models.PositiveIntegerField(
+        default=900,
+        help_text="A reservation with no job running this long after its start is released.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "pool policy"
+        verbose_name_plural = "pool policies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool"], nulls_distinct=False, name="pool_policy_one_per_pool"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool or 'no pool'}: {self.get_policy_display()}"
+
+    @classmethod
+    def default(cls) -> PoolPolicy:
+        """The policy of the GPUs in no pool (the row exists from the first look)."""
+        return cls.objects.get_or_create(pool=None)[0]
+
+
+class QuotaPeriod(models.TextChoices):
+    DAY = "day", "Day"
+    WEEK = "week", "Week"
+    MONTH = "month", "Month"
+
+
+class Quota(models.Model):
+    """What one user or one project may use of one pool (empty pool: the GPUs in no pool):
+    GPUs at once, GPU-hours per period, and its fair-share weight."""
+
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    project = models.CharField(max_length=100, blank=True)
+    max_gpus = models.PositiveIntegerField(
+        "GPUs at once", null=True, blank=True, help_text="Empty: no limit."
+    )
+    gpu_hours = models.PositiveIntegerField(
+        "GPU-hours per period", null=True, blank=True, help_text="Empty: no limit."
+    )
+    period = models.CharField(max_length=5, choices=QuotaPeriod.choices, default="month")
+    fairshare_weight = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)], help_text="Shares (Slurm's fairshare)."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["pool__name", "project", "user__username"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(user__isnull=True) & ~Q(project=""))
+                | (Q(user__isnull=False) & Q(project="")),
+                name="quota_user_or_project",
+            ),
+            models.UniqueConstraint(
+                fields=["pool", "user", "project"],
+                nulls_distinct=False,
+                name="quota_one_per_holder_and_pool",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        holder = f"project {self.project}" if self.project else f"user {self.user}"
+        return f"{holder} in {self.pool or 'no pool'}"
+
+
+class JobArray(models.Model):
+    """One ``--array`` submission: its tasks are Jobs with an ``array_index``."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    spec = models.CharField(max_length=200, help_text="As submitted, e.g. 0-999%50.")
+    size = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tasks running at once (the %N); empty: no cap."
+    )
+    submitted_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-pk"]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} [{self.spec}]"
+
+
+class DependencyKind(models.TextChoices):
+    AFTEROK = "afterok", "After it completes"
+    AFTERANY = "afterany", "After it ends"
+    AFTERNOTOK = "afternotok", "After it fails"
+
+
+class JobDependency(models.Model):
+    """``job`` may start only after ``on`` ended the way ``kind`` says."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    on = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="dependents")
+    kind = models.CharField(max_length=10, choices=DependencyKind.choices)
+
+    class Meta:
+        verbose_name_plural = "job dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "on"], name="job_dependency_once"),
+            models.CheckConstraint(condition=~Q(job=F("on")), name="job_dependency_not_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.kind}:{self.on_id}"
+
+
+class ReservationState(models.TextChoices):
+    REQUESTED = "requested", "Requested"  # waiting for an admin
+    APPROVED = "approved", "Approved"  # holds its GPUs for its window
+    REJECTED = "rejected", "Rejected"
+    CANCELED = "canceled", "Canceled"
+    RELEASED = "released", "Released"  # given back early (unused past the grace, or by hand)
+    ENDED = "ended", "Ended"
+
+
+class Reservation(models.Model):
+    """N GPUs (optionally a model, a node or named GPUs) booked for [start, end)."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    project = models.CharField(max_length=100, blank=True)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
+    gpu_count = models.PositiveSmallIntegerField(validators=[MinValueValidator(1)])
+    gpu_model = models.CharField(max_length=100, blank=True)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT)
+    requested_gpus = models.ManyToManyField(Gpu, blank=True, related_name="+")
+    start = models.DateTimeField()
+    end = models.DateTimeField()
+    state = models.CharField(
+        max_length=10, choices=ReservationState.choices, default=ReservationState.REQUESTED
+    )
+    note = models.TextField(blank=True, max_length=2000)
+    message = models.TextField(blank=True, help_text="Why it was rejected or released.")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    first_used_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["start", "pk"]
+        indexes = [models.Index(fields=["state", "end"], name="reservation_state_end")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(end__gt=F("start")), name="reservation_ends_after_start"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"reservation {self.pk} ({self.gpu_count} GPUs)"
+
+
+def _single_gpu_range() -> Func:
+    """``int8range(gpu_id, gpu_id, '[]')``: GPU equality as range overlap, so the exclusion
+    constraint needs only the built-in GiST range support (no btree_gist extension)."""
+    return Func(F("gpu"), F("gpu"), Value("[]"), function="int8range")
+
+
+class ReservationGpu(models.Model):
+    """One GPU held by an approved reservation for ``during``; the database refuses two
+    overlapping holds of one GPU. A release shortens ``during`` to end at the release."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="holds")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="reservation_holds")
+    during = DateTimeRangeField()
+
+    class Meta:
+        constraints = [
+            ExclusionConstraint(
+                name="reservation_gpu_no_overlap",
+                expressions=[
+                    (_single_gpu_range(), RangeOperators.OVERLAPS),
+                    ("during", RangeOperators.OVERLAPS),
+                ],
+            ),
+            models.UniqueConstraint(fields=["reservation", "gpu"], name="reservation_gpu_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} for reservation {self.reservation_id}"
+
+
+class RelayoutState(models.TextChoices):
+    DRAINING = "draining", "Waiting for its jobs"  # the GPU takes no new work
+    APPLYING = "applying", "Applying the layout"  # the agent destroys and creates instances
+    VERIFYING = "verifying", "Verifying by a re-scan"
+    DONE = "done", "Done"
+    FAILED = "failed", "Failed (rolled back)"
+    CANCELED = "canceled", "Canceled"
+
+
+RELAYOUT_OPEN_STATES = (RelayoutState.DRAINING, RelayoutState.APPLYING, RelayoutState.VERIFYING)
+
+
+class MigRelayout(models.Model):
+    """An admin's request to give one GPU a new MIG layout, step by step (each step a state
+    with a deadline; a failure rolls back to ``previous_layout``). One open per node."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="+")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="+")
+    layout_name = models.CharField(max_length=64, help_text="all-1g.10gb, balanced or custom.")
+    layout = models.JSONField(help_text="GPU instance profile names with placement starts.")
+    previous_layout = models.JSONField(default=list, blank=True)
+    preempt = models.BooleanField(
+        default=False, help_text="Preempt its jobs (else wait for them to end)."
+    )
+    state = models.CharField(
+        max_length=10, choices=RelayoutState.choices, default=RelayoutState.DRAINING
+    )
+    step_deadline = models.DateTimeField(null=True, blank=True)
+    message = models.TextField(blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "MIG re-layout"
+        ordering = ["-pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=RELAYOUT_OPEN_STATES),
+                name="mig_relayout_one_open_per_node",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"MIG re-layout of GPU {self.gpu_id} to {self.layout_name} ({self.state})"
+
+
+class UsageDay(models.Model):
+    """Accounting: one day of one (pool, user, project)'s GPU use, rolled up from allocations
+    and telemetry (GPU-seconds; energy in joules)."""
+
+    day = models.DateField()
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    project = models.CharField(max_length=100, blank=True)
+    allocated_gpu_s = models.FloatField(default=0)
+    used_gpu_s = models.FloatField(default=0, help_text="Utilization-weighted.")
+    idle_held_gpu_s = models.FloatField(default=0)
+    mig_slice_s = models.FloatField(default=0, help_text="MIG compute slices x seconds.")
+    mps_gpu_s = models.FloatField(default=0, help_text="MPS shares as fractions of a GPU.")
+    energy_j = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["-day"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["day", "pool", "user", "project"],
+                nulls_distinct=False,
+                name="usage_day_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        hours = self.allocated_gpu_s / 3600
+        return f"{self.day} user {self.user_id} {self.project or '-'}: {hours:.1f} GPU-h"

@@ -14,7 +14,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import F, Prefetch, Q, QuerySet
+from django.urls import reverse
 
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import can_act_on, role_of
@@ -23,7 +25,7 @@ from inventory.models import Gpu, GpuLink, Node
 from inventory.occupancy import Occupant
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name, url_format
 from inventory.pages.topology import TopologyRow, topology_rows
-from scheduling import queries
+from scheduling import dependencies, queries
 from scheduling.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -34,6 +36,7 @@ from scheduling.models import (
 )
 from scheduling.placement import TopologyClass
 from scheduling.placement.text import indexes_phrase
+from scheduling.slurm import compact_indexes
 
 STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "grey",
@@ -84,9 +87,21 @@ def state_colour(state: str) -> str:
     return STATE_COLOURS.get(state, "grey")
 
 
+def sharing_text(job: Job) -> str:
+    """``MIG device 1g.10gb``, ``MPS share: 25 % of the SMs, 8000 MiB``, or empty for whole
+    GPUs."""
+    if job.mig_profile:
+        return f"MIG device {job.mig_profile}"
+    if job.mps_percent is not None:
+        memory = f", {job.mps_memory_mib} MiB" if job.mps_memory_mib is not None else ""
+        return f"MPS share: {job.mps_percent} % of the SMs{memory}"
+    return ""
+
+
 def resources_text(job: Job) -> str:
-    """``8 GPUs × 2 nodes · A100-SXM4-80GB · ≥ 40 GiB · one NVLink/NVSwitch domain``."""
-    parts = [f"{job.gpu_count} GPU{'s' if job.gpu_count != 1 else ''}"]
+    """``8 GPUs × 2 nodes · A100-SXM4-80GB · ≥ 40 GiB · one NVLink/NVSwitch domain``, or
+    ``MIG device 1g.10gb``."""
+    parts = [sharing_text(job) or f"{job.gpu_count} GPU{'s' if job.gpu_count != 1 else ''}"]
     if job.node_count > 1:
         parts[0] += f" × {job.node_count} nodes"
     if job.gpu_model:
@@ -132,12 +147,30 @@ class JobView:
         return resources_text(self.job)
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrayTasks:
+    """The waiting tasks of a job array, as one queue row: ``5_[0-999%50]``, as Slurm's."""
+
+    array_id: int
+    indexes: str  # compacted: 0-3,7,9-12
+    count: int
+    max_running: int | None
+    url: str  # the queue of its tasks alone
+
+    @property
+    def label(self) -> str:
+        cap = f"%{self.max_running}" if self.max_running else ""
+        return f"{self.array_id}_[{self.indexes}{cap}]"
+
+
 @dataclasses.dataclass
 class JobRow(JobView):
-    """A job as the queue lists it."""
+    """A job as the queue lists it; for an array's waiting tasks, the first in queue order
+    stands for them all (``array_tasks``)."""
 
     url: str  # its page; empty when the viewer may not read it
     gpus: list[GpuRef]  # the GPUs it holds now (running jobs only)
+    array_tasks: ArrayTasks | None = None
 
     @property
     def waiting(self) -> str:
@@ -185,10 +218,46 @@ def _section(jobs: QuerySet[Job], limit: int, user: User) -> Section:
     return Section(rows, more=len(found) > limit)
 
 
-def queue(jobs: QuerySet[Job], user: User) -> Queue:
+def _first_tasks(waiting: QuerySet[Job]) -> QuerySet[Job]:
+    """Of ``waiting`` jobs, those in no array and each array's first task in queue order."""
+    first = (
+        waiting.filter(array__isnull=False)
+        .order_by("array_id", *queries.QUEUE_ORDER)
+        .distinct("array_id")
+        .values("pk")
+    )
+    return waiting.filter(Q(array__isnull=True) | Q(pk__in=first))
+
+
+def _collapse_arrays(section: Section, waiting: QuerySet[Job]) -> None:
+    """Give the rows standing for arrays their tasks (one query for all of them)."""
+    rows = {row.job.array_id: row for row in section.rows if row.job.array_id is not None}
+    if not rows:
+        return
+    tasks = (
+        waiting.filter(array_id__in=rows)
+        .order_by()
+        .values("array_id")
+        .annotate(indexes=ArrayAgg("array_index", order_by="array_index"))
+    )
+    queue_url = reverse("scheduling:queue")
+    for found in tasks:
+        row = rows[found["array_id"]]
+        assert row.job.array is not None
+        row.array_tasks = ArrayTasks(
+            found["array_id"],
+            compact_indexes(found["indexes"]),
+            len(found["indexes"]),
+            row.job.array.max_running,
+            f"{queue_url}?array={row.job.array_id}",
+        )
+
+
+def queue(jobs: QuerySet[Job], user: User, *, collapse_arrays: bool = True) -> Queue:
     """Of ``jobs`` (the ``JobFilterSet``'s), waiting jobs in queue order, jobs holding GPUs
     with them, and the latest finished jobs (three queries, a fourth for the GPUs when jobs
-    hold some)."""
+    hold some, a fifth for the waiting tasks of arrays). With ``collapse_arrays`` one row
+    stands for the waiting tasks of each array, as ``squeue`` shows ``5_[0-999%50]``."""
     holding = queries.holding(jobs).prefetch_related(
         Prefetch(
             "allocations",
@@ -198,11 +267,17 @@ def queue(jobs: QuerySet[Job], user: User) -> Queue:
             to_attr="active_allocations",
         )
     )
+    waiting_jobs = queries.waiting(jobs).select_related("array")
+    if collapse_arrays:
+        waiting = _section(_first_tasks(waiting_jobs), SECTION_LIMIT, user)
+        _collapse_arrays(waiting, waiting_jobs)
+    else:
+        waiting = _section(waiting_jobs, SECTION_LIMIT, user)
     finished = jobs.filter(state__in=TERMINAL_STATES).order_by(
         F("finished_at").desc(nulls_last=True), "-pk"
     )
     return Queue(
-        waiting=_section(queries.waiting(jobs), SECTION_LIMIT, user),
+        waiting=waiting,
         running=_section(holding, SECTION_LIMIT, user),
         finished=_section(finished, FINISHED_LIMIT, user),
     )
@@ -335,6 +410,32 @@ def node_topologies(job: Job, allocations: Iterable[Allocation]) -> list[NodeTop
     ]
 
 
+@dataclasses.dataclass(frozen=True)
+class DependencyRow:
+    """One job the job waits for (``--dependency``), and whether that holds."""
+
+    kind: str
+    job_id: int
+    state: str
+    url: str
+
+    @property
+    def status(self) -> str:
+        held = dependencies.outcome(self.kind, self.state)
+        return "pending" if held is None else "holds" if held else "never holds"
+
+
+def job_dependencies(job: Job) -> list[DependencyRow]:
+    """The jobs ``job`` waits for, in the order given (one query)."""
+    url = url_format("scheduling:job-detail")
+    return [
+        DependencyRow(kind, on_id, state, url.format(on_id))
+        for kind, on_id, state in job.dependencies.order_by("pk").values_list(
+            "kind", "on_id", "on__state"
+        )
+    ]
+
+
 @dataclasses.dataclass
 class JobPage(JobView):
     """Everything the job page shows; the live status panel needs only the job."""
@@ -343,6 +444,18 @@ class JobPage(JobView):
     allocations: list[Allocation] = dataclasses.field(default_factory=list)
     timeline: list[TimelineEntry] = dataclasses.field(default_factory=list)
     topologies: list[NodeTopology] = dataclasses.field(default_factory=list)
+    dependencies: list[DependencyRow] = dataclasses.field(default_factory=list)
+
+    @property
+    def sharing(self) -> str:
+        return sharing_text(self.job)
+
+    @property
+    def array_url(self) -> str:
+        """The queue of its array's tasks; empty when it is in no array."""
+        if self.job.array_id is None:
+            return ""
+        return f"{reverse('scheduling:queue')}?array={self.job.array_id}"
 
     @property
     def is_waiting(self) -> bool:
@@ -376,7 +489,7 @@ class JobPage(JobView):
 
 
 def job_page(job: Job, user: User) -> JobPage:
-    """The job page's content (five queries, whatever the job's size)."""
+    """The job page's content (six queries, whatever the job's size)."""
     allocations = job_allocations(job)
     return JobPage(
         job,
@@ -384,6 +497,7 @@ def job_page(job: Job, user: User) -> JobPage:
         allocations=allocations,
         timeline=timeline(job, allocations),
         topologies=node_topologies(job, allocations),
+        dependencies=job_dependencies(job),
     )
 
 

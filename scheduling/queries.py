@@ -35,7 +35,10 @@ from scheduling.models import (
     HOLDING_STATES,
     Allocation,
     Job,
+    JobArray,
+    JobDependency,
     JobState,
+    PoolPolicy,
     SchedulerSettings,
 )
 
@@ -62,6 +65,27 @@ def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
     return jobs.filter(owner_id=user.pk) if role_of(user) == Role.USER else jobs
 
 
+def visible_arrays(user: User | AnonymousUser) -> QuerySet[JobArray]:
+    """The job arrays ``user`` sees: by the rule of ``visible_jobs``."""
+    arrays = JobArray.objects.all()
+    return arrays.filter(owner_id=user.pk) if role_of(user) == Role.USER else arrays
+
+
+def task_count_name(state: str) -> str:
+    """The annotation of ``with_task_counts`` for the tasks in ``state``."""
+    return f"tasks_{state}"
+
+
+def with_task_counts(arrays: QuerySet[JobArray]) -> QuerySet[JobArray]:
+    """Arrays with their owner and how many of their tasks are in each state (one query)."""
+    return arrays.select_related("owner").annotate(
+        **{
+            task_count_name(state): Count("tasks", filter=Q(tasks__state=state))
+            for state in JobState
+        }
+    )
+
+
 def visible_allocations(user: User | AnonymousUser) -> QuerySet[Allocation]:
     """The allocations of the jobs ``user`` sees."""
     allocations = Allocation.objects.all()
@@ -77,18 +101,27 @@ def own_tokens(user: User | AnonymousUser) -> QuerySet[ApiToken]:
 
 
 def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Jobs with what the job serializer shows (owner, allocations with GPU and node) in two
-    queries, however many jobs."""
-    return jobs.select_related("owner").prefetch_related(
-        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu", "node"))
+    """Jobs with what the job serializer shows (owner, pool, allocations with GPU and node,
+    dependencies with the state of each job depended on) in three queries, however many
+    jobs."""
+    return jobs.select_related("owner", "pool").prefetch_related(
+        Prefetch("allocations", queryset=Allocation.objects.select_related("gpu", "node")),
+        Prefetch(
+            "dependencies",
+            queryset=JobDependency.objects.select_related("on").only(
+                "job_id", "kind", "on_id", "on__state"
+            ),
+        ),
     )
+
+
+# Queue order: the placement loop's position, then submission.
+QUEUE_ORDER = (F("queue_position").asc(nulls_last=True), "submitted_at", "pk")
 
 
 def waiting(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Held and queued jobs in queue order: the placement loop's position, then submission."""
-    return jobs.filter(state__in=WAITING_STATES).order_by(
-        F("queue_position").asc(nulls_last=True), "submitted_at", "pk"
-    )
+    """Held and queued jobs in queue order."""
+    return jobs.filter(state__in=WAITING_STATES).order_by(*QUEUE_ORDER)
 
 
 def holding(jobs: QuerySet[Job]) -> QuerySet[Job]:
@@ -206,6 +239,7 @@ def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
 @dataclass(frozen=True)
 class OrchestratorStatus:
     config: SchedulerSettings
+    default_policy: PoolPolicy  # of the GPUs in no pool
     jobs: dict[str, int]  # pending, queued, scheduled, running
     gpus_present: int
     gpus_allocated: int
@@ -226,6 +260,7 @@ def orchestrator_status() -> OrchestratorStatus:
     allocated = Allocation.objects.active().values("gpu_id")
     return OrchestratorStatus(
         config=SchedulerSettings.load(),
+        default_policy=PoolPolicy.default(),
         jobs=jobs,
         gpus_present=Gpu.objects.present().count(),
         gpus_allocated=allocated.count(),

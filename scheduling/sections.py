@@ -1,17 +1,20 @@
-"""The allocation history on the GPU page (``inventory.signals.page_sections_requested``):
-every job the GPU was given to, newest first, with its user and dates; the last
-``ALLOCATION_HISTORY`` on the page, the rest through ``/api/v1/allocations/?gpu=<uuid>``."""
+"""Scheduling's sections of the GPU and node pages (``inventory.signals.page_sections_requested``):
+the GPU's allocation history (every job the GPU was given to, newest first, with its user and
+dates; the last ``ALLOCATION_HISTORY`` on the page, the rest through
+``/api/v1/allocations/?gpu=<uuid>``), and the GPU's or node's coming reservations with a link
+to its week calendar."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models.functions import Now
 from django.urls import reverse
 from django.utils.http import urlencode
 
 from inventory.models import Gpu, Node
 from inventory.pages.common import Section
-from scheduling.models import Allocation
+from scheduling.models import Allocation, Reservation, ReservationGpu, ReservationState
 from scheduling.pages import state_colour
 
 ORDER = 40  # after the charts and the health events
@@ -37,3 +40,31 @@ def allocation_section(
         "all_url": f"{reverse('scheduling-api-v1:allocation-list')}?{urlencode({'gpu': obj.uuid})}",
     }
     return Section("scheduling/partials/gpu_allocations.html", context, ORDER)
+
+
+RESERVATIONS_ORDER = 45  # after the allocation history
+RESERVATIONS_SHOWN = 10
+
+
+def reservation_section(
+    sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
+) -> Section | None:
+    """Receiver of ``page_sections_requested``: the GPU's or the node's reservations that are
+    not over, soonest first, and a link to its week calendar (two queries)."""
+    if isinstance(obj, Gpu) and page == "gpu":
+        holds = ReservationGpu.objects.filter(gpu=obj)
+        calendar = reverse("reservations:gpu-calendar", args=[obj.uuid])
+    elif isinstance(obj, Node) and page == "node":
+        holds = ReservationGpu.objects.filter(gpu__node=obj)
+        calendar = reverse("reservations:node-calendar", args=[obj.hostname])
+    else:
+        return None
+    coming = Reservation.objects.filter(
+        pk__in=holds.values("reservation_id"), state=ReservationState.APPROVED, end__gt=Now()
+    ).select_related("owner")
+    context = {
+        "reservations": list(coming.order_by("start", "pk")[:RESERVATIONS_SHOWN]),
+        "total": coming.count(),
+        "calendar_url": calendar,
+    }
+    return Section("scheduling/partials/reservations_section.html", context, RESERVATIONS_ORDER)

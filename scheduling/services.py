@@ -8,40 +8,58 @@ the loop and reach agents through ``scheduling.dispatch``.
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
 import shlex
 import time
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any, TypedDict
 
 from django.contrib.auth.models import User
+from django.contrib.postgres.aggregates import BoolOr
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Max
 from django.db.models.functions import Now
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gpuadmin.audit.services import audit_event, record, record_all
+from gpuadmin.audit.models import AuditEvent
+from gpuadmin.audit.services import (
+    audit_event,
+    create_recorded,
+    record,
+    record_all,
+    record_each,
+)
 from gpuadmin.text import unstorable
 from inventory import live
-from inventory.models import Gpu, Node
-from scheduling import dispatch
+from inventory.models import Gpu, MigInstance, Node, Pool
+from inventory.nvml.mig_catalog import table_for_gpu
+from inventory.querysets import pool_name
+from inventory.usability import Reason as UsabilityReason
+from scheduling import dependencies, dispatch, slurm
 from scheduling.executor import ExecutorEvent, JobStarted, parse_executor_id
 from scheduling.models import (
     HOLDING_STATES,
     NOT_WAITING,
     TERMINAL_STATES,
     Allocation,
+    AllocationKind,
     Job,
+    JobArray,
     JobState,
     Priority,
+    Reservation,
+    ReservationState,
 )
 
 S = JobState
@@ -51,7 +69,7 @@ log = logging.getLogger("gpuadmin.jobs")
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.QUEUED, S.CANCELED}),
     S.QUEUED: frozenset({S.PENDING, S.SCHEDULED, S.CANCELED}),
-    S.SCHEDULED: frozenset({S.RUNNING, S.QUEUED, S.COMPLETED, S.FAILED, S.CANCELED}),
+    S.SCHEDULED: frozenset({S.RUNNING, S.QUEUED, S.COMPLETED, S.FAILED, S.CANCELED, S.PREEMPTED}),
     S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.CANCELED, S.QUEUED, S.PREEMPTED}),
     S.PREEMPTED: frozenset({S.QUEUED, S.CANCELED}),
     S.COMPLETED: frozenset(),
@@ -81,6 +99,14 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "estimated_duration_s": (1, MAX_RUNTIME_S),
     "max_runtime_s": (1, MAX_RUNTIME_S),
     "max_retries": (0, 20),
+    "mps_percent": (1, 100),  # of the GPU's SMs
+    "mps_memory_mib": (1, 1024 * 1024),
+    # Job arrays (``--array``): tasks of one array, its indexes, and its %N cap.
+    "array_tasks": (1, 10_000),
+    "array_index": (0, 9_999_999),
+    "array_max_running": (1, 10_000),
+    # Jobs one job may depend on (``--dependency``).
+    "dependencies": (0, 100),
 }
 
 
@@ -108,15 +134,22 @@ def limit_bounds(field: str) -> Bounds:
     return {"min_value": low, "max_value": high}
 
 
+# Django's range validators of each limit (their messages are the ones the form shows).
+_LIMIT_VALIDATORS = {
+    name: (MinValueValidator(low), MaxValueValidator(high))
+    for name, (low, high) in SUBMISSION_LIMITS.items()
+}
+
+
 def check_limits(fields: Mapping[str, Any]) -> None:
     """``JobRejected`` naming the first field outside ``SUBMISSION_LIMITS``."""
-    for name, (low, high) in SUBMISSION_LIMITS.items():
+    for name, validators in _LIMIT_VALIDATORS.items():
         value = fields.get(name)
         if value is None:
             continue
         try:
-            MinValueValidator(low)(value)
-            MaxValueValidator(high)(value)
+            for validator in validators:
+                validator(value)
         except ValidationError as exc:
             raise JobRejected(name, exc.messages[0]) from None
 
@@ -219,10 +252,18 @@ def split_command(command: str | list[str], use_shell: bool) -> list[str]:
         return command
     if use_shell:
         return [command]
+    if not _SHELL_QUOTING.search(command):  # most commands: as shlex would, 4x faster
+        return _SHELL_WORD.findall(command)
     try:
         return shlex.split(command)
     except ValueError as exc:  # e.g. an unclosed quote
         raise JobRejected("command", f"cannot split into arguments: {exc}") from None
+
+
+# What shlex.split() (POSIX mode, no comments) treats specially besides its whitespace: a
+# string without these splits at runs of its whitespace, nothing else.
+_SHELL_QUOTING = re.compile(r"[\\'\"]")
+_SHELL_WORD = re.compile(r"[^ \t\r\n]+")
 
 
 # --------------------------------------------------------------------------- transitions
@@ -253,6 +294,9 @@ def transition(
             fields.setdefault("finished_at", now)
         if to in TERMINAL_STATES or to == S.QUEUED:
             fields.setdefault("pid", None)
+            if locked.preempted_by_id is not None:  # its preemption ends with its attempt
+                fields.setdefault("preempted_by", None)
+                fields.setdefault("preempt_requested_at", None)
         if message:
             fields["message"] = message
         # A job that stops waiting drops the loop's word on its wait (not audited, like it).
@@ -307,12 +351,25 @@ def release_allocations(job: Job) -> list[str]:
 # --------------------------------------------------------------------------- submission
 
 
+@dataclass
+class PoolShape:
+    """What the GPUs of one pool (or those in no pool) could ever hold."""
+
+    # model -> (most such GPUs on one node, nodes with them, largest memory in MiB), of the
+    # GPUs that take whole-GPU jobs (every GPU but the MPS-shared ones)
+    models: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    mig_models: set[str] = field(default_factory=set)  # models of its MIG-capable GPUs
+    mps_models: dict[str, int] = field(default_factory=dict)  # MPS-shared: model -> memory MiB
+
+
 @dataclass(frozen=True)
 class FleetShape:
-    """What the fleet could ever hold, to refuse impossible requests up front."""
+    """What the fleet could ever hold, per pool, to refuse impossible requests up front. A
+    GPU's pool is its own, else its node's; ``None``: the GPUs in no pool, the only ones a job
+    without a pool runs on."""
 
-    # model -> (largest GPU count on one node, nodes with GPUs of it, largest memory in MiB)
-    models: dict[str, tuple[int, int, int]]
+    pools: dict[str | None, PoolShape]
+    pool_names: frozenset[str]  # every pool, with GPUs or not
 
     @classmethod
     def cached(cls, max_age_s: float = 5.0) -> FleetShape:
@@ -334,33 +391,91 @@ class FleetShape:
     def now(cls) -> FleetShape:
         per_node = (
             Gpu.objects.present()
-            .values("node_id", "name")
-            .annotate(count=Count("pk"), memory=Max("memory_total_mib"))
-        )
-        models: dict[str, tuple[int, int, int]] = {}
-        for row in per_node:
-            count, nodes, memory = models.get(row["name"], (0, 0, 0))
-            models[row["name"]] = (
-                max(count, row["count"]),
-                nodes + 1,
-                max(memory, row["memory"] or 0),
+            .values(
+                "node_id",
+                "name",
+                "mps_shared",
+                pool_name=pool_name(),
             )
-        return cls(models)
+            .annotate(count=Count("pk"), memory=Max("memory_total_mib"), mig=BoolOr("mig_capable"))
+        )
+        pools: dict[str | None, PoolShape] = {}
+        for row in per_node:
+            shape = pools.setdefault(row["pool_name"], PoolShape())
+            name, memory = row["name"], row["memory"] or 0
+            if row["mig"]:
+                shape.mig_models.add(name)
+            if row["mps_shared"]:
+                shape.mps_models[name] = max(shape.mps_models.get(name, 0), memory)
+                continue
+            count, nodes, largest = shape.models.get(name, (0, 0, 0))
+            shape.models[name] = (max(count, row["count"]), nodes + 1, max(largest, memory))
+        return cls(pools, frozenset(Pool.objects.values_list("name", flat=True)))
 
-    def check(self, *, gpu_count: int, node_count: int, gpu_model: str, min_mib: int) -> None:
-        """``JobRejected`` naming the first field no part of the fleet could ever satisfy."""
-        if not self.models:
+    def where(self, pool: str | None) -> str:
+        """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
+        pool."""
+        if pool is not None:
+            return f"in pool {pool}"
+        return "in the fleet" if set(self.pools) <= {None} else "outside the pools"
+
+    def check(
+        self,
+        *,
+        pool: str | None,
+        gpu_count: int,
+        node_count: int,
+        gpu_model: str,
+        min_mib: int,
+        mig_profile: str = "",
+        mps_memory_mib: int | None = None,
+        mps: bool = False,
+    ) -> None:
+        """``JobRejected`` naming the first field no GPU of ``pool`` could ever satisfy."""
+        if not self.pools:
             raise JobRejected("gpu_count", "the fleet has no GPUs yet")
-        if gpu_model and gpu_model not in self.models:
-            known = ", ".join(sorted(self.models))
-            raise JobRejected("gpu_model", f"no GPU model {gpu_model!r}; the fleet has: {known}")
-        candidates = [self.models[gpu_model]] if gpu_model else list(self.models.values())
-        largest = max(count for count, _, _ in candidates)
-        if gpu_count > largest:
-            where = f"{gpu_model} " if gpu_model else ""
+        if pool is not None and pool not in self.pool_names:
+            pools = ", ".join(sorted(self.pool_names)) or "none"
+            raise JobRejected("pool", f"no pool {pool!r}; the pools are: {pools}")
+        shape = self.pools.get(pool)
+        if shape is None:
+            with_gpus = ", ".join(sorted(name for name in self.pools if name is not None))
+            if pool is None:
+                raise JobRejected("pool", f"every GPU is in a pool: name one of {with_gpus}")
+            raise JobRejected("pool", f"pool {pool} has no GPUs; these have: {with_gpus}")
+        if mig_profile:
+            self._check_mig(pool, shape, gpu_model, mig_profile)
+        elif mps:
+            self._check_mps(pool, shape, gpu_model, mps_memory_mib)
+        else:
+            self._check_whole(pool, shape, gpu_count, node_count, gpu_model, min_mib)
+
+    def _check_whole(
+        self,
+        pool: str | None,
+        shape: PoolShape,
+        gpu_count: int,
+        node_count: int,
+        gpu_model: str,
+        min_mib: int,
+    ) -> None:
+        if not shape.models:
             raise JobRejected(
                 "gpu_count",
-                f"{gpu_count} GPUs per node, but no node has more than {largest} {where}GPUs",
+                f"every GPU {self.where(pool)} is MPS-shared: ask for a share (mps_percent)",
+            )
+        if gpu_model and gpu_model not in shape.models:
+            known = ", ".join(sorted(shape.models))
+            has = {"in the fleet": "the fleet has", "outside the pools": "the GPUs in no pool are"}
+            where = has.get(self.where(pool), f"pool {pool} has")
+            raise JobRejected("gpu_model", f"no GPU model {gpu_model!r}; {where}: {known}")
+        candidates = [shape.models[gpu_model]] if gpu_model else list(shape.models.values())
+        largest = max(count for count, _, _ in candidates)
+        if gpu_count > largest:
+            what = f"{gpu_model} " if gpu_model else ""
+            raise JobRejected(
+                "gpu_count",
+                f"{gpu_count} GPUs per node, but no node has more than {largest} {what}GPUs",
             )
         memory = max(mib for _, _, mib in candidates)
         if min_mib > memory:
@@ -376,21 +491,69 @@ class FleetShape:
                 f"that many",
             )
 
+    def _check_mig(self, pool: str | None, shape: PoolShape, gpu_model: str, profile: str) -> None:
+        where = self.where(pool)
+        if gpu_model and gpu_model not in shape.mig_models:
+            raise JobRejected("gpu_model", f"no MIG-capable {gpu_model} {where}")
+        models = sorted({gpu_model} if gpu_model else shape.mig_models)
+        if not models:
+            raise JobRejected("mig_profile", f"no MIG-capable GPU {where}")
+        tables = [table for model in models if (table := table_for_gpu(model)) is not None]
+        known = dict.fromkeys(p.name for table in tables for p in table.profiles)
+        if profile not in known:
+            raise JobRejected(
+                "mig_profile",
+                f"no MIG-capable GPU {where} has a {profile!r} profile; they have: "
+                f"{', '.join(known) or 'none known'}",
+            )
+
+    def _check_mps(
+        self, pool: str | None, shape: PoolShape, gpu_model: str, memory_mib: int | None
+    ) -> None:
+        where = self.where(pool)
+        memories = [mib for model, mib in shape.mps_models.items() if gpu_model in ("", model)]
+        if not memories:
+            what = f"{gpu_model} " if gpu_model else ""
+            raise JobRejected("mps_percent", f"no MPS-shared {what}GPU {where}")
+        if memory_mib is not None and memory_mib > max(memories):
+            raise JobRejected(
+                "mps_memory_mib",
+                f"{memory_mib} MiB, but the largest MPS-shared GPU {where} has {max(memories)} MiB",
+            )
+
 
 _fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
 
+SHARES_ONE_GPU = "a MIG device or an MPS share is one GPU of one node"
 
-def submit_job(
+
+@dataclass(frozen=True)
+class Submission:
+    """A checked request: what ``Job`` rows of it hold, and what they depend on."""
+
+    fields: dict[str, Any]  # Job fields, pool and reservation as rows
+    needs: list[tuple[str, Job]]  # (DependencyKind, job it depends on)
+
+    @property
+    def dependency_text(self) -> str:
+        """``afterok:12:13,afterany:14``, as Slurm writes it."""
+        return dependencies.text((kind, job.pk) for kind, job in self.needs)
+
+
+def check_submission(
     owner: User,
     *,
     command: str | list[str],
     use_shell: bool = False,
-    hold: bool = False,
+    pool: str | None = None,
+    reservation: int | None = None,
+    dependency: str | Sequence[tuple[str, int]] | None = None,
     **fields: Any,
-) -> Job:
-    """Validate a request against the fleet's shape, store it QUEUED (PENDING when held) and
-    audit ``job.submitted``; the placement loop is woken when the transaction commits.
-    Raises ``JobRejected`` for requests that could never run."""
+) -> Submission:
+    """Everything a submission must satisfy before anything is written: ``JobRejected``
+    naming the field for a request that could never run. ``pool`` is a pool's name,
+    ``reservation`` the id of a requested or approved reservation of ``owner``'s, and
+    ``dependency`` Slurm's ``afterok:12:13,afterany:14`` or (kind, job id) pairs."""
     for arg in [command] if isinstance(command, str) else command:
         check_text("command", arg)
     argv = split_command(command, use_shell)
@@ -400,7 +563,7 @@ def submit_job(
         raise JobRejected("command", f"at most {MAX_ARGV} arguments")
     if sum(map(len, argv)) > MAX_COMMAND_CHARS:
         raise JobRejected("command", f"at most {MAX_COMMAND_CHARS} characters")
-    for name, value in fields.items():
+    for name, value in {**fields, "pool": pool}.items():
         if isinstance(value, str):
             check_text(name, value)
     check_limits(fields)
@@ -410,31 +573,215 @@ def submit_job(
     working_dir = fields.get("working_dir") or ""
     if working_dir and not posixpath.isabs(working_dir):
         raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
-    FleetShape.cached().check(
+    _check_sharing(fields)
+    if reservation is not None:
+        fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
+    shape = FleetShape.cached()
+    shape.check(
+        pool=pool,
         gpu_count=fields.get("gpu_count", 1),
         node_count=fields.get("node_count", 1),
         gpu_model=fields.get("gpu_model", ""),
         min_mib=fields.get("min_gpu_memory_mib", 0),
+        mig_profile=fields.get("mig_profile", ""),
+        mps=fields.get("mps_percent") is not None,
+        mps_memory_mib=fields.get("mps_memory_mib"),
     )
-    state = S.PENDING if hold else S.QUEUED
-    with transaction.atomic():
-        job = Job.objects.create(
-            owner=owner, command=argv, use_shell=use_shell, state=state, **fields
+    if pool is not None:
+        fields["pool"] = Pool.objects.filter(name=pool).first()
+        if fields["pool"] is None:  # deleted since the shape was read
+            raise JobRejected("pool", f"no pool {pool!r}")
+    needs = dependencies.check(owner, dependency) if dependency else []
+    return Submission({"command": argv, "use_shell": use_shell, **fields}, needs)
+
+
+def _check_sharing(fields: Mapping[str, Any]) -> None:
+    """A MIG device or an MPS share: one GPU of one node, and not both."""
+    mig, mps = fields.get("mig_profile"), fields.get("mps_percent") is not None
+    if mig and mps:
+        raise JobRejected("mps_percent", "a job gets a MIG device or an MPS share, not both")
+    if fields.get("mps_memory_mib") is not None and not mps:
+        raise JobRejected("mps_memory_mib", "a memory limit of an MPS share: give mps_percent")
+    if (mig or mps) and fields.get("gpu_count", 1) != 1:
+        raise JobRejected("gpu_count", f"{SHARES_ONE_GPU}: gpu_count must be 1")
+    if (mig or mps) and fields.get("node_count", 1) != 1:
+        raise JobRejected("node_count", f"{SHARES_ONE_GPU}: node_count must be 1")
+
+
+def _reservation(
+    owner: User, reservation_id: int, pool: str | None, fields: Mapping[str, Any]
+) -> tuple[Reservation, str | None]:
+    """The reservation a job runs in (``owner``'s own, requested or approved, not ended) and
+    the job's pool: the reservation's when the job names none."""
+    found = (
+        Reservation.objects.select_related("pool").filter(pk=reservation_id, owner=owner).first()
+    )
+    if found is None:
+        raise JobRejected("reservation", f"you have no reservation {reservation_id}")
+    if found.state not in (ReservationState.REQUESTED, ReservationState.APPROVED):
+        raise JobRejected(
+            "reservation",
+            f"reservation {found.pk} is {found.get_state_display().lower()}: jobs run only in "
+            "a requested or approved one",
         )
-        record(
-            "job.submitted",
-            actor=owner,
-            target=job,
-            after={
-                "state": state,
-                "gpu_count": job.gpu_count,
-                "node_count": job.node_count,
-                "priority": job.priority,
-            },
+    if found.end <= timezone.now():
+        raise JobRejected(
+            "reservation", f"reservation {found.pk} ended at {found.end:%Y-%m-%d %H:%M}"
         )
+    held = found.pool.name if found.pool else None
+    if pool is not None and pool != held:
+        raise JobRejected(
+            "reservation",
+            f"reservation {found.pk} is in {held and f'pool {held}' or 'no pool'}, "
+            f"not in pool {pool}",
+        )
+    needed = fields.get("gpu_count", 1) * fields.get("node_count", 1)
+    if needed > found.gpu_count:
+        raise JobRejected(
+            "reservation",
+            f"the job needs {needed} GPUs; reservation {found.pk} holds {found.gpu_count}",
+        )
+    model = fields.get("gpu_model", "")
+    if model and found.gpu_model and model != found.gpu_model:
+        raise JobRejected(
+            "reservation", f"reservation {found.pk} holds {found.gpu_model} GPUs, not {model}"
+        )
+    return found, held
+
+
+def parse_array(spec: str) -> slurm.ArraySpec:
+    """``spec`` (``0-999%50``) within ``SUBMISSION_LIMITS``; ``JobRejected`` naming ``array``."""
+    check_text("array", spec)
+    try:
+        parsed = slurm.parse_array(
+            spec,
+            max_tasks=SUBMISSION_LIMITS["array_tasks"][1],
+            max_index=SUBMISSION_LIMITS["array_index"][1],
+        )
+    except slurm.SpecError as exc:
+        raise JobRejected("array", str(exc)) from None
+    cap = SUBMISSION_LIMITS["array_max_running"][1]
+    if parsed.max_running is not None and parsed.max_running > cap:
+        raise JobRejected("array", f"a %N cap of at most {cap}")
+    return parsed
+
+
+def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
+    """What ``job.submitted`` records of a job: its request's state, size and priority, and
+    what else it asked for."""
+    after = {
+        "state": job.state,
+        "gpu_count": job.gpu_count,
+        "node_count": job.node_count,
+        "priority": job.priority,
+    }
+    optional = {
+        "pool": job.pool.name if job.pool else None,
+        "mig_profile": job.mig_profile,
+        "mps_percent": job.mps_percent,
+        "mps_memory_mib": job.mps_memory_mib,
+        "reservation": job.reservation_id,
+        "array": job.array_id,
+        "array_index": job.array_index,
+        "dependency": submission.dependency_text,
+    }
+    return {**after, **{name: value for name, value in optional.items() if value not in (None, "")}}
+
+
+def submit_job(owner: User, *, hold: bool = False, **request: Any) -> Job:
+    """Validate a request (``check_submission``), store it QUEUED (PENDING when held) with
+    its dependencies and audit ``job.submitted``; the placement loop is woken when the
+    transaction commits. Raises ``JobRejected`` for requests that could never run."""
+    submission = check_submission(owner, **request)
+    job = Job(owner=owner, state=S.PENDING if hold else S.QUEUED, **submission.fields)
+    # The job and its audit row in one statement, atomic by itself (no BEGIN/COMMIT round
+    # trips); a transaction only when its dependencies are rows of their own.
+    with transaction.atomic() if submission.needs else nullcontext():
+        create_recorded(job, "job.submitted", actor=owner, after=_submitted(job, submission))
+        dependencies.store([job.pk], submission.needs)
         if not hold:
             request_placement_pass()
     return job
+
+
+@dataclass(frozen=True)
+class SubmittedArray:
+    array: JobArray
+    task_ids: list[int]  # in index order
+
+
+def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) -> SubmittedArray:
+    """One ``--array`` submission (``spec`` as in ``slurm.parse_array``): a ``JobArray`` and
+    a job per index, each as ``submit_job`` would store it, written in one transaction: the
+    jobs in one INSERT (``_insert_tasks``), their dependencies in one multi-row INSERT, their
+    audit rows (``job.submitted`` each) in one INSERT (``record_each``) and
+    ``array.submitted``; the placement loop is woken once."""
+    parsed = parse_array(spec)
+    submission = check_submission(owner, **request)
+    state = S.PENDING if hold else S.QUEUED
+    with transaction.atomic():
+        array = JobArray.objects.create(
+            owner=owner,
+            spec=spec.strip(),
+            size=len(parsed.indexes),
+            max_running=parsed.max_running,
+        )
+        task = Job(owner=owner, state=state, array=array, **submission.fields)
+        task_ids = _insert_tasks(task, parsed.indexes)
+        dependencies.store(task_ids, submission.needs)
+        record(
+            "array.submitted",
+            actor=owner,
+            target=array,
+            after={"size": array.size, "max_running": array.max_running, "state": state},
+        )
+        record_each(
+            "job.submitted",
+            _task_changes(task, task_ids, parsed.indexes, submission),
+            target_type=Job._meta.label_lower,
+            actor=owner,
+        )
+        if not hold:
+            request_placement_pass()
+    return SubmittedArray(array, task_ids)
+
+
+def _task_changes(
+    task: Job, task_ids: Sequence[int], indexes: Sequence[int], submission: Submission
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """Each task's (id, text, ``job.submitted`` after), ``task`` standing for each in turn."""
+    after = _submitted(task, submission)
+    for task.pk, task.array_index in zip(task_ids, indexes, strict=True):
+        yield task.pk, str(task), {**after, "array_index": task.array_index}
+
+
+def _insert_tasks(task: Job, indexes: Sequence[int]) -> list[int]:
+    """Store ``task`` (unsaved) once per index as its ``array_index``, in one ``INSERT ...
+    SELECT`` over ``unnest()`` of the indexes: a parameter per column, however many tasks (a
+    multi-row ``VALUES`` takes one per column and row, and PostgreSQL at most 65,535 in all).
+    The ids, in the order of ``indexes``."""
+    meta = Job._meta
+    columns = [f for f in meta.concrete_fields if not f.primary_key and f.name != "array_index"]
+    quote = connection.ops.quote_name
+    values = [f.get_db_prep_save(f.pre_save(task, add=True), connection) for f in columns]
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} "
+        f"({', '.join(quote(f.column) for f in columns)}, {quote('array_index')}) "
+        f"SELECT {', '.join(f'%s::{f.db_type(connection)}' for f in columns)}, task.index "
+        "FROM unnest(%b::integer[]) WITH ORDINALITY AS task(index, n) ORDER BY task.n "
+        f"RETURNING {quote(meta.pk.column)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, list(indexes)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def submit(owner: User, *, array: str = "", **request: Any) -> Job | SubmittedArray:
+    """``submit_array`` with an ``array`` spec, else ``submit_job``: what the API, the form
+    and the CLI call."""
+    if array:
+        return submit_array(owner, array, **request)
+    return submit_job(owner, **request)
 
 
 def release_job(job: Job, *, actor: User) -> Job:
@@ -449,9 +796,11 @@ def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
     is unreachable nothing can be signalled and the job ends at once."""
     message = reason or f"canceled by {actor.get_username()}"
     job.refresh_from_db()  # decide on the stored state and attempt, never a stale copy
-    nodes = _job_nodes(job) if job.state in HOLDING_STATES else []
+    nodes = job_nodes(job) if job.state in HOLDING_STATES else []
     if nodes and all(node.is_reachable() for node in nodes):
         with transaction.atomic():
+            # A cancel overrides a preemption under way: its end is a cancel, not re-queued.
+            Job.objects.filter(pk=job.pk).update(preempted_by=None, preempt_requested_at=None)
             record(
                 "job.cancel_requested",
                 actor=actor,
@@ -463,6 +812,74 @@ def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
             transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message))
         return job
     return transition(job, S.CANCELED, actor=actor, message=message)
+
+
+def cancel_waiting(
+    messages: Mapping[int, str], *, actor: User | None = None, actor_name: str | None = None
+) -> list[int]:
+    """Cancel those of the jobs ``messages`` names (id -> why) that still wait (held or
+    queued), as ``transition`` would one by one, but in one transaction of a fixed number of
+    statements (one UPDATE per distinct message, one audit insert of ``job.canceled`` rows)
+    whatever their number; the loop is woken on commit. The ids canceled: a job that moved on
+    meanwhile is left alone (placed jobs end through their agents: ``cancel_job``)."""
+    waiting = [state for state in (S.PENDING, S.QUEUED) if S.CANCELED in TRANSITIONS[state]]
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(pk__in=list(messages), state__in=waiting)
+            .only("pk", "name", "state")
+            .order_by("pk")
+        )
+        if not jobs:
+            return []
+        now = timezone.now()
+        by_message: dict[str, list[int]] = defaultdict(list)
+        for job in jobs:
+            by_message[messages[job.pk]].append(job.pk)
+        for message, ids in by_message.items():
+            Job.objects.filter(pk__in=ids).update(
+                state=S.CANCELED, finished_at=now, pid=None, message=message, **NOT_WAITING
+            )
+        record_all(
+            [
+                audit_event(
+                    f"job.{S.CANCELED}",
+                    actor=actor,
+                    actor_name=actor_name,
+                    target=job,
+                    before={"state": job.state},
+                    after={"state": S.CANCELED, "finished_at": now, "pid": None},
+                    message=messages[job.pk],
+                )
+                for job in jobs
+            ]
+        )
+        request_placement_pass()
+    log.info("%d waiting jobs canceled", len(jobs))
+    return [job.pk for job in jobs]
+
+
+@dataclass(frozen=True)
+class ArrayCanceled:
+    canceled: list[int]  # tasks canceled now (those that were waiting, mostly)
+    canceling: list[int]  # tasks on GPUs: their agents stop them (``cancel_job``)
+
+
+def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
+    """Cancel every unfinished task of ``array`` (Slurm's ``scancel`` of an array job): the
+    waiting ones at once (``cancel_waiting``), those on GPUs through their agents."""
+    message = f"array {array.pk} canceled by {actor.get_username()}"
+    tasks = array.tasks.exclude(state__in=TERMINAL_STATES)
+    waiting = list(tasks.filter(state__in=(S.PENDING, S.QUEUED)).values_list("pk", flat=True))
+    canceled = cancel_waiting(dict.fromkeys(waiting, message), actor=actor)
+    canceling: list[int] = []
+    for task in tasks.exclude(pk__in=canceled).order_by("pk"):
+        try:
+            cancel_job(task, actor=actor, reason=message)
+        except IllegalTransition:  # it ended meanwhile
+            continue
+        (canceled if task.is_terminal else canceling).append(task.pk)
+    return ArrayCanceled(canceled, canceling)
 
 
 def stop_jobs_on_gpus(
@@ -488,7 +905,7 @@ def stop_jobs_on_gpus(
         with transaction.atomic():
             if not holding.filter(pk=job.pk).select_for_update(of=("self",)).exists():
                 continue  # ended, or requeued and placed elsewhere, since the query
-            hostnames = [node.hostname for node in _job_nodes(job) if node.is_reachable()]
+            hostnames = [node.hostname for node in job_nodes(job) if node.is_reachable()]
             locked = transition(
                 job.pk, S.QUEUED if requeue else S.FAILED, actor_name=HEALTH_ACTOR, message=reason
             )
@@ -498,7 +915,7 @@ def stop_jobs_on_gpus(
     return stopped
 
 
-def _job_nodes(job: Job) -> list[Node]:
+def job_nodes(job: Job) -> list[Node]:
     return list(
         Node.objects.filter(allocations__job=job, allocations__released_at__isnull=True)
         .distinct()
@@ -538,6 +955,285 @@ class AllocationRefused(ValueError):
     """GPUs that could not be given: taken already, unschedulable, or the job is not waiting."""
 
 
+@dataclass(frozen=True)
+class Grant:
+    """What one placement gives a QUEUED job: whole GPUs, or one MIG device (``mig_instance``,
+    a ``MigInstance`` id) or one MPS share of its one GPU."""
+
+    job_id: int
+    gpu_ids: tuple[int, ...]
+    placement: dict[str, Any] | None = None  # why these GPUs (``Job.placement``)
+    mig_instance: int | None = None
+    mps_percent: int | None = None
+    mps_memory_mib: int | None = None
+    borrowed: bool = False  # placed over its quota on idle GPUs: reclaimed first
+
+    @property
+    def kind(self) -> AllocationKind:
+        if self.mig_instance is not None:
+            return AllocationKind.MIG
+        return AllocationKind.GPU if self.mps_percent is None else AllocationKind.MPS
+
+
+# What the one rule (``Gpu.unusable``) may say of a GPU that takes a grant of each kind: a
+# whole GPU nothing at all; a MIG device or an MPS share only that the GPU is shared that way.
+_SHARED_AS = {
+    AllocationKind.GPU: None,
+    AllocationKind.MIG: UsabilityReason.MIG,
+    AllocationKind.MPS: UsabilityReason.MPS,
+}
+
+
+@dataclass
+class Allocated:
+    """What ``allocate_many`` committed: each job granted (SCHEDULED now, its owner's Unix
+    account loaded) with its allocations (GPU and node loaded), and why each other was
+    refused, by job id."""
+
+    granted: list[tuple[Job, list[Allocation]]] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+
+    def add(self, other: Allocated) -> None:
+        self.granted += other.granted
+        self.refused.update(other.refused)
+
+
+def allocate_many(
+    grants: Sequence[Grant],
+    *,
+    actor: User | None = None,
+    actor_name: str | None = None,
+    manual: bool = False,
+) -> Allocated:
+    """Commit ``grants`` (each job's all or nothing) in one transaction of a fixed number of
+    statements however many there are: the GPU rows locked in one query in primary-key order
+    (as every writer locks them: no deadlock), then the jobs; each grant re-checked against
+    the one rule with the GPUs' latest live samples and its job still QUEUED; the
+    allocations inserted, audited (``allocation.created``), and the jobs made SCHEDULED
+    (``job.scheduled``, their attempt counted) in bulk.
+
+    A grant the checks refuse is left out and the others commit. When the database refuses
+    the batch (the partial unique index or the sharing trigger: a GPU given meanwhile, or
+    twice), nothing of it is written and its grants are committed one by one instead, so that
+    one refusal never costs the others."""
+    try:
+        with transaction.atomic():
+            return _allocate(grants, actor, actor_name, manual)
+    except IntegrityError as exc:
+        if len(grants) == 1:
+            why = f"a GPU was allocated meanwhile ({exc.__cause__})"
+            return Allocated(refused={grants[0].job_id: why})
+    outcome = Allocated()
+    for grant in grants:
+        outcome.add(allocate_many([grant], actor=actor, actor_name=actor_name, manual=manual))
+    return outcome
+
+
+def _allocate(
+    grants: Sequence[Grant], actor: User | None, actor_name: str | None, manual: bool
+) -> Allocated:
+    """``allocate_many``'s transaction (the caller's)."""
+    outcome = Allocated()
+    gpu_ids = sorted({gpu_id for grant in grants for gpu_id in grant.gpu_ids})
+    gpus = {
+        gpu.pk: gpu
+        for gpu in Gpu.objects.select_for_update(of=("self",))
+        .filter(pk__in=gpu_ids)
+        .select_related("node")
+        .order_by("pk")
+    }
+    jobs = {
+        job.pk: job
+        for job in Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=[grant.job_id for grant in grants])
+        .select_related("owner__unix_account")
+        .order_by("pk")
+    }
+    devices = _mig_devices(grants)
+    try:
+        samples = live.latest({gpu.node.hostname for gpu in gpus.values()})
+    except RedisError as exc:
+        why = f"the GPUs' live samples cannot be read: {exc}"
+        return Allocated(refused=dict.fromkeys((grant.job_id for grant in grants), why))
+    accepted: list[Grant] = []
+    for grant in grants:
+        refusal = _refusal(grant, jobs.get(grant.job_id), gpus, devices, samples)
+        if refusal:
+            outcome.refused[grant.job_id] = refusal
+        else:
+            accepted.append(grant)
+    if not accepted:
+        return outcome
+    rows = [
+        Allocation(
+            job=jobs[grant.job_id],
+            gpu=gpus[gpu_id],
+            node=gpus[gpu_id].node,
+            attempt=jobs[grant.job_id].attempt + 1,
+            manual=manual,
+            kind=grant.kind,
+            mig_instance_id=grant.mig_instance,
+            device_uuid=gpus[gpu_id].uuid
+            if grant.mig_instance is None
+            else devices[grant.mig_instance][1],
+            mps_percent=grant.mps_percent,
+            mps_memory_mib=grant.mps_memory_mib,
+        )
+        for grant in accepted
+        for gpu_id in sorted(grant.gpu_ids)
+    ]
+    _insert_allocations(rows)
+    record_each(
+        "allocation.created",
+        ((row.pk, str(row), _allocation_facts(row)) for row in rows),
+        target_type=Allocation._meta.label_lower,
+        actor=actor,
+        actor_name=actor_name,
+    )
+    scheduled = _schedule([(jobs[grant.job_id], grant) for grant in accepted])
+    record_each(
+        f"job.{S.SCHEDULED}",
+        ((job.pk, str(job), after) for job, after in scheduled),
+        target_type=Job._meta.label_lower,
+        actor=actor,
+        actor_name=actor_name,
+        before={"state": S.QUEUED},
+    )
+    held: dict[int, list[Allocation]] = defaultdict(list)
+    for row in rows:
+        held[row.job_id].append(row)
+    outcome.granted += [(jobs[grant.job_id], held[grant.job_id]) for grant in accepted]
+    for grant in accepted:
+        log.info("job %d: %s -> %s", grant.job_id, S.QUEUED, S.SCHEDULED)
+    return outcome
+
+
+def _insert_allocations(rows: list[Allocation]) -> None:
+    """Insert unsaved allocations in one statement, setting their ids and start times (a pass
+    inserts thousands: ``bulk_create`` costs several times as much per row). Their start is
+    the statement's time, as ``allocated_at``'s default (see ``release_allocations``)."""
+    values = [[getattr(row, column) for row in rows] for column in INSERTED_COLUMNS]
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_ALLOCATIONS_SQL, values)
+        inserted = {(job_id, gpu_id): (pk, at) for pk, job_id, gpu_id, at in cursor.fetchall()}
+    for row in rows:
+        row.pk, row.allocated_at = inserted[row.job_id, row.gpu_id]
+
+
+INSERTED_COLUMNS = (
+    "job_id",
+    "gpu_id",
+    "node_id",
+    "attempt",
+    "manual",
+    "kind",
+    "mig_instance_id",
+    "device_uuid",
+    "mps_percent",
+    "mps_memory_mib",
+)
+INSERT_ALLOCATIONS_SQL = f"""
+    INSERT INTO scheduling_allocation ({", ".join(INSERTED_COLUMNS)}, allocated_at)
+    SELECT {", ".join(INSERTED_COLUMNS)}, statement_timestamp()
+    FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::integer[], %s::boolean[],
+                %s::text[], %s::bigint[], %s::text[], %s::integer[], %s::integer[])
+        WITH ORDINALITY AS new ({", ".join(INSERTED_COLUMNS)}, n)
+    ORDER BY n
+    RETURNING id, job_id, gpu_id, allocated_at
+"""
+
+
+def _mig_devices(grants: Sequence[Grant]) -> dict[int, tuple[int, str]]:
+    """The MIG devices the grants name: id -> (its GPU's id, its UUID); no query without."""
+    ids = [grant.mig_instance for grant in grants if grant.mig_instance is not None]
+    if not ids:
+        return {}
+    rows = MigInstance.objects.filter(pk__in=ids, uuid__isnull=False).values_list(
+        "pk", "gpu_id", "uuid"
+    )
+    return {pk: (gpu_id, str(uuid)) for pk, gpu_id, uuid in rows}
+
+
+def _refusal(
+    grant: Grant,
+    job: Job | None,
+    gpus: Mapping[int, Gpu],
+    devices: Mapping[int, tuple[int, str]],
+    samples: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> str:
+    """Why ``grant`` cannot be committed now (its rows locked), or ``""``."""
+    if job is None:
+        return f"job {grant.job_id} no longer exists"
+    if job.state != S.QUEUED:
+        return str(IllegalTransition(f"job {job.pk} cannot go from {job.state} to {S.SCHEDULED}"))
+    missing = sorted(set(grant.gpu_ids) - set(gpus))
+    if missing:
+        return f"no GPU with id {', '.join(map(str, missing))}"
+    if grant.mig_instance is not None:
+        [gpu_id] = grant.gpu_ids
+        if devices.get(grant.mig_instance, (None,))[0] != gpu_id:
+            return f"MIG device {grant.mig_instance} is no longer a device of GPU {gpu_id}"
+    allowed = _SHARED_AS[grant.kind]
+    found = []
+    for gpu_id in sorted(grant.gpu_ids):
+        gpu = gpus[gpu_id]
+        why = gpu.unusable(samples.get(gpu.node.hostname, {}).get(gpu.uuid))
+        if why is not None and why.code != allowed:
+            found.append(f"{gpu.uuid} ({why.message})")
+        elif why is None and allowed is not None:
+            found.append(f"{gpu.uuid} (it is not shared as {grant.kind})")
+    return f"GPUs not usable now: {'; '.join(found)}" if found else ""
+
+
+def _allocation_facts(row: Allocation) -> dict[str, Any]:
+    """An allocation's audited ``after``: its job, GPU and node, and what share of it."""
+    facts: dict[str, Any] = {"job": row.job_id, "gpu": row.gpu.uuid, "node": row.node.hostname}
+    if row.kind == AllocationKind.MIG:
+        facts.update(kind=row.kind, device=row.device_uuid)
+    elif row.kind == AllocationKind.MPS:
+        facts.update(kind=row.kind, mps_percent=row.mps_percent, mps_memory_mib=row.mps_memory_mib)
+    return facts
+
+
+def _schedule(granted: list[tuple[Job, Grant]]) -> list[tuple[Job, dict[str, Any]]]:
+    """Make the granted jobs (locked, QUEUED) SCHEDULED in one statement, as ``transition``
+    would: attempt counted, placement stored, the loop's word on their wait cleared. Each job
+    (updated in memory too) with its audited ``after``."""
+    now = timezone.now()
+    columns: tuple[list[Any], ...] = ([], [], [], [])
+    changed = []
+    for job, grant in granted:
+        fields = {
+            "attempt": job.attempt + 1,
+            "scheduled_at": now,
+            "placement": grant.placement,
+            "borrowed": grant.borrowed,
+        }
+        placement = None if grant.placement is None else json.dumps(grant.placement)
+        row = (job.pk, fields["attempt"], placement, grant.borrowed)
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+        job.__dict__.update(NOT_WAITING, state=S.SCHEDULED, **fields)
+        changed.append((job, {"state": S.SCHEDULED, **fields}))
+    cleared = ", ".join(f"{name} = %s" for name in NOT_WAITING)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            SCHEDULE_SQL.format(cleared=cleared),
+            [S.SCHEDULED, now, *NOT_WAITING.values(), *columns, S.QUEUED],
+        )
+    return changed
+
+
+SCHEDULE_SQL = """
+    UPDATE scheduling_job AS job
+    SET state = %s, scheduled_at = %s, {cleared}, attempt = new.attempt,
+        placement = new.placement::jsonb, borrowed = new.borrowed
+    FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::boolean[])
+        AS new (id, attempt, placement, borrowed)
+    WHERE job.id = new.id AND job.state = %s
+"""
+
+
 def allocate(
     job: Job,
     gpu_ids: Collection[int],
@@ -547,80 +1243,16 @@ def allocate(
     placement: dict[str, Any] | None = None,
     manual: bool = False,
 ) -> list[Allocation]:
-    """Give the GPUs ``gpu_ids`` to a QUEUED job and make it SCHEDULED, all or nothing, in one
-    transaction; the allocations, with their GPU and node loaded.
-
-    The GPU rows are locked in primary-key order (no deadlock between two passes) and must
-    still be usable (``Gpu.objects.schedulable()``, then their latest live samples: no NVML
-    error, no foreign process); the partial unique index refuses a GPU that has an active
-    allocation even if a caller skipped the lock. Raises ``AllocationRefused`` and writes
-    nothing."""
-    ids = sorted(set(gpu_ids))
-    try:
-        with transaction.atomic():
-            locked = list(
-                Gpu.objects.schedulable()
-                .select_for_update(of=("self",))
-                .filter(pk__in=ids)
-                .select_related("node")
-                .order_by("pk")
-            )
-            if len(locked) != len(ids):
-                gone = set(ids) - {gpu.pk for gpu in locked}
-                bad = Gpu.objects.filter(pk__in=gone).select_related("node").order_by("pk")
-                raise AllocationRefused(f"GPUs not schedulable: {_unusable_text(bad) or 'unknown'}")
-            try:
-                samples = live.latest({gpu.node.hostname for gpu in locked})
-            except RedisError as exc:
-                raise AllocationRefused(f"the GPUs' live samples cannot be read: {exc}") from None
-            refused = _unusable_text(locked, samples)
-            if refused:
-                raise AllocationRefused(f"GPUs not usable now: {refused}")
-            attempt = job.attempt + 1
-            rows = Allocation.objects.bulk_create(
-                Allocation(job=job, gpu=gpu, node=gpu.node, attempt=attempt, manual=manual)
-                for gpu in locked
-            )
-            record_all(
-                [
-                    audit_event(
-                        "allocation.created",
-                        actor=actor,
-                        actor_name=actor_name,
-                        target=allocation,
-                        after={"job": job.pk, "gpu": gpu.uuid, "node": gpu.node.hostname},
-                    )
-                    for allocation, gpu in zip(rows, locked, strict=True)
-                ]
-            )
-            transition(
-                job,
-                S.SCHEDULED,
-                actor=actor,
-                actor_name=actor_name,
-                expect=[S.QUEUED],
-                attempt=attempt,
-                scheduled_at=timezone.now(),
-                placement=placement,
-            )
-    except IntegrityError as exc:
-        raise AllocationRefused(f"a GPU was allocated meanwhile ({exc.__cause__})") from None
-    except IllegalTransition as exc:
-        raise AllocationRefused(str(exc)) from None
+    """Give the whole GPUs ``gpu_ids`` to a QUEUED job and make it SCHEDULED, all or nothing
+    (``allocate_many`` of one grant); the allocations, with their GPU and node loaded, and
+    ``job`` updated. Raises ``AllocationRefused`` and writes nothing."""
+    grant = Grant(job.pk, tuple(sorted(set(gpu_ids))), placement)
+    outcome = allocate_many([grant], actor=actor, actor_name=actor_name, manual=manual)
+    if outcome.refused:
+        raise AllocationRefused(outcome.refused[job.pk])
+    [(granted, rows)] = outcome.granted
+    job.__dict__.update(granted.__dict__)
     return rows
-
-
-def _unusable_text(
-    gpus: Iterable[Gpu], samples: dict[str, dict[str, dict[str, Any]]] | None = None
-) -> str:
-    """The GPUs (nodes loaded) that the one rule refuses, each with why, given their nodes'
-    live samples: ``GPU-... (it is in MIG mode: ...); ...``."""
-    found = []
-    for gpu in gpus:
-        sample = (samples or {}).get(gpu.node.hostname, {}).get(gpu.uuid)
-        if why := gpu.unusable(sample):
-            found.append(f"{gpu.uuid} ({why.message})")
-    return "; ".join(found)
 
 
 # --------------------------------------------------------------------------- agent reports
@@ -663,13 +1295,16 @@ def job_finished(
     job = Job.objects.filter(pk=job_id, attempt=attempt).first()
     if job is None or job.state not in HOLDING_STATES:  # another attempt, or it moved on
         return None
+    if job.preempted_by_id is not None and outcome != "completed":
+        return _requeue_preempted(job_id, exit_code)
+    failures = job.attempt - preemptions(job_id) if outcome in RETRIED_OUTCOMES else 0
     if outcome == "completed":
         to = S.COMPLETED
     elif outcome == "canceled":
         to = S.CANCELED
-    elif outcome in RETRIED_OUTCOMES and job.attempt <= job.max_retries:
+    elif outcome in RETRIED_OUTCOMES and failures <= job.max_retries:
         to = S.QUEUED
-        message = f"retry {job.attempt}/{job.max_retries} after attempt {attempt} {outcome}: " + (
+        message = f"retry {failures}/{job.max_retries} after attempt {attempt} {outcome}: " + (
             message or f"exit code {exit_code}"
         )
     else:
@@ -688,6 +1323,27 @@ def job_finished(
     except IllegalTransition:
         return None
     return to
+
+
+def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
+    """A preempted job's attempt ended (whatever the signal made of it): PREEMPTED (audited
+    ``job.preempted``, its GPUs released, the preemption's message kept), then back in the
+    queue for its next attempt, which does not count against its retries."""
+    try:
+        with transaction.atomic():
+            transition(job_id, S.PREEMPTED, actor_name=AGENT_ACTOR, exit_code=exit_code)
+            transition(job_id, S.QUEUED, actor_name=AGENT_ACTOR)
+    except IllegalTransition:
+        return None
+    return S.QUEUED
+
+
+def preemptions(job_id: int) -> int:
+    """How many of the job's attempts ended preempted (their ``job.preempted`` audit rows):
+    they do not count against its ``max_retries``."""
+    return AuditEvent.objects.filter(
+        target_type=Job._meta.label_lower, target_id=str(job_id), event_type="job.preempted"
+    ).count()
 
 
 def _is_current(job_id: int, attempt: int) -> bool:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from scheduling import views
+from scheduling import accounting_views, views
 
 app_name = "scheduling"
 urlpatterns = [
@@ -11,4 +11,6 @@ urlpatterns = [
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("jobs/<int:pk>/log/", views.job_log, name="job-log"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("usage/", accounting_views.usage_page, name="usage"),
+    path("usage.csv", accounting_views.usage_csv, name="usage-csv"),
 ]

@@ -16,6 +16,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRefresh
@@ -33,7 +34,10 @@ from scheduling.models import Job
 def _job(request: HttpRequest, pk: int) -> Job:
     """The job, if ``request.user`` may read it (as in the API); 404 otherwise."""
     return get_object_or_404(
-        queries.visible_jobs(signed_in(request)).select_related("owner"), pk=pk
+        queries.visible_jobs(signed_in(request)).select_related(
+            "owner", "pool", "array", "reservation"
+        ),
+        pk=pk,
     )
 
 
@@ -47,7 +51,11 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     filterset = JobFilterSet(
         request.GET, queryset=Job.objects.select_related("owner"), request=request
     )
-    context = {"queue": pages.queue(filterset.qs, signed_in(request)), "filterset": filterset}
+    # One row per array's waiting tasks, unless the query asks for one array's tasks.
+    shown = pages.queue(
+        filterset.qs, signed_in(request), collapse_arrays=not request.GET.get("array")
+    )
+    context = {"queue": shown, "filterset": filterset}
     if htmx_partial(request):
         return render(request, "scheduling/queue.html#queue-live", context)
     context.update(can_submit=can_submit(request.user))
@@ -106,7 +114,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
     """The submit form; the service's refusals show on the field they name."""
     if not can_submit(request.user):
         raise PermissionDenied("Viewers cannot submit jobs.")
-    form = SubmitJobForm(request.POST if request.method == "POST" else None)
+    form = SubmitJobForm(
+        request.POST if request.method == "POST" else None, user=signed_in(request)
+    )
     wait = throttling.hit("submit", request.user) if request.method == "POST" else None
     if wait is not None:
         seconds = throttling.retry_after(wait)
@@ -117,10 +127,14 @@ def job_new(request: HttpRequest) -> HttpResponse:
         return response
     if form.is_valid():
         try:
-            job = services.submit_job(signed_in(request), **form.submission())
+            submitted = services.submit(signed_in(request), **form.submission())
         except services.JobRejected as exc:
             form.add_rejection(exc)
         else:
-            messages.success(request, f"Job {job.pk} submitted.")
-            return redirect("scheduling:job-detail", pk=job.pk)
+            if isinstance(submitted, services.SubmittedArray):
+                array = submitted.array
+                messages.success(request, f"Array {array.pk} submitted: {array.size} tasks.")
+                return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
+            messages.success(request, f"Job {submitted.pk} submitted.")
+            return redirect("scheduling:job-detail", pk=submitted.pk)
     return render(request, "scheduling/job_new.html", {"form": form})

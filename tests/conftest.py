@@ -27,10 +27,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def fresh_fleet_shape() -> None:
-    """Submissions check the fleet's shape through a short cache; each test builds its own."""
+    """Submissions check the fleet's shape, and placement passes read fair-share usage,
+    through short caches; each test builds its own."""
+    from scheduling import loop
     from scheduling.services import FleetShape
 
     FleetShape.forget()
+    loop.forget_usage()
 
 
 @pytest.fixture(autouse=True)

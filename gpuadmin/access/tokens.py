@@ -3,17 +3,17 @@ everywhere through an epoch counter in Redis."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
@@ -28,6 +28,7 @@ log = logging.getLogger("gpuadmin.auth")
 # Bumped whenever a token, a user or a role changes: cached tokens from an older epoch are
 # looked up again.
 AUTH_EPOCH_KEY = "gpuadmin:auth:epoch"
+M = TypeVar("M", bound=Model)
 # Resolved tokens kept per process (the least recently cached are dropped first).
 TOKEN_CACHE_ENTRIES = 4096
 
@@ -98,8 +99,8 @@ class TokenCache:
                 if len(self._entries) >= TOKEN_CACHE_ENTRIES:
                     del self._entries[next(iter(self._entries))]
                 entry = self._entries[digest] = CachedToken(token, epoch, now)
-        duplicate = copy.copy(entry.token)  # a model's copy has its own state and caches
-        duplicate.user = copy.copy(entry.token.user)
+        duplicate = _copy(entry.token)  # a model's copy has its own state and caches
+        duplicate.user = _copy(entry.token.user)
         return duplicate
 
     def touch(self, digest: str, at: datetime) -> None:
@@ -119,6 +120,14 @@ class TokenCache:
             .filter(digest=digest, revoked_at__isnull=True)
             .first()
         )
+
+
+def _copy(instance: M) -> M:
+    """``copy.copy(instance)``: its own state and caches, without copy's detour through
+    pickling (``Model.__reduce__`` looks the class up in the app registry again)."""
+    duplicate = object.__new__(type(instance))
+    duplicate.__dict__.update(instance.__getstate__())
+    return duplicate
 
 
 TOKENS = TokenCache()

@@ -12,6 +12,7 @@ from gpuadmin import api
 from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES, NvmlBackend
 from inventory.models import (
     CATALOG_FIELDS,
+    GPU_CATALOG_FIELDS,
     MAX_TAGS,
     STATE_REASON_CHARS,
     Gpu,
@@ -98,9 +99,9 @@ class GpuSerializer(CatalogSerializer):
             "missing",
             *Gpu.DISCOVERED_FIELDS,
             "mig_instance_count",
-            *CATALOG_FIELDS,
+            *GPU_CATALOG_FIELDS,
         ]
-        read_only_fields = [name for name in fields if name not in CATALOG_FIELDS]
+        read_only_fields = [name for name in fields if name not in GPU_CATALOG_FIELDS]
 
 
 class StateChangeSerializer(api.Serializer):

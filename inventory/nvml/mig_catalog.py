@@ -155,3 +155,20 @@ def table_for_gpu(gpu_name: str) -> MigTable | None:
     """The table for a GPU by the name NVML reports (e.g. ``NVIDIA A100-SXM4-40GB``)."""
     name = _table_names_by_gpu().get(gpu_name)
     return None if name is None else load_table(name)
+
+
+def compute_share(profile_name: str, gpu_name: str | None = None) -> float | None:
+    """The share of its GPU's compute that one instance of a GPU instance profile holds (a
+    3g.40gb on an A100: 3 of 7 slices), by the GPU's table, or without a GPU name by the
+    first table that has the profile (names are model-specific); None when no table has it."""
+    if gpu_name is not None:
+        table = table_for_gpu(gpu_name)
+        tables = [] if table is None else [table]
+    else:
+        tables = [load_table(path.stem) for path in sorted(TABLE_DIR.glob("*.json"))]
+    for table in tables:
+        try:
+            return table.by_name(profile_name).compute_slices / table.compute_slices
+        except ValueError:
+            continue
+    return None

@@ -38,6 +38,7 @@ class Status(StrEnum):
     BUSY = "busy"  # a job holds it
     DRAINING = "draining"
     MIG = "mig"  # in MIG mode: not free as a whole GPU
+    MPS = "mps"  # shared through MPS: not free as a whole GPU
     FOREIGN = "foreign"  # processes run on it that no allocation accounts for
     RESETTING = "resetting"
     DEGRADED = "degraded"  # fenced by a health policy, or NVML fails on it
@@ -51,6 +52,7 @@ STATUS_MEANINGS = {
     Status.BUSY: "a job holds it",
     Status.DRAINING: "no new work; running work finishes",
     Status.MIG: "in MIG mode: only its slices can be given",
+    Status.MPS: "shared through MPS: only shares of it can be given",
     Status.FOREIGN: "processes that no allocation accounts for (started outside the scheduler)",
     Status.RESETTING: "a GPU reset is under way",
     Status.DEGRADED: "fenced by a health policy, or NVML fails on it",
@@ -68,6 +70,7 @@ _STATUS_OF = {
     Reason.DEGRADED: Status.DEGRADED,
     Reason.DRAINING: Status.DRAINING,
     Reason.MIG: Status.MIG,
+    Reason.MPS: Status.MPS,
     Reason.FOREIGN_PROCESS: Status.FOREIGN,
 }
 
@@ -130,6 +133,7 @@ class DashboardGpu:
     name: str
     memory_total_mib: int
     mig_enabled: bool
+    mps_shared: bool
     error_message: str
     missing_since: datetime | None
     mig_count: int = 0
@@ -247,6 +251,7 @@ class GpuRow:
             missing=gpu.is_missing,
             error_message=gpu.error_message,
             mig_enabled=gpu.mig_enabled,
+            mps_shared=gpu.mps_shared,
             sample=self.sample,
             allocated=self.occupant is not None,
         )
@@ -258,7 +263,7 @@ class GpuRow:
         if self._status is None:
             why = self.unusable
             status = Status.FREE if why is None else _STATUS_OF[why.code]
-            if status in (Status.FREE, Status.DRAINING, Status.MIG):
+            if status in (Status.FREE, Status.DRAINING, Status.MIG, Status.MPS):
                 if self.occupant:
                     status = Status.BUSY
                 elif self.processes:
@@ -402,6 +407,7 @@ DASHBOARD_GPU_FIELDS = (
     "name",
     "memory_total_mib",
     "mig_enabled",
+    "mps_shared",
     "error_message",
     "missing_since",
 )

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuadmin import api
 from gpuadmin.access.models import ApiToken
 from gpuadmin.access.services import can_act_on
-from scheduling import services
-from scheduling.models import Allocation, Job, Priority, SchedulerSettings, Topology
+from scheduling import dependencies, queries, services
+from scheduling.models import (
+    Allocation,
+    DependencyKind,
+    Job,
+    JobArray,
+    JobDependency,
+    JobState,
+    Priority,
+    Topology,
+)
 
 HIDDEN = "(hidden)"
 
@@ -44,6 +54,49 @@ class CommandField(serializers.Field):
         return value
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "description": "Slurm's syntax: afterok:12:13,afterany:14"},
+            {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "kind": {"type": "string", "enum": list(DependencyKind.values)},
+                        "job": {"type": "integer"},
+                    },
+                    "required": ["kind", "job"],
+                },
+            },
+        ]
+    }
+)
+class DependencyField(serializers.Field):
+    """What a job waits for: Slurm's ``afterok:12:13,afterany:14``, or a list of ``{"kind":
+    "afterok", "job": 12}``; the job service checks the kinds and the jobs."""
+
+    default_error_messages = {
+        # DRF formats the message: {{ is a brace.
+        "invalid": 'Expected a string such as "afterok:12" or a list of {{"kind", "job"}} objects.'
+    }
+
+    def to_internal_value(self, data: Any) -> str | list[tuple[str, int]]:
+        if isinstance(data, str):
+            return data
+        if not isinstance(data, list):
+            self.fail("invalid")
+        pairs = []
+        for item in data:
+            if not isinstance(item, dict) or set(item) != {"kind", "job"}:
+                self.fail("invalid")
+            kind, job = item["kind"], item["job"]
+            if not isinstance(kind, str) or type(job) is not int or not 0 < job < 2**63:
+                self.fail("invalid")
+            pairs.append((kind, job))
+        return pairs
+
+
 class StrictCharField(serializers.CharField):
     """A string, and only a string (``CharField`` turns numbers into strings)."""
 
@@ -53,7 +106,7 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class JobSubmitSerializer(api.Serializer):
+class JobSubmitSerializer(api.SharedFieldsSerializer):
     """What ``POST /queue/submit`` and ``POST /api/v1/jobs/`` take; answered with the job."""
 
     command = CommandField()
@@ -95,21 +148,72 @@ class JobSubmitSerializer(api.Serializer):
     hold = serializers.BooleanField(
         default=False, help_text="Store it PENDING (held) instead of queuing it."
     )
+    pool = serializers.CharField(
+        max_length=64,
+        required=False,
+        allow_null=True,
+        allow_blank=True,
+        help_text="Name of the pool whose GPUs it runs on; none: the GPUs in no pool.",
+    )
+    mig_profile = serializers.CharField(
+        max_length=32,
+        required=False,
+        allow_blank=True,
+        help_text="One MIG device of this profile, e.g. 1g.10gb (gpu_count 1).",
+    )
+    mps_percent = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="An MPS share of one GPU: this % of its SMs (gpu_count 1).",
+        **services.limit_bounds("mps_percent"),
+    )
+    mps_memory_mib = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="The MPS share's device memory limit.",
+        **services.limit_bounds("mps_memory_mib"),
+    )
+    reservation = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=2**63 - 1,
+        help_text="Id of your requested or approved reservation: it runs on its GPUs, in its "
+        "window (and in its pool).",
+    )
+    dependency = DependencyField(required=False, allow_null=True)
+    array = StrictCharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="A job array, as Slurm's --array: 0-999%50, 1,3,5-9 or 0-15:4 (%N: at most N "
+        "tasks at once). Answered with the array, not a job.",
+    )
 
-    def create(self, validated_data: dict[str, Any]) -> Job:
+    def validate_pool(self, value: str | None) -> str | None:
+        return value or None
+
+    def create(self, validated_data: dict[str, Any]) -> Job | services.SubmittedArray:
         try:
-            job = services.submit_job(self.context["request"].user, **validated_data)
+            return services.submit(self.context["request"].user, **validated_data)
         except services.JobRejected as exc:
             raise serializers.ValidationError({exc.field: [exc.message]}) from None
-        # A new job holds no GPUs: say so the way prefetch_related() would, already evaluated,
-        # so that its body compiles no query (prefetch_related_objects() costs 5% of a submit).
-        no_allocations = Allocation.objects.none()
-        no_allocations._result_cache = []
-        # Django's private prefetch cache: set at runtime, absent from django-stubs' Model.
-        job._prefetched_objects_cache = {"allocations": no_allocations}  # type: ignore[attr-defined]
-        return job
 
-    def to_representation(self, instance: Job) -> dict[str, Any]:
+    def to_representation(self, instance: Job | services.SubmittedArray) -> dict[str, Any]:
+        if isinstance(instance, services.SubmittedArray):
+            return SubmittedArraySerializer(instance, context=self.context).data
+        if self.context.get("minimal"):
+            return SubmittedJobSerializer(instance).data
+        # A new job holds no GPUs (and depends on nothing unless it said so): say so the way
+        # prefetch_related() would, already evaluated, so that its body compiles no query
+        # (prefetch_related_objects() costs 5% of a submit).
+        cache: dict[str, QuerySet[Any]] = {"allocations": Allocation.objects.none()}
+        if not self.validated_data.get("dependency"):
+            cache["dependencies"] = JobDependency.objects.none()
+        for queryset in cache.values():
+            queryset._result_cache = []
+        # Django's private prefetch cache: set at runtime, absent from django-stubs' Model.
+        instance._prefetched_objects_cache = cache  # type: ignore[attr-defined]
         return JobSerializer(instance, context=self.context).data
 
 
@@ -149,17 +253,38 @@ class PlacementSerializer(api.Serializer):
     )
 
 
+class DependencySerializer(api.ModelSerializer):
+    """One thing a job waits for, and where it stands."""
+
+    job = serializers.IntegerField(source="on_id", read_only=True)
+    state = serializers.CharField(source="on.state", read_only=True, help_text="The job's.")
+    satisfied = serializers.SerializerMethodField(
+        help_text="True: it holds; false: it never will (the job is canceled); null: not yet."
+    )
+
+    class Meta:
+        model = JobDependency
+        fields = ["kind", "job", "state", "satisfied"]
+        read_only_fields = fields
+
+    def get_satisfied(self, dependency: JobDependency) -> bool | None:
+        return dependencies.outcome(dependency.kind, dependency.on.state)
+
+
 class JobSerializer(api.ModelSerializer):
     """A job with where it stands: for a waiting job why (``pending_code``/``pending_reason``),
     its queue position, estimated start and what-if; for a placed one, ``placement`` and its
     GPUs (``allocations``, every attempt). ``env`` values are hidden from people who cannot
-    act on the job (viewers)."""
+    act on the job (viewers). ``array`` and ``array_index``: the job array it is a task of;
+    ``dependencies``: the jobs it waits for (Slurm's ``--dependency``)."""
 
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     command = CommandField(read_only=True)
     env = serializers.SerializerMethodField()
     placement = PlacementSerializer(read_only=True, allow_null=True)
     allocations = AllocationSerializer(many=True, read_only=True)
+    pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True, default=None)
+    dependencies = DependencySerializer(many=True, read_only=True)
 
     class Meta:
         model = Job
@@ -198,6 +323,16 @@ class JobSerializer(api.ModelSerializer):
             "what_if",
             "placement",
             "allocations",
+            "pool",
+            "mig_profile",
+            "mps_percent",
+            "mps_memory_mib",
+            "reservation",
+            "array",
+            "array_index",
+            "dependencies",
+            "borrowed",
+            "preempted_by",
         ]
         read_only_fields = fields
 
@@ -206,6 +341,57 @@ class JobSerializer(api.ModelSerializer):
         if can_act_on(self.context["request"].user, job):
             return job.env
         return dict.fromkeys(job.env, HIDDEN)
+
+
+class SubmittedJobSerializer(api.SharedFieldsSerializer):
+    """A submitted job as ``Prefer: return=minimal`` (RFC 7240) asks for it: what only the
+    server knows of it, the rest being the request's (GET /api/v1/jobs/<id>/ has all)."""
+
+    id = serializers.IntegerField()
+    state = serializers.CharField(help_text="queued, or pending when held")
+    submitted_at = serializers.DateTimeField()
+
+
+class SubmittedArraySerializer(api.Serializer):
+    """A ``services.SubmittedArray``: the answer to a submission with ``array``."""
+
+    id = serializers.IntegerField(source="array.pk", help_text="The array's id (not a job's).")
+    spec = serializers.CharField(source="array.spec")
+    size = serializers.IntegerField(source="array.size", help_text="Its tasks: one job each.")
+    max_running = serializers.IntegerField(source="array.max_running", allow_null=True)
+    submitted_at = serializers.DateTimeField(source="array.submitted_at")
+    task_ids = serializers.ListField(
+        child=serializers.IntegerField(), help_text="The tasks' job ids, in index order."
+    )
+
+
+class ArraySerializer(api.ModelSerializer):
+    """A job array and how many of its tasks are in each state (``queries.with_task_counts``)."""
+
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    tasks = serializers.SerializerMethodField(help_text="State -> tasks in it (none: absent).")
+
+    class Meta:
+        model = JobArray
+        fields = ["id", "owner", "spec", "size", "max_running", "submitted_at", "tasks"]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
+    def get_tasks(self, array: JobArray) -> dict[str, int]:
+        counts = {state: getattr(array, queries.task_count_name(state)) for state in JobState}
+        return {state: count for state, count in counts.items() if count}
+
+
+class ArrayCanceledSerializer(api.Serializer):
+    """A ``services.ArrayCanceled``."""
+
+    canceled = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Tasks canceled now."
+    )
+    canceling = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Tasks on GPUs: canceled once their agents report their processes gone.",
+    )
 
 
 class QueueSerializer(api.Serializer):
@@ -317,21 +503,12 @@ class ReleaseSerializer(api.Serializer):
     )
 
 
-class PolicySerializer(api.Serializer):
-    policy = serializers.ChoiceField(choices=SchedulerSettings.POLICY_CHOICES)
-    aging_interval_s = serializers.IntegerField(
-        min_value=1,
-        max_value=7 * 24 * 3600,
-        help_text="Priority policy: a waiting job gains one point per interval.",
-    )
-
-
 class OrchestratorStatusSerializer(api.Serializer):
     """A ``queries.OrchestratorStatus``."""
 
     enabled = serializers.BooleanField(source="config.enabled")
-    policy = serializers.CharField(source="config.policy")
-    aging_interval_s = serializers.IntegerField(source="config.aging_interval_s")
+    policy = serializers.CharField(source="default_policy.policy")
+    aging_interval_s = serializers.IntegerField(source="default_policy.aging_interval_s")
     updated_at = serializers.DateTimeField(source="config.updated_at")
     jobs = serializers.DictField(child=serializers.IntegerField())
     gpus_present = serializers.IntegerField()

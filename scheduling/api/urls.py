@@ -3,10 +3,11 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from scheduling.api import views
+from scheduling.api import arrays, views
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
+router.register("arrays", arrays.ArrayViewSet, basename="array")
 router.register("allocations", views.AllocationViewSet, basename="allocation")
 router.register("tokens", views.TokenViewSet, basename="token")
 
@@ -35,5 +36,4 @@ urlpatterns = [
         views.OrchestratorSwitchView.as_view(enable=False),
         name="api-orchestrator-stop",
     ),
-    path("orchestrator/policies", views.PoliciesView.as_view(), name="api-orchestrator-policies"),
 ]

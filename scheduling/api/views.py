@@ -11,7 +11,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
@@ -29,11 +34,11 @@ from gpuadmin.access.permissions import (
     signed_in,
 )
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
-from gpuadmin.api import Conflict, ErrorSerializer, Pagination
+from gpuadmin.api import MINIMAL_APPLIED, Conflict, ErrorSerializer, Pagination, prefers_minimal
 from gpuadmin.throttling import SubmitThrottle, TokenThrottle
 from scheduling import admin_services, filters, queries, services
 from scheduling.api import serializers as s
-from scheduling.models import HOLDING_STATES, Allocation, Job, SchedulerSettings
+from scheduling.models import HOLDING_STATES, Allocation, Job
 
 # --------------------------------------------------------------------------- plumbing
 
@@ -104,10 +109,36 @@ JOB_ERRORS = {
 THROTTLED = {
     429: OpenApiResponse(ErrorSerializer, "Over the per-user rate limit; see Retry-After."),
 }
+SUBMITTED = PolymorphicProxySerializer(
+    component_name="Submitted",
+    serializers=[s.JobSerializer, s.SubmittedArraySerializer, s.SubmittedJobSerializer],
+    resource_type_field_name=None,
+    many=False,
+)
+PREFER = OpenApiParameter(
+    "Prefer",
+    str,
+    OpenApiParameter.HEADER,
+    description="return=minimal (RFC 7240): a job is answered with its id, state and "
+    "submitted_at only (and Preference-Applied: return=minimal).",
+)
 CANCELED = {
     200: OpenApiResponse(s.CanceledSerializer, "Canceled."),
     202: OpenApiResponse(s.CanceledSerializer, "The agent is stopping its processes."),
 }
+
+
+def submit(request: Request) -> Response:
+    """Submit what the body asks for: 201 with the job (with ``Prefer: return=minimal``, its
+    id, state and time only) or the job array."""
+    minimal = prefers_minimal(request)
+    context = {"request": request, "minimal": minimal}
+    serializer = s.JobSubmitSerializer(data=request.data, context=context)
+    serializer.is_valid(raise_exception=True)
+    job = serializer.save()
+    applied = minimal and isinstance(job, Job)  # an array's answer is the same either way
+    headers = MINIMAL_APPLIED if applied else None
+    return Response(serializer.data, status=status.HTTP_201_CREATED, headers=headers)
 
 
 # --------------------------------------------------------------------------- /api/v1
@@ -135,10 +166,14 @@ class JobViewSet(
     def get_throttles(self) -> list[BaseThrottle]:
         return [SubmitThrottle()] if self.action == "create" else []
 
-    @extend_schema(request=s.JobSubmitSerializer, responses={201: s.JobSerializer, **THROTTLED})
+    @extend_schema(
+        request=s.JobSubmitSerializer,
+        parameters=[PREFER],
+        responses={201: SUBMITTED, **THROTTLED},
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        """Submit a job (same body as ``POST /queue/submit``)."""
-        return super().create(request, *args, **kwargs)
+        """Submit a job, or a job array with ``array`` (same body as ``POST /queue/submit``)."""
+        return submit(request)
 
     @extend_schema(request=None, responses={**CANCELED, **JOB_ERRORS})
     @action(detail=True, methods=["post"])
@@ -246,18 +281,17 @@ class SubmitView(APIView):
 
     @extend_schema(
         request=s.JobSubmitSerializer,
+        parameters=[PREFER],
         responses={
-            201: s.JobSerializer,
+            201: SUBMITTED,
             403: OpenApiResponse(ErrorSerializer, "Viewers."),
             **THROTTLED,
         },
     )
     def post(self, request: Request) -> Response:
-        """Submit a job: impossible requests are a 400 naming the field."""
-        serializer = s.JobSubmitSerializer(data=request.data, context={"request": request})
-        serializer.is_valid(raise_exception=True)
-        serializer.save()
-        return Response(serializer.data, status=status.HTTP_201_CREATED)
+        """Submit a job (a job array with ``array``): impossible requests are a 400 naming the
+        field."""
+        return submit(request)
 
 
 class QueueJobView(APIView):
@@ -375,20 +409,3 @@ class OrchestratorSwitchView(APIView):
     def post(self, request: Request) -> Response:
         admin_services.set_scheduler_enabled(self.enable, actor=signed_in(request))
         return Response(s.OrchestratorStatusSerializer(queries.orchestrator_status()).data)
-
-
-class PoliciesView(APIView):
-    permission_classes = [IsAdminOrReadOnly]
-
-    @extend_schema(responses={200: s.PolicySerializer})
-    def get(self, request: Request) -> Response:
-        return Response(s.PolicySerializer(SchedulerSettings.load()).data)
-
-    @extend_schema(request=s.PolicySerializer, responses={200: s.PolicySerializer})
-    def put(self, request: Request) -> Response:
-        """Set the queue policy (admins; audited)."""
-        data = valid(s.PolicySerializer, request.data)
-        config = admin_services.set_policy(
-            data["policy"], data["aging_interval_s"], actor=signed_in(request)
-        )
-        return Response(s.PolicySerializer(config).data)

@@ -32,6 +32,22 @@ class Reason(StrEnum):
     NODES_UNAVAILABLE = "nodes_unavailable"
     # No node (or too few nodes) would hold the job even if the whole fleet were idle.
     TOO_LARGE = "too_large"
+    # It would fit, but the GPUs are kept for a job ahead of it (EASY backfill's reservation).
+    PRIORITY = "priority"
+    # Its user or project is at its quota (GPUs at once or GPU-hours this period), and the
+    # pool does not lend idle GPUs (or none are idle).
+    QUOTA = "quota"
+    # Its array already runs as many tasks as its %N cap allows.
+    ARRAY_LIMIT = "array_limit"
+    # A reservation holds the GPUs it would need before it would end (by its maximum
+    # runtime), or its own reservation's window has not started.
+    RESERVATION = "reservation"
+    # Jobs are being preempted for it; it starts when their GPUs are free.
+    PREEMPTING = "preempting"
+    # A MIG instance is being created for it on an idle GPU.
+    MIG_RECONFIGURING = "mig_reconfiguring"
+    # No MIG device of its profile is free, or no MPS GPU has room for its share.
+    SHARE_UNAVAILABLE = "share_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +67,12 @@ class Placement:
     numa_nodes: tuple[int, ...]
     score: tuple[int, int, int, int]
     explanation: str
+    # A MIG device (MigSlot.id) of the one GPU, or an MPS share of it (then by_node names it).
+    mig_slot: int | None = None
+    mps_percent: int | None = None
+    mps_memory_mib: int | None = None
+    # Placed over quota on idle GPUs: preemptible, reclaimed first.
+    borrowed: bool = False
 
     @property
     def gpu_ids(self) -> tuple[int, ...]:
@@ -79,8 +101,34 @@ class Pending:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """Stop `victims` (running job ids) so that `job_id` can have `gpu_ids`: the smallest set
+    whose GPUs make a valid, topology-correct placement. `reason` says why it may."""
+
+    job_id: int
+    victims: tuple[int, ...]
+    gpu_ids: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigCreate:
+    """Ask the agent to create a GPU instance of `profile` at `placement_start` on the idle
+    MIG-mode GPU `gpu_id` for job `job_id` (dynamic MIG); the job waits for it."""
+
+    job_id: int
+    gpu_id: int
+    profile: str
+    placement_start: int
+    explanation: str
+
+
+@dataclass(frozen=True, slots=True)
 class PassResult:
-    """The outcome of one pass: placements in the order they were made, pending in queue order."""
+    """The outcome of one pass: placements in the order they were made, pending in queue order,
+    preemptions to start and MIG instances to create."""
 
     placements: tuple[Placement, ...]
     pending: tuple[Pending, ...]
+    preemptions: tuple[Preemption, ...] = ()
+    mig_creates: tuple[MigCreate, ...] = ()

@@ -46,11 +46,13 @@ class Blocks(NamedTuple):
 
 
 class Diagnosis:
-    """Explanations against one state of the fleet, cached per shape."""
+    """Explanations against one state of the fleet, cached per shape. `scope` names what the
+    fleet is in messages: "the fleet", "pool a100", "reservation 7"."""
 
-    def __init__(self, fleet: Fleet, now: float) -> None:
+    def __init__(self, fleet: Fleet, now: float, scope: str = "the fleet") -> None:
         self.fleet = fleet
         self.now = now
+        self.scope = scope
         self._free_ids = {gpu.id for node in fleet.nodes for gpu in node.free}
         # The most memory a GPU has, per model and (None) over all models.
         self._largest_memory: dict[str | None, int] = {}
@@ -76,11 +78,11 @@ class Diagnosis:
     def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
         count, wanted, min_memory, model, requirement = shape
         if model not in self._largest_memory:
-            return Reason.MODEL, f"no {gpu_noun(model)} in the fleet", None, None
+            return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}", None, None
         largest = self._largest_memory[model]
         if min_memory > largest:
             message = (
-                f"no {gpu_noun(model)}{memory_phrase(min_memory)} in the fleet; "
+                f"no {gpu_noun(model)}{memory_phrase(min_memory)} in {self.scope}; "
                 f"the largest has {gigabytes(largest)}"
             )
             return Reason.MEMORY, message, None, None
@@ -107,7 +109,8 @@ class Diagnosis:
                 most = max(b.hardware for b in whole)
                 return Reason.TOO_LARGE, f"needs {gpus} on one node; no node has more than {most}"
             having = sum(b.hardware >= count for b in whole)
-            return Reason.TOO_LARGE, f"needs {_per_node(gpus, wanted, '')}; the fleet has {having}"
+            needs = _per_node(gpus, wanted, "")
+            return Reason.TOO_LARGE, f"needs {needs}; {self.scope} has {having}"
         if unit is not None and not _enough(view, "hardware", count, wanted):
             most = max(b.hardware for b in view)
             if requirement == "nvlink" and most < 2:
@@ -115,7 +118,7 @@ class Diagnosis:
             elif wanted == 1:
                 found = f"the largest {unit} has {most}"
             else:
-                found = f"the fleet has {sum(b.hardware >= count for b in view)} such nodes"
+                found = f"{self.scope} has {sum(b.hardware >= count for b in view)} such nodes"
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
         if not _enough(view, "available", count, wanted):
             sentence = _unavailable([b.node for b in view if b.hardware >= count > b.available])

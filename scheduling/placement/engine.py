@@ -1,15 +1,16 @@
-"""One placement pass: place jobs in policy order, then explain every job left waiting."""
+"""Placing jobs on one set of GPUs: best fit by topology, then an explanation for the rest."""
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import NamedTuple
 
-from scheduling.placement.decisions import PassResult, Pending, Placement, TopologyClass
+from scheduling.placement.decisions import Pending, Placement, TopologyClass
 from scheduling.placement.diagnosis import Diagnosis
-from scheduling.placement.fleet import Fleet, FleetNode, Pool, Shape
-from scheduling.placement.policies import Policy
+from scheduling.placement.fleet import Fleet, FleetNode, Held, Pool, Shape
 from scheduling.placement.snapshot import GpuSlot, JobRequest, Snapshot
 from scheduling.placement.text import gpus_phrase, indexes_phrase, listing, numa_phrase
 from scheduling.placement.topology import NodeChoice, choose
@@ -24,42 +25,110 @@ class Candidate(NamedTuple):
     choice: NodeChoice
 
 
+# GPUs kept out of one job's reach (a reservation's, those the first waiting job will need):
+# a pass looks at the fleet through a view; the empty view sees every free GPU.
+View = frozenset[int]
+EVERYWHERE: View = frozenset()
+
+
 class PlacementPass:
     """The state of one pass over a snapshot: `place` jobs one at a time, best first, then
     `explain` those that did not fit.
 
-    Free capacity only shrinks during a pass, so a shape that failed once fails for the rest of
-    it; such jobs are turned down from a cache.
+    Each job is placed in a view: the free GPUs less those the view keeps out of its reach.
+    Free capacity only shrinks during a pass, so a shape that failed once in a view fails
+    there for the rest of it; such jobs are turned down from a cache. `scope` names the fleet
+    in messages ("the fleet", "pool a100").
     """
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, scope: str = "the fleet") -> None:
         self.now = snapshot.now
         self.fleet = Fleet(snapshot)
-        self._failed: set[Shape] = set()
+        self.scope = scope
+        # Per view, the shapes that failed in it (a dict of sets: the hot path is a lookup).
+        self._failed: dict[View, set[Shape]] = {EVERYWHERE: set()}
+        # Shapes found to fit a view, by the number of placements made when they did.
+        self._fitted: dict[tuple[Shape, View], int] = {}
+        self._placements = 0
+        self._view = EVERYWHERE
+        self._withheld: Held = []
         self._diagnosis: Diagnosis | None = None
 
-    def place(self, job: JobRequest) -> Placement | None:
-        """Give `job` the best free GPUs and keep them, or return None when it does not fit."""
+    def place(self, job: JobRequest, view: View = EVERYWHERE) -> Placement | None:
+        """Give `job` the best free GPUs of `view` and keep them, or return None when it does
+        not fit."""
         shape = Shape.of(job)
-        if shape in self._failed:
+        failed = self._failed.get(view)
+        if failed is not None and shape in failed:
             return None
+        chosen = self._search_in(shape, view)
+        if chosen is None:
+            return None
+        self._take(job, chosen)
+        return _placement(job, chosen)
+
+    def fits(self, job: JobRequest, view: View = EVERYWHERE) -> bool:
+        """Whether `job` would fit `view` now (nothing is taken)."""
+        shape = Shape.of(job)
+        if shape in self._failed.get(view, ()):
+            return False
+        if self._fitted.get((shape, view)) == self._placements:
+            return True
+        if self._search_in(shape, view) is None:
+            return False
+        self._fitted[(shape, view)] = self._placements
+        return True
+
+    def place_freeing(
+        self, job: JobRequest, view: View, freed: Iterable[GpuSlot]
+    ) -> Placement | None:
+        """Place `job` as if the busy GPUs `freed` were free too (preemption's what-if). The
+        placement is kept; the freed GPUs stay out of everyone's reach either way."""
+        fleet = self.look(view)
+        lent: Held = []
+        for gpu in freed:
+            node = fleet.node_of[gpu.id]
+            if node.pool is not None and gpu.unavailable is None:
+                lent.append((node, [replace(gpu, memory_free_mib=gpu.memory_total_mib)]))
+        fleet.restore(lent)
+        chosen = self._search(Shape.of(job))
+        fleet.withhold(gpu.id for _, gpus in lent for gpu in gpus)
+        if chosen is None:
+            return None
+        self._take(job, chosen)
+        return _placement(job, chosen)
+
+    def look(self, view: View) -> Fleet:
+        """The fleet with the free GPUs of `view` out of reach (until another view is used)."""
+        if view is not self._view and view != self._view:
+            self.fleet.restore(self._withheld)
+            self._withheld = self.fleet.withhold(view) if view else []
+            self._view = view
+        return self.fleet
+
+    def explain(self, job: JobRequest, position: int) -> Pending:
+        """Why `job`, which `place` turned down, waits, against the state after the placements
+        so far (every free GPU in view). `position` is its 1-based place among the waiting
+        jobs."""
+        self.look(EVERYWHERE)
+        if self._diagnosis is None:
+            self._diagnosis = Diagnosis(self.fleet, self.now, self.scope)
+        return self._diagnosis.explain(job, position)
+
+    def _search_in(self, shape: Shape, view: View) -> list[Candidate] | None:
+        self.look(view)
         chosen = self._search(shape)
         if chosen is None:
-            self._failed.add(shape)
-            return None
+            self._failed.setdefault(view, set()).add(shape)
+        return chosen
+
+    def _take(self, job: JobRequest, chosen: list[Candidate]) -> None:
         runtime = job.expected_runtime_s
         release_at = math.inf if runtime is None else self.now + runtime
         for candidate in chosen:
             self.fleet.take(candidate.node, candidate.choice.gpus, release_at)
+        self._placements += 1
         self._diagnosis = None  # it describes the state before this placement
-        return _placement(job, chosen)
-
-    def explain(self, job: JobRequest, position: int) -> Pending:
-        """Why `job`, which `place` turned down, waits, against the state after the placements
-        so far. `position` is its 1-based place among the waiting jobs."""
-        if self._diagnosis is None:
-            self._diagnosis = Diagnosis(self.fleet, self.now)
-        return self._diagnosis.explain(job, position)
 
     def _search(self, shape: Shape) -> list[Candidate] | None:
         """The best nodes for `shape`, in hostname order, or None.
@@ -130,25 +199,6 @@ def _score(candidates: list[Candidate]) -> tuple[int, int, int, int]:
         sum(c.key[2] for c in candidates),
         sum(c.key[3] for c in candidates),
     )
-
-
-def plan(snapshot: Snapshot, policy: Policy) -> PassResult:
-    """One placement pass: every queued job in `policy` order, best placement first."""
-    placement_pass = PlacementPass(snapshot)
-    placements: list[Placement] = []
-    waiting: list[JobRequest] = []
-    for job in policy.order(snapshot.queue, snapshot.now):
-        placement = placement_pass.place(job)
-        if placement is not None:
-            placements.append(placement)
-        else:
-            # No head-of-line blocking: a job that does not fit never holds back the jobs
-            # behind it. EASY backfill will reserve the head job's estimated start here.
-            waiting.append(job)
-    pending = [
-        placement_pass.explain(job, position) for position, job in enumerate(waiting, start=1)
-    ]
-    return PassResult(tuple(placements), tuple(pending))
 
 
 def _placement(job: JobRequest, chosen: list[Candidate]) -> Placement:

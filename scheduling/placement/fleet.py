@@ -12,6 +12,8 @@ from scheduling.placement.topology import NodeChoice, choose
 
 # Cache key of a pool's best possible choice: (count, requirement, gpu_model, min_memory_mib).
 IdealKey = tuple[int, str, str | None, int]
+# GPUs out of reach for a while, per node: what `Fleet.withhold` returns and `restore` takes.
+Held = list[tuple["FleetNode", list[GpuSlot]]]
 
 
 class Shape(NamedTuple):
@@ -84,21 +86,12 @@ class Fleet:
 
     def __init__(self, snapshot: Snapshot) -> None:
         infos = sorted(snapshot.nodes, key=lambda info: info.hostname)
-        by_host: dict[str, list[GpuSlot]] = {info.hostname: [] for info in infos}
-        if len(by_host) != len(infos):
-            raise ValueError("snapshot lists a hostname twice")
-        seen: set[int] = set()
-        for gpu in snapshot.gpus:
-            if gpu.node not in by_host:
-                raise ValueError(f"GPU {gpu.id} is on unknown node {gpu.node!r}")
-            if gpu.id in seen:
-                raise ValueError(f"snapshot lists GPU {gpu.id} twice")
-            seen.add(gpu.id)
-            by_host[gpu.node].append(gpu)
+        by_host = gpus_by_host(snapshot)
         self.nodes = [
             FleetNode(i, info, sorted(by_host[info.hostname], key=lambda g: (g.index, g.id)))
             for i, info in enumerate(infos)
         ]
+        self.node_of = {gpu.id: node for node in self.nodes for gpu in node.gpus}
         self.pools: list[Pool] = []
         pools: dict[tuple[object, ...], Pool] = {}
         for node in self.nodes:
@@ -119,13 +112,54 @@ class Fleet:
     def take(self, node: FleetNode, gpus: Iterable[GpuSlot], release_at: float) -> None:
         """Allocate `gpus` (free on `node`) until `release_at`, moving the node down a bucket."""
         taken = {gpu.id: release_at for gpu in gpus}
+        self._refile(node, [gpu for gpu in node.free if gpu.id not in taken])
+        self.release_at.update(taken)
+
+    def withhold(self, gpu_ids: Iterable[int]) -> Held:
+        """Take those of `gpu_ids` that are free out of reach, until `restore`."""
+        wanted: dict[FleetNode, set[int]] = {}
+        for gpu_id in gpu_ids:
+            node = self.node_of.get(gpu_id)
+            if node is not None and node.pool is not None:
+                wanted.setdefault(node, set()).add(gpu_id)
+        held: Held = []
+        for node, ids in wanted.items():
+            out = [gpu for gpu in node.free if gpu.id in ids]
+            if out:
+                self._refile(node, [gpu for gpu in node.free if gpu.id not in ids])
+                held.append((node, out))
+        return held
+
+    def restore(self, held: Held) -> None:
+        """Make `held` GPUs free again (also: lend busy GPUs for a what-if, see preemption)."""
+        for node, gpus in held:
+            self._refile(node, sorted(node.free + gpus, key=lambda gpu: (gpu.index, gpu.id)))
+
+    def _refile(self, node: FleetNode, free: list[GpuSlot]) -> None:
+        """Set the node's free GPUs, moving it to the bucket of its new free count."""
         assert node.pool is not None, "only schedulable nodes have free GPUs"
         buckets = node.pool.buckets
         old = buckets[len(node.free)]
         del old[bisect_left(old, node.index)]
-        node.free = [gpu for gpu in node.free if gpu.id not in taken]
+        node.free = free
         insort(buckets[len(node.free)], node.index)
-        self.release_at.update(taken)
+
+
+def gpus_by_host(snapshot: Snapshot) -> dict[str, list[GpuSlot]]:
+    """The snapshot's GPUs per hostname; refuses a hostname or GPU listed twice, and a GPU on
+    a node the snapshot does not list."""
+    by_host: dict[str, list[GpuSlot]] = {info.hostname: [] for info in snapshot.nodes}
+    if len(by_host) != len(snapshot.nodes):
+        raise ValueError("snapshot lists a hostname twice")
+    seen: set[int] = set()
+    for gpu in snapshot.gpus:
+        if gpu.node not in by_host:
+            raise ValueError(f"GPU {gpu.id} is on unknown node {gpu.node!r}")
+        if gpu.id in seen:
+            raise ValueError(f"snapshot lists GPU {gpu.id} twice")
+        seen.add(gpu.id)
+        by_host[gpu.node].append(gpu)
+    return by_host
 
 
 def _hardware_signature(gpus: list[GpuSlot]) -> tuple[object, ...]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 Priority = Literal["low", "normal", "high", "critical"]
@@ -10,8 +12,24 @@ Priority = Literal["low", "normal", "high", "critical"]
 TopologyRequirement = Literal["any", "numa", "nvlink", "node"]
 NodeState = Literal["online", "draining", "offline"]
 
+PolicyName = Literal["fcfs", "priority", "sjf", "fairshare", "las"]
+
 PRIORITIES: tuple[Priority, ...] = ("low", "normal", "high", "critical")
 TOPOLOGY_REQUIREMENTS: tuple[TopologyRequirement, ...] = ("any", "numa", "nvlink", "node")
+
+
+@dataclass(frozen=True, slots=True)
+class MigSlot:
+    """One MIG device (a compute instance filling its GPU instance) on a MIG-mode GPU."""
+
+    id: int
+    gpu_id: int
+    uuid: str
+    profile: str  # GPU instance profile, e.g. "3g.40gb"
+    placement_start: int
+    placement_size: int
+    memory_mib: int
+    allocated_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +55,17 @@ class GpuSlot:
     nvlink_domain: str | None = None
     unavailable: str | None = None
     allocated_to: int | None = None
+    # The pool its GPUs are shared by (None: no pool). A job runs only in its own pool.
+    pool: str | None = None
+    # Sharing. A MIG-mode GPU (unavailable == "mig") takes MIG jobs on its free devices, or,
+    # when its pool allows dynamic MIG and it has none in use, on new ones the loop creates
+    # (`mig_table` names the GPU's MIG placement rules: inventory.nvml.mig_catalog). An MPS
+    # GPU (unavailable == "mps") takes MPS shares up to 100 % of its SMs and its memory.
+    mig_slots: tuple[MigSlot, ...] = ()
+    mig_table: str | None = None
+    mps_used_percent: int = 0
+    mps_used_memory_mib: int = 0
+    mps_jobs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +102,16 @@ class JobRequest:
     estimated_duration_s: float | None = None
     max_runtime_s: float | None = None
     preemptible: bool = False
+    pool: str | None = None
+    project: str = ""
+    # Sharing (then gpus_per_node == node_count == 1): a MIG device of this profile, or an
+    # MPS share of `mps_percent` % of one GPU's SMs and `mps_memory_mib` of its memory.
+    mig_profile: str | None = None
+    mps_percent: int | None = None
+    mps_memory_mib: int | None = None
+    reservation: int | None = None  # runs only on this reservation's GPUs, in its window
+    array: int | None = None  # its JobArray: Snapshot.array_limits caps its running tasks
+    attained_service_s: float = 0.0  # GPU-seconds its earlier attempts ran (LAS)
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -98,12 +137,73 @@ class JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job holding GPUs; `expected_end` (epoch seconds) is None when nobody knows."""
+    """A job holding GPUs; `expected_end` (epoch seconds) is None when nobody knows.
+
+    The rest is what preemption and quotas read: who it belongs to, whether it may be
+    preempted (`borrowed`: placed over quota, reclaimed first), and whether a preemption is
+    already under way (`stopping`: its GPUs free up within the grace)."""
 
     id: int
     gpu_ids: tuple[int, ...]
     started_at: float
     expected_end: float | None = None
+    owner: str = ""
+    project: str = ""
+    pool: str | None = None
+    priority: Priority = "normal"
+    submitted_at: float = 0.0
+    preemptible: bool = False
+    borrowed: bool = False
+    stopping: bool = False
+    array: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """One pool's policy (scheduling.models.PoolPolicy as plain values)."""
+
+    policy: PolicyName = "priority"
+    backfill: bool = True
+    aging_interval_s: float = 60.0
+    fairshare_half_life_s: float = 7 * 24 * 3600.0
+    fairshare_weight: float = 10_000.0
+    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
+    allow_borrowing: bool = True
+    preemption: bool = True
+    dynamic_mig: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaLimit:
+    """A user's or a project's quota in one pool, with what it uses now.
+
+    `holder` is ("user", owner id as text) or ("project", name). None limits: no limit.
+    `gpus_in_use` counts whole-GPU equivalents held now; `gpu_hours_used` this period."""
+
+    pool: str | None
+    holder: tuple[Literal["user", "project"], str]
+    max_gpus: float | None = None
+    gpu_hours: float | None = None
+    gpus_in_use: float = 0.0
+    gpu_hours_used: float = 0.0
+    fairshare_weight: float = 1.0
+    # For messages: the holder's display name (a username; holder[1] when empty) and the
+    # period `gpu_hours` is counted over.
+    name: str = ""
+    period: Literal["day", "week", "month"] = "month"
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationWindow:
+    """GPUs an approved reservation holds for [start, end) (epoch seconds). Only the
+    holder's jobs naming it may run on them inside it; no other job may still hold them at
+    `start` (by its maximum runtime)."""
+
+    id: int
+    owner: str
+    gpu_ids: tuple[int, ...]
+    start: float
+    end: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +216,13 @@ class Snapshot:
     gpus: tuple[GpuSlot, ...]
     running: tuple[RunningJob, ...] = ()
     queue: tuple[JobRequest, ...] = ()
+    # By pool name (None: the GPUs in no pool); a pool not listed uses PoolConfig().
+    pools: Mapping[str | None, PoolConfig] = field(default_factory=lambda: MappingProxyType({}))
+    quotas: tuple[QuotaLimit, ...] = ()
+    # Fair share: decayed GPU-seconds per (pool, holder), holder as in QuotaLimit.
+    usage: Mapping[tuple[str | None, tuple[str, str]], float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    reservations: tuple[ReservationWindow, ...] = ()
+    # Job arrays with a cap: array id -> tasks that may run at once.
+    array_limits: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))

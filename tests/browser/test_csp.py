@@ -57,6 +57,8 @@ def test_no_page_violates_the_content_security_policy(page, live_server):
         "/jobs/": "#queue-live",
         f"/jobs/{job.pk}/": "#job-log pre",
         "/jobs/new/": "form",
+        "/reservations/": "form.job-form",
+        f"/nodes/{host}/calendar/": "table.calendar",
         "/api/docs/": ".swagger-ui .info",
         "/admin/": "#site-name",
         "/admin/inventory/gpu/": "#result_list",

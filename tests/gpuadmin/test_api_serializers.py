@@ -10,8 +10,13 @@ import pytest
 from rest_framework import serializers
 
 from gpuadmin import api
-from scheduling.api.serializers import JobSerializer, JobSubmitSerializer
+from scheduling.api.serializers import JobSerializer
 from scheduling.models import Job
+
+
+class Part(api.Serializer):
+    size = serializers.IntegerField(min_value=1)
+    note = serializers.CharField(required=False)
 
 
 class Reading(api.Serializer):
@@ -20,7 +25,7 @@ class Reading(api.Serializer):
     viewer = serializers.SerializerMethodField()
     tags = serializers.ListField(child=serializers.CharField(max_length=3))
     labels = serializers.DictField(child=serializers.IntegerField(min_value=0))
-    parts = JobSubmitSerializer(many=True, required=False)
+    parts = Part(many=True, required=False)
 
     def get_viewer(self, obj: Any) -> str:
         return self.context["viewer"]
@@ -86,7 +91,7 @@ def test_method_fields_read_their_own_instances_context_across_threads() -> None
 
 
 def test_validation_errors_match_drf_and_name_the_nested_field() -> None:
-    bad = {"tags": ["long tag"], "labels": {"a": -1}, "parts": [{"command": 3}]}
+    bad = {"tags": ["long tag"], "labels": {"a": -1}, "parts": [{"size": 0}]}
 
     class Plain(Reading):
         def get_fields(self) -> dict[str, serializers.Field]:
@@ -96,7 +101,7 @@ def test_validation_errors_match_drf_and_name_the_nested_field() -> None:
     assert not ours.is_valid() and not theirs.is_valid()
     assert ours.errors == theirs.errors
     assert set(ours.errors) == {"tags", "labels", "parts"}
-    assert "command" in ours.errors["parts"][0]
+    assert "size" in ours.errors["parts"][0]
 
 
 @pytest.mark.django_db

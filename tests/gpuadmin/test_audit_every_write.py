@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,8 +24,9 @@ from health import quarantine
 from health.alerts import open_alert
 from health.models import BreakerTrip, HealthEvent, Quarantine
 from inventory.models import Gpu
-from scheduling import services
-from scheduling.models import Job, SchedulerSettings
+from scheduling import reservations, services
+from scheduling.api.policies import PoolPolicySerializer
+from scheduling.models import Job, JobArray, PoolPolicy, Quota, Reservation, SchedulerSettings
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -75,6 +77,13 @@ class World:
     def job(self, **fields: Any) -> Job:
         return services.submit_job(self.alice, command=["sleep", "60"], **fields)
 
+    def quota(self) -> Quota:
+        return Quota.objects.create(project="vision", max_gpus=8)
+
+    def array(self) -> JobArray:
+        """A job array of two tasks, held."""
+        return services.submit_array(self.alice, "0-1", command=["true"], hold=True).array
+
     def gpu(self, hostname: str = "dgx-01") -> Gpu:
         return Gpu.objects.get(node__hostname=hostname, index=0)
 
@@ -97,6 +106,25 @@ class World:
         job = self.job()
         services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
         return job
+
+
+def booked(w: World, *, waiting: bool = False, started: bool = False) -> Reservation:
+    """A reservation of alice for an hour: from tomorrow, or from a minute ago (``started``);
+    approved, or waiting for an admin (``waiting``: the GPUs in no pool approve by hand)."""
+    PoolPolicy.objects.update_or_create(
+        pool=None, defaults={"reservation_auto_approve": not waiting}
+    )
+    start = timezone.now() + (timedelta(minutes=-1) if started else timedelta(days=1))
+    return reservations.request(w.alice, 1, start, start + timedelta(hours=1))
+
+
+def reservation_body() -> dict[str, Any]:
+    start = timezone.now() + timedelta(days=2)
+    return {
+        "gpu_count": 2,
+        "start": start.isoformat(),
+        "end": (start + timedelta(hours=1)).isoformat(),
+    }
 
 
 def submit_body() -> dict[str, Any]:
@@ -126,7 +154,7 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         "patch",
         f"/api/v1/gpus/{w.gpu().uuid}/",
         ["gpu.catalog_changed"],
-        {"label": "left", "notes": "fan noisy"},
+        {"label": "left", "notes": "fan noisy", "mps_shared": True},
     ),
     ("api-v1:node-change-state", "POST"): lambda w: Call(
         w.ops,
@@ -165,6 +193,12 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("scheduling-api-v1:job-release", "POST"): lambda w: Call(
         w.alice, "post", f"/api/v1/jobs/{w.job(hold=True).pk}/release/", ["job.queued"]
     ),
+    ("scheduling-api-v1:array-cancel", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        f"/api/v1/arrays/{w.array().pk}/cancel/",
+        ["job.canceled", "job.canceled"],  # each of its two tasks
+    ),
     ("api-queue-priority", "PATCH"): lambda w: Call(
         w.alice,
         "patch",
@@ -194,6 +228,61 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         "/orchestrator/policies",
         ["scheduler.policy_changed"],
         {"policy": "priority", "aging_interval_s": 123},
+    ),
+    ("policies-api-v1:policy-detail", "PATCH"): lambda w: Call(
+        w.root, "patch", "/api/v1/policies/~/", ["scheduler.policy_changed"], {"backfill": False}
+    ),
+    ("policies-api-v1:policy-detail", "PUT"): lambda w: Call(
+        w.root,
+        "put",
+        "/api/v1/policies/~/",
+        ["scheduler.policy_changed"],
+        {**PoolPolicySerializer(PoolPolicy.default()).data, "policy": "las"},
+    ),
+    ("policies-api-v1:quota-list", "POST"): lambda w: Call(
+        w.root, "post", "/api/v1/quotas/", ["quota.created"], {"user": "alice", "max_gpus": 4}
+    ),
+    ("policies-api-v1:quota-detail", "PATCH"): lambda w: Call(
+        w.root, "patch", f"/api/v1/quotas/{w.quota().pk}/", ["quota.changed"], {"max_gpus": 2}
+    ),
+    ("policies-api-v1:quota-detail", "PUT"): lambda w: Call(
+        w.root,
+        "put",
+        f"/api/v1/quotas/{w.quota().pk}/",
+        ["quota.changed"],
+        {"project": "vision", "gpu_hours": 100, "period": "week", "fairshare_weight": 3},
+    ),
+    ("policies-api-v1:quota-detail", "DELETE"): lambda w: Call(
+        w.root, "delete", f"/api/v1/quotas/{w.quota().pk}/", ["quota.deleted"]
+    ),
+    ("reservation-api-v1:reservation-list", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        "/api/v1/reservations/",
+        ["reservation.requested", "reservation.approved"],  # auto-approved within quota
+        reservation_body(),
+    ),
+    ("reservation-api-v1:reservation-approve", "POST"): lambda w: Call(
+        w.root,
+        "post",
+        f"/api/v1/reservations/{booked(w, waiting=True).pk}/approve/",
+        ["reservation.approved"],
+    ),
+    ("reservation-api-v1:reservation-reject", "POST"): lambda w: Call(
+        w.root,
+        "post",
+        f"/api/v1/reservations/{booked(w, waiting=True).pk}/reject/",
+        ["reservation.rejected"],
+        {"reason": "not now"},
+    ),
+    ("reservation-api-v1:reservation-cancel", "POST"): lambda w: Call(
+        w.alice, "post", f"/api/v1/reservations/{booked(w).pk}/cancel/", ["reservation.canceled"]
+    ),
+    ("reservation-api-v1:reservation-release", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        f"/api/v1/reservations/{booked(w, started=True).pk}/release/",
+        ["reservation.released"],
     ),
     ("health-api-v1:alert-ack", "POST"): lambda w: Call(
         w.ops,
@@ -263,3 +352,17 @@ def test_a_token_request_is_audited_under_the_token_owner(world):
     row = AuditEvent.objects.get(event_type="job.submitted")
     assert (row.actor_name, str(row.request_id)) == ("alice", response["X-Request-ID"])
     assert ApiToken.objects.filter(user=world.alice).count() == 1
+
+
+def test_an_array_submission_audits_every_task_under_the_request(world):
+    """A job array's tasks are written in bulk: each still has its row, actor and request."""
+    client = APIClient()
+    client.force_authenticate(world.alice)
+    sent = uuid.uuid4()
+    body = {**submit_body(), "array": "0-2"}
+    response = client.post("/api/v1/jobs/", body, format="json", HTTP_X_REQUEST_ID=str(sent))
+    assert response.status_code == 201, response.content
+    rows = AuditEvent.objects.filter(request_id=sent).order_by("pk")
+    assert [row.event_type for row in rows] == ["array.submitted", *["job.submitted"] * 3]
+    assert [row.target_id for row in rows[1:]] == [str(pk) for pk in response.json()["task_ids"]]
+    assert {(row.actor_id, row.actor_name) for row in rows} == {(world.alice.pk, "alice")}

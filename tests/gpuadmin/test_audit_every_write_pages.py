@@ -8,12 +8,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from gpuadmin import cli
 from gpuadmin.access.models import Membership, Role, UnixAccount
@@ -24,7 +26,10 @@ from health.alerts import open_alert
 from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
+from scheduling import relayout
+from scheduling.models import PoolPolicy
 from tests.gpuadmin import test_audit_every_write as api_writes
+from tests.gpuadmin import test_permission_matrix as matrix
 from tests.gpuadmin.test_audit_every_write import World
 from tests.inventory import conftest as inventory_fixtures
 from tests.inventory.conftest import SimNode
@@ -146,6 +151,49 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     "inventory:node-state": lambda w, r: Write(
         w.ops, "/nodes/dgx-02/state/", ["node.state_changed"], {"state": "draining", "reason": "x"}
     ),
+    "reservations:list": lambda w, r: Write(
+        w.alice,
+        "/reservations/",
+        ["reservation.requested", "reservation.approved"],  # auto-approved within quota
+        {
+            "gpu_count": 1,
+            "start": f"{timezone.localtime() + timedelta(days=2):%Y-%m-%dT%H:%M}",
+            "end": f"{timezone.localtime() + timedelta(days=2, hours=1):%Y-%m-%dT%H:%M}",
+        },
+    ),
+    "reservations:approve": lambda w, r: Write(
+        w.root,
+        f"/reservations/{api_writes.booked(w, waiting=True).pk}/approve/",
+        ["reservation.approved"],
+    ),
+    "reservations:reject": lambda w, r: Write(
+        w.root,
+        f"/reservations/{api_writes.booked(w, waiting=True).pk}/reject/",
+        ["reservation.rejected"],
+        {"reason": "not now"},
+    ),
+    "reservations:cancel": lambda w, r: Write(
+        w.alice, f"/reservations/{api_writes.booked(w).pk}/cancel/", ["reservation.canceled"]
+    ),
+    "reservations:release": lambda w, r: Write(
+        w.alice,
+        f"/reservations/{api_writes.booked(w, started=True).pk}/release/",
+        ["reservation.released"],
+    ),
+    "relayout:request": lambda w, r: Write(
+        w.root,
+        f"/gpus/{mig(r).gpu(0).uuid}/mig-relayout/new/",
+        ["gpu.state_changed", "mig_relayout.draining"],
+        {"layout_name": "balanced"},
+    ),
+    "relayout:cancel": lambda w, r: Write(
+        w.root,
+        f"/mig-relayouts/{relayout.request(mig(r).gpu(0), 'balanced', actor=w.root).pk}/cancel/",
+        ["gpu.state_changed", "mig_relayout.canceled"],
+    ),
+    "policies:edit": lambda w, r: Write(
+        w.root, "/policies/~/", ["scheduler.policy_changed"], matrix.POLICY_FORM
+    ),
     "health:alert-ack": lambda w, r: Write(
         w.ops, f"/alerts/{firing_alert().pk}/ack/", ["alert.acknowledged"], {"comment": "seen"}
     ),
@@ -255,6 +303,25 @@ ADMIN: dict[str, Callable[[World], Write]] = {
         action("reset_breaker", BreakerTrip.objects.create(falling=4, fleet=16).pk)
         | {"apply": "1", "reason": "fixed"},
     ),
+    "reservation approve action": lambda w: Write(
+        w.root,
+        "/admin/scheduling/reservation/",
+        ["reservation.approved"],
+        action("approve_reservations", api_writes.booked(w, waiting=True).pk),
+    ),
+    "reservation reject action": lambda w: Write(
+        w.root,
+        "/admin/scheduling/reservation/",
+        ["reservation.rejected"],
+        action("reject_reservations", api_writes.booked(w, waiting=True).pk)
+        | {"apply": "1", "reason": "no"},
+    ),
+    "reservation cancel action": lambda w: Write(
+        w.root,
+        "/admin/scheduling/reservation/",
+        ["reservation.canceled"],
+        action("cancel_reservations", api_writes.booked(w).pk) | {"apply": "1", "reason": "no"},
+    ),
     "alert acknowledge action": lambda w: Write(
         w.root,
         "/admin/health/alert/",
@@ -272,6 +339,30 @@ ADMIN: dict[str, Callable[[World], Write]] = {
         url := f"/admin/health/recoverypolicy/{RecoveryPolicy.objects.get(xid=13).pk}/change/",
         ["health.policy_changed"],
         change_form(w, url, actions=["alert"]),
+    ),
+    "pool policy edit": lambda w: Write(
+        w.root,
+        url := f"/admin/scheduling/poolpolicy/{PoolPolicy.default().pk}/change/",
+        ["scheduler.policy_changed"],
+        change_form(w, url, policy="sjf", preempt_grace_s=120),
+    ),
+    "quota add": lambda w: Write(
+        w.root,
+        "/admin/scheduling/quota/add/",
+        ["quota.created"],
+        {"project": "vision", "max_gpus": "8", "period": "month", "fairshare_weight": "2"},
+    ),
+    "quota edit": lambda w: Write(
+        w.root,
+        url := f"/admin/scheduling/quota/{w.quota().pk}/change/",
+        ["quota.changed"],
+        change_form(w, url, gpu_hours=500),
+    ),
+    "quota delete": lambda w: Write(
+        w.root,
+        f"/admin/scheduling/quota/{w.quota().pk}/delete/",
+        ["quota.deleted"],
+        {"post": "yes"},
     ),
     "node catalog edit": lambda w: Write(
         w.root,

@@ -78,7 +78,7 @@ def test_env_str_prefers_the_secret_file(monkeypatch, tmp_path):
 def test_parse_database_url_tcp_and_socket():
     tcp = parse_database_url("postgresql://gpu:s%40cret@db.internal:5433/fleet?sslmode=require")
     assert tcp == {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": "gpuadmin.postgres",
         "NAME": "fleet",
         "USER": "gpu",
         "PASSWORD": "s@cret",

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -33,7 +34,8 @@ from health.alerts import open_alert
 from health.models import HealthEvent, Quarantine
 from inventory import services as inventory_services
 from inventory.models import Gpu
-from scheduling import admin_services, services
+from scheduling import admin_services, reservations, services
+from scheduling.models import Quota
 from tests.scheduling.api.conftest import agent_broker  # noqa: F401 - a fixture
 from tests.scheduling.conftest import add_sim_node
 
@@ -60,6 +62,29 @@ ADMINS = by_role(401, 403, 403, 403, 200)
 SEE_JOB = by_role(401, (200, 200), (200, 404), (200, 200), (200, 200))
 # Acting on a job: its owner (not a viewer), operators and admins; a user does not see others'.
 ACT_ON_JOB = by_role(401, (403, 403), (200, 404), (200, 200), (200, 200))
+# Acting on a reservation: as on a job, but everyone signed in sees everyone's reservations.
+ACT_ON_RESERVATION = by_role(401, (403, 403), (200, 403), (200, 200), (200, 200))
+# Deciding on one: admins.
+DECIDE_RESERVATION = by_role(401, 403, 403, 403, 200)
+# A reservation window two days ahead (each role's own reservation is one day ahead; the
+# admins' decisions are on someone's request three hours after it).
+HOUR = timedelta(hours=1)
+BOOKED = timezone.now().replace(second=0, microsecond=0) + timedelta(days=2)
+
+
+# The policies page's form, as a browser posts it (unchecked boxes are left out).
+POLICY_FORM = {
+    "policy": "fairshare",
+    "backfill": "on",
+    "aging_interval_s": "60",
+    "fairshare_half_life_s": "3600",
+    "fairshare_weight": "100",
+    "las_thresholds_gpu_s": "",
+    "allow_borrowing": "on",
+    "preempt_signal": "SIGTERM",
+    "preempt_grace_s": "30",
+    "reservation_release_after_s": "900",
+}
 
 
 @dataclass(frozen=True)
@@ -67,7 +92,10 @@ class Entry:
     """A request; ``path`` and ``body`` name objects as ``{job}`` (a held job), ``{placed}`` (a
     job holding a GPU), ``{allocation}``, ``{token}``, ``{event}``, ``{node}``, ``{gpu}``,
     ``{free_gpu}``, ``{queued}`` (someone's queued job), ``{alert}`` (a firing alert),
-    ``{quarantine}`` (an open one)."""
+    ``{quarantine}`` (an open one), ``{quota}`` (the requester's own quota),
+    ``{reservation}`` (the requester's own, approved, not started), ``{requested}``
+    (someone's reservation waiting for an admin), ``{array}`` (the requester's held job
+    array)."""
 
     path: str
     expect: dict[str, Expected]
@@ -175,6 +203,9 @@ TABLE: dict[tuple[str, str], Entry] = {
     # Alerts: everyone signed in reads; operators and admins acknowledge
     ("alerts/", "GET"): Entry("/alerts/", PAGE_READ),
     ("alerts/idle/", "GET"): Entry("/alerts/idle/", PAGE_READ),
+    # Accounting: everyone signed in reads everyone's use (like sreport)
+    ("usage/", "GET"): Entry("/usage/", PAGE_READ),
+    ("usage.csv", "GET"): Entry("/usage.csv", PAGE_READ),
     ("alerts/panel/", "GET"): Entry("/alerts/panel/", PAGE_READ),
     ("alerts/<int:pk>/ack/", "POST"): Entry(
         "/alerts/{alert}/ack/", by_role(LOGIN, 403, 403, 302, 302), {"comment": "seen"}, form=True
@@ -201,6 +232,12 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/jobs/{job}/release/", ACT_ON_JOB
     ),
     ("api/v1/^jobs/(?P<pk>[^/.]+)/log/$", "GET"): Entry("/api/v1/jobs/{placed}/log/", SEE_JOB),
+    # Job arrays: as their tasks
+    ("api/v1/^arrays/$", "GET"): Entry("/api/v1/arrays/", API_READ),
+    ("api/v1/^arrays/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/arrays/{array}/", SEE_JOB),
+    ("api/v1/^arrays/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
+        "/api/v1/arrays/{array}/cancel/", ACT_ON_JOB
+    ),
     ("api/v1/^allocations/$", "GET"): Entry("/api/v1/allocations/", API_READ),
     ("api/v1/^allocations/(?P<pk>[^/.]+)/$", "GET"): Entry(
         "/api/v1/allocations/{allocation}/", SEE_JOB
@@ -233,6 +270,46 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("orchestrator/policies", "PUT"): Entry(
         "/orchestrator/policies", ADMINS, {"policy": "fcfs", "aging_interval_s": 60}
     ),
+    # Pool policies: everyone signed in reads; admins change them (~: the GPUs in no pool)
+    ("api/v1/^policies/$", "GET"): Entry("/api/v1/policies/", API_READ),
+    ("api/v1/^policies/(?P<pool>[-\\w~]+)/$", "GET"): Entry("/api/v1/policies/~/", API_READ),
+    ("api/v1/^policies/(?P<pool>[-\\w~]+)/$", "PATCH"): Entry(
+        "/api/v1/policies/~/", ADMINS, {"backfill": False}
+    ),
+    ("api/v1/^policies/(?P<pool>[-\\w~]+)/$", "PUT"): Entry(
+        "/api/v1/policies/~/",
+        ADMINS,
+        {"policy": "fairshare", "backfill": True, "aging_interval_s": 60}
+        | {"fairshare_half_life_s": 3600, "fairshare_weight": 100, "las_thresholds_gpu_s": []}
+        | {"allow_borrowing": True, "preemption": True, "preempt_signal": "SIGUSR1"}
+        | {"preempt_grace_s": 30, "dynamic_mig": False, "reservation_auto_approve": True}
+        | {"reservation_release_after_s": 600},
+    ),
+    # Quotas: admins write; users read their own (and their projects'), others everyone's
+    ("api/v1/^quotas/$", "GET"): Entry("/api/v1/quotas/", API_READ),
+    ("api/v1/^quotas/$", "POST"): Entry(
+        "/api/v1/quotas/", by_role(401, 403, 403, 403, 201), {"project": "p", "max_gpus": 4}
+    ),
+    ("api/v1/^quotas/mine/$", "GET"): Entry("/api/v1/quotas/mine/", API_READ),
+    ("api/v1/^quotas/(?P<pk>\\d+)/$", "GET"): Entry("/api/v1/quotas/{quota}/", SEE_JOB),
+    ("api/v1/^quotas/(?P<pk>\\d+)/$", "PATCH"): Entry(
+        "/api/v1/quotas/{quota}/", by_role(401, 403, 403, 403, 200), {"max_gpus": 5}
+    ),
+    ("api/v1/^quotas/(?P<pk>\\d+)/$", "PUT"): Entry(
+        "/api/v1/quotas/{quota}/",
+        by_role(401, 403, 403, 403, 200),
+        {"project": "p", "max_gpus": 5, "gpu_hours": 100, "period": "week", "fairshare_weight": 2},
+    ),
+    ("api/v1/^quotas/(?P<pk>\\d+)/$", "DELETE"): Entry(
+        "/api/v1/quotas/{quota}/", by_role(401, 403, 403, 403, 204)
+    ),
+    # Policy pages: everyone signed in reads policies and fair share; admins edit a policy
+    ("policies/", "GET"): Entry("/policies/", PAGE_READ),
+    ("policies/<str:pool>/", "GET"): Entry("/policies/~/", by_role(LOGIN, 403, 403, 403, 200)),
+    ("policies/<str:pool>/", "POST"): Entry(
+        "/policies/~/", by_role(LOGIN, 403, 403, 403, 302), POLICY_FORM, form=True
+    ),
+    ("fairshare/", "GET"): Entry("/fairshare/", PAGE_READ),
     # API tokens: everyone signed in has their own, and sees no one else's
     ("api/v1/^tokens/$", "GET"): Entry("/api/v1/tokens/", API_READ),
     ("api/v1/^tokens/$", "POST"): Entry(
@@ -257,6 +334,71 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/jobs/{job}/cancel/",
         by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),
         form=True,
+    ),
+    # Reservations: everyone signed in reads them; users request and act on their own,
+    # operators on anyone's; admins decide on requests ({reservation} has not started: a
+    # release is refused, 409 / the page's message)
+    ("api/v1/^reservations/$", "GET"): Entry("/api/v1/reservations/", API_READ),
+    ("api/v1/^reservations/$", "POST"): Entry(
+        "/api/v1/reservations/",
+        by_role(401, 403, 201, 201, 201),
+        {"gpu_count": 1, "start": BOOKED.isoformat(), "end": (BOOKED + HOUR).isoformat()},
+    ),
+    ("api/v1/^reservations/(?P<pk>[^/.]+)/$", "GET"): Entry(
+        "/api/v1/reservations/{reservation}/", API_READ
+    ),
+    ("api/v1/^reservations/(?P<pk>[^/.]+)/approve/$", "POST"): Entry(
+        "/api/v1/reservations/{requested}/approve/", DECIDE_RESERVATION
+    ),
+    ("api/v1/^reservations/(?P<pk>[^/.]+)/reject/$", "POST"): Entry(
+        "/api/v1/reservations/{requested}/reject/", DECIDE_RESERVATION, {"reason": "no"}
+    ),
+    ("api/v1/^reservations/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
+        "/api/v1/reservations/{reservation}/cancel/", ACT_ON_RESERVATION
+    ),
+    ("api/v1/^reservations/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
+        "/api/v1/reservations/{reservation}/release/",
+        by_role(401, (403, 403), (409, 403), (409, 409), (409, 409)),
+    ),
+    ("reservations/", "GET"): Entry("/reservations/", PAGE_READ),
+    ("reservations/", "POST"): Entry(
+        "/reservations/",
+        by_role(LOGIN, 403, 302, 302, 302),
+        {"gpu_count": "1", "start": f"{BOOKED:%Y-%m-%dT%H:%M}"}
+        | {"end": f"{BOOKED + HOUR:%Y-%m-%dT%H:%M}"},
+        form=True,
+    ),
+    ("reservations/<int:pk>/approve/", "POST"): Entry(
+        "/reservations/{requested}/approve/", by_role(LOGIN, 403, 403, 403, 302), form=True
+    ),
+    ("reservations/<int:pk>/reject/", "POST"): Entry(
+        "/reservations/{requested}/reject/",
+        by_role(LOGIN, 403, 403, 403, 302),
+        {"reason": "no"},
+        form=True,
+    ),
+    ("reservations/<int:pk>/cancel/", "POST"): Entry(
+        "/reservations/{reservation}/cancel/",
+        by_role(LOGIN, (403, 403), (302, 403), (302, 302), (302, 302)),
+        form=True,
+    ),
+    ("reservations/<int:pk>/release/", "POST"): Entry(
+        "/reservations/{reservation}/release/",
+        by_role(LOGIN, (403, 403), (302, 403), (302, 302), (302, 302)),
+        form=True,
+    ),
+    ("nodes/<str:hostname>/calendar/", "GET"): Entry("/nodes/{node}/calendar/", PAGE_READ),
+    ("gpus/<str:uuid>/calendar/", "GET"): Entry("/gpus/{gpu}/calendar/", PAGE_READ),
+    # MIG re-layouts: everyone signed in watches a GPU's; admins ask for one and cancel it
+    ("gpus/<str:uuid>/mig-relayout/", "GET"): Entry("/gpus/{gpu}/mig-relayout/", PAGE_READ),
+    ("gpus/<str:uuid>/mig-relayout/new/", "POST"): Entry(
+        "/gpus/{gpu}/mig-relayout/new/",
+        by_role(LOGIN, 403, 403, 403, 302),
+        {"layout_name": "balanced"},
+        form=True,
+    ),
+    ("mig-relayouts/<int:pk>/cancel/", "POST"): Entry(
+        "/mig-relayouts/0/cancel/", by_role(LOGIN, 403, 403, 403, 404), form=True
     ),
 }
 
@@ -323,12 +465,18 @@ class Person:
 
 
 def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
-    """A held job, a job holding ``gpu`` (and its allocation), an API token of ``user``."""
+    """A held job, a job holding ``gpu`` (and its allocation), an API token, a quota, an
+    approved reservation and a held job array of ``user``."""
     held = services.submit_job(user, command=["true"], hold=True)
     placed = services.submit_job(user, command=["sleep", "60"], gpu_count=1)
     (allocation,) = admin_services.allocate_by_hand(placed, [gpu.uuid], actor=user)
     token, _ = create_token(user, "mine")
-    ids = {"job": held, "placed": placed, "allocation": allocation, "token": token}
+    quota = Quota.objects.create(user=user, max_gpus=8)
+    day_ahead = BOOKED - timedelta(days=1)
+    reservation = reservations.request(user, 1, day_ahead, day_ahead + HOUR)
+    ids = {"job": held, "placed": placed, "allocation": allocation, "token": token, "quota": quota}
+    ids["reservation"] = reservation
+    ids["array"] = services.submit_array(user, "0-1", command=["true"], hold=True).array
     return {name: str(row.pk) for name, row in ids.items()}
 
 
@@ -369,6 +517,8 @@ def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
         "event": str(AuditEvent.objects.latest("pk").pk),
         "alert": str(open_alert(fingerprint="matrix", severity="warning", summary="x").pk),
         "quarantine": str(fenced(nodes[1].gpus.get(index=7)).pk),
+        # over someone's quota of 8 GPUs: waits for an admin
+        "requested": str(reservations.request(someone, 9, BOOKED + 3 * HOUR, BOOKED + 4 * HOUR).pk),
     }
     other = {**theirs, **shared}
     people = {"anonymous": Person(Client(), other, other)}

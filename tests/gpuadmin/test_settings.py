@@ -61,6 +61,6 @@ def test_bad_settings_fail_loudly(env, message):
 
 
 def test_database_settings_come_from_the_url(settings):
-    assert settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    assert settings.DATABASES["default"]["ENGINE"] == "gpuadmin.postgres"
     assert settings.CELERY_BROKER_URL.startswith("redis://")
     assert settings.CELERY_RESULT_BACKEND == settings.CELERY_BROKER_URL

@@ -21,7 +21,7 @@ def test_the_admin_index_names_models_properly_and_promises_nothing_missing(admi
     for name in ("GPUs", "GPU links", "MIG instances", "Nodes", "Pools"):
         assert f">{name}</a>" in html, name
     assert "Gpu" not in html and "Mig" not in html
-    assert "reservation" not in html.lower()  # none exist yet
+    assert 'href="/admin/scheduling/reservation/"' in html  # reservations exist now
 
 
 def test_gpu_list_filters_and_search(admin_client, fleet):
@@ -49,7 +49,7 @@ def test_discovered_fields_are_read_only_and_catalog_edits_are_audited(admin_cli
     owner = get_user_model().objects.create_user("alice")
     page = admin_client.get(f"/admin/inventory/gpu/{gpu.pk}/change/")
     form = page.context["adminform"].form
-    assert set(form.fields) == {"label", "owner", "pool", "notes", "tags"}
+    assert set(form.fields) == {"label", "owner", "pool", "notes", "tags", "mps_shared"}
 
     response = admin_client.post(
         f"/admin/inventory/gpu/{gpu.pk}/change/",

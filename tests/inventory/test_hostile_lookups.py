@@ -7,6 +7,7 @@ import base64
 
 import pytest
 from django.test import Client
+from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
@@ -138,3 +139,22 @@ def test_a_url_no_page_takes_is_the_html_404(admin):
     response = admin.get("/no-such-page/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("encoding", ["form", "multipart"])
+def test_a_nul_in_a_form_or_multipart_body_is_a_400_naming_the_field(admin, encoding):
+    uuid = Node.objects.get(hostname="dgx-01").gpus.order_by("index").first().uuid
+    before = AuditEvent.objects.count()
+    if encoding == "form":
+        response = admin.patch(
+            f"/api/v1/gpus/{uuid}/", "pool=a%00b", content_type="application/x-www-form-urlencoded"
+        )
+    else:
+        response = admin.patch(
+            f"/api/v1/gpus/{uuid}/",
+            encode_multipart(BOUNDARY, {"pool": "a\x00b"}),
+            content_type=MULTIPART_CONTENT,
+        )
+    assert response.status_code == 400
+    assert response.json() == {"pool": [NUL]}
+    assert AuditEvent.objects.count() == before

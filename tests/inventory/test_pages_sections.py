@@ -112,7 +112,7 @@ def test_each_gpu_state_shows_at_a_glance_with_its_count(client):
     assert statuses[7].startswith('<tr class="s-free"><td>free <span class="badge badge-amber"')
     counted = {status: count(html, status) for status in re.findall(r'data-count="([\w-]+)"', html)}
     assert counted == {
-        "total": 8, "free": 1, "busy": 0, "draining": 0, "mig": 2, "foreign": 1,
+        "total": 8, "free": 1, "busy": 0, "draining": 0, "mig": 2, "mps": 0, "foreign": 1,
         "resetting": 1, "degraded": 1, "missing": 1, "offline": 1, "hot": 1,
     }  # fmt: skip
     # The state column says why, the legend what each colour means.
@@ -120,7 +120,7 @@ def test_each_gpu_state_shows_at_a_glance_with_its_count(client):
         r'<span class="badge badge-amber" title="XID 79: resetting">Resetting</span>', html
     )
     legend = re.search(r'<details class="legend status-legend">.*?</details>', html, re.S)[0]
-    assert len(re.findall(r'<dt><span class="s-(\w+)">', legend)) == 9
+    assert len(re.findall(r'<dt><span class="s-(\w+)">', legend)) == 10
     assert "processes that no allocation accounts for" in legend
 
 

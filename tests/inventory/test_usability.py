@@ -22,6 +22,7 @@ USABLE = {
     "missing": False,
     "error_message": "",
     "mig_enabled": False,
+    "mps_shared": False,
     "sample": {"error_message": None, "processes": 0},
     "allocated": False,
 }
@@ -45,6 +46,12 @@ LOST = {"error_message": "NVML_ERROR_GPU_IS_LOST: GPU is lost", "sampled_at": 1.
         ({"missing": True}, Reason.MISSING),
         ({"error_message": "Unknown Error"}, Reason.ERROR),
         ({"mig_enabled": True}, Reason.MIG),
+        ({"mps_shared": True}, Reason.MPS),
+        ({"mps_shared": True, "sample": {"processes": 2}, "allocated": True}, Reason.MPS),
+        ({"mig_enabled": True, "mps_shared": True}, Reason.MIG),
+        ({"mps_shared": True, "gpu_state": "draining"}, Reason.DRAINING),
+        ({"mps_shared": True, "sample": LOST}, Reason.ERROR),
+        ({"mps_shared": True, "sample": {"processes": 3}}, Reason.MPS),
         ({"sample": LOST}, Reason.ERROR),
         ({"sample": LOST, "allocated": True}, Reason.ERROR),
         ({"sample": {"processes": 1}}, Reason.FOREIGN_PROCESS),
@@ -90,7 +97,7 @@ def test_the_rule_is_pure_python():
 
 @pytest.mark.django_db
 def test_schedulable_queryset_is_exactly_the_stored_rule():
-    """Every combination of the stored reasons (480, every GPU state of the state machine):
+    """Every combination of the stored reasons (960, every GPU state of the state machine):
     the queryset keeps a GPU exactly when ``stored_unusable`` finds nothing."""
     now = timezone.now()
     stale = now - timezone.timedelta(hours=1)
@@ -102,8 +109,9 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
         (False, True),  # missing
         ("", "Unknown Error"),  # error
         (False, True),  # MIG mode
+        (False, True),  # shared through MPS
     )
-    for n, (node_state, reachable, gpu_state, missing, error, mig) in enumerate(combos):
+    for n, (node_state, reachable, gpu_state, missing, error, mig, mps) in enumerate(combos):
         node = Node.objects.create(
             hostname=f"rule-{n}", state=node_state, last_heartbeat_at=now if reachable else stale
         )
@@ -112,11 +120,12 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
             node=node,
             index=0,
             name="NVIDIA A100-SXM4-40GB",
-            pci_bus_id=f"00000000:{n:02X}:00.0",
+            pci_bus_id=f"0000:{n:04X}:00.0",
             state=gpu_state,
             missing_since=now if missing else None,
             error_message=error,
             mig_enabled=mig,
+            mps_shared=mps,
         )
         why = stored_unusable(
             node_state=node_state,
@@ -125,6 +134,7 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
             missing=missing,
             error_message=error,
             mig_enabled=mig,
+            mps_shared=mps,
         )
         expected[gpu.pk] = why is None
     found = set(Gpu.objects.schedulable(now).values_list("pk", flat=True))

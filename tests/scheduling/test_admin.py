@@ -34,15 +34,11 @@ def test_jobs_are_read_only_and_canceled_through_the_service(admin_client, fleet
 
 def test_scheduler_settings_change_through_the_audited_services(admin_client):
     assert admin_client.get("/admin/scheduling/schedulersettings/").status_code == 200
-    response = admin_client.post(
-        "/admin/scheduling/schedulersettings/1/change/",
-        {"enabled": "", "policy": "fcfs", "aging_interval_s": "120"},
-    )
+    response = admin_client.post("/admin/scheduling/schedulersettings/1/change/", {"enabled": ""})
     assert response.status_code == 302, response.content[:500]
-    config = SchedulerSettings.load()
-    assert (config.enabled, config.policy, config.aging_interval_s) == (False, "fcfs", 120)
-    kinds = set(AuditEvent.objects.values_list("event_type", flat=True))
-    assert {"scheduler.policy_changed", "scheduler.stopped"} <= kinds
+    assert SchedulerSettings.load().enabled is False
+    kinds = list(AuditEvent.objects.values_list("event_type", flat=True))
+    assert kinds == ["scheduler.stopped"]
 
 
 def test_the_admin_names_its_models_in_plain_words(admin_client):

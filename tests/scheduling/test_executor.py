@@ -301,6 +301,20 @@ def test_processes_left_behind_are_killed_when_the_job_ends(
     assert not alive(int((workdir / "leftover.pid").read_text()))
 
 
+def test_a_jobs_end_is_reported_at_once_not_at_the_next_poll(
+    make_executor: MakeExecutor, workdir: Path
+) -> None:
+    # Polled only every minute: the end must come from the child's exit itself.
+    executor, events = make_executor(poll_interval_s=60)
+    executor.launch(job("quick", workdir, ["sleep", "0.2"]))
+
+    started = events.started("quick")
+    finished = events.finished("quick", timeout=5)
+    assert finished.state == FinalState.COMPLETED
+    # 0.2 s of sleep, then tens of milliseconds (on a loaded test machine: under a second).
+    assert finished.finished_at - started.started_at < timedelta(seconds=1)
+
+
 def test_a_running_job_is_recorded_in_the_state_directory_until_it_ends(
     make_executor: MakeExecutor, workdir: Path
 ) -> None:

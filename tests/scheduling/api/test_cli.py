@@ -7,7 +7,7 @@ import pytest
 from gpuadmin import cli, jobs_cli
 from scheduling import admin_services, dispatch, loop
 from scheduling.api.serializers import JobSubmitSerializer
-from scheduling.models import Job, JobState
+from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.api.conftest import submit, write_log
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,18 +118,61 @@ def test_submit_takes_every_field_of_the_api(gpuadmin, fleet):
     assert (job.state, job.topology, job.project) == (JobState.PENDING, "nvlink", "vision")
 
 
+# Options the live server would refuse together (a MIG device and an MPS share, in pools
+# and a reservation the test fleet lacks): only sent.
+SHARING_OPTIONS = (
+    *("--pool", "a100", "--mig", "1g.10gb", "--mps", "25", "--mps-memory", "8000"),
+    *("--reservation", "7", "--dependency", "afterok:1", "--array", "0-3%2"),
+)
+
+
 def test_submit_sends_every_field_the_api_takes(monkeypatch):
     """A field added to the submit API needs its option in ``gpuadmin jobs submit``."""
     sent = {}
 
     def call(api, method, path, body=None, **params):
         sent.update(body)
-        return {"id": 1, "state": "queued", "gpu_count": 1, "node_count": 1, "gpu_model": ""}
+        return {"id": 1, "size": 4, "max_running": 2, "task_ids": [5, 6, 7, 8]}
 
     monkeypatch.setattr(jobs_cli.Api, "call", call)
-    monkeypatch.setattr(jobs_cli, "_needs", lambda job: "")
-    assert cli.main(["jobs", "submit", *EVERY_SUBMIT_OPTION, "--shell", "--", "true"]) == 0
+    argv = ["jobs", "submit", *EVERY_SUBMIT_OPTION, *SHARING_OPTIONS, "--shell", "--", "true"]
+    assert cli.main(argv) == 0
     assert set(sent) == set(JobSubmitSerializer().fields)
+    assert (sent["mig_profile"], sent["mps_percent"], sent["array"]) == ("1g.10gb", 25, "0-3%2")
+
+
+def test_arrays_and_dependencies(gpuadmin, fleet):
+    status, out, err = gpuadmin("jobs", "submit", "--array", "0-3%2", "--", "python", "t.py")
+    assert status == 0, err
+    array = JobArray.objects.get()
+    tasks = list(Job.objects.filter(array=array).order_by("array_index"))
+    assert out.splitlines()[0] == (
+        f"array {array.pk} submitted: 4 tasks, jobs {tasks[0].pk}-{tasks[-1].pk}, at most 2 at once"
+    )
+    status, out, err = gpuadmin(
+        "jobs", "submit", "--dependency", f"afterok:{tasks[0].pk}", "--mig", "1g.10gb", "--", "true"
+    )
+    assert status == 0, err
+    dependent = Job.objects.latest("pk")
+    assert out.splitlines()[0] == f"job {dependent.pk} submitted: queued (MIG device 1g.10gb)"
+    out = gpuadmin("jobs", "show", str(dependent.pk))[1]
+    assert f"  depends on:  afterok:{tasks[0].pk} (queued, pending)" in out
+    out = gpuadmin("jobs", "show", str(tasks[1].pk))[1]
+    assert f"  array:       {array.pk}, task 1" in out
+    status, out, _ = gpuadmin("jobs", "array", str(array.pk))
+    assert out.splitlines()[:2] == [
+        f"array {array.pk} [0-3%2] (alice): 4 tasks, at most 2 at once",
+        "  queued:    4",
+    ]
+    listed = gpuadmin("jobs", "list", "--array", str(array.pk))[1].splitlines()
+    assert len(listed) == 5 and f"({array.pk}_3)" in listed[1]
+    status, out, _ = gpuadmin("jobs", "array", str(array.pk), "--cancel")
+    assert out == f"array {array.pk}: 4 tasks canceled, 0 stopping through their agents\n"
+    status, _, err = gpuadmin("jobs", "submit", "--array", "0-99999", "--", "true")
+    assert (status, err) == (
+        1,
+        "gpuadmin jobs submit: HTTP 400: array: more than 10000 tasks; submit several arrays\n",
+    )
 
 
 def test_submit_refused_names_the_field(gpuadmin, fleet):

@@ -6,7 +6,8 @@ import pytest
 
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
-from scheduling.models import SchedulerSettings
+from inventory.models import Pool
+from scheduling.models import PoolPolicy, SchedulerSettings
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db
@@ -38,34 +39,54 @@ def test_stop_and_start_are_audited(admin, db):
 
 
 def test_policies(admin, db):
-    assert admin.get("/orchestrator/policies").json() == {
-        "policy": "priority",
-        "aging_interval_s": 60,
-    }
-    body = {"policy": "fcfs", "aging_interval_s": 120}
-    response = admin.put("/orchestrator/policies", body, format="json")
-    assert (response.status_code, response.json()) == (200, body)
-    config = SchedulerSettings.load()
+    body = admin.get("/orchestrator/policies").json()
+    assert (body["policy"], body["aging_interval_s"]) == ("priority", 60)
+    assert [(row["pool"], row["policy"]) for row in body["pools"]] == [(None, "priority")]
+    change = {"policy": "fcfs", "aging_interval_s": 120}
+    response = admin.put("/orchestrator/policies", change, format="json")
+    assert (response.status_code, response.json()) == (200, {"pool": None, **change})
+    config = PoolPolicy.default()
     assert (config.policy, config.aging_interval_s) == ("fcfs", 120)
     row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
-    assert (row.before, row.after) == ({"policy": "priority", "aging_interval_s": 60}, body)
-    admin.put("/orchestrator/policies", body, format="json")  # unchanged: no second row
-    assert events("scheduling.schedulersettings") == ["scheduler.policy_changed"]
+    assert (row.before, row.after) == ({"policy": "priority", "aging_interval_s": 60}, change)
+    assert row.message == "policy of no pool"
+    admin.put("/orchestrator/policies", change, format="json")  # unchanged: no second row
+    assert events("scheduling.poolpolicy") == ["scheduler.policy_changed"]
+
+
+def test_a_pools_policy_is_set_by_naming_it(admin, db):
+    Pool.objects.create(name="a100")
+    change = {"pool": "a100", "policy": "fairshare", "aging_interval_s": 60}
+    response = admin.put("/orchestrator/policies", change, format="json")
+    assert (response.status_code, response.json()) == (200, change)
+    body = admin.get("/orchestrator/policies").json()
+    assert body["policy"] == "priority"  # the GPUs in no pool keep theirs
+    assert [(row["pool"], row["policy"]) for row in body["pools"]] == [
+        (None, "priority"),
+        ("a100", "fairshare"),
+    ]
+    row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert (row.before, row.after, row.message) == (
+        {"policy": "priority"},
+        {"policy": "fairshare"},
+        "policy of pool a100",
+    )
 
 
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"policy": "sjf", "aging_interval_s": 60}, "policy"),
+        ({"policy": "lottery", "aging_interval_s": 60}, "policy"),
         ({"policy": "fcfs", "aging_interval_s": 0}, "aging_interval_s"),
         ({"policy": "fcfs", "aging_interval_s": 10**9}, "aging_interval_s"),
         ({"policy": "fcfs", "aging_interval_s": "soon"}, "aging_interval_s"),
         ({"policy": "fcfs"}, "aging_interval_s"),
+        ({"pool": "nowhere", "policy": "fcfs", "aging_interval_s": 60}, "pool"),
     ],
 )
 def test_bad_policies_name_the_field(admin, db, body, field):
     response = admin.put("/orchestrator/policies", body, format="json")
     assert response.status_code == 400
     assert list(response.json()) == [field]
-    assert SchedulerSettings.load().policy == "priority"
+    assert PoolPolicy.default().policy == "priority"
     assert not AuditEvent.objects.exists()

@@ -83,7 +83,7 @@ def test_operator_and_cluster_and_orchestrator_writes_need_their_role(people, jo
         policy = {"policy": "fcfs", "aging_interval_s": 60}
         assert people[role].put("/orchestrator/policies", policy, format="json").status_code == 403
         assert people[role].get("/orchestrator/policies").status_code == 200
-    assert events("scheduling.schedulersettings") == []
+    assert events("scheduling.schedulersettings") == events("scheduling.poolpolicy") == []
 
 
 def test_allocations_follow_job_visibility(people, jobs, fleet):

@@ -12,11 +12,12 @@ from tests.scheduling.api.conftest import submit
 
 pytestmark = pytest.mark.django_db
 
-# Session, user and role: 3 queries; then each list's own.
+# Session, user and role: 3 queries; then each list's own (jobs: with their allocations and
+# their dependencies, ``queries.with_details``).
 LISTS = {
-    "/api/v1/jobs/": 6,
-    "/api/v1/jobs/?state=scheduled&state=queued&node=dgx-01": 6,
-    "/queue": 9,
+    "/api/v1/jobs/": 7,
+    "/api/v1/jobs/?state=scheduled&state=queued&node=dgx-01": 7,
+    "/queue": 11,
     "/api/v1/allocations/": 5,
     "/cluster/gpu-status": 4,
 }

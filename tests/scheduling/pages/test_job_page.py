@@ -201,8 +201,8 @@ def test_query_count_does_not_grow_with_jobs_or_nodes(
     single = submit(alice, gpu_count=2)
     place(single)
     # Session, user, role (may they read it? cancel it?), job; the full page adds allocations,
-    # timeline, GPUs and links.
-    queries = 4 if htmx else 8
+    # timeline, GPUs, links and dependencies.
+    queries = 4 if htmx else 9
     with django_assert_num_queries(queries):
         client.get(f"/jobs/{single.pk}/?shown=scheduled", **headers)
     add_fleet(1)

@@ -15,6 +15,7 @@ from scheduling.placement import (
     PassResult,
     Pending,
     Placement,
+    Policy,
     RunningJob,
     Snapshot,
     plan,
@@ -50,9 +51,11 @@ class Fleet:
         state: NodeState = "online",
         reachable: bool = True,
         broken: Iterable[int] = (),
+        pool: str | None = None,
     ) -> list[GpuSlot]:
         """A DGX: 8 GPUs in one NVSwitch domain with the real NUMA/socket layout. `busy` GPU
-        indexes are held by one running job until `busy_until`; `broken` ones report "error"."""
+        indexes are held by one running job until `busy_until`; `broken` ones report "error";
+        its GPUs are in `pool`."""
         numa = DGX_H100_NUMA if model == H100 else DGX_A100_NUMA
         return self.machine(
             hostname,
@@ -65,6 +68,7 @@ class Fleet:
             state=state,
             reachable=reachable,
             broken=broken,
+            pool=pool,
         )
 
     def machine(
@@ -81,6 +85,7 @@ class Fleet:
         reachable: bool = True,
         broken: Iterable[int] = (),
         memory_free: dict[int, int] | None = None,
+        pool: str | None = None,
     ) -> list[GpuSlot]:
         """Any machine: one entry per GPU index in `numa`, `sockets` and `nvlink`."""
         self.nodes.append(NodeInfo(hostname, state, reachable))
@@ -98,6 +103,7 @@ class Fleet:
                 socket=sockets[index],
                 nvlink_domain=nvlink[index],
                 unavailable="error" if index in broken else None,
+                pool=pool,
             )
             for index in range(len(numa))
         ]
@@ -107,8 +113,11 @@ class Fleet:
             self.run(hostname, busy, busy_until)
         return gpus
 
-    def run(self, hostname: str, busy: Iterable[int], until: float | None) -> None:
-        """A running job (ids from 900) holding GPUs `busy` of `hostname` until `until`."""
+    def run(
+        self, hostname: str, busy: Iterable[int], until: float | None, **fields: Any
+    ) -> RunningJob:
+        """A running job (ids from 900) holding GPUs `busy` of `hostname` until `until`, with
+        any other RunningJob `fields` (owner, priority, preemptible ...)."""
         job_id = 900 + len(self.running)
         busy = set(busy)
         held = []
@@ -116,7 +125,9 @@ class Fleet:
             if gpu.node == hostname and gpu.index in busy:
                 self.gpus[position] = replace(gpu, allocated_to=job_id)
                 held.append(gpu.id)
-        self.running.append(RunningJob(job_id, tuple(held), NOW - 600, until))
+        running = RunningJob(job_id, tuple(held), NOW - 600, until)
+        self.running.append(replace(running, **fields))
+        return self.running[-1]
 
     def pcie(self, hostname: str, model: str = A100_80, **options: Any) -> list[GpuSlot]:
         """A PCIe box without NVLink: 8 GPUs, NUMA 0,0,1,1,2,2,3,3, sockets 0,0,0,0,1,1,1,1."""
@@ -129,11 +140,16 @@ class Fleet:
             **options,
         )
 
-    def snapshot(self, *jobs: JobRequest) -> Snapshot:
-        return Snapshot(NOW, tuple(self.nodes), tuple(self.gpus), tuple(self.running), jobs)
+    def snapshot(self, *jobs: JobRequest, **fields: Any) -> Snapshot:
+        """A snapshot of the fleet with `jobs` queued and any other Snapshot `fields`."""
+        snapshot = Snapshot(NOW, tuple(self.nodes), tuple(self.gpus), tuple(self.running), jobs)
+        return replace(snapshot, **fields)
 
-    def plan(self, *jobs: JobRequest) -> PassResult:
-        return plan(self.snapshot(*jobs), Fcfs())
+    def plan(self, *jobs: JobRequest, policy: Policy | None = None, **fields: Any) -> PassResult:
+        """One pass, FCFS unless `policy` or `fields` name pools (then each pool's policy)."""
+        if policy is None and "pools" not in fields:
+            policy = Fcfs()
+        return plan(self.snapshot(*jobs, **fields), policy)
 
 
 def job(job_id: int, gpus: int = 1, nodes: int = 1, **fields: Any) -> JobRequest:

@@ -103,12 +103,31 @@ def test_a_gang_waits_all_or_nothing_while_only_one_node_is_whole() -> None:
     assert waiting.what_if == "with 7 GPUs per node instead of 8 it could start now"
 
 
-def test_a_waiting_gang_does_not_hold_its_whole_node() -> None:
+def test_a_waiting_gang_keeps_the_node_it_will_start_on() -> None:
+    """EASY backfill: the first waiting job's GPUs go to no job that would delay its start."""
     fleet = Fleet()
     fleet.dgx("dgx-01")
     fleet.dgx("dgx-02", busy=[3], busy_until=NOW + 900)
 
     result = fleet.plan(job(1, gpus=8, nodes=2), job(2, gpus=8))
+
+    assert result.placements == ()
+    waiting = pending(result, 2)
+    assert waiting.reason == Reason.PRIORITY
+    assert waiting.message == (
+        "the GPUs it fits on are kept for job 1, first in line, due to start by "
+        "2023-11-14 22:28 UTC; only jobs that end by then may use them"
+    )
+    assert waiting.estimated_start == NOW + 900
+    assert pending(result, 1).reason == Reason.RESOURCES_BUSY
+
+
+def test_a_job_that_ends_before_the_gang_starts_may_use_its_node() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.dgx("dgx-02", busy=[3], busy_until=NOW + 900)
+
+    result = fleet.plan(job(1, gpus=8, nodes=2), job(2, gpus=8, estimated_duration_s=900))
 
     assert [p.job_id for p in result.placements] == [2]
     assert placed(result, 2).nodes == ("dgx-01",)
@@ -153,14 +172,23 @@ def test_unavailable_and_allocated_gpus_are_never_placed() -> None:
     assert [p.position for p in result.pending] == [1, 2, 3]
 
 
-def test_a_job_that_does_not_fit_does_not_hold_back_the_jobs_behind_it() -> None:
+def test_jobs_behind_a_waiting_job_start_when_they_do_not_delay_it() -> None:
     fleet = Fleet()
-    fleet.dgx("dgx-01", busy=[0, 1])
+    fleet.dgx("dgx-01", busy=[0, 1], busy_until=NOW + 3600)
 
-    result = fleet.plan(job(1, gpus=8), job(2, gpus=4), job(3, gpus=8), job(4, gpus=2))
+    result = fleet.plan(
+        job(1, gpus=8),
+        job(2, gpus=4, estimated_duration_s=600),
+        job(3, gpus=8),
+        job(4, gpus=2, estimated_duration_s=7200),
+    )
 
-    assert [p.job_id for p in result.placements] == [2, 4]
-    assert [(p.job_id, p.position) for p in result.pending] == [(1, 1), (3, 2)]
+    assert [p.job_id for p in result.placements] == [2]
+    assert [(p.job_id, p.position, p.reason) for p in result.pending] == [
+        (1, 1, Reason.RESOURCES_BUSY),
+        (3, 2, Reason.RESOURCES_BUSY),
+        (4, 3, Reason.PRIORITY),
+    ]
 
 
 def test_a_gpu_model_and_memory_are_matched_exactly() -> None:

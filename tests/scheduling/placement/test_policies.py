@@ -1,10 +1,27 @@
-"""Queue order: first come first served, or priority with aging."""
+"""Queue order: FCFS, priority with aging, SJF, weighted fair share, least attained service."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from scheduling.placement import POLICIES, Fcfs, PriorityWithAging, plan
+from scheduling.placement import (
+    POLICIES,
+    FairShare,
+    FairShareTable,
+    Fcfs,
+    Las,
+    Policy,
+    PoolConfig,
+    PriorityWithAging,
+    QuotaLimit,
+    Sjf,
+    Standing,
+    fairshare_factor,
+    plan,
+    policy_for,
+)
 from tests.scheduling.placement.builders import NOW, Fleet, job, pending, placed
 
 HOUR = 3600.0
@@ -80,6 +97,7 @@ def test_aged_low_job_gets_the_last_free_node_in_a_pass() -> None:
 def test_policies_are_registered_by_name() -> None:
     assert isinstance(POLICIES["fcfs"](), Fcfs)
     assert POLICIES["priority"](aging_interval_s=120).aging_interval_s == 120
+    assert sorted(POLICIES) == ["fairshare", "fcfs", "las", "priority", "sjf"]
 
 
 @pytest.mark.parametrize(
@@ -92,3 +110,198 @@ def test_policies_are_registered_by_name() -> None:
 def test_priority_with_aging_rejects_nonsense(_case: str, options: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         PriorityWithAging(**options)
+
+
+def test_sjf_puts_the_shortest_estimate_first_and_an_unknown_runtime_last() -> None:
+    jobs = [
+        job(1, estimated_duration_s=7200, submitted_at=NOW),
+        job(2, max_runtime_s=600, submitted_at=NOW),
+        job(3, submitted_at=NOW),
+        job(4, estimated_duration_s=60, max_runtime_s=86_400, submitted_at=NOW),
+        job(5, estimated_duration_s=30 * 86_400, submitted_at=NOW),
+    ]
+
+    # A month counts as a week: 0 points, like an unknown runtime, which goes last.
+    assert ids(Sjf().order(jobs, NOW)) == [4, 2, 1, 5, 3]
+
+
+def test_sjf_aging_lets_a_job_without_estimate_overtake_a_one_minute_job() -> None:
+    policy = Sjf()
+    unknown = job(1)
+    short = job(2, estimated_duration_s=60, submitted_at=NOW)
+    # A minute scores log2(10,080) = 13.3 halvings of 1,000 points: 13,299 one-minute intervals.
+    assert policy.size_points(short) == pytest.approx(13_299.3, abs=0.1)
+
+    def at(waited: float) -> list[int]:
+        return ids(policy.order([replace(unknown, submitted_at=NOW - waited), short], NOW))
+
+    assert at(13_290 * 60.0) == [2, 1]
+    assert at(13_300 * 60.0) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("usage", "total_usage", "shares", "total_shares", "factor"),
+    [
+        (0, 100, 1, 4, 1.0),
+        (25, 100, 1, 4, 0.5),
+        (50, 100, 1, 4, 0.25),
+        (50, 100, 2, 4, 0.5),
+        (0, 0, 1, 1, 1.0),
+        (10, 100, 0, 4, 0.0),
+    ],
+)
+def test_fairshare_factor_is_slurms_classic_two_to_the_minus_usage_over_shares(
+    usage: float, total_usage: float, shares: float, total_shares: float, factor: float
+) -> None:
+    assert fairshare_factor(usage, total_usage, shares, total_shares) == pytest.approx(factor)
+
+
+def usage(**gpu_seconds: float) -> dict:
+    """Fair-share usage of users and projects in no pool: user_7=..., project_x=..."""
+    return {(None, tuple(name.split("_", 1))): used for name, used in gpu_seconds.items()}
+
+
+def test_fairshare_puts_the_least_served_user_first_and_weights_count() -> None:
+    jobs = [job(1, owner="7", submitted_at=NOW), job(2, owner="8", submitted_at=NOW)]
+    table = FairShareTable(None, usage(user_7=300, user_8=100))
+
+    # Equal shares: user 7 used 75 % of the pool, user 8 25 %.
+    assert table.factor("7") == pytest.approx(2**-1.5)
+    assert table.factor("8") == pytest.approx(2**-0.5)
+    assert ids(FairShare(table).order(jobs, NOW)) == [2, 1]
+
+    # User 7 is entitled to three times as much: both used exactly their share.
+    weighted = FairShareTable(
+        None, usage(user_7=300, user_8=100), [QuotaLimit(None, ("user", "7"), fairshare_weight=3)]
+    )
+    assert weighted.factor("7") == weighted.factor("8") == pytest.approx(0.5)
+    assert ids(FairShare(weighted).order(jobs, NOW)) == [1, 2]
+
+
+def test_fairshare_adds_priority_points_and_ages() -> None:
+    table = FairShareTable(None, usage(user_7=100, user_8=0))
+    heavy_critical = job(1, owner="7", priority="critical", submitted_at=NOW)
+    light_normal = job(2, owner="8", priority="normal", submitted_at=NOW)
+    policy = FairShare(table, weight=10_000)
+
+    # 3,000 + 10,000 x 2^-2 (user 7 used it all with half the shares) < 1,000 + 10,000.
+    assert policy.score(heavy_critical, NOW) == pytest.approx(3000 + 2500)
+    assert policy.score(light_normal, NOW) == pytest.approx(11_000)
+    assert ids(policy.order([heavy_critical, light_normal], NOW)) == [2, 1]
+    older = replace(heavy_critical, submitted_at=NOW - 5600 * 60)
+    assert ids(policy.order([older, light_normal], NOW)) == [1, 2]
+
+
+def test_a_jobs_factor_is_the_mean_of_its_users_and_its_projects() -> None:
+    table = FairShareTable(None, usage(user_7=100, user_8=100, project_x=300, project_y=100))
+
+    assert table.factor("7", "x") == pytest.approx((2**-1 + 2**-1.5) / 2)
+    assert table.factor("8", "y") == pytest.approx((2**-1 + 2**-0.5) / 2)
+    assert table.factor("8") == pytest.approx(0.5)
+
+
+def test_the_fairshare_explanation_says_why_a_priority_is_what_it_is() -> None:
+    table = FairShareTable(
+        "a100",
+        {
+            ("a100", ("user", "7")): 300.0,
+            ("a100", ("user", "8")): 100.0,
+            (None, ("user", "7")): 9e9,
+        },
+        [QuotaLimit("a100", ("user", "7"), fairshare_weight=3)],
+    )
+
+    explanation = table.explain("7", weight=10_000)
+
+    assert explanation.user == Standing(("user", "7"), 3, 0.75, 300, 0.75, 0.5)
+    assert explanation.project is None
+    assert explanation.points == pytest.approx(5000)
+    assert explanation.sentences() == [
+        "user 7: 75% of the shares, 75% of the recent usage, factor 0.50",
+        "5,000 fair-share priority points",
+    ]
+    # A user the pool has never seen: full factor, its share counted with its weight of 1.
+    newcomer = table.explain("9")
+    assert (newcomer.user.share, newcomer.factor) == (pytest.approx(0.2), 1.0)
+
+
+def test_las_orders_by_attained_service_queue_then_first_come() -> None:
+    policy = Las(thresholds_gpu_s=(3600, 36_000))
+    jobs = [
+        job(1, attained_service_s=40_000, submitted_at=NOW - 60),
+        job(2, attained_service_s=3_600, submitted_at=NOW - 50),
+        job(3, attained_service_s=0, submitted_at=NOW - 40),
+        job(4, attained_service_s=3_599, submitted_at=NOW - 70),
+        job(5, attained_service_s=10_000, submitted_at=NOW - 80),
+    ]
+
+    assert [policy.queue(j, NOW) for j in jobs] == [2, 1, 0, 0, 1]
+    assert ids(policy.order(jobs, NOW)) == [4, 3, 5, 2, 1]
+
+
+def test_las_returns_a_starving_job_to_the_top_queue() -> None:
+    policy = Las(thresholds_gpu_s=(3600,), starve_multiple=2)
+    # 4 GPUs for an hour: 14,400 GPU-seconds, 3,600 s of service; top queue after 7,200 s.
+    served = job(1, gpus=4, attained_service_s=14_400, submitted_at=NOW - 7_199)
+    newcomer = job(2, submitted_at=NOW - 10)
+
+    assert ids(policy.order([served, newcomer], NOW)) == [2, 1]
+    assert ids(policy.order([served, newcomer], NOW + 1)) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (PoolConfig(policy="fcfs"), Fcfs()),
+        (PoolConfig(policy="priority", aging_interval_s=5), PriorityWithAging(aging_interval_s=5)),
+        (PoolConfig(policy="sjf", aging_interval_s=5), Sjf(aging_interval_s=5)),
+        (PoolConfig(policy="las", las_thresholds_gpu_s=()), Las((3600.0, 36_000.0))),
+        (PoolConfig(policy="las", las_thresholds_gpu_s=(60, 600)), Las((60, 600))),
+    ],
+)
+def test_policy_for_builds_the_policy_a_pool_names(config: PoolConfig, expected: Policy) -> None:
+    assert policy_for(config, Fleet().snapshot()) == expected
+
+
+def test_policy_for_gives_fair_share_the_pools_usage_and_weights() -> None:
+    snapshot = Fleet().snapshot(
+        usage=usage(user_7=100.0), quotas=(QuotaLimit(None, ("user", "7")),)
+    )
+    policy = policy_for(
+        PoolConfig(policy="fairshare", fairshare_weight=500, aging_interval_s=30), snapshot
+    )
+
+    assert isinstance(policy, FairShare)
+    assert (policy.weight, policy.aging_interval_s) == (500, 30)
+    assert policy.shares.factor("7") == 0.5
+
+
+def test_each_pool_is_ordered_by_its_own_policy() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01", pool="fifo")
+    fleet.dgx("dgx-02", pool="short")
+    jobs = [
+        job(1, gpus=8, pool="fifo", estimated_duration_s=7200),
+        job(2, gpus=8, pool="fifo", estimated_duration_s=60),
+        job(3, gpus=8, pool="short", estimated_duration_s=7200),
+        job(4, gpus=8, pool="short", estimated_duration_s=60),
+    ]
+    pools = {"fifo": PoolConfig(policy="fcfs"), "short": PoolConfig(policy="sjf")}
+
+    result = fleet.plan(*jobs, pools=pools)
+
+    assert [p.job_id for p in result.placements] == [1, 4]
+    assert [(p.job_id, p.position) for p in result.pending] == [(2, 1), (3, 1)]
+
+
+def test_fairshare_puts_jobs_past_the_starvation_limit_first_oldest_first() -> None:
+    table = FairShareTable(None, usage(user_7=1000, user_8=0))
+    policy = FairShare(table, weight=10_000, aging_interval_s=1)
+    assert policy.starvation_limit_s == 13_000
+    old_heavy = job(1, owner="7", submitted_at=NOW - 13_000)
+    older_heavy = job(2, owner="7", priority="low", submitted_at=NOW - 13_001)
+    fresh_light = job(3, owner="8", priority="critical", submitted_at=NOW)
+
+    # Two seconds earlier neither has waited that long: by score, job 1 (normal) first.
+    assert ids(policy.order([fresh_light, old_heavy, older_heavy], NOW - 2)) == [1, 2, 3]
+    assert ids(policy.order([fresh_light, old_heavy, older_heavy], NOW)) == [2, 1, 3]

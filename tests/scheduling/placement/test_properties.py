@@ -200,6 +200,10 @@ def check_pending(snapshot: Snapshot, given: dict[int, int], waiting: Pending) -
     hardware = snapshot.gpus
     up = [gpu for gpu in hardware if nodes[gpu.node].schedulable and gpu.unavailable is None]
     free = [gpu for gpu in up if gpu.allocated_to is None and gpu.id not in given]
+    if waiting.reason == Reason.PRIORITY:
+        # Kept back for the first waiting job (EASY backfill): it would fit the free GPUs.
+        assert fits(job, free), f"job {job.id} was kept back though it does not fit"
+        return
     assert not fits(job, free), f"job {job.id} could have started"
     exists = any(gpu.model == job.gpu_model for gpu in hardware) or job.gpu_model is None
     assert (waiting.reason == Reason.MODEL) == (not exists)

@@ -80,7 +80,9 @@ def test_the_numa_requirement_waits_when_every_numa_pair_is_split() -> None:
     fleet = Fleet()
     fleet.dgx("dgx-01", busy=[0, 2, 4, 6])
 
-    result = fleet.plan(job(1, gpus=2, topology="numa"), job(2, gpus=2))
+    # Job 2 ends before job 1 could start (never: the busy GPUs' end is unknown), so it may
+    # use the GPUs job 1 will need.
+    result = fleet.plan(job(1, gpus=2, topology="numa"), job(2, gpus=2, estimated_duration_s=60))
 
     waiting = pending(result, 1)
     assert waiting.reason == Reason.TOPOLOGY

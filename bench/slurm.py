@@ -1,0 +1,257 @@
+"""A private Slurm 22.05 on this machine, for the benches that compare gpuadmin with it.
+
+    with SlurmCluster(tuned=True) as slurm:
+        client = slurm.client()  # picklable: for client processes
+        client.sbatch(["--hold", "--wrap", "true"])
+        client.rest_submit(client.connect(), hold=True)
+
+Installs Debian's slurmctld, slurmd, slurmrestd and munge when they are missing (as the test
+setup installs Chromium), then runs a one-node cluster from a scratch directory: one node
+``localhost`` with 8 GPUs declared as GRES (gres.conf names 8 placeholder files: no GPU is
+touched; jobs get CUDA_VISIBLE_DEVICES as usual), no accounting database. ``tuned`` is the
+configuration Slurm's own throughput advice gives (``batch_sched_delay=0``,
+``sched_min_interval=0``, ``MinJobAge=5``, 8 CPUs declared so that CPUs never limit 8 one-GPU
+jobs); untuned is the packages' defaults with the 2 real CPUs (both keep up to a million jobs:
+``MaxJobCount``). slurmrestd listens on a Unix socket with ``rest_auth/local`` (it refuses to
+run as root, so it runs as ``nobody``, and so do the jobs submitted through it) and speaks
+openapi/v0.0.38. Everything is stopped and removed on exit.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from common import wait_for
+
+PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "munge")
+REST_VERSION = "v0.0.38"
+GPUS = 8
+PARTITION = "batch"  # the only one: every job is in it
+ESLURM_JOB_HELD = 2042
+
+
+def ensure_installed() -> None:
+    """apt-get the Slurm packages when ``slurmctld`` is not on this machine."""
+    if shutil.which("slurmctld") and shutil.which("slurmrestd") and shutil.which("munged"):
+        return
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", *PACKAGES],
+        check=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def ensure_munge() -> None:
+    """A running munged with a key (Slurm's authentication between its daemons)."""
+    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
+        return
+    key = Path("/etc/munge/munge.key")
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+        shutil.chown(key, "munge", "munge")
+        key.chmod(0o400)
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged --force"], check=True)
+
+
+def _exited(pid: int) -> Callable[[], bool]:
+    return lambda: not Path(f"/proc/{pid}").exists()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket, kept open between requests."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost")
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.path)
+
+
+class SlurmCluster:
+    def __init__(self, *, tuned: bool = True, port: int = 16817) -> None:
+        self.tuned = tuned
+        self.port = port
+        self.dir = Path(tempfile.mkdtemp(prefix="gpuadmin-bench-slurm-"))
+        self.conf = self.dir / "slurm.conf"
+        self.socket = str(self.dir / "rest.sock")
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.restd: subprocess.Popen[bytes] | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> SlurmCluster:
+        ensure_installed()
+        ensure_munge()
+        self._write_config()
+        self._run("slurmctld", "-c", "-f", str(self.conf))
+        self._run("slurmd", "-f", str(self.conf))
+        self.dir.chmod(0o777)  # slurmrestd (as nobody) creates its socket here
+        self.restd = subprocess.Popen(
+            [
+                "slurmrestd",
+                "-f",
+                str(self.conf),
+                "-u",
+                "nobody",
+                "-g",
+                "nogroup",
+                "-s",
+                f"openapi/{REST_VERSION}",
+                "-a",
+                "rest_auth/local",
+                f"unix:{self.socket}",
+            ],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.dir / "slurmrestd.log").open("wb"),
+        )
+        wait_for(lambda: "idle" in self._out("sinfo", "-h", "-o", "%T"), 60, "the node to be idle")
+        wait_for(lambda: Path(self.socket).exists(), 60, "slurmrestd's socket")
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        subprocess.run(
+            ["scancel", "--full", f"--partition={PARTITION}"], env=self.env, capture_output=True
+        )
+        if self.restd is not None:
+            self.restd.terminate()
+            self.restd.wait(timeout=30)
+        subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True)
+        for name in ("slurmd.pid", "slurmctld.pid"):
+            pid_file = self.dir / name
+            if pid_file.exists():
+                wait_for(_exited(int(pid_file.read_text())), 60, f"{name} to stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _write_config(self) -> None:
+        for name in ("state", "spool", "dev"):
+            (self.dir / name).mkdir()
+        for index in range(GPUS):
+            (self.dir / "dev" / f"nvidia{index}").touch()
+        cpus = 8 if self.tuned else os.cpu_count() or 1
+        # Slurm's high-throughput advice: schedule at once; forget ended jobs after 5 s, not 300.
+        scheduler = "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0\nMinJobAge=5\n"
+        self.conf.write_text(
+            f"""ClusterName=gpuadmin-bench
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={self.dir}/state
+SlurmdSpoolDir={self.dir}/spool
+SlurmctldPidFile={self.dir}/slurmctld.pid
+SlurmdPidFile={self.dir}/slurmd.pid
+SlurmctldPort={self.port}
+SlurmdPort={self.port + 1}
+SlurmctldLogFile={self.dir}/slurmctld.log
+SlurmdLogFile={self.dir}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+{scheduler if self.tuned else ""}GresTypes=gpu
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+# Finished jobs stay in slurmctld's memory for MinJobAge (300 s) and count against MaxJobCount
+# (10,000 by default, after which every submission is refused): a submission bench makes
+# tens of thousands of jobs within minutes.
+MaxJobCount=1000000
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+NodeName=localhost CPUs={cpus} Gres=gpu:{GPUS} RealMemory=8000 State=UNKNOWN
+PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+"""
+        )
+        (self.dir / "gres.conf").write_text(f"Name=gpu File={self.dir}/dev/nvidia[0-{GPUS - 1}]\n")
+
+    def _run(self, *argv: str) -> None:
+        subprocess.run(argv, env=self.env, check=True)
+
+    def _out(self, *argv: str) -> str:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True).stdout
+
+    # ------------------------------------------------------------------ work
+
+    def client(self) -> SlurmClient:
+        return SlurmClient(str(self.conf), self.socket)
+
+    def queued(self) -> int:
+        """Jobs not finished yet (pending or running)."""
+        return len(self._out("squeue", "-h", "-o", "%i").split())
+
+    def cancel_all(self) -> None:
+        """Cancel every job: sbatch's (root's) and slurmrestd's (``nobody``'s)."""
+        subprocess.run(["scancel", f"--partition={PARTITION}"], env=self.env, check=True)
+        wait_for(lambda: self.queued() == 0, 120, "canceled jobs to leave the queue")
+
+
+@dataclass(frozen=True)
+class SlurmClient:
+    """What a client process needs to submit to a running ``SlurmCluster``."""
+
+    conf: str
+    socket: str
+
+    def sbatch(self, args: list[str]) -> str:
+        """``sbatch --parsable ARGS``: the job id."""
+        done = subprocess.run(
+            ["sbatch", "--parsable", "-Q", "-o", "/dev/null", *args],
+            env={**os.environ, "SLURM_CONF": self.conf},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    def connect(self) -> UnixHTTPConnection:
+        return UnixHTTPConnection(self.socket)
+
+    def rest_submit(self, connection: UnixHTTPConnection, *, hold: bool) -> int:
+        """POST one one-GPU ``true`` job to slurmrestd over ``connection``; its id."""
+        body = json.dumps(
+            {
+                "script": "#!/bin/sh\ntrue\n",
+                "job": {
+                    "name": "bench",
+                    "current_working_directory": "/tmp",
+                    "environment": {"PATH": "/usr/bin:/bin"},
+                    "gres": "gpu:1",
+                    "standard_output": "/dev/null",
+                    "hold": hold,
+                },
+            }
+        )
+        connection.request(
+            "POST",
+            f"/slurm/{REST_VERSION}/job/submit",
+            body,
+            {"Content-Type": "application/json"},
+        )
+        reply = json.loads(connection.getresponse().read())
+        # A held job is accepted with ESLURM_JOB_HELD ("pending scheduler release") as its error.
+        errors = [e for e in reply.get("errors", []) if e.get("error_code") != ESLURM_JOB_HELD]
+        if errors or "job_id" not in reply:
+            raise RuntimeError(f"slurmrestd refused a job: {errors}")
+        return int(reply["job_id"])

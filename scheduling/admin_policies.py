@@ -1,0 +1,137 @@
+"""Pool policies and quotas in the back office: the forms check values by the services' rules
+(errors on the field they name) and save through the audited services, like the API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from gpuadmin.access.permissions import signed_in
+from scheduling import admin_services, quotas
+from scheduling.models import PoolPolicy, Quota
+from scheduling.policy_forms import PolicyForm, policy_values
+
+
+class PoolPolicyForm(PolicyForm):
+    class Meta(PolicyForm.Meta):
+        fields = ("pool", *admin_services.POLICY_FIELDS)
+
+
+@admin.register(PoolPolicy)
+class PoolPolicyAdmin(admin.ModelAdmin):
+    """One policy per pool (empty pool: the GPUs in no pool), changed through
+    ``admin_services.set_pool_policy`` (audited, wakes the loop)."""
+
+    form = PoolPolicyForm
+    list_display = (
+        "__str__",
+        "policy",
+        "backfill",
+        "allow_borrowing",
+        "preemption",
+        "dynamic_mig",
+        "updated_at",
+    )
+    list_select_related = ("pool",)
+    fieldsets = (
+        (None, {"fields": ("pool", "policy", "backfill", "aging_interval_s")}),
+        (
+            "Fair share and least attained service",
+            {"fields": ("fairshare_half_life_s", "fairshare_weight", "las_thresholds_gpu_s")},
+        ),
+        (
+            "Borrowing and preemption",
+            {"fields": ("allow_borrowing", "preemption", "preempt_signal", "preempt_grace_s")},
+        ),
+        (
+            "Sharing and reservations",
+            {
+                "fields": (
+                    "dynamic_mig",
+                    "reservation_auto_approve",
+                    "reservation_release_after_s",
+                )
+            },
+        ),
+    )
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        PoolPolicy.default()  # the no-pool row exists from the first look
+        return super().changelist_view(request, extra_context)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: object = None) -> tuple[str, ...]:
+        return ("pool",) if obj is not None else ()
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a pool without a row has the defaults: edit it back instead
+
+    def save_model(
+        self, request: HttpRequest, obj: PoolPolicy, form: forms.ModelForm, change: bool
+    ) -> None:
+        fields = policy_values(form)
+        row = admin_services.set_pool_policy(obj.pool, actor=signed_in(request), **fields)
+        obj.pk, obj.updated_at = row.pk, row.updated_at
+
+
+QUOTA_FORM_FIELDS = ("pool", "user", "project", *quotas.QUOTA_FIELDS)
+
+
+class QuotaForm(forms.ModelForm):
+    class Meta:
+        model = Quota
+        fields = QUOTA_FORM_FIELDS
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        quota = Quota(pk=self.instance.pk, **data)
+        try:
+            quotas.check_quota(quota)
+        except quotas.QuotaInvalid as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+    def validate_unique(self) -> None:
+        """``quotas.check_quota`` checked the holder (one quota per holder and pool) on the
+        field it names; the constraints' own messages would repeat it without a field."""
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    """Quotas per user or project and pool, saved through the audited quota services."""
+
+    form = QuotaForm
+    list_display = (
+        "__str__",
+        "pool",
+        "max_gpus",
+        "gpu_hours",
+        "period",
+        "fairshare_weight",
+        "updated_at",
+    )
+    list_filter = ("pool", "period")
+    list_select_related = ("pool", "user")
+    search_fields = ("project", "user__username")
+    autocomplete_fields = ("user",)
+
+    def save_model(
+        self, request: HttpRequest, obj: Quota, form: forms.ModelForm, change: bool
+    ) -> None:
+        fields = {name: form.cleaned_data[name] for name in QUOTA_FORM_FIELDS}
+        if change:
+            quotas.update_quota(obj, actor=signed_in(request), **fields)
+        else:
+            obj.pk = quotas.create_quota(actor=signed_in(request), **fields).pk
+
+    def delete_model(self, request: HttpRequest, obj: Quota) -> None:
+        quotas.delete_quota(obj, actor=signed_in(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Quota]) -> None:
+        for quota in queryset.select_related("pool", "user"):
+            quotas.delete_quota(quota, actor=signed_in(request))

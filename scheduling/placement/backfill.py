@@ -1,0 +1,114 @@
+"""EASY backfill: the first waiting job's shadow start, and the GPUs it will start on.
+
+When the first waiting job of a pool (the head) does not fit, the pass works out when and
+where it would start if nothing else started first: busy GPUs free up at their holders'
+expected ends (running jobs, and jobs placed earlier in the pass by their expected runtime),
+and each node can take its part of the job once enough of its GPUs are free, in the job's
+topology. The `node_count` nodes ready first (then those that keep fewest GPUs idle until
+then) give the shadow start, and their GPUs at that time the head's GPUs. A later job may
+start now only if it ends by the shadow start (by its expected runtime) or keeps off those
+GPUs, so the head's start is never delayed.
+
+An unknown end is taken to come never (math.inf): a head waiting on one gets an infinite
+shadow start, so jobs with a known runtime may still use its GPUs and jobs without one may
+not. Once the unknown holder ends, the start is known and kept from then on. A head that the
+pool's working hardware can never hold (too large, broken nodes) gets no shadow and blocks
+nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
+from scheduling.placement.snapshot import GpuSlot, JobRequest
+from scheduling.placement.topology import choose
+
+
+class Shadow(NamedTuple):
+    """The head job's start at the latest (`start`; math.inf when a holder's end is unknown)
+    and the GPUs it will start on."""
+
+    job_id: int
+    start: float
+    gpu_ids: frozenset[int]
+
+
+def shadow(fleet: Fleet, job: JobRequest, now: float, closed: frozenset[int]) -> Shadow | None:
+    """When and where `job` would start if no other job started first, on `fleet` with every
+    free GPU in reach, keeping off `closed` GPUs; None when it never could."""
+    count, wanted, min_memory, model, requirement = Shape.of(job)
+    # Hardware that can never hold the job's part (model, memory, size, topology) is skipped.
+    key = (count, requirement, model, min_memory)
+    pools = {id(pool) for pool in fleet.pools if pool.ideal(key) is not None}
+    # Per node: each usable GPU with when it is free (-inf: now), by time then index.
+    timelines: list[tuple[float, int, FleetNode, list[tuple[float, GpuSlot]]]] = []
+    for node in fleet.nodes:
+        if id(node.pool) not in pools:
+            continue
+        free = {gpu.id for gpu in node.free}
+        timeline = []
+        for gpu in node.gpus:
+            if gpu.id in closed or not is_available(node.info, gpu):
+                continue
+            if not matches(gpu, model, min_memory):
+                continue
+            if gpu.id in free:
+                # Memory some other process holds may never be given back.
+                at = -math.inf if gpu.memory_free_mib >= min_memory else math.inf
+            else:
+                at = fleet.release_at.get(gpu.id, math.inf)
+            timeline.append((at, gpu))
+        if len(timeline) >= count:
+            timeline.sort(key=lambda pair: pair[0])
+            # No node is ready before its count-th GPU is free: a lower bound to visit by.
+            timelines.append((timeline[count - 1][0], node.index, node, timeline))
+    timelines.sort(key=lambda entry: entry[:2])
+
+    ready: list[tuple[float, int, int, FleetNode]] = []
+    by_node: dict[int, list[tuple[float, GpuSlot]]] = {}
+    for lower, _, node, timeline in timelines:
+        if len(ready) >= wanted and lower > ready[wanted - 1][0]:
+            break
+        found = _ready_at(timeline, count, requirement, lower)
+        if found is None:
+            continue
+        at, gpus = found
+        # Ties: the node that keeps fewest GPUs idle until then (for an unknown end: the node
+        # with most GPUs that free up at all), then the hostname.
+        if at == math.inf:
+            idle = -sum(gpu_at < math.inf for gpu_at, _ in timeline)
+        else:
+            idle = sum(gpu.id in {g.id for g in node.free} for gpu in gpus)
+        insort(ready, (at, idle, node.index, node))
+        by_node[node.index] = timeline
+    if len(ready) < wanted:
+        return None
+    chosen = ready[:wanted]
+    start = max(now, max(entry[0] for entry in chosen))
+    gpu_ids: set[int] = set()
+    for _, _, index, _ in chosen:
+        by_then = _by_index(gpu for at, gpu in by_node[index] if at <= start)
+        choice = choose(by_then, count, requirement)
+        assert choice is not None, "a node ready by the start holds the job then"
+        gpu_ids.update(gpu.id for gpu in choice.gpus)
+    return Shadow(job.id, start, frozenset(gpu_ids))
+
+
+def _by_index(gpus: Iterable[GpuSlot]) -> list[GpuSlot]:
+    return sorted(gpus, key=lambda gpu: (gpu.index, gpu.id))
+
+
+def _ready_at(
+    timeline: list[tuple[float, GpuSlot]], count: int, requirement: str, lower: float
+) -> tuple[float, tuple[GpuSlot, ...]] | None:
+    """The first time (from `lower` on) the node's GPUs free by then hold `count` in
+    `requirement`, with the GPUs chosen then."""
+    for moment in sorted({at for at, _ in timeline if at >= lower}):
+        choice = choose(_by_index(gpu for at, gpu in timeline if at <= moment), count, requirement)
+        if choice is not None:
+            return moment, choice.gpus
+    return None

@@ -1,0 +1,349 @@
+"""One placement pass over every pool: admission (array caps, reservations, quotas), the
+pool's order, placement with EASY backfill or in strict order, preemption, and a reason for
+every job left waiting. The rules are told in the package docstring."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from scheduling.placement.backfill import Shadow, shadow
+from scheduling.placement.decisions import (
+    MigCreate,
+    PassResult,
+    Pending,
+    Placement,
+    Preemption,
+    Reason,
+)
+from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
+from scheduling.placement.fairshare import FairShareTable
+from scheduling.placement.fleet import Shape, gpus_by_host
+from scheduling.placement.policies import Policy, policy_for
+from scheduling.placement.preemption import Victims, stopping_phrase
+from scheduling.placement.quotas import ArrayCaps, QuotaBook
+from scheduling.placement.reservations import ReservationBook, max_end, moment
+from scheduling.placement.sharing import SharingPass, is_sharing
+from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig, Snapshot
+from scheduling.placement.text import listing
+
+# A set of GPUs placed alone: (pool, active reservation window id or None).
+PartitionKey = tuple[str | None, int | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """A job kept waiting by admission or preemption, with its sentence."""
+
+    reason: Reason
+    message: str
+    estimated_start: float | None = None
+
+
+class _Partition:
+    """The GPUs of one pool less those of active reservation windows, or those of one active
+    window in a pool: one PlacementPass, one head job, and the views its jobs see."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        scope: str,
+        config: PoolConfig,
+        book: ReservationBook,
+        shares: Callable[[], FairShareTable],
+        held: dict[int, int] | None = None,
+    ) -> None:
+        """`shares`: the pool's fair-share table, when preemption needs it; `held`: GPUs of
+        the pool that active windows hold, by window id."""
+        self.snapshot = snapshot
+        self.shares = shares
+        self.held = held or {}
+        self.book = book
+        self.now = snapshot.now
+        self.config = config
+        self.placement_pass = PlacementPass(snapshot, scope)
+        node_of = self.placement_pass.fleet.node_of
+        # Upcoming windows over these GPUs; closed[k]: the GPUs of the first k.
+        self.upcoming = [w for w in book.upcoming if any(g in node_of for g in w.gpu_ids)]
+        self._starts = [window.start for window in self.upcoming]
+        self._closed: list[View] = [EVERYWHERE]
+        for window in self.upcoming:
+            closed = self._closed[-1] | {g for g in window.gpu_ids if g in node_of}
+            self._closed.append(frozenset(closed))
+        self.head: Shadow | None = None
+        self._views: dict[tuple[int, bool], View] = {}
+        self._never: set[tuple[Shape, int]] = set()
+        self._victims: Victims | None = None
+
+    def closing(self, job: JobRequest) -> int:
+        """How many upcoming windows `job` would still run into (by its maximum runtime)."""
+        if not self._starts:
+            return 0
+        return bisect_left(self._starts, max_end(job, self.now))
+
+    def view(self, job: JobRequest) -> View:
+        """What `job` may not use: windows it would run into and, under backfill, the head's
+        GPUs unless it ends before the head's start (by its expected runtime)."""
+        if self.head is None and not self._starts:
+            return EVERYWHERE
+        closing = self.closing(job)
+        keep_off = self.head is not None and not self._ends_before_head(job)
+        key = (closing, keep_off)
+        if key not in self._views:
+            closed = self._closed[closing]
+            if keep_off:
+                assert self.head is not None
+                closed = closed | self.head.gpu_ids
+            self._views[key] = closed
+        return self._views[key]
+
+    def _ends_before_head(self, job: JobRequest) -> bool:
+        assert self.head is not None
+        runtime = job.expected_runtime_s
+        return runtime is not None and self.now + runtime <= self.head.start
+
+    def become_head(self, job: JobRequest) -> None:
+        """Make `job`, which does not fit now, the first waiting job if the working hardware
+        can ever hold it (its start is then guaranteed; see backfill)."""
+        closing = self.closing(job)
+        key = (Shape.of(job), closing)
+        if key in self._never:
+            return
+        fleet = self.placement_pass.look(EVERYWHERE)
+        self.head = shadow(fleet, job, self.now, self._closed[closing])
+        if self.head is None:
+            self._never.add(key)
+
+    def victims(self) -> Victims:
+        if self._victims is None:
+            self._victims = Victims(self.placement_pass, self.snapshot.running, self.shares)
+        return self._victims
+
+    def explain(self, job: JobRequest, position: int) -> Pending:
+        """Why `job` waits: kept back for the head or by a reservation when it would fit the
+        free GPUs; else what the fleet lacks."""
+        head = self.head
+        if head is not None and head.job_id != job.id and self.placement_pass.fits(job):
+            closing = self.closing(job)
+            if closing and not self.placement_pass.fits(job, self._closed[closing]):
+                return self._reserved(job, position, closing)
+            start = None if head.start == math.inf else head.start
+            if not self.config.backfill:
+                message = f"waits behind job {head.job_id}: this pool starts jobs in queue order"
+            elif start is None:
+                message = f"the GPUs it fits on are kept for job {head.job_id}, first in line"
+            else:
+                message = (
+                    f"the GPUs it fits on are kept for job {head.job_id}, first in line, due to "
+                    f"start by {moment(start)}; only jobs that end by then may use them"
+                )
+            return Pending(job.id, position, Reason.PRIORITY, message, start, None)
+        closing = self.closing(job)
+        if closing and self.placement_pass.fits(job):
+            return self._reserved(job, position, closing)
+        pending = self.placement_pass.explain(job, position)
+        if self.held and pending.reason == Reason.RESOURCES_BUSY:
+            pending = replace(pending, message=f"{pending.message}; {self._held_phrase()}")
+        return pending
+
+    def _held_phrase(self) -> str:
+        """ "reservation 5 holds 8 more GPUs until 2025-06-01 14:00 UTC" """
+        windows = sorted((self.book.by_id[i] for i in self.held), key=lambda w: (w.end, w.id))
+        gpus = sum(self.held.values())
+        until = moment(windows[0].end)
+        if len(windows) == 1:
+            return f"reservation {windows[0].id} holds {gpus} more GPUs until {until}"
+        names = listing([str(window.id) for window in windows])
+        return f"reservations {names} hold {gpus} more GPUs, the first until {until}"
+
+    def _reserved(self, job: JobRequest, position: int, closing: int) -> Pending:
+        windows = self.upcoming[:closing]
+        names = listing([str(w.id) for w in windows])
+        who = f"reservation {names} holds" if len(windows) == 1 else f"reservations {names} hold"
+        if job.max_runtime_s is None:
+            why = "without a maximum runtime it might still run then"
+        else:
+            why = "by its maximum runtime it would still run then"
+        message = f"{who} the GPUs it fits on from {moment(windows[0].start)}, and {why}"
+        return Pending(job.id, position, Reason.RESERVATION, message, None, None)
+
+
+class _Planner:
+    def __init__(self, snapshot: Snapshot, policy: Policy | None) -> None:
+        gpus_by_host(snapshot)  # refuses a malformed snapshot, with or without a queue
+        self.snapshot = snapshot
+        self.policy = policy
+        self.book = ReservationBook(snapshot.reservations, snapshot.now)
+        self.quotas = QuotaBook(snapshot.quotas)
+        self.arrays = ArrayCaps(snapshot.array_limits, snapshot.running)
+        self.gpus: dict[PartitionKey, list[GpuSlot]] = {}
+        for gpu in snapshot.gpus:
+            window = self.book.active_window(gpu.id)
+            self.gpus.setdefault((gpu.pool, None if window is None else window.id), []).append(gpu)
+        self.partitions: dict[PartitionKey, _Partition] = {}
+        self.shares: dict[str | None, FairShareTable] = {}
+        self._sharing: SharingPass | None = None
+        self.placements: list[Placement] = []
+        self.pending: list[Pending] = []
+        self.preemptions: list[Preemption] = []
+        self.mig_creates: list[MigCreate] = []
+
+    def run(self) -> PassResult:
+        by_pool: dict[str | None, list[JobRequest]] = {}
+        for job in self.snapshot.queue:
+            by_pool.setdefault(job.pool, []).append(job)
+        for pool in sorted(by_pool, key=lambda name: (name is not None, name or "")):
+            self._pool(pool, by_pool[pool])
+        return PassResult(
+            tuple(self.placements),
+            tuple(self.pending),
+            tuple(self.preemptions),
+            tuple(self.mig_creates),
+        )
+
+    def _pool(self, pool: str | None, jobs: list[JobRequest]) -> None:
+        config = self.snapshot.pools.get(pool) or PoolConfig()
+        policy = self.policy or policy_for(config, self.snapshot, pool)
+        waiting: list[tuple[JobRequest, _Partition | None, _Hold | None]] = []
+        limited = bool(self.snapshot.quotas)
+        for job in policy.order(jobs, self.snapshot.now):
+            admit = job.array is not None or job.reservation is not None
+            hold = self._admit(job) if admit else None
+            borrowing = None
+            if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
+                if config.allow_borrowing:
+                    borrowing = over
+                else:
+                    hold = _Hold(Reason.QUOTA, over)
+            if hold is not None:
+                waiting.append((job, None, hold))
+                continue
+            if is_sharing(job):
+                if self._share(job, borrowing):
+                    continue
+                waiting.append((job, None, None))
+                continue
+            partition = self._partition(pool, job.reservation, config)
+            placed, hold = self._place(partition, job, borrowing)
+            if not placed:
+                waiting.append((job, partition, hold))
+        for position, (job, where, hold) in enumerate(waiting, start=1):
+            if hold is not None:
+                pending = Pending(
+                    job.id, position, hold.reason, hold.message, hold.estimated_start, None
+                )
+            elif where is None:
+                pending = self._sharing_pass().explain(job, position)
+            else:
+                pending = where.explain(job, position)
+            self.pending.append(pending)
+
+    def _admit(self, job: JobRequest) -> _Hold | None:
+        """What keeps `job` from running whatever is free: its array's cap, its reservation."""
+        capped = self.arrays.refusal(job)
+        if capped is not None:
+            return _Hold(Reason.ARRAY_LIMIT, capped)
+        refused = self.book.refusal(job)
+        if refused is not None:
+            return _Hold(Reason.RESERVATION, *refused)
+        return None
+
+    def _place(
+        self, partition: _Partition, job: JobRequest, borrowing: str | None
+    ) -> tuple[bool, _Hold | None]:
+        """Place `job` in its view; else preempt for it, or make it the head. Returns whether
+        it was placed, and the hold of a job waiting for its victims."""
+        if partition.head is not None and not partition.config.backfill:
+            return False, None  # strict order: nothing starts behind the head
+        view = partition.view(job)
+        placement = partition.placement_pass.place(job, view)
+        if placement is not None:
+            self._started(job, placement, borrowing)
+            return True, None
+        if borrowing is not None:
+            # Over-quota work only borrows idle GPUs: it preempts nothing and holds nothing.
+            return False, _Hold(Reason.QUOTA, f"{borrowing}; no idle GPUs it could borrow fit it")
+        if partition.config.preemption:
+            victims = partition.victims()
+            if victims.candidates:
+                found = victims.preempt(job, view)
+                if found is not None:
+                    preemption, _ = found
+                    self.preemptions.append(preemption)
+                    self._charge(job)
+                    message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
+                    return False, _Hold(Reason.PREEMPTING, message)
+        if partition.head is None:
+            partition.become_head(job)
+        return False, None
+
+    def _share(self, job: JobRequest, borrowing: str | None) -> bool:
+        """Route a MIG or MPS job to the sharing pass; whether it was placed."""
+        decision = self._sharing_pass().place(job)
+        if isinstance(decision, MigCreate):
+            self.mig_creates.append(decision)
+        elif decision is not None:
+            self._started(job, decision, borrowing)
+            return True
+        return False
+
+    def _started(self, job: JobRequest, placement: Placement, borrowing: str | None) -> None:
+        if borrowing is not None:
+            placement = replace(
+                placement,
+                borrowed=True,
+                explanation=f"{placement.explanation}; borrowed, preemptible: {borrowing}",
+            )
+        self.placements.append(placement)
+        if borrowing is None and self.snapshot.quotas:
+            self.quotas.charge(job)
+        if job.array is not None:
+            self.arrays.charge(job)
+
+    def _charge(self, job: JobRequest) -> None:
+        self.quotas.charge(job)
+        self.arrays.charge(job)
+
+    def _partition(self, pool: str | None, window: int | None, config: PoolConfig) -> _Partition:
+        key = (pool, window)
+        if key not in self.partitions:
+            gpus = self.gpus.get(key, [])
+            if len(self.gpus) == 1 and gpus:
+                snapshot = self.snapshot  # every GPU: no copy
+            else:
+                snapshot = replace(self.snapshot, gpus=tuple(gpus), queue=())
+            scope = self._scope(pool, window)
+            held = {
+                other: len(gpus)
+                for (other_pool, other), gpus in self.gpus.items()
+                if window is None and other_pool == pool and other is not None
+            }
+            self.partitions[key] = _Partition(
+                snapshot, scope, config, self.book, lambda: self._shares(pool), held
+            )
+        return self.partitions[key]
+
+    def _scope(self, pool: str | None, window: int | None) -> str:
+        if window is not None:
+            return f"reservation {window}"
+        if pool is not None:
+            return f"pool {pool}"
+        return "the fleet" if {p for p, _ in self.gpus} <= {None} else "the GPUs in no pool"
+
+    def _shares(self, pool: str | None) -> FairShareTable:
+        if pool not in self.shares:
+            self.shares[pool] = FairShareTable.of(self.snapshot, pool)
+        return self.shares[pool]
+
+    def _sharing_pass(self) -> SharingPass:
+        if self._sharing is None:
+            self._sharing = SharingPass(self.snapshot)
+        return self._sharing
+
+
+def plan(snapshot: Snapshot, policy: Policy | None = None) -> PassResult:
+    """One placement pass over `snapshot`: each pool's queue in its policy's order (`policy`
+    overrides every pool's, for benches and tests)."""
+    return _Planner(snapshot, policy).run()

@@ -1,0 +1,222 @@
+"""Preemption: the fewest running jobs to stop so that a waiting job can start now.
+
+Who may be stopped for whom (`Victims.why`): a running job that is preemptible or borrowed
+(started over quota), not already stopping, never of a higher priority level than the waiting
+job, and either borrowed, of a lower priority level, or held by a user (and project) further
+over its fair share than the waiting job's (a lower fair-share factor). Cheapest first:
+borrowed work, then lower priority levels, fewer GPUs, the most recently started (it loses
+least work), then the lower id.
+
+The search is bounded. Per node it finds the smallest set of candidates holding GPUs there
+(by size, then cost) whose GPUs, with the node's free ones, hold the job's part in its
+topology (`topology.choose`): every subset of the `NODE_VICTIMS` cheapest (all of them on an
+8-GPU node), beyond those candidates added cheapest first; sets larger than the best found
+on an earlier node are not tried. It looks at no more than `NODES` nodes, those missing the
+fewest GPUs first: at most 64 x 255 `choose` calls, and a failure is remembered for the
+pass. A single-node job takes the node with the smallest set; a gang takes the nodes that
+hold its part now, then the cheapest sets on further nodes. The choice is then placed for
+real on the pass's fleet with those GPUs freed (`PlacementPass.place_freeing`), so it is a
+valid, topology-correct placement; victims whose GPUs it does not use are spared.
+Deterministic: every tie goes to the cost order, then the hostname.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from itertools import combinations
+
+from scheduling.placement.decisions import Placement, Preemption
+from scheduling.placement.engine import PlacementPass, View
+from scheduling.placement.fairshare import FairShareTable
+from scheduling.placement.fleet import FleetNode, Shape, is_available, matches
+from scheduling.placement.policies import PRIORITY_RANK
+from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
+from scheduling.placement.text import listing
+from scheduling.placement.topology import choose
+
+NODE_VICTIMS = 8
+NODES = 64
+
+Cost = tuple[bool, int, int, float, int]
+
+
+def cost(job: RunningJob) -> Cost:
+    rank = PRIORITY_RANK[job.priority]
+    return (not job.borrowed, rank, len(job.gpu_ids), -job.started_at, job.id)
+
+
+class Victims:
+    """The running jobs of one set of GPUs that preemption may stop, cheapest first; those
+    chosen in this pass are gone for the rest of it."""
+
+    def __init__(
+        self,
+        placement_pass: PlacementPass,
+        running: Iterable[RunningJob],
+        shares: Callable[[], FairShareTable],
+    ) -> None:
+        """`shares` gives the pool's fair-share table (built when first needed)."""
+        self.placement_pass = placement_pass
+        node_of = placement_pass.fleet.node_of
+        self.candidates = sorted(
+            (
+                job
+                for job in running
+                if (job.preemptible or job.borrowed)
+                and not job.stopping
+                and job.gpu_ids
+                and all(gpu_id in node_of for gpu_id in job.gpu_ids)
+            ),
+            key=cost,
+        )
+        self.shares = shares
+        self._gone: set[int] = set()
+        self._failed: set[tuple[Shape, View, str, str, str]] = set()
+
+    def why(self, victim: RunningJob, job: JobRequest) -> str | None:
+        """Why `job` may stop `victim`, or None when it may not."""
+        if PRIORITY_RANK[victim.priority] > PRIORITY_RANK[job.priority]:
+            return None
+        if victim.borrowed:
+            return "reclaims GPUs lent over quota"
+        if PRIORITY_RANK[victim.priority] < PRIORITY_RANK[job.priority]:
+            return f"higher priority ({job.priority} over {victim.priority})"
+        shares = self.shares()
+        mine = shares.factor(job.owner, job.project)
+        theirs = shares.factor(victim.owner, victim.project)
+        if mine > theirs:
+            return f"under its fair share (factor {mine:.2f} over {theirs:.2f})"
+        return None
+
+    def preempt(self, job: JobRequest, view: View) -> tuple[Preemption, Placement] | None:
+        """Stop the fewest candidates for `job` in `view`: the preemption, and the placement
+        it makes (already taken on the pass's fleet), or None."""
+        shape = Shape.of(job)
+        key = (shape, view, job.priority, job.owner, job.project)
+        if key in self._failed:
+            return None
+        allowed = {
+            victim.id: (victim, why)
+            for victim in self.candidates
+            if victim.id not in self._gone
+            and not view.intersection(victim.gpu_ids)
+            and (why := self.why(victim, job)) is not None
+        }
+        found = self._search(shape, view, [victim for victim, _ in allowed.values()])
+        if found is None:
+            self._failed.add(key)
+            return None
+        freed = [self._gpu(gpu_id) for victim in found for gpu_id in victim.gpu_ids]
+        placement = self.placement_pass.place_freeing(job, view, freed)
+        if placement is None:
+            self._failed.add(key)
+            return None
+        used = set(placement.gpu_ids)
+        victims = [victim for victim in found if used.intersection(victim.gpu_ids)]
+        self._gone.update(victim.id for victim in found)
+        reason = "; ".join(sorted({allowed[victim.id][1] for victim in victims}))
+        ids = tuple(sorted(victim.id for victim in victims))
+        return Preemption(job.id, ids, placement.gpu_ids, reason), placement
+
+    def _gpu(self, gpu_id: int) -> GpuSlot:
+        node = self.placement_pass.fleet.node_of[gpu_id]
+        return next(gpu for gpu in node.gpus if gpu.id == gpu_id)
+
+    def _search(
+        self, shape: Shape, view: View, allowed: list[RunningJob]
+    ) -> list[RunningJob] | None:
+        count, wanted, min_memory, model, requirement = shape
+        if not allowed:
+            return None
+        fleet = self.placement_pass.look(view)
+        on_node: dict[FleetNode, list[RunningJob]] = {}
+        for victim in allowed:
+            for gpu_id in victim.gpu_ids:
+                node = fleet.node_of[gpu_id]
+                if node.pool is not None and victim not in on_node.setdefault(node, []):
+                    on_node[node].append(victim)
+
+        def base(node: FleetNode) -> list[GpuSlot]:
+            return [
+                gpu
+                for gpu in node.free
+                if gpu.memory_free_mib >= min_memory and (model is None or gpu.model == model)
+            ]
+
+        nodes = sorted(on_node, key=lambda node: (count - len(base(node)), node.index))[:NODES]
+        options: list[tuple[int, list[Cost], int, tuple[RunningJob, ...]]] = []
+        for node in nodes:
+            usable = [
+                gpu
+                for gpu in node.gpus
+                if is_available(node.info, gpu) and matches(gpu, model, min_memory)
+            ]
+            freed = {
+                victim.id: [
+                    replace(gpu, memory_free_mib=gpu.memory_total_mib)
+                    for gpu in usable
+                    if gpu.id in victim.gpu_ids
+                ]
+                for victim in on_node[node]
+            }
+            most = options[0][0] if options and wanted == 1 else len(on_node[node])
+            fewest = _fewest(base(node), on_node[node], freed, count, requirement, most)
+            if fewest is not None:
+                options.append((len(fewest), [cost(v) for v in fewest], node.index, fewest))
+                options.sort(key=lambda option: option[:3])
+        if wanted == 1:
+            return list(options[0][3]) if options else None
+        # A gang: the nodes that hold their part now need no victim.
+        ready = {
+            node.index
+            for node in fleet.nodes
+            if node.pool is not None and choose(base(node), count, requirement) is not None
+        }
+        chosen: list[RunningJob] = []
+        for _, _, index, fewest in options:
+            if len(ready) >= wanted:
+                break
+            if index not in ready:
+                ready.add(index)
+                chosen += [victim for victim in fewest if victim not in chosen]
+        return chosen if len(ready) >= wanted and chosen else None
+
+
+def _fewest(
+    base: list[GpuSlot],
+    candidates: Sequence[RunningJob],
+    freed: dict[int, list[GpuSlot]],
+    count: int,
+    requirement: str,
+    most: int,
+) -> tuple[RunningJob, ...] | None:
+    """The smallest subset of `candidates` (cheapest first among equals), of at most `most`,
+    whose freed GPUs with `base` hold `count` GPUs in `requirement`: every subset of the
+    first `NODE_VICTIMS`, else candidates added cheapest first."""
+
+    def holds(subset: Sequence[RunningJob]) -> bool:
+        if len(base) + sum(len(freed[victim.id]) for victim in subset) < count:
+            return False
+        gpus = base + [gpu for victim in subset for gpu in freed[victim.id]]
+        gpus.sort(key=lambda gpu: (gpu.index, gpu.id))
+        return choose(gpus, count, requirement) is not None
+
+    if not holds(candidates):
+        return None
+    first = candidates[:NODE_VICTIMS]
+    for size in range(1, min(most, len(first)) + 1):
+        for subset in combinations(first, size):
+            if holds(subset):
+                return subset
+    for size in range(len(first) + 1, min(most, len(candidates)) + 1):
+        if holds(candidates[:size]):
+            return tuple(candidates[:size])
+    return None
+
+
+def stopping_phrase(victims: Sequence[int]) -> str:
+    """ "job 5 is being preempted", "jobs 5 and 9 are being preempted" """
+    if len(victims) == 1:
+        return f"job {victims[0]} is being preempted"
+    return f"jobs {listing([str(i) for i in victims], 8)} are being preempted"

@@ -1,0 +1,48 @@
+"""The reservation calendar in real Chromium: a reservation is a bar across its hours, and the
+week changes in place through HTMX (the URL pushed, the page not reloaded)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from gpuadmin.celery import app
+from scheduling import reservations
+from tests.browser.test_scheduling_pages import log_in
+from tests.inventory.pages import add_node, unique_host
+from tests.scheduling.pages.helpers import AgentBroker, person
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def agents(monkeypatch) -> AgentBroker:
+    broker = AgentBroker()
+    monkeypatch.setattr(app, "send_task", broker.send_task)
+    return broker
+
+
+def test_the_week_changes_in_place(page, live_server):
+    host = unique_host()
+    add_node(host)
+    alice = person("alice")
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    reservation = reservations.request(alice, 2, start, start + timedelta(hours=5))
+    log_in(page.context, live_server, alice)
+    page.goto(f"{live_server.url}/nodes/{host}/calendar/")
+    bar = page.locator("td.cal-mine").first
+    assert bar.inner_text() == f"#{reservation.pk} alice"
+    assert bar.get_attribute("colspan") == "5"
+    width = bar.bounding_box()["width"]
+    hour = page.locator("table.calendar col.cal-slot").first.bounding_box()["width"]
+    assert width == pytest.approx(5 * hour, abs=2)
+    page.evaluate("window.__same_page = true")
+    heading = page.locator("#week-title").inner_text()
+    page.get_by_role("link", name="next week").click()
+    expect(page.locator("#week-title")).not_to_have_text(heading)
+    assert page.evaluate("window.__same_page") is True  # swapped, not reloaded
+    assert "?week=" in page.url
+    assert page.locator("td.cal-mine").count() == 0  # next week holds nothing

@@ -1,0 +1,131 @@
+"""The policies page and its form (admins), the fair-share page ("why is my priority what it
+is") and the "My usage" panel on the job pages."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.access.models import Role
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Pool
+from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
+from scheduling.placement.fairshare import fairshare_factor
+from tests.gpuadmin.test_permission_matrix import POLICY_FORM
+from tests.scheduling.pages.helpers import add_fleet, person
+
+pytestmark = pytest.mark.django_db
+
+
+def decayed(start_h: float, end_h: float, half_life_h: float) -> float:
+    """GPU-hours held from ``start_h`` to ``end_h`` hours ago, decayed to now."""
+    return half_life_h / math.log(2) * (2 ** (-end_h / half_life_h) - 2 ** (-start_h / half_life_h))
+
+
+def section(html: str, name: str) -> str:
+    return re.search(rf'<section [^>]*aria-labelledby="{name}-title">.*?</section>', html, re.S)[0]
+
+
+@pytest.fixture
+def admin(db):
+    return person("ada", Role.ADMIN)
+
+
+def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client, alice, admin):
+    Pool.objects.create(name="a100")
+    PoolPolicy.objects.create(pool=Pool.objects.get(), policy="las", las_thresholds_gpu_s=[60])
+    client.force_login(alice)
+    html = client.get("/policies/").content.decode()
+    assert re.search(r'<tr id="policy-~" data-policy="priority">', html)
+    assert re.search(
+        r'<tr id="policy-a100" data-policy="las">.*?<td class="num">60</td>', html, re.S
+    )
+    assert "/policies/~/" not in html  # no edit link for users
+    assert client.get("/policies/~/").status_code == 403
+    client.force_login(admin)
+    assert 'href="/policies/a100/"' in client.get("/policies/").content.decode()
+
+
+def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
+    client.force_login(admin)
+    form = client.get("/policies/~/")
+    assert form.status_code == 200
+    response = client.post("/policies/~/", POLICY_FORM)
+    assert response.status_code == 302
+    row = PoolPolicy.default()
+    assert (row.policy, row.fairshare_half_life_s, row.preemption) == ("fairshare", 3600, False)
+    event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert event.after == {
+        "policy": "fairshare",
+        "fairshare_half_life_s": 3600,
+        "fairshare_weight": 100,
+        "preemption": False,
+        "reservation_auto_approve": False,
+    }
+    assert client.get("/policies/nowhere/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"las_thresholds_gpu_s": "600,60"}, "las_thresholds_gpu_s"),
+        ({"aging_interval_s": "0"}, "aging_interval_s"),
+        ({"aging_interval_s": str(10**8)}, "aging_interval_s"),
+        ({"preempt_signal": "SIGKILL"}, "preempt_signal"),
+        ({"policy": "lottery"}, "policy"),
+    ],
+)
+def test_a_bad_value_shows_on_its_field(client, admin, change, field):
+    client.force_login(admin)
+    response = client.post("/policies/~/", {**POLICY_FORM, **change})
+    assert response.status_code == 400
+    assert list(response.context["form"].errors) == [field]
+    assert f'id="id_{field}-error"' in response.content.decode()
+    assert not AuditEvent.objects.exists()
+
+
+def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
+    (node,) = add_fleet(1)
+    gpus = list(node.gpus.order_by("index"))
+    now = timezone.now()
+    for user, gpu, hours in [(alice, gpus[0], 3), (bob, gpus[1], 1)]:
+        job = Job.objects.create(
+            owner=user, command=["true"], project="vision", state=JobState.COMPLETED
+        )
+        start = now - timedelta(hours=hours + 1)
+        Allocation.objects.create(
+            job=job, gpu=gpu, node=node, allocated_at=start, released_at=now - timedelta(hours=1)
+        )
+    Quota.objects.create(user=bob, max_gpus=4, fairshare_weight=1)
+    client.force_login(alice)
+
+    html = client.get("/fairshare/").content.decode()
+
+    users = section(html, "users")
+    assert users.index(f'data-holder="{bob.pk}"') < users.index(f'data-holder="{alice.pk}"')
+    # Alice used 3 of the 4 GPU-hours (decayed by a week's half-life) on half the shares.
+    week = 7 * 24.0
+    alice_used, bob_used = decayed(4, 1, week), decayed(2, 1, week)
+    alice_factor = fairshare_factor(alice_used, alice_used + bob_used, 1, 2)
+    mine = re.search(r'<tr class="mine".*?</tr>', users, re.S)[0]
+    assert "alice" in mine and f"{alice_factor:.3f}" in mine
+    why = section(html, "why")
+    assert "number 2</strong> of 2 users" in why
+    assert "With project <strong>vision</strong>" in why
+    assert "Weighted fair share" not in why  # the pool's policy is priority with aging
+    assert "priority with aging" in why
+    assert 'data-holder="vision"' in section(html, "projects")
+    assert client.get("/fairshare/?pool=nowhere").status_code == 404
+
+
+def test_my_usage_shows_on_the_job_pages(client, alice, agents):
+    add_fleet(1)
+    Quota.objects.create(user=alice, max_gpus=8, gpu_hours=500)
+    client.force_login(alice)
+    line = "you use 0 of 8 GPUs in no pool; 0 of 500 GPU-hours this month"
+    for page in ("/jobs/new/", "/jobs/", "/policies/", "/fairshare/"):
+        assert line in section(client.get(page).content.decode(), "my-usage"), page

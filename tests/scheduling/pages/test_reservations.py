@@ -1,0 +1,202 @@
+"""The reservation pages: the list with its request form and actions, the pending approvals
+for admins, the week calendars of a node and a GPU (bars as spanning cells, HTMX weeks), and
+the sections on the node and GPU pages."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.access.models import Role
+from inventory.models import Gpu, Node
+from scheduling import reservations
+from scheduling.models import Allocation, Job, JobState, PoolPolicy, Reservation
+from scheduling.reservation_pages import Bar, Cell, lane, week_start
+from tests.scheduling.conftest import add_sim_node
+from tests.scheduling.pages.helpers import person
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node(agents) -> Node:
+    return add_sim_node("dgx-01")
+
+
+@pytest.fixture
+def root(db):
+    return person("root", Role.ADMIN)
+
+
+def at(hours: float) -> datetime:
+    return timezone.localtime().replace(second=0, microsecond=0) + timedelta(hours=hours)
+
+
+def form(start: datetime, end: datetime, **fields: str) -> dict[str, str]:
+    return {
+        "gpu_count": "2",
+        "start": f"{start:%Y-%m-%dT%H:%M}",
+        "end": f"{end:%Y-%m-%dT%H:%M}",
+    } | fields
+
+
+def test_requesting_from_the_page(client, node, alice):
+    client.force_login(alice)
+    response = client.post("/reservations/", form(at(2), at(4), note="eval"), follow=True)
+    (reservation,) = Reservation.objects.all()
+    assert response.redirect_chain == [("/reservations/", 302)]
+    html = response.content.decode()
+    assert f"Reservation {reservation.pk} approved." in html
+    assert f'id="reservation-{reservation.pk}"' in html
+    assert "dgx-01</a> GPUs 0-1" in html
+    assert ">Cancel</button>" in html
+    assert (reservation.gpu_count, reservation.note) == (2, "eval")
+
+
+def test_a_refused_request_shows_on_its_field(client, node, alice):
+    client.force_login(alice)
+    response = client.post("/reservations/", form(at(4), at(2)))
+    assert response.status_code == 200
+    assert re.search(r'id="id_end-error">must be after the start<', response.content.decode())
+    response = client.post("/reservations/", form(at(2), at(4), gpu_count="9", gpus="GPU-nope"))
+    assert "No such GPU: GPU-nope" in response.content.decode()
+    assert not Reservation.objects.exists()
+
+
+def test_booked_gpus_are_said_above_the_form(client, node, alice, bob):
+    reservations.request(bob, 8, at(1), at(5))
+    client.force_login(alice)
+    response = client.post("/reservations/", form(at(2), at(3)))
+    assert "no 2 free GPUs in the GPUs in no pool for " in response.content.decode()
+
+
+def test_admins_see_pending_requests_and_decide(client, node, alice, root):
+    PoolPolicy.objects.create(pool=None, reservation_auto_approve=False)
+    waiting = reservations.request(alice, 2, at(1), at(2))
+    client.force_login(alice)
+    html = client.get("/reservations/").content.decode()
+    assert "Waiting for your approval" not in html
+    assert ">Approve</button>" not in html
+    client.force_login(root)
+    html = client.get("/reservations/").content.decode()
+    assert f'id="pending-{waiting.pk}"' in html
+    response = client.post(f"/reservations/{waiting.pk}/approve/", follow=True)
+    assert f"Reservation {waiting.pk} approved." in response.content.decode()
+    waiting.refresh_from_db()
+    assert waiting.state == "approved"
+    response = client.post(f"/reservations/{waiting.pk}/reject/", {"reason": "x"}, follow=True)
+    assert f"reservation {waiting.pk} is approved: it cannot be rejected" in (
+        response.content.decode()
+    )
+
+
+def test_release_and_cancel_from_the_list(client, node, alice, bob):
+    running = reservations.request(alice, 1, at(-0.05), at(2))
+    coming = reservations.request(alice, 1, at(3), at(4))
+    client.force_login(bob)
+    assert client.post(f"/reservations/{coming.pk}/cancel/").status_code == 403
+    client.force_login(alice)
+    html = client.get("/reservations/").content.decode()
+    assert ">Release now</button>" in html
+    client.post(f"/reservations/{running.pk}/release/")
+    client.post(f"/reservations/{coming.pk}/cancel/")
+    states = dict(Reservation.objects.values_list("pk", "state"))
+    assert states == {running.pk: "released", coming.pk: "canceled"}
+
+
+def test_the_list_filters(client, node, alice, bob):
+    mine = reservations.request(alice, 1, at(1), at(2))
+    theirs = reservations.request(bob, 1, at(1), at(2))
+    client.force_login(alice)
+    html = client.get("/reservations/?owner=me").content.decode()
+    assert f'id="reservation-{mine.pk}"' in html
+    assert f'id="reservation-{theirs.pk}"' not in html
+
+
+# --------------------------------------------------------------------------- the calendar
+
+
+def test_lane_quantizes_bars_to_slots_and_fills_free_time():
+    start = datetime(2025, 3, 3, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    bars = [
+        Bar(start + 2.5 * hour, start + 4 * hour, "reserved", "#1", "t1"),
+        Bar(start + 3 * hour, start + 6 * hour, "job", "j", "t2"),  # overlaps: starts at 4
+        Bar(start - 10 * hour, start + hour, "mine", "#2", "t3"),  # from before the week
+        Bar(start + 7 * hour, start + 7 * hour, "job", "k", "t4"),  # instant: one slot
+    ]
+    assert lane(bars, start, 10) == [
+        Cell(1, "mine", "#2", "t3"),
+        Cell(1),
+        Cell(2, "reserved", "#1", "t1"),
+        Cell(2, "job", "j", "t2"),
+        Cell(1),
+        Cell(1, "job", "k", "t4"),
+        Cell(2),
+    ]
+
+
+def test_the_node_calendar_draws_reservations_and_jobs(client, node, alice, bob):
+    reservation = reservations.request(alice, 2, at(1), at(3))
+    gpu = Gpu.objects.get(node=node, index=5)
+    job = Job.objects.create(
+        owner=bob,
+        command=["sleep", "1"],
+        state=JobState.RUNNING,
+        started_at=timezone.now(),
+        max_runtime_s=7200,
+    )
+    Allocation.objects.create(job=job, gpu=gpu, node=node)
+    client.force_login(alice)
+    response = client.get("/nodes/dgx-01/calendar/")
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert html.count('class="cal-lane cal-lane-reserved"') == 8
+    lanes = re.findall(r'<tbody class="cal-gpu-lanes" data-gpu="([^"]+)">(.*?)</tbody>', html, re.S)
+    by_uuid = dict(lanes)
+    first = by_uuid[Gpu.objects.get(node=node, index=0).uuid]
+    assert re.search(
+        rf'colspan="[23]" class="cal-mine" title="Reservation {reservation.pk} of alice', first
+    )
+    assert f">#{reservation.pk} alice</a>" in first
+    assert re.search(
+        rf'colspan="[23]" class="cal-job" title="Job {job.pk} of bob', by_uuid[gpu.uuid]
+    )
+    for cells in by_uuid.values():  # every lane spans the week
+        for row in re.findall(r"<tr.*?</tr>", cells, re.S):
+            assert sum(map(int, re.findall(r'colspan="(\d+)"', row))) == 7 * 24
+    assert "style=" not in html
+    assert not re.search(r"<script(?![^>]*\bsrc=)", html)  # no inline script (CSP)
+
+
+def test_weeks_change_by_htmx_with_the_table_alone(client, node, alice):
+    client.force_login(alice)
+    day = timezone.localdate() + timedelta(days=7)
+    response = client.get(f"/nodes/dgx-01/calendar/?week={day}", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert html.lstrip().startswith('<section id="calendar-week"')
+    monday = week_start(day).date()
+    assert f"Week of {monday:%a} {monday.day} {monday:%b %Y}" in html
+    assert f'hx-get="?week={monday - timedelta(days=7)}"' in html
+    assert "HX-Request" in response["Vary"]
+    # A day that is not one is this week.
+    assert client.get("/nodes/dgx-01/calendar/?week=someday").status_code == 200
+
+
+def test_the_gpu_calendar_and_the_sections_on_the_gpu_and_node_pages(client, node, alice):
+    reservation = reservations.request(alice, 1, at(1), at(2))
+    gpu = Gpu.objects.get(reservation_holds__reservation=reservation)
+    client.force_login(alice)
+    html = client.get(f"/gpus/{gpu.uuid}/calendar/").content.decode()
+    assert html.count('class="cal-lane cal-lane-reserved"') == 1
+    assert f">#{reservation.pk} alice</a>" in html
+    for page, calendar in (
+        (f"/gpus/{gpu.uuid}/", f"/gpus/{gpu.uuid}/calendar/"),
+        ("/nodes/dgx-01/", "/nodes/dgx-01/calendar/"),
+    ):
+        html = client.get(page).content.decode()
+        assert f'<a class="muted" href="{calendar}">week calendar</a>' in html
+        assert f'#reservation-{reservation.pk}">#{reservation.pk}</a>' in html

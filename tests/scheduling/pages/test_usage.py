@@ -1,0 +1,192 @@
+"""Accounting: GPU-hours per user, project and pool from allocations and telemetry rollups,
+the usage page and its CSV export."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from inventory.models import Gpu, MigInstance, Pool
+from scheduling import accounting
+from scheduling.models import Allocation, Job, JobState, UsageDay
+from tests.scheduling.pages.helpers import add_fleet
+
+DAY = date(2026, 11, 2)
+
+
+def at(hour: float, day: date = DAY) -> datetime:
+    start, _ = accounting.day_bounds(day)
+    return start + timedelta(hours=hour)
+
+
+def finished_job(owner, *, project: str = "", pool: Pool | None = None) -> Job:
+    return Job.objects.create(
+        owner=owner, command=["true"], state=JobState.COMPLETED, project=project, pool=pool
+    )
+
+
+def held(job: Job, gpu: Gpu, start: datetime, end: datetime | None, **share) -> Allocation:
+    return Allocation.objects.create(
+        job=job, gpu=gpu, node=gpu.node, allocated_at=start, released_at=end, **share
+    )
+
+
+def rollups(gpu: Gpu, start: datetime, minutes: int, utilization: float, energy_mj: int) -> None:
+    """One telemetry rollup row per minute, as health.maintain_telemetry writes them."""
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO health_gpurollup (gpu_id, minute, samples, utilization_avg, energy_mj)"
+            " VALUES (%s, %s, 30, %s, %s)",
+            [
+                (gpu.pk, start + timedelta(minutes=n), utilization, energy_mj)
+                for n in range(minutes)
+            ],
+        )
+
+
+@pytest.fixture
+def gpus(db) -> list[Gpu]:
+    (node,) = add_fleet(1)
+    return list(node.gpus.order_by("index"))
+
+
+def test_a_whole_gpu_counts_allocated_used_idle_and_energy(alice, gpus):
+    pool = Pool.objects.create(name="a100")
+    job = finished_job(alice, project="vision", pool=pool)
+    held(job, gpus[0], at(1), at(3))  # two hours
+    rollups(gpus[0], at(1), 60, utilization=50, energy_mj=6_000_000)  # 6 kJ a minute
+    rollups(gpus[0], at(2), 60, utilization=2, energy_mj=1_000_000)  # idle (under 5 %)
+    rollups(gpus[0], at(4), 30, utilization=90, energy_mj=9_000_000)  # after the release
+
+    assert accounting.roll_up(DAY, now=at(30)) == 1
+
+    row = UsageDay.objects.get()
+    assert (row.day, row.pool, row.user, row.project) == (DAY, pool, alice, "vision")
+    assert row.allocated_gpu_s == pytest.approx(2 * 3600)
+    assert row.used_gpu_s == pytest.approx(60 * 60 * 0.5 + 60 * 60 * 0.02)
+    assert row.idle_held_gpu_s == pytest.approx(3600)
+    assert row.energy_j == pytest.approx(60 * 6000 + 60 * 1000)
+    assert row.mig_slice_s == row.mps_gpu_s == 0
+
+
+def test_an_allocation_across_midnight_counts_on_each_day_and_a_running_one_until_now(alice, gpus):
+    job = finished_job(alice)
+    held(job, gpus[0], at(22), at(26))  # 2 h on DAY, 2 h the day after
+    held(finished_job(alice), gpus[1], at(23), None)  # still held
+
+    accounting.roll_up(DAY, now=at(25))
+    accounting.roll_up(DAY + timedelta(days=1), now=at(25))
+
+    by_day = dict(UsageDay.objects.values_list("day", "allocated_gpu_s"))
+    assert by_day[DAY] == pytest.approx(2 * 3600 + 3600)
+    assert by_day[DAY + timedelta(days=1)] == pytest.approx(3600 + 3600)  # both until now
+
+
+def test_shares_count_as_their_fraction_of_a_gpu(alice, gpus):
+    mps_gpu, mig_gpu = gpus[0], gpus[1]
+    held(finished_job(alice), mps_gpu, at(0), at(10), kind="mps", mps_percent=25)
+    rollups(mps_gpu, at(0), 600, utilization=80, energy_mj=4_000_000)
+    device = MigInstance.objects.create(
+        gpu=mig_gpu,
+        gi_id=1,
+        ci_id=0,
+        profile_name="3g.40gb",
+        profile_id=9,
+        ci_profile_name="3g.40gb",
+        placement_start=0,
+        placement_size=4,
+        memory_mib=40_192,
+        sm_count=42,
+    )
+    held(finished_job(alice), mig_gpu, at(0), at(7), kind="mig", mig_instance=device)
+    rollups(mig_gpu, at(0), 420, utilization=100, energy_mj=5_000_000)  # not the device's
+
+    accounting.roll_up(DAY, now=at(30))
+
+    row = UsageDay.objects.get()
+    assert row.allocated_gpu_s == pytest.approx(10 * 3600 * 0.25 + 7 * 3600 * 3 / 7)
+    assert row.mps_gpu_s == pytest.approx(10 * 3600 * 0.25)
+    assert row.mig_slice_s == pytest.approx(7 * 3600 * 3)
+    # Only the MPS share's part of its GPU's utilization and energy; none of the MIG GPU's.
+    assert row.used_gpu_s == pytest.approx(600 * 60 * 0.8 * 0.25)
+    assert row.energy_j == pytest.approx(600 * 4000 * 0.25)
+
+
+def test_a_day_is_recomputed_whole(alice, bob, gpus):
+    job = finished_job(alice)
+    allocation = held(job, gpus[0], at(1), at(2))
+    accounting.roll_up(DAY, now=at(30))
+    Allocation.objects.filter(pk=allocation.pk).update(released_at=at(5))
+    held(finished_job(bob, project="nlp"), gpus[1], at(1), at(2))
+
+    assert accounting.roll_up(DAY, now=at(30)) == 2
+
+    rows = {(row.user.username, row.project): row.allocated_gpu_s for row in UsageDay.objects.all()}
+    assert rows == {("alice", ""): pytest.approx(4 * 3600), ("bob", "nlp"): pytest.approx(3600)}
+
+
+def test_the_usage_page_shows_everyone_per_user_or_project_with_a_bar_a_day(
+    client, alice, bob, gpus
+):
+    held(finished_job(alice, project="vision"), gpus[0], at(1), at(4))
+    held(finished_job(bob, project="nlp"), gpus[1], at(1), at(2))
+    accounting.roll_up(DAY, now=at(30))
+    period = {"start": "2026-11-01", "end": "2026-11-30"}
+
+    client.force_login(bob)
+    page = client.get("/usage/", period).content.decode()
+    assert 'data-name="alice"' in page and 'data-name="bob"' in page
+    assert page.count('<rect class="allocated"') == 30  # a bar a day
+    by_project = client.get("/usage/", {**period, "group": "project"}).content.decode()
+    assert 'data-name="vision"' in by_project and 'data-name="nlp"' in by_project
+
+
+def test_the_csv_export_lists_each_day_and_holder_in_hours(client, alice, gpus):
+    pool = Pool.objects.create(name="h100")
+    held(finished_job(alice, project="vision", pool=pool), gpus[0], at(1), at(4))
+    accounting.roll_up(DAY, now=at(30))
+    client.force_login(alice)
+
+    response = client.get("/usage.csv", {"start": "2026-11-01", "end": "2026-11-30"})
+
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [(r["day"], r["pool"], r["user"], r["project"]) for r in rows] == [
+        ("2026-11-02", "h100", "alice", "vision")
+    ]
+    assert float(rows[0]["allocated_gpu_hours"]) == pytest.approx(3)
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"start": "2026-13-01"}, "start"),
+        ({"start": "2026-11-30", "end": "2026-11-01"}, "start"),
+        ({"start": "2020-01-01", "end": "2026-11-01"}, "start"),
+        ({"end": "yesterday"}, "end"),
+        ({"group": "node"}, "group"),
+    ],
+)
+def test_a_bad_period_is_refused_naming_the_field(client, alice, query, field):
+    client.force_login(alice)
+
+    csv_response = client.get("/usage.csv", query)
+    page = client.get("/usage/", query)
+
+    assert csv_response.status_code == 400 and field in csv_response.content.decode()
+    assert page.status_code == 400
+
+
+def test_beat_keeps_today_and_yesterday_current(alice, gpus):
+    now = timezone.now()
+    held(finished_job(alice), gpus[0], now - timedelta(hours=30), now - timedelta(hours=1))
+
+    accounting.roll_up_recent(now)
+
+    days = set(UsageDay.objects.values_list("day", flat=True))
+    assert days == {timezone.localdate(now), timezone.localdate(now) - timedelta(days=1)}

@@ -1,0 +1,207 @@
+"""Preemption's database side: victims are marked, told on both jobs and audited, signalled
+with the pool's signal and grace through their agents (the real executor here), and
+re-queued when their end is reported, never lost or failed, their preempted attempts not
+counted against their retries."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Gpu, Node
+from scheduling import placement, services
+from scheduling.executor import JobSpec, executor_id
+from scheduling.models import Allocation, Job, JobState
+from scheduling.preemption import preempt
+from tests.scheduling.conftest import add_sim_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice")
+
+
+@pytest.fixture
+def gpus(broker) -> list[Gpu]:
+    add_sim_node("dgx-01")
+    return list(Gpu.objects.schedulable().order_by("index"))
+
+
+def running(owner, gpu: Gpu, **fields) -> Job:
+    """A job started on ``gpu`` (allocated by hand, reported started by its agent)."""
+    job = Job.objects.create(owner=owner, command=["sleep", "60"], state="queued", **fields)
+    services.allocate(job, [gpu.pk], actor=owner)
+    services.job_started(job.pk, job.attempt, 4242, timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def waiting(owner) -> Job:
+    return Job.objects.create(owner=owner, command=["train"], state="queued", priority="high")
+
+
+def events(job: Job) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.pk))
+        .order_by("pk")
+        .values_list("event_type", flat=True)
+    )
+
+
+def decision(job: Job, *victims: Job) -> placement.Preemption:
+    return placement.Preemption(
+        job_id=job.pk,
+        victims=tuple(v.pk for v in victims),
+        gpu_ids=tuple(a.gpu_id for v in victims for a in v.allocations.active()),
+        reason="priority high over low",
+    )
+
+
+def test_victims_are_marked_told_audited_and_signalled(
+    alice, gpus, broker, django_capture_on_commit_callbacks
+):
+    first, second = running(alice, gpus[0]), running(alice, gpus[1])
+    high = waiting(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = preempt(decision(high, second, first), signal="SIGUSR1", grace_s=90)
+    assert ids == [first.pk, second.pk]
+    said = f"preempted by job {high.pk} (priority high over low)"
+    for victim in (first, second):
+        victim.refresh_from_db()
+        assert (victim.state, victim.preempted_by_id, victim.message) == (
+            JobState.RUNNING,  # it keeps its GPUs until its processes are gone
+            high.pk,
+            said,
+        )
+        assert victim.preempt_requested_at is not None
+        event = AuditEvent.objects.get(event_type="job.preempt_requested", target_id=victim.pk)
+        assert event.after == {"preempted_by": high.pk, "signal": "SIGUSR1", "grace_s": 90}
+    high.refresh_from_db()
+    assert high.message == f"preempting jobs {first.pk} and {second.pk}"
+    assert broker.named("scheduling.cancel_job") == [
+        ((first.pk, 1, said, "SIGUSR1", 90), "node.dgx-01"),
+        ((second.pk, 1, said, "SIGUSR1", 90), "node.dgx-01"),
+    ]
+    # Asked again (the next pass), nothing more happens.
+    assert preempt(decision(high, first), signal="SIGUSR1", grace_s=90) == []
+    assert len(broker.named("scheduling.cancel_job")) == 2
+
+
+def test_the_reported_end_requeues_the_victim_keeping_the_message(alice, gpus):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    now = timezone.now()
+    assert services.job_finished(victim.pk, 1, "canceled", -15, "canceled", now) == "queued"
+    victim.refresh_from_db()
+    assert (victim.state, victim.preempted_by_id, victim.preempt_requested_at) == (
+        JobState.QUEUED,
+        None,
+        None,
+    )
+    assert victim.message == f"preempted by job {high.pk} (priority high over low)"
+    assert not Allocation.objects.active().filter(job=victim).exists()
+    assert events(victim)[-3:] == ["job.preempt_requested", "job.preempted", "job.queued"]
+
+
+@pytest.mark.parametrize("outcome", ["canceled", "failed", "lost", "timed_out"])
+def test_a_preempted_victim_is_never_failed(alice, gpus, outcome):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    assert services.job_finished(victim.pk, 1, outcome, 1, "", timezone.now()) == "queued"
+
+
+def test_a_victim_that_completed_first_is_completed(alice, gpus):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    assert services.job_finished(victim.pk, 1, "completed", 0, "", timezone.now()) == "completed"
+
+
+def test_preempted_attempts_do_not_count_against_retries(alice, gpus):
+    victim, high = running(alice, gpus[0], max_retries=1), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
+    victim.refresh_from_db()
+    services.allocate(victim, [gpus[1].pk], actor=alice)
+    services.job_started(victim.pk, 2, 4343, timezone.now())
+    assert services.preemptions(victim.pk) == 1
+    # Attempt 2 is its first failure: one retry is left.
+    assert services.job_finished(victim.pk, 2, "failed", 3, "", timezone.now()) == "queued"
+    victim.refresh_from_db()
+    assert victim.message.startswith("retry 1/1 after attempt 2 failed")
+
+
+def test_a_victim_on_an_unreachable_node_is_requeued_at_once(alice, gpus, broker):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert preempt(decision(high, victim), signal="SIGTERM", grace_s=30) == [victim.pk]
+    victim.refresh_from_db()
+    assert victim.state == JobState.QUEUED
+    assert not broker.named("scheduling.cancel_job")
+    assert "job.preempted" in events(victim)
+
+
+def test_a_cancel_during_the_grace_wins(alice, gpus, django_capture_on_commit_callbacks):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.cancel_job(victim, actor=alice)
+    assert services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now()) == "canceled"
+
+
+def test_nothing_happens_for_a_job_no_longer_waiting_or_a_bad_signal(alice, gpus):
+    victim, other = running(alice, gpus[0]), running(alice, gpus[1])
+    assert preempt(decision(other, victim), signal="SIGTERM", grace_s=30) == []
+    with pytest.raises(ValueError, match="'SIGNOPE' is not a signal name"):
+        preempt(decision(waiting(alice), victim), signal="SIGNOPE", grace_s=30)
+    victim.refresh_from_db()
+    assert victim.preempted_by_id is None
+
+
+def test_end_to_end_with_the_real_executor(
+    alice, gpus, broker, make_executor, tmp_path, django_capture_on_commit_callbacks
+):
+    """The agent gets the pool's signal; the job checkpoints on it, its end is reported, and
+    it is back in the queue."""
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    executor, recorder = make_executor()
+    name = executor_id(victim.pk, victim.attempt)
+    marker = tmp_path / "saved"
+    script = f"trap 'echo ok > {marker}; exit 0' USR1; while true; do sleep 0.05; done"
+    executor.launch(JobSpec(job_id=name, shell_command=script, cwd="/"))
+    recorder.started(name)
+    time.sleep(0.2)  # the shell sets its trap
+    with django_capture_on_commit_callbacks(execute=True):
+        preempt(decision(high, victim), signal="SIGUSR1", grace_s=5)
+    [((job_id, attempt, _message, signal_name, grace_s), _queue)] = broker.named(
+        "scheduling.cancel_job"
+    )
+    executor.cancel(
+        executor_id(job_id, attempt), stop_signal=signal.Signals[signal_name], grace_s=grace_s
+    )
+    services.job_event(recorder.finished(name))
+    victim.refresh_from_db()
+    assert victim.state == JobState.QUEUED
+    assert marker.read_text() == "ok\n"
+
+
+def test_a_victim_requeued_otherwise_is_no_longer_being_preempted(alice, gpus):
+    """Its GPU failed during the grace: it goes back to the queue, and its next attempt's
+    failure is a failure, not a preemption."""
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79")
+    victim.refresh_from_db()
+    assert (victim.state, victim.preempted_by_id, victim.preempt_requested_at) == (
+        JobState.QUEUED,
+        None,
+        None,
+    )
+    services.allocate(victim, [gpus[1].pk], actor=alice)
+    assert services.job_finished(victim.pk, 2, "failed", 1, "", timezone.now()) == "failed"

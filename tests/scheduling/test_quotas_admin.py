@@ -1,0 +1,68 @@
+"""Pool policies and quotas in the Django admin: the services' rules on the form's fields, and
+every save through the audited services."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.models import Pool
+from scheduling.models import PoolPolicy, Quota
+
+pytestmark = pytest.mark.django_db
+
+
+def policy_form(**changes: str) -> dict[str, str]:
+    return {
+        "policy": "priority",
+        "backfill": "on",
+        "aging_interval_s": "60",
+        "fairshare_half_life_s": "604800",
+        "fairshare_weight": "10000",
+        "las_thresholds_gpu_s": "",
+        "allow_borrowing": "on",
+        "preemption": "on",
+        "preempt_signal": "SIGTERM",
+        "preempt_grace_s": "30",
+        "reservation_auto_approve": "on",
+        "reservation_release_after_s": "900",
+        **changes,
+    }
+
+
+def test_a_pools_policy_is_added_and_changed_through_the_service(admin_client):
+    assert admin_client.get("/admin/scheduling/poolpolicy/").status_code == 200
+    default = PoolPolicy.objects.get(pool=None)  # the list's first look made it
+    pool = Pool.objects.create(name="a100")
+    added = admin_client.post(
+        "/admin/scheduling/poolpolicy/add/", policy_form(pool=str(pool.pk), policy="sjf")
+    )
+    assert added.status_code == 302, added.content.decode()[:2000]
+    assert PoolPolicy.objects.get(pool=pool).policy == "sjf"
+    url = f"/admin/scheduling/poolpolicy/{default.pk}/change/"
+    refused = admin_client.post(url, policy_form(las_thresholds_gpu_s="3600,60"))
+    assert refused.status_code == 200
+    assert list(refused.context["adminform"].form.errors) == ["las_thresholds_gpu_s"]
+    assert admin_client.post(url, policy_form(preempt_grace_s="90")).status_code == 302
+    rows = AuditEvent.objects.order_by("pk").values_list("event_type", "message", "after")
+    assert list(rows) == [
+        ("scheduler.policy_changed", "policy of pool a100", {"policy": "sjf"}),
+        ("scheduler.policy_changed", "policy of no pool", {"preempt_grace_s": 90}),
+    ]
+
+
+def test_a_quota_form_names_the_field_the_service_refuses(admin_client, admin_user):
+    form = {"project": "vision", "user": str(admin_user.pk), "period": "month"}
+    refused = admin_client.post("/admin/scheduling/quota/add/", {**form, "fairshare_weight": "1"})
+    assert refused.status_code == 200
+    assert list(refused.context["adminform"].form.errors) == ["project"]
+    added = admin_client.post(
+        "/admin/scheduling/quota/add/", {**form, "user": "", "fairshare_weight": "2"}
+    )
+    assert added.status_code == 302
+    assert Quota.objects.get().fairshare_weight == 2
+    again = admin_client.post(
+        "/admin/scheduling/quota/add/", {**form, "user": "", "fairshare_weight": "2"}
+    )
+    assert "already has a quota in no pool" in again.content.decode()
+    assert list(AuditEvent.objects.values_list("event_type", flat=True)) == ["quota.created"]

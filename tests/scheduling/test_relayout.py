@@ -1,0 +1,222 @@
+"""MIG re-layout (``scheduling.relayout``): named and custom layouts by the real placement
+rules, and the workflow's steps on a simulated DGX A100 whose agent answers in-process
+(drain, apply, verify by a re-scan, done), with its deadlines, rollbacks and audit rows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from inventory.choices import GpuState
+from inventory.models import Gpu
+from inventory.nvml import mig_catalog
+from inventory.services import MigChangeRefused
+from scheduling import relayout
+from scheduling.models import Allocation, Job, JobState, MigRelayout, RelayoutState
+from scheduling.relayout import RelayoutRefused, current_layout, fit, named_layout
+from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
+
+A100_40 = mig_catalog.load_table("a100-sxm4-40gb")
+H100 = mig_catalog.load_table("h100-sxm5-80gb")
+# The simulated GPU 0: 2g.10gb at 0 and 2, 3g.20gb at 4.
+INITIAL = [("2g.10gb", 0), ("2g.10gb", 2), ("3g.20gb", 4)]
+
+
+def pairs(layout) -> list[tuple[str, int]]:
+    return sorted((item["profile"], item["start"]) for item in layout)
+
+
+def test_named_layouts_follow_the_placement_rules():
+    assert relayout.layout_names(A100_40) == ("all-1g.5gb", "balanced")
+    assert pairs(named_layout(A100_40, "all-1g.5gb")) == [("1g.5gb", s) for s in range(7)]
+    assert pairs(named_layout(A100_40, "balanced")) == [
+        ("1g.5gb", 2),
+        ("1g.5gb", 3),
+        ("2g.10gb", 0),
+        ("3g.20gb", 4),
+    ]
+    assert pairs(named_layout(H100, "balanced")) == [
+        ("1g.10gb", 2),
+        ("1g.10gb", 3),
+        ("2g.20gb", 0),
+        ("3g.40gb", 4),
+    ]
+    assert pairs(named_layout(H100, "all-3g.40gb")) == [("3g.40gb", 0), ("3g.40gb", 4)]
+
+
+@pytest.mark.parametrize(
+    ("wanted", "error"),
+    [
+        ([{"profile": "3g.20gb", "start": 0}, {"profile": "4g.20gb"}], "do not fit together"),
+        ([{"profile": "7g.40gb"}, {"profile": "1g.5gb"}], "do not fit together"),
+        ([{"profile": "3g.20gb", "start": 2}], "3g.20gb starts at 0, 4, not 2"),
+        ([{"profile": "9g.99gb"}], "item 1: no profile '9g.99gb'"),
+        (["1g.5gb"], "item 1: give"),
+    ],
+)
+def test_a_custom_layout_that_breaks_the_rules_is_refused(wanted, error):
+    with pytest.raises(RelayoutRefused, match=error) as refused:
+        fit(A100_40, wanted)
+    assert refused.value.field == "layout"
+
+
+def test_a_custom_layout_gets_its_starts():
+    wanted = [{"profile": "4g.20gb"}, {"profile": "2g.10gb"}, {"profile": "1g.5gb", "start": 6}]
+    assert pairs(fit(A100_40, wanted)) == [("1g.5gb", 6), ("2g.10gb", 4), ("4g.20gb", 0)]
+
+
+@pytest.fixture
+def admin(django_user_model):
+    return django_user_model.objects.create_user("mig-admin", is_staff=True)
+
+
+def steps(item: MigRelayout) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(target_type="scheduling.migrelayout", target_id=str(item.pk))
+        .order_by("pk")
+        .values_list("event_type", flat=True)
+    )
+
+
+def advance(item: MigRelayout) -> MigRelayout:
+    return relayout.advance(item.pk)
+
+
+def test_drain_apply_verify_done(node, admin):  # noqa: F811
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "all-1g.5gb", actor=admin)
+    gpu.refresh_from_db()
+    assert (item.state, gpu.state) == (RelayoutState.DRAINING, GpuState.DRAINING)
+    assert gpu.state_reason == "MIG re-layout to all-1g.5gb"
+    assert pairs(item.previous_layout) == INITIAL
+    assert advance(item).state == RelayoutState.APPLYING
+    assert advance(item).state == RelayoutState.VERIFYING
+    assert pairs(current_layout(gpu)) == [("1g.5gb", s) for s in range(7)]
+    done = advance(item)
+    assert done.state == RelayoutState.DONE
+    assert done.message == " + ".join(f"1g.5gb@{s}" for s in range(7)) + " verified by a re-scan"
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+    assert steps(item) == [
+        "mig_relayout.draining",
+        "mig_relayout.applying",
+        "mig_relayout.verifying",
+        "mig_relayout.done",
+    ]
+    created = AuditEvent.objects.filter(event_type="gpu.mig_instance_created")
+    assert set(created.values_list("actor_name", flat=True)) == {"mig-relayout"}
+    assert created.count() == 7
+    assert advance(item).state == RelayoutState.DONE  # nothing more to do
+
+
+def test_one_gpu_of_a_node_at_a_time(node, admin):  # noqa: F811
+    relayout.request(node.gpu(0), "balanced", actor=admin)
+    with pytest.raises(RelayoutRefused, match="has a MIG re-layout under way \\(GPU 0\\)"):
+        relayout.request(node.gpu(1), "balanced", actor=admin)
+    assert node.gpu(1).state == GpuState.AVAILABLE
+
+
+def test_refusals_name_the_field(node, admin):  # noqa: F811
+    with pytest.raises(RelayoutRefused) as refused:
+        relayout.request(node.gpu(2), "balanced", actor=admin)  # not in MIG mode
+    assert refused.value.field == "gpu"
+    with pytest.raises(RelayoutRefused) as refused:
+        relayout.request(node.gpu(0), "all-9g", actor=admin)
+    assert refused.value.field == "layout_name"
+    Gpu.objects.filter(pk=node.gpu(0).pk).update(state=GpuState.DEGRADED)
+    with pytest.raises(RelayoutRefused, match="not available"):
+        relayout.request(node.gpu(0), "balanced", actor=admin)
+    assert not MigRelayout.objects.exists()
+
+
+def holding_job(owner, gpu: Gpu) -> Job:
+    job = Job.objects.create(owner=owner, command=["x"], state="running", mig_profile="2g.10gb")
+    device = gpu.mig_instances.order_by("gi_id").first()
+    Allocation.objects.create(
+        job=job, gpu=gpu, node=gpu.node, attempt=1, kind="mig", mig_instance=device
+    )
+    return job
+
+
+def test_it_waits_for_the_jobs_then_gives_up_at_the_deadline(node, admin):  # noqa: F811
+    gpu = node.gpu(0)
+    job = holding_job(admin, gpu)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    assert advance(item).state == RelayoutState.DRAINING
+    MigRelayout.objects.filter(pk=item.pk).update(
+        step_deadline=timezone.now() - timedelta(seconds=1)
+    )
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert failed.message == "waiting for its jobs: its jobs did not end before the drain deadline"
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+    assert pairs(current_layout(gpu)) == INITIAL  # nothing was applied
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert steps(item)[-1] == "mig_relayout.failed"
+
+
+def test_preempting_requeues_the_jobs_at_once(node, admin, monkeypatch):  # noqa: F811
+    gpu = node.gpu(0)
+    job = holding_job(admin, gpu)
+    item = relayout.request(gpu, "balanced", actor=admin, preempt=True)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert job.message == f"preempted: GPU 0 of {gpu.node.hostname} gets a new MIG layout"
+    assert advance(item).state == RelayoutState.APPLYING
+
+
+def test_a_refused_apply_rolls_back_and_returns_the_gpu(node, admin, monkeypatch):  # noqa: F811
+    gpu = node.gpu(0)
+    real = relayout.create_mig_instance
+    calls: list[str] = []
+
+    def failing(gpu, profile, **kwargs):
+        calls.append(profile)
+        if profile == "1g.5gb":
+            raise MigChangeRefused("no room for 1g.5gb", "no_room")
+        return real(gpu, profile, **kwargs)
+
+    monkeypatch.setattr(relayout, "create_mig_instance", failing)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    advance(item)
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert failed.message.startswith("applying the layout: the agent refused: no room for 1g.5gb")
+    assert failed.message.endswith("rolled back to 2g.10gb@0 + 2g.10gb@2 + 3g.20gb@4")
+    assert pairs(current_layout(gpu)) == INITIAL
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+
+
+def test_a_busy_gpu_is_tried_again_until_the_deadline(node, admin, monkeypatch):  # noqa: F811
+    def busy(*args, **kwargs):
+        raise MigChangeRefused("busy: 1 process(es) running on it", "busy")
+
+    monkeypatch.setattr(relayout, "destroy_mig_instance", busy)
+    item = relayout.request(node.gpu(0), "balanced", actor=admin)
+    advance(item)
+    assert advance(item).state == RelayoutState.APPLYING
+    MigRelayout.objects.filter(pk=item.pk).update(
+        step_deadline=timezone.now() - timedelta(seconds=1)
+    )
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert "the agent refused: busy" in failed.message
+
+
+def test_a_draining_relayout_can_be_canceled(node, admin):  # noqa: F811
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    canceled = relayout.cancel(item, actor=admin)
+    assert (canceled.state, canceled.message) == (RelayoutState.CANCELED, "canceled by mig-admin")
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+    with pytest.raises(RelayoutRefused, match="only a re-layout still draining"):
+        relayout.cancel(item, actor=admin)
+    # The node is free for the next one.
+    assert relayout.request(node.gpu(1), "balanced", actor=admin).state == RelayoutState.DRAINING
