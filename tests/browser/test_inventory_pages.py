@@ -141,13 +141,18 @@ def test_gpu_detail_page_shows_its_links_and_mig_layout(page, live_server):
 def test_dashboard_fits_laptop_and_wall_screens_in_both_schemes(
     browser, live_server, width, height, scheme, columns
 ):
+    from inventory.models import Node, Pool
+
     hosts = [unique_host() for _ in range(4)]
     for host in hosts:
         add_node(host, busy={2: 71})
+    # Only these cards on the page (nodes other tests left would take grid cells first).
+    pool = Pool.objects.create(name=f"layout-{hosts[0]}".lower())
+    Node.objects.filter(hostname__in=hosts).update(pool=pool)
     context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
     page = context.new_page()
     try:
-        page.goto(live_server.url + "/fleet/")
+        page.goto(f"{live_server.url}/fleet/?pool={pool.name}")
         assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
         cards = [page.locator(f'[id="node-{host}"]') for host in hosts]
         tops = [round(card.bounding_box()["y"]) for card in cards]
