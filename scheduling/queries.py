@@ -31,6 +31,7 @@ from inventory import live
 from inventory.models import Gpu, Node
 from inventory.services import AgentTimedOut, run_on_node
 from inventory.usability import Unusable
+from scheduling import quotas
 from scheduling.models import (
     HOLDING_STATES,
     Allocation,
@@ -260,7 +261,7 @@ def orchestrator_status() -> OrchestratorStatus:
     allocated = Allocation.objects.active().values("gpu_id")
     return OrchestratorStatus(
         config=SchedulerSettings.load(),
-        default_policy=PoolPolicy.default(),
+        default_policy=quotas.policy_of(None),  # a status read writes no row
         jobs=jobs,
         gpus_present=Gpu.objects.present().count(),
         gpus_allocated=allocated.count(),
