@@ -11,7 +11,6 @@ dependent job is looked at again as soon as what it waits for ends.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
 from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef
@@ -108,12 +107,11 @@ def store(job_ids: Sequence[int], needs: Sequence[tuple[str, Job]]) -> list[JobD
     )
 
 
-def resolve(now: datetime) -> set[int]:
-    """The QUEUED jobs whose dependencies do not all hold yet at ``now`` (the pass's time;
-    one query); those with one that can never hold are canceled (``services.cancel_waiting``,
+def resolve() -> set[int]:
+    """The QUEUED jobs whose dependencies do not all hold yet (by the jobs' states; one
+    query); those with one that can never hold are canceled (``services.cancel_waiting``,
     audited, with a message such as ``dependency never satisfied: afterok:123 failed``) and
     are not in the answer."""
-    del now  # a dependency holds or not by states alone; the loop passes its clock to all
     rows = JobDependency.objects.filter(job__state=JobState.QUEUED).values_list(
         "job_id", "kind", "on_id", "on__state"
     )

@@ -404,7 +404,7 @@ QUEUE_FIELDS = (
 
 def _queue(now: datetime) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait]]:
     """The QUEUED jobs whose dependencies hold, as requests, and the stored word on each."""
-    blocked = dependencies.resolve(now)
+    blocked = dependencies.resolve()
     attained = _attained_service()
     rows = (
         Job.objects.filter(state=JobState.QUEUED)

@@ -188,12 +188,12 @@ def test_resolve_holds_back_jobs_until_their_dependencies_hold(alice):
         alice.user, command="true", dependency=f"afterok:{first.pk},afterany:{second.pk}"
     )
     with CaptureQueriesContext(connection) as captured:
-        assert dependencies.resolve(timezone.now()) == {ok.pk, anyway.pk, both.pk}
+        assert dependencies.resolve() == {ok.pk, anyway.pk, both.pk}
     assert len(captured) == 1
     ended(first, JobState.COMPLETED)
-    assert dependencies.resolve(timezone.now()) == {anyway.pk, both.pk}
+    assert dependencies.resolve() == {anyway.pk, both.pk}
     ended(second, JobState.CANCELED)  # afterany: any end
-    assert dependencies.resolve(timezone.now()) == set()
+    assert dependencies.resolve() == set()
 
 
 def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
@@ -204,7 +204,7 @@ def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
         alice.user, command="true", dependency=f"afterany:{second.pk},afternotok:{first.pk}"
     )
     ended(first, JobState.FAILED)
-    assert dependencies.resolve(timezone.now()) == {also.pk}  # its afterany still pending
+    assert dependencies.resolve() == {also.pk}  # its afterany still pending
     doomed.refresh_from_db()
     assert doomed.state == JobState.CANCELED
     assert doomed.message == f"dependency never satisfied: afterok:{first.pk} failed"
@@ -217,14 +217,14 @@ def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
     )
     assert Job.objects.get(pk=spared.pk).state == JobState.QUEUED  # it may start
     ended(second, JobState.COMPLETED)
-    assert dependencies.resolve(timezone.now()) == set()
+    assert dependencies.resolve() == set()
 
 
 def test_afternotok_on_a_completed_job_cancels(alice):
     first = submit(alice.user)
     job = services.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
     ended(first, JobState.COMPLETED)
-    assert dependencies.resolve(timezone.now()) == set()
+    assert dependencies.resolve() == set()
     job.refresh_from_db()
     assert (job.state, job.message) == (
         JobState.CANCELED,
@@ -238,7 +238,7 @@ def test_held_jobs_are_not_resolved_or_canceled(alice):
         alice.user, command="true", hold=True, dependency=f"afterok:{first.pk}"
     )
     ended(first, JobState.FAILED)
-    assert dependencies.resolve(timezone.now()) == set()
+    assert dependencies.resolve() == set()
     assert Job.objects.get(pk=held.pk).state == JobState.PENDING
 
 
