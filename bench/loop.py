@@ -25,7 +25,9 @@ audited, before and after, and ends with headline lines ``name: value unit``:
 - ``placements_per_s``: jobs placed per second of the commit phase (allocations, audit rows,
   job transitions and dispatch), median over the placing passes; ``placing_pass_per_s`` the
   same over the whole pass (snapshot and engine included).
-- ``blocked_pass_ms``: a whole blocked pass, median.
+- ``blocked_pass_ms``: a whole blocked pass, median; ``blocked_pass_cpu_ms`` the CPU it took
+  (this process and its PostgreSQL backend, from /proc), steadier than the time on a shared
+  host, where other processes' load stretches every pass.
 - ``unchanged_rows_written``: waiting jobs' rows written by all the blocked passes together.
 
 Dispatch is real: each placement sends ``scheduling.run_job`` to the node's Celery queue
@@ -232,6 +234,35 @@ def counting_queries(counts: list[int]) -> Iterator[None]:
     counts.append(seen[0])
 
 
+def backend_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) the PostgreSQL backend ``pid`` used so far (Linux /proc;
+    None where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def measuring_cpu(spent: list[float]) -> Iterator[None]:
+    """Append the CPU milliseconds used inside by this process and its database backend (the
+    process alone when the backend's cannot be read) to ``spent``."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [(pid,)] = cursor.fetchall()
+    backend_from, started = backend_cpu_s(pid), time.process_time()
+    yield
+    used = time.process_time() - started
+    backend_to = backend_cpu_s(pid)
+    if backend_from is not None and backend_to is not None:
+        used += backend_to - backend_from
+    spent.append(used * 1000)
+
+
 def median_phases(summaries: list[PassSummary]) -> dict[str, float]:
     """Median milliseconds per phase and for the whole pass."""
     medians = {
@@ -285,8 +316,9 @@ def main() -> None:
             with counting_queries(queries["first pass"]):
                 first = loop.run_pass()
             blocked = []
+            blocked_cpu_ms: list[float] = []
             for _ in range(args.runs):
-                with counting_queries(queries["blocked"]):
+                with measuring_cpu(blocked_cpu_ms), counting_queries(queries["blocked"]):
                     blocked.append(loop.run_pass())
             placing: list[PassSummary] = []
             for _ in range(args.runs):
@@ -336,6 +368,7 @@ def main() -> None:
     print(f"placing_pass_per_s: {placed / (columns['placing']['pass'] / 1000):.0f} placements/s")
     print(f"placements_per_s: {placed / commit_s if commit_s else 0:.0f} placements/s")
     print(f"blocked_pass_ms: {columns['blocked']['pass']:.0f} ms")
+    print(f"blocked_pass_cpu_ms: {statistics.median(blocked_cpu_ms):.0f} ms")
     print(f"unchanged_rows_written: {sum(s.pending_saved for s in blocked)} rows")
 
 

@@ -228,9 +228,12 @@ def pollux_report(pollux: list[tuple[Workload, dict[str, Result]]], headlines: l
             means[column].append(value)
         print(f"{workload.name:12}" + "".join(f"{value:>13.0f}" for value in row))
     print(f"{'mean':12}" + "".join(f"{statistics.fmean(means[c]):>13.0f}" for c in columns))
+    preempted = {name: sum(r[name].preemptions for _, r in pollux) for name in names}
+    print(f"{'preemptions':12}" + "".join(f"{preempted[name]:>13}" for name in names))
     for name in names:
         key = name.replace("+", "_").replace("-", "_")
         headlines.append(f"pollux_{key}_avg_jct: {statistics.fmean(means[name]):.0f} s")
+        headlines.append(f"pollux_{key}_preemptions: {preempted[name]} count")
     for p in published:
         headlines.append(f"pollux_published_{p}_avg_jct: {statistics.fmean(means[f'[{p}]']):.0f} s")
 

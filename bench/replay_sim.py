@@ -39,6 +39,7 @@ from scheduling.placement import (
     plan,
 )
 from scheduling.placement.decisions import Placement
+from scheduling.placement.predict import Completed, History, Predictor
 from scheduling.placement.sharing import Packing, SharingPass
 from scheduling.placement.sharing import unusable_gpus as sharing_unusable_gpus
 
@@ -47,6 +48,9 @@ GPU_MEMORY_MIB = 81920
 # Passes at one instant: a pass that preempts is followed by one that places on the GPUs
 # freed (victims stop at once: no grace period is simulated).
 MAX_PASSES_PER_INSTANT = 4
+# How long the engine's predictions of waiting jobs' runtimes are reused (the loop reads its
+# history of finished jobs again at most this often: scheduling/history.py).
+HISTORY_MAX_AGE_S = 60.0
 
 
 @dataclass(slots=True)
@@ -58,6 +62,7 @@ class JobState:
     nodes: int
     executed_s: float = 0.0
     attained_gpu_s: float = 0.0
+    queued_at: float | None = None  # when it was last preempted (None: never)
     preemptions: int = 0
     version: int = 0  # bumped whenever it starts or stops, so stale completions are skipped
 
@@ -198,6 +203,7 @@ class Cluster:
     def preempt(self, job_id: int, now: float) -> None:
         run = self.stop(job_id, now)
         run.state.preemptions += 1
+        run.state.queued_at = now
         self.enqueue(run.state)
 
 
@@ -433,7 +439,12 @@ class EngineScheduler:
     job's true duration as the user's estimate (an oracle, for comparison); otherwise it gets
     what the trace's users declared (nothing). `preemptible`: every job says it may be
     preempted (the traces do not say; by default none does, so only borrowed work is).
-    `quotas`: GPUs per project (a QuotaLimit each, weighting fair share too)."""
+    `quotas`: GPUs per project (a QuotaLimit each, weighting fair share too). `history`:
+    predict runtimes from the jobs finished so far, as the loop does (`predict.Predictor`
+    over a `predict.History` fed by the simulated completions), so that jobs without an
+    estimate get a predicted runtime and running jobs a predicted end. A job is predicted
+    from the runs that ended before its submission; one submitted before any did is
+    predicted afresh at most every `HISTORY_MAX_AGE_S`."""
 
     def __init__(
         self,
@@ -443,6 +454,7 @@ class EngineScheduler:
         estimates: bool = False,
         preemptible: bool = False,
         quotas: Mapping[str, float] | None = None,
+        history: bool = True,
     ) -> None:
         self.name = name
         self.config = config
@@ -459,6 +471,10 @@ class EngineScheduler:
         self._requests: dict[int, JobRequest] = {}
         self._usage: dict[str, float] = {}
         self._usage_at = 0.0
+        self.history: History | None = History() if history and not estimates else None
+        self.predictor = Predictor(self.history or History())
+        self._runs: dict[int, Run] = {}
+        self._predicted_at = -math.inf
 
     def _attach(self, cluster: Cluster) -> None:
         self._cluster = cluster
@@ -482,6 +498,10 @@ class EngineScheduler:
         self._running = {}
         self._requests = {}
         self._usage = {}
+        self._runs = {}
+        if self.history is not None:
+            self.history = History()
+            self.predictor = Predictor(self.history)
         cluster.dirty.update(range(cluster.gpu_count))
         cluster.queue_changed = True
 
@@ -506,11 +526,62 @@ class EngineScheduler:
             gpus_per_node=state.per_node,
             node_count=state.nodes,
             estimated_duration_s=state.remaining_s if self.estimates else job.estimate,
+            predicted_runtime_s=self._predict(job),
             preemptible=self.preemptible,
             project=job.project,
             mps_percent=share,
             attained_service_s=state.attained_gpu_s,
+            queued_at=state.queued_at,
         )
+
+    def _predict(self, job: TraceJob) -> float | None:
+        """The runtime the history of finished jobs predicts for `job` (the loop's rule)."""
+        if self.history is None:
+            return None
+        return self.predictor.runtime(
+            job.id,
+            owner=job.project,
+            project=job.project,
+            pool=None,
+            gpus=job.gpus,
+            name=job.name,
+            submitted_at=job.submit,
+        )
+
+    def _learn(self, cluster: Cluster) -> None:
+        """Feed the history the runs that ended since the last pass, in order of end (a
+        preempted job is back in the queue: not an end)."""
+        assert self.history is not None
+        ended = [job_id for job_id in self._runs if job_id not in cluster.running]
+        for run in sorted((self._runs.pop(job_id) for job_id in ended), key=lambda r: r.ends):
+            if run.state.job.id not in cluster.queue:
+                job = run.state.job
+                self.history.add(
+                    Completed(
+                        owner=job.project,
+                        project=job.project,
+                        pool=None,
+                        gpus=job.gpus,
+                        runtime_s=run.ends - run.started,
+                        ended_at=run.ends,
+                        name=job.name,
+                    )
+                )
+
+    def _repredict(self, cluster: Cluster, now: float) -> None:
+        """Every `HISTORY_MAX_AGE_S`, give the waiting jobs not yet predicted for good the
+        predictions the history makes now."""
+        assert self.history is not None
+        stale = now - self._predicted_at >= HISTORY_MAX_AGE_S
+        if not stale or self.history.latest <= self._predicted_at:
+            return
+        self._predicted_at = now
+        for job_id, request in self._requests.items():
+            if self.predictor.is_final(job_id):
+                continue
+            predicted = self._predict(cluster.queue[job_id].job)
+            if predicted != request.predicted_runtime_s:
+                self._requests[job_id] = replace(request, predicted_runtime_s=predicted)
 
     def _decay(self, now: float, cluster: Cluster) -> None:
         """Fair share's usage: GPU-seconds per project, halved every half-life."""
@@ -534,20 +605,26 @@ class EngineScheduler:
         for gpu in cluster.dirty:
             self._slots[gpu] = self._slot(cluster, gpu)
         cluster.dirty.clear()
+        if self.history is not None:
+            self._learn(cluster)
         for job_id in [job_id for job_id in self._running if job_id not in cluster.running]:
             del self._running[job_id]
         for job_id, run in cluster.running.items():
             if job_id not in self._running:
                 job = run.state.job
+                predicted = self._predict(job)
+                self._runs[job_id] = run
                 self._running[job_id] = RunningJob(
                     id=job_id,
                     gpu_ids=run.gpu_ids,
                     started_at=run.started,
                     expected_end=run.ends if self.estimates else None,
+                    predicted_end=None if predicted is None else run.started + predicted,
                     owner=job.project,
                     project=job.project,
                     submitted_at=job.submit,
                     preemptible=self.preemptible,
+                    attained_service_s=run.state.attained_gpu_s,
                 )
         if cluster.queue_changed:
             self._requests = {
@@ -559,6 +636,8 @@ class EngineScheduler:
                 if self._requests[job_id].attained_service_s != state.attained_gpu_s:
                     self._requests[job_id] = self.request(state)
             cluster.queue_changed = False
+        if self.history is not None:
+            self._repredict(cluster, now)
         self._decay(now, cluster)
         in_use: Counter[str] = Counter()
         for running in self._running.values():

@@ -8,9 +8,10 @@ A100 80GB node agent (``gpuadmin agent --sim --jobs-as-agent``: no Unix account 
 here), which runs each job as a real process. Each
 run submits ``--jobs`` jobs of one GPU running ``true`` at once (``services.submit_job`` in this
 process, as a burst of API calls reaches it) and times from the first submission to the last
-job's COMPLETED: jobs/s = jobs / that time. Every job is placed by the real loop, sent through
-Redis to the agent, started by its executor, reported started and finished, and its GPU
-released before the next job can have it.
+job's COMPLETED as recorded centrally (its audit row's time): jobs/s = jobs / that time.
+Every job is placed by the real loop, sent through Redis to the agent, started by its
+executor, reported started and finished, and its GPU released before the next job can have
+it.
 
 Then, in the same run, Slurm 22.05 (bench/slurm.py: one node, 8 GPUs as GRES, tuned
 ``batch_sched_delay=0`` and 8 CPUs declared, the issue's best Slurm figure being 9.3 jobs/s):
@@ -21,9 +22,11 @@ to an empty queue. Medians over ``--runs``; ends with the headline lines
 
 ``--profile`` prints, after each run, where a job's cycle through its GPU goes: the median
 and 90th percentile of each hop, from the jobs' rows and audit rows and the agent's log (its
-debug line per ``run_job`` received, so the agent logs at debug level then), and the passes
-the worker logged. A GPU's cycle is placed -> received by the agent -> process started ->
-its end seen by the executor -> recorded centrally (GPU released) -> the GPU's next job placed.
+debug lines per job received and per message of job events sent, so the agent logs at debug
+level then), and the passes the worker logged. A GPU's cycle is placed -> received by the
+agent -> process started -> its end seen by the executor -> sent by the agent -> recorded
+centrally (GPU released) -> the GPU's next job placed; it also counts the agent's messages
+of job events and the events in each.
 It also prints the CPU time per job of the central worker (its pool included), the agent, this
 process (the submissions) and the database's server processes for this database, from /proc:
 steadier than jobs/s on a shared host.
@@ -65,12 +68,18 @@ TARGET_RATIO = 3.0
 
 
 def gpuadmin_run(jobs: int, owner: User) -> tuple[float, list[int]]:
-    """Seconds from the first submission of ``jobs`` one-GPU ``true`` jobs to the last end,
-    and the jobs' ids."""
+    """Seconds from the first submission of ``jobs`` one-GPU ``true`` jobs to the last end
+    recorded centrally (the time on the last job's ``job.completed`` audit row: precise
+    whatever the bench's polling interval, which stays slow so as not to compete with what
+    it measures), and the jobs' ids."""
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from gpuadmin.audit.models import AuditEvent
     from scheduling import services
     from scheduling.models import Job, JobState
 
-    started = time.monotonic()
+    started = timezone.now()
     ids = [
         services.submit_job(owner, command=["true"], gpu_count=1, name="bench").pk
         for _ in range(jobs)
@@ -80,8 +89,14 @@ def gpuadmin_run(jobs: int, owner: User) -> tuple[float, list[int]]:
         lambda: not batch.exclude(state__in=[JobState.COMPLETED, JobState.FAILED]).exists(),
         600,
         f"{jobs} jobs to end",
+        poll_s=0.25,
     )
-    elapsed = time.monotonic() - started
+    ended = AuditEvent.objects.filter(
+        target_type=Job._meta.label_lower,
+        target_id__in=[str(pk) for pk in ids],
+        event_type__in=["job.completed", "job.failed"],
+    ).aggregate(last=Max("time"))["last"]
+    elapsed = (ended - started).total_seconds()
     failed = list(batch.filter(state=JobState.FAILED).values_list("message", flat=True))
     if failed:
         sys.exit(f"{len(failed)} of the bench's jobs failed, e.g.: {failed[0]}")
@@ -90,6 +105,7 @@ def gpuadmin_run(jobs: int, owner: User) -> tuple[float, list[int]]:
 
 # The agent's debug line per run_job received, and the worker's info line per pass.
 RECEIVED_LINE = re.compile(r"^(\S+ \S+) DEBUG gpuadmin\.agent: job (\S+): run_job received")
+SENT_LINE = re.compile(r"^(\S+ \S+) DEBUG gpuadmin\.agent: job events sent: (.*)$")
 PASS_LINE = re.compile(
     r"^(\S+ \S+) INFO gpuadmin\.placement: placement pass: (\d+) placed.* in (\d+) ms"
 )
@@ -164,9 +180,17 @@ def hop_table(ids: list[int], agent_lines: list[str], worker_lines: list[str]) -
     ).values_list("target_id", "event_type", "time")
     recorded = {(int(target), kind): at for target, kind, at in audited}
     received = {}
+    sent: dict[tuple[int, str], datetime] = {}
+    batches: list[int] = []
     for line in agent_lines:
         if match := RECEIVED_LINE.match(line):
             received[parse_executor_id(match[2])[0]] = logged_at(match[1])
+        elif match := SENT_LINE.match(line):
+            names = match[2].split()
+            batches.append(len(names))
+            for name in names:
+                executor_name, kind = name.split(":")
+                sent[parse_executor_id(executor_name)[0], kind] = logged_at(match[1])
     by_gpu: dict[int, list[tuple[datetime, Job]]] = defaultdict(list)
     for gpu_id, job_id in Allocation.objects.filter(job_id__in=ids).values_list("gpu_id", "job_id"):
         placed = jobs[job_id].scheduled_at
@@ -188,6 +212,12 @@ def hop_table(ids: list[int], agent_lines: list[str], worker_lines: list[str]) -
             job.finished_at,
             recorded.get((job.pk, "job.completed")),
         )
+        hop("  end seen -> sent by the agent", job.finished_at, sent.get((job.pk, "finished")))
+        hop(
+            "  sent -> recorded centrally",
+            sent.get((job.pk, "finished")),
+            recorded.get((job.pk, "job.completed")),
+        )
         hop(
             "(started -> recorded RUNNING centrally)",
             job.started_at,
@@ -206,6 +236,11 @@ def hop_table(ids: list[int], agent_lines: list[str], worker_lines: list[str]) -
         p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
         lines.append(
             f"  {name:<52} {statistics.median(values):>6.1f}ms {p90:>6.1f}ms {len(values):>5}"
+        )
+    if batches:
+        lines.append(
+            f"  {len(batches)} messages of job events from the agent: median "
+            f"{statistics.median(batches):g} events, most {max(batches)}"
         )
     if passes:
         counts = [int(match[2]) for match in passes]
@@ -298,7 +333,8 @@ def main() -> None:
 
     theirs: list[float] = []
     if args.slurm:
-        with SlurmCluster(tuned=True) as slurm:
+        # Ports of its own: bench/submit.py's cluster (16817) may run at the same time.
+        with SlurmCluster(tuned=True, port=16837) as slurm:
             for run in range(args.runs):
                 elapsed = slurm_run(slurm, args.jobs)
                 theirs.append(args.jobs / elapsed)

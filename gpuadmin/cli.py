@@ -187,7 +187,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from gpuadmin.access.node_signing import parse_token, send_as_node
         from health import agent as health_agent
         from inventory.agent import AgentLoop, node_backend, node_queue, scan_this_node
-        from scheduling.agent import executor
+        from scheduling.agent import executor, flush_reports
 
         try:
             parse_token(settings.GPUADMIN_NODE_TOKEN)
@@ -227,6 +227,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 AGENT_LOG.info("agent %s: canceling %d running job(s)", args.node, len(running))
             # By default jobs keep running and the next agent re-adopts them.
             jobs.shutdown(kill=args.stop_jobs_on_exit)
+            flush_reports()  # job events still queued (its sender thread ends with it)
             AGENT_LOG.info("agent %s: stopped", args.node)
 
     return _with_django(run, database=False)(args)

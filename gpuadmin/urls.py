@@ -11,6 +11,11 @@ audit_router = SimpleRouter()
 audit_router.register("audit", audit_api.AuditEventViewSet, basename="audit")
 
 urlpatterns = [
+    # First: job submissions are the busiest requests, and resolving a path walks the patterns
+    # in order (a twentieth of a submission's CPU went to trying the ones above it). None of its
+    # paths (queue, cluster/, orchestrator/, api/v1/ jobs, arrays, allocations, tokens) is
+    # another's.
+    path("", include("scheduling.api.urls")),
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
     path("metrics", metrics.metrics, name="metrics"),
@@ -20,7 +25,6 @@ urlpatterns = [
     path("api/v1/", include((audit_router.urls, "audit"), namespace="audit-api-v1")),
     path("", include("inventory.urls")),
     path("", include("inventory.api.urls")),
-    path("", include("scheduling.api.urls")),
     path("", include("scheduling.api.reservations")),
     path("", include("scheduling.api.policies")),
     path("api/v1/", include("health.api.history")),

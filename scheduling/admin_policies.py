@@ -45,7 +45,15 @@ class PoolPolicyAdmin(admin.ModelAdmin):
         ),
         (
             "Borrowing and preemption",
-            {"fields": ("allow_borrowing", "preemption", "preempt_signal", "preempt_grace_s")},
+            {
+                "fields": (
+                    "allow_borrowing",
+                    "preemption",
+                    "preempt_exempt_s",
+                    "preempt_signal",
+                    "preempt_grace_s",
+                )
+            },
         ),
         (
             "Sharing and reservations",

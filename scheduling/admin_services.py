@@ -68,6 +68,7 @@ POLICY_LIMITS: dict[str, tuple[int, int]] = {
     "fairshare_half_life_s": (60, 365 * 24 * 3600),
     "fairshare_weight": (0, 1_000_000),
     "preempt_grace_s": (0, 3600),
+    "preempt_exempt_s": (0, 7 * 24 * 3600),
     "reservation_release_after_s": (0, 7 * 24 * 3600),
 }
 LAS_THRESHOLDS_MAX = 8  # queues of least attained service: at most 9
@@ -82,6 +83,7 @@ POLICY_FIELDS: tuple[str, ...] = (
     "las_thresholds_gpu_s",
     "allow_borrowing",
     "preemption",
+    "preempt_exempt_s",
     "preempt_signal",
     "preempt_grace_s",
     "dynamic_mig",

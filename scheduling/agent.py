@@ -8,10 +8,13 @@ Unix account (see the executor).
 
 The agent's Celery worker runs with the solo pool, so the tasks of ``scheduling.tasks`` that
 run on the node queue and the executor's threads share this process and its one executor.
+Jobs arrive in batches (``run_jobs``: those placed on this node together); events leave in
+batches too, through one sender thread (``report``, ``send_unsent``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import sys
@@ -29,6 +32,7 @@ from redis.exceptions import RedisError
 
 from gpuadmin.access.node_signing import send_as_node
 from inventory.agent import jobs_run_as_owner, publish_sample, scan_this_node
+from inventory.nvml.scanner import GpuFacts
 from inventory.nvml.sim import faults
 from scheduling import mps_standin
 from scheduling.executor import (
@@ -37,6 +41,7 @@ from scheduling.executor import (
     FinalState,
     JobFinished,
     JobSpec,
+    JobStarted,
     executor_id,
     parse_executor_id,
 )
@@ -53,9 +58,11 @@ SIM_MPS_SERVER_MIB = 300
 _lock = threading.Lock()
 _executor: Executor | None = None
 _canceled: set[str] = set()  # executor ids canceled before their run_job arrived
-_unsent: deque[ExecutorEvent] = deque()  # events the broker refused, oldest first
+_unsent: deque[ExecutorEvent] = deque()  # events not sent yet, oldest first
 _unsent_lock = threading.RLock()
-_resender: threading.Thread | None = None
+_unsent_changed = threading.Condition(_unsent_lock)
+_sending = threading.Lock()  # held while events are sent (the sender thread, or the exit)
+_sender: threading.Thread | None = None
 
 
 def agent_dir(hostname: str) -> Path:
@@ -121,6 +128,16 @@ def run_job(data: dict[str, Any]) -> None:
     executor().launch(spec)
 
 
+def run_jobs(specs: list[dict[str, Any]]) -> None:
+    """Start the jobs of one ``scheduling.run_jobs`` message, in order; one that fails to
+    start is logged and never keeps the others from starting."""
+    for data in specs:
+        try:
+            run_job(data)
+        except Exception:
+            log.exception("job %s: cannot start it", data.get("job_id"))
+
+
 def cancel_job(
     job_id: int,
     attempt: int,
@@ -151,55 +168,108 @@ def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
 
 
 def report(event: ExecutorEvent) -> None:
-    """Send an executor event to the central worker. A job's end releases its GPUs and wakes
-    the placement loop, so the node's live sample is refreshed first: the executor reports a
-    job finished only once its processes are gone, and the pass must not see them in an older
-    sample (it would take the GPUs for busy and wait for the next wake)."""
-    if isinstance(event, JobFinished):
-        try:
-            publish_sample(settings.GPUADMIN_NODE_NAME)
-        except (OSError, RedisError) as exc:  # the periodic sample and beat's pass will come
-            log.warning("cannot publish the sample after job %s: %s", event.job_id, exc)
-    with _unsent_lock:
+    """Queue an executor event for the central worker; the agent's sender thread sends it
+    (``send_unsent``): an end at once, a start after at most ``START_LINGER_S``, together with
+    whatever else is queued by then. The job's own thread never waits on the broker."""
+    with _unsent_changed:
         _unsent.append(event)
-    if not send_unsent():
-        log.warning(
-            "cannot reach the broker to report job %s; its events are resent every %g s",
-            event.job_id,
-            settings.GPUADMIN_SAMPLE_INTERVAL_S,
-        )
-        _start_resender()
+        _unsent_changed.notify()
+        _start_sender()
+
+
+# Events one message carries at most (a message stays well under the broker's limits).
+REPORT_BATCH = 500
+# How long a start waits for other events before it is sent (an end goes at once): the starts
+# of the jobs placed together, and the end of a job that ends at once, go in its message.
+# Nothing waits on a start (its job holds its GPUs either way); ends free GPUs.
+START_LINGER_S = 0.05
 
 
 def send_unsent() -> bool:
-    """Send the events not yet delivered, oldest first; ``False`` when the broker refuses one
-    (it and those after it are kept). A job that ends while the broker is down would otherwise
-    stay RUNNING, its GPUs held, for as long as the agent lives."""
-    with _unsent_lock:
-        while _unsent:
+    """Send the events not yet delivered, oldest first, in ``scheduling.job_events`` messages
+    of all that wait (up to ``REPORT_BATCH``); ``False`` when the broker refuses one (its
+    events and those after them are kept). A message with an end refreshes the node's live
+    sample first: the executor reports a job finished only once its processes are gone, and
+    the placement pass that the release wakes must not see them in an older sample (it would
+    take the GPUs for busy and wait for the next wake). A burst of ends costs one message,
+    one sample and one transaction centrally."""
+    with _sending:
+        while True:
+            with _unsent_lock:
+                batch = list(itertools.islice(_unsent, REPORT_BATCH))
+            if not batch:
+                return True
+            if any(isinstance(event, JobFinished) for event in batch):
+                _publish_sample(batch)
             try:
-                send_as_node("scheduling.job_event", args=(_unsent[0].to_dict(),))
+                send_as_node("scheduling.job_events", args=([event.to_dict() for event in batch],))
             except (KombuError, OSError, RedisError):
                 return False
-            _unsent.popleft()
-    return True
+            with _unsent_lock:
+                for _ in batch:
+                    _unsent.popleft()
+            if log.isEnabledFor(logging.DEBUG):  # bench/throughput.py --profile reads it
+                log.debug("job events sent: %s", " ".join(_event_names(batch)))
 
 
-def _start_resender() -> None:
-    """One thread per agent, started at the first refused report, retries what is unsent."""
-    global _resender
-    with _unsent_lock:
-        if _resender is not None:
-            return
+def flush_reports() -> bool:
+    """Send what is queued now (the agent's exit: its sender thread dies with it); ``False``
+    when the broker refuses (the events are lost with the process, and the next agent's
+    ``agent_jobs`` list accounts for their jobs)."""
+    return send_unsent()
 
-        def resend() -> None:
-            while True:
-                time.sleep(settings.GPUADMIN_SAMPLE_INTERVAL_S)
-                if _unsent and send_unsent():
-                    log.info("job events held while the broker was away are delivered")
 
-        _resender = threading.Thread(target=resend, name="job-event-resender", daemon=True)
-        _resender.start()
+def _start_sender() -> None:
+    """The agent's one sender thread, started with the first event (the caller holds the
+    lock). While the broker refuses, it retries every ``GPUADMIN_SAMPLE_INTERVAL_S``: a job
+    that ends while the broker is down would otherwise stay RUNNING, its GPUs held, for as
+    long as the agent lives."""
+    global _sender
+    if _sender is None:
+        _sender = threading.Thread(target=_send_forever, name="job-event-sender", daemon=True)
+        _sender.start()
+
+
+def _send_forever() -> None:
+    refused = False
+    while True:
+        with _unsent_changed:
+            _unsent_changed.wait_for(lambda: _unsent)
+            linger_until = time.monotonic() + START_LINGER_S
+            while not any(isinstance(event, JobFinished) for event in _unsent):
+                left = linger_until - time.monotonic()
+                if left <= 0:
+                    break
+                _unsent_changed.wait(left)
+        if send_unsent():
+            if refused:
+                log.info("job events held while the broker was away are delivered")
+            refused = False
+            continue
+        if not refused:
+            log.warning(
+                "cannot reach the broker to report job %s; its events are resent every %g s",
+                _unsent[0].job_id,
+                settings.GPUADMIN_SAMPLE_INTERVAL_S,
+            )
+        refused = True
+        time.sleep(settings.GPUADMIN_SAMPLE_INTERVAL_S)
+
+
+def _event_names(batch: list[ExecutorEvent]) -> list[str]:
+    return [
+        f"{event.job_id}:{'started' if isinstance(event, JobStarted) else 'finished'}"
+        for event in batch
+    ]
+
+
+def _publish_sample(batch: list[ExecutorEvent]) -> None:
+    """The node's live sample, before ends are reported (see ``send_unsent``)."""
+    try:
+        publish_sample(settings.GPUADMIN_NODE_NAME)
+    except (OSError, RedisError) as exc:  # the periodic sample and beat's pass will come
+        ended = ", ".join(event.job_id for event in batch if isinstance(event, JobFinished))
+        log.warning("cannot publish the sample after job %s: %s", ended, exc)
 
 
 # Simulated nodes: the job's real process shows on its GPUs in the simulator's NVML.
@@ -213,15 +283,18 @@ def _sim_started(spec: JobSpec, pid: int) -> None:
     """The job's process shows on its GPUs: whole GPUs, its MIG device, or its MPS share (its
     memory limit, else its percent of the memory, and its percent of the utilization)."""
     state_dir, node = _sim_target()
-    scanned = scan_this_node(include=("facts", "mig")).gpus
-    by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scanned}
-    mig_devices = {
-        ci.uuid: (gpu.facts.index, gi, ci.ci_id)
-        for gpu in scanned
-        for gi in (gpu.mig.gpu_instances if gpu.mig else ())
-        for ci in gi.compute_instances
-        if ci.uuid
-    }
+    by_uuid = _sim_gpus()
+    mig_devices = {}
+    if not by_uuid.keys() >= set(spec.gpu_uuids):  # MIG devices: scanned now (they change)
+        scanned = scan_this_node(include=("facts", "mig")).gpus
+        by_uuid = {gpu.facts.uuid: gpu.facts for gpu in scanned if gpu.facts.uuid}
+        mig_devices = {
+            ci.uuid: (gpu.facts.index, gi, ci.ci_id)
+            for gpu in scanned
+            for gi in (gpu.mig.gpu_instances if gpu.mig else ())
+            for ci in gi.compute_instances
+            if ci.uuid
+        }
     for uuid in spec.gpu_uuids:
         if uuid in mig_devices:
             index, gi, ci_id = mig_devices[uuid]
@@ -245,6 +318,21 @@ def _sim_started(spec: JobSpec, pid: int) -> None:
             used = spec.mps_memory_mib or total * spec.mps_percent // 100
             util = SIM_UTILIZATION_PCT * spec.mps_percent // 100
         faults.start_process(state_dir, node, facts.index, pid, used_mib=used, util=util)
+
+
+_sim_gpu_facts: dict[str, dict[str, GpuFacts]] = {}  # by node, then by GPU UUID
+
+
+def _sim_gpus() -> dict[str, GpuFacts]:
+    """The simulated node's GPUs by UUID, scanned once (a GPU's UUID, index and memory do not
+    change while the agent runs): a job's start does not re-scan the node."""
+    gpus = _sim_gpu_facts.setdefault(settings.GPUADMIN_NODE_NAME, {})
+    if not gpus:
+        scanned = scan_this_node(include=("facts",)).gpus
+        # Not one the scan could not read: it is scanned again at the next start.
+        readable = (g.facts for g in scanned if g.facts.uuid and g.facts.memory_total_mib)
+        gpus.update({facts.uuid: facts for facts in readable if facts.uuid})
+    return gpus
 
 
 def _sim_ended(spec: JobSpec, pid: int) -> None:

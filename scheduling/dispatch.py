@@ -2,8 +2,9 @@
 placement loop.
 
 A job crosses to an agent as the executor's own :class:`~scheduling.executor.JobSpec`
-(``to_dict`` on the ``scheduling.run_job`` task, one per node of the job); the agent reports
-back with the executor's events (``scheduling.job_event``). The loop and the job services both
+(``to_dict``, one per node of the job, in a ``scheduling.run_jobs`` message per node with the
+other jobs placed with it); the agent reports back with the executor's events
+(``scheduling.job_events``). The loop and the job services both
 use this module, and neither imports the other.
 """
 
@@ -76,30 +77,55 @@ def dispatch(job_id: int) -> None:
     send_to_agents(job, Allocation.objects.active().filter(job=job).select_related("gpu", "node"))
 
 
-def send_placed(placed: Iterable[tuple[Job, Iterable[Allocation]]]) -> None:
-    """Send each placed job to its nodes' agents (``send_to_agents``) through one broker
-    producer whose messages go out together (a Redis pipeline: the loop places hundreds at
-    once, and a round trip each would cost more than their commit)."""
-    with current_app.producer_or_acquire() as producer, producer.batch():
-        for job, allocations in placed:
-            send_to_agents(job, allocations, producer)
+def send_placed(
+    placed: Iterable[tuple[Job, Iterable[Allocation]]], producer: Producer | None = None
+) -> None:
+    """Send the placed jobs to their nodes' agents: one ``scheduling.run_jobs`` message per
+    node with the specs of all its jobs (``job_spec``, in the order given), through one
+    broker producer whose messages go out together (a Redis pipeline: the loop places
+    hundreds at once, and a message or a round trip each would cost more than their commit;
+    the agent starts a message's jobs one after the other). A job whose spec is invalid (a
+    row stored before today's submission checks) is reported failed, as an agent reports a
+    job it cannot start."""
+    by_node: dict[str, list[JobSpec]] = defaultdict(list)
+    for job, allocations in placed:
+        for hostname, spec in _node_specs(job, allocations):
+            by_node[hostname].append(spec)
+    if not by_node:
+        return
+    with current_app.producer_or_acquire(producer) as sender, sender.batch():
+        for hostname, specs in by_node.items():
+            current_app.send_task(
+                "scheduling.run_jobs",
+                args=([spec.to_dict() for spec in specs],),
+                # What logs and events show of the message: its jobs, not their commands
+                # and environments (nor the time Celery takes to print them).
+                argsrepr=f"({[spec.job_id for spec in specs]!r},)",
+                queue=node_queue(hostname),
+                producer=sender,
+            )
 
 
 def send_to_agents(
     job: Job, allocations: Iterable[Allocation], producer: Producer | None = None
 ) -> None:
     """Send ``job`` to the agent of each node of its ``allocations`` (GPU rows and nodes
-    loaded), GPUs in index order, through ``producer`` (a kombu producer; by default one from
-    the app's pool). A job whose spec is invalid (a row stored before today's submission
-    checks) is reported failed, as an agent reports a job it cannot start."""
+    loaded): ``send_placed`` of one job."""
+    send_placed([(job, allocations)], producer)
+
+
+def _node_specs(job: Job, allocations: Iterable[Allocation]) -> list[tuple[str, JobSpec]]:
+    """What each node of the job's ``allocations`` runs of it (GPUs in index order), by
+    hostname; none, and the job reported failed, when the executor would refuse its spec."""
     by_node: dict[str, list[str]] = defaultdict(list)
     for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
         # A MIG device's own UUID (MIG-...); a whole GPU's or an MPS-shared GPU's, GPU-...
         by_node[allocation.node.hostname].append(allocation.device_uuid or allocation.gpu.uuid)
     hostnames = sorted(by_node)
     try:
-        specs = [
-            job_spec(job, by_node[host], rank, hostnames) for rank, host in enumerate(hostnames)
+        return [
+            (host, job_spec(job, by_node[host], rank, hostnames))
+            for rank, host in enumerate(hostnames)
         ]
     except ValueError as exc:
         failed = JobFinished(
@@ -110,17 +136,7 @@ def send_to_agents(
             f"cannot start: {exc}",
         )
         send_as_central("scheduling.job_event", args=(failed.to_dict(),))
-        return
-    for hostname, spec in zip(hostnames, specs, strict=True):
-        current_app.send_task(
-            "scheduling.run_job",
-            args=(spec.to_dict(),),
-            # What logs and events show of the message: its job, not its command and
-            # environment (nor the time Celery takes to print them).
-            argsrepr=f"({spec.job_id!r},)",
-            queue=node_queue(hostname),
-            producer=producer,
-        )
+        return []
 
 
 def send_cancel(

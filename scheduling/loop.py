@@ -17,17 +17,18 @@ import gc
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
+from django.contrib.postgres.aggregates import StringAgg
 from django.db import connection, transaction
-from django.db.models import F, Q, Sum, Value
-from django.db.models.functions import Coalesce, NullIf
+from django.db.models import F, FloatField, Func, Max, Q, Sum, TextField, Value
+from django.db.models.functions import Cast, Coalesce, Concat, NullIf
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -36,7 +37,16 @@ from inventory.models import Gpu, GpuLink, Node
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import heartbeat_cutoff, pool_name
 from inventory.usability import why_unusable
-from scheduling import dependencies, placement, preemption, quotas, reservations, services, sharing
+from scheduling import (
+    dependencies,
+    history,
+    placement,
+    preemption,
+    quotas,
+    reservations,
+    services,
+    sharing,
+)
 from scheduling.accounting import gpu_share
 from scheduling.dispatch import defer_wake, pass_done, send_placed, wake, wake_key
 from scheduling.models import (
@@ -107,21 +117,7 @@ def run_pass() -> PassSummary:
         if not config.enabled:
             summary.skipped = "the scheduler is stopped"
         else:
-            clock = _PhaseClock(summary.phase_ms)
-            read = read_pass_input()
-            clock.lap("snapshot")
-            result = placement.plan(read.snapshot)
-            clock.lap("plan")
-            summary.dispatched, summary.refused = commit_placements(result.placements, read.slots)
-            summary.placed = len(summary.dispatched)
-            summary.preempting = start_preemptions(result.preemptions, read.snapshot)
-            for creation in result.mig_creates:
-                sharing.request_mig_instance(creation)
-            summary.mig_requested = len(result.mig_creates)
-            clock.lap("commit")
-            summary.pending_saved = save_pending(result.pending, read.waiting, read.snapshot.now)
-            clock.lap("save_pending")
-            summary.waiting = len(result.pending)
+            _place_and_explain(summary)
     summary.duration_ms = (time.perf_counter() - started) * 1000
     if summary.refused:
         wake()  # refused decisions are retried by the next pass
@@ -147,6 +143,27 @@ def run_pass() -> PassSummary:
         f" ({summary.skipped})" if summary.skipped else "",
     )
     return summary
+
+
+def _place_and_explain(summary: PassSummary) -> None:
+    """The pass proper: snapshot, engine, commits, each waiting job's word. What it reads and
+    decides is gone when it returns, before the cyclic garbage collector runs again: it
+    would otherwise walk all of it once more."""
+    clock = _PhaseClock(summary.phase_ms)
+    read = read_pass_input()
+    clock.lap("snapshot")
+    result = placement.plan(read.snapshot)
+    clock.lap("plan")
+    summary.dispatched, summary.refused = commit_placements(result.placements, read.slots)
+    summary.placed = len(summary.dispatched)
+    summary.preempting = start_preemptions(result.preemptions, read.snapshot)
+    for creation in result.mig_creates:
+        sharing.request_mig_instance(creation)
+    summary.mig_requested = len(result.mig_creates)
+    clock.lap("commit")
+    summary.pending_saved = save_pending(result.pending, read.waiting, read.snapshot.now)
+    clock.lap("save_pending")
+    summary.waiting = len(result.pending)
 
 
 def run_woken_pass() -> PassSummary | None:
@@ -230,9 +247,67 @@ class GpuRow(NamedTuple):
 
 
 # The loop's stored word on a waiting job: pending_code, pending_reason, queue_position,
-# estimated_start_at, what_if (``save_pending`` writes only what differs from it).
+# estimated_start_at (epoch seconds), what_if (``save_pending`` writes only what differs).
 WAIT_FIELDS = ("pending_code", "pending_reason", "queue_position", "estimated_start_at", "what_if")
-Wait = tuple[str, str, int | None, datetime | None, str]
+Wait = tuple[str, str, int | None, float | None, str]
+
+
+class Epoch(Func):
+    """A timestamp column read as epoch seconds (float8; NULL stays None): turning tens of
+    thousands of timestamps into aware datetimes costs a pass more than its queries."""
+
+    function = "date_part"
+    template = "%(function)s('epoch', %(expressions)s)"
+    output_field = FloatField()
+
+    @property
+    def convert_value(self) -> Callable[[object, object, object], object]:
+        """None: a float8 arrives as a float (Django would call float() on every row)."""
+        return self._convert_value_noop  # type: ignore[attr-defined]  # Django's no-op
+
+
+WAIT_COLUMNS = tuple(Epoch(name) if name == "estimated_start_at" else name for name in WAIT_FIELDS)
+
+
+def _columns(row: type[tuple], epochs: tuple[str, ...]) -> list[str | Epoch]:
+    """The columns of a NamedTuple row type, those named in ``epochs`` as epoch seconds."""
+    fields: tuple[str, ...] = row._fields  # type: ignore[attr-defined]
+    return [Epoch(name) if name in epochs else name for name in fields]
+
+
+InputsT = TypeVar("InputsT", bound=tuple)
+MadeT = TypeVar("MadeT")
+
+
+class Reuse(Generic[InputsT, MadeT]):
+    """The snapshot's frozen objects of the previous pass, each kept with everything it was
+    made from: a row whose inputs compare equal gives the same object again instead of a
+    new one (``make`` is a pure function of the inputs, so the object is the one it would
+    make). Building 10,000 frozen dataclasses costs a pass tens of milliseconds; most rows
+    are the same from one pass to the next. Each pass keeps only the rows it read, so a
+    changed or gone row is never served."""
+
+    def __init__(self, make: Callable[[InputsT], MadeT]) -> None:
+        self._make = make
+        self._kept: dict[int, tuple[InputsT, MadeT]] = {}
+
+    def all(self, rows: Iterable[tuple[int, InputsT]]) -> list[MadeT]:
+        """The object for each (id, inputs), in order: the kept one when its inputs are
+        equal, else a new one."""
+        before = self._kept
+        kept: dict[int, tuple[InputsT, MadeT]] = {}
+        made = []
+        for key, inputs in rows:
+            known = before.get(key)
+            if known is not None and known[0] == inputs:
+                kept[key] = known
+                made.append(known[1])
+            else:
+                value = self._make(inputs)
+                kept[key] = (inputs, value)
+                made.append(value)
+        self._kept = kept
+        return made
 
 
 class PassInput(NamedTuple):
@@ -281,47 +356,47 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     # Whole GPUs are held by one job; MIG devices and MPS shares share theirs.
     held: dict[int, list[int]] = defaultdict(list)
     whole: dict[int, int] = {}
-    for gpu_id, job_id, kind in Allocation.objects.active().values_list("gpu_id", "job_id", "kind"):
+    device_holders: dict[int, int] = {}  # MIG device (MigInstance pk) -> job id
+    allocations = Allocation.objects.active().values_list(
+        "gpu_id", "job_id", "kind", "mig_instance_id"
+    )
+    for gpu_id, job_id, kind, device in allocations:
         held[job_id].append(gpu_id)
         if kind == AllocationKind.GPU:
             whole[gpu_id] = job_id
+        elif kind == AllocationKind.MIG and device is not None:
+            device_holders[device] = job_id
     in_use = {gpu_id for gpu_ids in held.values() for gpu_id in gpu_ids}
     domains = nvlink_domains(gpus, by_pk)
     samples = live.latest(sorted(reachable))
     mig_mode = [gpu.pk for gpu in gpus if gpu.mig_enabled]
-    devices = sharing.mig_slots(mig_mode) if mig_mode else {}
+    devices = sharing.mig_slots(mig_mode, holders=device_holders) if mig_mode else {}
     shares = sharing.mps_use()
-    slots = []
+    no_share = (0, 0, ())
+    inputs: list[tuple[int, SlotInputs]] = []
     for gpu in gpus:
         node = by_pk[gpu.node_id]
         sample = samples.get(node.hostname, {}).get(gpu.uuid)
-        percent, memory, share_jobs = shares.get(gpu.pk, (0, 0, ()))
-        slots.append(
-            placement.GpuSlot(
-                id=gpu.pk,
-                uuid=gpu.uuid,
-                node=node.hostname,
-                index=gpu.index,
-                model=gpu.name,
-                memory_total_mib=gpu.memory_total_mib or 0,
-                memory_free_mib=_free_mib(gpu, sample),
-                numa_node=gpu.numa_node,
-                socket=gpu.socket,
-                nvlink_domain=domains.get(gpu.pk),
-                unavailable=_unavailable(
-                    gpu, node, node.hostname in reachable, sample, gpu.pk in in_use
+        unavailable = _unavailable(gpu, node, node.hostname in reachable, sample, gpu.pk in in_use)
+        inputs.append(
+            (
+                gpu.pk,
+                (
+                    gpu,
+                    node.hostname,
+                    _free_mib(gpu, sample),
+                    unavailable,
+                    domains.get(gpu.pk),
+                    whole.get(gpu.pk),
+                    devices.get(gpu.pk, ()),
+                    shares.get(gpu.pk, no_share),
                 ),
-                allocated_to=whole.get(gpu.pk),
-                pool=gpu.pool,
-                mig_slots=devices.get(gpu.pk, ()),
-                mig_table=_mig_table(gpu.name) if gpu.mig_enabled else None,
-                mps_used_percent=percent,
-                mps_used_memory_mib=memory,
-                mps_jobs=share_jobs,
             )
         )
-    running = tuple(_running_jobs(held, now))
-    queue, waiting = _queue(now)
+    slots = _slots.all(inputs)
+    attained = _attained_service()
+    running = tuple(_running_jobs(held, now, attained))
+    queue, waiting = _queue(now, attained)
     configs = quotas.pool_configs()
     snapshot = placement.Snapshot(
         now=now.timestamp(),
@@ -338,121 +413,240 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting)
 
 
-HOLDING_FIELDS = (
-    "pk",
-    "started_at",
-    "scheduled_at",
-    "estimated_duration_s",
-    "max_runtime_s",
-    "owner_id",
-    "project",
-    "pool__name",
-    "priority",
-    "submitted_at",
-    "preemptible",
-    "borrowed",
-    "preempt_requested_at",
-    "array_id",
-)
+# A GpuSlot is made of its GPU's row, its node's hostname, its free memory and why it is
+# unavailable (the live sample's part), its NVLink domain, its whole-GPU holder, its MIG
+# devices and its MPS use: nothing else (see ``Reuse``).
+SlotInputs = tuple[
+    GpuRow,
+    str,
+    int,
+    str | None,
+    str | None,
+    int | None,
+    tuple[placement.MigSlot, ...],
+    tuple[int, int, tuple[int, ...]],
+]
 
 
-def _running_jobs(held: Mapping[int, list[int]], now: datetime) -> Iterator[placement.RunningJob]:
-    """The jobs holding GPUs (``held``: their GPU ids, by job id)."""
-    holding = Job.objects.filter(state__in=HOLDING_STATES).values_list(*HOLDING_FIELDS, named=True)
-    for job in holding:
-        start = job.started_at or job.scheduled_at
-        yield placement.RunningJob(
-            id=job.pk,
-            gpu_ids=tuple(held.get(job.pk, ())),
-            started_at=(start or now).timestamp(),
-            expected_end=_timestamp(
-                expected_end(start, job.estimated_duration_s, job.max_runtime_s)
+def _gpu_slot(inputs: SlotInputs) -> placement.GpuSlot:
+    """A GPU slot made of its inputs alone (``SlotInputs``)."""
+    gpu, hostname, free_mib, unavailable, domain, allocated_to, devices, share = inputs
+    percent, memory, share_jobs = share
+    return placement.GpuSlot(
+        id=gpu.pk,
+        uuid=gpu.uuid,
+        node=hostname,
+        index=gpu.index,
+        model=gpu.name,
+        memory_total_mib=gpu.memory_total_mib or 0,
+        memory_free_mib=free_mib,
+        numa_node=gpu.numa_node,
+        socket=gpu.socket,
+        nvlink_domain=domain,
+        unavailable=unavailable,
+        allocated_to=allocated_to,
+        pool=gpu.pool,
+        mig_slots=devices,
+        mig_table=_mig_table(gpu.name) if gpu.mig_enabled else None,
+        mps_used_percent=percent,
+        mps_used_memory_mib=memory,
+        mps_jobs=share_jobs,
+    )
+
+
+_slots: Reuse[SlotInputs, placement.GpuSlot] = Reuse(_gpu_slot)
+
+
+class HeldRow(NamedTuple):
+    """What a pass reads of a job holding GPUs (times in epoch seconds, see ``Epoch``)."""
+
+    pk: int
+    started_at: float | None
+    scheduled_at: float | None
+    estimated_duration_s: int | None
+    max_runtime_s: int | None
+    owner_id: int
+    project: str
+    pool__name: str | None
+    priority: placement.Priority
+    submitted_at: float
+    preemptible: bool
+    borrowed: bool
+    preempt_requested_at: float | None
+    array_id: int | None
+    gpu_count: int
+    node_count: int
+    name: str
+
+
+HELD_EPOCHS = ("started_at", "scheduled_at", "submitted_at", "preempt_requested_at")
+# A RunningJob is made of its row, its GPUs, the pass's clock when it has no start yet, its
+# earlier attempts' service (``_attained_service``) and its predicted end (``history``):
+# nothing else (see ``Reuse``).
+RunningInputs = tuple[tuple, tuple[int, ...], float | None, "Attained | None", float | None]
+
+
+def _running_jobs(
+    held: Mapping[int, list[int]], now: datetime, attained: Mapping[int, Attained]
+) -> list[placement.RunningJob]:
+    """The jobs holding GPUs (``held``: their GPU ids, by job id; ``attained``: their earlier
+    attempts' service, ``_attained_service``)."""
+    # Unordered: the engine orders what it needs (every policy and cost order ends on the id).
+    rows = (
+        Job.objects.filter(state__in=HOLDING_STATES)
+        .order_by()
+        .values_list(*_columns(HeldRow, HELD_EPOCHS))
+    )
+    clock = now.timestamp()
+    started, scheduled = HeldRow._fields.index("started_at"), HeldRow._fields.index("scheduled_at")
+    predictor, estimate = history.predictor(now), HeldRow._fields.index("estimated_duration_s")
+    return _running.all(
+        (
+            row[0],
+            (
+                row,
+                tuple(held.get(row[0], ())),
+                clock if row[started] is None and row[scheduled] is None else None,
+                attained.get(row[0]),
+                None
+                if row[estimate] is not None
+                else history.predicted_end(
+                    predictor, HeldRow._make(row), row[started] or row[scheduled]
+                ),
             ),
-            owner=str(job.owner_id),
-            project=job.project,
-            pool=job.pool__name,
-            priority=job.priority,
-            submitted_at=job.submitted_at.timestamp(),
-            preemptible=job.preemptible,
-            borrowed=job.borrowed,
-            stopping=job.preempt_requested_at is not None,
-            array=job.array_id,
         )
+        for row in rows
+    )
 
 
-QUEUE_FIELDS = (
-    "owner_id",
-    "priority",
-    "submitted_at",
-    "gpu_count",
-    "node_count",
-    "min_gpu_memory_mib",
-    "gpu_model",
-    "topology",
-    "estimated_duration_s",
-    "max_runtime_s",
-    "preemptible",
-    "pool__name",
-    "project",
-    "mig_profile",
-    "mps_percent",
-    "mps_memory_mib",
-    "reservation_id",
-    "array_id",
-)
+def _running_job(inputs: RunningInputs) -> placement.RunningJob:
+    """A running job made of its inputs alone (``RunningInputs``)."""
+    row, gpu_ids, clock, attained, predicted_end = inputs
+    job = HeldRow._make(row)
+    start = job.started_at if job.started_at is not None else job.scheduled_at
+    end = expected_end(_datetime(start), job.estimated_duration_s, job.max_runtime_s)
+    return placement.RunningJob(
+        id=job.pk,
+        gpu_ids=gpu_ids,
+        started_at=start if start is not None else clock or 0.0,
+        expected_end=_timestamp(end),
+        predicted_end=predicted_end,
+        owner=str(job.owner_id),
+        project=job.project,
+        pool=job.pool__name,
+        priority=job.priority,
+        submitted_at=job.submitted_at,
+        preemptible=job.preemptible,
+        borrowed=job.borrowed,
+        stopping=job.preempt_requested_at is not None,
+        array=job.array_id,
+        attained_service_s=0.0 if attained is None else attained[0],
+    )
 
 
-def _queue(now: datetime) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait]]:
+_running: Reuse[RunningInputs, placement.RunningJob] = Reuse(_running_job)
+
+
+class QueuedRow(NamedTuple):
+    """What a pass reads of a QUEUED job to make its request (times in epoch seconds)."""
+
+    pk: int
+    owner_id: int
+    priority: placement.Priority
+    submitted_at: float
+    gpu_count: int
+    node_count: int
+    min_gpu_memory_mib: int
+    gpu_model: str
+    topology: placement.TopologyRequirement
+    estimated_duration_s: int | None
+    max_runtime_s: int | None
+    preemptible: bool
+    pool__name: str | None
+    project: str
+    mig_profile: str
+    mps_percent: int | None
+    mps_memory_mib: int | None
+    reservation_id: int | None
+    array_id: int | None
+    name: str
+
+
+# A JobRequest is made of its row, its earlier attempts' service and last end, and its
+# predicted runtime (``history``): nothing else.
+RequestInputs = tuple[tuple, float, datetime | None, float | None]
+
+
+def _queue(
+    now: datetime, attained: Mapping[int, Attained]
+) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait]]:
     """The QUEUED jobs whose dependencies hold, as requests, and the stored word on each."""
     blocked = dependencies.resolve()
-    attained = _attained_service()
     rows = (
         Job.objects.filter(state=JobState.QUEUED)
         .exclude(pk__in=blocked)
-        .values_list("pk", *QUEUE_FIELDS, *WAIT_FIELDS, named=True)
+        .order_by()  # every policy orders the queue, ties by id
+        .values_list(*_columns(QueuedRow, ("submitted_at",)), *WAIT_COLUMNS)
     )
-    queue = []
+    width = len(QueuedRow._fields)
+    predictor, estimate = history.predictor(now), QueuedRow._fields.index("estimated_duration_s")
+    inputs: list[tuple[int, RequestInputs]] = []
     waiting: dict[int, Wait] = {}
-    for job in rows:
-        queue.append(
-            placement.JobRequest(
-                id=job.pk,
-                owner=str(job.owner_id),
-                priority=job.priority,
-                submitted_at=job.submitted_at.timestamp(),
-                gpus_per_node=job.gpu_count,
-                node_count=job.node_count,
-                min_memory_mib=job.min_gpu_memory_mib,
-                gpu_model=job.gpu_model or None,
-                topology=job.topology,
-                estimated_duration_s=job.estimated_duration_s,
-                max_runtime_s=job.max_runtime_s,
-                preemptible=job.preemptible,
-                pool=job.pool__name,
-                project=job.project,
-                mig_profile=job.mig_profile or None,
-                mps_percent=job.mps_percent,
-                mps_memory_mib=job.mps_memory_mib,
-                reservation=job.reservation_id,
-                array=job.array_id,
-                attained_service_s=attained.get(job.pk, 0.0),
-            )
-        )
-        waiting[job.pk] = (
-            job.pending_code,
-            job.pending_reason,
-            job.queue_position,
-            job.estimated_start_at,
-            job.what_if,
-        )
-    return tuple(queue), waiting
+    for row in rows:
+        pk = row[0]
+        service, last_end = attained.get(pk, (0.0, None))
+        predicted = None
+        if row[estimate] is None:
+            predicted = history.predicted_runtime(predictor, QueuedRow._make(row[:width]))
+        inputs.append((pk, (row[:width], service, last_end, predicted)))
+        waiting[pk] = row[width:]
+    return tuple(_requests.all(inputs)), waiting
 
 
-def _attained_service() -> dict[int, float]:
-    """GPU-seconds the earlier attempts of each QUEUED job held (a share counts its part of
-    its GPU, ``accounting.gpu_share``), in one grouped query."""
+def _job_request(inputs: RequestInputs) -> placement.JobRequest:
+    """A waiting job's request made of its inputs alone (``RequestInputs``)."""
+    row, service, last_end, predicted = inputs
+    job = QueuedRow._make(row)
+    return placement.JobRequest(
+        id=job.pk,
+        owner=str(job.owner_id),
+        priority=job.priority,
+        submitted_at=job.submitted_at,
+        gpus_per_node=job.gpu_count,
+        node_count=job.node_count,
+        min_memory_mib=job.min_gpu_memory_mib,
+        gpu_model=job.gpu_model or None,
+        topology=job.topology,
+        estimated_duration_s=job.estimated_duration_s,
+        max_runtime_s=job.max_runtime_s,
+        preemptible=job.preemptible,
+        pool=job.pool__name,
+        project=job.project,
+        mig_profile=job.mig_profile or None,
+        mps_percent=job.mps_percent,
+        mps_memory_mib=job.mps_memory_mib,
+        reservation=job.reservation_id,
+        array=job.array_id,
+        attained_service_s=service,
+        queued_at=_timestamp(last_end),
+        predicted_runtime_s=predicted,
+    )
+
+
+_requests: Reuse[RequestInputs, placement.JobRequest] = Reuse(_job_request)
+
+
+Attained = tuple[float, datetime]  # GPU-seconds of earlier attempts, when the last one ended
+
+
+def _attained_service() -> dict[int, Attained]:
+    """GPU-seconds the earlier attempts of each QUEUED or GPU-holding job held (a share counts
+    its part of its GPU, ``accounting.gpu_share``) and when the last of them ended, in one
+    grouped query."""
     rows = (
-        Allocation.objects.filter(job__state=JobState.QUEUED, released_at__isnull=False)
+        Allocation.objects.filter(
+            job__state__in=(JobState.QUEUED, *HOLDING_STATES), released_at__isnull=False
+        )
         .values_list(
             "job_id",
             "kind",
@@ -460,12 +654,16 @@ def _attained_service() -> dict[int, float]:
             Coalesce("mig_instance__profile_name", NullIf("job__mig_profile", Value(""))),
             "mps_percent",
         )
-        .annotate(held=Sum(F("released_at") - F("allocated_at")))
+        .annotate(held=Sum(F("released_at") - F("allocated_at")), last=Max("released_at"))
         .order_by()
     )
-    attained: dict[int, float] = defaultdict(float)
-    for job_id, kind, gpu_name, profile, percent, duration in rows:
-        attained[job_id] += gpu_share(kind, gpu_name, profile, percent) * duration.total_seconds()
+    attained: dict[int, Attained] = {}
+    for job_id, kind, gpu_name, profile, percent, duration, last in rows:
+        service = gpu_share(kind, gpu_name, profile, percent) * duration.total_seconds()
+        if job_id in attained:
+            before, last_before = attained[job_id]
+            service, last = service + before, max(last, last_before)
+        attained[job_id] = (service, last)
     return attained
 
 
@@ -501,18 +699,39 @@ def _mig_table(model: str) -> str | None:
     return None if table is None else table.name
 
 
-def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, str]:
+def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> Mapping[int, str]:
     """GPU pk -> its NVLink domain: GPUs of one node in which every pair is joined by NVLink
     (all of them behind NVSwitch on a DGX A100/H100, a quad of a DGX-1's hybrid cube mesh, a
     bridged pair), named after the node and its lowest GPU index. GPUs without NVLink have none.
 
     A mesh without NVSwitch is connected without every pair being linked (a DGX-1's GPU 0 and
     GPU 5 are SYS apart), so domains are cliques, grown in index order: a DGX-1 splits into
-    GPUs 0-3 and 4-7, both fully linked."""
+    GPUs 0-3 and 4-7, both fully linked.
+
+    The NVLink pairs are read as one text ("a-b,c-d,..."), and the domains of the previous
+    call are returned again when that text and the GPUs' places (id, node, index, hostname)
+    are equal: links change only when discovery rewrites a node's, and building the cliques
+    of tens of thousands of links costs a pass tens of milliseconds."""
+    global _domains
+    pairs = GpuLink.objects.filter(link_type__startswith="NV").aggregate(
+        pairs=StringAgg(
+            Concat(
+                Cast("gpu_a_id", TextField()),
+                Value("-"),
+                Cast("gpu_b_id", TextField()),
+                output_field=TextField(),
+            ),
+            ",",
+        )
+    )["pairs"]
+    places = tuple((gpu.pk, gpu.node_id, gpu.index, nodes[gpu.node_id].hostname) for gpu in gpus)
+    key = (pairs or "", places)
+    if _domains is not None and _domains[0] == key:
+        return _domains[1]
     peers: dict[int, set[int]] = defaultdict(set)
-    # Unordered: the model's ordering joins both GPUs and sorts tens of thousands of links.
-    links = GpuLink.objects.filter(link_type__startswith="NV").order_by()
-    for a, b in links.values_list("gpu_a_id", "gpu_b_id"):
+    for pair in pairs.split(",") if pairs else ():
+        first, _, second = pair.partition("-")
+        a, b = int(first), int(second)
         peers[a].add(b)
         peers[b].add(a)
     cliques: dict[int, list[list[GpuRow]]] = defaultdict(list)
@@ -531,7 +750,12 @@ def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> dict[int, s
         for clique in node_cliques:
             name = f"{nodes[node_id].hostname}/nvlink-gpu{clique[0].index}"
             domains.update((gpu.pk, name) for gpu in clique)
-    return domains
+    _domains = (key, MappingProxyType(domains))
+    return _domains[1]
+
+
+# The NVLink domains of the last call, with what they were computed from.
+_domains: tuple[tuple[str, tuple[tuple[int, int, int, str], ...]], Mapping[int, str]] | None = None
 
 
 def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
@@ -563,6 +787,10 @@ def _unavailable(
 
 def _timestamp(moment: datetime | None) -> float | None:
     return None if moment is None else moment.timestamp()
+
+
+def _datetime(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
 # --------------------------------------------------------------------------- decisions
@@ -661,20 +889,20 @@ def save_pending(
     if not rows:
         return 0
     columns = [list(column) for column in zip(*rows, strict=True)]
+    columns[4] = [_datetime(start) for start in columns[4]]
     with connection.cursor() as cursor:
         cursor.execute(SAVE_PENDING_SQL, [*columns, JobState.QUEUED])
         return cursor.rowcount
 
 
-def _estimated_start(
-    estimate: float | None, stored: datetime | None, now: float
-) -> datetime | None:
-    """The estimate to store: to the second, or ``stored`` when both are reached already."""
+def _estimated_start(estimate: float | None, stored: float | None, now: float) -> float | None:
+    """The estimate to store (epoch seconds): to the second, or ``stored`` when both are
+    reached already."""
     if estimate is None:
         return None
-    if estimate <= now and stored is not None and stored.timestamp() <= now:
+    if estimate <= now and stored is not None and stored <= now:
         return stored
-    return datetime.fromtimestamp(round(estimate), tz=UTC)
+    return float(round(estimate))
 
 
 SAVE_PENDING_SQL = """
@@ -693,25 +921,29 @@ SAVE_PENDING_SQL = """
 def requeue_lost_scheduled_jobs() -> int:
     """Jobs SCHEDULED on a node whose agent went silent before starting them go back to the
     queue (their GPUs are released). Running jobs stay: the agent reports them when it is
-    back (its executor re-adopts or reports them lost)."""
+    back (its executor re-adopts or reports them lost). The node is that of an active
+    allocation of the job (not of an earlier attempt's); the ids are read in one query of
+    the active allocations, and each job is moved under its row lock."""
     now = timezone.now()
-    silent = Q(allocations__node__last_heartbeat_at__isnull=True) | Q(
-        allocations__node__last_heartbeat_at__lt=heartbeat_cutoff(now)
+    silent = Q(node__last_heartbeat_at__isnull=True) | Q(
+        node__last_heartbeat_at__lt=heartbeat_cutoff(now)
     )
     stale = (
-        Job.objects.filter(
-            state=JobState.SCHEDULED,
-            scheduled_at__lt=now - timedelta(seconds=SCHEDULED_LOST_AFTER_S),
-            allocations__released_at__isnull=True,
+        Allocation.objects.active()
+        .filter(
+            silent,
+            job__state=JobState.SCHEDULED,
+            job__scheduled_at__lt=now - timedelta(seconds=SCHEDULED_LOST_AFTER_S),
         )
-        .filter(silent)
+        .values_list("job_id", flat=True)
+        .order_by("job_id")
         .distinct()
     )
     count = 0
-    for job in stale:
+    for job_id in stale:
         try:
             services.transition(
-                job,
+                job_id,
                 JobState.QUEUED,
                 actor_name=services.LOOP_ACTOR,
                 expect=[JobState.SCHEDULED],

@@ -20,6 +20,7 @@ from gpuadmin.access.services import is_admin
 from inventory.models import Pool
 from scheduling import admin_services, quotas
 from scheduling.pages import duration_text
+from scheduling.placement.policies import QSSF_POINTS_PER_HALVING
 from scheduling.policy_forms import PolicyForm, policy_values
 
 
@@ -78,5 +79,6 @@ def fairshare_page(request: HttpRequest) -> HttpResponse:
             "key": key,
             "pools": pools,
             "half_life": duration_text(round(board.config.fairshare_half_life_s)),
+            "qssf_points_per_halving": QSSF_POINTS_PER_HALVING,
         },
     )

@@ -98,6 +98,7 @@ def config_of(row: PoolPolicy) -> placement.PoolConfig:
         fairshare_weight=float(row.fairshare_weight),
         allow_borrowing=row.allow_borrowing,
         preemption=row.preemption,
+        preempt_exempt_s=float(row.preempt_exempt_s),
         dynamic_mig=row.dynamic_mig,
     )
     return replace(config, las_thresholds_gpu_s=thresholds) if thresholds else config

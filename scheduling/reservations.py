@@ -10,7 +10,9 @@ for one GPU cannot both win; the loser tries other GPUs, or is refused cleanly.
 
 ``sweep`` (beat, ``scheduling.sweep_reservations``) ends finished reservations, expires
 undecided ones and releases those left unused past their pool's grace, reported as an alert.
-``reservation_windows`` is what the placement loop reads.
+``reservation_windows`` is what the placement loop reads. A reservation that ends in any way
+(rejected, canceled, released, ended) takes the jobs still waiting to run in it out of the
+queue, canceled with the reason (``_cancel_waiting_jobs``), in the same transaction.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from health.models import Alert
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node, Pool
 from inventory.querysets import GpuQuerySet, pool_is
-from scheduling import placement, quotas
-from scheduling.models import HOLDING_STATES, PoolPolicy, Reservation, ReservationGpu
+from scheduling import placement, quotas, services
+from scheduling.models import HOLDING_STATES, Job, JobState, PoolPolicy, Reservation, ReservationGpu
 from scheduling.models import ReservationState as S
 from scheduling.placement.text import indexes_phrase, listing, plural
 
@@ -417,7 +419,31 @@ def _change(
         after={"state": to},
         message=message,
     )
+    _cancel_waiting_jobs([reservation.pk], to, actor=actor, actor_name=actor_name)
     return reservation
+
+
+def _cancel_waiting_jobs(
+    ids: Sequence[int], to: str, *, actor: User | None = None, actor_name: str | None = None
+) -> list[int]:
+    """Reservations ``ids`` just went to ``to``: if that ends them (anything but approved),
+    the jobs still waiting to run in them never will, and are canceled (audited, like a
+    dependency never satisfied: ``services.cancel_waiting``) with a message such as
+    "reservation 12 released: nothing is left of its window to run in". The ids canceled."""
+    if to in (S.REQUESTED, S.APPROVED):
+        return []
+    waiting = Job.objects.filter(
+        reservation_id__in=ids, state__in=(JobState.PENDING, JobState.QUEUED)
+    ).values_list("pk", "reservation_id")
+    messages = {
+        pk: f"reservation {reservation} {to}: nothing is left of its window to run in"
+        for pk, reservation in waiting
+    }
+    if not messages:
+        return []
+    if actor is None and actor_name is None:
+        actor_name = ACTOR
+    return services.cancel_waiting(messages, actor=actor, actor_name=actor_name)
 
 
 def reject(reservation: Reservation, actor: User, reason: str = "") -> Reservation:
@@ -575,6 +601,7 @@ def _close(state: str, to: str, now: datetime, message: str) -> list[int]:
                 for row in rows
             ]
         )
+        _cancel_waiting_jobs([row.pk for row in rows], to, actor_name=ACTOR)
     return [row.pk for row in rows]
 
 

@@ -24,15 +24,14 @@ from typing import Any, TypedDict
 
 from django.contrib.auth.models import User
 from django.contrib.postgres.aggregates import BoolOr
+from django.contrib.postgres.expressions import ArraySubquery
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max
-from django.db.models.functions import Now
+from django.db.models import Count, Max, OuterRef
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gpuadmin.audit.models import AuditEvent
 from gpuadmin.audit.services import (
     audit_event,
     create_recorded,
@@ -47,7 +46,14 @@ from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import pool_name
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, slurm
-from scheduling.executor import ExecutorEvent, JobStarted, parse_executor_id
+from scheduling.executor import (
+    ExecutorEvent,
+    FinalState,
+    JobFinished,
+    JobStarted,
+    executor_id,
+    parse_executor_id,
+)
 from scheduling.models import (
     HOLDING_STATES,
     NOT_WAITING,
@@ -285,26 +291,8 @@ def transition(
     job_id = job if isinstance(job, int) else job.pk
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job_id)
-        allowed = TRANSITIONS[locked.state]
-        if to not in allowed or (expect is not None and locked.state not in expect):
-            raise IllegalTransition(f"job {job_id} cannot go from {locked.state} to {to}")
-        before = {"state": locked.state}
-        now = timezone.now()
-        if to in TERMINAL_STATES:
-            fields.setdefault("finished_at", now)
-        if to in TERMINAL_STATES or to == S.QUEUED:
-            fields.setdefault("pid", None)
-            if locked.preempted_by_id is not None:  # its preemption ends with its attempt
-                fields.setdefault("preempted_by", None)
-                fields.setdefault("preempt_requested_at", None)
-        if message:
-            fields["message"] = message
-        # A job that stops waiting drops the loop's word on its wait (not audited, like it).
-        changes = {**({} if to == S.QUEUED else NOT_WAITING), **fields}
-        for name, value in changes.items():
-            setattr(locked, name, value)
-        locked.state = to
-        locked.save(update_fields=["state", *changes])
+        before, columns = _change(locked, to, message, expect, fields)
+        locked.save(update_fields=columns)
         if before["state"] in HOLDING_STATES and to not in HOLDING_STATES:
             released = release_allocations(locked)
             if released:
@@ -326,6 +314,33 @@ def transition(
     return locked
 
 
+def _change(
+    locked: Job, to: str, message: str, expect: Iterable[str] | None, fields: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Move ``locked`` (its row locked, in memory only) to ``to``, the state machine's rule
+    for every transition: what it sets besides ``fields`` (which it completes with them), and
+    what it clears. Its ``before`` and the columns to write; ``IllegalTransition``, and
+    nothing changed, when the move is not allowed."""
+    if to not in TRANSITIONS[locked.state] or (expect is not None and locked.state not in expect):
+        raise IllegalTransition(f"job {locked.pk} cannot go from {locked.state} to {to}")
+    before = {"state": locked.state}
+    if to in TERMINAL_STATES:
+        fields.setdefault("finished_at", timezone.now())
+    if to in TERMINAL_STATES or to == S.QUEUED:
+        fields.setdefault("pid", None)
+        if locked.preempted_by_id is not None:  # its preemption ends with its attempt
+            fields.setdefault("preempted_by", None)
+            fields.setdefault("preempt_requested_at", None)
+    if message:
+        fields["message"] = message
+    # A job that stops waiting drops the loop's word on its wait (not audited, like it).
+    changes = {**({} if to == S.QUEUED else NOT_WAITING), **fields}
+    for name, value in changes.items():
+        setattr(locked, name, value)
+    locked.state = to
+    return before, ["state", *changes]
+
+
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if name != "message"}
 
@@ -336,16 +351,37 @@ def release_allocations(job: Job) -> list[str]:
     The GPU rows are locked first, as ``allocate`` locks them, and the release time is the
     database's statement time: the next allocation of a GPU is written only after this
     transaction commits, so its start is later than this end, on one clock."""
-    active = list(
-        Allocation.objects.active()
-        .filter(job=job)
-        .select_related("gpu")
-        .select_for_update(of=("gpu",))
-        .order_by("gpu_id")
-    )
-    if active:
-        Allocation.objects.filter(pk__in=[a.pk for a in active]).update(released_at=Now())
-    return [allocation.gpu.uuid for allocation in active]
+    return release_allocations_of([job.pk]).get(job.pk, [])
+
+
+def release_allocations_of(job_ids: Collection[int]) -> dict[int, list[str]]:
+    """``release_allocations`` for several jobs at once, in one statement: the GPU UUIDs
+    released (in GPU order), by job id (a job without active allocations is left out)."""
+    with connection.cursor() as cursor:
+        cursor.execute(RELEASE_SQL, [list(job_ids)])
+        rows = sorted(cursor.fetchall(), key=lambda row: row[1])
+    released: dict[int, list[str]] = defaultdict(list)
+    for job_id, _, uuid in rows:
+        released[job_id].append(uuid)
+    return dict(released)
+
+
+# The GPU rows are locked in id order (as every writer locks them) before the allocations
+# end at the statement's time (``Now()``, ``allocated_at``'s clock).
+RELEASE_SQL = f"""
+    UPDATE {Allocation._meta.db_table} AS allocation
+    SET released_at = statement_timestamp()
+    FROM (
+        SELECT held.id, gpu.id AS gpu_id, gpu.uuid
+        FROM {Allocation._meta.db_table} AS held
+        JOIN {Gpu._meta.db_table} AS gpu ON gpu.id = held.gpu_id
+        WHERE held.job_id = ANY(%s) AND held.released_at IS NULL
+        ORDER BY gpu.id
+        FOR UPDATE OF gpu
+    ) AS active
+    WHERE allocation.id = active.id
+    RETURNING allocation.job_id, active.gpu_id, active.uuid
+"""
 
 
 # --------------------------------------------------------------------------- submission
@@ -1262,28 +1298,80 @@ RETRIED_OUTCOMES = frozenset({"failed", "timed_out", "lost"})
 
 
 def job_event(event: ExecutorEvent) -> None:
-    """What an agent's executor reported (``scheduling.job_event``)."""
-    job_id, attempt = parse_executor_id(event.job_id)
-    if isinstance(event, JobStarted):
-        job_started(job_id, attempt, event.pid, event.started_at)
-    else:
-        job_finished(
-            job_id, attempt, event.state, event.exit_code, event.message, event.finished_at
-        )
+    """What an agent's executor reported (``scheduling.job_event``): ``job_events`` of one."""
+    job_events([event])
+
+
+@dataclass
+class Recorded:
+    """What ``job_events`` made of a batch: the state each job reached, by id, and the
+    executor ids of the events refused because their job attempt was not placed on the node
+    that sent them."""
+
+    reached: dict[int, str] = field(default_factory=dict)
+    not_placed_there: list[str] = field(default_factory=list)
+
+
+def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) -> Recorded:
+    """What an agent's executor reported, in the order it happened (``scheduling.job_events``:
+    an agent sends together the events that pile up), recorded in one transaction of a fixed
+    number of statements however many events: the jobs locked in id order (with the attempts
+    placed on node ``sender``, when given: an event about a job attempt placed elsewhere is
+    refused, not believed); each event's transition decided on its job as the state machine
+    has it then (``_change``: a start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the
+    jobs written in one UPDATE; the GPUs of those that stopped holding them released in one
+    statement; every transition audited, in one INSERT. A stale report (another attempt, or a
+    job that moved on) changes nothing. The end of a preempted job takes
+    ``_requeue_preempted``'s path, in the same transaction."""
+    reports = []
+    for event in events:
+        job_id, attempt = parse_executor_id(event.job_id)
+        reports.append((job_id, attempt, event))
+    recorded = Recorded()
+    reached = recorded.reached
+    locking = Job.objects.select_for_update(of=("self",)).filter(
+        pk__in={job_id for job_id, _, _ in reports}
+    )
+    if sender is not None:
+        placed = Allocation.objects.filter(job=OuterRef("pk"), node__hostname=sender)
+        locking = locking.annotate(placed_there=ArraySubquery(placed.values("attempt")))
+    with transaction.atomic():
+        jobs = {job.pk: job for job in locking.order_by("pk")}
+        moves = _Moves(AGENT_ACTOR)
+        for job_id, attempt, event in reports:
+            job = jobs.get(job_id)
+            if sender is not None and attempt not in getattr(job, "placed_there", ()):
+                recorded.not_placed_there.append(event.job_id)
+                continue
+            if job is None or job.attempt != attempt:
+                continue
+            if isinstance(event, JobStarted):
+                if job.state == S.SCHEDULED:
+                    moves.add(job, S.RUNNING, pid=event.pid, started_at=event.started_at)
+                continue
+            if job.state not in HOLDING_STATES:
+                continue
+            if job.preempted_by_id is not None and event.state != "completed":
+                reached.update(moves.write())
+                if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
+                    reached[job_id] = state
+                del jobs[job_id]  # its row changed under this copy; later reports are stale
+                continue
+            to, message = _end_of(job, event.state, event.exit_code, event.message)
+            fields: dict[str, Any] = {"exit_code": event.exit_code}
+            if to != S.QUEUED:
+                fields["finished_at"] = event.finished_at
+            moves.add(job, to, message, **fields)
+        reached.update(moves.write())
+    moves.log()
+    return recorded
 
 
 def job_started(job_id: int, attempt: int, pid: int, at: datetime) -> bool:
     """The agent started attempt ``attempt``: SCHEDULED -> RUNNING. ``False`` for a stale
     report (another attempt, or the job already moved on)."""
-    if not _is_current(job_id, attempt):
-        return False
-    try:
-        transition(
-            job_id, S.RUNNING, actor_name=AGENT_ACTOR, expect=[S.SCHEDULED], pid=pid, started_at=at
-        )
-    except IllegalTransition:
-        return False
-    return True
+    event = JobStarted(executor_id(job_id, attempt), pid, at)
+    return job_events([event]).reached.get(job_id) == S.RUNNING
 
 
 def job_finished(
@@ -1292,71 +1380,137 @@ def job_finished(
     """The agent says attempt ``attempt`` ended (``completed``, ``failed``, ``timed_out``,
     ``canceled`` or ``lost``). Re-queues while retries are left; the new state, or ``None``
     for a stale report."""
-    job = Job.objects.filter(pk=job_id, attempt=attempt).first()
-    if job is None or job.state not in HOLDING_STATES:  # another attempt, or it moved on
-        return None
-    if job.preempted_by_id is not None and outcome != "completed":
-        return _requeue_preempted(job_id, exit_code)
-    failures = job.attempt - preemptions(job_id) if outcome in RETRIED_OUTCOMES else 0
+    event = JobFinished(executor_id(job_id, attempt), FinalState(outcome), exit_code, at, message)
+    return job_events([event]).reached.get(job_id)
+
+
+def _end_of(job: Job, outcome: str, exit_code: int | None, message: str) -> tuple[str, str]:
+    """What the end of the job's current attempt with ``outcome`` makes of it, and its
+    message: retried outcomes re-queue it while retries are left (its preempted attempts do
+    not count)."""
     if outcome == "completed":
-        to = S.COMPLETED
-    elif outcome == "canceled":
-        to = S.CANCELED
-    elif outcome in RETRIED_OUTCOMES and failures <= job.max_retries:
-        to = S.QUEUED
-        message = f"retry {failures}/{job.max_retries} after attempt {attempt} {outcome}: " + (
-            message or f"exit code {exit_code}"
+        return S.COMPLETED, message
+    if outcome == "canceled":
+        return S.CANCELED, message
+    failures = job.attempt - job.preemptions if outcome in RETRIED_OUTCOMES else 0
+    if outcome in RETRIED_OUTCOMES and failures <= job.max_retries:
+        why = message or f"exit code {exit_code}"
+        return S.QUEUED, f"retry {failures}/{job.max_retries} after attempt {job.attempt} " + (
+            f"{outcome}: {why}"
         )
-    else:
-        to = S.FAILED
-        message = message or f"{outcome}: exit code {exit_code}"
-    fields: dict[str, Any] = {} if to == S.QUEUED else {"finished_at": at}
-    try:
-        transition(
-            job_id,
-            to,
-            actor_name=AGENT_ACTOR,
-            message=message,
-            exit_code=exit_code,
-            **fields,
-        )
-    except IllegalTransition:
-        return None
-    return to
+    return S.FAILED, message or f"{outcome}: exit code {exit_code}"
+
+
+class _Moves:
+    """Transitions of locked jobs, decided in memory one after the other (``_change``, as
+    ``transition`` decides them) and written together by ``write``: the jobs in one UPDATE,
+    the allocations of those that stopped holding GPUs released in one statement, each
+    transition's ``job.<state>`` audit row in one INSERT."""
+
+    def __init__(self, actor_name: str) -> None:
+        self.actor_name = actor_name
+        self.pending: list[tuple[Job, dict[str, Any], str, str, dict[str, Any]]] = []
+        self.written: list[tuple[int, str, str, str]] = []  # for ``log``, after the commit
+
+    def add(self, job: Job, to: str, message: str = "", **fields: Any) -> None:
+        """Move ``job`` (locked) to ``to`` in memory; a move the state machine refuses is
+        left out, as ``transition`` would refuse it."""
+        try:
+            before, _ = _change(job, to, message, None, fields)
+        except IllegalTransition:
+            return
+        self.pending.append((job, before, to, message, fields))
+
+    def write(self) -> dict[int, str]:
+        """Write what was added since the last write (inside the caller's transaction); the
+        state each job reached, by id."""
+        if not self.pending:
+            return {}
+        jobs = {job.pk: job for job, *_ in self.pending}
+        columns = {"state"}
+        for _, _, to, _, fields in self.pending:
+            columns.update(fields)
+            if to != S.QUEUED:
+                columns.update(NOT_WAITING)
+        _update_jobs(list(jobs.values()), columns)
+        ended = [
+            job.pk
+            for job, before, to, _, _ in self.pending
+            if before["state"] in HOLDING_STATES and to not in HOLDING_STATES
+        ]
+        released = release_allocations_of(ended) if ended else {}
+        rows = []
+        for job, before, to, message, fields in self.pending:
+            after = {"state": to, **_plain(fields)}
+            stopped_holding = before["state"] in HOLDING_STATES and to not in HOLDING_STATES
+            if stopped_holding and released.get(job.pk):
+                after["released_gpus"] = released[job.pk]
+            rows.append(
+                audit_event(
+                    f"job.{to}",
+                    actor_name=self.actor_name,
+                    target=job,
+                    before=before,
+                    after=after,
+                    message=message,
+                )
+            )
+            self.written.append((job.pk, before["state"], to, message))
+        record_all(rows)
+        if any(to in TERMINAL_STATES or to == S.QUEUED for _, _, to, _, _ in self.pending):
+            request_placement_pass()
+        reached = {job.pk: to for job, _, to, _, _ in self.pending}
+        self.pending = []
+        return reached
+
+    def log(self) -> None:
+        """The line ``transition`` logs, for each transition written."""
+        for job_id, before, to, message in self.written:
+            log.info("job %d: %s -> %s%s", job_id, before, to, f" ({message})" if message else "")
+
+
+def _update_jobs(jobs: Sequence[Job], names: Collection[str]) -> None:
+    """Write the fields ``names`` of ``jobs`` (locked) as they are in memory, in one
+    statement however many (an UPDATE from arrays: ``bulk_update``'s CASE per field and row
+    costs several times as much to build and to run)."""
+    fields = [field for field in Job._meta.concrete_fields if field.name in names]
+    quote = connection.ops.quote_name
+    columns = [quote(field.column) for field in fields]
+    arrays = [f"%s::{field.db_type(connection)}[]" for field in fields]
+    statement = (
+        f"UPDATE {quote(Job._meta.db_table)} AS job "
+        f"SET {', '.join(f'{column} = new.{column}' for column in columns)} "
+        f"FROM unnest(%s::bigint[], {', '.join(arrays)}) AS new (id, {', '.join(columns)}) "
+        "WHERE job.id = new.id"
+    )
+    values = [
+        [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
+        for field in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [[job.pk for job in jobs], *values])
 
 
 def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
     """A preempted job's attempt ended (whatever the signal made of it): PREEMPTED (audited
-    ``job.preempted``, its GPUs released, the preemption's message kept), then back in the
-    queue for its next attempt, which does not count against its retries."""
+    ``job.preempted`` with its ``preemptions`` counted, its GPUs released, the preemption's
+    message kept), then back in the queue for its next attempt, which does not count against
+    its retries."""
     try:
         with transaction.atomic():
-            transition(job_id, S.PREEMPTED, actor_name=AGENT_ACTOR, exit_code=exit_code)
+            counted = Job.objects.select_for_update().values_list("preemptions", flat=True)
+            preempted = counted.get(pk=job_id) + 1
+            transition(
+                job_id,
+                S.PREEMPTED,
+                actor_name=AGENT_ACTOR,
+                exit_code=exit_code,
+                preemptions=preempted,
+            )
             transition(job_id, S.QUEUED, actor_name=AGENT_ACTOR)
     except IllegalTransition:
         return None
     return S.QUEUED
-
-
-def preemptions(job_id: int) -> int:
-    """How many of the job's attempts ended preempted (their ``job.preempted`` audit rows):
-    they do not count against its ``max_retries``."""
-    return AuditEvent.objects.filter(
-        target_type=Job._meta.label_lower, target_id=str(job_id), event_type="job.preempted"
-    ).count()
-
-
-def _is_current(job_id: int, attempt: int) -> bool:
-    return Job.objects.filter(pk=job_id, attempt=attempt).exists()
-
-
-def placed_on(name: str, hostname: str) -> bool:
-    """Whether the job attempt of executor id ``name`` was placed on node ``hostname`` (the
-    only node whose agent may report about it)."""
-    job_id, attempt = parse_executor_id(name)
-    return Allocation.objects.filter(
-        job_id=job_id, attempt=attempt, node__hostname=hostname
-    ).exists()
 
 
 def request_placement_pass() -> None:

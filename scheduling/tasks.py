@@ -2,10 +2,11 @@
 ``scheduling.services`` and (on node queues) ``scheduling.agent``.
 
 Central (default queue): ``placement_pass``, ``sweep_reservations`` (beat, every minute),
-``job_event`` and ``agent_jobs`` (what agents report, believed only from the node a report is
-about: ``gpuadmin.access.nodes``). Node queues (``node.<name>``): ``run_job``, ``cancel_job``
-and ``tail_log``. A job travels as ``JobSpec.to_dict()`` and its events as
-``JobStarted``/``JobFinished.to_dict()`` (``scheduling.executor``).
+``job_events`` (``job_event``: one) and ``agent_jobs`` (what agents report, believed only from
+the node a report is about: ``gpuadmin.access.nodes``). Node queues (``node.<name>``):
+``run_jobs`` (``run_job``: one), ``cancel_job`` and ``tail_log``. A job travels as
+``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
+(``scheduling.executor``).
 """
 
 from __future__ import annotations
@@ -36,17 +37,29 @@ def sweep_reservations() -> None:
 
 @shared_task(name="scheduling.job_event", ignore_result=True, bind=True)
 def job_event(self: Task, event: dict[str, Any]) -> None:
-    """An executor's event, believed from the central side or a node the job's attempt was
-    placed on."""
-    sender = reporting_node(self)
+    """One executor event (the central side's own, and agents before ``job_events``)."""
+    _record_events(self, [event])
+
+
+@shared_task(name="scheduling.job_events", ignore_result=True, bind=True)
+def job_events(self: Task, events: list[dict[str, Any]]) -> None:
+    """An agent's executor events, in the order they happened."""
+    _record_events(self, events)
+
+
+def _record_events(task: Task, events: list[dict[str, Any]]) -> None:
+    """Executor events, believed from the central side or, each, from the node its job's
+    attempt was placed on (the others are refused: logged and audited)."""
+    sender = reporting_node(task)
     if sender is None:
         return
-    parsed = event_from_dict(event)
-    if sender != CENTRAL and not services.placed_on(parsed.job_id, sender):
-        refuse(self.name, sender, f"job {parsed.job_id} was not placed on node {sender!r}")
-        return
-    services.job_event(parsed)
-    if isinstance(parsed, JobFinished):  # only an end frees a GPU that drains for a re-layout
+    parsed = [event_from_dict(event) for event in events]
+    recorded = services.job_events(parsed, sender=None if sender == CENTRAL else sender)
+    refused = set(recorded.not_placed_there)
+    for name in recorded.not_placed_there:
+        refuse(task.name, sender, f"job {name} was not placed on node {sender!r}")
+    # Only an end frees a GPU that drains for a re-layout.
+    if any(isinstance(event, JobFinished) and event.job_id not in refused for event in parsed):
         relayout.nudge()
 
 
@@ -59,7 +72,14 @@ def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
 
 @shared_task(name="scheduling.run_job", ignore_result=True)
 def run_job(spec: dict[str, Any]) -> None:
+    """One job (what central workers sent before ``run_jobs``)."""
     agent.run_job(spec)
+
+
+@shared_task(name="scheduling.run_jobs", ignore_result=True)
+def run_jobs(specs: list[dict[str, Any]]) -> None:
+    """The jobs placed on this node together, in order."""
+    agent.run_jobs(specs)
 
 
 @shared_task(name="scheduling.cancel_job", ignore_result=True)

@@ -27,13 +27,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def fresh_fleet_shape() -> None:
-    """Submissions check the fleet's shape, and placement passes read fair-share usage,
-    through short caches; each test builds its own."""
-    from scheduling import loop
+    """Submissions check the fleet's shape, and placement passes read fair-share usage and
+    the history of finished jobs, through short caches; each test builds its own."""
+    from scheduling import history, loop
     from scheduling.services import FleetShape
 
     FleetShape.forget()
     loop.forget_usage()
+    history.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -310,6 +310,7 @@ class JobSerializer(api.ModelSerializer):
             "max_runtime_s",
             "max_retries",
             "attempt",
+            "preemptions",
             "submitted_at",
             "scheduled_at",
             "started_at",

@@ -16,8 +16,10 @@ arrays' caps.
 
 A job runs only on the GPUs of its pool (no pool: the GPUs in no pool). Each pool's queue is
 ordered by its policy (`policy_for`): `Fcfs`, `PriorityWithAging`, `Sjf` (by the user's
-estimate), `FairShare` (weighted per user and project, `fairshare`) or `Las` (Tiresias'
-discretized least attained service). Every policy but FCFS adds points for waiting (LAS:
+estimate), `FairShare` (weighted per user and project, `fairshare`), `Las` (Tiresias'
+discretized least attained service) or `Qssf` (Helios' quasi-shortest service first: the least
+likely GPU-seconds first, runtimes predicted from finished jobs by `predict.History` where
+users give no estimate). Every policy but FCFS adds points for waiting (LAS:
 returns a job to its top queue), so a job that waited long enough ranks ahead of every later
 one. Then, job by job in that order:
 - Admission: a job whose array runs as many tasks as its cap allows waits (`ARRAY_LIMIT`); a
@@ -30,14 +32,18 @@ one. Then, job by job in that order:
 - Whole-GPU jobs are placed in their view of the fleet: the free GPUs less those a reservation
   window holds before the job would end (by its maximum runtime; unknown: never), and, once
   the pool has a head job, less the head's GPUs unless the job ends before the head's shadow
-  start (EASY backfill, `backfill`). The first job that does not fit and that the working
+  start (EASY backfill, `backfill`), by its likely runtime (`JobRequest.likely_runtime_s`:
+  the estimate, else the prediction, else the maximum runtime; running jobs' ends likewise,
+  `predict.release_at`). The first job that does not fit and that the working
   hardware can ever hold becomes the head; the pool's later jobs may not delay its start.
   Without backfill nothing starts behind the head (strict order). So the job first in line
   always starts, and by the ordering every job gets to be first: no job starves.
 - A whole-GPU job that does not fit may preempt (`preemption`): the fewest preemptible or
-  borrowed running jobs of lower priority, or whose owners are further over their fair share,
-  that free a topology-correct placement (`preemptions`); it waits (`PREEMPTING`) and their
-  GPUs go to no one else in the pass.
+  borrowed running jobs that free a topology-correct placement (`preemptions`): borrowed
+  work at once; other work that has run the pool's `preempt_exempt_s`, would rank below the
+  job in the pool's order were it waiting, and is of a lower priority, in a higher queue of
+  attained service (LAS) or held by owners further over their fair share by a margin. The
+  job waits (`PREEMPTING`) and their GPUs go to no one else in the pass.
 - `placements`: a `Placement` per job placed: its GPUs per node (or MIG device, MPS share),
   topology class, score and an explanation ("4 GPUs in one NVLink domain on dgx-01 (GPUs
   0-3), NUMA nodes 1 and 3 on socket 0; best fit: leaves 4 free GPUs on that node").
@@ -90,9 +96,11 @@ from scheduling.placement.policies import (
     Las,
     Policy,
     PriorityWithAging,
+    Qssf,
     Sjf,
     policy_for,
 )
+from scheduling.placement.predict import Completed, History
 from scheduling.placement.snapshot import (
     GpuSlot,
     JobRequest,
@@ -114,8 +122,10 @@ __all__ = [
     "FairShare",
     "FairShareExplanation",
     "FairShareTable",
+    "Completed",
     "Fcfs",
     "GpuSlot",
+    "History",
     "JobRequest",
     "Las",
     "MigCreate",
@@ -131,6 +141,7 @@ __all__ = [
     "Preemption",
     "Priority",
     "PriorityWithAging",
+    "Qssf",
     "QuotaLimit",
     "Reason",
     "ReservationWindow",

@@ -14,6 +14,14 @@ shadow start, so jobs with a known runtime may still use its GPUs and jobs witho
 not. Once the unknown holder ends, the start is known and kept from then on. A head that the
 pool's working hardware can never hold (too large, broken nodes) gets no shadow and blocks
 nothing.
+
+Runtimes are likely ones (`JobRequest.likely_runtime_s`, `predict.release_at`): the user's
+estimate, else the runtime history predicts (scheduling.placement.predict), else the maximum
+runtime. A prediction can be wrong: a job let onto the head's GPUs because it was predicted
+to end in time may run on past the head's start and delay it. So a prediction alone lets a
+job onto the head's GPUs only while the head has waited fewer than `PREDICTION_TRUST_AGING`
+aging intervals (6 hours at the default minute); after that only an estimate or a maximum
+runtime does (`ends_before`), and the head's start is again kept as far as estimates hold.
 """
 
 from __future__ import annotations
@@ -27,14 +35,32 @@ from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, ma
 from scheduling.placement.snapshot import GpuSlot, JobRequest
 from scheduling.placement.topology import choose
 
+# How many aging intervals a head may wait while predictions alone let jobs onto its GPUs.
+PREDICTION_TRUST_AGING = 360
+
 
 class Shadow(NamedTuple):
-    """The head job's start at the latest (`start`; math.inf when a holder's end is unknown)
-    and the GPUs it will start on."""
+    """The head job's start at the latest (`start`; math.inf when a holder's end is unknown),
+    the GPUs it will start on, and when it was submitted."""
 
     job_id: int
     start: float
     gpu_ids: frozenset[int]
+    submitted_at: float = -math.inf
+
+
+def ends_before(job: JobRequest, head: Shadow, now: float, aging_interval_s: float) -> bool:
+    """Whether `job`, started now, ends by the head's start: by its likely runtime, or, once
+    the head has waited `PREDICTION_TRUST_AGING` aging intervals, by its estimate or maximum
+    runtime only (a prediction no longer counts)."""
+    runtime = job.likely_runtime_s
+    if runtime is None or now + runtime > head.start:
+        return False
+    if job.estimated_duration_s is not None or job.predicted_runtime_s is None:
+        return True
+    if now - head.submitted_at < PREDICTION_TRUST_AGING * aging_interval_s:
+        return True
+    return job.max_runtime_s is not None and now + job.max_runtime_s <= head.start
 
 
 def shadow(fleet: Fleet, job: JobRequest, now: float, closed: frozenset[int]) -> Shadow | None:
@@ -95,7 +121,7 @@ def shadow(fleet: Fleet, job: JobRequest, now: float, closed: frozenset[int]) ->
         choice = choose(by_then, count, requirement)
         assert choice is not None, "a node ready by the start holds the job then"
         gpu_ids.update(gpu.id for gpu in choice.gpus)
-    return Shadow(job.id, start, frozenset(gpu_ids))
+    return Shadow(job.id, start, frozenset(gpu_ids), job.submitted_at)
 
 
 def _by_index(gpus: Iterable[GpuSlot]) -> list[GpuSlot]:

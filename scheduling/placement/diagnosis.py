@@ -6,6 +6,11 @@ now. The estimated start walks the expected ends of the jobs holding GPUs (those
 this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
 ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
 as `squeue --start` reports without reservations.
+
+A view (model, memory, requirement) is built once per state: each node's groups are worked
+out once per requirement (a node whose GPUs all match shares them between views), and what
+explanations ask of a view (how many nodes have a block of n, when the k-th node could hold
+n) is sorted once and answered by bisection, so a shape costs little beyond its words.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
-from scheduling.placement.snapshot import JobRequest
+from scheduling.placement.snapshot import GpuSlot, JobRequest
 from scheduling.placement.text import (
     gigabytes,
     gpu_noun,
@@ -30,6 +35,8 @@ from scheduling.placement.topology import REQUIREMENT_GROUPING, grouped
 UNITS = {"numa": "NUMA node", "nvlink": "NVLink domain"}
 REQUIREMENT_NAMES = {"numa": "NUMA", "nvlink": "NVLink"}
 ViewKey = tuple[str | None, int, str]  # (gpu_model, min_memory_mib, requirement)
+# A node with its GPU models and the least total memory of its GPUs.
+_NodeHardware = tuple[FleetNode, set[str], int]
 
 
 class Blocks(NamedTuple):
@@ -43,6 +50,62 @@ class Blocks(NamedTuple):
     free: int
     idle: int
     groups: tuple[tuple[int, tuple[float, ...]], ...]
+
+
+class Group(NamedTuple):
+    """One group of a node's matching GPUs: how many, how many are up, the free memory of
+    those free now (ascending) and when the busy ones free up (ascending)."""
+
+    size: int
+    up: int
+    free_memory: tuple[int, ...]
+    busy: tuple[float, ...]
+
+
+BLOCK_FIELDS = ("hardware", "available", "free", "idle")
+
+
+class View:
+    """The blocks of every node with a matching GPU (hostname order), and what explanations
+    ask of them, each worked out once: per field the values sorted (how many nodes have a
+    block of at least n), per GPU count the times nodes could hold it, sorted."""
+
+    __slots__ = ("_best", "_sorted", "_starts", "blocks")
+
+    def __init__(self, blocks: list[Blocks]) -> None:
+        self.blocks = blocks
+        self._sorted: dict[str, list[int]] = {}
+        self._starts: dict[int, list[float]] = {}
+        self._best: Blocks | None = None
+
+    def values(self, field: str) -> list[int]:
+        """`field` of every block, ascending."""
+        if field not in self._sorted:
+            self._sorted[field] = sorted(getattr(b, field) for b in self.blocks)
+        return self._sorted[field]
+
+    def at_least(self, field: str, count: int) -> int:
+        """How many nodes have a block of at least `count` in `field`."""
+        values = self.values(field)
+        return len(values) - bisect_left(values, count)
+
+    def most(self, field: str) -> int:
+        return self.values(field)[-1]
+
+    def starts(self, count: int) -> list[float]:
+        """When each node could first hold `count` GPUs in one group, ascending."""
+        if count not in self._starts:
+            self._starts[count] = sorted(
+                min((_ready_at(free, busy, count) for free, busy in b.groups), default=math.inf)
+                for b in self.blocks
+            )
+        return self._starts[count]
+
+    def best_free(self) -> Blocks:
+        """The first node (hostname order) with the largest free block."""
+        if self._best is None:
+            self._best = max(self.blocks, key=lambda b: b.free)
+        return self._best
 
 
 class Diagnosis:
@@ -65,8 +128,23 @@ class Diagnosis:
         sizes = {gpu.memory_total_mib for node in fleet.nodes for gpu in node.gpus}
         sizes |= {gpu.memory_free_mib for node in fleet.nodes for gpu in node.free}
         self._memory_levels = sorted(sizes)
-        self._views: dict[ViewKey, list[Blocks]] = {}
+        self._views: dict[ViewKey, View] = {}
         self._shapes: dict[Shape, tuple[Reason, str, float | None, str | None]] = {}
+        # Each node with its GPU models and the least total memory of its GPUs, in hostname
+        # order, and per model the nodes that have one; the groups and blocks of nodes all
+        # of whose GPUs match a view, per (node, requirement) and (..., memory).
+        self._hardware: list[_NodeHardware] = []
+        self._with_model: dict[str, list[_NodeHardware]] = {}
+        for node in fleet.nodes:
+            if not node.gpus:
+                continue  # matches no view
+            models = {gpu.model for gpu in node.gpus}
+            least = min((gpu.memory_total_mib for gpu in node.gpus), default=0)
+            self._hardware.append((node, models, least))
+            for model in models:
+                self._with_model.setdefault(model, []).append((node, models, least))
+        self._groups: dict[tuple[int, str], list[Group]] = {}
+        self._whole_nodes: dict[tuple[int, str, int], Blocks] = {}
 
     def explain(self, job: JobRequest, position: int) -> Pending:
         shape = Shape.of(job)
@@ -99,29 +177,30 @@ class Diagnosis:
             _what_if(shape, whole, view),
         )
 
-    def _reason(self, shape: Shape, whole: list[Blocks], view: list[Blocks]) -> tuple[Reason, str]:
+    def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
         count, wanted, min_memory, model, requirement = shape
         gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
         unit = UNITS.get(requirement)
         in_unit = "" if unit is None else f" in one {unit}"
         if not _enough(whole, "hardware", count, wanted):
             if wanted == 1:
-                most = max(b.hardware for b in whole)
+                most = whole.most("hardware")
                 return Reason.TOO_LARGE, f"needs {gpus} on one node; no node has more than {most}"
-            having = sum(b.hardware >= count for b in whole)
+            having = whole.at_least("hardware", count)
             needs = _per_node(gpus, wanted, "")
             return Reason.TOO_LARGE, f"needs {needs}; {self.scope} has {having}"
         if unit is not None and not _enough(view, "hardware", count, wanted):
-            most = max(b.hardware for b in view)
+            most = view.most("hardware")
             if requirement == "nvlink" and most < 2:
                 found = "no matching GPU has NVLink"
             elif wanted == 1:
                 found = f"the largest {unit} has {most}"
             else:
-                found = f"{self.scope} has {sum(b.hardware >= count for b in view)} such nodes"
+                found = f"{self.scope} has {view.at_least('hardware', count)} such nodes"
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
         if not _enough(view, "available", count, wanted):
-            sentence = _unavailable([b.node for b in view if b.hardware >= count > b.available])
+            down = [b.node for b in view.blocks if b.hardware >= count > b.available]
+            sentence = _unavailable(down)
             if wanted > 1:
                 sentence = f"needs {_per_node(gpus, wanted, '')}; {sentence}"
             return Reason.NODES_UNAVAILABLE, sentence
@@ -142,48 +221,66 @@ class Diagnosis:
         found = _free_blocks(view, count, wanted)
         return Reason.RESOURCES_BUSY, f"needs {_per_node(free_gpus, wanted, in_unit)}; {found}"
 
-    def _view(self, key: ViewKey) -> list[Blocks]:
+    def _view(self, key: ViewKey) -> View:
         if key not in self._views:
-            self._views[key] = self._blocks(*key)
+            self._views[key] = View(self._blocks(*key))
         return self._views[key]
 
     def _blocks(self, model: str | None, min_memory: int, requirement: str) -> list[Blocks]:
         """Blocks of every node with a matching GPU, in hostname order."""
+        views = []
+        whole_nodes = self._whole_nodes
+        nodes = self._hardware if model is None else self._with_model.get(model, [])
+        for node, models, least_memory in nodes:
+            if (model is None or len(models) == 1) and least_memory >= min_memory:
+                # Every GPU of the node matches: the same blocks in every such view.
+                key = (node.index, requirement, min_memory)
+                blocks = whole_nodes.get(key)
+                if blocks is None:
+                    groups = self._groups.get(key[:2])
+                    if groups is None:
+                        groups = self._groups[key[:2]] = self._group(node, node.gpus, requirement)
+                    blocks = whole_nodes[key] = _blocks_of(node, groups, min_memory)
+                views.append(blocks)
+                continue
+            gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
+            if gpus:
+                views.append(_blocks_of(node, self._group(node, gpus, requirement), min_memory))
+        return views
+
+    def _group(self, node: FleetNode, gpus: list[GpuSlot], requirement: str) -> list[Group]:
+        """`gpus` (of `node`) in the groups `requirement` keeps a part in."""
         grouping = REQUIREMENT_GROUPING[requirement]
         free_ids = self._free_ids
         release_at = self.fleet.release_at
-        views = []
-        for node in self.fleet.nodes:
-            gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
-            if not gpus:
-                continue
-            groups = [gpus] if grouping is None else grouped(gpus, grouping)
-            hardware = available = free = idle = 0
-            timelines = []
-            for group in groups:
-                up = [gpu for gpu in group if is_available(node.info, gpu)]
-                now_free = [gpu for gpu in up if gpu.id in free_ids]
-                with_memory = sum(gpu.memory_free_mib >= min_memory for gpu in now_free)
-                hardware = max(hardware, len(group))
-                available = max(available, len(up))
-                free = max(free, with_memory)
-                idle = max(idle, len(now_free))
-                busy = sorted(
-                    release_at.get(gpu.id, math.inf) for gpu in up if gpu.id not in free_ids
-                )
-                timelines.append((with_memory, tuple(busy)))
-            views.append(Blocks(node, hardware, available, free, idle, tuple(timelines)))
-        return views
+        found = []
+        for group in [gpus] if grouping is None else grouped(gpus, grouping):
+            up = [gpu for gpu in group if is_available(node.info, gpu)]
+            free_memory = sorted(gpu.memory_free_mib for gpu in up if gpu.id in free_ids)
+            busy = sorted(release_at.get(gpu.id, math.inf) for gpu in up if gpu.id not in free_ids)
+            found.append(Group(len(group), len(up), tuple(free_memory), tuple(busy)))
+        return found
 
-    def _estimated_start(self, view: list[Blocks], count: int, wanted: int) -> float | None:
+    def _estimated_start(self, view: View, count: int, wanted: int) -> float | None:
         """When the `wanted`-th node could first hold `count` GPUs, as busy GPUs free up."""
-        starts = sorted(
-            min((_ready_at(free, busy, count) for free, busy in b.groups), default=math.inf)
-            for b in view
-        )
+        starts = view.starts(count)
         if len(starts) < wanted or starts[wanted - 1] == math.inf:
             return None
         return max(self.now, starts[wanted - 1])
+
+
+def _blocks_of(node: FleetNode, groups: list[Group], min_memory: int) -> Blocks:
+    """The node's blocks from its groups, counting free GPUs with `min_memory` free."""
+    hardware = available = free = idle = 0
+    timelines = []
+    for size, up, free_memory, busy in groups:
+        with_memory = len(free_memory) - bisect_left(free_memory, min_memory)
+        hardware = max(hardware, size)
+        available = max(available, up)
+        free = max(free, with_memory)
+        idle = max(idle, len(free_memory))
+        timelines.append((with_memory, busy))
+    return Blocks(node, hardware, available, free, idle, tuple(timelines))
 
 
 def _ready_at(free: int, busy: tuple[float, ...], count: int) -> float:
@@ -194,9 +291,9 @@ def _ready_at(free: int, busy: tuple[float, ...], count: int) -> float:
     return busy[missing - 1] if missing <= len(busy) else math.inf
 
 
-def _enough(view: list[Blocks], field: str, count: int, wanted: int) -> bool:
+def _enough(view: View, field: str, count: int, wanted: int) -> bool:
     """Whether at least `wanted` nodes have a block of `count` in `field`."""
-    return sum(getattr(b, field) >= count for b in view) >= wanted
+    return view.at_least(field, count) >= wanted
 
 
 def _per_node(gpus: str, wanted: int, in_unit: str) -> str:
@@ -206,15 +303,15 @@ def _per_node(gpus: str, wanted: int, in_unit: str) -> str:
     return f"{wanted} nodes with {gpus}{in_unit} each"
 
 
-def _free_blocks(view: list[Blocks], count: int, wanted: int) -> str:
+def _free_blocks(view: View, count: int, wanted: int) -> str:
     """What is free now: the largest block, or for a gang the nodes that have `count`."""
     if wanted > 1:
-        hosts = [b.node.hostname for b in view if b.free >= count]
+        hosts = [b.node.hostname for b in view.blocks if b.free >= count]
         if not hosts:
             return "no node has them now"
         have = "has" if len(hosts) == 1 else "have"
         return f"only {plural(len(hosts), 'node')} {have} them now ({listing(hosts)})"
-    best = max(view, key=lambda b: b.free)
+    best = view.best_free()
     if best.free == 0:
         return "none is free"
     return f"the largest free block is {best.free} on {best.node.hostname}"
@@ -245,13 +342,13 @@ def _why_down(node: FleetNode) -> tuple[str, str]:
     return "has", f"unavailable GPUs ({', '.join(codes)})"
 
 
-def _what_if(shape: Shape, whole: list[Blocks], view: list[Blocks]) -> str | None:
+def _what_if(shape: Shape, whole: View, view: View) -> str | None:
     """The nearest request that fits now: without the topology requirement, else the largest
     smaller GPU count (fewer nodes, or fewer GPUs per node, for a gang)."""
     count, wanted, _, _, requirement = shape
     if requirement != "any" and _enough(whole, "free", count, wanted):
         return f"without the {REQUIREMENT_NAMES[requirement]} requirement it could start now"
-    blocks = sorted((b.free for b in view), reverse=True)
+    blocks = view.values("free")[::-1]
     if wanted == 1:
         smaller = min(count - 1, blocks[0] if blocks else 0)
         if smaller < 1:

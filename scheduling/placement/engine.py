@@ -123,7 +123,7 @@ class PlacementPass:
         return chosen
 
     def _take(self, job: JobRequest, chosen: list[Candidate]) -> None:
-        runtime = job.expected_runtime_s
+        runtime = job.likely_runtime_s
         release_at = math.inf if runtime is None else self.now + runtime
         for candidate in chosen:
             self.fleet.take(candidate.node, candidate.choice.gpus, release_at)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from scheduling.placement.predict import release_at
 from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.topology import NodeChoice, choose
 
@@ -103,9 +103,11 @@ class Fleet:
                 node.pool = pools[signature]
                 node.pool.buckets[len(node.free)].append(node.index)
         # Unknown ends never come: those GPUs free up at infinity.
+        now = snapshot.now
         self.release_at: dict[int, float] = {
-            gpu_id: math.inf if job.expected_end is None else job.expected_end
+            gpu_id: end
             for job in snapshot.running
+            for end in (release_at(job, now),)
             for gpu_id in job.gpu_ids
         }
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from scheduling.placement.fairshare import FairShareTable
+from scheduling.placement.quotas import gpu_equivalents
 from scheduling.placement.snapshot import PRIORITIES, JobRequest, PoolConfig, Snapshot
 
 DEFAULT_PRIORITY_POINTS: Mapping[str, float] = MappingProxyType(
@@ -29,6 +30,12 @@ PRIORITY_RANK: Mapping[str, int] = MappingProxyType({name: i for i, name in enum
 # SJF: runtimes are scored between a minute and a week (shorter or longer count as those).
 SJF_SHORTEST_S = 60.0
 SJF_LONGEST_S = 7 * 24 * 3600.0
+# QSSF: GPU-services are scored between a GPU-minute and a week of 64 GPUs; each halving of
+# the service is worth this many points (aging intervals waited): a job 16 times smaller
+# gains one priority level, and the longest wait its size can cause stays near 3.4 days.
+QSSF_SMALLEST_GPU_S = 60.0
+QSSF_LARGEST_GPU_S = 7 * 24 * 3600.0 * 64
+QSSF_POINTS_PER_HALVING = 250.0
 # LAS: the queues' attained-service thresholds when a pool names none (Tiresias' defaults are
 # of this order), and how many times its own service a job must wait to return to the top.
 DEFAULT_LAS_THRESHOLDS_GPU_S = (3600.0, 36_000.0)
@@ -123,6 +130,64 @@ class Sjf:
 
 
 @dataclass(frozen=True, slots=True)
+class Qssf:
+    """Quasi-shortest service first (Helios, SC'21): the least GPU-service first, by the job's
+    likely runtime (`likely_runtime_s`: the user's estimate, else the runtime history
+    predicts, see scheduling.placement.predict, never beyond the maximum runtime) times its
+    GPUs (whole-GPU equivalents). The score is the priority's points, plus
+    `points_per_halving` for each halving of the service below `QSSF_LARGEST_GPU_S` (a
+    GPU-minute or less scores the most, about 19 halvings; an unknown service scores 0 and
+    goes after known ones of equal score), plus one point per `aging_interval_s` waited. So
+    a job waits at most the priority and size points' range in aging intervals before it is
+    ahead of every job submitted after it, whatever their size: no job starves. With no
+    history and no estimates it orders as `PriorityWithAging`."""
+
+    priority_points: Mapping[str, float] = field(default_factory=lambda: DEFAULT_PRIORITY_POINTS)
+    aging_interval_s: float = 60.0
+    points_per_halving: float = QSSF_POINTS_PER_HALVING
+
+    def __post_init__(self) -> None:
+        _check_points(self.priority_points, self.aging_interval_s)
+        if self.points_per_halving < 0:
+            raise ValueError("points_per_halving must be >= 0")
+
+    @staticmethod
+    def service_gpu_s(job: JobRequest) -> float | None:
+        """The GPU-seconds the job will likely take (None: unknown)."""
+        runtime = job.likely_runtime_s
+        return None if runtime is None else runtime * gpu_equivalents(job)
+
+    def size_points(self, job: JobRequest) -> float:
+        service = self.service_gpu_s(job)
+        if service is None:
+            return 0.0
+        clamped = min(max(service, QSSF_SMALLEST_GPU_S), QSSF_LARGEST_GPU_S)
+        return self.points_per_halving * math.log2(QSSF_LARGEST_GPU_S / clamped)
+
+    def score(self, job: JobRequest, now: float) -> float:
+        return (
+            self.priority_points[job.priority]
+            + self.size_points(job)
+            + _age_points(job, now, self.aging_interval_s)
+        )
+
+    @property
+    def starvation_limit_s(self) -> float:
+        """How long a job waits before its age alone outweighs any priority and size."""
+        points = self.priority_points.values()
+        halvings = math.log2(QSSF_LARGEST_GPU_S / QSSF_SMALLEST_GPU_S)
+        spread = max(points) - min(points) + self.points_per_halving * halvings
+        return spread * self.aging_interval_s
+
+    def order(self, jobs: Iterable[JobRequest], now: float) -> list[JobRequest]:
+        def key(job: JobRequest) -> tuple[float, bool, float, int]:
+            unknown = job.likely_runtime_s is None
+            return (-self.score(job, now), unknown, job.submitted_at, job.id)
+
+        return sorted(jobs, key=key)
+
+
+@dataclass(frozen=True, slots=True)
 class FairShare:
     """Highest score first: the priority's points, plus `weight` times the job's fair-share
     factor in [0, 1] (its user's and project's usage against their shares, `FairShareTable`),
@@ -169,11 +234,16 @@ class FairShare:
 @dataclass(frozen=True, slots=True)
 class Las:
     """Least attained service, discretized as in Tiresias (2D-LAS): a job's queue is the number
-    of `thresholds_gpu_s` its attained GPU-seconds (`attained_service_s`, from earlier
-    attempts) reach; lower queues first, first come first served inside a queue. Needs no
-    estimate. A job that has waited `starve_multiple` times its own service (its GPU-seconds
-    over its GPU count) returns to the top queue (Tiresias' STARVELIMIT), where it is ahead
-    of every job submitted after it."""
+    of `thresholds_gpu_s` its attained GPU-seconds (`attained_service_s`) reach; lower queues
+    first, first come first served inside a queue. Needs no estimate. A job that has waited
+    `starve_multiple` times its own service (its GPU-seconds over its GPU count, the time it
+    ran) since it last went back to the queue (`queued_at`, else its submission) returns to
+    the top queue (Tiresias' STARVELIMIT), where it is ahead of every job submitted after it.
+
+    Preemption ranks a running job as it would wait if stopped now (`preemption.as_waiting`:
+    its attained service with this attempt's, queued from now), so a waiting job in a lower
+    queue may stop running work in a higher one, and never a job that would go straight
+    back ahead of it."""
 
     thresholds_gpu_s: tuple[float, ...] = DEFAULT_LAS_THRESHOLDS_GPU_S
     starve_multiple: float = LAS_STARVE_MULTIPLE
@@ -188,8 +258,8 @@ class Las:
     def queue(self, job: JobRequest, now: float) -> int:
         service = job.attained_service_s
         level = bisect_right(self.thresholds_gpu_s, service)
-        waited = now - job.submitted_at
-        if level and waited >= self.starve_multiple * service / job.gpu_count:
+        since = job.submitted_at if job.queued_at is None else job.queued_at
+        if level and now - since >= self.starve_multiple * service / job.gpu_count:
             return 0
         return level
 
@@ -212,10 +282,19 @@ def policy_for(config: PoolConfig, snapshot: Snapshot, pool: str | None = None) 
         return FairShare(shares, weight=config.fairshare_weight, aging_interval_s=aging)
     if config.policy == "las":
         return Las(tuple(config.las_thresholds_gpu_s) or DEFAULT_LAS_THRESHOLDS_GPU_S)
+    if config.policy == "qssf":
+        return Qssf(aging_interval_s=aging)
     raise ValueError(f"unknown policy {config.policy!r}")
 
 
 # Policies by the name settings and the UI use; each builds with defaults (benches, tests).
 POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
-    {"fcfs": Fcfs, "priority": PriorityWithAging, "sjf": Sjf, "fairshare": FairShare, "las": Las}
+    {
+        "fcfs": Fcfs,
+        "priority": PriorityWithAging,
+        "sjf": Sjf,
+        "fairshare": FairShare,
+        "las": Las,
+        "qssf": Qssf,
+    }
 )

@@ -2,10 +2,15 @@
 
 Who may be stopped for whom (`Victims.why`): a running job that is preemptible or borrowed
 (started over quota), not already stopping, never of a higher priority level than the waiting
-job, and either borrowed, of a lower priority level, or held by a user (and project) further
-over its fair share than the waiting job's (a lower fair-share factor). Cheapest first:
-borrowed work, then lower priority levels, fewer GPUs, the most recently started (it loses
-least work), then the lower id.
+job. Borrowed work is reclaimed at once. Any other victim must have run `preempt_exempt_s`
+since its latest start (the pool's; Slurm's PreemptExemptTime), must rank below the waiting
+job in the pool's own order were it stopped now and waiting again (`as_waiting`: so no policy
+stops a job that would go straight back ahead of the job that stopped it), and must be
+either of a lower priority level, in a higher queue of attained service (under LAS: Tiresias'
+2D-LAS), or held by a user (and project) further over its fair share than the waiting job's
+by at least `FAIRSHARE_MARGIN` (a lower fair-share factor), so that two users near their
+shares do not trade GPUs back and forth. Cheapest first: borrowed work, then lower priority
+levels, fewer GPUs, the most recently started (it loses least work), then the lower id.
 
 The search is bounded. Per node it finds the smallest set of candidates holding GPUs there
 (by size, then cost) whose GPUs, with the node's free ones, hold the job's part in its
@@ -13,11 +18,13 @@ topology (`topology.choose`): every subset of the `NODE_VICTIMS` cheapest (all o
 8-GPU node), beyond those candidates added cheapest first; sets larger than the best found
 on an earlier node are not tried. It looks at no more than `NODES` nodes, those missing the
 fewest GPUs first: at most 64 x 255 `choose` calls, and a failure is remembered for the
-pass. A single-node job takes the node with the smallest set; a gang takes the nodes that
-hold its part now, then the cheapest sets on further nodes. The choice is then placed for
-real on the pass's fleet with those GPUs freed (`PlacementPass.place_freeing`), so it is a
-valid, topology-correct placement; victims whose GPUs it does not use are spared.
-Deterministic: every tie goes to the cost order, then the hostname.
+pass (jobs ask in the pool's order, so a later job with the same shape, owner and priority
+may stop no more victims than an earlier one). A single-node job takes the node with the
+smallest set; a gang takes the nodes that hold its part now, then the cheapest sets on
+further nodes. The choice is then placed for real on the pass's fleet with those GPUs freed
+(`PlacementPass.place_freeing`), so it is a valid, topology-correct placement; victims whose
+GPUs it does not use are spared. Deterministic: every tie goes to the cost order, then the
+hostname.
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ from scheduling.placement.decisions import Placement, Preemption
 from scheduling.placement.engine import PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import FleetNode, Shape, is_available, matches
-from scheduling.placement.policies import PRIORITY_RANK
+from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy
 from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
 from scheduling.placement.text import listing
 from scheduling.placement.topology import choose
 
 NODE_VICTIMS = 8
 NODES = 64
+# Fair share: the waiting job's factor must exceed the victim's by this much (factors are in
+# [0, 1]; 0.5 is a holder that used exactly its share).
+FAIRSHARE_MARGIN = 0.1
 
 Cost = tuple[bool, int, int, float, int]
 
@@ -44,6 +54,29 @@ Cost = tuple[bool, int, int, float, int]
 def cost(job: RunningJob) -> Cost:
     rank = PRIORITY_RANK[job.priority]
     return (not job.borrowed, rank, len(job.gpu_ids), -job.started_at, job.id)
+
+
+def as_waiting(victim: RunningJob, now: float) -> JobRequest:
+    """`victim` as it would wait if stopped at `now` (queued from `now`): its attained
+    service with this attempt's, its runtime (estimate, else limit; history's prediction) as
+    a whole, so that the pool's policy can rank it among the waiting jobs."""
+    expected = None if victim.expected_end is None else victim.expected_end - victim.started_at
+    predicted = None if victim.predicted_end is None else victim.predicted_end - victim.started_at
+    return JobRequest(
+        id=victim.id,
+        owner=victim.owner,
+        priority=victim.priority,
+        submitted_at=victim.submitted_at,
+        gpus_per_node=max(1, len(victim.gpu_ids)),
+        estimated_duration_s=expected,
+        preemptible=victim.preemptible,
+        pool=victim.pool,
+        project=victim.project,
+        array=victim.array,
+        attained_service_s=victim.service_s(now),
+        queued_at=now,
+        predicted_runtime_s=predicted,
+    )
 
 
 class Victims:
@@ -55,9 +88,15 @@ class Victims:
         placement_pass: PlacementPass,
         running: Iterable[RunningJob],
         shares: Callable[[], FairShareTable],
+        policy: Policy | None = None,
+        exempt_s: float = 0.0,
     ) -> None:
-        """`shares` gives the pool's fair-share table (built when first needed)."""
+        """`shares` gives the pool's fair-share table (built when first needed); `policy`
+        the pool's order (FCFS when None), which a victim must rank below the waiting job in;
+        `exempt_s` how long a job runs before it may be stopped for anything but a
+        reclaim."""
         self.placement_pass = placement_pass
+        self.now = placement_pass.now
         node_of = placement_pass.fleet.node_of
         self.candidates = sorted(
             (
@@ -71,6 +110,9 @@ class Victims:
             key=cost,
         )
         self.shares = shares
+        self.policy: Policy = policy if policy is not None else Fcfs()
+        self.exempt_s = exempt_s
+        self._waiting: dict[int, JobRequest] = {}
         self._gone: set[int] = set()
         self._failed: set[tuple[Shape, View, str, str, str]] = set()
 
@@ -80,18 +122,43 @@ class Victims:
             return None
         if victim.borrowed:
             return "reclaims GPUs lent over quota"
+        if self.now - victim.started_at < self.exempt_s:
+            return None
+        reason = self._reason(victim, job)
+        if reason is None or not self.ranks_below(victim, job):
+            return None
+        return reason
+
+    def _reason(self, victim: RunningJob, job: JobRequest) -> str | None:
         if PRIORITY_RANK[victim.priority] < PRIORITY_RANK[job.priority]:
             return f"higher priority ({job.priority} over {victim.priority})"
+        if isinstance(self.policy, Las):
+            mine = self.policy.queue(job, self.now)
+            theirs = self.policy.queue(self._as_waiting(victim), self.now)
+            if mine < theirs:
+                return f"less attained service (queue {mine} before queue {theirs})"
         shares = self.shares()
-        mine = shares.factor(job.owner, job.project)
-        theirs = shares.factor(victim.owner, victim.project)
-        if mine > theirs:
-            return f"under its fair share (factor {mine:.2f} over {theirs:.2f})"
+        mine_f = shares.factor(job.owner, job.project)
+        theirs_f = shares.factor(victim.owner, victim.project)
+        if mine_f >= theirs_f + FAIRSHARE_MARGIN:
+            return f"under its fair share (factor {mine_f:.2f} over {theirs_f:.2f})"
         return None
+
+    def ranks_below(self, victim: RunningJob, job: JobRequest) -> bool:
+        """Whether `victim`, stopped now and waiting again, would come after `job` in the
+        pool's order."""
+        again = self._as_waiting(victim)
+        return self.policy.order((again, job), self.now)[0] is job
+
+    def _as_waiting(self, victim: RunningJob) -> JobRequest:
+        if victim.id not in self._waiting:
+            self._waiting[victim.id] = as_waiting(victim, self.now)
+        return self._waiting[victim.id]
 
     def preempt(self, job: JobRequest, view: View) -> tuple[Preemption, Placement] | None:
         """Stop the fewest candidates for `job` in `view`: the preemption, and the placement
-        it makes (already taken on the pass's fleet), or None."""
+        it makes (already taken on the pass's fleet), or None. Jobs ask in the pool's order
+        (a failure is remembered for the later jobs of the same shape, owner and priority)."""
         shape = Shape.of(job)
         key = (shape, view, job.priority, job.owner, job.project)
         if key in self._failed:

@@ -55,6 +55,7 @@ from typing import Generic, Literal, NamedTuple, TypeVar
 from inventory.nvml.mig_catalog import MigProfile, MigTable, load_table, table_for_gpu
 from inventory.nvml.mig_fit import Placed, free_starts, remaining_capacity
 from scheduling.placement.decisions import MigCreate, Pending, Placement, Reason, TopologyClass
+from scheduling.placement.predict import release_at
 from scheduling.placement.reservations import ReservationBook
 from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig, Snapshot
 from scheduling.placement.text import gigabytes, gpu_noun, listing, plural
@@ -249,8 +250,7 @@ class SharingPass:
         self._configs = snapshot.pools
         self._book = ReservationBook(snapshot.reservations, snapshot.now)
         self._release: dict[int, float] = {
-            job.id: math.inf if job.expected_end is None else job.expected_end
-            for job in snapshot.running
+            job.id: release_at(job, snapshot.now) for job in snapshot.running
         }
         self._mig_counts, self._mps_counts = _counts(
             snapshot.queue if workload is None else workload
@@ -373,7 +373,7 @@ class SharingPass:
         return next((gpu for gpu in gpus if not self._book.closed(gpu.gpu.id, job)), None)
 
     def _runs_until(self, job: JobRequest) -> float:
-        runtime = job.expected_runtime_s
+        runtime = job.likely_runtime_s
         return math.inf if runtime is None else self.now + runtime
 
     # ------------------------------------------------------------------ MIG

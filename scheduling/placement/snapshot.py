@@ -12,7 +12,10 @@ Priority = Literal["low", "normal", "high", "critical"]
 TopologyRequirement = Literal["any", "numa", "nvlink", "node"]
 NodeState = Literal["online", "draining", "offline"]
 
-PolicyName = Literal["fcfs", "priority", "sjf", "fairshare", "las"]
+PolicyName = Literal["fcfs", "priority", "sjf", "fairshare", "las", "qssf"]
+# A pool's policy unless an admin picks another (PoolPolicy's default too): predicted
+# shortest service first, which orders as "priority" while there is no history to predict from.
+DEFAULT_POLICY: PolicyName = "qssf"
 
 PRIORITIES: tuple[Priority, ...] = ("low", "normal", "high", "critical")
 TOPOLOGY_REQUIREMENTS: tuple[TopologyRequirement, ...] = ("any", "numa", "nvlink", "node")
@@ -112,6 +115,9 @@ class JobRequest:
     reservation: int | None = None  # runs only on this reservation's GPUs, in its window
     array: int | None = None  # its JobArray: Snapshot.array_limits caps its running tasks
     attained_service_s: float = 0.0  # GPU-seconds its earlier attempts ran (LAS)
+    queued_at: float | None = None  # when its last attempt ended (None: never ran; LAS)
+    # Its runtime as history predicts it (scheduling.placement.predict; None: nothing known).
+    predicted_runtime_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
@@ -134,10 +140,27 @@ class JobRequest:
             return self.estimated_duration_s
         return self.max_runtime_s
 
+    @property
+    def likely_runtime_s(self) -> float | None:
+        """How long the job will likely hold its GPUs, for backfill and QSSF: the user's
+        estimate, else the prediction from history (never beyond the maximum runtime), else
+        the maximum runtime; None when nothing is known."""
+        if self.estimated_duration_s is not None:
+            return self.estimated_duration_s
+        predicted = self.predicted_runtime_s
+        if predicted is None:
+            return self.max_runtime_s
+        if self.max_runtime_s is not None:
+            return min(predicted, self.max_runtime_s)
+        return predicted
+
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job holding GPUs; `expected_end` (epoch seconds) is None when nobody knows.
+    """A job holding GPUs; `expected_end` (epoch seconds: its start plus the user's estimate,
+    else its maximum runtime) is None when nobody knows. `predicted_end` is its start plus the
+    runtime history predicted for it, set only when its user gave no estimate; backfill
+    reads both through `predict.release_at`.
 
     The rest is what preemption and quotas read: who it belongs to, whether it may be
     preempted (`borrowed`: placed over quota, reclaimed first), and whether a preemption is
@@ -147,6 +170,7 @@ class RunningJob:
     gpu_ids: tuple[int, ...]
     started_at: float
     expected_end: float | None = None
+    predicted_end: float | None = None
     owner: str = ""
     project: str = ""
     pool: str | None = None
@@ -156,13 +180,19 @@ class RunningJob:
     borrowed: bool = False
     stopping: bool = False
     array: int | None = None
+    attained_service_s: float = 0.0  # GPU-seconds its earlier attempts ran (LAS)
+
+    def service_s(self, now: float) -> float:
+        """GPU-seconds it has attained by `now`: its earlier attempts' and this one's (each
+        GPU it holds counts whole)."""
+        return self.attained_service_s + max(0.0, now - self.started_at) * len(self.gpu_ids)
 
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     """One pool's policy (scheduling.models.PoolPolicy as plain values)."""
 
-    policy: PolicyName = "priority"
+    policy: PolicyName = DEFAULT_POLICY
     backfill: bool = True
     aging_interval_s: float = 60.0
     fairshare_half_life_s: float = 7 * 24 * 3600.0
@@ -170,6 +200,10 @@ class PoolConfig:
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0)
     allow_borrowing: bool = True
     preemption: bool = True
+    # A job is not preempted for priority, share or attained service before it has run this
+    # long since its latest start (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed
+    # at once.
+    preempt_exempt_s: float = 600.0
     dynamic_mig: bool = False
 
 

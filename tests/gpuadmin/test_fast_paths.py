@@ -1,16 +1,27 @@
 """What keeps a request cheap without changing what it does: serializers whose fields are
-bound once, and the database health check skipped on a connection in steady use."""
+bound once and whose input skips DRF's per-field bookkeeping, a new row's column values
+without Django's call chain for plain values, and the database health check skipped on a
+connection in steady use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
 import pytest
-from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.contrib.auth.models import User
+from django.db import connection, connections
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rest_framework import serializers
 
 from gpuadmin import api
+from gpuadmin.audit import services as audit_services
+from gpuadmin.audit.models import AuditEvent
 from gpuadmin.postgres import base
 from scheduling.api.serializers import JobSubmitSerializer
+from scheduling.models import Job, JobState
 
 
 class Point(api.SharedFieldsSerializer):
@@ -45,25 +56,102 @@ def test_shared_fields_are_bound_once_and_validate_each_instance_apart():
     ],
 )
 def test_job_submissions_validate_as_with_drfs_own_fields(body):
-    class Plain(JobSubmitSerializer):
-        fields = serializers.Serializer.fields  # DRF's: bound to each instance
+    assert_validates_as_drf(body)
+    assert Plain(data=body).fields is not Plain(data=body).fields
 
+
+class Plain(JobSubmitSerializer):
+    """DRF's own: fields bound to each instance, its own loop over them."""
+
+    fields = serializers.Serializer.fields
+    to_internal_value = serializers.Serializer.to_internal_value
+
+
+def assert_validates_as_drf(body: Any) -> None:
     ours, theirs = JobSubmitSerializer(data=body), Plain(data=body)
     assert ours.is_valid() == theirs.is_valid()
     assert ours.errors == theirs.errors
     if not ours.errors:
         assert ours.validated_data == theirs.validated_data
-    assert theirs.fields is not Plain(data=body).fields
 
 
-def test_a_shared_field_cannot_read_a_context():
-    with pytest.raises(ImproperlyConfigured, match="no context"):
-        Signed(data={"text": "hi"}, context={"request": "alice"}).is_valid()
+SUBMIT_FIELDS = list(JobSubmitSerializer().fields)
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.sampled_from([0, 1, 2, 8, 100, 65535, 2**31]),
+    st.text(max_size=12),
+    st.sampled_from(["", " ", "true", "high", "any", "a100", "1g.10gb", "afterok:1", "0-3%2"]),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.one_of(st.text(max_size=5), st.integers()), max_size=3),
+    st.floats(allow_nan=False),
+)
 
 
-def test_a_shared_fields_serializer_is_never_partial():
-    with pytest.raises(ImproperlyConfigured, match="partially"):
-        Point(data={}, partial=True)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from([*SUBMIT_FIELDS, "unknown"]), VALUES, max_size=8))
+def test_any_submission_validates_as_with_drfs_own_loop(body):
+    assert_validates_as_drf({"command": "true", **body})
+    assert_validates_as_drf(body)  # the command absent: required
+
+
+@pytest.mark.parametrize("body", [[], "text", 3, None, [{"command": "true"}]])
+def test_input_that_is_not_an_object_is_refused_as_drf_refuses_it(body):
+    assert_validates_as_drf(body)
+    serializer = JobSubmitSerializer(data=body)
+    assert not serializer.is_valid() and "non_field_errors" in serializer.errors
+
+
+def test_an_absent_field_is_skipped_defaulted_or_required_as_declared():
+    serializer = JobSubmitSerializer(data={"command": "true", "pool": ""})
+    assert serializer.is_valid(), serializer.errors
+    data = serializer.validated_data
+    assert data["gpu_count"] == 1 and data["hold"] is False  # defaults
+    assert "name" not in data and "reservation" not in data  # optional, no default: absent
+    assert data["pool"] is None  # validate_pool ran
+    assert JobSubmitSerializer(data={}).is_valid() is False
+
+
+def test_a_field_with_a_source_of_its_own_takes_drfs_loop():
+    class Renamed(api.SharedFieldsSerializer):
+        title = serializers.CharField(source="name")
+
+    serializer = Renamed(data={"title": "a"})
+    assert serializer.is_valid() and serializer.validated_data == {"name": "a"}
+    assert Renamed._input_plan is None
+
+
+@pytest.mark.django_db
+def test_a_row_written_with_its_audit_row_is_the_row_django_writes(monkeypatch):
+    moment = datetime(2026, 11, 25, 9, 0, 0, 123456, tzinfo=UTC)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: moment)
+    owner = User.objects.create_user("rowcheck")
+    fields: dict[str, Any] = {
+        "owner": owner,
+        "command": ["python", "x.py", 'it\'s "quoted"', "ünï"],
+        "name": "n",
+        "use_shell": True,
+        "env": {"A": "1", "B": ""},
+        "gpu_count": 2,
+        "max_runtime_s": None,
+        "estimated_duration_s": 60,
+        "exit_code": -9,
+        "placement": {"nodes": {"a": [0, 1]}, "score": [1.5]},
+        "scheduled_at": moment,
+        "state": JobState.QUEUED,
+    }
+    ours = Job(**fields)
+    audit_services.create_recorded(ours, "job.submitted", actor=owner, after={})
+    djangos = Job.objects.create(**fields)
+    stored = {
+        row["id"]: {k: v for k, v in row.items() if k != "id"} for row in Job.objects.values()
+    }
+    assert stored[ours.pk] == stored[djangos.pk]
+    assert stored[ours.pk]["submitted_at"] == moment == ours.submitted_at
+    assert stored[ours.pk]["command"] == fields["command"] and stored[ours.pk]["pool_id"] is None
+    event = AuditEvent.objects.get(event_type="job.submitted")
+    assert (event.target_id, event.actor_id) == (str(ours.pk), owner.pk)
 
 
 @pytest.fixture
@@ -75,9 +163,19 @@ def wrapper(db):
     connection.close()
 
 
+def counting(checks: list[int], usable: bool) -> Callable[[], bool]:
+    """An ``is_usable`` that counts its calls in ``checks``."""
+
+    def is_usable() -> bool:
+        checks.append(1)
+        return usable
+
+    return is_usable
+
+
 def test_a_connection_back_within_fresh_s_is_not_checked(wrapper, monkeypatch):
-    checks = []
-    monkeypatch.setattr(wrapper, "is_usable", lambda: checks.append(1) or True)
+    checks: list[int] = []
+    monkeypatch.setattr(wrapper, "is_usable", counting(checks, True))
     wrapper.close_if_unusable_or_obsolete()  # the end of a request
     wrapper.close_if_unusable_or_obsolete()  # the start of the next, at once
     wrapper.close_if_health_check_failed()
@@ -85,8 +183,8 @@ def test_a_connection_back_within_fresh_s_is_not_checked(wrapper, monkeypatch):
 
 
 def test_an_idle_connection_is_checked(wrapper, monkeypatch):
-    checks = []
-    monkeypatch.setattr(wrapper, "is_usable", lambda: checks.append(1) or True)
+    checks: list[int] = []
+    monkeypatch.setattr(wrapper, "is_usable", counting(checks, True))
     wrapper.close_if_unusable_or_obsolete()
     wrapper._recycled_at -= base.FRESH_S  # idle since
     wrapper.close_if_unusable_or_obsolete()
@@ -95,8 +193,37 @@ def test_an_idle_connection_is_checked(wrapper, monkeypatch):
 
 
 def test_a_connection_that_saw_an_error_is_checked_at_once(wrapper, monkeypatch):
-    checks = []
-    monkeypatch.setattr(wrapper, "is_usable", lambda: checks.append(1) or False)
+    checks: list[int] = []
+    monkeypatch.setattr(wrapper, "is_usable", counting(checks, False))
     wrapper.errors_occurred = True
     wrapper.close_if_unusable_or_obsolete()
     assert checks == [1] and wrapper.connection is None
+
+
+@pytest.mark.django_db
+def test_a_new_rows_column_values_are_djangos(monkeypatch):
+    moment = datetime(2026, 11, 25, 9, 0, tzinfo=UTC)
+    monkeypatch.setattr("django.utils.timezone.now", lambda: moment)
+    job = Job(
+        owner_id=7,
+        command=["python", "x.py"],
+        name="n",
+        use_shell=True,
+        env={"A": "1"},
+        gpu_count=2,
+        estimated_duration_s=60,
+        exit_code=-9,
+        placement={"nodes": {}},
+        scheduled_at=moment,
+    )
+    job.min_gpu_memory_mib = "512"  # not an int: Django's own path makes it one
+    job.borrowed = 1  # type: ignore[assignment]  # not a bool: the same
+    columns = audit_services._columns(Job)
+    djangos = [f.get_db_prep_save(f.pre_save(job, add=True), connection) for f in columns]
+    ours = audit_services._db_values(job, connection)
+
+    def typed(values: list[Any]) -> list[tuple[type, Any]]:
+        return [(type(v), getattr(v, "obj", v)) for v in values]  # psycopg's Jsonb wraps obj
+
+    assert typed(ours) == typed(djangos)
+    assert {type(v).__name__ for v in ours} >= {"Int2", "Int4", "bool", "str", "NoneType"}

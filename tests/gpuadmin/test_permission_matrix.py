@@ -81,6 +81,7 @@ POLICY_FORM = {
     "fairshare_weight": "100",
     "las_thresholds_gpu_s": "",
     "allow_borrowing": "on",
+    "preempt_exempt_s": "600",
     "preempt_signal": "SIGTERM",
     "preempt_grace_s": "30",
     "reservation_release_after_s": "900",
@@ -282,7 +283,8 @@ TABLE: dict[tuple[str, str], Entry] = {
         {"policy": "fairshare", "backfill": True, "aging_interval_s": 60}
         | {"fairshare_half_life_s": 3600, "fairshare_weight": 100, "las_thresholds_gpu_s": []}
         | {"allow_borrowing": True, "preemption": True, "preempt_signal": "SIGUSR1"}
-        | {"preempt_grace_s": 30, "dynamic_mig": False, "reservation_auto_approve": True}
+        | {"preempt_exempt_s": 600, "preempt_grace_s": 30, "dynamic_mig": False}
+        | {"reservation_auto_approve": True}
         | {"reservation_release_after_s": 600},
     ),
     # Quotas: admins write; users read their own (and their projects'), others everyone's

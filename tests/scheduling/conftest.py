@@ -38,6 +38,13 @@ class RecordingBroker:
     def named(self, name: str) -> list[tuple[tuple, str | None]]:
         return [(args, queue) for sent, args, queue in self.sent if sent == name]
 
+    def job_specs(self) -> list[tuple[dict, str | None]]:
+        """Each job spec sent to an agent (``scheduling.run_jobs`` messages carry several),
+        with its node's queue, in the order sent."""
+        return [
+            (spec, queue) for (specs,), queue in self.named("scheduling.run_jobs") for spec in specs
+        ]
+
 
 @pytest.fixture
 def broker(monkeypatch) -> RecordingBroker:

@@ -100,9 +100,9 @@ def test_a_gang_is_sent_to_each_node_as_its_spec_with_its_rank(
     )
     with django_capture_on_commit_callbacks(execute=True):
         loop.run_pass()
-    sent = broker.named("scheduling.run_job")
+    sent = broker.job_specs()
     assert [queue for _, queue in sent] == ["node.dgx-01", "node.dgx-02"]
-    specs = [JobSpec.from_dict(args[0]) for args, _ in sent]
+    specs = [JobSpec.from_dict(spec) for spec, _ in sent]
     for rank, spec in enumerate(specs):
         assert spec.job_id == f"{job.pk}.1"
         assert spec.shell_command == "python train.py" and spec.argv == ()
@@ -153,7 +153,7 @@ def test_a_job_the_executor_would_refuse_is_reported_failed_not_sent(
     with django_capture_on_commit_callbacks(execute=True):
         summary = loop.run_pass()
     assert summary.placed == 1
-    assert broker.named("scheduling.run_job") == []
+    assert broker.job_specs() == []
     [(args, queue)] = broker.named("scheduling.job_event")
     assert queue is None  # the central queue
     with django_capture_on_commit_callbacks(execute=True):

@@ -530,7 +530,8 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
     command = "echo $GPUADMIN_JOB_ID $CUDA_VISIBLE_DEVICES; pwd"
 
     def reported() -> list[str]:
-        events = [event_from_dict(args[0]) for args, _ in broker.named("scheduling.job_event")]
+        sent = broker.named("scheduling.job_events")
+        events = [event_from_dict(event) for args, _ in sent for event in args[0]]
         return [e.state if isinstance(e, JobFinished) else "started" for e in events]
 
     try:
@@ -588,8 +589,9 @@ def test_the_agent_fails_a_job_it_cannot_start_instead_of_leaving_it_scheduled(
     # No live sample of this made-up node goes to the shared Redis when the job ends.
     monkeypatch.setattr(agent, "publish_sample", lambda hostname: None)
     agent.run_job({"job_id": "6.1", "argv": ["true"], **fields})
-    [(args, _)] = broker.named("scheduling.job_event")
-    failed = event_from_dict(args[0])
+    agent.flush_reports()  # what the agent's sender thread does
+    [(args, _)] = broker.named("scheduling.job_events")
+    [failed] = [event_from_dict(event) for event in args[0]]
     assert isinstance(failed, JobFinished)
     assert (failed.job_id, failed.state) == ("6.1", FinalState.FAILED)
     assert failed.message == f"cannot start: {message}"

@@ -13,7 +13,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.choices import NodeState
 from inventory.models import Gpu, Node
 from scheduling import loop, services
-from scheduling.executor import JobSpec
+from scheduling.executor import ExecutorEvent, FinalState, JobFinished, JobSpec, JobStarted
 from scheduling.models import Allocation, Job, JobState, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
@@ -137,9 +137,9 @@ def test_a_pass_places_with_the_best_topology_and_dispatches_to_the_agent(
     # best fit: both land on the same node, keeping the others whole
     nodes = {host for job in (pair, four) for host in job.placement["nodes"]}
     assert len(nodes) == 1
-    (args, queue), _ = broker.named("scheduling.run_job")
+    (sent, queue), _ = broker.job_specs()  # in one message to their node
     assert queue == f"node.{next(iter(pair.placement['nodes']))}"
-    spec = JobSpec.from_dict(args[0])
+    spec = JobSpec.from_dict(sent)
     assert spec.job_id == f"{pair.pk}.1"  # attempt 1
     assert sorted(spec.gpu_uuids) == sorted(gpus.values_list("uuid", flat=True))
     assert events(pair) == ["job.submitted", "job.scheduled"]
@@ -261,6 +261,45 @@ def test_started_then_completed_releases_the_gpus(alice, fleet):
     assert events(job) == ["job.submitted", "job.scheduled", "job.running", "job.completed"]
     completed = AuditEvent.objects.get(event_type="job.completed", target_id=str(job.pk))
     assert len(completed.after["released_gpus"]) == 2
+
+
+def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_statements(
+    alice, fleet, django_assert_max_num_queries
+):
+    """An agent's batch: each job's start and end, in the order they happened, each
+    transition audited and each end's GPUs released, a failure re-queued while retries are
+    left and a stale report ignored; the statements do not grow with the batch."""
+    now = timezone.now()
+
+    def lifecycles(jobs: list[Job], outcome: str = "completed") -> list[ExecutorEvent]:
+        started = [JobStarted(f"{job.pk}.1", 100 + job.pk, now) for job in jobs]
+        ended = [JobFinished(f"{job.pk}.1", FinalState(outcome), 0, now) for job in jobs]
+        return [*started, *ended]
+
+    one = place(alice)
+    with django_assert_max_num_queries(99) as single:
+        assert services.job_events(lifecycles([one])).reached == {one.pk: JobState.COMPLETED}
+    jobs = [place(alice, gpu_count=2) for _ in range(6)]
+    retried = place(alice, max_retries=1)
+    batch = [
+        *lifecycles(jobs),
+        *lifecycles([retried], "failed"),
+        JobStarted(f"{one.pk}.1", 1, now),  # stale: it ended already
+    ]
+    with django_assert_max_num_queries(len(single.captured_queries)):
+        reached = services.job_events(batch).reached
+    assert reached == {**dict.fromkeys((j.pk for j in jobs), "completed"), retried.pk: "queued"}
+    for job in [one, *jobs]:
+        assert events(job)[-2:] == ["job.running", "job.completed"]
+        job.refresh_from_db()
+        assert (job.state, job.pid, job.exit_code) == (JobState.COMPLETED, None, 0)
+    assert not Allocation.objects.active().filter(job__in=[one, *jobs]).exists()
+    completed = AuditEvent.objects.get(event_type="job.completed", target_id=str(jobs[0].pk))
+    assert len(completed.after["released_gpus"]) == 2
+    retried.refresh_from_db()
+    assert (retried.state, retried.pid) == (JobState.QUEUED, None)
+    assert retried.message.startswith("retry 1/1 after attempt 1 failed")
+    assert events(retried)[-2:] == ["job.running", "job.queued"]
 
 
 def test_failures_retry_until_max_retries_then_fail(alice, fleet):

@@ -126,3 +126,43 @@ def test_the_snapshot_carries_pools_shares_holders_and_the_queue_s_requests(alic
     assert snapshot.pools["training"].backfill is False
     assert snapshot.array_limits == {array.pk: 2}
     assert snapshot.reservations == ()
+
+
+def test_attained_service_counts_earlier_attempts_of_waiting_and_running_jobs(alice, broker):
+    """LAS reads the GPU-seconds of every earlier attempt: a running job's (its current
+    attempt the engine adds itself) and a waiting one's, with when its last attempt ended."""
+    add_sim_node("dgx-01")
+    gpus = list(Gpu.objects.filter(node__hostname="dgx-01").order_by("index"))
+    now = timezone.now()
+
+    def held(job: Job, gpu: Gpu, attempt: int, start: float, end: float | None) -> None:
+        Allocation.objects.create(
+            job=job,
+            gpu=gpu,
+            node=gpu.node,
+            attempt=attempt,
+            allocated_at=now - timedelta(seconds=start),
+            released_at=None if end is None else now - timedelta(seconds=end),
+        )
+
+    again = Job.objects.create(owner=alice, command=["x"], state="running", gpu_count=2)
+    again.attempt = 2
+    again.save()
+    for gpu in gpus[:2]:
+        held(again, gpu, 1, 7200, 3600)  # an hour on 2 GPUs: 7,200 GPU-seconds
+        held(again, gpu, 2, 600, None)  # running now: not counted here
+    requeued = Job.objects.create(owner=alice, command=["x"], state="queued")
+    held(requeued, gpus[2], 1, 5000, 4000)
+    held(requeued, gpus[3], 2, 3000, 1200)  # its last attempt ended 20 minutes ago
+    fresh = Job.objects.create(owner=alice, command=["x"], state="queued")
+
+    snapshot, _ = loop.take_snapshot()
+
+    [running] = snapshot.running
+    assert running.attained_service_s == pytest.approx(7200, abs=1)
+    queue = {job.id: job for job in snapshot.queue}
+    assert queue[requeued.pk].attained_service_s == pytest.approx(1000 + 1800, abs=1)
+    assert queue[requeued.pk].queued_at == pytest.approx(
+        (now - timedelta(seconds=1200)).timestamp()
+    )
+    assert (queue[fresh.pk].attained_service_s, queue[fresh.pk].queued_at) == (0.0, None)

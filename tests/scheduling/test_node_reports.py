@@ -24,7 +24,7 @@ from inventory.nvml import open_backend
 from inventory.nvml.scanner import scan
 from scheduling import loop, services
 from scheduling import tasks as scheduling_tasks
-from scheduling.executor import JobStarted
+from scheduling.executor import FinalState, JobFinished, JobStarted
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
@@ -112,6 +112,41 @@ def test_the_central_side_may_report_about_any_job(running_on_dgx_01, signed):
     job = running_on_dgx_01
     deliver(scheduling_tasks.job_event, signed(None, "", "scheduling.job_event", started(job)))
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
+
+
+def test_a_batch_of_job_events_believes_each_only_from_its_jobs_node(
+    running_on_dgx_01, signed, django_user_model
+):
+    """An agent's batch (``scheduling.job_events``) is judged event by event: the events of
+    jobs placed on the sender are recorded in order, one about a job elsewhere is refused."""
+    job = running_on_dgx_01
+    other = services.submit_job(
+        django_user_model.objects.create_user("bob"), command=["true"], gpu_count=8
+    )
+    loop.run_pass()
+    other.refresh_from_db()
+    assert set(other.allocations.values_list("node__hostname", flat=True)) == {"dgx-02"}
+    at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    batch = [
+        JobStarted(f"{job.pk}.1", 4242, at).to_dict(),
+        JobStarted(f"{other.pk}.1", 99, at).to_dict(),
+        JobFinished(f"{job.pk}.1", FinalState.COMPLETED, 0, at).to_dict(),
+    ]
+    deliver(
+        scheduling_tasks.job_events,
+        signed(token_of("dgx-01"), "dgx-01", "scheduling.job_events", (batch,)),
+    )
+    job.refresh_from_db()
+    other.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.COMPLETED, 0)
+    assert not job.allocations.filter(released_at__isnull=True).exists()
+    assert (other.state, other.pid) == (JobState.SCHEDULED, None)
+    assert refusals() == [f"job {other.pk}.1 was not placed on node 'dgx-01'"]
+    audited = AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.pk))
+    assert list(audited.order_by("pk").values_list("event_type", flat=True))[-2:] == [
+        "job.running",
+        "job.completed",
+    ]
 
 
 def sync_args(hostname: str, model: str, tmp_path) -> tuple:

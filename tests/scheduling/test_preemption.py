@@ -108,6 +108,27 @@ def test_the_reported_end_requeues_the_victim_keeping_the_message(alice, gpus):
     assert victim.message == f"preempted by job {high.pk} (priority high over low)"
     assert not Allocation.objects.active().filter(job=victim).exists()
     assert events(victim)[-3:] == ["job.preempt_requested", "job.preempted", "job.queued"]
+    # Counted in the same audited write as its end.
+    assert victim.preemptions == 1
+    counted = AuditEvent.objects.get(target_id=str(victim.pk), event_type="job.preempted")
+    assert counted.after["preemptions"] == 1
+
+
+def test_the_count_is_on_the_jobs_api_body_and_page(alice, gpus, client):
+    victim, high = running(alice, gpus[0]), waiting(alice)
+    client.force_login(alice)
+    assert client.get(f"/api/v1/jobs/{victim.pk}/").json()["preemptions"] == 0
+    assert "Preempted" not in client.get(f"/jobs/{victim.pk}/").content.decode()
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
+    services.allocate(victim, [gpus[1].pk], actor=alice)
+    services.job_started(victim.pk, 2, 4343, timezone.now())
+    preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
+    services.job_finished(victim.pk, 2, "canceled", -15, "", timezone.now())
+
+    assert client.get(f"/api/v1/jobs/{victim.pk}/").json()["preemptions"] == 2
+    html = client.get(f"/jobs/{victim.pk}/").content.decode()
+    assert "<dt>Preempted</dt><dd>2 times, re-queued each time" in html
 
 
 @pytest.mark.parametrize("outcome", ["canceled", "failed", "lost", "timed_out"])
@@ -130,7 +151,7 @@ def test_preempted_attempts_do_not_count_against_retries(alice, gpus):
     victim.refresh_from_db()
     services.allocate(victim, [gpus[1].pk], actor=alice)
     services.job_started(victim.pk, 2, 4343, timezone.now())
-    assert services.preemptions(victim.pk) == 1
+    assert victim.preemptions == 1
     # Attempt 2 is its first failure: one retry is left.
     assert services.job_finished(victim.pk, 2, "failed", 3, "", timezone.now()) == "queued"
     victim.refresh_from_db()
@@ -145,6 +166,7 @@ def test_a_victim_on_an_unreachable_node_is_requeued_at_once(alice, gpus, broker
     assert victim.state == JobState.QUEUED
     assert not broker.named("scheduling.cancel_job")
     assert "job.preempted" in events(victim)
+    assert victim.preemptions == 1
 
 
 def test_a_cancel_during_the_grace_wins(alice, gpus, django_capture_on_commit_callbacks):

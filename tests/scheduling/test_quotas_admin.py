@@ -8,13 +8,14 @@ import pytest
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from scheduling.models import PoolPolicy, Quota
+from scheduling.placement.snapshot import DEFAULT_POLICY
 
 pytestmark = pytest.mark.django_db
 
 
 def policy_form(**changes: str) -> dict[str, str]:
     return {
-        "policy": "priority",
+        "policy": DEFAULT_POLICY,
         "backfill": "on",
         "aging_interval_s": "60",
         "fairshare_half_life_s": "604800",
@@ -22,6 +23,7 @@ def policy_form(**changes: str) -> dict[str, str]:
         "las_thresholds_gpu_s": "",
         "allow_borrowing": "on",
         "preemption": "on",
+        "preempt_exempt_s": "600",
         "preempt_signal": "SIGTERM",
         "preempt_grace_s": "30",
         "reservation_auto_approve": "on",

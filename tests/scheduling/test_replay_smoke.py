@@ -15,8 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from replay import engine_schedulers  # noqa: E402
 from replay_baselines import baselines  # noqa: E402
-from replay_sim import Cluster, Decision, Scheduler, simulate  # noqa: E402
+from replay_sim import Cluster, Decision, EngineScheduler, JobState, Scheduler, simulate  # noqa: E402
 from replay_traces import NodeSpec, Partition, TraceJob  # noqa: E402
+
+from scheduling.placement import JobRequest, PoolConfig  # noqa: E402
 
 
 def tiny_trace(seed: int = 7, jobs: int = 60) -> Partition:
@@ -116,3 +118,28 @@ def test_a_gpu_given_twice_is_refused() -> None:
 
     with pytest.raises(AssertionError, match="double-booked"):
         simulate(partition, Greedy())
+
+
+def test_the_engine_predicts_only_from_jobs_that_ended_before_each_submission() -> None:
+    """The replay feeds the engine's predictor its simulated completions, as the loop feeds
+    it finished jobs: no job's own duration, nor that of one still running, is ever used."""
+    node = (NodeSpec("n0", 4, "sim"),)
+    jobs = (
+        TraceJob(1, submit=0.0, duration=1000.0, gpus=1, project="a"),
+        TraceJob(2, submit=10.0, duration=5000.0, gpus=1, project="a"),  # 1 still runs
+        TraceJob(3, submit=1500.0, duration=20.0, gpus=1, project="a"),  # after 1 ended
+        TraceJob(4, submit=1500.0, duration=20.0, gpus=2, project="b"),
+    )
+    seen: dict[int, float | None] = {}
+
+    class Recording(EngineScheduler):
+        def request(self, state: JobState) -> JobRequest:
+            made = super().request(state)
+            seen.setdefault(made.id, made.predicted_runtime_s)
+            return made
+
+    simulate(Partition("p", node, jobs), Recording("qssf", PoolConfig(policy="qssf")))
+
+    # Job 2 came while job 1 ran: nothing had ended. Jobs 3 and 4 came after job 1 ended
+    # (job 4: another project and GPU count, so the pool's runs of any size).
+    assert seen == {1: None, 2: None, 3: 1000.0, 4: 1000.0}

@@ -375,3 +375,72 @@ def test_a_pool_grace_of_its_own(fleet, alice):
     assert reservations.sweep().released == []
     shift(reservation, timedelta(minutes=31))
     assert reservations.sweep().released == [reservation.pk]
+
+
+# --------------------------------------------------------------------------- its jobs
+
+
+def naming(reservation: Reservation, state: str = JobState.QUEUED) -> Job:
+    return Job.objects.create(
+        owner=reservation.owner,
+        command=["train"],
+        reservation=reservation,
+        state=state,
+        max_runtime_s=600,
+    )
+
+
+def job_events(job: Job) -> list[tuple[str, str, str]]:
+    rows = AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.pk))
+    return list(rows.order_by("pk").values_list("event_type", "actor_name", "message"))
+
+
+@pytest.mark.parametrize("how", ["cancel", "reject", "release", "sweep-end", "sweep-expire"])
+def test_the_jobs_waiting_for_a_reservation_that_ends_leave_the_queue(fleet, alice, root, how):
+    """However a reservation ends, its waiting jobs are canceled with the reason (audited,
+    in the same transaction); its running and finished jobs are left alone."""
+    if how in ("reject", "sweep-expire"):
+        PoolPolicy.objects.create(pool=None, reservation_auto_approve=False)
+    started = how in ("release", "sweep-end", "sweep-expire")
+    reservation = reservations.request(alice, 2, soon(0 if started else 1), soon(2))
+    queued, held_back = naming(reservation), naming(reservation, JobState.PENDING)
+    running, done = naming(reservation, JobState.RUNNING), naming(reservation, JobState.COMPLETED)
+    other = reservations.request(alice, 1, soon(0 if started else 1), soon(2))
+    bystander = naming(other)
+    if how == "cancel":
+        reservations.cancel(reservation, alice)
+    elif how == "reject":
+        reservations.reject(reservation, root)
+    elif how == "release":
+        shift(reservation, HOUR / 2)
+        reservations.release(reservation, actor=alice)
+    else:
+        shift(reservation, 3 * HOUR)
+        reservations.sweep()
+    reservation.refresh_from_db()
+    word = reservation.state
+    assert word in {"canceled", "rejected", "released", "ended"}
+
+    for job in (queued, held_back):
+        before = job.state
+        job.refresh_from_db()
+        message = f"reservation {reservation.pk} {word}: nothing is left of its window to run in"
+        assert (job.state, job.message) == (JobState.CANCELED, message)
+        actor = {"cancel": "alice", "reject": "root", "release": "alice"}.get(how, "reservations")
+        assert job_events(job)[-1] == ("job.canceled", actor, message)
+        mine = AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.pk))
+        assert mine.last().before == {"state": before}
+    for job, state in ((running, JobState.RUNNING), (done, JobState.COMPLETED)):
+        job.refresh_from_db()
+        assert job.state == state
+    bystander.refresh_from_db()
+    assert bystander.state == JobState.QUEUED
+
+
+def test_an_approval_leaves_the_jobs_queued(fleet, alice, root):
+    PoolPolicy.objects.create(pool=None, reservation_auto_approve=False)
+    reservation = reservations.request(alice, 1, soon(1), soon(2))
+    job = naming(reservation)
+    reservations.approve(reservation, root)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED

@@ -34,8 +34,8 @@ def sim_agent(settings: Any, tmp_path: Path, monkeypatch):
     reported: list[dict[str, Any]] = []
 
     def send_task(name: str, args: tuple = (), **_: Any) -> None:
-        if name == "scheduling.job_event":
-            reported.append(args[0])
+        if name == "scheduling.job_events":
+            reported.extend(args[0])
 
     monkeypatch.setattr(app, "send_task", send_task)
     monkeypatch.setattr(agent, "_executor", None)
@@ -43,6 +43,7 @@ def sim_agent(settings: Any, tmp_path: Path, monkeypatch):
     yield reported
     if agent._executor is not None:
         agent._executor.shutdown(kill=True)
+    agent.flush_reports()  # to this test's broker
     live.client().delete(live.KEY_PREFIX + hostname)
 
 
@@ -57,6 +58,10 @@ def finished(reported: list[dict[str, Any]], job_id: str) -> bool:
     return any(e["event"] == "finished" and e["job_id"] == job_id for e in reported)
 
 
+def started_events(reported: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in reported if e["event"] == "started"]
+
+
 def test_an_mps_share_and_its_daemon_show_on_the_simulated_gpu(sim_agent, settings):
     gpu = next(g for g in scan_this_node(include=("facts",)).gpus if g.facts.index == 2)
     spec = JobSpec(
@@ -69,10 +74,12 @@ def test_an_mps_share_and_its_daemon_show_on_the_simulated_gpu(sim_agent, settin
     )
     agent.run_job(spec.to_dict())
     wait_for(lambda: len(processes(2)) == 2, 10, "the daemon and the job on GPU 2")
+    # The process shows on the GPU before the agent has sent its start.
+    wait_for(lambda: started_events(sim_agent), 10, "the job's start")
     daemons = MpsDaemons(agent.agent_dir(settings.GPUADMIN_NODE_NAME) / "mps")
     daemon = daemons.pid(gpu.facts.uuid)
     assert daemon is not None
-    [started] = [e for e in sim_agent if e["event"] == "started"]
+    [started] = started_events(sim_agent)
     assert processes(2) == {daemon: agent.SIM_MPS_SERVER_MIB, started["pid"]: 2048}
     wait_for(lambda: finished(sim_agent, "11.1"), 10, "the job's end")
     [end] = [e for e in sim_agent if e["event"] == "finished"]
@@ -89,7 +96,8 @@ def test_a_mig_job_shows_on_its_device(sim_agent):
         JobSpec(job_id="12.1", argv=["sleep", "1"], gpu_uuids=[device], cwd="/").to_dict()
     )
     wait_for(lambda: len(processes(0)) == 1, 10, "the job on its MIG device")
-    [started] = [e for e in sim_agent if e["event"] == "started"]
+    wait_for(lambda: started_events(sim_agent), 10, "the job's start")
+    [started] = started_events(sim_agent)
     assert processes(0) == {started["pid"]: int(gi.memory_mib * agent.SIM_MEMORY_FRACTION)}
     wait_for(lambda: finished(sim_agent, "12.1"), 10, "the job's end")
     assert processes(0) == {}

@@ -63,8 +63,8 @@ def test_a_job_waiting_for_a_drained_node_is_placed_once_the_node_is_online(
     job = Job.objects.get(pk=job.pk)
     assert job.state == JobState.SCHEDULED
     assert job.placement["nodes"] == {"dgx-01": list(range(8))}
-    [(args, queue)] = broker.named("scheduling.run_job")
-    assert (JobSpec.from_dict(args[0]).job_id, queue) == (f"{job.pk}.1", "node.dgx-01")
+    [(spec, queue)] = broker.job_specs()
+    assert (JobSpec.from_dict(spec).job_id, queue) == (f"{job.pk}.1", "node.dgx-01")
 
 
 def test_only_changes_that_give_gpus_back_wake_the_loop(

@@ -48,9 +48,9 @@ def test_manual_allocation_schedules_and_dispatches_the_job(
         ("dgx-01", 2, True, True),
         ("dgx-01", 3, True, True),
     ]
-    [(args, queue)] = broker.named("scheduling.run_job")
+    [(sent, queue)] = broker.job_specs()
     assert queue == "node.dgx-01"
-    spec = JobSpec.from_dict(args[0])
+    spec = JobSpec.from_dict(sent)
     assert (spec.job_id, list(spec.gpu_uuids)) == (f"{job.pk}.1", uuids("dgx-01", 2, 3))
     assert events(target_id=job.pk) == ["job.submitted", "job.scheduled"]
     assert events("scheduling.allocation") == ["allocation.created"] * 2

@@ -8,6 +8,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from scheduling.models import PoolPolicy, SchedulerSettings
+from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +22,7 @@ def admin(api_as):
 def test_status(admin, fleet):
     submit(admin.user)
     body = admin.get("/orchestrator/status").json()
-    assert (body["enabled"], body["policy"], body["aging_interval_s"]) == (True, "priority", 60)
+    assert (body["enabled"], body["policy"], body["aging_interval_s"]) == (True, DEFAULT_POLICY, 60)
     assert body["jobs"] == {"pending": 0, "queued": 1, "scheduled": 0, "running": 0}
     assert (body["gpus_present"], body["gpus_allocated"], body["gpus_free"]) == (16, 0, 16)
     assert body["last_scheduled_at"] is None
@@ -40,15 +41,15 @@ def test_stop_and_start_are_audited(admin, db):
 
 def test_policies(admin, db):
     body = admin.get("/orchestrator/policies").json()
-    assert (body["policy"], body["aging_interval_s"]) == ("priority", 60)
-    assert [(row["pool"], row["policy"]) for row in body["pools"]] == [(None, "priority")]
+    assert (body["policy"], body["aging_interval_s"]) == (DEFAULT_POLICY, 60)
+    assert [(row["pool"], row["policy"]) for row in body["pools"]] == [(None, DEFAULT_POLICY)]
     change = {"policy": "fcfs", "aging_interval_s": 120}
     response = admin.put("/orchestrator/policies", change, format="json")
     assert (response.status_code, response.json()) == (200, {"pool": None, **change})
     config = PoolPolicy.default()
     assert (config.policy, config.aging_interval_s) == ("fcfs", 120)
     row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
-    assert (row.before, row.after) == ({"policy": "priority", "aging_interval_s": 60}, change)
+    assert (row.before, row.after) == ({"policy": DEFAULT_POLICY, "aging_interval_s": 60}, change)
     assert row.message == "policy of no pool"
     admin.put("/orchestrator/policies", change, format="json")  # unchanged: no second row
     assert events("scheduling.poolpolicy") == ["scheduler.policy_changed"]
@@ -60,14 +61,14 @@ def test_a_pools_policy_is_set_by_naming_it(admin, db):
     response = admin.put("/orchestrator/policies", change, format="json")
     assert (response.status_code, response.json()) == (200, change)
     body = admin.get("/orchestrator/policies").json()
-    assert body["policy"] == "priority"  # the GPUs in no pool keep theirs
+    assert body["policy"] == DEFAULT_POLICY  # the GPUs in no pool keep theirs
     assert [(row["pool"], row["policy"]) for row in body["pools"]] == [
-        (None, "priority"),
+        (None, DEFAULT_POLICY),
         ("a100", "fairshare"),
     ]
     row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
     assert (row.before, row.after, row.message) == (
-        {"policy": "priority"},
+        {"policy": DEFAULT_POLICY},
         {"policy": "fairshare"},
         "policy of pool a100",
     )
@@ -88,5 +89,5 @@ def test_bad_policies_name_the_field(admin, db, body, field):
     response = admin.put("/orchestrator/policies", body, format="json")
     assert response.status_code == 400
     assert list(response.json()) == [field]
-    assert PoolPolicy.default().policy == "priority"
+    assert PoolPolicy.default().policy == DEFAULT_POLICY
     assert not AuditEvent.objects.exists()

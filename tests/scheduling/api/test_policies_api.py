@@ -9,6 +9,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
+from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.scheduling.api.conftest import events
 from tests.scheduling.pages.helpers import add_fleet
 
@@ -33,8 +34,8 @@ def a100(db) -> Pool:
 def test_every_pool_has_a_policy_the_defaults_until_changed(admin, a100):
     listed = admin.get("/api/v1/policies/").json()
     assert [(row["pool"], row["policy"], row["updated_at"]) for row in listed] == [
-        (None, "priority", None),
-        ("a100", "priority", None),
+        (None, DEFAULT_POLICY, None),
+        ("a100", DEFAULT_POLICY, None),
     ]
     one = admin.get("/api/v1/policies/a100/").json()
     assert (one["fairshare_half_life_s"], one["las_thresholds_gpu_s"]) == (7 * 24 * 3600, [])
@@ -55,7 +56,7 @@ def test_admins_change_a_pools_policy_audited_field_by_field(admin, a100):
     )
     event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
     assert event.before == {
-        "policy": "priority",
+        "policy": DEFAULT_POLICY,
         "las_thresholds_gpu_s": [],
         "preempt_signal": "SIGTERM",
     }
@@ -82,6 +83,8 @@ def test_admins_change_a_pools_policy_audited_field_by_field(admin, a100):
         ({"las_thresholds_gpu_s": list(range(1, 11))}, "las_thresholds_gpu_s"),
         ({"preempt_signal": "SIGKILL"}, "preempt_signal"),
         ({"preempt_grace_s": 3601}, "preempt_grace_s"),
+        ({"preempt_exempt_s": -1}, "preempt_exempt_s"),
+        ({"preempt_exempt_s": 7 * 24 * 3600 + 1}, "preempt_exempt_s"),
         ({"reservation_release_after_s": -5}, "reservation_release_after_s"),
         ({"backfill": "maybe"}, "backfill"),
     ],

@@ -15,6 +15,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
 from scheduling.placement.fairshare import fairshare_factor
+from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.gpuadmin.test_permission_matrix import POLICY_FORM
 from tests.scheduling.pages.helpers import add_fleet, person
 
@@ -40,7 +41,7 @@ def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client,
     PoolPolicy.objects.create(pool=Pool.objects.get(), policy="las", las_thresholds_gpu_s=[60])
     client.force_login(alice)
     html = client.get("/policies/").content.decode()
-    assert re.search(r'<tr id="policy-~" data-policy="priority">', html)
+    assert re.search(rf'<tr id="policy-~" data-policy="{DEFAULT_POLICY}">', html)
     assert re.search(
         r'<tr id="policy-a100" data-policy="las">.*?<td class="num">60</td>', html, re.S
     )
@@ -116,10 +117,26 @@ def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
     why = section(html, "why")
     assert "number 2</strong> of 2 users" in why
     assert "With project <strong>vision</strong>" in why
-    assert "Weighted fair share" not in why  # the pool's policy is priority with aging
-    assert "priority with aging" in why
+    assert "Weighted fair share" not in why  # the pool's policy is the default, qssf
+    assert "shortest predicted service first" in why
     assert 'data-holder="vision"' in section(html, "projects")
     assert client.get("/fairshare/?pool=nowhere").status_code == 404
+
+
+def test_the_fair_share_page_explains_qssf_where_a_pool_uses_it(client, alice):
+    a100 = Pool.objects.create(name="a100")
+    PoolPolicy.objects.create(pool=a100, policy="qssf", aging_interval_s=120)
+    PoolPolicy.objects.create(pool=None, policy="priority")
+    client.force_login(alice)
+
+    why = section(client.get("/fairshare/?pool=a100").content.decode(), "why")
+    plain = section(client.get("/fairshare/").content.decode(), "why")
+
+    assert "shortest predicted service first" in why
+    assert "Under QSSF a waiting job scores" in why
+    assert "plus 250 points for each halving" in why
+    assert "one point per 120 s waited" in why
+    assert "Under QSSF" not in plain
 
 
 def test_my_usage_shows_on_the_job_pages(client, alice, agents):

@@ -116,8 +116,9 @@ class Fleet:
     def run(
         self, hostname: str, busy: Iterable[int], until: float | None, **fields: Any
     ) -> RunningJob:
-        """A running job (ids from 900) holding GPUs `busy` of `hostname` until `until`, with
-        any other RunningJob `fields` (owner, priority, preemptible ...)."""
+        """A running job (ids from 900) holding GPUs `busy` of `hostname` until `until`,
+        submitted and started 10 minutes ago (after every `job`), with any other RunningJob
+        `fields` (owner, priority, preemptible ...)."""
         job_id = 900 + len(self.running)
         busy = set(busy)
         held = []
@@ -125,7 +126,7 @@ class Fleet:
             if gpu.node == hostname and gpu.index in busy:
                 self.gpus[position] = replace(gpu, allocated_to=job_id)
                 held.append(gpu.id)
-        running = RunningJob(job_id, tuple(held), NOW - 600, until)
+        running = RunningJob(job_id, tuple(held), NOW - 600, until, submitted_at=NOW - 600)
         self.running.append(replace(running, **fields))
         return self.running[-1]
 

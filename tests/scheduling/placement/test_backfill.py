@@ -19,7 +19,7 @@ from scheduling.placement import (
     Snapshot,
     plan,
 )
-from scheduling.placement.backfill import shadow
+from scheduling.placement.backfill import PREDICTION_TRUST_AGING, shadow
 from scheduling.placement.engine import EVERYWHERE
 from scheduling.placement.fleet import Fleet as Index
 from scheduling.placement.planner import _Partition
@@ -123,14 +123,14 @@ def test_only_the_first_waiting_job_holds_gpus() -> None:
 
 def snapshot_with(snapshot: Snapshot, placed_jobs: list[JobRequest], result_gpus: dict) -> Snapshot:
     """`snapshot` with `placed_jobs` running on the GPUs the pass gave them, until their
-    expected ends."""
+    likely ends (estimate, else prediction, else maximum runtime)."""
     gpus = []
     for gpu in snapshot.gpus:
         holder = result_gpus.get(gpu.id)
         gpus.append(gpu if holder is None else replace(gpu, allocated_to=holder))
     running = list(snapshot.running)
     for placed_job in placed_jobs:
-        runtime = placed_job.expected_runtime_s
+        runtime = placed_job.likely_runtime_s
         ids = tuple(gpu_id for gpu_id, holder in result_gpus.items() if holder == placed_job.id)
         end = None if runtime is None else snapshot.now + runtime
         running.append(RunningJob(placed_job.id, ids, snapshot.now, end))
@@ -144,12 +144,16 @@ def shadow_start(snapshot: Snapshot, head: JobRequest) -> float | None:
 
 def never_delays_the_head(rng: Random) -> None:
     """Whatever starts behind the head, the head can start no later than if only the jobs
-    ahead of it had started (by expected runtimes)."""
+    ahead of it had started (by likely runtimes: estimates, else predictions)."""
     snapshot = random_snapshot(rng)
     snapshot = replace(
         snapshot,
         queue=tuple(
-            replace(j, estimated_duration_s=rng.choice((None, 600.0, 3600.0, 7200.0)))
+            replace(
+                j,
+                estimated_duration_s=rng.choice((None, 600.0, 3600.0, 7200.0)),
+                predicted_runtime_s=rng.choice((None, None, 300.0, 1800.0, 5400.0)),
+            )
             for j in snapshot.queue
         ),
     )
@@ -204,3 +208,75 @@ def test_the_property_test_catches_an_engine_that_ignores_the_head(
     search = settings(PASSES, max_examples=500, phases=[Phase.generate], report_multiple_bugs=False)
     with pytest.raises(AssertionError):
         search(given(rng=st.randoms())(never_delays_the_head))()
+
+
+def test_a_job_predicted_to_end_before_the_head_starts_runs_on_its_gpus() -> None:
+    fleet = two_nodes_one_busy_for_an_hour()
+
+    result = fleet.plan(
+        job(1, gpus=8),
+        job(2, gpus=4, predicted_runtime_s=HOUR / 2),
+        job(3, gpus=4),
+        pools=EASY,
+    )
+
+    # Job 1 starts on dgx-01 in an hour: job 2 is predicted gone by then; job 3, of unknown
+    # runtime, and job 4, predicted to run past it, may not use its GPUs.
+    assert placed(result, 2).nodes == ("dgx-01",)
+    assert [p.job_id for p in result.placements] == [2]
+    assert pending(result, 1).estimated_start == NOW + HOUR
+    without = fleet.plan(
+        job(1, gpus=8), job(3, gpus=4), job(4, gpus=4, predicted_runtime_s=2 * HOUR), pools=EASY
+    )
+    assert without.placements == ()
+    for other in (3, 4):
+        assert pending(without, other).reason == Reason.PRIORITY
+
+
+def test_a_running_jobs_predicted_end_gives_the_head_a_start() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", [0, 1, 2, 3], None, predicted_end=NOW + HOUR)
+
+    result = fleet.plan(
+        job(1, gpus=8), job(2, gpus=4, predicted_runtime_s=HOUR / 2), job(3, gpus=4), pools=EASY
+    )
+
+    # Without the prediction the head's start would be unknown.
+    assert [p.job_id for p in result.placements] == [2]
+    assert pending(result, 1).estimated_start == NOW + HOUR
+    # Estimated starts read predictions too: job 2's GPUs are due back in half an hour.
+    assert pending(result, 3).estimated_start == NOW + HOUR / 2
+
+
+def test_a_running_job_that_outlived_its_prediction_is_not_taken_to_end_now() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    # Started 600 s ago, predicted to take 300 s: doubled twice, to 1,200 s.
+    fleet.run("dgx-01", [0, 1, 2, 3], None, predicted_end=NOW - 300)
+
+    result = fleet.plan(
+        job(1, gpus=8),
+        job(2, gpus=4, predicted_runtime_s=600),
+        job(3, gpus=4, predicted_runtime_s=601),
+        pools=EASY,
+    )
+
+    assert pending(result, 1).estimated_start == NOW + 600
+    assert [p.job_id for p in result.placements] == [2]
+
+
+def test_a_head_that_waited_long_is_passed_by_estimates_and_limits_only() -> None:
+    long_ago = NOW - PREDICTION_TRUST_AGING * 60
+    fleet = two_nodes_one_busy_for_an_hour()
+    jobs = (
+        job(2, gpus=4, predicted_runtime_s=60),
+        job(3, gpus=4, predicted_runtime_s=60, max_runtime_s=HOUR, submitted_at=NOW),
+    )
+
+    fresh = fleet.plan(job(1, gpus=8, submitted_at=long_ago + 1), *jobs, pools=EASY)
+    waited = fleet.plan(job(1, gpus=8, submitted_at=long_ago), *jobs, pools=EASY)
+
+    assert [p.job_id for p in fresh.placements] == [2]
+    # Job 2 is only predicted to end in time; job 3 is sure to, by its maximum runtime.
+    assert [p.job_id for p in waited.placements] == [3]

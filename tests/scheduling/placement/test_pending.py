@@ -226,3 +226,23 @@ def test_jobs_of_one_shape_share_the_explanation_but_keep_their_place() -> None:
         third.message,
         third.estimated_start,
     )
+
+
+def test_a_job_kept_for_a_head_due_now_reads_the_same_as_the_clock_moves() -> None:
+    """The head's GPUs are held by a job past its expected end: it is due to start now, at
+    every pass; naming the minute would rewrite every job kept for it once a minute."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01", busy=range(4), busy_until=NOW - 60)
+    head, kept = job(1, gpus=8), job(2, gpus=4)
+
+    first = fleet.plan(head, kept)
+    later = fleet.plan(head, kept, now=NOW + 600)
+
+    waiting = pending(first, 2)
+    assert (waiting.reason, waiting.estimated_start) == (Reason.PRIORITY, NOW)
+    assert waiting.message == (
+        "the GPUs it fits on are kept for job 1, first in line, due to start as soon as its "
+        "GPUs are let go (the jobs holding them are past their expected end)"
+    )
+    assert pending(later, 2).message == waiting.message
+    assert pending(later, 2).estimated_start == NOW + 600

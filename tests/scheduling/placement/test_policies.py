@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,6 +16,7 @@ from scheduling.placement import (
     Policy,
     PoolConfig,
     PriorityWithAging,
+    Qssf,
     QuotaLimit,
     Sjf,
     Standing,
@@ -97,7 +99,7 @@ def test_aged_low_job_gets_the_last_free_node_in_a_pass() -> None:
 def test_policies_are_registered_by_name() -> None:
     assert isinstance(POLICIES["fcfs"](), Fcfs)
     assert POLICIES["priority"](aging_interval_s=120).aging_interval_s == 120
-    assert sorted(POLICIES) == ["fairshare", "fcfs", "las", "priority", "sjf"]
+    assert sorted(POLICIES) == ["fairshare", "fcfs", "las", "priority", "qssf", "sjf"]
 
 
 @pytest.mark.parametrize(
@@ -257,6 +259,7 @@ def test_las_returns_a_starving_job_to_the_top_queue() -> None:
         (PoolConfig(policy="sjf", aging_interval_s=5), Sjf(aging_interval_s=5)),
         (PoolConfig(policy="las", las_thresholds_gpu_s=()), Las((3600.0, 36_000.0))),
         (PoolConfig(policy="las", las_thresholds_gpu_s=(60, 600)), Las((60, 600))),
+        (PoolConfig(policy="qssf", aging_interval_s=5), Qssf(aging_interval_s=5)),
     ],
 )
 def test_policy_for_builds_the_policy_a_pool_names(config: PoolConfig, expected: Policy) -> None:
@@ -305,3 +308,64 @@ def test_fairshare_puts_jobs_past_the_starvation_limit_first_oldest_first() -> N
     # Two seconds earlier neither has waited that long: by score, job 1 (normal) first.
     assert ids(policy.order([fresh_light, old_heavy, older_heavy], NOW - 2)) == [1, 2, 3]
     assert ids(policy.order([fresh_light, old_heavy, older_heavy], NOW)) == [2, 1, 3]
+
+
+def test_qssf_puts_the_least_likely_gpu_service_first_and_an_unknown_one_last() -> None:
+    jobs = [
+        job(1, gpus=8, predicted_runtime_s=HOUR / 2, submitted_at=NOW),  # 4 GPU-hours
+        job(2, gpus=1, predicted_runtime_s=HOUR, submitted_at=NOW),  # 1
+        job(3, gpus=1, submitted_at=NOW),  # unknown
+        job(4, gpus=2, predicted_runtime_s=HOUR, estimated_duration_s=60, submitted_at=NOW),
+        job(5, gpus=4, predicted_runtime_s=10 * HOUR, max_runtime_s=HOUR, submitted_at=NOW),
+    ]
+
+    # Job 4's estimate wins over its prediction (2 GPU-minutes); job 5's maximum runtime caps
+    # its prediction (4 GPU-hours, as job 1, which was submitted first).
+    assert ids(Qssf().order(jobs, NOW)) == [4, 2, 1, 5, 3]
+
+
+def test_qssf_counts_the_priority_and_lets_a_long_job_overtake_by_waiting() -> None:
+    policy = Qssf()
+    week = job(1, gpus=8, predicted_runtime_s=7 * 24 * HOUR, submitted_at=NOW)
+    minute = job(2, predicted_runtime_s=60, submitted_at=NOW)
+    # A GPU-minute scores about 16.3 halvings of 250 points more than 8 GPUs for a week
+    # (the largest scored service is a week of 64 GPUs: 3 halvings above it).
+    gap = policy.size_points(minute) - policy.size_points(week)
+    assert gap == pytest.approx(250 * math.log2(7 * 24 * 3600 * 8 / 60))
+
+    assert ids(policy.order([week, minute], NOW)) == [2, 1]
+    assert ids(policy.order([week, replace(minute, submitted_at=NOW + gap * 60 - 60)], NOW)) == [
+        2,
+        1,
+    ]
+    later = replace(minute, submitted_at=NOW + gap * 60 + 60)
+    assert ids(policy.order([week, later], later.submitted_at)) == [1, 2]
+    # One priority level is worth 1,000 points: four halvings of the service.
+    high = replace(week, priority="critical")
+    assert policy.score(high, NOW) - policy.score(week, NOW) == 2000
+    assert policy.starvation_limit_s == pytest.approx(
+        (3000 + 250 * math.log2(7 * 24 * 3600 * 64 / 60)) * 60
+    )
+
+
+def test_qssf_without_estimates_or_history_orders_as_priority_with_aging() -> None:
+    jobs = [
+        job(1, priority="low", submitted_at=NOW - 10),
+        job(2, priority="high", submitted_at=NOW),
+        job(3, submitted_at=NOW - 5),
+    ]
+
+    assert ids(Qssf().order(jobs, NOW)) == ids(PriorityWithAging().order(jobs, NOW)) == [2, 3, 1]
+
+
+def test_qssf_weighs_a_share_by_its_part_of_a_gpu() -> None:
+    share = job(1, mps_percent=25, predicted_runtime_s=HOUR, submitted_at=NOW)
+    whole = job(2, predicted_runtime_s=HOUR / 2, submitted_at=NOW)
+
+    assert Qssf.service_gpu_s(share) == 900
+    assert ids(Qssf().order([whole, share], NOW)) == [1, 2]
+
+
+def test_qssf_rejects_negative_points() -> None:
+    with pytest.raises(ValueError, match="points_per_halving"):
+        Qssf(points_per_halving=-1)

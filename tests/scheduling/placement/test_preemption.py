@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from itertools import combinations
 from random import Random
 
@@ -215,3 +216,110 @@ def test_preemption_picks_a_smallest_allowed_set(rng: Random) -> None:
     assert len(parts) == 1 and len(preemption.gpu_ids) == waiting.gpus_per_node
     chosen = [gpu for gpu in fleet.gpus if gpu.id in set(preemption.gpu_ids)]
     assert choose(chosen, waiting.gpus_per_node, waiting.topology) is not None
+
+
+LAS = {None: PoolConfig(policy="las", las_thresholds_gpu_s=(3600.0,))}
+
+
+def las(exempt_s: float) -> dict[str | None, PoolConfig]:
+    return {None: replace(LAS[None], preempt_exempt_s=exempt_s)}
+
+
+def test_las_preempts_running_work_in_a_higher_queue_only() -> None:
+    """Tiresias' 2D-LAS: a waiting job in queue 0 stops running work that attained more than
+    the threshold (4 GPUs for an hour: 14,400 GPU-seconds, queue 1), not work still in its
+    own queue (4 GPUs for 800 s: 3,200)."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    served = fleet.run(
+        "dgx-01",
+        range(4),
+        None,
+        preemptible=True,
+        started_at=NOW - HOUR,
+        submitted_at=NOW - 2 * HOUR,
+    )
+    fleet.run("dgx-01", range(4, 8), None, preemptible=True, started_at=NOW - 800)
+
+    [preemption] = fleet.plan(job(1, gpus=4), pools=LAS).preemptions
+    assert preemption.victims == (served.id,)
+    assert preemption.reason == "less attained service (queue 0 before queue 1)"
+    # A whole node would need the job still in queue 0 too: nothing is stopped.
+    assert fleet.plan(job(1, gpus=8), pools=LAS).preemptions == ()
+    # A job that itself attained the threshold waits in queue 1, behind nobody it may stop.
+    served_too = job(1, gpus=4, attained_service_s=HOUR, queued_at=NOW - 60)
+    assert fleet.plan(served_too, pools=LAS).preemptions == ()
+
+
+def test_las_counts_earlier_attempts_and_spares_a_fresh_start() -> None:
+    """Service from earlier attempts counts (`attained_service_s`), but a job is not stopped
+    for attained service within `preempt_exempt_s` of its latest start; borrowed GPUs are
+    reclaimed at once."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    again = fleet.run(
+        "dgx-01", range(4), None, preemptible=True, started_at=NOW - 300, attained_service_s=HOUR
+    )
+    fleet.run("dgx-01", range(4, 8), None, borrowed=True, owner="bob", started_at=NOW - 10)
+
+    [preemption] = fleet.plan(job(1, gpus=4), pools=las(600)).preemptions
+    assert preemption.reason == "reclaims GPUs lent over quota"
+    assert fleet.plan(job(1, gpus=8), pools=las(600)).preemptions == ()
+    [preemption] = fleet.plan(job(1, gpus=8), pools=las(300)).preemptions
+    assert again.id in preemption.victims
+
+
+def test_never_a_victim_that_would_wait_ahead_of_the_job() -> None:
+    """The rule follows the pool's own order: a job is stopped only for one that would come
+    first were both waiting. FCFS ignores priorities, so a high job submitted after a low
+    running one may not stop it; priority with aging lets an old enough low job outrank a
+    newer normal one."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(8), None, preemptible=True, priority="low", submitted_at=NOW - HOUR)
+    high = job(1, gpus=8, priority="high", submitted_at=NOW - 60)
+
+    assert fleet.plan(high, pools={None: PoolConfig(policy="fcfs")}).preemptions == ()
+    [preemption] = fleet.plan(high, pools={None: PoolConfig(policy="priority")}).preemptions
+    assert preemption.reason == "higher priority (high over low)"
+
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(8), None, preemptible=True, priority="low", submitted_at=NOW - 2e5)
+    normal = job(1, gpus=8, submitted_at=NOW - 60)
+    # 200,000 s at a point a minute: 3,333 points, over normal's 1,000 + 1.
+    assert fleet.plan(normal, pools={None: PoolConfig(policy="priority")}).preemptions == ()
+
+
+def test_las_never_stops_a_job_for_one_it_would_wait_ahead_of() -> None:
+    """Two jobs in queue 1: the running one came first, so a waiting one submitted later may
+    not stop it, though it attained less."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run(
+        "dgx-01",
+        range(8),
+        None,
+        preemptible=True,
+        started_at=NOW - HOUR,
+        submitted_at=NOW - 2 * HOUR,
+    )
+    later = job(1, gpus=8, submitted_at=NOW - 60, attained_service_s=HOUR, queued_at=NOW - 60)
+
+    assert fleet.plan(later, pools=LAS).preemptions == ()
+
+
+def test_fair_share_needs_a_margin() -> None:
+    """Alice used 45 % of the pool and Bob 55 % (factors 0.54 and 0.47): too close to stop
+    Bob's job; at 30 % and 70 % (0.66 and 0.38) she may."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(8), None, preemptible=True, owner="bob")
+    fair = {None: PoolConfig(policy="fcfs")}
+
+    def usage(alice: float, bob: float) -> dict[tuple[None, tuple[str, str]], float]:
+        return {(None, ("user", "alice")): alice, (None, ("user", "bob")): bob}
+
+    assert fleet.plan(job(1, gpus=8), pools=fair, usage=usage(45, 55)).preemptions == ()
+    [preemption] = fleet.plan(job(1, gpus=8), pools=fair, usage=usage(30, 70)).preemptions
+    assert preemption.reason == "under its fair share (factor 0.66 over 0.38)"
