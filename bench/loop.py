@@ -1,7 +1,7 @@
 """Time the placement loop's real passes: database snapshot, engine, commits, pending reasons.
 
     .venv/bin/python bench/loop.py [--nodes 1250] [--jobs 10000] [--runs 5] [--seed 1]
-                                   [--policy priority]
+                                   [--policy priority|qssf|...]
 
 Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
 embedded one) and loads ``--nodes`` simulated DGX nodes through the agents' discovery sync
@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING
 
 from common import delete_redis_keys, load_sim_fleet, throwaway_database
 from placement import random_job_shape
+
+from scheduling.placement.policies import POLICIES
 
 if TYPE_CHECKING:  # Django is set up inside main()
     from django.contrib.auth.models import User
@@ -278,7 +280,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--policy", choices=("priority", "fcfs"), default="priority")
+    parser.add_argument("--policy", choices=tuple(POLICIES), default="priority")
     args = parser.parse_args()
 
     os.environ["GPUADMIN_CENTRAL_QUEUE"] = QUEUE  # read when Django is set up

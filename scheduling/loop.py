@@ -154,7 +154,9 @@ def _place_and_explain(summary: PassSummary) -> None:
     clock.lap("snapshot")
     result = placement.plan(read.snapshot)
     clock.lap("plan")
-    summary.dispatched, summary.refused = commit_placements(result.placements, read.slots)
+    summary.dispatched, summary.refused = commit_placements(
+        result.placements, read.slots, _datetime(read.snapshot.now)
+    )
     summary.placed = len(summary.dispatched)
     summary.preempting = start_preemptions(result.preemptions, read.snapshot)
     for creation in result.mig_creates:
@@ -797,17 +799,22 @@ def _datetime(epoch: float | None) -> datetime | None:
 
 
 def commit_placements(
-    decisions: Sequence[placement.Placement], slots: Mapping[int, placement.GpuSlot]
+    decisions: Sequence[placement.Placement],
+    slots: Mapping[int, placement.GpuSlot],
+    decided_at: datetime | None = None,
 ) -> tuple[list[int], int]:
     """Commit the decisions ``COMMIT_BATCH`` at a time (``services.allocate_many``: one
-    transaction each, a refused decision never costs the others) and send each batch's jobs
+    transaction each, a refused decision never costs the others; the jobs scheduled at
+    ``decided_at``, the time the pass saw) and send each batch's jobs
     to their nodes' agents once it commits. The ids of the jobs placed, and how many
     decisions the database (or a newer state) refused."""
     placed: list[int] = []
     refused = 0
     for start in range(0, len(decisions), COMMIT_BATCH):
         grants = [_grant(decision, slots) for decision in decisions[start : start + COMMIT_BATCH]]
-        outcome = services.allocate_many(grants, actor_name=services.LOOP_ACTOR)
+        outcome = services.allocate_many(
+            grants, actor_name=services.LOOP_ACTOR, decided_at=decided_at
+        )
         for job_id, why in outcome.refused.items():
             log.info("placement of job %d refused: %s", job_id, why)
         # Committed, so this runs now (or when a transaction the caller holds commits); the

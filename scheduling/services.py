@@ -1040,6 +1040,7 @@ def allocate_many(
     actor: User | None = None,
     actor_name: str | None = None,
     manual: bool = False,
+    decided_at: datetime | None = None,
 ) -> Allocated:
     """Commit ``grants`` (each job's all or nothing) in one transaction of a fixed number of
     statements however many there are: the GPU rows locked in one query in primary-key order
@@ -1051,22 +1052,35 @@ def allocate_many(
     A grant the checks refuse is left out and the others commit. When the database refuses
     the batch (the partial unique index or the sharing trigger: a GPU given meanwhile, or
     twice), nothing of it is written and its grants are committed one by one instead, so that
-    one refusal never costs the others."""
+    one refusal never costs the others.
+
+    ``decided_at`` (default: now) is the jobs' ``scheduled_at``: the placement loop gives the
+    time its pass saw, so that the next pass expects a placed job to end when the pass that
+    placed it did (from the commit's time, a second or two later, every waiting job's estimated
+    start behind it would move and be rewritten)."""
     try:
         with transaction.atomic():
-            return _allocate(grants, actor, actor_name, manual)
+            return _allocate(grants, actor, actor_name, manual, decided_at)
     except IntegrityError as exc:
         if len(grants) == 1:
             why = f"a GPU was allocated meanwhile ({exc.__cause__})"
             return Allocated(refused={grants[0].job_id: why})
     outcome = Allocated()
     for grant in grants:
-        outcome.add(allocate_many([grant], actor=actor, actor_name=actor_name, manual=manual))
+        outcome.add(
+            allocate_many(
+                [grant], actor=actor, actor_name=actor_name, manual=manual, decided_at=decided_at
+            )
+        )
     return outcome
 
 
 def _allocate(
-    grants: Sequence[Grant], actor: User | None, actor_name: str | None, manual: bool
+    grants: Sequence[Grant],
+    actor: User | None,
+    actor_name: str | None,
+    manual: bool,
+    decided_at: datetime | None,
 ) -> Allocated:
     """``allocate_many``'s transaction (the caller's)."""
     outcome = Allocated()
@@ -1126,7 +1140,7 @@ def _allocate(
         actor=actor,
         actor_name=actor_name,
     )
-    scheduled = _schedule([(jobs[grant.job_id], grant) for grant in accepted])
+    scheduled = _schedule([(jobs[grant.job_id], grant) for grant in accepted], decided_at)
     record_each(
         f"job.{S.SCHEDULED}",
         ((job.pk, str(job), after) for job, after in scheduled),
@@ -1231,11 +1245,13 @@ def _allocation_facts(row: Allocation) -> dict[str, Any]:
     return facts
 
 
-def _schedule(granted: list[tuple[Job, Grant]]) -> list[tuple[Job, dict[str, Any]]]:
-    """Make the granted jobs (locked, QUEUED) SCHEDULED in one statement, as ``transition``
-    would: attempt counted, placement stored, the loop's word on their wait cleared. Each job
-    (updated in memory too) with its audited ``after``."""
-    now = timezone.now()
+def _schedule(
+    granted: list[tuple[Job, Grant]], decided_at: datetime | None
+) -> list[tuple[Job, dict[str, Any]]]:
+    """Make the granted jobs (locked, QUEUED) SCHEDULED at ``decided_at`` (default: now) in
+    one statement, as ``transition`` would: attempt counted, placement stored, the loop's word
+    on their wait cleared. Each job (updated in memory too) with its audited ``after``."""
+    now = decided_at or timezone.now()
     columns: tuple[list[Any], ...] = ([], [], [], [])
     changed = []
     for job, grant in granted:

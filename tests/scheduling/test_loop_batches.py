@@ -6,6 +6,7 @@ finds the queue as it was writes nothing, even after the clock moved."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -204,6 +205,27 @@ def test_a_pass_over_an_unchanged_queue_writes_nothing_even_after_the_clock_move
     assert loop.run_pass().pending_saved == 0
     rows = Job.objects.filter(state=JobState.QUEUED).values_list("pk", "estimated_start_at")
     assert dict(rows) == stored
+
+
+def test_the_pass_after_a_placing_one_finds_the_estimates_it_left(alice, gpus, monkeypatch):
+    # Jobs are scheduled at the time the pass saw, not when its commit came: a slow commit
+    # must not move the estimated starts of the jobs waiting behind them in the next pass.
+    allocate_many = services.allocate_many
+
+    def slow_allocate_many(*args, **kwargs):
+        time.sleep(1.1)
+        return allocate_many(*args, **kwargs)
+
+    monkeypatch.setattr(services, "allocate_many", slow_allocate_many)
+    queued(alice, 1, gpu_count=8, estimated_duration_s=3600)
+    queued(alice, 1, gpu_count=6, estimated_duration_s=7200)
+    waiting = queued(alice, 2, gpu_count=8)
+    first = loop.run_pass()
+    assert (first.placed, first.pending_saved) == (2, len(waiting))
+    assert None not in Job.objects.filter(pk__in=[j.pk for j in waiting]).values_list(
+        "estimated_start_at", flat=True
+    )
+    assert loop.run_pass().pending_saved == 0
 
 
 @pytest.mark.django_db(transaction=True)
