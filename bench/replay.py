@@ -4,12 +4,12 @@ side in one run, against the classic policies run in-process.
     .venv/bin/python bench/replay.py [--workload philly|itp|pollux|openb|all]
         [--policies default,las,fifo,...] [--limit N] [--window 2017-10-01..2017-12-01]
         [--philly-vcs partitions|shared] [--itp-nodes 64,72,80] [--pollux 1-8]
-        [--engine-estimates] [--processes 2] [--profile POLICY]
+        [--engine-estimates] [--qssf-points 250] [--processes 2] [--profile POLICY]
 
 Workloads (../shared/traces, see its INDEX.md): Philly 2017's Oct-Nov window on Helios' 11
 virtual clusters (2,816 GPUs); Microsoft ITP cluster 04 on 64, 72 and 80 DGX nodes; Pollux's
 eight 8-hour samples on 64 GPUs, next to Pollux's published JCTs; Alibaba's 2023 openb
-fractional-GPU pods filling its 1,213 GPU nodes.
+fractional-GPU pods, with their CPUs and memory, filling its 1,213 GPU nodes.
 
 Engine policies are `scheduling.placement.POLICIES` by name, each under a `PoolConfig` with
 that policy (backfill, preemption and the rest as PoolPolicy defaults them), plus "default":
@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -61,11 +62,15 @@ WORKLOADS = ("philly", "itp", "pollux", "openb")
 
 
 def engine_schedulers(
-    estimates: bool, preemptible: bool, quotas: dict[str, float] | None
+    estimates: bool,
+    preemptible: bool,
+    quotas: dict[str, float] | None,
+    default: PoolConfig | None = None,
 ) -> dict[str, Callable[[], Scheduler]]:
-    """The engine under every registered policy, and under the default PoolConfig."""
+    """The engine under every registered policy, each with `default`'s other settings, and
+    under `default` itself (None: `PoolConfig()`)."""
     factories: dict[str, Callable[[], Scheduler]] = {}
-    default = PoolConfig()
+    default = default or PoolConfig()
 
     def factory(name: str, config: PoolConfig) -> Callable[[], Scheduler]:
         return lambda: EngineScheduler(
@@ -75,7 +80,7 @@ def engine_schedulers(
     factories["default"] = factory(f"default ({default.policy})", default)
     for name in POLICIES:
         if name != default.policy:
-            config = PoolConfig(policy=cast(PolicyName, name))
+            config = replace(default, policy=cast(PolicyName, name))
             factories[name] = factory(name, config)
     return factories
 
@@ -85,7 +90,8 @@ def all_schedulers(
 ) -> dict[str, Callable[[], Scheduler]]:
     """Every policy that applies to `workload`, by name, less those --policies leaves out."""
     quotas = dict(workload.entitled) if len(workload.partitions) == 1 else None
-    factories = engine_schedulers(args.engine_estimates, args.preemptible, quotas)
+    default = PoolConfig(qssf_points_per_halving=args.qssf_points)
+    factories = engine_schedulers(args.engine_estimates, args.preemptible, quotas, default)
     names = list(baselines())
     if workload.fill:
         # One pod per pass in arrival order: every queue policy is the same, and the
@@ -304,6 +310,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--inflate", type=float, default=1.3, help="openb pods / fleet")
     parser.add_argument("--engine-estimates", action="store_true")
     parser.add_argument("--preemptible", action="store_true", help="every job may be preempted")
+    parser.add_argument(
+        "--qssf-points",
+        type=float,
+        default=PoolConfig().qssf_points_per_halving,
+        help="the pools' qssf_points_per_halving",
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--profile", default=None, help="cProfile this policy's replay")
     parser.add_argument("--seed", type=int, default=1)

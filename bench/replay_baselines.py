@@ -13,6 +13,9 @@ random. The oracles know every job's true duration, which no real scheduler does
 - tiresias: discretised 2D least-attained-service (Tiresias, NSDI'19): queues by attained
   GPU-seconds, FIFO inside a queue, a higher queue preempts a lower one.
 - first-fit, best-fit, random: FIFO order without blocking, three placements.
+
+Every placement keeps to nodes whose free host CPUs and memory hold the job's part (only
+openb names any).
 """
 
 from __future__ import annotations
@@ -62,18 +65,39 @@ class Free:
         self.cluster = cluster
         self.milli = list(cluster.free_milli)
         self.whole = list(cluster.free_whole)
+        self.cpus = list(cluster.free_cpus)
+        self.memory = list(cluster.free_memory)
         for run in released:
+            self._hold(run.gpu_ids, run.state, +1)
             for gpu in run.gpu_ids:
                 if self.milli[gpu] + run.milli == FULL:
                     self.whole[cluster.node_of[gpu]] += 1
                 self.milli[gpu] += run.milli
         self.total = sum(self.milli)  # thousandths of a GPU
 
+    def _hold(self, gpu_ids: Sequence[int], state: JobState, sign: int) -> None:
+        for node in {self.cluster.node_of[gpu] for gpu in gpu_ids}:
+            self.cpus[node] += sign * state.job.cpus
+            self.memory[node] += sign * state.job.memory_mib
+
+    def _host_fits(self, node: int, state: JobState) -> bool:
+        return self.cpus[node] >= state.job.cpus and self.memory[node] >= state.job.memory_mib
+
     def take(self, state: JobState, placing: Placing, rng: Random) -> tuple[int, ...] | None:
+        gpus = self._take(state, placing, rng)
+        if gpus is not None:
+            self._hold(gpus, state, -1)
+        return gpus
+
+    def _take(self, state: JobState, placing: Placing, rng: Random) -> tuple[int, ...] | None:
         share = state.job.share_milli
         if share < FULL:
-            return self._take_share(share, placing, rng)
-        nodes = [n for n, free in enumerate(self.whole) if free >= state.per_node]
+            return self._take_share(state, share, placing, rng)
+        nodes = [
+            n
+            for n, free in enumerate(self.whole)
+            if free >= state.per_node and self._host_fits(n, state)
+        ]
         if len(nodes) < state.nodes:
             return None
         if placing == "best-fit":
@@ -93,8 +117,15 @@ class Free:
         self.total -= FULL * len(gpus)
         return tuple(gpus)
 
-    def _take_share(self, share: int, placing: Placing, rng: Random) -> tuple[int, ...] | None:
-        fitting = [g for g, free in enumerate(self.milli) if free >= share]
+    def _take_share(
+        self, state: JobState, share: int, placing: Placing, rng: Random
+    ) -> tuple[int, ...] | None:
+        node_of = self.cluster.node_of
+        fitting = [
+            g
+            for g, free in enumerate(self.milli)
+            if free >= share and self._host_fits(node_of[g], state)
+        ]
         if not fitting:
             return None
         if placing == "best-fit":
@@ -149,13 +180,14 @@ class Baseline:
         free = Free(cluster)
         waiting = sorted(cluster.queue.values(), key=lambda s: self.order(s, now, None))
         starts: list[tuple[int, tuple[int, ...]]] = []
-        failed: set[tuple[int, int, int]] = set()
+        failed: set[tuple[int, ...]] = set()
         head: JobState | None = None
         shadow, extra = 0.0, 0
         for state in waiting:
             if free.total == 0:
                 break
-            kind = (state.per_node, state.nodes, state.job.share_milli)
+            job = state.job
+            kind = (state.per_node, state.nodes, job.share_milli, job.cpus, job.memory_mib)
             if head is not None and self.blocking == "easy":
                 fits_before = now + state.remaining_s <= shadow
                 if not fits_before and state.job.gpus > extra:

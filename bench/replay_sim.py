@@ -5,8 +5,9 @@ Events are arrivals (batched per second), completions (a heap) and the scheduler
 wake-ups (a least-attained-service job crossing a threshold). A pass runs only when it could
 decide something: after a completion or a preemption, when an arrival fits in the free GPUs
 by count, or when the scheduler preempts (then every arrival may displace running work). The
-simulator checks every decision (a GPU is never given twice, a job gets exactly its GPUs)
-and keeps the figures `Result` reports.
+simulator checks every decision (a GPU is never given twice, a job gets exactly its GPUs, a
+node never gives more host CPUs or memory than it has) and keeps the figures `Result`
+reports.
 
 `EngineScheduler` is the real engine: each pass builds a `Snapshot` of the simulated fleet
 (GPU slots and jobs reused between passes, only what changed is rebuilt) and calls
@@ -110,6 +111,11 @@ class Cluster:
         self.node_size = max(node.gpus for node in partition.nodes)
         self.free_milli = [FULL] * len(self.node_of)
         self.free_whole = [node.gpus for node in partition.nodes]  # fully free GPUs per node
+        # Free host CPUs and memory per node (inf: not known, no limit).
+        self.free_cpus = [math.inf if n.cpus is None else n.cpus for n in partition.nodes]
+        self.free_memory = [
+            math.inf if n.memory_mib is None else n.memory_mib for n in partition.nodes
+        ]
         self.holders: list[list[int]] = [[] for _ in self.node_of]
         self.used_milli = 0
         self.running: dict[int, Run] = {}
@@ -122,6 +128,16 @@ class Cluster:
     @property
     def gpu_count(self) -> int:
         return len(self.node_of)
+
+    def host_fits(self, node: int, job: TraceJob) -> bool:
+        """Whether `node`'s free host CPUs and memory hold `job`'s part."""
+        return self.free_cpus[node] >= job.cpus and self.free_memory[node] >= job.memory_mib
+
+    def _hold(self, gpu_ids: Iterable[int], job: TraceJob, sign: int) -> None:
+        """Take (sign -1) or give back (+1) `job`'s host CPUs and memory on its nodes."""
+        for node in {self.node_of[gpu] for gpu in gpu_ids}:
+            self.free_cpus[node] += sign * job.cpus
+            self.free_memory[node] += sign * job.memory_mib
 
     def fits_by_count(self, state: JobState) -> bool:
         """Whether the free GPUs could hold the job at all (a cheap necessary condition)."""
@@ -167,7 +183,10 @@ class Cluster:
         for gpu in gpu_ids:
             if self.free_milli[gpu] < milli or (milli == FULL and self.free_milli[gpu] < FULL):
                 raise AssertionError(f"GPU {gpu} double-booked: job {job_id} on {self.holders}")
+            if not self.host_fits(self.node_of[gpu], job):
+                raise AssertionError(f"job {job_id}: node of GPU {gpu} lacks CPUs or memory")
         self.dequeue(job_id)
+        self._hold(gpu_ids, job, -1)
         for gpu in gpu_ids:
             if self.free_milli[gpu] == FULL:
                 self.free_whole[self.node_of[gpu]] -= 1
@@ -191,6 +210,7 @@ class Cluster:
         project = state.job.project
         self.received_gpu_s[project] = self.received_gpu_s.get(project, 0.0) + gpu_s
         state.version += 1
+        self._hold(run.gpu_ids, state.job, +1)
         for gpu in run.gpu_ids:
             self.free_milli[gpu] += run.milli
             if self.free_milli[gpu] == FULL:
@@ -480,7 +500,9 @@ class EngineScheduler:
         self._cluster = cluster
         self._mps = cluster.partition.mps
         nodes = cluster.partition.nodes
-        self._nodes = tuple(NodeInfo(node.hostname) for node in nodes)
+        self._nodes = tuple(
+            NodeInfo(node.hostname, cpus=node.cpus, memory_mib=node.memory_mib) for node in nodes
+        )
         self._free = [
             GpuSlot(
                 id=gpu,
@@ -532,6 +554,8 @@ class EngineScheduler:
             mps_percent=share,
             attained_service_s=state.attained_gpu_s,
             queued_at=state.queued_at,
+            cpus=job.cpus,
+            host_memory_mib=job.memory_mib,
         )
 
     def _predict(self, job: TraceJob) -> float | None:
@@ -625,6 +649,8 @@ class EngineScheduler:
                     submitted_at=job.submit,
                     preemptible=self.preemptible,
                     attained_service_s=run.state.attained_gpu_s,
+                    cpus=job.cpus,
+                    host_memory_mib=job.memory_mib,
                 )
         if cluster.queue_changed:
             self._requests = {

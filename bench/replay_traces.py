@@ -38,7 +38,8 @@ POLLUX_LOADS = {
 @dataclass(frozen=True, slots=True)
 class TraceJob:
     """One job of a trace. `share_milli` below 1,000 asks for that share of one GPU (an MPS
-    share); `estimate` is what its user declared (None in every trace here)."""
+    share); `estimate` is what its user declared (None in every trace here); `cpus` and
+    `memory_mib` the host CPUs and memory it asks for on each node (0: none; openb only)."""
 
     id: int
     submit: float
@@ -48,13 +49,19 @@ class TraceJob:
     name: str = ""
     share_milli: int = 1000
     estimate: float | None = None
+    cpus: int = 0
+    memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
+    """A node; `cpus` and `memory_mib` are what jobs may use of its host (None: unknown)."""
+
     hostname: str
     gpus: int
     model: str
+    cpus: int | None = None
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -275,11 +282,20 @@ def openb(
 
     Every GPU is shared by MPS and a pod takes a share of one GPU: gpu_milli in whole
     percents (rounded up), 100 % for a whole-GPU pod. Pods asking for several GPUs have no
-    such form (a share is one GPU) and are left out."""
+    such form (a share is one GPU) and are left out. Each pod also asks for its node's CPUs
+    (cpu_milli, rounded up to whole CPUs) and memory, out of the node's (cpu_milli rounded
+    down, memory_mib)."""
     folder = traces / "alibaba_gpu_v2023_openb"
     with (folder / "openb_node_list_gpu_node.csv").open() as file:
         fleet = tuple(
-            NodeSpec(row["sn"], int(row["gpu"]), row["model"]) for row in csv.DictReader(file)
+            NodeSpec(
+                row["sn"],
+                int(row["gpu"]),
+                row["model"],
+                int(row["cpu_milli"]) // 1000,
+                int(row["memory_mib"]),
+            )
+            for row in csv.DictReader(file)
         )
     with (folder / f"openb_pod_list_{pods}.csv").open() as file:
         rows = [row for row in csv.DictReader(file) if int(row["num_gpu"]) > 0]
@@ -302,6 +318,8 @@ def openb(
                     project=row["qos"],
                     name=row["name"],
                     share_milli=milli,
+                    cpus=math.ceil(int(row["cpu_milli"]) / 1000),
+                    memory_mib=int(row["memory_mib"]),
                 )
             )
             asked += milli / 1000
@@ -316,7 +334,9 @@ def openb(
         (
             f"{len(selected)} one-GPU pods (the list {rounds} times over) asking for "
             f"{sum(job.share_milli for job in selected) / 1000:,.0f} of {gpus:,} GPUs; "
-            f"{len(several)} pods asking for several GPUs left out; pods never leave",
+            f"{len(several)} pods asking for several GPUs left out; pods never leave; pods ask "
+            f"for {sum(job.cpus for job in selected):,} of {sum(n.cpus or 0 for n in fleet):,} "
+            "CPUs",
         ),
         fill=True,
     )

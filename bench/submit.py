@@ -18,7 +18,8 @@ job (gunicorn and the PostgreSQL backends; for Slurm slurmctld, slurmrestd and m
 headline lines ``name: value unit`` for the setting with the most jobs/s whose p50 meets the
 20 ms target (else the most jobs/s). ``--profile N`` instead profiles N submissions
 in-process (the SQL queries of one submission, the CPU per submission, then cProfile over the
-Django test client, timed by CPU time: by cumulative and by own time).
+Django test client, timed by CPU time: by cumulative and by own time), asking for the first
+of ``--answers``.
 
 With ``--slurm`` (the default) the same run also measures Slurm 22.05 on this machine
 (bench/slurm.py: installed from Debian when missing, one node with 8 GPUs as GRES, tuned):
@@ -284,14 +285,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def profile(token: str, path: str, submissions: int) -> None:
-    """Where one submission's time goes, in this process (no HTTP server)."""
+def profile(token: str, path: str, submissions: int, answer: str) -> None:
+    """Where one submission's time goes, in this process (no HTTP server), asking for
+    `answer` (one of ANSWERS)."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
     setup_test_environment()
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")
+    headers = {"Authorization": f"Bearer {token}"}
+    if answer == "minimal":
+        headers["Prefer"] = "return=minimal"
+    client = Client(headers=headers)
 
     def post() -> None:
         response = client.post(path, BODY, content_type="application/json")
@@ -399,7 +404,7 @@ def main() -> None:
         user = get_user_model().objects.create_user("bench")
         _, token = create_token(user, "bench")
         if args.profile:
-            profile(token, args.path, args.profile)
+            profile(token, args.path, args.profile, args.answers[0])
             return
         connections.close_all()  # the client processes are forked from this one
         print(

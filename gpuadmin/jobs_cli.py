@@ -1,5 +1,6 @@
 """``gpuadmin jobs ...``: submit, list, explain, cancel and read the log of jobs through the
-HTTP API, so it works from any machine that reaches the web server (standard library only).
+HTTP API, so it works from any machine that reaches the web server (standard library only,
+and the pure-Python ``scheduling.slurm`` for Slurm's request syntax).
 
 ``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token:
 ``gpuadmin token create NAME --user USERNAME`` on the server, or ``POST /api/v1/tokens/``) come
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlencode
+
+from scheduling import slurm
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 FOLLOW_INTERVAL_S = 2.0
@@ -129,6 +132,8 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "mig_profile": args.mig,
         "mps_percent": args.mps,
         "mps_memory_mib": args.mps_memory,
+        "cpus": args.cpus,
+        "host_memory_mib": args.mem,
         "reservation": args.reservation,
         "dependency": args.dependency,
         "array": args.array,
@@ -150,7 +155,8 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         )
         print(f"  gpuadmin jobs array {submitted['id']}   # its tasks by state", file=out)
         return 0
-    print(f"job {submitted['id']} submitted: {submitted['state']} ({_needs(submitted)})", file=out)
+    needs = ", ".join(filter(None, (_needs(submitted), _host(submitted))))
+    print(f"job {submitted['id']} submitted: {submitted['state']} ({needs})", file=out)
     print(f"  gpuadmin jobs show {submitted['id']}   # where it runs, or why it waits", file=out)
     return 0
 
@@ -217,6 +223,7 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     facts = [
         ("command", command),
         ("needs", _needs(job)),
+        ("host", _host(job)),
         ("pool", job["pool"]),
         ("reservation", job["reservation"]),
         ("array", job["array"] and f"{job['array']}, task {job['array_index']}"),
@@ -336,6 +343,11 @@ def _needs(job: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _host(job: dict[str, Any]) -> str:
+    """``16 CPUs, 64 GiB RAM per node``, or empty (a server before host requests: none)."""
+    return slurm.host_request_text(job.get("cpus", 0), job.get("host_memory_mib", 0))
+
+
 def _where_or_why(job: dict[str, Any]) -> str:
     if job["state"] in ("pending", "queued"):
         position = f"#{job['queue_position']} " if job["queue_position"] else ""
@@ -366,6 +378,13 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.add_argument("--nodes", type=int, help="nodes of a multi-node job (default 1)")
     submit.add_argument("--model", help="exact GPU product name, e.g. 'NVIDIA H100 80GB HBM3'")
     submit.add_argument("--min-memory-mib", type=int, help="memory each GPU must have")
+    submit.add_argument("--cpus", type=int, metavar="N", help="host CPUs on each node")
+    submit.add_argument(
+        "--mem",
+        type=_memory,
+        metavar="SIZE",
+        help="host memory on each node, as Slurm's --mem: 64G, 512M, MiB without a unit",
+    )
     submit.add_argument("--topology", choices=("any", "numa", "nvlink", "node"))
     submit.add_argument("--priority", choices=("low", "normal", "high", "critical"))
     submit.add_argument("--name")
@@ -434,6 +453,13 @@ def _env_pair(value: str) -> str:
     if "=" not in value:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
     return value
+
+
+def _memory(value: str) -> int:
+    try:
+        return slurm.parse_memory(value)
+    except slurm.SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 Verb = Callable[[Api, argparse.Namespace, TextIO], int]

@@ -26,7 +26,9 @@ from inventory.models import (
 )
 from inventory.querysets import GpuQuerySet
 from inventory.services import (
+    HOST_RESERVED_FIELDS,
     IllegalGpuTransition,
+    host_reserved_errors,
     set_gpu_state,
     set_node_state,
     update_catalog,
@@ -123,8 +125,19 @@ class PoolAdmin(admin.ModelAdmin):
     search_fields = ("name",)
 
 
+class NodeAdminForm(forms.ModelForm):
+    """Refuses keeping back more of the host than its agent reported (``host_reserved_errors``)."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, message in host_reserved_errors(self.instance, data).items():
+            self.add_error(name, message)
+        return data
+
+
 @admin.register(Node)
 class NodeAdmin(AuditedCatalogAdmin):
+    form = NodeAdminForm
     list_display = (
         "hostname",
         "model",
@@ -137,7 +150,12 @@ class NodeAdmin(AuditedCatalogAdmin):
     list_filter = ("state", "model", "pool", "driver_version")
     search_fields = ("hostname", "label", "notes")
     readonly_fields = (*Node.DISCOVERED_FIELDS, *STATE_FIELDS)
-    fields = (*Node.DISCOVERED_FIELDS, *STATE_FIELDS, *CATALOG_FIELDS)
+    fields = (
+        *Node.DISCOVERED_FIELDS,
+        *HOST_RESERVED_FIELDS,
+        *STATE_FIELDS,
+        *CATALOG_FIELDS,
+    )
     inlines = [GpuInline]
     actions = state_actions(set_node_state, MAINTENANCE_NODE_STATES, "nodes")
 

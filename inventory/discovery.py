@@ -39,6 +39,9 @@ GPU_FIELDS = (
 )
 # Changes of these fields are worth an audit row of their own kind.
 NODE_FIELDS = ("driver_version", "cuda_driver_version", "nvml_version")
+# The host's logical CPUs and RAM (MiB), as stored on inventory.models.Node. A scan that did not
+# read them (None) leaves the stored values alone; a change is audited as ``node.host_changed``.
+HOST_FIELDS = ("cpu_count", "memory_total_mib")
 
 LinkKey = tuple[str, str]  # the two GPU UUIDs, sorted
 NicKey = tuple[str, str]  # GPU UUID, NIC name (mlx5_0)
@@ -228,12 +231,20 @@ def _plan_node(scan: NodeScan, node: dict[str, Any], plan: SyncPlan) -> None:
     found = {name: getattr(system, name) or "" for name in NODE_FIELDS}
     found["scan_error"] = system.error or ""
     changed = {name: value for name, value in found.items() if node.get(name) != value}
-    if not changed:
-        return
-    plan.node_updates = changed
-    before = {name: node.get(name) for name in changed}
+    host = {
+        name: value
+        for name in HOST_FIELDS
+        if (value := getattr(system, name)) is not None and node.get(name) != value
+    }
+    plan.node_updates = {**changed, **host}
+    # A first report (nothing stored yet) is news, not a change: not audited.
     if any(name in NODE_FIELDS and node.get(name) for name in changed):
+        before = {name: node.get(name) for name in changed}
         plan.changes.append(Change("node.driver_changed", None, before, changed))
+    host_changed = {name: value for name, value in host.items() if node.get(name) is not None}
+    if host_changed:
+        before = {name: node.get(name) for name in host_changed}
+        plan.changes.append(Change("node.host_changed", None, before, host_changed))
 
 
 def _plan_gpu(

@@ -19,7 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inventory.choices import JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
-from inventory.discovery import GPU_FIELDS
+from inventory.discovery import GPU_FIELDS, HOST_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
 from inventory.usability import Unusable, why_unusable
 
@@ -95,6 +95,7 @@ class Node(CatalogFields, StateFields):
         "cuda_driver_version",
         "nvml_version",
         "agent_version",
+        *HOST_FIELDS,
         "scan_error",
         "registered_at",
         "last_scan_at",
@@ -123,6 +124,19 @@ class Node(CatalogFields, StateFields):
     cuda_driver_version = models.CharField("CUDA driver version", max_length=16, blank=True)
     nvml_version = models.CharField("NVML version", max_length=32, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
+    cpu_count = models.PositiveIntegerField(
+        "CPUs", null=True, blank=True, help_text="Logical CPUs its agent reports."
+    )
+    memory_total_mib = models.PositiveIntegerField(
+        "host memory (MiB)", null=True, blank=True, help_text="Host RAM its agent reports."
+    )
+    # Kept back from jobs (Slurm's CoreSpecCount and MemSpecLimit, Kubernetes' system-reserved).
+    cpus_reserved = models.PositiveIntegerField(
+        "CPUs reserved", default=0, help_text="CPUs no job is given (the OS, the agent)."
+    )
+    memory_reserved_mib = models.PositiveIntegerField(
+        "host memory reserved (MiB)", default=0, help_text="Host RAM no job is given."
+    )
     scan_error = models.TextField(blank=True)
     registered_at = models.DateTimeField(default=timezone.now)
     last_scan_at = models.DateTimeField(null=True, blank=True)

@@ -22,7 +22,16 @@ from gpuadmin.audit.services import record
 from inventory import live
 from inventory.agent import node_queue
 from inventory.choices import GpuState, NvmlBackend
-from inventory.discovery import GPU_FIELDS, LinkKey, NicKey, StoredGpu, SyncPlan, plan_sync
+from inventory.discovery import (
+    GPU_FIELDS,
+    HOST_FIELDS,
+    NODE_FIELDS,
+    LinkKey,
+    NicKey,
+    StoredGpu,
+    SyncPlan,
+    plan_sync,
+)
 from inventory.models import (
     CATALOG_FIELDS,
     GPU_CATALOG_FIELDS,
@@ -165,7 +174,7 @@ def apply_discovery(
     return plan
 
 
-_NODE_DISCOVERED = ("driver_version", "cuda_driver_version", "nvml_version", "scan_error")
+_NODE_DISCOVERED = (*NODE_FIELDS, "scan_error", *HOST_FIELDS)
 
 
 # How long ``GET /gpu/discover`` waits for the node's agent to scan.
@@ -436,12 +445,39 @@ def _announcing_schedulable(gpus: GpuQuerySet) -> Iterator[None]:
         )
 
 
+# What of a node's host no job is given (Slurm's CoreSpecCount and MemSpecLimit), set by
+# admins, each with the discovered total it is part of (jobs may be given total - reserved)
+# and what the total counts.
+HOST_RESERVED_FIELDS = {
+    "cpus_reserved": ("cpu_count", "CPUs"),
+    "memory_reserved_mib": ("memory_total_mib", "MiB of memory"),
+}
+# What people write on a node (admin, API): its catalog fields and its host's reserved part.
+NODE_EDITABLE_FIELDS = (*CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
+
+
+def host_reserved_errors(node: Node, values: Mapping[str, Any]) -> dict[str, str]:
+    """Why the reserved amounts in ``values`` cannot be kept back on ``node`` (field ->
+    message): more than its discovered total. An unknown total limits nothing; a total that
+    drops below the reserved amount later leaves jobs none of it."""
+    errors = {}
+    for name, (total_name, unit) in HOST_RESERVED_FIELDS.items():
+        reserved, total = values.get(name), getattr(node, total_name)
+        if reserved is not None and total is not None and reserved > total:
+            errors[name] = (
+                f"Ensure this value is less than or equal to {total}: the node has {total} {unit}."
+            )
+    return errors
+
+
 def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> bool:
-    """Write people-owned fields (``CATALOG_FIELDS``; a GPU's ``GPU_CATALOG_FIELDS``) of a
-    node or GPU under a row lock and audit ``<model>.catalog_changed`` with what actually
-    changed; other keys are ignored. ``row`` gets the stored values; ``False`` when nothing
-    changed. A GPU no longer shared through MPS is announced schedulable."""
-    editable = GPU_CATALOG_FIELDS if isinstance(row, Gpu) else CATALOG_FIELDS
+    """Write people-owned fields (a node's ``NODE_EDITABLE_FIELDS``, a GPU's
+    ``GPU_CATALOG_FIELDS``) of a node or GPU under a row lock and audit
+    ``<model>.catalog_changed`` with what actually changed; other keys are ignored (callers
+    check a node's reserved amounts with ``host_reserved_errors``). ``row`` gets the stored
+    values; ``False`` when nothing changed. A GPU no longer shared through MPS is announced
+    schedulable."""
+    editable = GPU_CATALOG_FIELDS if isinstance(row, Gpu) else NODE_EDITABLE_FIELDS
     names = [name for name in editable if name in changes]
     model = type(row)
     gpus = Gpu.objects.filter(pk=row.pk) if isinstance(row, Gpu) else Gpu.objects.none()

@@ -37,6 +37,8 @@ class JobAdmin(ReadOnlyAdmin):
         "priority",
         "gpu_count",
         "node_count",
+        "cpus",
+        "host_memory_mib",
         "queue_position",
         "pending_code",
         "submitted_at",

@@ -44,6 +44,10 @@ class PoolPolicyAdmin(admin.ModelAdmin):
             {"fields": ("fairshare_half_life_s", "fairshare_weight", "las_thresholds_gpu_s")},
         ),
         (
+            "Shortest service first and predicted runtimes",
+            {"fields": ("qssf_points_per_halving", "prediction_trust_intervals")},
+        ),
+        (
             "Borrowing and preemption",
             {
                 "fields": (

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in
-from gpuadmin.admin_actions import reason_action
+from gpuadmin.admin_actions import Apply, reason_action
 from scheduling import reservations
 from scheduling.models import Reservation, ReservationGpu
 
@@ -24,20 +27,18 @@ class HoldInline(admin.TabularInline):
         return False
 
 
-def _reject(row: Reservation, reason: str, request: HttpRequest) -> str | None:
-    try:
-        reservations.reject(row, signed_in(request), reason)
-    except (reservations.ReservationInvalid, reservations.ReservationConflict) as exc:
-        return str(exc)
-    return None
+def _with_reason(decide: Callable[[Reservation, User, str], Reservation]) -> Apply:
+    """A reason action's step: ``decide`` (``reservations.reject`` or ``cancel``) on one
+    reservation; the services' refusal is the message."""
 
+    def apply(row: Reservation, reason: str, request: HttpRequest) -> str | None:
+        try:
+            decide(row, signed_in(request), reason)
+        except (reservations.ReservationInvalid, reservations.ReservationConflict) as exc:
+            return str(exc)
+        return None
 
-def _cancel(row: Reservation, reason: str, request: HttpRequest) -> str | None:
-    try:
-        reservations.cancel(row, signed_in(request), reason)
-    except (reservations.ReservationInvalid, reservations.ReservationConflict) as exc:
-        return str(exc)
-    return None
+    return apply
 
 
 @admin.register(Reservation)
@@ -65,13 +66,13 @@ class ReservationAdmin(admin.ModelAdmin):
         reason_action(
             "reject_reservations",
             "Reject selected reservations",
-            _reject,
+            _with_reason(reservations.reject),
             max_length=reservations.REASON_CHARS,
         ),
         reason_action(
             "cancel_reservations",
             "Cancel selected reservations",
-            _cancel,
+            _with_reason(reservations.cancel),
             max_length=reservations.REASON_CHARS,
         ),
     ]

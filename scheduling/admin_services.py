@@ -70,6 +70,8 @@ POLICY_LIMITS: dict[str, tuple[int, int]] = {
     "preempt_grace_s": (0, 3600),
     "preempt_exempt_s": (0, 7 * 24 * 3600),
     "reservation_release_after_s": (0, 7 * 24 * 3600),
+    "qssf_points_per_halving": (1, 100_000),
+    "prediction_trust_intervals": (0, 1_000_000),
 }
 LAS_THRESHOLDS_MAX = 8  # queues of least attained service: at most 9
 LAS_THRESHOLD_LIMITS = (1, 10**9)  # GPU-seconds
@@ -81,6 +83,8 @@ POLICY_FIELDS: tuple[str, ...] = (
     "fairshare_half_life_s",
     "fairshare_weight",
     "las_thresholds_gpu_s",
+    "qssf_points_per_halving",
+    "prediction_trust_intervals",
     "allow_borrowing",
     "preemption",
     "preempt_exempt_s",

@@ -36,39 +36,71 @@ def wake_key() -> str:
     return f"gpuadmin:placement:wake:{settings.GPUADMIN_CENTRAL_QUEUE}"
 
 
+def running_key() -> str:
+    """Set while a woken pass holds the loop (``pass_running`` to ``pass_done``)."""
+    return f"gpuadmin:placement:running:{settings.GPUADMIN_CENTRAL_QUEUE}"
+
+
+WAKE_TTL_S = 60
+# Longer than a pass takes (a second at 10,000 jobs); a pass that outlives it, or a worker
+# that dies in one, only brings back the tasks that find the lock taken (``defer_wake``).
+RUNNING_TTL_S = 10
+# The wake key's value once a wake was left to the pass running: that pass asks again.
+DEFERRED = b"deferred"
+# A wake and the end of a pass are each one script, so that they never miss each other. A
+# wake while a woken pass runs sends no task (it would find the loop's lock taken and do
+# nothing) but leaves the wake to that pass. KEYS: the wake key, the running key.
+_WAKE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+return 0
+"""
+_PASS_DONE = """
+redis.call('DEL', KEYS[2])
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
+return 0
+"""
+
+
 def wake() -> None:
-    """Ask for a placement pass, unless one is already asked for and not yet started."""
+    """Ask for a placement pass, unless one is already asked for and not yet started, or a
+    woken pass runs: the wake is then left to it (``pass_done`` asks for the next pass)."""
     try:
-        if not live.client().set(wake_key(), "1", nx=True, ex=60):
-            return
+        keys = (wake_key(), running_key())
+        send = live.client().eval(_WAKE, 2, *keys, str(WAKE_TTL_S), DEFERRED.decode())
     except RedisError as exc:  # beat's backstop pass will come
         log.warning("cannot wake the placement loop: %s", exc)
         return
-    current_app.send_task("scheduling.placement_pass")
-
-
-# The wake key's value once the pass it asked for found another pass running.
-DEFERRED = b"deferred"
+    if send:
+        current_app.send_task("scheduling.placement_pass")
 
 
 def defer_wake() -> None:
     """Before a pass that was asked for tries the loop's lock: mark the wake as left to the
     pass that holds the lock, should one hold it (``pass_done`` then asks again)."""
     with suppress(RedisError):  # the pass holding the lock, or beat's, will come
-        live.client().set(wake_key(), DEFERRED, xx=True, ex=60)
+        live.client().set(wake_key(), DEFERRED, xx=True, ex=WAKE_TTL_S)
+
+
+def pass_running() -> None:
+    """A woken pass holds the loop's lock: wakes from now on are left to it. (Should Redis
+    fail here, they ask for passes that find the lock taken and defer to this one.)"""
+    with suppress(RedisError):
+        live.client().set(running_key(), "1", ex=RUNNING_TTL_S)
 
 
 def pass_done() -> None:
-    """After a pass: a wake whose pass found this one running asks for the next pass now,
+    """After a woken pass, its lock released: a wake left to it asks for the next pass now,
     behind what the central queue holds (the agents' reports that came meanwhile, mostly):
     those are recorded first, and one pass places all the GPUs they gave back."""
     try:
-        if live.client().get(wake_key()) != DEFERRED:
-            return  # not woken meanwhile, or its pass is still to come
+        again = live.client().eval(_PASS_DONE, 2, wake_key(), running_key(), DEFERRED.decode())
     except RedisError as exc:  # beat's backstop pass will come
         log.warning("cannot wake the placement loop: %s", exc)
         return
-    current_app.send_task("scheduling.placement_pass")
+    if again:
+        current_app.send_task("scheduling.placement_pass")
 
 
 def dispatch(job_id: int) -> None:
@@ -178,6 +210,7 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
             SLURM_ARRAY_JOB_ID=array,
             SLURM_ARRAY_TASK_ID=index,
         )
+    env.update(host_request_env(job.cpus, job.host_memory_mib))
     image = job.container_image or None
     workdir = job.working_dir or None
     account = unix_account_of(job.owner)
@@ -198,3 +231,18 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
         mps_percent=job.mps_percent,
         mps_memory_mib=job.mps_memory_mib,
     )
+
+
+def host_request_env(cpus: int, memory_mib: int) -> dict[str, str]:
+    """What a job learns of its host request on each node (0: none asked, nothing set), with
+    Slurm's names for its scripts: ``GPUADMIN_CPUS`` (``SLURM_CPUS_PER_TASK``) and
+    ``GPUADMIN_HOST_MEMORY_MIB`` (``SLURM_MEM_PER_NODE``). A request, not a limit: nothing
+    confines the job to it. ``OMP_NUM_THREADS`` is left to the job: a launcher such as
+    torchrun sets it to 1 per process when it is unset, and the request's count would
+    oversubscribe the CPUs once per process."""
+    env: dict[str, str] = {}
+    if cpus:
+        env.update(GPUADMIN_CPUS=str(cpus), SLURM_CPUS_PER_TASK=str(cpus))
+    if memory_mib:
+        env.update(GPUADMIN_HOST_MEMORY_MIB=str(memory_mib), SLURM_MEM_PER_NODE=str(memory_mib))
+    return env

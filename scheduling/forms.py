@@ -47,6 +47,22 @@ class SubmitJobForm(forms.Form):
         required=False,
         label="Min GPU memory (GiB)",
     )
+    cpus = forms.IntegerField(
+        required=False,
+        label="CPUs per node",
+        help_text="Host CPUs on each node (Slurm's --cpus-per-task); empty for none.",
+        **limit_bounds("cpus"),
+    )
+    host_memory_gib = forms.DecimalField(
+        min_value=0,
+        max_value=SUBMISSION_LIMITS["host_memory_mib"][1] // MIB_PER_GIB,
+        max_digits=7,
+        decimal_places=1,
+        required=False,
+        label="Host memory per node (GiB)",
+        help_text="Host RAM on each node (Slurm's --mem); empty for none. Counted by the "
+        "scheduler, not enforced on the node.",
+    )
     topology = forms.ChoiceField(choices=Topology.choices, initial=Topology.ANY)
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
     max_runtime = forms.DurationField(required=False, help_text=DURATION_HELP)
@@ -101,6 +117,7 @@ class SubmitJobForm(forms.Form):
     # JobRejected names the job's field; the form's field where a person typed it.
     FIELD_OF_JOB_FIELD = {
         "min_gpu_memory_mib": "min_gpu_memory_gib",
+        "host_memory_mib": "host_memory_gib",
         "max_runtime_s": "max_runtime",
         "estimated_duration_s": "estimated_duration",
     }
@@ -165,6 +182,7 @@ class SubmitJobForm(forms.Form):
         """``services.submit``'s keyword arguments (after ``is_valid()``)."""
         data = self.cleaned_data
         memory: Decimal | None = data["min_gpu_memory_gib"]
+        host_memory: Decimal | None = data["host_memory_gib"]
         return {
             "command": data["argv"],
             "use_shell": data["use_shell"],
@@ -174,6 +192,8 @@ class SubmitJobForm(forms.Form):
             "node_count": data["node_count"],
             "gpu_model": data["gpu_model"],
             "min_gpu_memory_mib": round(memory * MIB_PER_GIB) if memory else 0,
+            "cpus": data["cpus"] or 0,
+            "host_memory_mib": round(host_memory * MIB_PER_GIB) if host_memory else 0,
             "topology": data["topology"],
             "priority": data["priority"],
             "max_runtime_s": data["max_runtime_s"],

@@ -48,7 +48,14 @@ from scheduling import (
     sharing,
 )
 from scheduling.accounting import gpu_share
-from scheduling.dispatch import defer_wake, pass_done, send_placed, wake, wake_key
+from scheduling.dispatch import (
+    defer_wake,
+    pass_done,
+    pass_running,
+    send_placed,
+    wake,
+    wake_key,
+)
 from scheduling.models import (
     HOLDING_STATES,
     Allocation,
@@ -171,15 +178,17 @@ def _place_and_explain(summary: PassSummary) -> None:
 def run_woken_pass() -> PassSummary | None:
     """The pass that a wake (``dispatch.wake``) or beat asks for, unless another pass runs:
     a worker process never waits on another's pass, and stays free for the agents' reports.
-    A wake left to the pass in progress asks again once that pass is done
-    (``pass_done``), so a job's end during a pass still gets a pass after it. (A worker that
-    dies in its pass leaves such a wake to beat's backstop pass.)"""
+    A wake while this pass runs sends no task but is left to it (``pass_running``), as is one
+    whose task finds it running; either asks again once this pass is done (``pass_done``),
+    so a job's end during a pass still gets a pass after it. (A worker that dies in its pass
+    leaves such a wake to beat's backstop pass.)"""
     defer_wake()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_ID])
         [(free,)] = cursor.fetchall()
     if not free:
         return None
+    pass_running()
     try:
         summary = run_pass()  # takes the lock again (advisory locks nest within a session)
     finally:
@@ -227,6 +236,10 @@ class NodeRow(NamedTuple):
     hostname: str
     state: placement.NodeState  # the column's choices (inventory.choices.NodeState)
     last_heartbeat_at: datetime | None
+    cpu_count: int | None  # discovered; None: unknown
+    memory_total_mib: int | None
+    cpus_reserved: int
+    memory_reserved_mib: int
 
 
 class GpuRow(NamedTuple):
@@ -344,6 +357,8 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
             hostname=node.hostname,
             state=node.state,
             reachable=bool(node.last_heartbeat_at and node.last_heartbeat_at >= cutoff),
+            cpus=services.for_jobs(node.cpu_count, node.cpus_reserved),
+            memory_mib=services.for_jobs(node.memory_total_mib, node.memory_reserved_mib),
         )
         for node in nodes
     )
@@ -479,6 +494,8 @@ class HeldRow(NamedTuple):
     gpu_count: int
     node_count: int
     name: str
+    cpus: int
+    host_memory_mib: int
 
 
 HELD_EPOCHS = ("started_at", "scheduled_at", "submitted_at", "preempt_requested_at")
@@ -543,6 +560,8 @@ def _running_job(inputs: RunningInputs) -> placement.RunningJob:
         stopping=job.preempt_requested_at is not None,
         array=job.array_id,
         attained_service_s=0.0 if attained is None else attained[0],
+        cpus=job.cpus,
+        host_memory_mib=job.host_memory_mib,
     )
 
 
@@ -572,6 +591,8 @@ class QueuedRow(NamedTuple):
     reservation_id: int | None
     array_id: int | None
     name: str
+    cpus: int
+    host_memory_mib: int
 
 
 # A JobRequest is made of its row, its earlier attempts' service and last end, and its
@@ -632,6 +653,8 @@ def _job_request(inputs: RequestInputs) -> placement.JobRequest:
         attained_service_s=service,
         queued_at=_timestamp(last_end),
         predicted_runtime_s=predicted,
+        cpus=job.cpus,
+        host_memory_mib=job.host_memory_mib,
     )
 
 

@@ -111,6 +111,14 @@ class Job(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(100)],
     )
     mps_memory_mib = models.PositiveIntegerField("MPS memory limit (MiB)", null=True, blank=True)
+    # Host resources on each of its nodes (Slurm's --cpus-per-task x tasks and --mem; a
+    # Kubernetes pod's requests): placement gives a node part only where they are free.
+    cpus = models.PositiveIntegerField(
+        "CPUs per node", default=0, help_text="Logical CPUs on each node (0: none asked)."
+    )
+    host_memory_mib = models.PositiveIntegerField(
+        "host memory per node (MiB)", default=0, help_text="Host RAM on each node (0: none asked)."
+    )
     # Slurm-style arrays and dependencies
     array = models.ForeignKey(
         "JobArray",
@@ -373,6 +381,20 @@ class PoolPolicy(models.Model):
         help_text="A job is not preempted for another's priority, share or attained service "
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
         "at once.",
+    )
+    qssf_points_per_halving = models.PositiveIntegerField(
+        "QSSF points per halving",
+        default=250,
+        validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="qssf: priority points a job gains for each halving of the GPU-seconds it is "
+        "likely to use (a point is one aging interval of waiting). More favours short jobs "
+        "harder and lets large jobs wait longer behind them.",
+    )
+    prediction_trust_intervals = models.PositiveIntegerField(
+        default=360,
+        validators=[MaxValueValidator(1_000_000)],
+        help_text="Backfill: a job whose runtime is only predicted (no estimate) may use the "
+        "queue head's GPUs while the head has waited fewer than this many aging intervals.",
     )
     preempt_signal = models.CharField(max_length=10, default="SIGTERM")
     preempt_grace_s = models.PositiveIntegerField(

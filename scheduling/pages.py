@@ -36,7 +36,7 @@ from scheduling.models import (
 )
 from scheduling.placement import TopologyClass
 from scheduling.placement.text import indexes_phrase
-from scheduling.slurm import compact_indexes
+from scheduling.slurm import compact_indexes, host_request_text
 
 STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "grey",
@@ -145,6 +145,11 @@ class JobView:
     @property
     def resources(self) -> str:
         return resources_text(self.job)
+
+    @property
+    def host(self) -> str:
+        """``16 CPUs, 64 GiB RAM per node``, or empty."""
+        return host_request_text(self.job.cpus, self.job.host_memory_mib)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,6 +491,22 @@ class JobPage(JobView):
     def env_keys(self) -> list[str]:
         """The names of the job's environment variables (their values may be secrets)."""
         return sorted(self.job.env)
+
+    @property
+    def attempt(self) -> str:
+        """``3 (1 preempted; up to 2 retries after failures)``: preempted attempts do not
+        count against its retries (``services`` re-queues a failure while fewer than
+        ``max_retries`` earlier attempts failed)."""
+        job = self.job
+        started = str(job.attempt) if job.attempt else "none started yet"
+        preempted = f"{job.preemptions} preempted; " if job.preemptions else ""
+        if job.max_retries == 0:
+            retries = "no retry after a failure"
+        elif job.max_retries == 1:
+            retries = "up to 1 retry after a failure"
+        else:
+            retries = f"up to {job.max_retries} retries after failures"
+        return f"{started} ({preempted}{retries})"
 
 
 def job_page(job: Job, user: User) -> JobPage:

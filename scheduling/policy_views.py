@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -20,15 +20,7 @@ from gpuadmin.access.services import is_admin
 from inventory.models import Pool
 from scheduling import admin_services, quotas
 from scheduling.pages import duration_text
-from scheduling.placement.policies import QSSF_POINTS_PER_HALVING
 from scheduling.policy_forms import PolicyForm, policy_values
-
-
-def _pool(key: str) -> Pool | None:
-    try:
-        return quotas.pool_named(key)
-    except Pool.DoesNotExist:
-        raise Http404(f"No pool {key}.") from None
 
 
 @login_required
@@ -47,7 +39,7 @@ def policy_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def policy_edit(request: HttpRequest, pool: str) -> HttpResponse:
     """A pool's policy form; a valid POST changes it (audited) and returns to the list."""
-    where = _pool(pool)
+    where = quotas.pool_named(pool)
     current = quotas.policy_of(where)
     form = PolicyForm(request.POST if request.method == "POST" else None, instance=current)
     if form.is_valid():
@@ -69,7 +61,7 @@ def policy_edit(request: HttpRequest, pool: str) -> HttpResponse:
 def fairshare_page(request: HttpRequest) -> HttpResponse:
     """One pool's fair share (``?pool=``, ``~`` or nothing: the GPUs in no pool)."""
     key = request.GET.get("pool") or quotas.NO_POOL
-    board = quotas.fairshare_board(_pool(key), signed_in(request))
+    board = quotas.fairshare_board(quotas.pool_named(key), signed_in(request))
     pools = [quotas.NO_POOL, *Pool.objects.order_by("name").values_list("name", flat=True)]
     return render(
         request,
@@ -79,6 +71,5 @@ def fairshare_page(request: HttpRequest) -> HttpResponse:
             "key": key,
             "pools": pools,
             "half_life": duration_text(round(board.config.fairshare_half_life_s)),
-            "qssf_points_per_halving": QSSF_POINTS_PER_HALVING,
         },
     )

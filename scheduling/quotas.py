@@ -35,6 +35,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
+from django.http import Http404
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
@@ -100,6 +101,8 @@ def config_of(row: PoolPolicy) -> placement.PoolConfig:
         preemption=row.preemption,
         preempt_exempt_s=float(row.preempt_exempt_s),
         dynamic_mig=row.dynamic_mig,
+        qssf_points_per_halving=float(row.qssf_points_per_halving),
+        prediction_trust_intervals=float(row.prediction_trust_intervals),
     )
     return replace(config, las_thresholds_gpu_s=thresholds) if thresholds else config
 
@@ -113,8 +116,14 @@ def every_policy() -> list[PoolPolicy]:
 
 
 def pool_named(key: str) -> Pool | None:
-    """The pool a URL names (``NO_POOL``: None); ``Pool.DoesNotExist`` otherwise."""
-    return None if key == NO_POOL else Pool.objects.get(name=key)
+    """The pool a URL names (``NO_POOL``: None); ``Http404`` otherwise, which pages and the
+    API (DRF's handler) both answer as a 404."""
+    if key == NO_POOL:
+        return None
+    pool = Pool.objects.filter(name=key).first()
+    if pool is None:
+        raise Http404(f"No pool {key}.")
+    return pool
 
 
 def pool_key(pool: Pool | None) -> str:

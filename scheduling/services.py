@@ -107,6 +107,10 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "max_retries": (0, 20),
     "mps_percent": (1, 100),  # of the GPU's SMs
     "mps_memory_mib": (1, 1024 * 1024),
+    # Host resources per node (0: none asked): Linux's CPU ids stop below 65,536
+    # (NR_CPUS <= 8192 today); 64 TiB of RAM is beyond the largest single hosts.
+    "cpus": (0, 65_536),
+    "host_memory_mib": (0, 64 * 1024 * 1024),
     # Job arrays (``--array``): tasks of one array, its indexes, and its %N cap.
     "array_tasks": (1, 10_000),
     "array_index": (0, 9_999_999),
@@ -396,6 +400,20 @@ class PoolShape:
     models: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     mig_models: set[str] = field(default_factory=set)  # models of its MIG-capable GPUs
     mps_models: dict[str, int] = field(default_factory=dict)  # MPS-shared: model -> memory MiB
+    # The most CPUs and host MiB one of its nodes can give a job (total less reserved); None:
+    # a node's is unknown (so any request may fit).
+    cpus: int | None = 0
+    memory_mib: int | None = 0
+
+    def add_host(self, cpus: int | None, memory_mib: int | None) -> None:
+        """Count a node that gives jobs ``cpus`` and ``memory_mib`` (None: unknown)."""
+        self.cpus = _most(self.cpus, cpus)
+        self.memory_mib = _most(self.memory_mib, memory_mib)
+
+
+def _most(known: int | None, other: int | None) -> int | None:
+    """The larger, where None (unknown) is larger than any."""
+    return None if known is None or other is None else max(known, other)
 
 
 @dataclass(frozen=True)
@@ -431,6 +449,7 @@ class FleetShape:
                 "node_id",
                 "name",
                 "mps_shared",
+                *HOST_COLUMNS,
                 pool_name=pool_name(),
             )
             .annotate(count=Count("pk"), memory=Max("memory_total_mib"), mig=BoolOr("mig_capable"))
@@ -438,6 +457,10 @@ class FleetShape:
         pools: dict[str | None, PoolShape] = {}
         for row in per_node:
             shape = pools.setdefault(row["pool_name"], PoolShape())
+            cpu_count, memory_total, cpus_reserved, memory_reserved = map(row.get, HOST_COLUMNS)
+            shape.add_host(
+                for_jobs(cpu_count, cpus_reserved), for_jobs(memory_total, memory_reserved)
+            )
             name, memory = row["name"], row["memory"] or 0
             if row["mig"]:
                 shape.mig_models.add(name)
@@ -466,8 +489,11 @@ class FleetShape:
         mig_profile: str = "",
         mps_memory_mib: int | None = None,
         mps: bool = False,
+        cpus: int = 0,
+        host_memory_mib: int = 0,
     ) -> None:
-        """``JobRejected`` naming the first field no GPU of ``pool`` could ever satisfy."""
+        """``JobRejected`` naming the first field no GPU of ``pool`` could ever satisfy (nor
+        the host of any: ``cpus`` and ``host_memory_mib`` per node)."""
         if not self.pools:
             raise JobRejected("gpu_count", "the fleet has no GPUs yet")
         if pool is not None and pool not in self.pool_names:
@@ -485,6 +511,18 @@ class FleetShape:
             self._check_mps(pool, shape, gpu_model, mps_memory_mib)
         else:
             self._check_whole(pool, shape, gpu_count, node_count, gpu_model, min_mib)
+        if shape.cpus is not None and cpus > shape.cpus:
+            raise JobRejected(
+                "cpus",
+                f"{cpus} CPUs per node, but no node {self.where(pool)} has more than "
+                f"{shape.cpus} for jobs",
+            )
+        if shape.memory_mib is not None and host_memory_mib > shape.memory_mib:
+            raise JobRejected(
+                "host_memory_mib",
+                f"{host_memory_mib} MiB per node, but no node {self.where(pool)} has more than "
+                f"{shape.memory_mib} MiB for jobs",
+            )
 
     def _check_whole(
         self,
@@ -560,6 +598,22 @@ class FleetShape:
 
 _fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
 
+# A node's host resources, as FleetShape reads them with its GPUs.
+HOST_COLUMNS = (
+    "node__cpu_count",
+    "node__memory_total_mib",
+    "node__cpus_reserved",
+    "node__memory_reserved_mib",
+)
+
+
+def for_jobs(total: int | None, reserved: int) -> int | None:
+    """What jobs may be given of a node's ``total`` CPUs or host MiB: the total less what is
+    ``reserved`` (at least 0); None when the total is unknown, and then no limit. The one
+    rule: the placement loop's snapshot and the submission checks use it."""
+    return None if total is None else max(total - reserved, 0)
+
+
 SHARES_ONE_GPU = "a MIG device or an MPS share is one GPU of one node"
 
 
@@ -622,6 +676,8 @@ def check_submission(
         mig_profile=fields.get("mig_profile", ""),
         mps=fields.get("mps_percent") is not None,
         mps_memory_mib=fields.get("mps_memory_mib"),
+        cpus=fields.get("cpus", 0),
+        host_memory_mib=fields.get("host_memory_mib", 0),
     )
     if pool is not None:
         fields["pool"] = Pool.objects.filter(name=pool).first()
@@ -716,6 +772,8 @@ def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
         "mig_profile": job.mig_profile,
         "mps_percent": job.mps_percent,
         "mps_memory_mib": job.mps_memory_mib,
+        "cpus": job.cpus or None,  # 0: none asked
+        "host_memory_mib": job.host_memory_mib or None,
         "reservation": job.reservation_id,
         "array": job.array_id,
         "array_index": job.array_index,

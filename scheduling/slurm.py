@@ -6,6 +6,8 @@ refusal naming the field, and checks the numbers against ``SUBMISSION_LIMITS``).
   (``0-15:4`` = 0, 4, 8, 12), then an optional ``%N``: at most N tasks run at once.
 - ``--dependency``: comma-separated ``kind:job[:job...]`` (every condition must hold, as in
   Slurm with ``,``; Slurm's ``?``, "any of them", is not supported).
+- ``--mem``: a whole number of MiB, or with a unit suffix ``K``, ``M``, ``G`` or ``T`` (powers
+  of 1024, as Slurm reads them; ``KiB``, ``MiB``, ``GiB``, ``TiB`` too), e.g. ``64G``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ _NUMBER = r"[0-9]{1,9}"
 _ITEM = re.compile(rf"(?P<first>{_NUMBER})(?:-(?P<last>{_NUMBER})(?::(?P<step>{_NUMBER}))?)?\Z")
 _CAP = re.compile(rf"%(?P<cap>{_NUMBER})\Z")
 _DEPENDENCY = re.compile(r"(?P<kind>[a-z]+)(?P<jobs>(?::[0-9]{1,18})+)\Z")
+_MEMORY = re.compile(r"(?P<number>[0-9]{1,15})(?:(?P<unit>[KMGT])(?:iB)?)?\Z", re.IGNORECASE)
+KIB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}
+_MIB_PER_GIB = 1024
 
 
 class SpecError(ValueError):
@@ -102,3 +107,31 @@ def compact_indexes(indexes: Iterable[int]) -> str:
 
 def _run_text(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def parse_memory(text: str) -> int:
+    """Slurm's ``--mem`` as MiB: ``64G`` (65536), ``512M``, ``1T``, ``2048`` (MiB, Slurm's
+    default unit), ``64GiB``; kibibytes round up to whole MiB. ``SpecError`` for anything
+    else."""
+    match = _MEMORY.match(text.strip())
+    if match is None:
+        raise SpecError(
+            f"{text.strip()!r} is not a memory size: a whole number of MiB, or with a unit "
+            "K, M, G or T (e.g. 64G, 512M)"
+        )
+    kib = int(match["number"]) * KIB_PER_UNIT[(match["unit"] or "M").upper()]
+    return -(-kib // 1024)
+
+
+def memory_text(mib: int) -> str:
+    """``64 GiB``, ``1536 MiB``: whole GiB when it is, else MiB."""
+    return f"{mib // _MIB_PER_GIB} GiB" if mib and mib % _MIB_PER_GIB == 0 else f"{mib} MiB"
+
+
+def host_request_text(cpus: int, memory_mib: int) -> str:
+    """What a job asks of each node's host: ``16 CPUs, 64 GiB RAM per node``; empty when it
+    asks for neither (0 each)."""
+    parts = [f"{cpus} CPU{'s' if cpus != 1 else ''}"] if cpus else []
+    if memory_mib:
+        parts.append(f"{memory_text(memory_mib)} RAM")
+    return f"{', '.join(parts)} per node" if parts else ""

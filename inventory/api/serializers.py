@@ -22,7 +22,12 @@ from inventory.models import (
 )
 from inventory.nvml.scanner import GpuScan
 from inventory.pages.fleet import GpuRow
-from inventory.services import update_catalog
+from inventory.services import (
+    HOST_RESERVED_FIELDS,
+    NODE_EDITABLE_FIELDS,
+    host_reserved_errors,
+    update_catalog,
+)
 
 
 class CatalogSerializer(api.ModelSerializer):
@@ -70,16 +75,22 @@ class NodeSerializer(CatalogSerializer):
             "state_changed_at",
             "reachable",
             *Node.DISCOVERED_FIELDS,
+            *HOST_RESERVED_FIELDS,
             "gpu_count",
             "missing_gpu_count",
             *CATALOG_FIELDS,
         ]
         read_only_fields = [
-            name for name in fields if name not in CATALOG_FIELDS and name != "reachable"
+            name for name in fields if name not in NODE_EDITABLE_FIELDS and name != "reachable"
         ]
 
     def get_reachable(self, obj: Node) -> bool:
         return obj.is_reachable()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None and (errors := host_reserved_errors(self.instance, attrs)):
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class GpuSerializer(CatalogSerializer):

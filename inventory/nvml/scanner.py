@@ -21,6 +21,7 @@ import pynvml
 from pynvml import NVMLError
 
 from inventory.nvml import mig_catalog
+from inventory.nvml.host import HostResources, this_host
 from inventory.nvml.mig_catalog import MigProfile
 from inventory.nvml.parsers.common import ParseError, normalize_bus_id
 from inventory.nvml.parsers.topo import parse_topo_matrix
@@ -28,7 +29,9 @@ from inventory.nvml.record import Record
 
 log = logging.getLogger("gpuadmin.nvml")
 
-SECTIONS = ("facts", "metrics", "mig", "topology", "health")
+# "host": the CPUs and memory of the machine around the GPUs (``SystemInfo``), read with the
+# catalog's scans, not with every live sample.
+SECTIONS = ("facts", "metrics", "mig", "topology", "health", "host")
 
 _MIB = 1024 * 1024
 # Words of 64 CPUs passed to nvmlDeviceGetCpuAffinity: 1024 CPUs, more than GPU servers have.
@@ -196,6 +199,9 @@ class SystemInfo(Record):
     gpu_count: int = 0
     scan_duration_ms: float = 0.0
     error: str | None = None
+    # The host's logical CPUs and RAM (the "host" section): None when not asked or unreadable.
+    cpu_count: int | None = None
+    memory_total_mib: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -571,10 +577,22 @@ class _Links:
 
 def scan(backend: Any, *, include: Iterable[str] = SECTIONS) -> NodeScan:
     """Scan every GPU the backend shows. Never raises for NVML errors: an init failure gives no
-    GPUs and `system.error`; a GPU failure gives that GPU's `facts.error_message`."""
+    GPUs and `system.error`; a GPU failure gives that GPU's `facts.error_message`. The "host"
+    section (the host's CPUs and memory) is read whether NVML works or not."""
     sections = frozenset(include)
     if unknown := sections - set(SECTIONS):
         raise ValueError(f"unknown scan sections: {sorted(unknown)}")
+    result = _scan_gpus(backend, sections)
+    if "host" not in sections:
+        return result
+    host = host_resources(backend)
+    system = dataclasses.replace(
+        result.system, cpu_count=host.cpu_count, memory_total_mib=host.memory_total_mib
+    )
+    return dataclasses.replace(result, system=system)
+
+
+def _scan_gpus(backend: Any, sections: frozenset[str]) -> NodeScan:
     started = time.perf_counter()
     try:
         backend.nvmlInit()
@@ -1060,6 +1078,16 @@ class _NodeScanner:
             log.error("topology GPU %d-GPU %d: %s", a, b, describe_error(err))
             return None
         return _PCIE_LINKS.get(level)
+
+
+def host_resources(backend: Any) -> HostResources:
+    """The CPUs and memory of the backend's machine: the simulator answers from its machine
+    model, on real NVML they are this host's; another backend's are unknown."""
+    read = getattr(backend, "host_resources", None)
+    if callable(read):
+        resources: HostResources = read()
+        return resources
+    return this_host() if backend is pynvml else HostResources()
 
 
 def topo_matrix_text(backend: Any) -> str | None:

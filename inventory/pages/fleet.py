@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
 from html import escape
@@ -25,7 +25,7 @@ from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import THERMAL_REASONS
 from inventory.occupancy import Occupancy, Occupant
-from inventory.pages.common import MIB_PER_GIB, badge_colour, url_format
+from inventory.pages.common import MIB_PER_GIB, badge_colour, mib_text, url_format
 from inventory.usability import Reason, Unusable, why_unusable
 
 
@@ -336,12 +336,26 @@ class NodeRows:
         return _node_url("inventory:node-mig").format(self.node.hostname)
 
     @property
+    def host_text(self) -> str:
+        """``CPUs 256 (8 reserved), memory 1.0 TiB (16 GiB reserved)``; a figure its agent has
+        not reported is "not reported"."""
+        node = self.node
+        cpus = _with_reserved(node.cpu_count, node.cpus_reserved, str)
+        memory = _with_reserved(node.memory_total_mib, node.memory_reserved_mib, mib_text)
+        return f"CPUs {cpus}, memory {memory}"
+
+    @property
     def static_rows_html(self) -> SafeString:
         return static_rows_html(self.gpus)
 
     @property
     def live_rows_html(self) -> SafeString:
         return live_rows_html(self)
+
+
+def _with_reserved(total: int | None, reserved: int, text: Callable[[int], str]) -> str:
+    shown = "not reported" if total is None else text(total)
+    return f"{shown} ({text(reserved)} reserved)" if reserved else shown
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 
 - ``/orchestrator/policies`` (seed-compatible): GET the policy of the GPUs in no pool (``policy``,
   ``aging_interval_s``) and every pool's (``pools``); PUT ``policy`` and ``aging_interval_s``
-  for the GPUs in no pool, or for a pool named by ``pool``.
+  (and optionally ``qssf_points_per_halving``, ``prediction_trust_intervals``) for the GPUs in
+  no pool, or for a pool named by ``pool``.
 - ``/api/v1/policies/``: every pool's policy (``~`` names the GPUs in no pool:
   ``/api/v1/policies/~/``); PUT or PATCH one (admins).
 - ``/api/v1/quotas/``: quotas with their use now (admins write; users read their own and their
@@ -20,13 +21,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import QuerySet
+from django.db.models import Field, QuerySet
 from django.urls import include, path
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -56,6 +57,15 @@ def bounds(limits: dict[str, tuple[int, int]]) -> dict[str, services.Bounds]:
 
 
 # --------------------------------------------------------------------------- policies
+
+
+def optional_policy_number(name: str) -> serializers.IntegerField:
+    """A whole-number policy setting that a request may leave out, in its bounds."""
+    field = PoolPolicy._meta.get_field(name)
+    assert isinstance(field, Field)
+    return serializers.IntegerField(
+        **bounds(admin_services.POLICY_LIMITS)[name], required=False, help_text=field.help_text
+    )
 
 
 class PoolPolicySerializer(api.ModelSerializer):
@@ -94,6 +104,8 @@ class PolicySerializer(api.Serializer):
         **bounds(admin_services.POLICY_LIMITS)["aging_interval_s"],
         help_text="Priority policy: a waiting job gains one point per interval.",
     )
+    qssf_points_per_halving = optional_policy_number("qssf_points_per_halving")
+    prediction_trust_intervals = optional_policy_number("prediction_trust_intervals")
 
 
 class PoliciesSerializer(api.Serializer):
@@ -127,14 +139,6 @@ class PoliciesView(APIView):
         return Response(PolicySerializer(config).data)
 
 
-def pool_named(key: str) -> Pool | None:
-    """The pool a URL names (``~``: none); 404 otherwise."""
-    try:
-        return quotas.pool_named(key)
-    except Pool.DoesNotExist:
-        raise NotFound(f"No pool {key}.") from None
-
-
 class PolicyViewSet(viewsets.ViewSet):
     """Each pool's policy, by pool name (``~``: the GPUs in no pool). Admins change them."""
 
@@ -148,12 +152,12 @@ class PolicyViewSet(viewsets.ViewSet):
 
     @extend_schema(responses={200: PoolPolicySerializer})
     def retrieve(self, request: Request, pool: str) -> Response:
-        return Response(PoolPolicySerializer(quotas.policy_of(pool_named(pool))).data)
+        return Response(PoolPolicySerializer(quotas.policy_of(quotas.pool_named(pool))).data)
 
     @extend_schema(request=PoolPolicySerializer, responses={200: PoolPolicySerializer})
     def update(self, request: Request, pool: str, partial: bool = False) -> Response:
         """Change the pool's policy (audited; the loop re-orders its queue)."""
-        where = pool_named(pool)
+        where = quotas.pool_named(pool)
         serializer = PoolPolicySerializer(
             quotas.policy_of(where), data=request.data, partial=partial
         )

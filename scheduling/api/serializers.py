@@ -173,6 +173,18 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
         help_text="The MPS share's device memory limit.",
         **services.limit_bounds("mps_memory_mib"),
     )
+    cpus = serializers.IntegerField(
+        default=0,
+        help_text="Logical CPUs on each of its nodes (Slurm's --cpus-per-task; 0: none asked). "
+        "A request the scheduler counts, not a limit the node enforces.",
+        **services.limit_bounds("cpus"),
+    )
+    host_memory_mib = serializers.IntegerField(
+        default=0,
+        help_text="Host RAM in MiB on each of its nodes (Slurm's --mem; 0: none asked). A "
+        "request the scheduler counts, not a limit the node enforces.",
+        **services.limit_bounds("host_memory_mib"),
+    )
     reservation = serializers.IntegerField(
         required=False,
         allow_null=True,
@@ -328,6 +340,8 @@ class JobSerializer(api.ModelSerializer):
             "mig_profile",
             "mps_percent",
             "mps_memory_mib",
+            "cpus",
+            "host_memory_mib",
             "reservation",
             "array",
             "array_index",

@@ -56,6 +56,10 @@ one. Then, job by job in that order:
 Placement rules:
 - A GPU that is unavailable or allocated is never placed, and none is given twice.
 - Gangs (node_count > 1) are all or nothing; every node's part sits on one node.
+- A node's part (whole GPUs, a MIG device or an MPS share) goes only where the node's free
+  host CPUs and memory hold the job's `cpus` and `host_memory_mib` (`hosts`: the node's
+  `NodeInfo` figures, None no limit, less what running jobs hold on each node of their GPUs
+  and what the pass placed there).
 - Topology first: one NVLink domain, then one NUMA node, then one socket, then anywhere on
   the node. Then best fit: the node with the fewest free GPUs that still holds the job, so
   whole nodes stay free for large jobs; then fewer sockets and NUMA nodes, and inside the

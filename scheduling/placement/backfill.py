@@ -19,9 +19,10 @@ Runtimes are likely ones (`JobRequest.likely_runtime_s`, `predict.release_at`): 
 estimate, else the runtime history predicts (scheduling.placement.predict), else the maximum
 runtime. A prediction can be wrong: a job let onto the head's GPUs because it was predicted
 to end in time may run on past the head's start and delay it. So a prediction alone lets a
-job onto the head's GPUs only while the head has waited fewer than `PREDICTION_TRUST_AGING`
-aging intervals (6 hours at the default minute); after that only an estimate or a maximum
-runtime does (`ends_before`), and the head's start is again kept as far as estimates hold.
+job onto the head's GPUs only while the head has waited fewer than the pool's
+`prediction_trust_intervals` aging intervals (by default 360: 6 hours at the default minute);
+after that only an estimate or a maximum runtime does (`ends_before`), and the head's start is
+again kept as far as estimates hold.
 """
 
 from __future__ import annotations
@@ -32,11 +33,8 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
-from scheduling.placement.snapshot import GpuSlot, JobRequest
+from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig
 from scheduling.placement.topology import choose
-
-# How many aging intervals a head may wait while predictions alone let jobs onto its GPUs.
-PREDICTION_TRUST_AGING = 360
 
 
 class Shadow(NamedTuple):
@@ -49,31 +47,39 @@ class Shadow(NamedTuple):
     submitted_at: float = -math.inf
 
 
-def ends_before(job: JobRequest, head: Shadow, now: float, aging_interval_s: float) -> bool:
+def ends_before(job: JobRequest, head: Shadow, now: float, config: PoolConfig) -> bool:
     """Whether `job`, started now, ends by the head's start: by its likely runtime, or, once
-    the head has waited `PREDICTION_TRUST_AGING` aging intervals, by its estimate or maximum
-    runtime only (a prediction no longer counts)."""
+    the head has waited the pool's `prediction_trust_intervals` aging intervals, by its
+    estimate or maximum runtime only (a prediction no longer counts)."""
     runtime = job.likely_runtime_s
     if runtime is None or now + runtime > head.start:
         return False
     if job.estimated_duration_s is not None or job.predicted_runtime_s is None:
         return True
-    if now - head.submitted_at < PREDICTION_TRUST_AGING * aging_interval_s:
+    if now - head.submitted_at < config.prediction_trust_intervals * config.aging_interval_s:
         return True
     return job.max_runtime_s is not None and now + job.max_runtime_s <= head.start
 
 
 def shadow(fleet: Fleet, job: JobRequest, now: float, closed: frozenset[int]) -> Shadow | None:
     """When and where `job` would start if no other job started first, on `fleet` with every
-    free GPU in reach, keeping off `closed` GPUs; None when it never could."""
-    count, wanted, min_memory, model, requirement = Shape.of(job)
-    # Hardware that can never hold the job's part (model, memory, size, topology) is skipped.
+    free GPU in reach, keeping off `closed` GPUs; None when it never could.
+
+    Host CPUs and memory count only as capacity (a node that could never hold the job's
+    part is skipped), not over time: a node is taken to be ready once its GPUs are, as if
+    the CPUs and memory held there freed up with them. The start may so come early when
+    jobs on the node's other GPUs (another pool, MIG or MPS) hold its CPUs longer."""
+    shape = Shape.of(job)
+    count, wanted, min_memory, model, requirement, *_ = shape
+    host = shape.host
+    # Hardware that can never hold the job's part (model, memory, size, topology, host CPUs
+    # and memory) is skipped.
     key = (count, requirement, model, min_memory)
     pools = {id(pool) for pool in fleet.pools if pool.ideal(key) is not None}
     # Per node: each usable GPU with when it is free (-inf: now), by time then index.
     timelines: list[tuple[float, int, FleetNode, list[tuple[float, GpuSlot]]]] = []
     for node in fleet.nodes:
-        if id(node.pool) not in pools:
+        if id(node.pool) not in pools or not node.host.could_fit(host):
             continue
         free = {gpu.id for gpu in node.free}
         timeline = []

@@ -30,8 +30,12 @@ class Reason(StrEnum):
     MODEL = "model"
     # Enough matching hardware exists, but its nodes or GPUs are draining, offline or broken.
     NODES_UNAVAILABLE = "nodes_unavailable"
-    # No node (or too few nodes) would hold the job even if the whole fleet were idle.
+    # No node (or too few nodes) would hold the job even if the whole fleet were idle (its
+    # GPUs, or its host CPUs and memory per node).
     TOO_LARGE = "too_large"
+    # Enough matching GPUs are free, but the nodes that have them lack the host CPUs or
+    # memory it asks for per node.
+    HOST_RESOURCES = "host_resources"
     # It would fit, but the GPUs are kept for a job ahead of it (EASY backfill's reservation).
     PRIORITY = "priority"
     # Its user or project is at its quota (GPUs at once or GPU-hours this period), and the

@@ -1,8 +1,9 @@
 """Why jobs wait: reason, message, estimated start and a what-if, per job shape.
 
 A shape is checked against ever looser facts, and the first that fails names the reason:
-the hardware (model, memory, node size, topology), then which of it is up, then what is free
-now. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
+the hardware (model, memory, node size, topology, host CPUs and memory), then which of it is
+up, then what is free now (GPUs, then the host CPUs and memory of the nodes with those GPUs
+free). The estimated start walks the expected ends of the jobs holding GPUs (those placed in
 this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
 ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
 as `squeue --start` reports without reservations.
@@ -21,6 +22,7 @@ from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
+from scheduling.placement.hosts import ask_phrase, most_phrase
 from scheduling.placement.snapshot import GpuSlot, JobRequest
 from scheduling.placement.text import (
     gigabytes,
@@ -154,7 +156,8 @@ class Diagnosis:
         return Pending(job.id, position, reason, message, estimated_start, what_if)
 
     def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
-        count, wanted, min_memory, model, requirement = shape
+        count, wanted, min_memory, model, requirement, *_ = shape
+        host = shape.host
         if model not in self._largest_memory:
             return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}", None, None
         largest = self._largest_memory[model]
@@ -170,6 +173,10 @@ class Diagnosis:
         whole = self._view((model, level, "any"))
         view = self._view((model, level, requirement))
         reason, message = self._reason(shape, whole, view)
+        host_bound = reason == Reason.TOO_LARGE and (host.cpus or host.memory_mib)
+        if reason == Reason.HOST_RESOURCES or host_bound:
+            # Neither the start (when GPUs free up) nor fewer GPUs answers for the host.
+            return reason, message, None, None
         return (
             reason,
             message,
@@ -178,7 +185,9 @@ class Diagnosis:
         )
 
     def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
-        count, wanted, min_memory, model, requirement = shape
+        count, wanted, min_memory, model, requirement, *_ = shape
+        host = shape.host
+        asks_host = bool(host.cpus or host.memory_mib)
         gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
         unit = UNITS.get(requirement)
         in_unit = "" if unit is None else f" in one {unit}"
@@ -198,12 +207,41 @@ class Diagnosis:
             else:
                 found = f"{self.scope} has {view.at_least('hardware', count)} such nodes"
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
+        if asks_host:
+            sized = [b.node.host.info for b in view.blocks if b.hardware >= count]
+            able = sum(b.node.host.could_fit(host) for b in view.blocks if b.hardware >= count)
+            if able < wanted:
+                asked = f"needs {ask_phrase(host)} per node"
+                if wanted > 1:
+                    nodes = plural(able, "node")
+                    found = f"{self.scope} has {nodes} with {gpus}{in_unit} and that much"
+                    return Reason.TOO_LARGE, f"{asked} on {wanted} nodes; {found}"
+                capacity = most_phrase(host, ((i.cpus, i.memory_mib) for i in sized))
+                found = f"no node with {gpus}{in_unit} has that much (at most {capacity})"
+                return Reason.TOO_LARGE, f"{asked}; {found}"
         if not _enough(view, "available", count, wanted):
             down = [b.node for b in view.blocks if b.hardware >= count > b.available]
             sentence = _unavailable(down)
             if wanted > 1:
                 sentence = f"needs {_per_node(gpus, wanted, '')}; {sentence}"
             return Reason.NODES_UNAVAILABLE, sentence
+        if asks_host and _enough(view, "free", count, wanted):
+            ready = [b for b in view.blocks if b.free >= count]
+            fitting = sum(b.node.host.fits(host) for b in ready)
+            if fitting < wanted:
+                free_gpus = gpus_phrase(count, "free ", model, min_memory) + in_unit
+                most_free = most_phrase(host, (b.node.host.free for b in ready))
+                short = (
+                    f"the most free is {most_free}"
+                    if not fitting
+                    else f"only {fitting} of them {'has' if fitting == 1 else 'have'} that much"
+                )
+                nodes = "node" if len(ready) == 1 else f"{len(ready)} nodes"
+                return (
+                    Reason.HOST_RESOURCES,
+                    f"needs {ask_phrase(host)} per node; of the {nodes} with at least {free_gpus}, "
+                    f"{short}",
+                )
         if unit is not None and _enough(whole, "free", count, wanted):
             found = _free_blocks(view, count, wanted)
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
@@ -345,7 +383,7 @@ def _why_down(node: FleetNode) -> tuple[str, str]:
 def _what_if(shape: Shape, whole: View, view: View) -> str | None:
     """The nearest request that fits now: without the topology requirement, else the largest
     smaller GPU count (fewer nodes, or fewer GPUs per node, for a gang)."""
-    count, wanted, _, _, requirement = shape
+    count, wanted, _, _, requirement, *_ = shape
     if requirement != "any" and _enough(whole, "free", count, wanted):
         return f"without the {REQUIREMENT_NAMES[requirement]} requirement it could start now"
     blocks = view.values("free")[::-1]

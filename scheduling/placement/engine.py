@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Placement, TopologyClass
 from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.fleet import Fleet, FleetNode, Held, Pool, Shape
+from scheduling.placement.hosts import HostAsk, Hosts
 from scheduling.placement.snapshot import GpuSlot, JobRequest, Snapshot
 from scheduling.placement.text import gpus_phrase, indexes_phrase, listing, numa_phrase
 from scheduling.placement.topology import NodeChoice, choose
@@ -38,21 +39,28 @@ class PlacementPass:
     Each job is placed in a view: the free GPUs less those the view keeps out of its reach.
     Free capacity only shrinks during a pass, so a shape that failed once in a view fails
     there for the rest of it; such jobs are turned down from a cache. `scope` names the fleet
-    in messages ("the fleet", "pool a100").
+    in messages ("the fleet", "pool a100"). A node's part goes only where the node's free
+    host CPUs and memory hold it too (`hosts`: the pass's ledger, shared with the other
+    pools and the MIG/MPS pass; its own by default).
     """
 
-    def __init__(self, snapshot: Snapshot, scope: str = "the fleet") -> None:
+    def __init__(
+        self, snapshot: Snapshot, scope: str = "the fleet", hosts: Hosts | None = None
+    ) -> None:
         self.now = snapshot.now
-        self.fleet = Fleet(snapshot)
+        self.fleet = Fleet(snapshot, hosts)
+        self.hosts = self.fleet.hosts
         self.scope = scope
         # Per view, the shapes that failed in it (a dict of sets: the hot path is a lookup).
         self._failed: dict[View, set[Shape]] = {EVERYWHERE: set()}
-        # Shapes found to fit a view, by the number of placements made when they did.
-        self._fitted: dict[tuple[Shape, View], int] = {}
+        # Shapes found to fit a view, by the number of placements made (here, and on the
+        # host ledger) when they did.
+        self._fitted: dict[tuple[Shape, View], tuple[int, int]] = {}
         self._placements = 0
         self._view = EVERYWHERE
         self._withheld: Held = []
         self._diagnosis: Diagnosis | None = None
+        self._diagnosed = 0  # the host ledger's changes when it was made
 
     def place(self, job: JobRequest, view: View = EVERYWHERE) -> Placement | None:
         """Give `job` the best free GPUs of `view` and keep them, or return None when it does
@@ -72,18 +80,25 @@ class PlacementPass:
         shape = Shape.of(job)
         if shape in self._failed.get(view, ()):
             return False
-        if self._fitted.get((shape, view)) == self._placements:
+        state = (self._placements, len(self.hosts.changes))
+        if self._fitted.get((shape, view)) == state:
             return True
         if self._search_in(shape, view) is None:
             return False
-        self._fitted[(shape, view)] = self._placements
+        self._fitted[(shape, view)] = state
         return True
 
     def place_freeing(
-        self, job: JobRequest, view: View, freed: Iterable[GpuSlot]
+        self,
+        job: JobRequest,
+        view: View,
+        freed: Iterable[GpuSlot],
+        freed_hosts: Mapping[str, HostAsk] | None = None,
     ) -> Placement | None:
-        """Place `job` as if the busy GPUs `freed` were free too (preemption's what-if). The
-        placement is kept; the freed GPUs stay out of everyone's reach either way."""
+        """Place `job` as if the busy GPUs `freed`, and the host CPUs and memory
+        `freed_hosts` (by hostname), were free too (preemption's what-if). The placement is
+        kept; the freed GPUs stay out of everyone's reach either way, and so do the freed
+        host resources the job does not take."""
         fleet = self.look(view)
         lent: Held = []
         for gpu in freed:
@@ -91,11 +106,18 @@ class PlacementPass:
             if node.pool is not None and gpu.unavailable is None:
                 lent.append((node, [replace(gpu, memory_free_mib=gpu.memory_total_mib)]))
         fleet.restore(lent)
-        chosen = self._search(Shape.of(job))
+        hosts = self.hosts.by_name
+        freed_hosts = freed_hosts or {}
+        for hostname, ask in freed_hosts.items():
+            hosts[hostname].add(ask.cpus, ask.memory_mib)
+        shape = Shape.of(job)
+        chosen = self._search(shape)
+        for hostname, ask in freed_hosts.items():
+            hosts[hostname].add(-ask.cpus, -ask.memory_mib)
         fleet.withhold(gpu.id for _, gpus in lent for gpu in gpus)
         if chosen is None:
             return None
-        self._take(job, chosen)
+        self._take(job, chosen, freed_hosts)
         return _placement(job, chosen)
 
     def look(self, view: View) -> Fleet:
@@ -111,8 +133,9 @@ class PlacementPass:
         so far (every free GPU in view). `position` is its 1-based place among the waiting
         jobs."""
         self.look(EVERYWHERE)
-        if self._diagnosis is None:
+        if self._diagnosis is None or self._diagnosed != len(self.hosts.changes):
             self._diagnosis = Diagnosis(self.fleet, self.now, self.scope)
+            self._diagnosed = len(self.hosts.changes)
         return self._diagnosis.explain(job, position)
 
     def _search_in(self, shape: Shape, view: View) -> list[Candidate] | None:
@@ -122,11 +145,27 @@ class PlacementPass:
             self._failed.setdefault(view, set()).add(shape)
         return chosen
 
-    def _take(self, job: JobRequest, chosen: list[Candidate]) -> None:
+    def _take(
+        self,
+        job: JobRequest,
+        chosen: list[Candidate],
+        freed_hosts: Mapping[str, HostAsk] | None = None,
+    ) -> None:
+        """Keep the chosen GPUs, and the job's host resources on their nodes. Where its
+        victims free some (`freed_hosts`), it takes what is free first and theirs for the
+        rest: theirs go to no one else in this pass anyway."""
         runtime = job.likely_runtime_s
         release_at = math.inf if runtime is None else self.now + runtime
         for candidate in chosen:
             self.fleet.take(candidate.node, candidate.choice.gpus, release_at)
+        if job.cpus or job.host_memory_mib:
+            ask = HostAsk.of(job)
+            for candidate in chosen:
+                hostname = candidate.node.hostname
+                if freed_hosts and hostname in freed_hosts:
+                    self.hosts.take((hostname,), _from_free(candidate.node.host.free, ask))
+                else:
+                    self.hosts.take((hostname,), ask)
         self._placements += 1
         self._diagnosis = None  # it describes the state before this placement
 
@@ -155,7 +194,9 @@ class PlacementPass:
         """Nodes of `pool` that can hold one node's part of `shape`, enough to include the best
         `node_count` of them: buckets are walked from the fewest free GPUs upwards, and the walk
         stops once `node_count` candidates are found that no unseen node could beat."""
-        count, nodes_wanted, min_memory, model, requirement = shape
+        count, nodes_wanted, min_memory, model, requirement, cpus, memory = shape
+        asks_host = bool(cpus or memory)
+        host = shape.host
         ideal = pool.ideal((count, requirement, model, min_memory))
         if ideal is None:
             return []
@@ -167,6 +208,8 @@ class PlacementPass:
             at_ideal_rank = 0
             for index in pool.buckets[free_count]:
                 node = self.fleet.nodes[index]
+                if asks_host and not node.host.fits(host):
+                    continue
                 eligible = [
                     gpu
                     for gpu in node.free
@@ -189,6 +232,15 @@ class PlacementPass:
             if unbeatable >= nodes_wanted:
                 return found
         return found
+
+
+def _from_free(free: tuple[int | None, int | None], ask: HostAsk) -> HostAsk:
+    """What of `ask` the free figures `free` cover (unknown: all of it)."""
+    cpus, memory_mib = free
+    return HostAsk(
+        ask.cpus if cpus is None else min(ask.cpus, max(cpus, 0)),
+        ask.memory_mib if memory_mib is None else min(ask.memory_mib, max(memory_mib, 0)),
+    )
 
 
 def _score(candidates: list[Candidate]) -> tuple[int, int, int, int]:

@@ -6,6 +6,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from scheduling.placement.hosts import Host, HostAsk, Hosts
 from scheduling.placement.predict import release_at
 from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.topology import NodeChoice, choose
@@ -24,21 +25,38 @@ class Shape(NamedTuple):
     min_memory_mib: int
     gpu_model: str | None
     topology: str  # "any", "numa" or "nvlink" ("node" adds nothing to "any")
+    # Host CPUs and memory on each node (flat, not a HostAsk: a shape is made per decision).
+    cpus: int
+    host_memory_mib: int
 
     @classmethod
     def of(cls, job: JobRequest) -> Shape:
         topology = "any" if job.topology == "node" else job.topology
-        return cls(job.gpus_per_node, job.node_count, job.min_memory_mib, job.gpu_model, topology)
+        return cls(
+            job.gpus_per_node,
+            job.node_count,
+            job.min_memory_mib,
+            job.gpu_model,
+            topology,
+            job.cpus,
+            job.host_memory_mib,
+        )
+
+    @property
+    def host(self) -> HostAsk:
+        return HostAsk(self.cpus, self.host_memory_mib)
 
 
 class FleetNode:
-    """One node: all its GPUs, and those still free in this pass (both by GPU index)."""
+    """One node: all its GPUs, and those still free in this pass (both by GPU index), and
+    its host CPUs and memory (shared with the rest of the pass)."""
 
-    __slots__ = ("free", "gpus", "index", "info", "pool")
+    __slots__ = ("free", "gpus", "host", "index", "info", "pool")
 
-    def __init__(self, index: int, info: NodeInfo, gpus: list[GpuSlot]) -> None:
+    def __init__(self, index: int, info: NodeInfo, gpus: list[GpuSlot], host: Host) -> None:
         self.index = index  # position in hostname order: the tie-break between nodes
         self.info = info
+        self.host = host
         self.gpus = gpus
         self.free = [gpu for gpu in gpus if is_available(info, gpu) and gpu.allocated_to is None]
         self.pool: Pool | None = None  # set for schedulable nodes
@@ -84,11 +102,18 @@ def matches(gpu: GpuSlot, model: str | None, min_memory_mib: int) -> bool:
 class Fleet:
     """Nodes in hostname order, schedulable ones in pools, and when each busy GPU frees up."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, hosts: Hosts | None = None) -> None:
+        """`hosts`: the pass's host ledger when it spans more than this snapshot's GPUs."""
         infos = sorted(snapshot.nodes, key=lambda info: info.hostname)
         by_host = gpus_by_host(snapshot)
+        self.hosts = hosts or Hosts(snapshot)
         self.nodes = [
-            FleetNode(i, info, sorted(by_host[info.hostname], key=lambda g: (g.index, g.id)))
+            FleetNode(
+                i,
+                info,
+                sorted(by_host[info.hostname], key=lambda g: (g.index, g.id)),
+                self.hosts.by_name[info.hostname],
+            )
             for i, info in enumerate(infos)
         ]
         self.node_of = {gpu.id: node for node in self.nodes for gpu in node.gpus}

@@ -22,6 +22,7 @@ from scheduling.placement.decisions import (
 from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import Shape, gpus_by_host
+from scheduling.placement.hosts import Hosts
 from scheduling.placement.policies import Policy, policy_for
 from scheduling.placement.preemption import Victims, stopping_phrase
 from scheduling.placement.quotas import ArrayCaps, QuotaBook
@@ -54,17 +55,19 @@ class _Partition:
         config: PoolConfig,
         book: ReservationBook,
         shares: Callable[[], FairShareTable],
+        hosts: Hosts,
         held: dict[int, int] | None = None,
     ) -> None:
-        """`shares`: the pool's fair-share table, when preemption needs it; `held`: GPUs of
-        the pool that active windows hold, by window id."""
+        """`shares`: the pool's fair-share table, when preemption needs it; `hosts`: the
+        pass's host CPUs and memory; `held`: GPUs of the pool that active windows hold, by
+        window id."""
         self.snapshot = snapshot
         self.shares = shares
         self.held = held or {}
         self.book = book
         self.now = snapshot.now
         self.config = config
-        self.placement_pass = PlacementPass(snapshot, scope)
+        self.placement_pass = PlacementPass(snapshot, scope, hosts)
         node_of = self.placement_pass.fleet.node_of
         # Upcoming windows over these GPUs; closed[k]: the GPUs of the first k.
         self.upcoming = [w for w in book.upcoming if any(g in node_of for g in w.gpu_ids)]
@@ -103,7 +106,7 @@ class _Partition:
 
     def _ends_before_head(self, job: JobRequest) -> bool:
         assert self.head is not None
-        return ends_before(job, self.head, self.now, self.config.aging_interval_s)
+        return ends_before(job, self.head, self.now, self.config)
 
     def become_head(self, job: JobRequest) -> None:
         """Make `job`, which does not fit now, the first waiting job if the working hardware
@@ -199,6 +202,8 @@ class _Planner:
         self.book = ReservationBook(snapshot.reservations, snapshot.now)
         self.quotas = QuotaBook(snapshot.quotas)
         self.arrays = ArrayCaps(snapshot.array_limits, snapshot.running)
+        # One ledger of host CPUs and memory for every pool and the MIG/MPS pass.
+        self.hosts = Hosts(snapshot)
         self.gpus: dict[PartitionKey, list[GpuSlot]] = {}
         for gpu in snapshot.gpus:
             window = self.book.active_window(gpu.id)
@@ -347,6 +352,7 @@ class _Planner:
                 config,
                 self.book,
                 partial(_shares, self.shares, self.snapshot, pool),
+                self.hosts,
                 held,
             )
         return self.partitions[key]
@@ -360,7 +366,7 @@ class _Planner:
 
     def _sharing_pass(self) -> SharingPass:
         if self._sharing is None:
-            self._sharing = SharingPass(self.snapshot)
+            self._sharing = SharingPass(self.snapshot, hosts=self.hosts)
         return self._sharing
 
 

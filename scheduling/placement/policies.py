@@ -31,11 +31,11 @@ PRIORITY_RANK: Mapping[str, int] = MappingProxyType({name: i for i, name in enum
 SJF_SHORTEST_S = 60.0
 SJF_LONGEST_S = 7 * 24 * 3600.0
 # QSSF: GPU-services are scored between a GPU-minute and a week of 64 GPUs; each halving of
-# the service is worth this many points (aging intervals waited): a job 16 times smaller
-# gains one priority level, and the longest wait its size can cause stays near 3.4 days.
+# the service is worth the pool's points per halving (aging intervals waited; by default a
+# job 16 times smaller gains one priority level, and the longest wait its size can cause
+# stays near 3.4 days at the default aging minute).
 QSSF_SMALLEST_GPU_S = 60.0
 QSSF_LARGEST_GPU_S = 7 * 24 * 3600.0 * 64
-QSSF_POINTS_PER_HALVING = 250.0
 # LAS: the queues' attained-service thresholds when a pool names none (Tiresias' defaults are
 # of this order), and how many times its own service a job must wait to return to the top.
 DEFAULT_LAS_THRESHOLDS_GPU_S = (3600.0, 36_000.0)
@@ -144,7 +144,7 @@ class Qssf:
 
     priority_points: Mapping[str, float] = field(default_factory=lambda: DEFAULT_PRIORITY_POINTS)
     aging_interval_s: float = 60.0
-    points_per_halving: float = QSSF_POINTS_PER_HALVING
+    points_per_halving: float = PoolConfig().qssf_points_per_halving
 
     def __post_init__(self) -> None:
         _check_points(self.priority_points, self.aging_interval_s)
@@ -283,7 +283,7 @@ def policy_for(config: PoolConfig, snapshot: Snapshot, pool: str | None = None) 
     if config.policy == "las":
         return Las(tuple(config.las_thresholds_gpu_s) or DEFAULT_LAS_THRESHOLDS_GPU_S)
     if config.policy == "qssf":
-        return Qssf(aging_interval_s=aging)
+        return Qssf(aging_interval_s=aging, points_per_halving=config.qssf_points_per_halving)
     raise ValueError(f"unknown policy {config.policy!r}")
 
 

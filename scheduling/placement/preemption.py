@@ -23,20 +23,24 @@ may stop no more victims than an earlier one). A single-node job takes the node 
 smallest set; a gang takes the nodes that hold its part now, then the cheapest sets on
 further nodes. The choice is then placed for real on the pass's fleet with those GPUs freed
 (`PlacementPass.place_freeing`), so it is a valid, topology-correct placement; victims whose
-GPUs it does not use are spared. Deterministic: every tie goes to the cost order, then the
-hostname.
+GPUs it does not use are spared, unless the job needs their host CPUs or memory. Host
+resources count like GPUs: a set is enough only when the node's free CPUs and memory with
+the victims' (a victim holds its figures on each node of its GPUs) hold the job's part.
+Deterministic: every tie goes to the cost order, then the hostname.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from itertools import combinations
 
 from scheduling.placement.decisions import Placement, Preemption
 from scheduling.placement.engine import PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import FleetNode, Shape, is_available, matches
+from scheduling.placement.hosts import HostAsk, fits_free
 from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy
 from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
 from scheduling.placement.text import listing
@@ -175,12 +179,29 @@ class Victims:
             self._failed.add(key)
             return None
         freed = [self._gpu(gpu_id) for victim in found for gpu_id in victim.gpu_ids]
-        placement = self.placement_pass.place_freeing(job, view, freed)
+        node_of = self.placement_pass.fleet.node_of
+        on: dict[str, list[RunningJob]] = {}
+        for victim in found:
+            for hostname in {node_of[gpu_id].hostname for gpu_id in victim.gpu_ids}:
+                on.setdefault(hostname, []).append(victim)
+        hosts = self.placement_pass.hosts.by_name
+        free_before = {hostname: hosts[hostname].free for hostname in on}
+        freed_hosts = {hostname: _held(victims) for hostname, victims in on.items()}
+        placement = self.placement_pass.place_freeing(job, view, freed, freed_hosts)
         if placement is None:
             self._failed.add(key)
             return None
         used = set(placement.gpu_ids)
         victims = [victim for victim in found if used.intersection(victim.gpu_ids)]
+        ask = shape.host
+        for hostname in placement.nodes:
+            # The job's host resources come from what was free, then from its victims there.
+            for victim in sorted(on.get(hostname, ()), key=cost):
+                mine = [v for v in victims if v in on[hostname]]
+                if _covered(free_before[hostname], mine, ask):
+                    break
+                if victim not in victims:
+                    victims.append(victim)
         self._gone.update(victim.id for victim in found)
         reason = "; ".join(sorted({allowed[victim.id][1] for victim in victims}))
         ids = tuple(sorted(victim.id for victim in victims))
@@ -193,7 +214,8 @@ class Victims:
     def _search(
         self, shape: Shape, view: View, allowed: list[RunningJob]
     ) -> list[RunningJob] | None:
-        count, wanted, min_memory, model, requirement = shape
+        count, wanted, min_memory, model, requirement, *_ = shape
+        host = shape.host
         if not allowed:
             return None
         fleet = self.placement_pass.look(view)
@@ -228,7 +250,15 @@ class Victims:
                 for victim in on_node[node]
             }
             most = options[0][0] if options and wanted == 1 else len(on_node[node])
-            fewest = _fewest(base(node), on_node[node], freed, count, requirement, most)
+            fewest = _fewest(
+                base(node),
+                on_node[node],
+                freed,
+                count,
+                requirement,
+                most,
+                partial(_covered, node.host.free, ask=host),
+            )
             if fewest is not None:
                 options.append((len(fewest), [cost(v) for v in fewest], node.index, fewest))
                 options.sort(key=lambda option: option[:3])
@@ -238,7 +268,9 @@ class Victims:
         ready = {
             node.index
             for node in fleet.nodes
-            if node.pool is not None and choose(base(node), count, requirement) is not None
+            if node.pool is not None
+            and node.host.fits(host)
+            and choose(base(node), count, requirement) is not None
         }
         chosen: list[RunningJob] = []
         for _, _, index, fewest in options:
@@ -257,13 +289,17 @@ def _fewest(
     count: int,
     requirement: str,
     most: int,
+    host_holds: Callable[[Sequence[RunningJob]], bool],
 ) -> tuple[RunningJob, ...] | None:
     """The smallest subset of `candidates` (cheapest first among equals), of at most `most`,
-    whose freed GPUs with `base` hold `count` GPUs in `requirement`: every subset of the
+    whose freed GPUs with `base` hold `count` GPUs in `requirement`, and whose freed host
+    resources with the node's free ones hold its part (`host_holds`): every subset of the
     first `NODE_VICTIMS`, else candidates added cheapest first."""
 
     def holds(subset: Sequence[RunningJob]) -> bool:
         if len(base) + sum(len(freed[victim.id]) for victim in subset) < count:
+            return False
+        if not host_holds(subset):
             return False
         gpus = base + [gpu for victim in subset for gpu in freed[victim.id]]
         gpus.sort(key=lambda gpu: (gpu.index, gpu.id))
@@ -280,6 +316,30 @@ def _fewest(
         if holds(candidates[:size]):
             return tuple(candidates[:size])
     return None
+
+
+def _held(victims: Iterable[RunningJob]) -> HostAsk:
+    """The host resources `victims` hold on one node (each holds its figures once there)."""
+    chosen = list(victims)
+    return HostAsk(sum(v.cpus for v in chosen), sum(v.host_memory_mib for v in chosen))
+
+
+def _covered(
+    free: tuple[int | None, int | None], victims: Sequence[RunningJob], ask: HostAsk
+) -> bool:
+    """Whether a node's free host resources `free`, with those `victims` hold there, hold
+    `ask`."""
+    if not (ask.cpus or ask.memory_mib):
+        return True
+    cpus, memory_mib = free
+    lent = _held(victims)
+    return fits_free(
+        (
+            None if cpus is None else cpus + lent.cpus,
+            None if memory_mib is None else memory_mib + lent.memory_mib,
+        ),
+        ask,
+    )
 
 
 def stopping_phrase(victims: Sequence[int]) -> str:

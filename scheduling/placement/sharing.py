@@ -10,7 +10,9 @@ an allowed start, compute slices, instance and device limits). The pass then ret
 `MigCreate`; the GPU takes nothing else in that pass, so it is never reconfigured with work on
 it. An MPS job (`mps_percent`, `mps_memory_mib`) gets a share of an MPS GPU
 (`unavailable == "mps"`) as long as the shares on it, those given in this pass included, stay
-within 100 % of its SMs and within its memory.
+within 100 % of its SMs and within its memory. Either goes only to a node whose free host
+CPUs and memory (`hosts`: the pass's ledger, shared with whole-GPU placement) hold what the
+job asks for (`JobRequest.cpus`, `host_memory_mib`).
 
 Where a share goes: fragmentation gradient descent, after Weng et al., "Beware of
 Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX
@@ -24,6 +26,13 @@ workload is the free capacity on it that a request drawn from the workload could
 - MIG: free is the compute slices no busy device holds; a profile can use its free devices
   and, on an idle GPU of a dynamic-MIG pool, every further instance NVML would still create.
   Slices that no instance covers on a GPU that cannot be reconfigured are lost to everyone.
+- Host (FGD's node rule): a request whose CPUs or host memory the GPU's node no longer has
+  free can use none of the GPU's free capacity, whatever its share.
+
+A node's fragmentation is the sum over its GPUs (of one pool, MIG or MPS): a share placed on
+one GPU takes host CPUs and memory from every GPU of its node, so placement compares nodes,
+by their state (free host figures and every GPU's state), and the cost of a share is the
+growth of its node's fragmentation.
 
 The workload is the pass's queue (or the requests the caller names): the MIG (or MPS)
 requests of each pool, by profile (or share) and GPU model, weighted by count (a job whose pool
@@ -31,11 +40,13 @@ has none stands alone), plus a uniform prior that counts as one more request: ev
 profile of the GPU's table alike, every MPS percent from 1 to 100 alike. The prior keeps a
 short queue from deciding alone: it is what packs shares onto the fullest GPU and puts a 1g
 instance where it spoils the fewest larger ones (NVML's own choice on an empty GPU). A share
-goes where it raises F the least. For MIG that is compared twice: F now (a device taken on an
+goes where it raises its node's F the least. For MIG that is compared twice: F now (a device
+taken on an
 idle GPU of a dynamic-MIG pool locks its uncovered slices while the job runs), then F of the
 layout left behind, as if the GPU were idle again. Then best fit (the least free capacity
 left, so whole GPUs stay free), then the hostname, the GPU index and the placement start. The
-classic baselines are there for the replay bench: `packing="best-fit"`, `packing="first-fit"`.
+classic baselines are there for the replay bench: `packing="best-fit"` (the least free share
+left) and `packing="first-fit"`, among the GPUs whose node holds the job's CPUs and memory.
 
 `unusable_gpus` sums F, without the prior, over the MIG and MPS GPUs that can take work, in
 GPUs: the free capacity that the waiting requests, as a mix, cannot use (FGD's measure).
@@ -47,7 +58,7 @@ import math
 import re
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Generic, Literal, NamedTuple, TypeVar
@@ -55,6 +66,16 @@ from typing import Generic, Literal, NamedTuple, TypeVar
 from inventory.nvml.mig_catalog import MigProfile, MigTable, load_table, table_for_gpu
 from inventory.nvml.mig_fit import Placed, free_starts, remaining_capacity
 from scheduling.placement.decisions import MigCreate, Pending, Placement, Reason, TopologyClass
+from scheduling.placement.hosts import (
+    NO_ASK,
+    Host,
+    HostAsk,
+    Hosts,
+    after,
+    ask_phrase,
+    fits_free,
+    most_phrase,
+)
 from scheduling.placement.predict import release_at
 from scheduling.placement.reservations import ReservationBook
 from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig, Snapshot
@@ -69,9 +90,11 @@ MPS_MODE = "mps"
 
 # A MIG device as layouts compare them: (profile, placement start, memory slices, busy).
 Device = tuple[str, int, int, bool]
-# Request kinds of a workload.
-MigKind = tuple[str, str | None]  # (profile, gpu_model)
-MpsKind = tuple[int, int, str | None]  # (percent, memory MiB, gpu_model)
+# Request kinds of a workload, with the host CPUs and memory they ask for on the node.
+MigKind = tuple[str, str | None, HostAsk]  # (profile, gpu_model, host)
+MpsKind = tuple[int, int, str | None, HostAsk]  # (percent, memory MiB, gpu_model, host)
+# A node's free host CPUs and memory as a state holds them; None: nothing limits the node.
+HostFree = tuple[int | None, int | None] | None
 # A GPU's place in the tie-break: (node in hostname order, GPU index, GPU id).
 Order = tuple[int, int, int]
 # What a candidate minimises, by packing, before the GPU's order.
@@ -182,47 +205,98 @@ class MpsState(NamedTuple):
     free_memory_mib: int
 
 
+# A node's usable MIG (or MPS) GPUs of one pool as placement compares them: its free host
+# figures and each GPU's layout (or state), in GPU index order.
+MigNode = tuple[HostFree, tuple[Layout, ...]]
+MpsNode = tuple[HostFree, tuple[MpsState, ...]]
+# What a node state offers a request: (rank, GPU position on the node, device position or
+# placement start; 0 for MPS). Compared with the node's order between the last two.
+Offer = tuple[Rank, int, int]
+
+
+def _host_free(host: Host) -> HostFree:
+    return host.free if host.limited else None
+
+
+@dataclass(slots=True, eq=False)
+class _MigPart:
+    """The usable MIG-mode GPUs of one pool on one node (index order), and the node's host."""
+
+    order: int  # the node's position in hostname order
+    host: Host
+    gpus: list[_MigGpu]
+
+    def state(self) -> MigNode:
+        return (_host_free(self.host), tuple(mig.layout() for mig in self.gpus))
+
+
+@dataclass(slots=True, eq=False)
+class _MpsPart:
+    """The usable MPS GPUs of one pool on one node (index order), and the node's host."""
+
+    order: int
+    host: Host
+    gpus: list[_MpsGpu]
+
+    def state(self) -> MpsNode:
+        return (_host_free(self.host), tuple(mps.state() for mps in self.gpus))
+
+
 K = TypeVar("K", bound=Hashable)
-E = TypeVar("E", _MigGpu, _MpsGpu)
+E = TypeVar("E", _MigPart, _MpsPart)
+G = TypeVar("G", _MigGpu, _MpsGpu)
 _by_order = attrgetter("order")
 
 
 class _Groups(Generic[K, E]):
-    """GPUs by state, each group in tie-break order: a choice compares states, not GPUs.
+    """Node parts by state, each group in node order: a choice compares states, not nodes.
     A state gets a number when first seen, so that what it offers is cached by number."""
 
     def __init__(self) -> None:
         self.by_state: dict[K, tuple[int, list[E]]] = {}
         self._numbers: dict[K, int] = {}
+        self._filed: dict[E, K] = {}
 
-    def add(self, state: K, gpu: E) -> None:
+    def file(self, part: E, state: K) -> None:
+        """File `part` under `state` (its current one), out of the group it was in."""
+        old = self._filed.get(part)
+        if old == state:
+            return
+        if old is not None:
+            self._remove(old, part)
+        self._filed[part] = state
         if state not in self.by_state:
             self.by_state[state] = (self._numbers.setdefault(state, len(self._numbers)), [])
         group = self.by_state[state][1]
-        if not group or group[-1].order < gpu.order:
-            group.append(gpu)
+        if not group or group[-1].order < part.order:
+            group.append(part)
         else:
-            insort(group, gpu, key=_by_order)
+            insort(group, part, key=_by_order)
 
-    def remove(self, state: K, gpu: E) -> None:
+    def discard(self, part: E) -> None:
+        old = self._filed.pop(part, None)
+        if old is not None:
+            self._remove(old, part)
+
+    def _remove(self, state: K, part: E) -> None:
         group = self.by_state[state][1]
-        del group[bisect_left(group, gpu.order, key=_by_order)]
+        del group[bisect_left(group, part.order, key=_by_order)]
         if not group:
             del self.by_state[state]
 
 
 class _Pool:
-    """The usable sharing GPUs of one pool and what its queue asks for."""
+    """The usable sharing GPUs of one pool, by node, and what its node states offer."""
 
     def __init__(self, config: PoolConfig) -> None:
         self.dynamic_mig = config.dynamic_mig
-        self.mig: _Groups[Layout, _MigGpu] = _Groups()
-        self.mps: _Groups[MpsState, _MpsGpu] = _Groups()
-        # What a state offers a request, by (state number, request, id of the workload):
-        # (rank, device position or placement start), None when nothing.
-        self.takes: dict[tuple[int, str, int], tuple[Rank, int] | None] = {}
-        self.creates: dict[tuple[int, str, int], tuple[Rank, int] | None] = {}
-        self.shares: dict[tuple[int, MpsKind, int], Rank | None] = {}
+        self.mig: _Groups[MigNode, _MigPart] = _Groups()
+        self.mps: _Groups[MpsNode, _MpsPart] = _Groups()
+        # What a node state offers a request, by (state number, request kind, id of the
+        # workload); None when nothing.
+        self.takes: dict[tuple[int, Hashable, int], Offer | None] = {}
+        self.creates: dict[tuple[int, Hashable, int], Offer | None] = {}
+        self.shares: dict[tuple[int, Hashable, int], Offer | None] = {}
 
 
 class SharingPass:
@@ -231,7 +305,8 @@ class SharingPass:
     turned down waits, against the state after the placements so far.
 
     It reads only the MIG-mode and MPS GPUs, which whole-GPU placement never takes, so it runs
-    beside `PlacementPass` on the same snapshot.
+    beside `PlacementPass` on the same snapshot; the nodes' host CPUs and memory they share
+    through one `Hosts` ledger.
     """
 
     def __init__(
@@ -240,9 +315,11 @@ class SharingPass:
         *,
         packing: Packing = "fragmentation",
         workload: Iterable[JobRequest] | None = None,
+        hosts: Hosts | None = None,
     ) -> None:
         """`workload`: the requests fragmentation is measured against (default: the
-        snapshot's queue); the replay bench passes the trace's mix."""
+        snapshot's queue); the replay bench passes the trace's mix. `hosts`: the pass's host
+        CPUs and memory, when whole-GPU placement shares them (default: its own)."""
         if packing not in PACKINGS:
             raise ValueError(f"unknown packing {packing!r}; one of {', '.join(PACKINGS)}")
         self.now = snapshot.now
@@ -260,6 +337,10 @@ class SharingPass:
         self._pools: dict[str | None, _Pool] = {}
         self._mig_gpus: list[_MigGpu] = []
         self._mps_gpus: list[_MpsGpu] = []
+        self._hosts = hosts or Hosts(snapshot)
+        self._seen = len(self._hosts.changes)  # host changes the parts are filed after
+        self._mig_parts: dict[tuple[str | None, str], _MigPart] = {}
+        self._mps_parts: dict[tuple[str | None, str], _MpsPart] = {}
         self._creates: dict[int, tuple[MigCreate, _MigGpu]] = {}
         self._fragmentation: dict[tuple[object, ...], float] = {}
         self._explained: dict[tuple[object, ...], tuple[Reason, str, float | None, str | None]]
@@ -279,10 +360,19 @@ class SharingPass:
                 self._add_mig(gpu, order, up and gpu.unavailable == MIG_MODE)
             elif gpu.unavailable == MPS_MODE or gpu.mps_jobs or gpu.mps_used_percent:
                 self._add_mps(gpu, order, up and gpu.unavailable == MPS_MODE)
+        # Per hostname, its parts with their pools (to refile when its host figures change).
+        self._parts_of: dict[str, list[tuple[str | None, _MigPart | _MpsPart]]] = {}
+        for (pool, hostname), mig_part in self._mig_parts.items():
+            self._pool(pool).mig.file(mig_part, mig_part.state())
+            self._parts_of.setdefault(hostname, []).append((pool, mig_part))
+        for (pool, hostname), mps_part in self._mps_parts.items():
+            self._pool(pool).mps.file(mps_part, mps_part.state())
+            self._parts_of.setdefault(hostname, []).append((pool, mps_part))
 
     def place(self, job: JobRequest) -> Placement | MigCreate | None:
         """A MIG device or an MPS share for `job`, or a MIG instance to create for it on an
         idle GPU, or None when nothing fits now."""
+        self._refresh()
         if job.mig_profile:
             return self._place_mig(job, job.mig_profile)
         if job.mps_percent is not None:
@@ -291,6 +381,7 @@ class SharingPass:
 
     def explain(self, job: JobRequest, position: int) -> Pending:
         """Why `job`, which `place` turned down (or gave a MIG instance to create), waits."""
+        self._refresh()
         if job.id in self._creates:
             reason, message, start, what_if = self._explain_create(job.id)
         else:
@@ -300,6 +391,8 @@ class SharingPass:
                 job.mps_memory_mib,
                 job.pool,
                 job.gpu_model,
+                job.cpus,
+                job.host_memory_mib,
             )
             if self._book.by_id:  # reservation windows close GPUs per job
                 key += (job.reservation, job.owner, job.max_runtime_s)
@@ -318,16 +411,20 @@ class SharingPass:
             mig_counts, mps_counts = self._mig_counts, self._mps_counts
         else:
             mig_counts, mps_counts = _counts(requests)
+        hosts = self._hosts.by_name
         total = 0.0
         for mig in self._mig_gpus:
             if mig.usable and mig.gpu.pool in mig_counts:
                 layout = mig.layout()
                 creatable = layout.idle and self._config(mig.gpu.pool).dynamic_mig
                 workload = Workload.of(mig_counts[mig.gpu.pool])
-                total += _mig_fragmentation(layout, creatable, workload)
+                host = _host_free(hosts[mig.gpu.node])
+                total += _mig_fragmentation(layout, creatable, workload, host)
         for mps in self._mps_gpus:
             if mps.usable and mps.gpu.pool in mps_counts:
-                total += _mps_fragmentation(mps.state(), Workload.of(mps_counts[mps.gpu.pool]))
+                workload_mps = Workload.of(mps_counts[mps.gpu.pool])
+                host = _host_free(hosts[mps.gpu.node])
+                total += _mps_fragmentation(mps.state(), workload_mps, host)
         return total
 
     # ------------------------------------------------------------------ building the state
@@ -349,7 +446,10 @@ class SharingPass:
         mig = _MigGpu(gpu, order, table, devices, usable)
         self._mig_gpus.append(mig)
         if usable:
-            self._pool(gpu.pool).mig.add(mig.layout(), mig)
+            key = (gpu.pool, gpu.node)
+            if key not in self._mig_parts:
+                self._mig_parts[key] = _MigPart(order[0], self._hosts.by_name[gpu.node], [])
+            self._mig_parts[key].gpus.append(mig)
 
     def _add_mps(self, gpu: GpuSlot, order: Order, usable: bool) -> None:
         mps = _MpsGpu(
@@ -357,20 +457,70 @@ class SharingPass:
         )
         self._mps_gpus.append(mps)
         if usable:
-            self._pool(gpu.pool).mps.add(mps.state(), mps)
+            key = (gpu.pool, gpu.node)
+            if key not in self._mps_parts:
+                self._mps_parts[key] = _MpsPart(order[0], self._hosts.by_name[gpu.node], [])
+            self._mps_parts[key].gpus.append(mps)
 
-    def _open_and_held(self, gpus: list[E], job: JobRequest) -> tuple[list[E], list[E]]:
+    def _refresh(self) -> None:
+        """Refile the parts of the nodes whose host figures changed since the last look
+        (placements by this pass or, on the shared ledger, by whole-GPU placement)."""
+        changes = self._hosts.changes
+        if self._seen == len(changes):
+            return
+        for hostname in set(changes[self._seen :]):
+            for pool, part in self._parts_of.get(hostname, ()):
+                if isinstance(part, _MigPart):
+                    if part.gpus:
+                        self._pool(pool).mig.file(part, part.state())
+                else:
+                    self._pool(pool).mps.file(part, part.state())
+        self._seen = len(changes)
+        self._explained.clear()  # they describe the host figures before
+
+    def _open_and_held(self, gpus: list[G], job: JobRequest) -> tuple[list[G], list[G]]:
         """`gpus` split into those open to `job` and those reservation windows keep it off."""
         if not self._book.by_id:
             return gpus, []
         held = [gpu for gpu in gpus if self._book.closed(gpu.gpu.id, job)]
         return [gpu for gpu in gpus if gpu not in held], held
 
-    def _first_open(self, gpus: list[E], job: JobRequest) -> E | None:
-        """The first of `gpus` that no reservation window keeps `job` off."""
+    def _closed(self, gpus: list[G], job: JobRequest) -> frozenset[int]:
+        """The positions of `gpus` that reservation windows keep `job` off."""
         if not self._book.by_id:
-            return gpus[0]
-        return next((gpu for gpu in gpus if not self._book.closed(gpu.gpu.id, job)), None)
+            return frozenset()
+        return frozenset(i for i, gpu in enumerate(gpus) if self._book.closed(gpu.gpu.id, job))
+
+    def _best(
+        self,
+        groups: _Groups[K, E],
+        cache: dict[tuple[int, Hashable, int], Offer | None],
+        kind: Hashable,
+        workload: object,
+        offer: Callable[[K, frozenset[int]], Offer | None],
+        job: JobRequest,
+    ) -> tuple[Offer, E] | None:
+        """The best offer over the node states of `groups` (cached per state, `kind` and
+        `workload`), with the first node that makes it: the least (rank, node, GPU, device or
+        start). Where reservation windows close GPUs to `job`, every node is looked at."""
+        best: tuple[tuple[Rank, int, int, int], E] | None = None
+        for state, (number, parts) in groups.by_state.items():
+            key = (number, kind, id(workload))
+            if key not in cache:
+                cache[key] = offer(state, frozenset())
+            for part in parts if self._book.by_id else parts[:1]:
+                closed = self._closed(part.gpus, job)
+                found = offer(state, closed) if closed else cache[key]
+                if found is None:
+                    continue
+                rank, position, extra = found
+                candidate = (rank, part.order, position, extra)
+                if best is None or candidate < best[0]:
+                    best = (candidate, part)
+        if best is None:
+            return None
+        (rank, _, position, extra), part = best
+        return (rank, position, extra), part
 
     def _runs_until(self, job: JobRequest) -> float:
         runtime = job.likely_runtime_s
@@ -382,64 +532,52 @@ class SharingPass:
         pool = self._pools.get(job.pool)
         if pool is None:
             return None
-        kind = (profile, job.gpu_model)
+        kind = (profile, job.gpu_model, HostAsk.of(job))
         workload = _blended(self._mig_counts, self._mig_workloads, job.pool, kind)
-        best: tuple[Rank, Order, Layout, int, _MigGpu] | None = None
-        for layout, (number, gpus) in pool.mig.by_state.items():
-            if job.gpu_model not in (None, layout.model):
-                continue
-            key = (number, profile, id(workload))
-            if key not in pool.takes:
-                pool.takes[key] = self._take(layout, profile, pool.dynamic_mig, workload)
-            offer = pool.takes[key]
-            mig = None if offer is None else self._first_open(gpus, job)
-            if offer is None or mig is None:
-                continue
-            rank, position = offer
-            if best is None or (rank, mig.order) < best[:2]:
-                best = (rank, mig.order, layout, position, mig)
-        if best is not None:
-            _, _, layout, position, mig = best
-            pool.mig.remove(layout, mig)
+
+        def take(state: MigNode, closed: frozenset[int]) -> Offer | None:
+            return self._take(state, kind, pool.dynamic_mig, workload, closed)
+
+        found = self._best(pool.mig, pool.takes, kind, workload, take, job)
+        if found is not None:
+            (_, gpu_position, position), part = found
+            mig = part.gpus[gpu_position]
             device = mig.devices[position]
             device.holder = job.id
-            pool.mig.add(mig.layout(), mig)
-            self._taken(job)
+            self._taken(job, part.host)
+            pool.mig.file(part, part.state())
             return _mig_placement(job, mig, device)
         if pool.dynamic_mig:
-            return self._create_mig(job, profile, pool, workload)
+            return self._create_mig(job, kind, pool, workload)
         return None
 
     def _create_mig(
-        self, job: JobRequest, profile: str, pool: _Pool, workload: MigWorkload
+        self, job: JobRequest, kind: MigKind, pool: _Pool, workload: MigWorkload
     ) -> MigCreate | None:
-        """A new instance of `profile` on the idle GPU and at the start that spoil the least."""
-        best: tuple[Rank, Order, int, Layout, _MigGpu] | None = None
-        for layout, (number, gpus) in pool.mig.by_state.items():
-            if job.gpu_model not in (None, layout.model):
-                continue
-            key = (number, profile, id(workload))
-            if key not in pool.creates:
-                pool.creates[key] = self._create(layout, profile, workload)
-            offer = pool.creates[key]
-            mig = None if offer is None else self._first_open(gpus, job)
-            if offer is None or mig is None:
-                continue
-            rank, start = offer
-            if best is None or (rank, mig.order, start) < best[:3]:
-                best = (rank, mig.order, start, layout, mig)
-        if best is None:
+        """A new instance of the profile on the idle GPU and at the start that spoil the
+        least."""
+
+        def create(state: MigNode, closed: frozenset[int]) -> Offer | None:
+            return self._create(state, kind, workload, closed)
+
+        found = self._best(pool.mig, pool.creates, kind, workload, create, job)
+        if found is None:
             return None
-        _, _, start, layout, mig = best
+        (_, gpu_position, start), part = found
+        profile = kind[0]
         # Reconfigured in this pass: it takes nothing else until the instance exists.
-        pool.mig.remove(layout, mig)
+        mig = part.gpus.pop(gpu_position)
+        if part.gpus:
+            pool.mig.file(part, part.state())
+        else:
+            pool.mig.discard(part)
         table = _table(mig.table)
         assert table is not None, "_creations needs a table"
         size = table.by_name(profile).memory_slices
         mig.devices.append(_Device(profile, start, size, None, job.id))
         mig.devices.sort(key=attrgetter("start"))
         free = _free_slices(mig.layout())
-        create = MigCreate(
+        create_it = MigCreate(
             job_id=job.id,
             gpu_id=mig.gpu.id,
             profile=profile,
@@ -450,36 +588,90 @@ class SharingPass:
                 f"{self._fit_phrase()}: leaves {plural(free, 'free compute slice')} there"
             ),
         )
-        self._creates[job.id] = (create, mig)
-        self._taken(job)
-        return create
+        self._creates[job.id] = (create_it, mig)
+        self._taken(job, part.host)
+        return create_it
 
     def _take(
-        self, layout: Layout, profile: str, dynamic: bool, workload: MigWorkload
-    ) -> tuple[Rank, int] | None:
-        """The rank of taking the layout's first free device of `profile`, and its position."""
-        position = layout.first_free(profile)
-        if position is None:
+        self,
+        state: MigNode,
+        kind: MigKind,
+        dynamic: bool,
+        workload: MigWorkload,
+        closed: frozenset[int],
+    ) -> Offer | None:
+        """Taking the first free device of the profile on one of the node's GPUs (not
+        `closed`): the best, with its rank, GPU position and device position."""
+        profile, model, ask = kind
+        free, layouts = state
+        if free is not None and not fits_free(free, ask):
             return None
-        after = _replace_device(layout, position, busy=True)
-        return self._rank(layout, after, dynamic and layout.idle, workload), position
+        later, shift = self._mig_shift(state, ask, dynamic, workload)
+        best: Offer | None = None
+        for i, layout in enumerate(layouts):
+            if i in closed or model not in (None, layout.model):
+                continue
+            position = layout.first_free(profile)
+            if position is None:
+                continue
+            taken = _replace_device(layout, position, busy=True)
+            rank = self._rank(layout, taken, dynamic and layout.idle, workload, later, shift)
+            if best is None or rank < best[0]:
+                best = (rank, i, position)
+        return best
 
     def _create(
-        self, layout: Layout, profile: str, workload: MigWorkload
-    ) -> tuple[Rank, int] | None:
-        """The best start for a new `profile` instance on the layout, with its rank; None when
-        it has work on it or no room."""
-        if not layout.idle:
+        self, state: MigNode, kind: MigKind, workload: MigWorkload, closed: frozenset[int]
+    ) -> Offer | None:
+        """The best new instance of the profile on one of the node's idle GPUs (not
+        `closed`): its rank, GPU position and placement start; None when none has room."""
+        profile, model, ask = kind
+        free, layouts = state
+        if free is not None and not fits_free(free, ask):
             return None
-        offers = [
-            (self._rank(layout, after, True, workload), start)
-            for start, after in _creations(layout, profile)
-        ]
-        return min(offers, default=None)
+        later, shift = self._mig_shift(state, ask, True, workload)
+        best: Offer | None = None
+        for i, layout in enumerate(layouts):
+            if i in closed or model not in (None, layout.model) or not layout.idle:
+                continue
+            for start, created in _creations(layout, profile):
+                offer = (self._rank(layout, created, True, workload, later, shift), i, start)
+                if best is None or offer < best:
+                    best = offer
+        return best
 
-    def _rank(self, before: Layout, after: Layout, creatable: bool, workload: MigWorkload) -> Rank:
+    def _mig_shift(
+        self, state: MigNode, ask: HostAsk, dynamic: bool, workload: MigWorkload
+    ) -> tuple[HostFree, float]:
+        """The node's free host figures once `ask` is taken, and how much that alone grows
+        the fragmentation of its GPUs as they are (FGD's node rule)."""
+        free, layouts = state
+        if free is None or self.packing != "fragmentation":
+            return free, 0.0
+        later = after(free, ask)
+        if later == free:
+            return free, 0.0
+        fragmentation = self._mig_fragmentation
+        shift = sum(
+            fragmentation(layout, dynamic and layout.idle, workload, later)
+            - fragmentation(layout, dynamic and layout.idle, workload, free)
+            for layout in layouts
+        )
+        return later, shift
+
+    def _rank(
+        self,
+        before: Layout,
+        after: Layout,
+        creatable: bool,
+        workload: MigWorkload,
+        host: HostFree = None,
+        shift: float = 0.0,
+    ) -> Rank:
         """What turning `before` into `after` costs, lower first, by packing. `creatable`:
         the GPU could get new instances before (idle, dynamic MIG); after, it has work.
+        `host`: the node's free host figures after; `shift`: what taking them alone adds to
+        the node's fragmentation.
 
         Fragmentation compares F now (what the GPU's work locks away while it runs), then F
         of the layout it leaves (as if the GPU were idle and reconfigurable again: a small
@@ -490,14 +682,19 @@ class SharingPass:
         if self.packing == "best-fit":
             return (left,)
         fragmentation = self._mig_fragmentation
-        locked = fragmentation(after, False, workload) - fragmentation(before, creatable, workload)
-        room = fragmentation(after, True, workload) - fragmentation(before, True, workload)
-        return (round(locked, _DIGITS), round(room, _DIGITS), left)
+        locked = fragmentation(after, False, workload, host)
+        locked -= fragmentation(before, creatable, workload, host)
+        room = fragmentation(after, True, workload, host)
+        room -= fragmentation(before, True, workload, host)
+        return (round(locked + shift, _DIGITS), round(room, _DIGITS), left)
 
-    def _mig_fragmentation(self, layout: Layout, creatable: bool, workload: MigWorkload) -> float:
-        key = (layout, creatable, workload)
+    def _mig_fragmentation(
+        self, layout: Layout, creatable: bool, workload: MigWorkload, host: HostFree
+    ) -> float:
+        # By the workload's id: hashing its kinds each time would cost more than the sum.
+        key = (layout, creatable, id(workload), host)
         if key not in self._fragmentation:
-            self._fragmentation[key] = _mig_fragmentation(layout, creatable, workload)
+            self._fragmentation[key] = _mig_fragmentation(layout, creatable, workload, host)
         return self._fragmentation[key]
 
     def _fit_phrase(self) -> str:
@@ -505,8 +702,10 @@ class SharingPass:
             self.packing, "first fit"
         )
 
-    def _taken(self, job: JobRequest) -> None:
+    def _taken(self, job: JobRequest, host: Host) -> None:
+        """Book the share's end, and its host CPUs and memory on its node."""
         self._release[job.id] = self._runs_until(job)
+        self._hosts.take((host.info.hostname,), HostAsk.of(job))
         self._explained.clear()  # the explanations describe the state before this share
 
     def _explain_create(self, job_id: int) -> tuple[Reason, str, float | None, str | None]:
@@ -543,9 +742,17 @@ class SharingPass:
             )
             return Reason.NODES_UNAVAILABLE, message, None, None
         dynamic = self._config(job.pool).dynamic_mig
+        ask, device = HostAsk.of(job), f"a {profile} MIG device"
+        too_large = self._host_too_large(device, usable, ask)
+        if too_large is not None:
+            return too_large
         usable, held = self._open_and_held(usable, job)
         if not usable or any(_could_take(mig, profile, dynamic) for mig in held):
-            return Reason.RESERVATION, f"needs a {profile} MIG device; {_held(job)}", None, None
+            return Reason.RESERVATION, f"needs {device}; {_held(job)}", None, None
+        able = [mig for mig in usable if _could_take(mig, profile, dynamic)]
+        short = self._host_short(device, able, ask)
+        if short is not None:
+            return short
         with_devices = [mig for mig in usable if any(d.profile == profile for d in mig.devices)]
         if with_devices:
             found = f"GPUs in MIG mode with that profile: {len(with_devices)}, all in use"
@@ -594,6 +801,40 @@ class SharingPass:
         """When every job of `holders` has ended (now when there is none)."""
         return max((self._release.get(job_id, math.inf) for job_id in holders), default=self.now)
 
+    def _host_too_large(
+        self, what: str, gpus: list[G], ask: HostAsk
+    ) -> tuple[Reason, str, float | None, str | None] | None:
+        """TOO_LARGE when no node of `gpus` (usable ones) could ever hold `ask`."""
+        if ask == NO_ASK or not gpus:
+            return None
+        hosts = {gpu.gpu.node: self._hosts.by_name[gpu.gpu.node] for gpu in gpus}
+        if any(host.could_fit(ask) for host in hosts.values()):
+            return None
+        most = most_phrase(ask, ((h.info.cpus, h.info.memory_mib) for h in hosts.values()))
+        message = (
+            f"needs {what} and {ask_phrase(ask)} on its node; no node with such a GPU has "
+            f"that much (at most {most})"
+        )
+        return Reason.TOO_LARGE, message, None, None
+
+    def _host_short(
+        self, what: str, able: list[G], ask: HostAsk
+    ) -> tuple[Reason, str, float | None, str | None] | None:
+        """HOST_RESOURCES when GPUs that would take the share now exist (`able`) but none of
+        their nodes has `ask` free."""
+        if ask == NO_ASK or not able:
+            return None
+        hosts = {gpu.gpu.node: self._hosts.by_name[gpu.gpu.node] for gpu in able}
+        if any(host.fits(ask) for host in hosts.values()):
+            return None
+        nodes = "the node" if len(hosts) == 1 else f"the {len(hosts)} nodes"
+        most = most_phrase(ask, (host.free for host in hosts.values()))
+        message = (
+            f"needs {what} and {ask_phrase(ask)} on its node; of {nodes} with a GPU that "
+            f"has room for it, the most free is {most}"
+        )
+        return Reason.HOST_RESOURCES, message, None, None
+
     def _why_down(self, gpu: GpuSlot) -> str:
         """Why a sharing GPU takes nothing: its node's state, else its own reason."""
         return self._node_down[gpu.node] or gpu.unavailable or "unavailable"
@@ -604,28 +845,22 @@ class SharingPass:
         pool = self._pools.get(job.pool)
         if pool is None:
             return None
-        kind = (percent, memory_mib, job.gpu_model)
+        kind = (percent, memory_mib, job.gpu_model, HostAsk.of(job))
         workload = _blended(self._mps_counts, self._mps_workloads, job.pool, kind)
-        best: tuple[Rank, Order, MpsState, _MpsGpu] | None = None
-        for state, (number, gpus) in pool.mps.by_state.items():
-            key = (number, kind, id(workload))
-            if key not in pool.shares:
-                pool.shares[key] = self._mps_rank(state, kind, workload)
-            rank = pool.shares[key]
-            mps = None if rank is None else self._first_open(gpus, job)
-            if rank is None or mps is None:
-                continue
-            if best is None or (rank, mps.order) < best[:2]:
-                best = (rank, mps.order, state, mps)
-        if best is None:
+
+        def share(state: MpsNode, closed: frozenset[int]) -> Offer | None:
+            return self._share(state, kind, workload, closed)
+
+        found = self._best(pool.mps, pool.shares, kind, workload, share, job)
+        if found is None:
             return None
-        _, _, state, mps = best
-        pool.mps.remove(state, mps)
+        (_, position, _), part = found
+        mps = part.gpus[position]
         mps.used_percent += percent
         mps.used_memory_mib += memory_mib
         mps.jobs.append(job.id)
-        pool.mps.add(mps.state(), mps)
-        self._taken(job)
+        self._taken(job, part.host)
+        pool.mps.file(part, part.state())
         gpu = mps.gpu
         memory = f" and {gigabytes(memory_mib)}" if memory_mib else ""
         return _on_one_gpu(
@@ -638,28 +873,59 @@ class SharingPass:
             mps_memory_mib=memory_mib,
         )
 
-    def _mps_rank(self, before: MpsState, kind: MpsKind, workload: MpsWorkload) -> Rank | None:
-        """What giving a share of `kind` on a GPU in state `before` costs, lower first, by
-        packing; None when it does not fit."""
-        if not _mps_fits(before, kind):
+    def _share(
+        self, state: MpsNode, kind: MpsKind, workload: MpsWorkload, closed: frozenset[int]
+    ) -> Offer | None:
+        """The best GPU of a node in `state` (not `closed`) for a share of `kind`: its rank
+        and position; None when none holds it or the node's host does not."""
+        free, states = state
+        ask = kind[3]
+        if free is not None and not fits_free(free, ask):
             return None
-        percent, memory_mib, _ = kind
-        after = MpsState(
+        fitting = [i for i, gpu in enumerate(states) if i not in closed and _mps_fits(gpu, kind)]
+        if not fitting:
+            return None
+        later, shift = free, 0.0
+        if free is not None and self.packing == "fragmentation" and ask != NO_ASK:
+            later = after(free, ask)
+            fragmentation = self._mps_fragmentation
+            shift = sum(
+                fragmentation(gpu, workload, later) - fragmentation(gpu, workload, free)
+                for gpu in states
+            )
+        best: Offer | None = None
+        for i in fitting:
+            gpu = states[i]
+            if best is not None and gpu == states[best[1]]:
+                continue  # the same rank on a later GPU
+            rank = self._mps_rank(gpu, kind, workload, later, shift)
+            if best is None or rank < best[0]:
+                best = (rank, i, 0)
+        return best
+
+    def _mps_rank(
+        self, before: MpsState, kind: MpsKind, workload: MpsWorkload, host: HostFree, shift: float
+    ) -> Rank:
+        """What giving a share of `kind` (that fits) on a GPU in state `before` costs, lower
+        first, by packing. `host`: its node's free host figures after; `shift`: what taking
+        them alone adds to the node's fragmentation."""
+        percent, memory_mib, *_ = kind
+        left_state = MpsState(
             before.model, before.free_percent - percent, before.free_memory_mib - memory_mib
         )
         if self.packing == "first-fit":
             return ()
-        left = (float(after.free_percent), float(after.free_memory_mib))
+        left = (float(left_state.free_percent), float(left_state.free_memory_mib))
         if self.packing == "best-fit":
             return left
-        change = self._mps_fragmentation(after, workload)
-        change -= self._mps_fragmentation(before, workload)
-        return (round(change, _DIGITS), *left)
+        change = self._mps_fragmentation(left_state, workload, host)
+        change -= self._mps_fragmentation(before, workload, host)
+        return (round(change + shift, _DIGITS), *left)
 
-    def _mps_fragmentation(self, state: MpsState, workload: MpsWorkload) -> float:
-        key = (state, workload)
+    def _mps_fragmentation(self, state: MpsState, workload: MpsWorkload, host: HostFree) -> float:
+        key = (state, id(workload), host)
         if key not in self._fragmentation:
-            self._fragmentation[key] = _mps_fragmentation(state, workload)
+            self._fragmentation[key] = _mps_fragmentation(state, workload, host)
         return self._fragmentation[key]
 
     def _explain_mps(self, job: JobRequest) -> tuple[Reason, str, float | None, str | None]:
@@ -689,10 +955,17 @@ class SharingPass:
             whys = sorted({self._why_down(mps.gpu) for mps in mine})
             message = f"needs {share}; the MPS GPUs {where} are unavailable ({', '.join(whys)}): "
             return Reason.NODES_UNAVAILABLE, message + down, None, None
+        ask = HostAsk.of(job)
+        kind = (percent, memory_mib, model, ask)
+        too_large = self._host_too_large(share, usable, ask)
+        if too_large is not None:
+            return too_large
         usable, held = self._open_and_held(usable, job)
-        kind = (percent, memory_mib, model)
         if not usable or any(_mps_fits(mps.state(), kind) for mps in held):
             return Reason.RESERVATION, f"needs {share}; {_held(job)}", None, None
+        short = self._host_short(share, [m for m in usable if _mps_fits(m.state(), kind)], ask)
+        if short is not None:
+            return short
         roomy = [mps for mps in usable if mps.free_memory_mib >= memory_mib]
         most = max((mps.free_percent for mps in roomy), default=0)
         if roomy:
@@ -728,20 +1001,22 @@ def _counts(
     jobs = list(requests)
     mig: dict[str | None, Counter[MigKind]] = {}
     mig_kinds = Counter(
-        (job.pool, job.mig_profile, job.gpu_model) for job in jobs if job.mig_profile
+        (job.pool, job.mig_profile, job.gpu_model, HostAsk.of(job))
+        for job in jobs
+        if job.mig_profile
     )
-    for (pool, profile, model), n in mig_kinds.items():
+    for (pool, profile, model, host), n in mig_kinds.items():
         assert profile is not None
-        mig.setdefault(pool, Counter())[(profile, model)] = n
+        mig.setdefault(pool, Counter())[(profile, model, host)] = n
     mps: dict[str | None, Counter[MpsKind]] = {}
     mps_kinds = Counter(
-        (job.pool, job.mps_percent, job.mps_memory_mib or 0, job.gpu_model)
+        (job.pool, job.mps_percent, job.mps_memory_mib or 0, job.gpu_model, HostAsk.of(job))
         for job in jobs
         if job.mps_percent is not None and not job.mig_profile
     )
-    for (pool, percent, memory_mib, model), n in mps_kinds.items():
+    for (pool, percent, memory_mib, model, host), n in mps_kinds.items():
         assert percent is not None
-        mps.setdefault(pool, Counter())[(percent, memory_mib, model)] = n
+        mps.setdefault(pool, Counter())[(percent, memory_mib, model, host)] = n
     return mig, mps
 
 
@@ -825,11 +1100,19 @@ def _replace_device(layout: Layout, position: int, *, busy: bool) -> Layout:
     return layout._replace(devices=tuple(devices))
 
 
-def _mig_fragmentation(layout: Layout, creatable: bool, workload: MigWorkload) -> float:
+def _host_holds(host: HostFree, ask: HostAsk) -> bool:
+    """Whether a node with free host figures `host` (None: no limit) holds `ask`."""
+    return host is None or fits_free(host, ask)
+
+
+def _mig_fragmentation(
+    layout: Layout, creatable: bool, workload: MigWorkload, host: HostFree = None
+) -> float:
     """F of one MIG-mode GPU in GPUs: its free compute slices that each request kind of
     `workload` could not use, weighted by the kind's share (of the uniform prior: the mean
     over the table's profiles). `creatable`: the GPU may get new instances (idle, in a
-    dynamic-MIG pool)."""
+    dynamic-MIG pool). `host`: its node's free host figures; a kind they do not hold can use
+    none of the GPU."""
     table = _table(layout.table)
     if table is None:
         return 0.0
@@ -838,9 +1121,10 @@ def _mig_fragmentation(layout: Layout, creatable: bool, workload: MigWorkload) -
         return 0.0
     placed = _placed(table, layout.devices)
 
-    def lost(name: str, model: str | None) -> int:
-        """The free slices that requests for `name` (on `model`) cannot use."""
-        if model not in (None, layout.model):
+    def lost(name: str, model: str | None, ask: HostAsk = NO_ASK) -> int:
+        """The free slices that requests for `name` (on `model`, asking `ask` of the node)
+        cannot use."""
+        if model not in (None, layout.model) or not _host_holds(host, ask):
             return free
         count = sum(1 for d in layout.devices if d[0] == name and not d[3])
         profile = _profile(table, name)
@@ -856,7 +1140,8 @@ def _mig_fragmentation(layout: Layout, creatable: bool, workload: MigWorkload) -
 
 
 def _mps_fits(state: MpsState, kind: MpsKind) -> bool:
-    percent, memory_mib, model = kind
+    """Whether the GPU's free share holds `kind` (its node's host aside)."""
+    percent, memory_mib, model, _ = kind
     return (
         percent <= state.free_percent
         and memory_mib <= state.free_memory_mib
@@ -864,12 +1149,25 @@ def _mps_fits(state: MpsState, kind: MpsKind) -> bool:
     )
 
 
-def _mps_fragmentation(state: MpsState, workload: MpsWorkload) -> float:
-    """F of one MPS GPU in GPUs: its free SM share, for the request kinds that do not fit
-    (of the uniform prior, the percents above the free share)."""
+def _mps_fragmentation(state: MpsState, workload: MpsWorkload, host: HostFree = None) -> float:
+    """F of one MPS GPU in GPUs: its free SM share, for the request kinds that do not fit,
+    on the GPU or in its node's free host figures `host` (of the uniform prior, the percents
+    above the free share)."""
     if state.free_percent <= 0:
         return 0.0
-    blocked = sum(weight for kind, weight in workload.kinds if not _mps_fits(state, kind))
+    # _mps_fits and _host_holds inlined: this runs for every state a pass compares.
+    free_percent, free_memory, model = state.free_percent, state.free_memory_mib, state.model
+    cpus, memory = (None, None) if host is None else host
+    blocked = 0.0
+    for (percent, memory_mib, kind_model, ask), weight in workload.kinds:
+        if (
+            percent > free_percent
+            or memory_mib > free_memory
+            or (kind_model is not None and kind_model != model)
+            or (cpus is not None and ask.cpus > 0 and cpus < ask.cpus)
+            or (memory is not None and ask.memory_mib > 0 and memory < ask.memory_mib)
+        ):
+            blocked += weight
     blocked += workload.prior * (100 - state.free_percent) / 100
     return state.free_percent / 100 * blocked
 

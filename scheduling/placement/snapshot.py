@@ -78,6 +78,10 @@ class NodeInfo:
     hostname: str
     state: NodeState = "online"
     reachable: bool = True
+    # What jobs may be given of the host (its total less what is reserved); None: not known,
+    # then not a limit.
+    cpus: int | None = None
+    memory_mib: int | None = None
 
     @property
     def schedulable(self) -> bool:
@@ -118,15 +122,20 @@ class JobRequest:
     queued_at: float | None = None  # when its last attempt ended (None: never ran; LAS)
     # Its runtime as history predicts it (scheduling.placement.predict; None: nothing known).
     predicted_runtime_s: float | None = None
+    # Host resources on each of its nodes (0: none asked).
+    cpus: int = 0
+    host_memory_mib: int = 0
 
     def __post_init__(self) -> None:
         if self.priority not in PRIORITIES:
             raise ValueError(f"job {self.id}: unknown priority {self.priority!r}")
         if self.topology not in TOPOLOGY_REQUIREMENTS:
             raise ValueError(f"job {self.id}: unknown topology {self.topology!r}")
-        if self.gpus_per_node < 1 or self.node_count < 1 or self.min_memory_mib < 0:
+        if self.gpus_per_node < 1 or self.node_count < 1:
+            raise ValueError(f"job {self.id}: needs gpus_per_node >= 1 and node_count >= 1")
+        if min(self.min_memory_mib, self.cpus, self.host_memory_mib) < 0:
             raise ValueError(
-                f"job {self.id}: needs gpus_per_node >= 1, node_count >= 1, min_memory_mib >= 0"
+                f"job {self.id}: min_memory_mib, cpus and host_memory_mib must be >= 0"
             )
 
     @property
@@ -181,6 +190,9 @@ class RunningJob:
     stopping: bool = False
     array: int | None = None
     attained_service_s: float = 0.0  # GPU-seconds its earlier attempts ran (LAS)
+    # Host resources it holds on each node of its GPUs.
+    cpus: int = 0
+    host_memory_mib: int = 0
 
     def service_s(self, now: float) -> float:
         """GPU-seconds it has attained by `now`: its earlier attempts' and this one's (each
@@ -205,6 +217,11 @@ class PoolConfig:
     # at once.
     preempt_exempt_s: float = 600.0
     dynamic_mig: bool = False
+    # qssf: points (aging intervals) a job gains per halving of its likely GPU-service.
+    qssf_points_per_halving: float = 250.0
+    # Backfill: a runtime only predicted lets a job onto the head's GPUs while the head has
+    # waited fewer than this many aging intervals (math.inf: always).
+    prediction_trust_intervals: float = 360.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,8 @@ POLICY_FORM = {
     "fairshare_half_life_s": "3600",
     "fairshare_weight": "100",
     "las_thresholds_gpu_s": "",
+    "qssf_points_per_halving": "250",
+    "prediction_trust_intervals": "360",
     "allow_borrowing": "on",
     "preempt_exempt_s": "600",
     "preempt_signal": "SIGTERM",

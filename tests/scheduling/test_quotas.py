@@ -225,12 +225,20 @@ def test_fairshare_usage_is_the_exact_decay_integral_with_each_pools_half_life(
 def test_pool_configs_are_the_policy_rows_as_the_engine_reads_them(a100):
     PoolPolicy.default()
     PoolPolicy.objects.create(
-        pool=a100, policy="las", las_thresholds_gpu_s=[60, 600], preempt_exempt_s=120
+        pool=a100,
+        policy="las",
+        las_thresholds_gpu_s=[60, 600],
+        preempt_exempt_s=120,
+        qssf_points_per_halving=1000,
+        prediction_trust_intervals=30,
     )
     configs = quotas.pool_configs()
+    # The rows' defaults are the engine's.
     assert configs[None] == placement.PoolConfig()
     assert (configs["a100"].policy, configs["a100"].las_thresholds_gpu_s) == ("las", (60.0, 600.0))
     assert configs["a100"].preempt_exempt_s == 120.0
+    assert configs["a100"].qssf_points_per_halving == 1000.0
+    assert configs["a100"].prediction_trust_intervals == 30.0
 
 
 def test_users_see_their_quotas_and_their_projects_as_sentences(history, alice, bob, a100):

@@ -21,6 +21,8 @@ def policy_form(**changes: str) -> dict[str, str]:
         "fairshare_half_life_s": "604800",
         "fairshare_weight": "10000",
         "las_thresholds_gpu_s": "",
+        "qssf_points_per_halving": "250",
+        "prediction_trust_intervals": "360",
         "allow_borrowing": "on",
         "preemption": "on",
         "preempt_exempt_s": "600",
@@ -45,11 +47,22 @@ def test_a_pools_policy_is_added_and_changed_through_the_service(admin_client):
     refused = admin_client.post(url, policy_form(las_thresholds_gpu_s="3600,60"))
     assert refused.status_code == 200
     assert list(refused.context["adminform"].form.errors) == ["las_thresholds_gpu_s"]
+    refused = admin_client.post(url, policy_form(qssf_points_per_halving="0"))
+    assert list(refused.context["adminform"].form.errors) == ["qssf_points_per_halving"]
     assert admin_client.post(url, policy_form(preempt_grace_s="90")).status_code == 302
+    qssf = policy_form(
+        preempt_grace_s="90", qssf_points_per_halving="1000", prediction_trust_intervals="60"
+    )
+    assert admin_client.post(url, qssf).status_code == 302
     rows = AuditEvent.objects.order_by("pk").values_list("event_type", "message", "after")
     assert list(rows) == [
         ("scheduler.policy_changed", "policy of pool a100", {"policy": "sjf"}),
         ("scheduler.policy_changed", "policy of no pool", {"preempt_grace_s": 90}),
+        (
+            "scheduler.policy_changed",
+            "policy of no pool",
+            {"qssf_points_per_halving": 1000, "prediction_trust_intervals": 60},
+        ),
     ]
 
 

@@ -254,6 +254,34 @@ def test_reject_cancel_and_the_states_that_refuse_them(fleet, alice, root):
     assert events(waiting) == ["reservation.requested", "reservation.rejected"]
 
 
+@pytest.mark.parametrize(
+    ("action", "state"),
+    [
+        ("reject_reservations", ReservationState.REJECTED),
+        ("cancel_reservations", ReservationState.CANCELED),
+    ],
+)
+def test_the_admins_reason_actions_decide_each_and_name_the_refused(
+    fleet, alice, root, admin_client, action, state
+):
+    PoolPolicy.objects.create(pool=None, reservation_auto_approve=False)
+    waiting = reservations.request(alice, 1, soon(1), soon(2))
+    decided = reservations.request(alice, 1, soon(3), soon(4))
+    reservations.reject(decided, root)
+    form = {"action": action, "_selected_action": [waiting.pk, decided.pk]}
+
+    response = admin_client.post(
+        "/admin/scheduling/reservation/", {**form, "apply": "1", "reason": "maintenance"}
+    )
+
+    assert response.status_code == 302
+    waiting.refresh_from_db()
+    assert (waiting.state, waiting.message) == (state, "maintenance")
+    said = [str(m) for m in admin_client.get("/admin/scheduling/reservation/").context["messages"]]
+    assert said[0].endswith(": 1 done.")
+    assert f"reservation {decided.pk} is rejected: it cannot be" in said[1]
+
+
 def test_canceling_before_the_start_frees_the_gpus(fleet, alice):
     reservation = reservations.request(alice, 16, soon(1), soon(2))
     reservations.cancel(reservation, alice)

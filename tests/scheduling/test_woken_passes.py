@@ -1,6 +1,7 @@
 """The placement pass a wake asks for never holds a central worker process on another pass
 (``loop.run_woken_pass``): it leaves the wake to the pass in progress, which asks for the next
-pass once done, behind the reports queued meanwhile."""
+pass once done, behind the reports queued meanwhile. A wake while a woken pass runs sends no
+task at all: it is left to that pass the same way."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_wake_asked_for() -> Iterator[None]:
-    live.client().delete(dispatch.wake_key())
+    live.client().delete(dispatch.wake_key(), dispatch.running_key())
     yield
-    live.client().delete(dispatch.wake_key())
+    live.client().delete(dispatch.wake_key(), dispatch.running_key())
 
 
 @pytest.fixture
@@ -62,11 +63,14 @@ def test_a_pass_asked_for_while_another_runs_returns_at_once(
 
 
 @pytest.mark.parametrize(
-    ("during_the_pass", "asks_again"),
+    ("during_the_pass", "sent_meanwhile", "asks_again"),
     [
-        ("nothing", False),
-        ("a wake whose pass is still queued", False),
-        ("a wake whose pass found this one running", True),
+        ("nothing", 0, False),
+        # Left to the pass: no task of its own, which would find the pass running.
+        ("a wake", 0, True),
+        # Once the running mark is gone (expired: a pass over a minute), a wake sends its task.
+        ("a wake whose pass is still queued", 1, False),
+        ("a wake whose pass found this one running", 1, True),
     ],
 )
 def test_a_pass_asks_for_the_next_when_a_wake_was_left_to_it(
@@ -74,20 +78,39 @@ def test_a_pass_asks_for_the_next_when_a_wake_was_left_to_it(
     broker: RecordingBroker,
     monkeypatch: pytest.MonkeyPatch,
     during_the_pass: str,
+    sent_meanwhile: int,
     asks_again: bool,
 ) -> None:
+    sent_during_the_pass: list[int] = []
+
     def run_pass() -> None:
         live.client().delete(dispatch.wake_key())  # as each pass begins
+        if during_the_pass.startswith("a wake whose"):
+            live.client().delete(dispatch.running_key())
         if during_the_pass != "nothing":
             dispatch.wake()  # a job ends
         if during_the_pass == "a wake whose pass found this one running":
             dispatch.defer_wake()
+        sent_during_the_pass.append(len(broker.named("scheduling.placement_pass")))
 
     monkeypatch.setattr(loop, "run_pass", run_pass)
 
     tasks.placement_pass()
 
-    # The wake's own pass, when a job ended, and the pass asked for again.
-    wakes = 0 if during_the_pass == "nothing" else 1
-    assert len(broker.named("scheduling.placement_pass")) == wakes + asks_again
+    assert sent_during_the_pass == [sent_meanwhile]
+    # The wake's own pass, if it sent one, and the pass asked for again, after this one.
+    assert len(broker.named("scheduling.placement_pass")) == sent_meanwhile + asks_again
     assert try_pass_lock(other_worker)  # released
+    assert not live.client().exists(dispatch.running_key())
+
+
+def test_a_wake_after_a_pass_asks_for_one_at_once(
+    broker: RecordingBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "run_pass", lambda: None)
+    tasks.placement_pass()
+
+    dispatch.wake()
+    dispatch.wake()  # coalesced: its pass is still to come
+
+    assert len(broker.named("scheduling.placement_pass")) == 1

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import pynvml
 
+from ..host import HostResources
 from ..mig_catalog import CiProfile, MigProfile, MigTable
 from . import metrics
 from . import mig as migmod
@@ -890,6 +891,14 @@ class SimulatedNvml:
         if a.slot.nvlink_switch_links and b.slot.nvlink_switch_links:
             return min(len(a.slot.nvlink_switch_links), len(b.slot.nvlink_switch_links))
         return a.slot.nvlink_gpu_links.count(b.index)
+
+    def host_resources(self) -> HostResources:
+        """The machine's logical CPUs (its NUMA nodes' CPUs) and RAM (``host_memory_mib``), as a
+        real host's agent reads them from the OS; None where the model does not say."""
+        return HostResources(
+            cpu_count=len(self.machine.cpus) or None,
+            memory_total_mib=self.machine.host_memory_mib,
+        )
 
     def topo_matrix_text(self) -> str:
         """``nvidia-smi topo -m`` as this machine prints it, NIC rows and legend included:

@@ -178,6 +178,12 @@ class MachineModel:
     nics: tuple[NicSlot, ...]
     initial_state: dict[str, Any]
     raw: dict[str, Any]
+    host_memory_mib: int | None = None  # the host's RAM; None: the model does not say
+
+    @property
+    def cpus(self) -> frozenset[int]:
+        """The host's logical CPUs: every NUMA node's."""
+        return frozenset(cpu for cpus in self.numa_cpus.values() for cpu in cpus)
 
 
 def parse_bus_id(text: str) -> tuple[int, int, int]:
@@ -319,6 +325,7 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
         ),
         initial_state=data.get("initial_state", {}),
         raw=data,
+        host_memory_mib=data.get("host_memory_mib"),
     )
 
 

@@ -97,6 +97,7 @@ EVERY_SUBMIT_OPTION = (
     *("--name", "train", "--project", "vision", "--max-runtime", "7200"),
     *("--estimated-duration", "3600", "--retries", "2", "--preemptible", "--env", "A=1"),
     *("--workdir", "/workspace", "--image", "nvcr.io/nvidia/pytorch:24.05-py3", "--hold"),
+    *("--cpus", "16", "--mem", "64G"),
 )
 
 
@@ -116,6 +117,7 @@ def test_submit_takes_every_field_of_the_api(gpuadmin, fleet):
         "high",
     )
     assert (job.state, job.topology, job.project) == (JobState.PENDING, "nvlink", "vision")
+    assert (job.cpus, job.host_memory_mib) == (16, 64 * 1024)
 
 
 # Options the live server would refuse together (a MIG device and an MPS share, in pools

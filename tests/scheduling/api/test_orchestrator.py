@@ -12,6 +12,8 @@ from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db
+# The qssf settings a PUT that leaves them out keeps (the defaults), shown in its answer.
+QSSF = {"qssf_points_per_halving": 250, "prediction_trust_intervals": 360}
 
 
 @pytest.fixture
@@ -45,7 +47,7 @@ def test_policies(admin, db):
     assert [(row["pool"], row["policy"]) for row in body["pools"]] == [(None, DEFAULT_POLICY)]
     change = {"policy": "fcfs", "aging_interval_s": 120}
     response = admin.put("/orchestrator/policies", change, format="json")
-    assert (response.status_code, response.json()) == (200, {"pool": None, **change})
+    assert (response.status_code, response.json()) == (200, {"pool": None, **change, **QSSF})
     config = PoolPolicy.default()
     assert (config.policy, config.aging_interval_s) == ("fcfs", 120)
     row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
@@ -59,7 +61,7 @@ def test_a_pools_policy_is_set_by_naming_it(admin, db):
     Pool.objects.create(name="a100")
     change = {"pool": "a100", "policy": "fairshare", "aging_interval_s": 60}
     response = admin.put("/orchestrator/policies", change, format="json")
-    assert (response.status_code, response.json()) == (200, change)
+    assert (response.status_code, response.json()) == (200, {**change, **QSSF})
     body = admin.get("/orchestrator/policies").json()
     assert body["policy"] == DEFAULT_POLICY  # the GPUs in no pool keep theirs
     assert [(row["pool"], row["policy"]) for row in body["pools"]] == [
@@ -74,6 +76,23 @@ def test_a_pools_policy_is_set_by_naming_it(admin, db):
     )
 
 
+def test_a_pools_qssf_settings_are_set_with_its_policy(admin, db):
+    Pool.objects.create(name="a100")
+    change = {
+        "pool": "a100",
+        "policy": "qssf",
+        "aging_interval_s": 60,
+        "qssf_points_per_halving": 1000,
+        "prediction_trust_intervals": 120,
+    }
+    response = admin.put("/orchestrator/policies", change, format="json")
+    assert (response.status_code, response.json()) == (200, change)
+    (row,) = [row for row in admin.get("/orchestrator/policies").json()["pools"] if row["pool"]]
+    assert (row["qssf_points_per_halving"], row["prediction_trust_intervals"]) == (1000, 120)
+    event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert event.after == {"qssf_points_per_halving": 1000, "prediction_trust_intervals": 120}
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -83,6 +102,18 @@ def test_a_pools_policy_is_set_by_naming_it(admin, db):
         ({"policy": "fcfs", "aging_interval_s": "soon"}, "aging_interval_s"),
         ({"policy": "fcfs"}, "aging_interval_s"),
         ({"pool": "nowhere", "policy": "fcfs", "aging_interval_s": 60}, "pool"),
+        (
+            {"policy": "qssf", "aging_interval_s": 60, "qssf_points_per_halving": 0},
+            "qssf_points_per_halving",
+        ),
+        (
+            {"policy": "qssf", "aging_interval_s": 60, "qssf_points_per_halving": "steep"},
+            "qssf_points_per_halving",
+        ),
+        (
+            {"policy": "qssf", "aging_interval_s": 60, "prediction_trust_intervals": -1},
+            "prediction_trust_intervals",
+        ),
     ],
 )
 def test_bad_policies_name_the_field(admin, db, body, field):

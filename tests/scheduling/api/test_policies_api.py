@@ -39,7 +39,8 @@ def test_every_pool_has_a_policy_the_defaults_until_changed(admin, a100):
     ]
     one = admin.get("/api/v1/policies/a100/").json()
     assert (one["fairshare_half_life_s"], one["las_thresholds_gpu_s"]) == (7 * 24 * 3600, [])
-    assert admin.get("/api/v1/policies/nowhere/").status_code == 404
+    missing = admin.get("/api/v1/policies/nowhere/")
+    assert (missing.status_code, missing.json()) == (404, {"detail": "No pool nowhere."})
     assert not PoolPolicy.objects.filter(pool=a100).exists()  # reading writes nothing
 
 
@@ -87,6 +88,10 @@ def test_admins_change_a_pools_policy_audited_field_by_field(admin, a100):
         ({"preempt_exempt_s": 7 * 24 * 3600 + 1}, "preempt_exempt_s"),
         ({"reservation_release_after_s": -5}, "reservation_release_after_s"),
         ({"backfill": "maybe"}, "backfill"),
+        ({"qssf_points_per_halving": 0}, "qssf_points_per_halving"),
+        ({"qssf_points_per_halving": 100_001}, "qssf_points_per_halving"),
+        ({"prediction_trust_intervals": -1}, "prediction_trust_intervals"),
+        ({"prediction_trust_intervals": 1.5}, "prediction_trust_intervals"),
     ],
 )
 def test_a_bad_policy_value_is_a_400_naming_it(admin, change, field):

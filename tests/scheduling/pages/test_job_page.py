@@ -121,6 +121,28 @@ def test_the_timeline_shows_each_attempt_and_the_end(client, alice, agents):
     assert len(re.findall(r'<section class="panel job-topology"', html)) == 1  # attempt 2
 
 
+@pytest.mark.parametrize(
+    ("attempt", "preemptions", "max_retries", "said"),
+    [
+        (0, 0, 0, "none started yet (no retry after a failure)"),
+        (2, 0, 1, "2 (up to 1 retry after a failure)"),
+        # Preempted attempts count in the attempt, not against the retries.
+        (3, 1, 2, "3 (1 preempted; up to 2 retries after failures)"),
+    ],
+)
+def test_the_attempt_says_its_preemptions_apart_from_the_retries(
+    client, alice, agents, attempt, preemptions, max_retries, said
+):
+    add_fleet()
+    job = submit(alice, max_retries=max_retries)
+    Job.objects.filter(pk=job.pk).update(attempt=attempt, preemptions=preemptions)
+    client.force_login(alice)
+
+    status = panel(client.get(f"/jobs/{job.pk}/").content.decode(), "status")
+
+    assert f"<dt>Attempt</dt><dd>{said}</dd>" in status
+
+
 def test_the_status_panel_polls_and_reloads_the_page_when_the_state_changes(client, alice, agents):
     add_fleet()
     job = submit(alice)

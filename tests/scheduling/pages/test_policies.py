@@ -46,6 +46,10 @@ def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client,
         r'<tr id="policy-a100" data-policy="las">.*?<td class="num">60</td>', html, re.S
     )
     assert "/policies/~/" not in html  # no edit link for users
+    # Each pool's qssf weight and trust in predicted runtimes, as set.
+    assert re.search(
+        r'<tr id="policy-~".*?250 points per halving.*?under 360 aging intervals', html, re.S
+    )
     assert client.get("/policies/~/").status_code == 403
     client.force_login(admin)
     assert 'href="/policies/a100/"' in client.get("/policies/").content.decode()
@@ -78,6 +82,8 @@ def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
         ({"aging_interval_s": str(10**8)}, "aging_interval_s"),
         ({"preempt_signal": "SIGKILL"}, "preempt_signal"),
         ({"policy": "lottery"}, "policy"),
+        ({"qssf_points_per_halving": "0"}, "qssf_points_per_halving"),
+        ({"prediction_trust_intervals": "-1"}, "prediction_trust_intervals"),
     ],
 )
 def test_a_bad_value_shows_on_its_field(client, admin, change, field):
@@ -125,7 +131,9 @@ def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
 
 def test_the_fair_share_page_explains_qssf_where_a_pool_uses_it(client, alice):
     a100 = Pool.objects.create(name="a100")
-    PoolPolicy.objects.create(pool=a100, policy="qssf", aging_interval_s=120)
+    PoolPolicy.objects.create(
+        pool=a100, policy="qssf", aging_interval_s=120, qssf_points_per_halving=1000
+    )
     PoolPolicy.objects.create(pool=None, policy="priority")
     client.force_login(alice)
 
@@ -134,7 +142,7 @@ def test_the_fair_share_page_explains_qssf_where_a_pool_uses_it(client, alice):
 
     assert "shortest predicted service first" in why
     assert "Under QSSF a waiting job scores" in why
-    assert "plus 250 points for each halving" in why
+    assert "plus 1000 points (this pool's setting) for each halving" in why
     assert "one point per 120 s waited" in why
     assert "Under QSSF" not in plain
 

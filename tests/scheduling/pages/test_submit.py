@@ -141,6 +141,8 @@ OUT_OF_RANGE = [
     ("max_retries", "21", "max_retries", 21),
     ("max_runtime", "7776001", "max_runtime_s", 7_776_001),
     ("estimated_duration", "0", "estimated_duration_s", 0),
+    ("cpus", "-1", "cpus", -1),
+    ("cpus", "65537", "cpus", 65_537),
 ]
 
 

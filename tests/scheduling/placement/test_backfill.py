@@ -19,7 +19,7 @@ from scheduling.placement import (
     Snapshot,
     plan,
 )
-from scheduling.placement.backfill import PREDICTION_TRUST_AGING, shadow
+from scheduling.placement.backfill import shadow
 from scheduling.placement.engine import EVERYWHERE
 from scheduling.placement.fleet import Fleet as Index
 from scheduling.placement.planner import _Partition
@@ -266,16 +266,28 @@ def test_a_running_job_that_outlived_its_prediction_is_not_taken_to_end_now() ->
     assert [p.job_id for p in result.placements] == [2]
 
 
-def test_a_head_that_waited_long_is_passed_by_estimates_and_limits_only() -> None:
-    long_ago = NOW - PREDICTION_TRUST_AGING * 60
+@pytest.mark.parametrize(
+    "config",
+    [
+        EASY[None],
+        # A pool's own window, in its own aging intervals: 5 hours.
+        replace(EASY[None], prediction_trust_intervals=600, aging_interval_s=30),
+    ],
+    ids=["default", "pool's"],
+)
+def test_a_head_that_waited_long_is_passed_by_estimates_and_limits_only(
+    config: PoolConfig,
+) -> None:
+    long_ago = NOW - config.prediction_trust_intervals * config.aging_interval_s
     fleet = two_nodes_one_busy_for_an_hour()
     jobs = (
         job(2, gpus=4, predicted_runtime_s=60),
         job(3, gpus=4, predicted_runtime_s=60, max_runtime_s=HOUR, submitted_at=NOW),
     )
+    pools = {None: config}
 
-    fresh = fleet.plan(job(1, gpus=8, submitted_at=long_ago + 1), *jobs, pools=EASY)
-    waited = fleet.plan(job(1, gpus=8, submitted_at=long_ago), *jobs, pools=EASY)
+    fresh = fleet.plan(job(1, gpus=8, submitted_at=long_ago + 1), *jobs, pools=pools)
+    waited = fleet.plan(job(1, gpus=8, submitted_at=long_ago), *jobs, pools=pools)
 
     assert [p.job_id for p in fresh.placements] == [2]
     # Job 2 is only predicted to end in time; job 3 is sure to, by its maximum runtime.

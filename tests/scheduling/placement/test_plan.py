@@ -240,7 +240,9 @@ def test_a_snapshot_must_not_list_a_gpu_twice() -> None:
     [
         ("no GPUs", {"gpus_per_node": 0}, "gpus_per_node >= 1"),
         ("no nodes", {"node_count": 0}, "node_count >= 1"),
-        ("negative memory", {"min_memory_mib": -1}, "min_memory_mib >= 0"),
+        ("negative memory", {"min_memory_mib": -1}, "host_memory_mib must be >= 0"),
+        ("negative CPUs", {"cpus": -1}, "cpus and host_memory_mib must be >= 0"),
+        ("negative host memory", {"host_memory_mib": -2}, "host_memory_mib must be >= 0"),
         ("priority", {"priority": "urgent"}, "unknown priority 'urgent'"),
         ("topology", {"topology": "rack"}, "unknown topology 'rack'"),
     ],

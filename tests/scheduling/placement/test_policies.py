@@ -260,6 +260,10 @@ def test_las_returns_a_starving_job_to_the_top_queue() -> None:
         (PoolConfig(policy="las", las_thresholds_gpu_s=()), Las((3600.0, 36_000.0))),
         (PoolConfig(policy="las", las_thresholds_gpu_s=(60, 600)), Las((60, 600))),
         (PoolConfig(policy="qssf", aging_interval_s=5), Qssf(aging_interval_s=5)),
+        (
+            PoolConfig(policy="qssf", qssf_points_per_halving=1000),
+            Qssf(points_per_halving=1000),
+        ),
     ],
 )
 def test_policy_for_builds_the_policy_a_pool_names(config: PoolConfig, expected: Policy) -> None:
@@ -364,6 +368,26 @@ def test_qssf_weighs_a_share_by_its_part_of_a_gpu() -> None:
 
     assert Qssf.service_gpu_s(share) == 900
     assert ids(Qssf().order([whole, share], NOW)) == [1, 2]
+
+
+@pytest.mark.parametrize(("points", "first"), [(250, 1), (1000, 2)])
+def test_a_pools_qssf_points_per_halving_decide_how_long_a_large_job_waits(
+    points: float, first: int
+) -> None:
+    """An 8-GPU hour is 60 times a job of 8 GPU-minutes: 5.9 halvings, 1,477 points at 250
+    per halving, 5,907 at 1,000. Having waited 3,000 aging minutes, the large job goes first
+    at 250 and still waits at 1,000."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    config = PoolConfig(policy="qssf", qssf_points_per_halving=points)
+
+    result = fleet.plan(
+        job(1, gpus=8, estimated_duration_s=HOUR, submitted_at=NOW - 3000 * 60),
+        job(2, gpus=8, estimated_duration_s=60, submitted_at=NOW),
+        pools={None: config},
+    )
+
+    assert [p.job_id for p in result.placements] == [first]
 
 
 def test_qssf_rejects_negative_points() -> None:

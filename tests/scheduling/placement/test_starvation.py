@@ -5,7 +5,8 @@ than their estimates, nor than the one maximum runtime R). Usage (fair share) is
 
 Jobs carry predicted runtimes, often wrong: a job predicted to end before the first waiting
 job starts may pass it and run on, but only while that job has waited less than the trust
-window T (`PREDICTION_TRUST_AGING` aging intervals); after that only estimates let jobs pass.
+window T (the pool's `prediction_trust_intervals` aging intervals); after that only estimates
+let jobs pass. Both T and QSSF's horizon are the pool's: one pool below sets its own.
 
 The bound, for a job J submitted at t0: after its policy's horizon H (when it ranks ahead of
 every job submitted later: the points its standing can lack, times the aging interval; LAS:
@@ -36,7 +37,6 @@ from scheduling.placement import (
     Sjf,
     plan,
 )
-from scheduling.placement.backfill import PREDICTION_TRUST_AGING
 from scheduling.placement.engine import EVERYWHERE
 from scheduling.placement.planner import _Partition
 from scheduling.placement.policies import LAS_STARVE_MULTIPLE
@@ -53,15 +53,27 @@ CONFIGS = {
     "fairshare": PoolConfig(policy="fairshare", aging_interval_s=AGING_S),
     "las": PoolConfig(policy="las", las_thresholds_gpu_s=(300.0, 1000.0), aging_interval_s=AGING_S),
     "qssf": PoolConfig(policy="qssf", aging_interval_s=AGING_S),
+    # A pool's own settings: size counts four times as much, predictions are trusted a third
+    # as long.
+    "qssf-steep": PoolConfig(
+        policy="qssf",
+        aging_interval_s=AGING_S,
+        qssf_points_per_halving=1000,
+        prediction_trust_intervals=120,
+    ),
 }
-# How long a head may be passed by jobs only predicted (maybe wrongly) to end before it starts.
-TRUST_S = PREDICTION_TRUST_AGING * AGING_S
 SIMULATIONS = settings(
     max_examples=12,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+
+
+def trust_s(config: PoolConfig) -> float:
+    """How long a head may be passed by jobs only predicted (maybe wrongly) to end before it
+    starts."""
+    return config.prediction_trust_intervals * config.aging_interval_s
 
 
 def horizon_s(config: PoolConfig, job: JobRequest) -> float:
@@ -74,7 +86,9 @@ def horizon_s(config: PoolConfig, job: JobRequest) -> float:
         "sjf": Sjf().size_points(replace(job, estimated_duration_s=1.0)) * AGING_S,
         "fairshare": (spread + config.fairshare_weight) * AGING_S,
         "las": LAS_STARVE_MULTIPLE * job.attained_service_s / job.gpu_count,
-        "qssf": Qssf(aging_interval_s=AGING_S).starvation_limit_s,
+        "qssf": Qssf(
+            aging_interval_s=AGING_S, points_per_halving=config.qssf_points_per_halving
+        ).starvation_limit_s,
     }[config.policy]
 
 
@@ -145,12 +159,16 @@ class Simulation:
             return None
         return self.started[job.id] + job.predicted_runtime_s
 
-    def late_jobs(self) -> list[tuple[int, float, float | None]]:
-        """Jobs whose bound has passed and that did not start by it: (id, bound, start)."""
+    def late_jobs(
+        self, judged_by: PoolConfig | None = None
+    ) -> list[tuple[int, float, float | None]]:
+        """Jobs whose bound (the simulated pool's, or `judged_by`'s) has passed and that did
+        not start by it: (id, bound, start)."""
+        config = judged_by or self.config
         late = []
         for job in self.submitted:
             t0 = job.submitted_at
-            ahead_until = t0 + horizon_s(self.config, job)
+            ahead_until = t0 + horizon_s(config, job)
             ahead = [
                 other
                 for other in self.submitted
@@ -158,7 +176,7 @@ class Simulation:
                 and other.submitted_at < ahead_until
                 and self.started.get(other.id, float("inf")) >= t0
             ]
-            head_wait = MAX_RUNTIME_S + PASS_S + TRUST_S
+            head_wait = MAX_RUNTIME_S + PASS_S + trust_s(config)
             bound = ahead_until + 2 * (len(ahead) + 1) * head_wait + PASS_S
             start = self.started.get(job.id)
             if bound < self.now and (start is None or start > bound):
@@ -274,12 +292,27 @@ def test_the_random_check_can_fail(monkeypatch: pytest.MonkeyPatch) -> None:
         simulate()
 
 
-def test_the_bound_catches_predictions_trusted_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Proof the check can fail: with no trust window, jobs predicted to take a second keep
-    passing the large job and running on, so its node is never whole."""
-    monkeypatch.setattr("scheduling.placement.backfill.PREDICTION_TRUST_AGING", math.inf)
+def test_the_bound_catches_predictions_trusted_for_ever() -> None:
+    """Proof the check can fail: in a pool that trusts predictions for ever, jobs predicted
+    to take a second keep passing the large job and running on, so its node is never whole
+    (late by the bound of the default window)."""
+    config = replace(CONFIGS["fcfs"], preemption=False)
 
-    simulation = adversary(replace(CONFIGS["fcfs"], preemption=False), 240, mispredicted=True)
+    simulation = adversary(replace(config, prediction_trust_intervals=math.inf), 240, True)
 
     assert BIG not in simulation.started
-    assert [job_id for job_id, _, _ in simulation.late_jobs()] == [BIG]
+    assert [job_id for job_id, _, _ in simulation.late_jobs(judged_by=config)] == [BIG]
+
+
+def test_a_pools_longer_trust_window_delays_a_large_job_within_its_own_bound() -> None:
+    """The window is the pool's: trusting predictions for 10,000 aging intervals (2,500 s
+    here) lets mispredicted jobs hold the large job past the default window's bound, and no
+    further than its own."""
+    config = replace(CONFIGS["fcfs"], preemption=False)
+
+    default = adversary(config, 240, mispredicted=True)
+    trusting = adversary(replace(config, prediction_trust_intervals=10_000), 240, True)
+
+    assert default.started[BIG] < trusting.started[BIG]
+    assert trusting.late_jobs() == []
+    assert [job_id for job_id, _, _ in trusting.late_jobs(judged_by=config)] == [BIG]
