@@ -41,12 +41,14 @@ profile of the GPU's table alike, every MPS percent from 1 to 100 alike. The pri
 short queue from deciding alone: it is what packs shares onto the fullest GPU and puts a 1g
 instance where it spoils the fewest larger ones (NVML's own choice on an empty GPU). A share
 goes where it raises its node's F the least. For MIG that is compared twice: F now (a device
-taken on an
-idle GPU of a dynamic-MIG pool locks its uncovered slices while the job runs), then F of the
-layout left behind, as if the GPU were idle again. Then best fit (the least free capacity
-left, so whole GPUs stay free), then the hostname, the GPU index and the placement start. The
-classic baselines are there for the replay bench: `packing="best-fit"` (the least free share
-left) and `packing="first-fit"`, among the GPUs whose node holds the job's CPUs and memory.
+taken on an idle GPU of a dynamic-MIG pool locks its uncovered slices while the job runs),
+then F of the layout left behind, as if the GPU were idle again. Then best fit (the least
+free capacity left, so whole GPUs stay free), then a node drawn per job among the equal ones
+(FGD's scheduler picks one of its equal-score nodes at random; the first by hostname would
+fill nodes in name order), then the GPU index and the placement start. The classic
+baselines, in hostname order, are there for the replay bench: `packing="best-fit"` (the least
+free share left) and `packing="first-fit"`, among the GPUs whose node holds the job's CPUs
+and memory.
 
 `unusable_gpus` sums F, without the prior, over the MIG and MPS GPUs that can take work, in
 GPUs: the free capacity that the waiting requests, as a mix, cannot use (FGD's measure).
@@ -504,17 +506,25 @@ class SharingPass:
         `workload`), with the first node that makes it: the least (rank, node, GPU, device or
         start). Where reservation windows close GPUs to `job`, every node is looked at."""
         best: tuple[tuple[Rank, int, int, int], E] | None = None
+        drawn = self.packing == "fragmentation"
         for state, (number, parts) in groups.by_state.items():
             key = (number, kind, id(workload))
             if key not in cache:
                 cache[key] = offer(state, frozenset())
-            for part in parts if self._book.by_id else parts[:1]:
+            if self._book.by_id:
+                looked = parts
+            elif drawn:  # nodes in one state tie: one of them, drawn by the job
+                looked = [parts[_draw(job.id, number) % len(parts)]]
+            else:
+                looked = parts[:1]
+            for part in looked:
                 closed = self._closed(part.gpus, job)
                 found = offer(state, closed) if closed else cache[key]
                 if found is None:
                     continue
                 rank, position, extra = found
-                candidate = (rank, part.order, position, extra)
+                order = _draw(job.id, part.order) if drawn else part.order
+                candidate = (rank, order, position, extra)
                 if best is None or candidate < best[0]:
                     best = (candidate, part)
         if best is None:
@@ -1034,6 +1044,17 @@ def _blended(
     if key not in cache:
         cache[key] = Workload.of(mine or {kind: 1}, 1)
     return cache[key]
+
+
+def _draw(job_id: int, number: int) -> int:
+    """A fixed pseudo-random draw (splitmix64's mix) for `job_id` and a node (or state)
+    `number`: equal offers go to a node drawn per job, as FGD's scheduler (kube-scheduler)
+    picks one of its equal-score nodes at random, rather than always the first by hostname
+    (which fills nodes in name order). Fixed, so that a snapshot always gives the same plan."""
+    x = (job_id * 0x9E3779B97F4A7C15 + number * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
 
 
 def _table_name(gpu: GpuSlot) -> str | None:
