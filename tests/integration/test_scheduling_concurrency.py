@@ -83,9 +83,13 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
         ]  # fmt: skip
         for client in clients:
             client.wait(timeout=CHURN_S + 120)
-        # A client's output (a traceback, if it fails) lands in the assertion.
-        outputs = [log.read_text()[-4000:] for log in client_logs]
-        assert [client.returncode for client in clients] == [0] * CLIENTS, outputs
+        # A failed client's output (its traceback) lands in the assertion, the others' not.
+        failed = {
+            f"client {n} (exit {client.returncode})": log.read_text()[-4000:]
+            for n, (client, log) in enumerate(zip(clients, client_logs, strict=True))
+            if client.returncode
+        }
+        assert not failed, failed
         # Stop placing, wait out a pass in flight, then play the agents: what holds GPUs ends.
         SchedulerSettings.objects.update_or_create(pk=1, defaults={"enabled": False})
         with loop.pass_lock():
@@ -99,7 +103,7 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
         for worker in workers:
             worker.wait(timeout=30)
 
-    assert Job.objects.count() > 100, outputs
+    assert Job.objects.count() > 100, [log.read_text()[-4000:] for log in client_logs]
     assert Allocation.objects.count() > 50
     assert {name: found for name, found in run_checks().items() if found} == {}
     assert overlapping_allocations() == []

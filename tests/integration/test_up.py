@@ -114,7 +114,7 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
         ):
             assert time.monotonic() < deadline, "the demo node's GPUs never reached the catalog"
             time.sleep(0.5)
-        assert "8 gpus" in page.lower()
+        assert "8 gpus" in page.lower(), re.findall(r"\d+ GPUs?\b|errornote.*", page)
         assert not (tmp_path / "data" / "secret_key").stat().st_mode & 0o077
     finally:
         up.send_signal(signal.SIGINT)
