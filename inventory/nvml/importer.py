@@ -740,6 +740,8 @@ def _captured_state(
         }
         if types[key]["row_remapper_banks"] is not None and any(rows.values()):
             entry["remapped_rows"] = rows
+        if ecc := _captured_ecc(gpu):
+            entry["ecc"] = ecc
         reasons = sorted(_reason_constant(name) for name in gpu.clock_event_reasons - {"gpu_idle"})
         unknown = [name for name in reasons if not hasattr(pynvml, name)]
         if unknown:
@@ -751,8 +753,27 @@ def _captured_state(
     if out:
         src.note(
             "initial_state.gpus",
-            f"{smi_source} (remapped rows, active clock-event reasons but idle)",
+            f"{smi_source} (remapped rows, ECC counts, active clock-event reasons but idle)",
         )
+    return out
+
+
+def _captured_ecc(gpu: GpuInfo) -> dict[str, dict[str, dict[str, int]]]:
+    """The captured non-zero ECC counts in the simulator state's shape, ``{"volatile" |
+    "aggregate": {"corrected" | "uncorrected": {"dram": n, "sram": n}}}``. Pre-Ampere captures
+    give a total and its device-memory (DRAM) part: the rest is on-chip SRAM."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for counter, counts in (("volatile", gpu.ecc_volatile), ("aggregate", gpu.ecc_aggregate)):
+        for error in ("corrected", "uncorrected"):
+            total = getattr(counts, error)
+            if not total:
+                continue
+            dram = getattr(counts, f"dram_{error}") or 0
+            sram = getattr(counts, f"sram_{error}")
+            out.setdefault(counter, {})[error] = {
+                "dram": dram,
+                "sram": total - dram if sram is None else sram,
+            }
     return out
 
 

@@ -4,14 +4,17 @@ everywhere else."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
 from pathlib import Path
 
 import pynvml
 import pytest
 
 from inventory.nvml import NodeScan, open_backend, scan
-from inventory.nvml.real import probe
+from inventory.nvml.importer import model_from_capture
+from inventory.nvml.real import nvidia_smi_topo_matrix, probe
 from inventory.nvml.scanner import topo_matrix_text
+from inventory.nvml.sim import SimulatedNvml
 from tests.nvml.captures import OWN
 from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip, assert_sane_mig
 
@@ -51,6 +54,37 @@ def test_real_scan_sections_can_be_left_out(real_scan: NodeScan) -> None:
     assert facts_only.topology is None
     assert [gpu.uuid for gpu in facts_only.gpus] == [gpu.uuid for gpu in real_scan.gpus]
     assert all(gpu.metrics is None and gpu.mig is None for gpu in facts_only.gpus)
+
+
+@pytest.mark.gpu
+def test_this_hosts_capture_imported_into_the_simulator_scans_as_the_real_nvml(
+    real_scan: NodeScan,
+) -> None:
+    """`gpuadmin sim import` of this host's own `nvidia-smi -q -x` and `topo -m`: the simulator
+    gives back what the real NVML reports, facts, topology, MIG and health counters alike."""
+    smi_xml = subprocess.run(
+        ["nvidia-smi", "-q", "-x"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    model = model_from_capture(smi_xml, nvidia_smi_topo_matrix(), name="this-host")
+    simulated = scan(SimulatedNvml.from_model(model, node_name="this-host"))
+
+    def system(result: NodeScan) -> tuple:
+        info = result.system
+        return (info.driver_version, info.cuda_driver_version, info.nvml_version,
+                info.gpu_count, info.error)  # fmt: skip
+
+    def facts(result: NodeScan) -> list[dict]:
+        readings = {"memory_used_mib", "memory_free_mib"}  # they move between the two reads
+        return [
+            {k: v for k, v in gpu.facts.to_dict().items() if k not in readings}
+            for gpu in result.gpus
+        ]
+
+    assert system(simulated) == system(real_scan)
+    assert facts(simulated) == facts(real_scan)
+    assert simulated.topology == real_scan.topology
+    assert [gpu.mig for gpu in simulated.gpus] == [gpu.mig for gpu in real_scan.gpus]
+    assert [gpu.health for gpu in simulated.gpus] == [gpu.health for gpu in real_scan.gpus]
 
 
 def test_scan_without_nvml_library_returns_no_gpus_and_says_why() -> None:

@@ -348,7 +348,9 @@ def _retired_pages(gpu: Node) -> RetiredPages:
             node.get("double_bit_retirement", "retired_count") or node.get("double_bit_ecc")
         ),
         pending=parse_bool(
-            node.get(("pending_retirement", "pending_blacklist", "pending_page_blacklist"))
+            node.get(
+                ("pending_retirement", "pending_blacklist", "pending_page_blacklist", "pending")
+            )
         ),
     )
 

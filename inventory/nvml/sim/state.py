@@ -78,6 +78,9 @@ def new_state(
     for index, captured in machine.initial_state.get("gpus", {}).items():
         gpu = state["gpus"][int(index)]
         gpu["remapped_rows"].update(captured.get("remapped_rows", {}))
+        for counter, errors in captured.get("ecc", {}).items():
+            for error, locations in errors.items():
+                gpu["ecc"][counter][error].update(locations)
         gpu["clock_event_reasons"] = list(captured.get("clock_event_reasons", []))
     layouts: dict[int, list[Any] | None] = {
         int(k): v for k, v in machine.initial_state.get("mig", {}).items()
