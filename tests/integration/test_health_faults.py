@@ -110,7 +110,13 @@ def fleet(shipped_defaults, gpuadmin_env, tmp_path, request) -> Iterator[Fleet]:
         for process in processes.values():
             process.terminate()
         for process in processes.values():
-            process.wait(timeout=30)
+            # A warm shutdown finishes the worker's tasks in flight, and one may be waiting on
+            # the agent stopped beside it (CI: over 30 s); what outlives a minute is killed.
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
 
 
 def audited_by_health(gpu: Gpu) -> list[dict]:

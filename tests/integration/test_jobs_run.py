@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -19,13 +17,12 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from inventory import live
-from inventory.models import Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from scheduling import services
 from scheduling.checks import run_checks
 from scheduling.models import TERMINAL_STATES, Job, JobState
-from tests.conftest import REPO_DIR, agent_env, session_database_url
+from tests.integration.stack import worker_and_agent
 from tests.unix_accounts import new_name, requires_root, runs_as_this_account, unix_user
 from tests.waiting import wait_for
 
@@ -40,44 +37,11 @@ def state_of(job: Job) -> str:
 def sim_node(gpuadmin_env, tmp_path, request) -> Iterator[str]:
     """A central worker and one simulated DGX A100 80GB agent, heartbeating (no beat); a
     test's indirect parameter overrides their settings."""
-    env = {
-        **gpuadmin_env,
-        "DATABASE_URL": session_database_url(),
-        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
-        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
-        "GPUADMIN_JOB_KILL_GRACE_S": "2",
-        **getattr(request, "param", {}),
-    }
+    settings = {"GPUADMIN_JOB_KILL_GRACE_S": "2", **getattr(request, "param", {})}
     hostname = f"run-{uuid.uuid4().hex[:6]}"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", *args],
-            env=agent_env(env, hostname) if args[0] == "agent" else env,
-            cwd=REPO_DIR,
-            stdout=(tmp_path / f"{args[0]}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for args in (
-            ("worker", "--concurrency", "2"),
-            ("agent", "--node", hostname, "--sim", "dgx-a100-80gb"),
-        )
-    ]
-    try:
-        wait_for(
-            lambda: (
-                (node := Node.objects.filter(hostname=hostname).first()) is not None
-                and node.is_reachable()
-                and node.gpus.count() == 8
-            ),
-            90,
-            "the node to register",
-        )
+    agent_args = ("--sim", "dgx-a100-80gb")
+    with worker_and_agent(gpuadmin_env, hostname, agent_args, 8, tmp_path, **settings):
         yield hostname
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
 
 
 def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):

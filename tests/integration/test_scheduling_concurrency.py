@@ -4,6 +4,7 @@ GPU was ever held by two jobs at once, and every job rests in a state its audit 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -52,6 +53,24 @@ def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout:
         time.sleep(0.1)
 
 
+def stop(workers: list[subprocess.Popen], logs: list[Path], grace_s: float = 30) -> None:
+    """SIGTERM: a warm shutdown. A worker that has not ended after ``grace_s`` gets SIGABRT,
+    whose fault handler writes where each of its threads was stuck to its log, and the test
+    fails with those logs."""
+    for worker in workers:
+        worker.terminate()
+    deadline = time.monotonic() + grace_s
+    stuck = []
+    for worker, log in zip(workers, logs, strict=True):
+        try:
+            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.send_signal(signal.SIGABRT)
+            worker.wait(timeout=30)
+            stuck.append(log)
+    assert not stuck, {log.name: log.read_text()[-8000:] for log in stuck}
+
+
 def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
     for i in range(4):
         add_sim_node(f"churn-{i:02}")
@@ -63,7 +82,7 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
         # Output goes to a file, never an unread pipe: a client blocked writing its log while
         # it holds GPU row locks would stall the placement pass and every other client.
         return subprocess.Popen(
-            [sys.executable, *args],
+            [sys.executable, "-X", "faulthandler", *args],  # SIGABRT dumps every thread's stack
             env=env,
             cwd=REPO_DIR,
             stdout=log.open("w"),
@@ -98,10 +117,7 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
             services.job_started(job.pk, job.attempt, 1, timezone.now())
             services.job_finished(job.pk, job.attempt, "completed", 0, "", timezone.now())
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.wait(timeout=30)
+        stop(workers, logs)
 
     assert Job.objects.count() > 100, [log.read_text()[-4000:] for log in client_logs]
     assert Allocation.objects.count() > 50

@@ -17,12 +17,24 @@ from celery.result import EagerResult
 
 from gpuadmin.celery import app
 from inventory import live, tasks
-from inventory.agent import node_backend
+from inventory.agent import AgentLoop, node_backend
 from inventory.models import Gpu
 from inventory.nvml.scanner import NodeScan, scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import load_model
 from inventory.services import apply_discovery, record_heartbeat
+
+
+def simulated_agent_sync(settings: Any, tmp_path: Path) -> tuple[str, tuple[Any, ...]]:
+    """The one report (task name, arguments) a simulated L40S box's agent sends when it syncs
+    as `box-01`."""
+    settings.GPUADMIN_NVML = "sim"
+    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+    sent: list[tuple[str, tuple[Any, ...]]] = []
+    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
+    [report] = sent
+    return report
 
 
 def model_with_uuids(model: str, node: str) -> dict[str, Any]:

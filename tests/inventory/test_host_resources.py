@@ -7,14 +7,12 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
 from inventory import tasks
-from inventory.agent import AgentLoop
 from inventory.models import Node
 from inventory.nvml.host import memory_total_mib, parse_meminfo_total_mib
 from inventory.nvml.parsers import parse_topo_matrix
@@ -24,7 +22,7 @@ from inventory.nvml.sim import SimulatedNvml, list_models
 from inventory.nvml.sim.model import load_model, parse_cpulist
 from inventory.pages.common import mib_text
 from inventory.services import apply_discovery
-from tests.inventory.conftest import model_with_uuids
+from tests.inventory.conftest import model_with_uuids, simulated_agent_sync
 from tests.inventory.pages import add_node, unique_host
 from tests.nvml.captures import REAL, needs_real_captures
 
@@ -122,12 +120,7 @@ def test_live_samples_do_not_read_the_host():
 
 @pytest.mark.django_db
 def test_the_agents_sync_carries_the_host_to_the_catalog(settings, tmp_path):
-    settings.GPUADMIN_NVML = "sim"
-    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
-    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
-    [(name, args)] = sent
+    name, args = simulated_agent_sync(settings, tmp_path)
 
     tasks.sync_node(*json.loads(json.dumps(args)))  # as JSON over the broker
 

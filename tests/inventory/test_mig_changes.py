@@ -6,8 +6,6 @@ over a simulator sharing the node's state dir); the integration test runs a real
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,7 +28,7 @@ from inventory.services import (
     destroy_mig_instance,
 )
 from inventory.signals import mig_change_requested
-from tests.conftest import REPO_DIR, agent_env, session_database_url
+from tests.integration.stack import worker_and_agent
 from tests.inventory.conftest import SimNode
 from tests.waiting import wait_for
 
@@ -208,40 +206,11 @@ def test_the_node_task_returns_the_error_and_a_fresh_scan(node):
 
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
-def test_a_real_agent_destroys_and_creates_a_gpu_instance(gpuadmin_env):
+def test_a_real_agent_destroys_and_creates_a_gpu_instance(gpuadmin_env, tmp_path):
     hostname = f"it-mig-{uuid.uuid4().hex[:6]}"
-    env = {
-        **gpuadmin_env,
-        "DATABASE_URL": session_database_url(),
-        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
-        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
-    }
-
-    def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", *args],
-            env=agent_env(env, hostname) if args[0] == "agent" else env,
-            cwd=REPO_DIR,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    # The central worker registers the node from the agent's own scan and heartbeats.
-    processes = [
-        start("worker", "--concurrency", "1"),
-        start("agent", "--node", hostname, "--sim", "dgx-a100-40gb"),
-    ]
     admin = get_user_model().objects.create_user("it-mig-admin", password="x", is_staff=True)
-    try:
-        wait_for(
-            lambda: (
-                Node.objects.filter(hostname=hostname, last_heartbeat_at__isnull=False)
-                .exclude(gpus__isnull=True)
-                .exists()
-            ),
-            60,
-            "the node to register",
-        )
+    # The central worker registers the node from the agent's own scan and heartbeats.
+    with worker_and_agent(gpuadmin_env, hostname, ("--sim", "dgx-a100-40gb"), 8, tmp_path):
         wait_for(lambda: len(live.latest([hostname])[hostname]) == 8, 30, "live samples")
         gpu = Gpu.objects.get(node__hostname=hostname, index=0)
         assert mig_layout(gpu) == INITIAL_GPU0
@@ -254,11 +223,6 @@ def test_a_real_agent_destroys_and_creates_a_gpu_instance(gpuadmin_env):
         assert [(r.gi_id, r.ci_id, r.profile_name, r.placement_start) for r in after_create] == (
             INITIAL_GPU0
         )
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
 
     created_uuid = next(row.uuid for row in after_create if row.gi_id == 2)
     assert created_uuid and created_uuid.startswith("MIG-")

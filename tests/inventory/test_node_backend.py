@@ -4,28 +4,22 @@ simulates) when it registers, and the catalog keeps it."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 from django.utils.html import escape
 
 from gpuadmin.audit.models import AuditEvent
 from inventory import tasks
-from inventory.agent import AgentLoop
 from inventory.choices import NvmlBackend
 from inventory.models import Node
 from inventory.services import register_node
+from tests.inventory.conftest import simulated_agent_sync
 
 pytestmark = pytest.mark.django_db
 
 
 def test_an_agent_registers_the_backend_and_model_it_runs_on(settings, tmp_path):
-    settings.GPUADMIN_NVML = "sim"
-    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
-    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
-    [(name, args)] = sent
+    name, args = simulated_agent_sync(settings, tmp_path)
     assert name == "inventory.sync_node"
     tasks.sync_node(*args)
     node = Node.objects.get(hostname="box-01")
@@ -60,14 +54,9 @@ def test_an_unknown_backend_is_refused():
 def test_an_agent_says_whose_account_its_jobs_run_as_and_the_api_and_fleet_show_it(
     settings, tmp_path, monkeypatch, admin_client, uid, job_account, label
 ):
-    settings.GPUADMIN_NVML = "sim"
-    settings.GPUADMIN_SIM_MODEL = "pcie-l40s-4x"
-    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
     monkeypatch.setattr(os, "geteuid", lambda: uid)
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-    AgentLoop("box-01", lambda name, args, **_: sent.append((name, args))).sync()
+    _, args = simulated_agent_sync(settings, tmp_path)
     monkeypatch.undo()
-    [(_, args)] = sent
     tasks.sync_node(*args)
 
     node = Node.objects.get(hostname="box-01")
