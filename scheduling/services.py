@@ -4,6 +4,13 @@ allocations the database guards, and what node agents report.
 The placement loop lives in ``scheduling.loop``; this module is what it and every interface
 (API, pages, CLI, admin) call to change a job. Neither imports the other's caller: both wake
 the loop and reach agents through ``scheduling.dispatch``.
+
+Lock order: a transaction that locks jobs and GPUs locks the jobs first, then the GPUs, each
+in id order. A transition locks its job and then the GPUs it releases; ``allocate_many`` its
+jobs and then the GPUs it gives them; ``job_events`` its jobs and then their GPUs, in one
+ordered statement. With the GPUs first in ``allocate_many``, a placement that waited for a
+job whose end was being reported held the very GPU the report was waiting to release: a
+deadlock (``tests/scheduling/test_lock_order.py``).
 """
 
 from __future__ import annotations
@@ -352,8 +359,8 @@ def _plain(fields: dict[str, Any]) -> dict[str, Any]:
 def release_allocations(job: Job) -> list[str]:
     """End the job's active allocations (inside the caller's transaction); the GPU UUIDs.
 
-    The GPU rows are locked first, as ``allocate`` locks them, and the release time is the
-    database's statement time: the next allocation of a GPU is written only after this
+    The GPU rows are locked after the job's (the module's lock order), and the release time
+    is the database's statement time: the next allocation of a GPU is written only after this
     transaction commits, so its start is later than this end, on one clock."""
     return release_allocations_of([job.pk]).get(job.pk, [])
 
@@ -1101,8 +1108,8 @@ def allocate_many(
     decided_at: datetime | None = None,
 ) -> Allocated:
     """Commit ``grants`` (each job's all or nothing) in one transaction of a fixed number of
-    statements however many there are: the GPU rows locked in one query in primary-key order
-    (as every writer locks them: no deadlock), then the jobs; each grant re-checked against
+    statements however many there are: the jobs locked, then their GPUs (the module's lock
+    order), each in one query in id order; each grant re-checked against
     the one rule with the GPUs' latest live samples and its job still QUEUED; the
     allocations inserted, audited (``allocation.created``), and the jobs made SCHEDULED
     (``job.scheduled``, their attempt counted) in bulk.
@@ -1142,19 +1149,19 @@ def _allocate(
 ) -> Allocated:
     """``allocate_many``'s transaction (the caller's)."""
     outcome = Allocated()
+    jobs = {
+        job.pk: job
+        for job in Job.objects.select_for_update(of=("self",))
+        .filter(pk__in=[grant.job_id for grant in grants])
+        .select_related("owner__unix_account")
+        .order_by("pk")
+    }
     gpu_ids = sorted({gpu_id for grant in grants for gpu_id in grant.gpu_ids})
     gpus = {
         gpu.pk: gpu
         for gpu in Gpu.objects.select_for_update(of=("self",))
         .filter(pk__in=gpu_ids)
         .select_related("node")
-        .order_by("pk")
-    }
-    jobs = {
-        job.pk: job
-        for job in Job.objects.select_for_update(of=("self",))
-        .filter(pk__in=[grant.job_id for grant in grants])
-        .select_related("owner__unix_account")
         .order_by("pk")
     }
     devices = _mig_devices(grants)
@@ -1396,7 +1403,9 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
     jobs written in one UPDATE; the GPUs of those that stopped holding them released in one
     statement; every transition audited, in one INSERT. A stale report (another attempt, or a
     job that moved on) changes nothing. The end of a preempted job takes
-    ``_requeue_preempted``'s path, in the same transaction."""
+    ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
+    statement of their own, so when others end with it, all their GPUs are locked first, in
+    id order (the module's lock order)."""
     reports = []
     for event in events:
         job_id, attempt = parse_executor_id(event.job_id)
@@ -1411,6 +1420,8 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
         locking = locking.annotate(placed_there=ArraySubquery(placed.values("attempt")))
     with transaction.atomic():
         jobs = {job.pk: job for job in locking.order_by("pk")}
+        if len(jobs) > 1 and any(job.preempted_by_id is not None for job in jobs.values()):
+            _lock_held_gpus(list(jobs))
         moves = _Moves(AGENT_ACTOR)
         for job_id, attempt, event in reports:
             job = jobs.get(job_id)
@@ -1439,6 +1450,24 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
         reached.update(moves.write())
     moves.log()
     return recorded
+
+
+def _lock_held_gpus(job_ids: Collection[int]) -> None:
+    """Lock the GPUs these jobs hold, in id order, in one statement (inside the caller's
+    transaction, the jobs locked)."""
+    with connection.cursor() as cursor:
+        cursor.execute(LOCK_HELD_GPUS_SQL, [list(job_ids)])
+
+
+LOCK_HELD_GPUS_SQL = f"""
+    SELECT gpu.id FROM {Gpu._meta.db_table} AS gpu
+    WHERE gpu.id IN (
+        SELECT gpu_id FROM {Allocation._meta.db_table}
+        WHERE job_id = ANY(%s) AND released_at IS NULL
+    )
+    ORDER BY gpu.id
+    FOR UPDATE
+"""
 
 
 def job_started(job_id: int, attempt: int, pid: int, at: datetime) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,11 +89,45 @@ def agent_env(env: dict[str, str], hostname: str) -> dict[str, str]:
     return agent
 
 
-@pytest.fixture
-def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
-    """Environment for a `gpuadmin` child process sharing this session's servers."""
+def forget_wakes() -> None:
+    """Drop the loop's marks of a pass asked for and of a woken pass running, whose passes
+    will never run here: left in place, a wake mark holds every wake back until it expires
+    (``dispatch.WAKE_TTL_S``)."""
+    from inventory import live
+    from scheduling import dispatch
+
+    live.client().delete(dispatch.wake_key(), dispatch.running_key())
+
+
+def drain_central_queue() -> Counter[str]:
+    """Empty this session's central queue of what earlier tests sent with no worker to take
+    it (placement passes, reports): a central worker started now would run those tasks
+    against this test's database. Returns how many of each task were dropped. The loop's
+    wake marks go with them (``forget_wakes``): a dropped pass never clears its own."""
+    from celery import current_app
     from django.conf import settings
 
+    from inventory import live
+
+    queue = settings.GPUADMIN_CENTRAL_QUEUE
+    dropped = Counter(
+        json.loads(message)["headers"]["task"] for message in live.client().lrange(queue, 0, -1)
+    )
+    with current_app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(queue)
+    forget_wakes()
+    return dropped
+
+
+@pytest.fixture
+def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a `gpuadmin` child process sharing this session's servers, whose
+    central queue holds nothing from earlier tests."""
+    from django.conf import settings
+
+    if dropped := drain_central_queue():
+        # Shown when a test fails.
+        print(f"central queue: dropped {dropped.total()} tasks of earlier tests: {dropped}")  # noqa: T201
     env = dict(os.environ)
     env.update(
         {

@@ -13,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from inventory import live
 from scheduling import dispatch, loop, tasks
+from tests.conftest import forget_wakes
 from tests.scheduling.conftest import RecordingBroker
 
 pytestmark = pytest.mark.django_db
@@ -20,9 +21,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def no_wake_asked_for() -> Iterator[None]:
-    live.client().delete(dispatch.wake_key(), dispatch.running_key())
+    forget_wakes()
     yield
-    live.client().delete(dispatch.wake_key(), dispatch.running_key())
+    forget_wakes()
 
 
 @pytest.fixture
