@@ -38,7 +38,9 @@ Those queues, the live samples and the wake key are deleted from Redis at the en
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -281,6 +283,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--policy", choices=tuple(POLICIES), default="priority")
+    parser.add_argument(
+        "--profile", action="store_true", help="cProfile one more blocked pass (CPU time)"
+    )
     args = parser.parse_args()
 
     os.environ["GPUADMIN_CENTRAL_QUEUE"] = QUEUE  # read when Django is set up
@@ -322,6 +327,11 @@ def main() -> None:
             for _ in range(args.runs):
                 with measuring_cpu(blocked_cpu_ms), counting_queries(queries["blocked"]):
                     blocked.append(loop.run_pass())
+            if args.profile:
+                profiler = cProfile.Profile(time.process_time)
+                profiler.runcall(loop.run_pass)
+                pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
             placing: list[PassSummary] = []
             for _ in range(args.runs):
                 requeue(placing[-1].dispatched if placing else first.dispatched)

@@ -4,7 +4,8 @@ side in one run, against the classic policies run in-process.
     .venv/bin/python bench/replay.py [--workload philly|itp|pollux|openb|all]
         [--policies default,las,fifo,...] [--limit N] [--window 2017-10-01..2017-12-01]
         [--philly-vcs partitions|shared] [--itp-nodes 64,72,80] [--pollux 1-8]
-        [--engine-estimates] [--qssf-points 250] [--processes 2] [--profile POLICY]
+        [--engine-estimates] [--declared-estimates none|helios] [--qssf-points 250]
+        [--processes 2] [--profile POLICY]
 
 Workloads (../shared/traces, see its INDEX.md): Philly 2017's Oct-Nov window on Helios' 11
 virtual clusters (2,816 GPUs); Microsoft ITP cluster 04 on 64, 72 and 80 DGX nodes; Pollux's
@@ -14,7 +15,9 @@ fractional-GPU pods, with their CPUs and memory, filling its 1,213 GPU nodes.
 Engine policies are `scheduling.placement.POLICIES` by name, each under a `PoolConfig` with
 that policy (backfill, preemption and the rest as PoolPolicy defaults them), plus "default":
 `PoolConfig()` itself. They see what real users declared, which in these traces is no
-duration at all (--engine-estimates gives them the true ones). The baselines are in
+duration at all (--engine-estimates gives them the true ones; --declared-estimates helios
+has every job declare its duration off by the errors of Helios' estimates, the information
+behind Helios' published Philly figures). The baselines are in
 bench/replay_baselines.py; the simulator in bench/replay_sim.py.
 
 Printed per policy: average, median and p99 JCT and waiting time (JCT minus run time, hours),
@@ -256,15 +259,26 @@ def openb_report(workload: Workload, results: dict[str, Result], headlines: list
             f"pods turned down, {unusable[name]:7.1f} GPUs unusable; "
             f"{figures['ms_per_pass']:.1f} ms per pass of up to 50 pods, {result.wall_s:.0f} s"
         )
-    reference = unusable.get("sharing:best-fit")
+    # The issue's baseline is the in-process best fit ("best-fit"); the engine's own best-fit
+    # packing ("sharing:best-fit", host-aware, whole nodes compared) leaves fewer, so it is
+    # the stricter reference: both are printed, neither in place of the other.
+    references = {
+        "best_fit": unusable.get("best-fit"),
+        "engine_best_fit": unusable.get("sharing:best-fit"),
+    }
     for name, value in unusable.items():
         key = name.replace(":", "_").replace("-", "_")
         headlines.append(f"openb_{key}_unusable: {value:.1f} GPUs")
-        if reference:
-            headlines.append(f"openb_{key}_unusable_vs_best_fit: {value / reference:.2f} ratio")
-    if reference and "default" in unusable:
-        ratio = unusable["default"] / reference
-        print(f"  default / best fit: {ratio:.2f} (target <= {OPENB_TARGET})")
+        for against, reference in references.items():
+            if reference:
+                ratio = value / reference
+                headlines.append(f"openb_{key}_unusable_vs_{against}: {ratio:.3f} ratio")
+    for against, reference in references.items():
+        if reference and "default" in unusable:
+            ratio = unusable["default"] / reference
+            met = "met" if ratio <= OPENB_TARGET else "not met"
+            which = against.replace("_", " ")
+            print(f"  default / {which}: {ratio:.3f} (target <= {OPENB_TARGET}: {met})")
 
 
 def workloads(args: argparse.Namespace) -> list[Workload]:
@@ -287,6 +301,8 @@ def workloads(args: argparse.Namespace) -> list[Workload]:
         found += [replay_traces.pollux(n, args.traces, limit=args.limit) for n in args.pollux]
     if "openb" in chosen:
         found.append(replay_traces.openb(args.traces, limit=args.limit, inflate=args.inflate))
+    if args.declared_estimates == "helios":
+        found = [replay_traces.with_helios_estimates(w, args.seed) for w in found]
     return found
 
 
@@ -309,6 +325,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pollux", type=numbers, default=list(range(1, 9)))
     parser.add_argument("--inflate", type=float, default=1.3, help="openb pods / fleet")
     parser.add_argument("--engine-estimates", action="store_true")
+    parser.add_argument(
+        "--declared-estimates",
+        choices=("none", "helios"),
+        default="none",
+        help="helios: every job declares its duration off by Helios' estimate errors",
+    )
     parser.add_argument("--preemptible", action="store_true", help="every job may be preempted")
     parser.add_argument(
         "--qssf-points",

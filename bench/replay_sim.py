@@ -642,7 +642,7 @@ class EngineScheduler:
                     id=job_id,
                     gpu_ids=run.gpu_ids,
                     started_at=run.started,
-                    expected_end=run.ends if self.estimates else None,
+                    expected_end=run.ends if self.estimates else _declared_end(run),
                     predicted_end=None if predicted is None else run.started + predicted,
                     owner=job.project,
                     project=job.project,
@@ -703,6 +703,12 @@ class EngineScheduler:
         if self.config.policy != "las":
             return None
         return las_crossing(cluster.running.values(), self.config.las_thresholds_gpu_s, now)
+
+
+def _declared_end(run: Run) -> float | None:
+    """A running job's end by its user's estimate, as the loop reckons it (None: none)."""
+    estimate = run.state.job.estimate
+    return None if estimate is None else run.started + estimate
 
 
 class SharingScheduler(EngineScheduler):

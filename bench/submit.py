@@ -7,8 +7,10 @@
 
 Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
 embedded one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for each
-gunicorn configuration (``sync:W`` = W sync workers, ``gthread:WxT`` = W workers of T threads),
-starts gunicorn and runs ``--runs`` rounds per client count: each client is a process with one
+server configuration (gunicorn's ``sync:W`` = W sync workers, ``gthread:WxT`` = W workers of
+T threads, as ``gpuadmin serve`` runs it; ``granian:WxT`` = the Rust server granian's WSGI
+interface, W workers of T blocking threads, for comparison: ``pip install granian``), starts
+the server and runs ``--runs`` rounds per client count: each client is a process with one
 keep-alive ``http.client`` connection POSTing submissions for ``--duration`` seconds after
 ``--warmup``. The placement loop does not run (jobs just queue); Redis must be reachable
 (every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s (accepted
@@ -39,6 +41,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import http.client
+import importlib.util
 import itertools
 import json
 import multiprocessing
@@ -89,7 +92,7 @@ class Server:
 
 
 def server_cpu_s(server: Server) -> float:
-    """CPU seconds used so far by gunicorn (master and workers) and by the PostgreSQL backends
+    """CPU seconds used so far by the server (its master and workers) and by the PostgreSQL backends
     of the bench's database: what a submission costs the machine, steadier than jobs/s on a
     shared host (Linux /proc)."""
     database = server.database.encode()
@@ -246,10 +249,17 @@ def median_round(rounds: list[Round]) -> Round:
     )
 
 
-def gunicorn_argv(config: str, port: int) -> list[str]:
-    """``sync:W`` or ``gthread:WxT`` as gunicorn's command line."""
+def server_argv(config: str, port: int) -> list[str]:
+    """``sync:W`` or ``gthread:WxT`` as gunicorn's command line, ``granian:WxT`` as granian's."""
     kind, _, size = config.partition(":")
     workers, _, threads = size.partition("x")
+    if kind == "granian":
+        if importlib.util.find_spec("granian") is None:
+            sys.exit("--configs granian:WxT needs granian: .venv/bin/pip install granian")
+        argv = [sys.executable, "-m", "granian", "--interface", "wsgi", "--no-ws"]
+        argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", workers]
+        argv += ["--blocking-threads", threads or "1", "--log-level", "warning"]
+        return [*argv, "gpuadmin.wsgi:application"]
     argv = [sys.executable, "-m", "gunicorn", "gpuadmin.wsgi:application"]
     argv += ["--bind", f"127.0.0.1:{port}", "--workers", workers, "--worker-class", kind]
     argv += ["--threads", threads or "1", "--log-level", "warning", "--keep-alive", "30"]
@@ -257,12 +267,12 @@ def gunicorn_argv(config: str, port: int) -> list[str]:
 
 
 def start_server(config: str, database: str) -> Server:
-    """gunicorn in ``config`` on a free port, once it answers."""
+    """The server in ``config`` on a free port, once it answers."""
     port = free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpuadmin.settings", "LOG_LEVEL": "warning"}
     env["GPUADMIN_CENTRAL_QUEUE"] = QUEUE
     server = Server(
-        subprocess.Popen(gunicorn_argv(config, port), cwd=REPO_DIR, env=env), port, database
+        subprocess.Popen(server_argv(config, port), cwd=REPO_DIR, env=env), port, database
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -274,9 +284,9 @@ def start_server(config: str, database: str) -> Server:
         except OSError:
             time.sleep(0.2)
         if server.process.poll() is not None:
-            sys.exit(f"gunicorn ({config}) exited with status {server.process.returncode}")
+            sys.exit(f"the server ({config}) exited with status {server.process.returncode}")
     server.process.kill()
-    sys.exit(f"gunicorn ({config}) did not answer within 60 s")
+    sys.exit(f"the server ({config}) did not answer within 60 s")
 
 
 def free_port() -> int:
@@ -440,7 +450,7 @@ def main() -> None:
         rule = f"p50 <= {TARGET_P50_MS} ms" if within is not results else "none within target"
         print(f"\nload average now {os.getloadavg()[0]:.1f}")
         print(
-            f"headline: gunicorn {config}, {clients} clients, the most jobs/s with {rule} "
+            f"headline: {config}, {clients} clients, the most jobs/s with {rule} "
             f"(medians of {args.runs} runs)\n"
         )
         print(f"submit_jobs_per_s: {median.jobs_per_s:.0f} jobs/s")

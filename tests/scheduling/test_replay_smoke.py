@@ -16,7 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from replay import engine_schedulers  # noqa: E402
 from replay_baselines import baselines  # noqa: E402
 from replay_sim import Cluster, Decision, EngineScheduler, JobState, Scheduler, simulate  # noqa: E402
-from replay_traces import NodeSpec, Partition, TraceJob  # noqa: E402
+from replay_traces import (  # noqa: E402
+    HELIOS_ESTIMATE_ERRORS,
+    NodeSpec,
+    Partition,
+    TraceJob,
+    Workload,
+    with_helios_estimates,
+)
 
 from scheduling.placement import JobRequest, PoolConfig  # noqa: E402
 
@@ -143,3 +150,46 @@ def test_the_engine_predicts_only_from_jobs_that_ended_before_each_submission() 
     # Job 2 came while job 1 ran: nothing had ended. Jobs 3 and 4 came after job 1 ended
     # (job 4: another project and GPU count, so the pool's runs of any size).
     assert seen == {1: None, 2: None, 3: 1000.0, 4: 1000.0}
+
+
+def test_helios_estimates_are_off_by_its_published_error_distribution() -> None:
+    """Each share of jobs within its relative error, over and under alike, never below one
+    second, the same for the same seed; nothing else of a job changes."""
+    jobs = tuple(TraceJob(n, submit=0.0, duration=1000.0, gpus=1, project="a") for n in range(4000))
+    workload = Workload("w", (Partition("p", (NodeSpec("n0", 8, "sim"),), jobs),), {})
+    noisy = with_helios_estimates(workload, seed=3)
+    [partition] = noisy.partitions
+    # Over-estimates show the drawn error whole (an under-estimate past -100 % is one second).
+    errors = [job.estimate / job.duration - 1 for job in partition.jobs if job.estimate > 1000]
+    for share, _, high in HELIOS_ESTIMATE_ERRORS[:-1]:
+        within = sum(error <= high for error in errors) / len(errors)
+        assert within == pytest.approx(share, abs=0.04), (high, within)
+    under = sum(job.estimate < job.duration for job in partition.jobs) / len(jobs)
+    assert under == pytest.approx(0.5, abs=0.03)
+    assert min(job.estimate for job in partition.jobs) >= 1.0
+    assert [job.estimate for job in with_helios_estimates(workload, seed=3).partitions[0].jobs] == [
+        job.estimate for job in partition.jobs
+    ]
+    assert all(
+        (job.id, job.duration, job.gpus) == (old.id, old.duration, old.gpus)
+        for job, old in zip(partition.jobs, jobs, strict=True)
+    )
+
+
+def test_a_running_jobs_expected_end_is_its_start_plus_its_declared_estimate() -> None:
+    """As the loop reckons it: the engine never sees the true end of a job with an estimate."""
+    node = (NodeSpec("n0", 1, "sim"),)
+    jobs = (
+        TraceJob(1, submit=0.0, duration=1000.0, gpus=1, project="a", estimate=300.0),
+        TraceJob(2, submit=10.0, duration=50.0, gpus=1, project="a", estimate=60.0),
+    )
+    ends: dict[int, float | None] = {}
+
+    class Recording(EngineScheduler):
+        def decide(self, cluster: Cluster, now: float) -> Decision:
+            snapshot = self.snapshot(cluster, now)
+            ends.update((run.id, run.expected_end) for run in snapshot.running)
+            return super().decide(cluster, now)
+
+    simulate(Partition("p", node, jobs), Recording("fcfs", PoolConfig(policy="fcfs")))
+    assert ends[1] == 300.0
