@@ -17,6 +17,15 @@ from tests.inventory.pages import add_node, unique_host
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
+def tops(page, *elements) -> list[int]:
+    """The elements' tops in one evaluation: a section above them (the fleet's charts) may
+    grow as it loads and move them all between two separate measurements."""
+    handles = [element.element_handle() for element in elements]
+    return page.evaluate(
+        "elements => elements.map(e => Math.round(e.getBoundingClientRect().top))", handles
+    )
+
+
 def test_dashboard_values_change_without_reload(page, live_server):
     host = unique_host()
     scanned = add_node(host)
@@ -27,7 +36,8 @@ def test_dashboard_values_change_without_reload(page, live_server):
     page.goto(live_server.url + "/fleet/")
     static = card.locator("tr.gpu-row").nth(5)
     assert static.get_attribute("data-uuid") == uuid
-    assert static.bounding_box()["y"] == row.bounding_box()["y"]  # the two tables line up
+    static_top, row_top = tops(page, static, row)
+    assert static_top == row_top  # the two tables line up
     assert procs.inner_text() == "0"
     assert not card.locator(".badge-unreachable").is_visible()  # its agent is heartbeating
     page.evaluate("window.__marker = 1")
@@ -155,8 +165,8 @@ def test_dashboard_fits_laptop_and_wall_screens_in_both_schemes(
         page.goto(f"{live_server.url}/fleet/?pool={pool.name}")
         assert page.evaluate("document.documentElement.scrollWidth") <= width  # no sideways scroll
         cards = [page.locator(f'[id="node-{host}"]') for host in hosts]
-        tops = [round(card.bounding_box()["y"]) for card in cards]
-        assert tops.count(min(tops)) == columns  # node cards side by side
+        top = tops(page, *cards)
+        assert top.count(min(top)) == columns, top  # node cards side by side
         for card in cards:  # no card needs its own sideways scroll
             assert card.evaluate("e => e.scrollWidth <= e.clientWidth")
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
