@@ -15,10 +15,16 @@ $(STAMP): pyproject.toml
 up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated agents
 	$(BIN)/gpuadmin up
 
+# Test processes (pytest-xdist): most tests wait on PostgreSQL, a server or a browser, so two
+# overlap well on 2 cores; 0 runs the suite in this process. Tests are handed out in
+# pytest-django's order (transactional tests, which flush the migrations' rows, last), not
+# grouped by file.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)  ## the whole suite (browser and integration tests included)
 	sh .ci/install-chromium
 	sh .ci/install-prometheus
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy
 	$(BIN)/ruff check .

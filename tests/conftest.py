@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +25,32 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     services = getattr(settings_module, "EMBEDDED_SERVICES", None)
     if services is not None:
         services.release()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures tests reported (``report_figure``), after the run's summary."""
+    figures = [
+        f"{report.nodeid}: {value}"
+        for outcome in ("passed", "failed")
+        for report in terminalreporter.stats.get(outcome, [])
+        for name, value in getattr(report, "user_properties", ())
+        if name == "figure"
+    ]
+    if figures:
+        terminalreporter.write_sep("=", "figures")
+        for line in figures:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def report_figure(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Show a line (counts, timings) in the run's "figures" section, passed or failed: under
+    pytest-xdist a worker's own output never reaches the terminal, its reports do."""
+
+    def report(line: str) -> None:
+        request.node.user_properties.append(("figure", line))
+
+    return report
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ directory (and stopped at the end of the session by tests/conftest.py).
 """
 
 import os
+from urllib.parse import urlsplit
 
 from gpuadmin.embedded import data_dir_from_env, ensure_service_urls
 
@@ -13,6 +14,13 @@ os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghij
 # sharing a Redis never run each other's tasks against the wrong database.
 os.environ.setdefault("GPUADMIN_CENTRAL_QUEUE", f"central-{os.getpid()}")
 EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
+# Under pytest-xdist (`make test` runs two workers) each worker gets its own Redis database
+# after the given one, for its live samples, throttles and marks, which are keyed by node and
+# user rather than by session. Its workers and agents inherit it through REDIS_URL.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    _redis = urlsplit(os.environ["REDIS_URL"])
+    _database = int(_redis.path.strip("/") or 0) + int(worker.removeprefix("gw")) + 1
+    os.environ["REDIS_URL"] = _redis._replace(path=f"/{_database}").geturl()
 
 from gpuadmin.settings import *  # noqa: E402, F403
 

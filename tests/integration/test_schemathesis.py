@@ -87,7 +87,7 @@ def fuzz(base_url: str, token: str, report: Path) -> dict:
     return {**json.loads(report.read_text()), "output": run.stdout}
 
 
-def test_no_request_gets_a_server_error_or_breaks_the_schema(web_server, tmp_path, capsys):
+def test_no_request_gets_a_server_error_or_breaks_the_schema(web_server, tmp_path, report_figure):
     users = get_user_model().objects
     people = [users.create_user("fuzz-user"), users.create_user("fuzz-admin", is_staff=True)]
     add_sim_node("fuzz-01")
@@ -98,9 +98,7 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(web_server, tmp_pat
     for owner in people:
         _, key = create_token(owner, "schemathesis")
         reports[owner.username] = report = fuzz(web_server, key, tmp_path / f"{owner}.json")
-        with capsys.disabled():
-            cases = report["test_cases"]["generated"]
-            print(f"\nschemathesis as {owner}: {cases} cases")  # noqa: T201
+        report_figure(f"schemathesis as {owner}: {report['test_cases']['generated']} cases")
     server_log = (tmp_path / "web.log").read_text()[-10000:]  # tracebacks of any 500
     for report in reports.values():
         assert not report["failures"] + report["errors"], report["output"] + server_log

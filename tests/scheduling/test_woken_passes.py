@@ -28,9 +28,13 @@ def no_wake_asked_for() -> Iterator[None]:
 
 @pytest.fixture
 def other_worker() -> Iterator[BaseDatabaseWrapper]:
-    """Another worker's database session."""
+    """Another worker's database session. Its advisory locks are released before it closes:
+    the server ends a closed session's backend, and frees its locks, a moment after the close
+    returns, and the next test could find the pass lock still held."""
     other = connections.create_connection("default")
     yield other
+    with other.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock_all()")
     other.close()
 
 
