@@ -11,6 +11,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -53,9 +54,11 @@ def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout:
         time.sleep(0.1)
 
 
-def stop(workers: list[subprocess.Popen], logs: list[Path], grace_s: float = 30) -> None:
-    """SIGTERM: a warm shutdown. A worker that has not ended after ``grace_s`` gets SIGABRT,
-    whose fault handler writes where each of its threads was stuck to its log, and the test
+def stop(workers: list[subprocess.Popen], logs: list[Path], grace_s: float = 60) -> None:
+    """SIGTERM: a warm shutdown, which lets each pool process finish its task in flight (one
+    waiting on a node's agent, none of which runs here, may wait its whole timeout: up to 30
+    s). A worker that has not ended after ``grace_s`` gets SIGABRT, its pool processes first,
+    whose fault handlers write where each of their threads was stuck to its log, and the test
     fails with those logs."""
     for worker in workers:
         worker.terminate()
@@ -65,10 +68,13 @@ def stop(workers: list[subprocess.Popen], logs: list[Path], grace_s: float = 30)
         try:
             worker.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            for child in psutil.Process(worker.pid).children(recursive=True):
+                child.send_signal(signal.SIGABRT)
+            time.sleep(1)
             worker.send_signal(signal.SIGABRT)
             worker.wait(timeout=30)
             stuck.append(log)
-    assert not stuck, {log.name: log.read_text()[-8000:] for log in stuck}
+    assert not stuck, "\n".join(f"--- {log.name}\n{log.read_text()[-12000:]}" for log in stuck)
 
 
 def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
