@@ -111,13 +111,10 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
         # The change list counts its rows in one query and reads them in another, so a page
         # served while the sync commits may list GPU7 under "0 GPUs": wait for both.
         deadline = time.monotonic() + 60
-        while not (
-            "dgx-h100-01/GPU7"
-            in (
-                page := admin.open(f"{base_url}/admin/inventory/gpu/?q=dgx-h100-01").read().decode()
-            )
-            and "8 GPUs" in page
-        ):
+        while True:
+            page = admin.open(f"{base_url}/admin/inventory/gpu/?q=dgx-h100-01").read().decode()
+            if "dgx-h100-01/GPU7" in page and "8 GPUs" in page:
+                break
             assert time.monotonic() < deadline, (
                 "the demo node's GPUs never reached the catalog",
                 re.findall(r"\d+ GPUs?\b|errornote.*", page),
