@@ -1,27 +1,27 @@
-"""Job submission through the real HTTP API: gunicorn, token auth, POST /queue/submit.
+"""Job submission through the real HTTP API: `gpuadmin serve`, token auth, POST /queue/submit.
 
-    .venv/bin/python bench/submit.py [--configs gthread:3x4 sync:2] [--clients 4 8 16 32]
+    .venv/bin/python bench/submit.py [--configs serve:2x4 serve:2x2 gthread:3x4] [--clients 4 8]
                                      [--runs 3] [--duration 15] [--warmup 3] [--profile 0]
                                      [--path /queue/submit|/api/v1/jobs/]
                                      [--answers minimal full] [--slurm-clients 1 4] [--no-slurm]
 
-Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
-embedded one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for each
-server configuration (gunicorn's ``sync:W`` = W sync workers, ``gthread:WxT`` = W workers of
-T threads, as ``gpuadmin serve`` runs it; ``granian:WxT`` = the Rust server granian's WSGI
-interface, W workers of T blocking threads, for comparison: ``pip install granian``), starts
-the server and runs ``--runs`` rounds per client count: each client is a process with one
-keep-alive ``http.client`` connection POSTing submissions for ``--duration`` seconds after
-``--warmup``. The placement loop does not run (jobs just queue); Redis must be reachable
-(every submission wakes the loop through a Redis SET NX on commit). Prints jobs/s (accepted
-submissions; refused ones are counted as errors), latency percentiles and the server's CPU per
-job (gunicorn and the PostgreSQL backends; for Slurm slurmctld, slurmrestd and munged; from
-/proc: steadier than jobs/s on a shared host) per setting, medians over the runs, and ends with
-headline lines ``name: value unit`` for the setting with the most jobs/s whose p50 meets the
-20 ms target (else the most jobs/s). ``--profile N`` instead profiles N submissions
-in-process (the SQL queries of one submission, the CPU per submission, then cProfile over the
-Django test client, timed by CPU time: by cumulative and by own time), asking for the first
-of ``--answers``.
+Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the embedded
+one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for each server
+configuration (``serve:WxT`` = ``gpuadmin serve --workers W --threads T``, as it runs in
+production: granian, its access log included (to /dev/null); for comparison, gunicorn's
+``sync:W`` = W sync workers and ``gthread:WxT`` = W workers of T threads, which ``gpuadmin
+serve`` ran until 2026-11-25: ``pip install gunicorn``), starts the server and runs ``--runs``
+rounds per client count: each client is a process with one keep-alive ``http.client`` connection
+POSTing submissions for ``--duration`` seconds after ``--warmup``. The placement loop does not
+run (jobs just queue); Redis must be reachable (every submission wakes the loop through a Redis
+SET NX on commit). Prints jobs/s (accepted submissions; refused ones are counted as errors),
+latency percentiles and the server's CPU per job (the web server and the PostgreSQL backends;
+for Slurm slurmctld, slurmrestd and munged; from /proc: steadier than jobs/s on a shared host)
+per setting, medians over the runs, and ends with headline lines ``name: value unit`` for the
+setting with the most jobs/s whose p50 meets the 20 ms target (else the most jobs/s).
+``--profile N`` instead profiles N submissions in-process (the SQL queries of one submission,
+the CPU per submission, then cProfile over the Django test client, timed by CPU time: by
+cumulative and by own time), asking for the first of ``--answers``.
 
 With ``--slurm`` (the default) the same run also measures Slurm 22.05 on this machine
 (bench/slurm.py: installed from Debian when missing, one node with 8 GPUs as GRES, tuned):
@@ -30,7 +30,7 @@ With ``--slurm`` (the default) the same run also measures Slurm 22.05 on this ma
 (each run measures every setting once, so a shared host's changing load weighs on both alike);
 and prints gpuadmin's best jobs/s at each of those client counts as a ratio to slurmrestd's
 (``submit_vs_slurmrestd_4_clients``; the issue's target is at least 1.0), and the best with the
-whole job as the answer (``submit_full_answer_vs_...``). Each gunicorn configuration is measured
+whole job as the answer (``submit_full_answer_vs_...``). Each server configuration is measured
 with each of ``--answers``: ``minimal`` sends ``Prefer: return=minimal`` (RFC 7240: answered
 with the job's id, state and time, as slurmrestd answers with its job id), ``full`` gets the
 whole job (the default answer); a setting is named ``<config> <answer>``.
@@ -250,16 +250,15 @@ def median_round(rounds: list[Round]) -> Round:
 
 
 def server_argv(config: str, port: int) -> list[str]:
-    """``sync:W`` or ``gthread:WxT`` as gunicorn's command line, ``granian:WxT`` as granian's."""
+    """``serve:WxT`` as ``gpuadmin serve``'s command line; ``sync:W`` or ``gthread:WxT`` as
+    gunicorn's."""
     kind, _, size = config.partition(":")
     workers, _, threads = size.partition("x")
-    if kind == "granian":
-        if importlib.util.find_spec("granian") is None:
-            sys.exit("--configs granian:WxT needs granian: .venv/bin/pip install granian")
-        argv = [sys.executable, "-m", "granian", "--interface", "wsgi", "--no-ws"]
-        argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", workers]
-        argv += ["--blocking-threads", threads or "1", "--log-level", "warning"]
-        return [*argv, "gpuadmin.wsgi:application"]
+    if kind == "serve":
+        argv = [sys.executable, "-m", "gpuadmin", "serve", "--bind", f"127.0.0.1:{port}"]
+        return [*argv, "--workers", workers, "--threads", threads or "1"]
+    if importlib.util.find_spec("gunicorn") is None:
+        sys.exit(f"--configs {config} needs gunicorn: .venv/bin/pip install gunicorn")
     argv = [sys.executable, "-m", "gunicorn", "gpuadmin.wsgi:application"]
     argv += ["--bind", f"127.0.0.1:{port}", "--workers", workers, "--worker-class", kind]
     argv += ["--threads", threads or "1", "--log-level", "warning", "--keep-alive", "30"]
@@ -271,9 +270,11 @@ def start_server(config: str, database: str) -> Server:
     port = free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpuadmin.settings", "LOG_LEVEL": "warning"}
     env["GPUADMIN_CENTRAL_QUEUE"] = QUEUE
-    server = Server(
-        subprocess.Popen(server_argv(config, port), cwd=REPO_DIR, env=env), port, database
+    # stdout: granian's access log, a line per submission (its errors go to stderr).
+    process = subprocess.Popen(
+        server_argv(config, port), cwd=REPO_DIR, env=env, stdout=subprocess.DEVNULL
     )
+    server = Server(process, port, database)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -349,7 +350,7 @@ def print_row(config: str, clients: int, median: Round) -> None:
 def measure(
     args: argparse.Namespace, servers: dict[str, Server], token: str, slurm: SlurmCluster | None
 ) -> dict[tuple[str, int], list[Round]]:
-    """Every setting's rounds, keyed by (gunicorn config or ``slurm <way>``, clients). The
+    """Every setting's rounds, keyed by (server config or ``slurm <way>``, clients). The
     runs interleave: each measures every setting once, gpuadmin's and Slurm's in turn, so
     that a shared host's changing load weighs on all of them alike."""
     rounds: dict[tuple[str, int], list[Round]] = {}
@@ -373,8 +374,9 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    # gthread:3x4 is what `gpuadmin serve` runs by default (WEB_CONCURRENCY=3, WEB_THREADS=4).
-    parser.add_argument("--configs", nargs="+", default=["gthread:3x4", "sync:2"])
+    # serve:2x4 is what `gpuadmin serve` runs by default (WEB_CONCURRENCY=2, WEB_THREADS=4);
+    # 2x2 takes the most short API calls on 2 cores (README: "Job submission next to Slurm").
+    parser.add_argument("--configs", nargs="+", default=["serve:2x4", "serve:2x2"])
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=15.0)

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 DEFAULT_BIND = "127.0.0.1:8000"
 CHILD_STOP_GRACE_S = 10.0
+# How long the web server lets requests in flight finish when it stops, within `up`'s grace.
+WEB_STOP_GRACE_S = 8
 # How long `up` keeps the central worker, once the agents are gone, to record their jobs' ends.
 JOB_REPORT_WAIT_S = 15.0
 AGENT_LOG = logging.getLogger("gpuadmin.agent")
@@ -110,25 +112,44 @@ def cmd_manage(args: argparse.Namespace) -> int:
     return 0
 
 
+def bind_address(bind: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as the address and port to listen on."""
+    host, sep, port = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise argparse.ArgumentTypeError(f"{bind!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
+    return host, int(port)
+
+
+def bind_argument(bind: str) -> str:
+    """``--bind``'s type: ``HOST:PORT``, refused at once when it is not one."""
+    bind_address(bind)
+    return bind
+
+
 @_with_django
 def cmd_serve(args: argparse.Namespace) -> int:
-    from gunicorn.app.wsgiapp import WSGIApplication
+    from granian import Granian
+    from granian.constants import Interfaces
 
-    sys.argv = [
-        "gunicorn",
+    host, port = bind_address(args.bind)
+    # granian: HTTP parsing and the WSGI environ in Rust, the application in each worker's
+    # blocking threads (which overlap each request's database and Redis waits). A request's
+    # header block may be up to granian's 408 KiB buffer (long filter URLs reach the API,
+    # which answers in JSON).
+    Granian(
         "gpuadmin.wsgi:application",
-        "--bind", args.bind,
-        "--workers", str(args.workers),
-        # Threads overlap each request's database and Redis waits (bench/submit.py).
-        "--worker-class", "gthread",
-        "--threads", str(args.threads),
-        "--access-logfile", "-",
-        "--graceful-timeout", "10",
-        # The longest request line gunicorn takes (its default, 4094, refuses long filter
-        # URLs with its own HTML 400 before the API can answer in JSON).
-        "--limit-request-line", "8190",
-    ]  # fmt: skip
-    WSGIApplication("%(prog)s [OPTIONS] [APP_MODULE]").run()
+        address=host,
+        port=port,
+        interface=Interfaces.WSGI,
+        websockets=False,
+        workers=args.workers,
+        blocking_threads=args.threads,
+        log_access=True,
+        respawn_failed_workers=True,  # a worker that dies (OOM killer) is started again
+        respawn_interval=1.0,
+        workers_kill_timeout=WEB_STOP_GRACE_S,  # requests in flight finish first
+    ).serve()
     return 0
 
 
@@ -490,13 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     up = verbs.add_parser("up", help="the whole stack for one machine (web, worker, beat, agents)")
-    up.add_argument("--bind", default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND))
+    up.add_argument(
+        "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
+    )
     up.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
     up.set_defaults(run=cmd_up)
 
-    serve = verbs.add_parser("serve", help="the web server (gunicorn)")
-    serve.add_argument("--bind", default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND))
-    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 3)))
+    serve = verbs.add_parser("serve", help="the web server (granian, WSGI)")
+    serve.add_argument(
+        "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
+    )
+    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
     serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 4)))
     serve.set_defaults(run=cmd_serve)
 

@@ -1,4 +1,4 @@
-"""WSGI entry point for gunicorn (``gpuadmin serve``)."""
+"""WSGI entry point for granian (``gpuadmin serve``)."""
 
 import os
 

@@ -175,7 +175,7 @@ def private_servers() -> Iterator[Servers]:
 
 
 def serve(servers: Servers, env: dict[str, str], port: int) -> str:
-    """`gpuadmin serve` (gunicorn) on ``env``'s database, once it answers; its base URL."""
+    """`gpuadmin serve` (granian) on ``env``'s database, once it answers; its base URL."""
     base = f"http://127.0.0.1:{port}"
     servers.start(env, f"web-{port}", "serve", "--bind", f"127.0.0.1:{port}")
 
@@ -364,9 +364,9 @@ BURST_S = 14
 
 
 def test_postgres_restarted_during_a_burst_of_api_submissions(servers, free_port, report_figure):
-    """Four clients submit through the real web server (gunicorn) while PostgreSQL stops and
+    """Four clients submit through the real web server (granian) while PostgreSQL stops and
     starts again: every submission answered 2xx is a job, no job exists that its client was
-    told failed, the others are answered 503 with Retry-After (or not at all while gunicorn
+    told failed, the others are answered 503 with Retry-After (or not at all while the server
     waits on the database), and submissions succeed again once the database is back."""
     url = servers.database("fault_pg")
     # The per-user submission throttle would answer most of the burst 429 (it is tested apart).
