@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
     )
     serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
-    serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 4)))
+    serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 2)))
     serve.set_defaults(run=cmd_serve)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")

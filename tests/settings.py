@@ -11,7 +11,9 @@ from gpuadmin.embedded import data_dir_from_env, ensure_service_urls
 
 os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz")
 # One central Celery queue per session (inherited by the workers tests start), so sessions
-# sharing a Redis never run each other's tasks against the wrong database.
+# sharing a Redis never run each other's tasks against the wrong database. Under pytest-xdist
+# the controller names it and its processes inherit the name; each process has its own Redis
+# database (below), so each still has a queue of its own.
 os.environ.setdefault("GPUADMIN_CENTRAL_QUEUE", f"central-{os.getpid()}")
 EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
 # Under pytest-xdist (`make test` runs two workers) each worker gets its own Redis database
