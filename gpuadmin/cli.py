@@ -134,9 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     host, port = bind_address(args.bind)
     # granian: HTTP parsing and the WSGI environ in Rust, the application in each worker's
-    # blocking threads (which overlap each request's database and Redis waits). A request's
-    # header block may be up to granian's 408 KiB buffer (long filter URLs reach the API,
-    # which answers in JSON).
+    # blocking threads (which overlap each request's database and Redis waits). URLs of up
+    # to 65,534 bytes (its HTTP library's limit) reach the API, which answers in JSON.
     Granian(
         "gpuadmin.wsgi:application",
         address=host,
