@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from inventory.models import Gpu, Node
 from inventory.nvml.sim import faults
 from scheduling import services
 from scheduling.models import Allocation, Job, JobState
-from tests.conftest import REPO_DIR, agent_env, session_database_url
+from tests.integration.stack import worker_and_agent
 from tests.unix_accounts import runs_as_this_account
 from tests.waiting import wait_for
 
@@ -37,7 +36,7 @@ WITHIN_S = 5.0
 
 
 class Fleet:
-    """The processes of one test, and the simulator state they share."""
+    """One test's node, the simulator state its agent reads, and the processes by verb."""
 
     def __init__(self, hostname: str, sim_dir: Path, processes: dict[str, subprocess.Popen]):
         self.hostname, self.sim_dir, self.processes = hostname, sim_dir, processes
@@ -66,12 +65,8 @@ def fleet(shipped_defaults, gpuadmin_env, tmp_path, request) -> Iterator[Fleet]:
     """A central worker, beat (every periodic task each second) and one simulated node's
     agent sampling every second; a test's indirect parameter overrides settings."""
     sim_dir = Path(gpuadmin_env["GPUADMIN_DATA_DIR"]) / "sim"  # the agent's simulator state
-    env = {
-        **gpuadmin_env,
-        "DATABASE_URL": session_database_url(),
-        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
+    settings = {
         "GPUADMIN_HEARTBEAT_GRACE_S": "4",
-        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
         "GPUADMIN_ALERT_INTERVAL_S": "1",
         "GPUADMIN_PLACEMENT_INTERVAL_S": "2",
         "GPUADMIN_JOB_KILL_GRACE_S": "1",
@@ -80,43 +75,11 @@ def fleet(shipped_defaults, gpuadmin_env, tmp_path, request) -> Iterator[Fleet]:
         **getattr(request, "param", {}),
     }
     hostname = f"faults-{uuid.uuid4().hex[:6]}"
-    commands = {
-        "worker": ("worker", "--concurrency", "2"),
-        "beat": ("beat",),
-        "agent": ("agent", "--node", hostname, "--sim", "dgx-a100-80gb"),
-    }
-    processes = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", *args],
-            env=agent_env(env, hostname) if name == "agent" else env,
-            cwd=REPO_DIR,
-            stdout=(tmp_path / f"{name}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for name, args in commands.items()
-    }
-    try:
-        wait_for(
-            lambda: (
-                (node := Node.objects.filter(hostname=hostname).first()) is not None
-                and node.is_reachable()
-                and node.gpus.count() == 8
-            ),
-            90,
-            "the node to register",
-        )
+    agent_args = ("--sim", "dgx-a100-80gb")
+    with worker_and_agent(
+        gpuadmin_env, hostname, agent_args, 8, tmp_path, beat=True, **settings
+    ) as processes:
         yield Fleet(hostname, sim_dir, processes)
-    finally:
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            # A warm shutdown finishes the worker's tasks in flight, and one may be waiting on
-            # the agent stopped beside it (CI: over 30 s); what outlives a minute is killed.
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
 
 
 def audited_by_health(gpu: Gpu) -> list[dict]:
