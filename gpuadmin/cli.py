@@ -505,21 +505,24 @@ def cmd_up(args: argparse.Namespace) -> int:
 # Argument parsing ----------------------------------------------------------------------------
 
 
+def _add_bind(verb: argparse.ArgumentParser) -> None:
+    """``--bind HOST:PORT`` (`up` passes it on to `serve`)."""
+    verb.add_argument(
+        "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuadmin", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     up = verbs.add_parser("up", help="the whole stack for one machine (web, worker, beat, agents)")
-    up.add_argument(
-        "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
-    )
+    _add_bind(up)
     up.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
     up.set_defaults(run=cmd_up)
 
     serve = verbs.add_parser("serve", help="the web server (granian, WSGI)")
-    serve.add_argument(
-        "--bind", type=bind_argument, default=os.environ.get("GPUADMIN_BIND", DEFAULT_BIND)
-    )
+    _add_bind(serve)
     serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
     serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 2)))
     serve.set_defaults(run=cmd_serve)

@@ -3,11 +3,16 @@ whole life and of faults end to end."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from inventory.models import Node
 from tests.conftest import REPO_DIR, agent_env, session_database_url
@@ -15,6 +20,32 @@ from tests.waiting import wait_for
 
 # How much of each process's log a failing test shows.
 LOG_TAIL_CHARS = 6000
+
+
+def stop_warmly(
+    processes: Iterable[subprocess.Popen[Any]], grace_s: float = 60
+) -> list[subprocess.Popen[Any]]:
+    """SIGTERM: a warm shutdown, which lets a worker's pool processes finish their tasks in
+    flight (one waiting on a node's agent stopped beside it, or absent, may wait its whole
+    timeout: up to 30 s, longer on a loaded host). Those not ended after ``grace_s`` get
+    SIGABRT, their own children first: started with ``-X faulthandler``, each writes where
+    its threads were stuck to its log. The processes that had to be aborted."""
+    processes = list(processes)
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + grace_s
+    aborted = []
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for child in psutil.Process(process.pid).children(recursive=True):
+                child.send_signal(signal.SIGABRT)
+            time.sleep(1)  # the children's stacks reach the log first
+            process.send_signal(signal.SIGABRT)
+            process.wait(timeout=30)
+            aborted.append(process)
+    return aborted
 
 
 @contextmanager
@@ -32,9 +63,7 @@ def worker_and_agent(
     (`gpuadmin agent --node hostname *agent_args`) on this session's database, heartbeating
     and sampling every second (`settings` add to their environment or override it), each
     one's output in `logs`/<verb>.log; ready once the node is reachable with its `gpus`
-    GPUs; the processes by verb. All are stopped on the way out: a warm shutdown finishes
-    the worker's tasks in flight, and one may be waiting on the agent stopped beside it (CI:
-    over 30 s), so what outlives a minute is killed."""
+    GPUs; the processes by verb. All are stopped on the way out (``stop_warmly``)."""
     env = {
         **gpuadmin_env,
         "DATABASE_URL": session_database_url(),
@@ -49,7 +78,7 @@ def worker_and_agent(
     ]
     processes = {
         args[0]: subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", *args],
+            [sys.executable, "-X", "faulthandler", "-m", "gpuadmin", *args],
             env=agent_env(env, hostname) if args[0] == "agent" else env,
             cwd=REPO_DIR,
             stdout=(logs / f"{args[0]}.log").open("w"),
@@ -69,14 +98,7 @@ def worker_and_agent(
         )
         yield processes
     finally:
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
+        stop_warmly(processes.values())
         # What the processes said: pytest shows it with a failure (a fixture's too).
         for args in commands:
             log = logs / f"{args[0]}.log"

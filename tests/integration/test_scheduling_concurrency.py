@@ -4,14 +4,12 @@ GPU was ever held by two jobs at once, and every job rests in a state its audit 
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-import psutil
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -21,6 +19,7 @@ from scheduling import loop, services
 from scheduling.checks import run_checks
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
 from tests.conftest import REPO_DIR, session_database_url
+from tests.integration.stack import stop_warmly
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -52,29 +51,6 @@ def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout:
         assert all(worker.poll() is None for worker in workers), f"a worker exited:\n{texts}"
         assert time.monotonic() < deadline, f"workers not ready in {timeout} s:\n{texts}"
         time.sleep(0.1)
-
-
-def stop(workers: list[subprocess.Popen], logs: list[Path], grace_s: float = 60) -> None:
-    """SIGTERM: a warm shutdown, which lets each pool process finish its task in flight (one
-    waiting on a node's agent, none of which runs here, may wait its whole timeout: up to 30
-    s). A worker that has not ended after ``grace_s`` gets SIGABRT, its pool processes first,
-    whose fault handlers write where each of their threads was stuck to its log, and the test
-    fails with those logs."""
-    for worker in workers:
-        worker.terminate()
-    deadline = time.monotonic() + grace_s
-    stuck = []
-    for worker, log in zip(workers, logs, strict=True):
-        try:
-            worker.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for child in psutil.Process(worker.pid).children(recursive=True):
-                child.send_signal(signal.SIGABRT)
-            time.sleep(1)
-            worker.send_signal(signal.SIGABRT)
-            worker.wait(timeout=30)
-            stuck.append(log)
-    assert not stuck, "\n".join(f"--- {log.name}\n{log.read_text()[-12000:]}" for log in stuck)
 
 
 def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
@@ -123,7 +99,12 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
             services.job_started(job.pk, job.attempt, 1, timezone.now())
             services.job_finished(job.pk, job.attempt, "completed", 0, "", timezone.now())
     finally:
-        stop(workers, logs)
+        aborted = stop_warmly(workers)
+        assert not aborted, "\n".join(
+            f"--- {log.name}\n{log.read_text()[-12000:]}"
+            for worker, log in zip(workers, logs, strict=True)
+            if worker in aborted
+        )
 
     assert Job.objects.count() > 100, [log.read_text()[-4000:] for log in client_logs]
     assert Allocation.objects.count() > 50
