@@ -35,7 +35,10 @@ def _authorized(request: HttpRequest) -> bool:
     if not token:
         return True
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+    # As bytes: compare_digest() refuses str with non-ASCII characters (a 500, not a 401).
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
 
 
 @require_GET

@@ -112,7 +112,8 @@ def verify(header: Any, task: str, args: Any, kwargs: Any, *, now: float | None 
             raise ReportRefused(f"node credential #{key_id} is revoked")
         secret = derive_secret(credential.pk, credential.salt)
     expected = signature(secret, task, sender, sent_at, args or (), kwargs or {})
-    if not hmac.compare_digest(expected, sig):
+    # As bytes: compare_digest() raises on a str with non-ASCII characters.
+    if not hmac.compare_digest(expected.encode(), sig.encode()):
         raise ReportRefused("bad signature")
     return sender
 

@@ -140,7 +140,7 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request: Request) -> tuple[User, ApiToken] | None:
         header = authentication.get_authorization_header(request).split()
-        if len(header) != 2 or header[0].decode().lower() not in self.keywords:
+        if len(header) != 2 or header[0].decode(errors="replace").lower() not in self.keywords:
             return None
         key = header[1].decode(errors="replace")
         if not key.startswith(ApiToken.PREFIX):

@@ -357,6 +357,7 @@ def test_the_metrics_token_guards_the_endpoint(client, settings):
     assert client.get("/metrics", HTTP_AUTHORIZATION="Basic scrape-me-0123456789").status_code == (
         401
     )
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer scr\u00e9pe").status_code == 401
     allowed = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me-0123456789")
     assert allowed.status_code == 200
     assert "gpuadmin_gpus" in allowed.text

@@ -214,6 +214,7 @@ def test_unsigned_tampered_stale_and_borrowed_reports_are_refused(signed, settin
 
     assert refused(None) == "unsigned report"
     assert refused(header, ["dgx-01", [[1, 1]]]) == "bad signature"
+    assert refused({**header, "sig": "\u00e9" * len(header["sig"])}) == "bad signature"
     assert refused({**header, "sender": "dgx-02"}).startswith("credential #")
     assert refused(header, now=header["at"] + settings.GPUADMIN_NODE_REPORT_MAX_AGE_S + 1)
     # A node cannot pass its report off as the central side's.

@@ -62,3 +62,21 @@ def test_bad_token_requests(api_as, db):
     stranger.credentials(HTTP_AUTHORIZATION="Bearer gpa_not-a-key")
     assert stranger.get("/api/v1/jobs/").status_code == 401
     assert not ApiToken.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "B\u00e9arer gpa_x",  # a scheme that is not UTF-8 once read as the bytes sent
+        "Bearer gpa_\u00e9",
+        "Token \u00ff\u00fe",
+        "Basic \u00e9\u00e9",
+        "\u00e9",
+    ],
+)
+def test_an_authorization_header_that_is_not_utf8_is_a_401(db, header):
+    stranger = APIClient()
+    stranger.credentials(HTTP_AUTHORIZATION=header)
+    response = stranger.get("/api/v1/jobs/")
+    assert response.status_code == 401
+    assert "detail" in response.json()
