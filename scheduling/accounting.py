@@ -138,6 +138,41 @@ def roll_up_recent(now: datetime | None = None) -> int:
 # --------------------------------------------------------------------------- reading
 
 
+# The longest period one page, CSV or API answer covers.
+MAX_PERIOD_DAYS = 366
+
+
+class PeriodInvalid(ValueError):
+    """A period that cannot be read; ``field`` names what to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """The days [start, end] and how their use is grouped."""
+
+    start: date
+    end: date
+    group: Group
+
+
+def period(
+    start: date | None = None, end: date | None = None, group: Group | None = None
+) -> Period:
+    """The period asked for: by default this month so far, per user (the page's, the CSV's
+    and the API's rule); ``PeriodInvalid`` when it runs backwards or is too long."""
+    end = end or timezone.localdate()
+    start = start or end.replace(day=1)
+    if start > end:
+        raise PeriodInvalid("start", "must not be after the end")
+    if (end - start).days >= MAX_PERIOD_DAYS:
+        raise PeriodInvalid("start", f"a period of at most {MAX_PERIOD_DAYS} days")
+    return Period(start, end, group or "user")
+
+
 @dataclass(frozen=True, slots=True)
 class UsageRow:
     """One user's, project's or pool's use over a period, in hours (energy in kWh)."""

@@ -1,20 +1,20 @@
-"""The usage page (GPU-hours per user, project or pool over a period, with a daily chart) and
-its CSV export. Everyone signed in reads everyone's use, like ``sreport`` (and the queue)."""
+"""The usage page (GPU-hours per user, project or pool over a period, with a daily chart, and
+the GPU-hour budgets of the current periods) and its CSV export. Everyone signed in reads
+everyone's use, like ``sreport`` (and the queue); budgets are quotas, read as quotas are."""
 
 from __future__ import annotations
 
-from datetime import date, timedelta
+from datetime import timedelta
 
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
-from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from scheduling import accounting
+from gpuadmin.access.permissions import signed_in
+from scheduling import accounting, quotas
 
-MAX_PERIOD_DAYS = 366
 CHART_HEIGHT = 160  # SVG user units; the chart's width follows the number of days
 BAR_WIDTH = 8
 
@@ -25,22 +25,12 @@ class PeriodForm(forms.Form):
     group = forms.ChoiceField(required=False, choices=[(name, name) for name in accounting.GROUPS])
 
     def clean(self) -> dict:
-        data = with_defaults(super().clean() or {})
-        if data["start"] > data["end"]:
-            self.add_error("start", "must not be after the end")
-        elif (data["end"] - data["start"]).days >= MAX_PERIOD_DAYS:
-            self.add_error("start", f"a period of at most {MAX_PERIOD_DAYS} days")
+        data = super().clean() or {}
+        try:
+            self.period = accounting.period(data.get("start"), data.get("end"), data.get("group"))
+        except accounting.PeriodInvalid as exc:
+            self.add_error(exc.field, exc.message)
         return data
-
-
-def with_defaults(data: dict) -> dict:
-    """The period asked for, this month so far and per user where it says nothing."""
-    end = data.get("end") or timezone.localdate()
-    return {
-        "end": end,
-        "start": data.get("start") or end.replace(day=1),
-        "group": data.get("group") or "user",
-    }
 
 
 def _chart(days: list[accounting.DayTotal]) -> dict:
@@ -71,9 +61,8 @@ def _chart(days: list[accounting.DayTotal]) -> dict:
 @require_GET
 def usage_page(request: HttpRequest) -> HttpResponse:
     form = PeriodForm(request.GET)
-    form.is_valid()
-    period = with_defaults({} if form.errors else form.cleaned_data)
-    rows = accounting.usage(period["start"], period["end"], period["group"])
+    period = form.period if form.is_valid() else accounting.period()
+    rows = accounting.usage(period.start, period.end, period.group)
     return render(
         request,
         "scheduling/usage.html",
@@ -82,8 +71,9 @@ def usage_page(request: HttpRequest) -> HttpResponse:
             "period": period,
             "rows": rows,
             "total": accounting.totals(rows),
-            "chart": _chart(accounting.daily(period["start"], period["end"])),
-            "previous_month": (period["start"].replace(day=1) - timedelta(days=1)).replace(day=1),
+            "chart": _chart(accounting.daily(period.start, period.end)),
+            "budgets": quotas.budgets(signed_in(request)),
+            "previous_month": (period.start.replace(day=1) - timedelta(days=1)).replace(day=1),
         },
         status=400 if form.errors else 200,
     )
@@ -95,8 +85,7 @@ def usage_csv(request: HttpRequest) -> HttpResponse:
     form = PeriodForm(request.GET)
     if not form.is_valid():
         return HttpResponseBadRequest(form.errors.as_text(), content_type="text/plain")
-    start: date = form.cleaned_data["start"]
-    end: date = form.cleaned_data["end"]
+    start, end = form.period.start, form.period.end
     response = HttpResponse(accounting.csv_text(start, end), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="gpu-usage-{start}-{end}.csv"'
     return response

@@ -337,7 +337,25 @@ class QuotaUse:
 
     @property
     def who(self) -> str:
-        return "you" if self.mine else f"project {self.limit.holder[1]}"
+        """``you``, ``project <name>`` or ``user <name>``."""
+        return "you" if self.mine else f"{self.limit.holder[0]} {self.limit.name}"
+
+    @property
+    def period_words(self) -> str:
+        """``today``, ``this week`` or ``this month``."""
+        return PERIOD_WORDS[self.limit.period]
+
+    @property
+    def hours_left(self) -> float | None:
+        """GPU-hours left this period (None without a GPU-hour limit)."""
+        budget = self.limit.gpu_hours
+        return None if budget is None else max(budget - self.limit.gpu_hours_used, 0.0)
+
+    @property
+    def hours_share(self) -> float | None:
+        """The part of this period's GPU-hours used (None without a GPU-hour limit)."""
+        budget = self.limit.gpu_hours
+        return None if not budget else self.limit.gpu_hours_used / budget
 
     @property
     def over(self) -> bool:
@@ -360,7 +378,7 @@ class QuotaUse:
             hours = f"{hours} of {_number(limit.gpu_hours)}"
         return (
             f"{self.who} {verb} {gpus} GPUs in {pool_label(limit.pool)}; "
-            f"{hours} GPU-hours {PERIOD_WORDS[limit.period]}"
+            f"{hours} GPU-hours {self.period_words}"
         )
 
 
@@ -382,6 +400,17 @@ def usage_summary(user: User, now: datetime | None = None) -> list[QuotaUse]:
     quotas = list(own_quotas(user).select_related("pool", "user"))
     limits = limits_of(quotas, now or timezone.now())
     return [QuotaUse(quota.pk, limits[quota.pk], mine=not quota.project) for quota in quotas]
+
+
+def budgets(viewer: User, now: datetime | None = None) -> list[QuotaUse]:
+    """The quotas with GPU-hours per period that ``viewer`` may read (``visible_quotas``),
+    each with what its holder used in its current period, the fullest first (two queries)."""
+    quotas = list(visible_quotas(viewer).exclude(gpu_hours=None))
+    limits = limits_of(quotas, now or timezone.now())
+    uses = [
+        QuotaUse(quota.pk, limits[quota.pk], mine=quota.user_id == viewer.pk) for quota in quotas
+    ]
+    return sorted(uses, key=lambda use: -(use.hours_share or 0.0))
 
 
 def quota_allows(

@@ -3,7 +3,7 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from scheduling.api import arrays, views
+from scheduling.api import accounting, arrays, views
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -13,6 +13,8 @@ router.register("tokens", views.TokenViewSet, basename="token")
 
 urlpatterns = [
     path("api/v1/", include((router.urls, "api"), namespace="scheduling-api-v1")),
+    path("api/v1/usage/", accounting.UsageView.as_view(), name="api-usage"),
+    path("api/v1/fairshare/", accounting.FairShareView.as_view(), name="api-fairshare"),
     path("queue", views.QueueView.as_view(), name="api-queue"),
     path("queue/submit", views.SubmitView.as_view(), name="api-queue-submit"),
     path("queue/statistics", views.QueueStatisticsView.as_view(), name="api-queue-statistics"),

@@ -295,6 +295,8 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/quotas/", by_role(401, 403, 403, 403, 201), {"project": "p", "max_gpus": 4}
     ),
     ("api/v1/^quotas/mine/$", "GET"): Entry("/api/v1/quotas/mine/", API_READ),
+    ("api/v1/usage/", "GET"): Entry("/api/v1/usage/", API_READ),
+    ("api/v1/fairshare/", "GET"): Entry("/api/v1/fairshare/", API_READ),
     ("api/v1/^quotas/(?P<pk>\\d+)/$", "GET"): Entry("/api/v1/quotas/{quota}/", SEE_JOB),
     ("api/v1/^quotas/(?P<pk>\\d+)/$", "PATCH"): Entry(
         "/api/v1/quotas/{quota}/", by_role(401, 403, 403, 403, 200), {"max_gpus": 5}

@@ -1,5 +1,5 @@
 """The policies page and its form (admins), the fair-share page ("why is my priority what it
-is") and the "My usage" panel on the job pages."""
+is") and its API, and the "My usage" panel on the job pages."""
 
 from __future__ import annotations
 
@@ -127,6 +127,27 @@ def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
     assert "shortest predicted service first" in why
     assert 'data-holder="vision"' in section(html, "projects")
     assert client.get("/fairshare/?pool=nowhere").status_code == 404
+
+    # The API answers the same standing.
+    body = client.get("/api/v1/fairshare/").json()
+    assert (body["pool"], body["policy"]) == (None, DEFAULT_POLICY)
+    assert body["half_life_s"] == week * 3600
+    assert [(row["name"], row["position"], row["mine"]) for row in body["users"]] == [
+        ("bob", 1, False),
+        ("alice", 2, True),
+    ]
+    assert body["users"][1]["factor"] == pytest.approx(alice_factor, abs=1e-3)
+    assert body["users"][1]["usage_gpu_hours"] == pytest.approx(alice_used, rel=1e-3)
+    assert body["users"][0]["weight"] == 1 and body["users"][0]["share"] == 0.5
+    assert [row["name"] for row in body["projects"]] == ["vision"]
+    assert [why["project"] for why in body["explanations"]] == [None, "vision"]
+    with_project = body["explanations"][1]
+    assert with_project["user_factor"] == pytest.approx(alice_factor, abs=1e-3)
+    assert with_project["factor"] == pytest.approx(
+        (with_project["user_factor"] + with_project["project_factor"]) / 2
+    )
+    assert with_project["sentences"][-1].endswith("fair-share priority points")
+    assert client.get("/api/v1/fairshare/?pool=nowhere").status_code == 404
 
 
 def test_the_fair_share_page_explains_qssf_where_a_pool_uses_it(client, alice):

@@ -1,5 +1,5 @@
 """Accounting: GPU-hours per user, project and pool from allocations and telemetry rollups,
-the usage page and its CSV export."""
+the usage page with its budgets, its CSV export and its API (``/api/v1/usage/``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from datetime import date, datetime, timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from rest_framework.test import APIClient
 
+from gpuadmin.access.models import Role
 from inventory.models import Gpu, MigInstance, Pool
-from scheduling import accounting
-from scheduling.models import Allocation, Job, JobState, UsageDay
-from tests.scheduling.pages.helpers import add_fleet
+from scheduling import accounting, quotas
+from scheduling.models import Allocation, Job, JobState, Quota, QuotaPeriod, UsageDay
+from tests.scheduling.pages.helpers import add_fleet, person
 
 DAY = date(2026, 11, 2)
 
@@ -162,24 +164,106 @@ def test_the_csv_export_lists_each_day_and_holder_in_hours(client, alice, gpus):
     assert float(rows[0]["allocated_gpu_hours"]) == pytest.approx(3)
 
 
-@pytest.mark.parametrize(
-    ("query", "field"),
-    [
-        ({"start": "2026-13-01"}, "start"),
-        ({"start": "2026-11-30", "end": "2026-11-01"}, "start"),
-        ({"start": "2020-01-01", "end": "2026-11-01"}, "start"),
-        ({"end": "yesterday"}, "end"),
-        ({"group": "node"}, "group"),
-    ],
-)
+BAD_PERIODS = [
+    ({"start": "2026-13-01"}, "start"),
+    ({"start": "2026-11-30", "end": "2026-11-01"}, "start"),
+    ({"start": "2020-01-01", "end": "2026-11-01"}, "start"),
+    ({"end": "yesterday"}, "end"),
+    ({"group": "node"}, "group"),
+]
+
+
+@pytest.mark.parametrize(("query", "field"), BAD_PERIODS)
 def test_a_bad_period_is_refused_naming_the_field(client, alice, query, field):
     client.force_login(alice)
 
     csv_response = client.get("/usage.csv", query)
     page = client.get("/usage/", query)
+    api = APIClient()
+    api.force_authenticate(alice)
+    answer = api.get("/api/v1/usage/", query)
 
     assert csv_response.status_code == 400 and field in csv_response.content.decode()
     assert page.status_code == 400
+    assert answer.status_code == 400 and list(answer.json()) == [field]
+
+
+def test_the_api_answers_what_the_page_shows(client, alice, bob, gpus):
+    held(finished_job(alice, project="vision"), gpus[0], at(1), at(4))
+    held(finished_job(bob, project="nlp"), gpus[1], at(1), at(2))
+    rollups(gpus[0], at(1), 180, utilization=50, energy_mj=6_000_000)
+    accounting.roll_up(DAY, now=at(30))
+    api = APIClient()
+    api.force_authenticate(bob)
+
+    body = api.get("/api/v1/usage/", {"start": "2026-11-01", "end": "2026-11-30"}).json()
+
+    assert (body["start"], body["end"], body["group"]) == ("2026-11-01", "2026-11-30", "user")
+    assert [row["name"] for row in body["rows"]] == ["alice", "bob"]  # most allocated first
+    alice_row = body["rows"][0]
+    assert alice_row["allocated_gpu_hours"] == pytest.approx(3)
+    assert alice_row["used_gpu_hours"] == pytest.approx(1.5)
+    assert alice_row["used_share"] == pytest.approx(0.5)
+    assert alice_row["energy_kwh"] == pytest.approx(180 * 6000 / 3.6e6)
+    assert body["total"]["allocated_gpu_hours"] == pytest.approx(4)
+    assert len(body["days"]) == 30
+    assert body["days"][1] == {
+        "day": "2026-11-02",
+        "allocated_gpu_hours": pytest.approx(4),
+        "used_gpu_hours": pytest.approx(1.5),
+    }
+    per_project = api.get("/api/v1/usage/", {"start": "2026-11-01", "group": "project"}).json()
+    assert {row["name"] for row in per_project["rows"]} == {"vision", "nlp"}
+    # By default: this month so far, per user.
+    today = timezone.localdate()
+    default = api.get("/api/v1/usage/").json()
+    assert (default["start"], default["end"]) == (str(today.replace(day=1)), str(today))
+    assert APIClient().get("/api/v1/usage/").status_code in (401, 403)
+
+
+def test_budgets_count_each_quotas_period_as_the_scheduler_does(alice, bob, gpus):
+    """GPU-hours per period, used since the period began; the fullest first; a user reads
+    their own and their projects' budgets, staff everyone's."""
+    now = at(12)
+    held(finished_job(alice, project="vision"), gpus[0], at(1), at(3))  # 2 h today
+    held(finished_job(bob), gpus[1], at(23, DAY - timedelta(days=1)), at(2))  # 2 h today
+    Quota.objects.create(user=alice, gpu_hours=10, period=QuotaPeriod.MONTH)
+    Quota.objects.create(project="vision", gpu_hours=4, period=QuotaPeriod.DAY)
+    Quota.objects.create(user=bob, max_gpus=2, gpu_hours=1, period=QuotaPeriod.DAY)
+    Quota.objects.create(user=bob, pool=Pool.objects.create(name="a100"), max_gpus=8)
+
+    mine = quotas.budgets(alice, now)
+
+    assert [(use.who, use.period_words) for use in mine] == [
+        ("project vision", "today"),
+        ("you", "this month"),
+    ]
+    vision, own = mine
+    assert (vision.limit.gpu_hours_used, vision.hours_left) == (pytest.approx(2), pytest.approx(2))
+    assert vision.hours_share == pytest.approx(0.5) and not vision.over
+    assert (own.limit.gpu_hours_used, own.hours_share) == (pytest.approx(2), pytest.approx(0.2))
+    everyone = quotas.budgets(person("ops", Role.OPERATOR), now)
+    assert [use.who for use in everyone] == ["user bob", "project vision", "user alice"]
+    assert everyone[0].over and everyone[0].hours_left == 0  # 2 of 1 GPU-hour today
+    assert quotas.budgets(bob, now)[0].who == "you"
+
+
+def test_the_usage_page_shows_the_budgets_its_reader_may_see(client, alice, bob, gpus):
+    Quota.objects.create(user=alice, gpu_hours=500)
+    Quota.objects.create(user=bob, gpu_hours=0, period=QuotaPeriod.WEEK)
+    client.force_login(bob)
+
+    page = client.get("/usage/").content.decode()
+
+    budgets = page[page.index('aria-labelledby="budgets-title"') : page.index("usage-table-title")]
+    assert "<td>you</td>" in budgets and "this week" in budgets and "at quota" in budgets
+    assert "alice" not in budgets
+    client.force_login(alice)
+    assert "this month" in client.get("/usage/").content.decode()
+    body = client.get("/api/v1/usage/").json()
+    assert [(b["holder"], b["gpu_hours"], b["period"]) for b in body["budgets"]] == [
+        ("you", 500, "month")
+    ]
 
 
 def test_beat_keeps_today_and_yesterday_current(alice, gpus):
