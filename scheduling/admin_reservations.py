@@ -1,5 +1,5 @@
 """Reservations in the back office: read here, decided through ``scheduling.reservations``
-(approve, reject with a reason, cancel), each audited there."""
+(approve, reject with a reason, cancel, release a running one), each audited there."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class HoldInline(admin.TabularInline):
 
 
 def _with_reason(decide: Callable[[Reservation, User, str], Reservation]) -> Apply:
-    """A reason action's step: ``decide`` (``reservations.reject`` or ``cancel``) on one
+    """A reason action's step: ``decide`` (``reservations.reject``, ``cancel``, ``_release``) on one
     reservation; the services' refusal is the message."""
 
     def apply(row: Reservation, reason: str, request: HttpRequest) -> str | None:
@@ -39,6 +39,10 @@ def _with_reason(decide: Callable[[Reservation, User, str], Reservation]) -> App
         return None
 
     return apply
+
+
+def _release(reservation: Reservation, actor: User, reason: str) -> Reservation:
+    return reservations.release(reservation, actor=actor, reason=reason)
 
 
 @admin.register(Reservation)
@@ -73,6 +77,12 @@ class ReservationAdmin(admin.ModelAdmin):
             "cancel_reservations",
             "Cancel selected reservations",
             _with_reason(reservations.cancel),
+            max_length=reservations.REASON_CHARS,
+        ),
+        reason_action(
+            "release_reservations",
+            "Release selected running reservations (the rest of their windows is free)",
+            _with_reason(_release),
             max_length=reservations.REASON_CHARS,
         ),
     ]

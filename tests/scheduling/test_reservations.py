@@ -314,6 +314,29 @@ def test_release_refuses_a_reservation_not_running(fleet, alice):
         reservations.release(reservation, actor=alice)
 
 
+def test_the_admins_release_action_releases_the_running_and_names_the_others(
+    fleet, alice, admin_client
+):
+    running = reservations.request(alice, 2, soon(0), soon(4))
+    shift(running, HOUR)
+    later = reservations.request(alice, 1, soon(1), soon(2))
+    form = {"action": "release_reservations", "_selected_action": [running.pk, later.pk]}
+
+    response = admin_client.post(
+        "/admin/scheduling/reservation/", {**form, "apply": "1", "reason": "node maintenance"}
+    )
+
+    assert response.status_code == 302
+    running.refresh_from_db()
+    assert (running.state, running.message) == (ReservationState.RELEASED, "node maintenance")
+    later.refresh_from_db()
+    assert later.state == ReservationState.APPROVED
+    said = [str(m) for m in admin_client.get("/admin/scheduling/reservation/").context["messages"]]
+    assert said[0].endswith(": 1 done.")
+    assert f"reservation {later.pk} is not running now: cancel it instead" in said[1]
+    assert events(running)[-1] == "reservation.released"
+
+
 # --------------------------------------------------------------------------- the loop
 
 
