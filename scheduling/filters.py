@@ -1,5 +1,6 @@
-"""FilterSets for the job, allocation and reservation lists, shared by the API viewsets and the
-pages (NetBox's rule: one FilterSet per model, so a query string selects the same rows on both)."""
+"""FilterSets for the job, allocation, reservation and MIG re-layout lists, shared by the API
+viewsets and the pages (NetBox's rule: one FilterSet per model, so a query string selects the
+same rows on both)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from scheduling.models import (
     Allocation,
     Job,
     JobState,
+    MigRelayout,
     Priority,
+    RelayoutState,
     Reservation,
     ReservationGpu,
     ReservationState,
@@ -140,3 +143,19 @@ class ReservationFilterSet(django_filters.FilterSet):
             "reservation_id"
         )
         return queryset.filter(Q(pk__in=holding) | Q(pk__in=named))
+
+
+class MigRelayoutFilterSet(django_filters.FilterSet):
+    """The re-layouts of ``/api/v1/mig-relayouts/``."""
+
+    state = django_filters.MultipleChoiceFilter(
+        label="State", choices=RelayoutState.choices, help_text="Repeat for several states."
+    )
+    gpu = django_filters.CharFilter(field_name="gpu__uuid", label="GPU", help_text="UUID.")
+    node = django_filters.CharFilter(
+        field_name="node__hostname", label="Node", help_text="Hostname."
+    )
+
+    class Meta:
+        model = MigRelayout
+        fields = ["state", "gpu", "node"]

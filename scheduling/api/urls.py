@@ -3,13 +3,14 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from scheduling.api import accounting, arrays, views
+from scheduling.api import accounting, arrays, relayouts, views
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
 router.register("arrays", arrays.ArrayViewSet, basename="array")
 router.register("allocations", views.AllocationViewSet, basename="allocation")
 router.register("tokens", views.TokenViewSet, basename="token")
+router.register("mig-relayouts", relayouts.MigRelayoutViewSet, basename="mig-relayout")
 
 urlpatterns = [
     path("api/v1/", include((router.urls, "api"), namespace="scheduling-api-v1")),

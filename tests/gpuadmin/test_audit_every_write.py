@@ -24,7 +24,7 @@ from health import quarantine
 from health.alerts import open_alert
 from health.models import BreakerTrip, HealthEvent, Quarantine
 from inventory.models import Gpu
-from scheduling import reservations, services
+from scheduling import relayout, reservations, services
 from scheduling.api.policies import PoolPolicySerializer
 from scheduling.models import Job, JobArray, PoolPolicy, Quota, Reservation, SchedulerSettings
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
@@ -106,6 +106,11 @@ class World:
         job = self.job()
         services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
         return job
+
+
+def mig_gpu() -> Gpu:
+    """GPU 0 of a simulated DGX A100 40GB, in MIG mode."""
+    return add_sim_node("dgx-mig", "dgx-a100-40gb").gpus.get(index=0)
 
 
 def booked(w: World, *, waiting: bool = False, started: bool = False) -> Reservation:
@@ -290,6 +295,19 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         f"/api/v1/alerts/{open_alert(fingerprint='a', severity='warning', summary='x').pk}/ack/",
         ["alert.acknowledged"],
         {"comment": "on it"},
+    ),
+    ("scheduling-api-v1:mig-relayout-list", "POST"): lambda w: Call(
+        w.root,
+        "post",
+        "/api/v1/mig-relayouts/",
+        ["gpu.state_changed", "mig_relayout.draining"],  # the GPU drains
+        {"gpu": mig_gpu().uuid, "layout_name": "balanced"},
+    ),
+    ("scheduling-api-v1:mig-relayout-cancel", "POST"): lambda w: Call(
+        w.root,
+        "post",
+        f"/api/v1/mig-relayouts/{relayout.request(mig_gpu(), 'balanced', actor=w.root).pk}/cancel/",
+        ["gpu.state_changed", "mig_relayout.canceled"],  # available again
     ),
     ("scheduling-api-v1:token-list", "POST"): lambda w: Call(
         w.alice, "post", "/api/v1/tokens/", ["token.created"], {"name": "laptop"}

@@ -406,6 +406,19 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("mig-relayouts/<int:pk>/cancel/", "POST"): Entry(
         "/mig-relayouts/0/cancel/", by_role(LOGIN, 403, 403, 403, 404), form=True
     ),
+    ("api/v1/^mig-relayouts/$", "GET"): Entry("/api/v1/mig-relayouts/", API_READ),
+    # Admins get past the permission to the workflow's refusal: that GPU is not in MIG mode.
+    ("api/v1/^mig-relayouts/$", "POST"): Entry(
+        "/api/v1/mig-relayouts/",
+        by_role(401, 403, 403, 403, 400),
+        {"gpu": "{gpu}", "layout_name": "balanced"},
+    ),
+    ("api/v1/^mig-relayouts/(?P<pk>[^/.]+)/$", "GET"): Entry(
+        "/api/v1/mig-relayouts/0/", by_role(401, 404, 404, 404, 404)
+    ),
+    ("api/v1/^mig-relayouts/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
+        "/api/v1/mig-relayouts/0/cancel/", by_role(401, 403, 403, 403, 404)
+    ),
 }
 
 # Routes that are one entry above: the Django admin (its own rule: staff only) and DRF's
