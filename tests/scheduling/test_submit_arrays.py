@@ -242,6 +242,21 @@ def test_cancel_a_whole_array(alice, api_as, fleet):  # noqa: F811
     assert Job.objects.get(pk=waiting[0]).finished_at is not None
 
 
+def test_the_admin_cancels_the_selected_arrays_waiting_tasks(alice, admin_client):
+    first, second = array(alice.user, "0-2"), array(alice.user, "0-4%2")
+    Job.objects.filter(pk=first.task_ids[0]).update(state=JobState.COMPLETED)
+    form = {"action": "cancel_arrays", "_selected_action": [first.array.pk, second.array.pk]}
+
+    response = admin_client.post("/admin/scheduling/jobarray/", form, follow=True)
+
+    said = [str(message) for message in response.context["messages"]]
+    assert said == ["7 tasks canceled, 0 being stopped; 0 arrays refused."]
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert [states[pk] for pk in [*first.task_ids[1:], *second.task_ids]] == [JobState.CANCELED] * 7
+    assert states[first.task_ids[0]] == JobState.COMPLETED
+    assert AuditEvent.objects.filter(event_type="job.canceled").count() == 7
+
+
 # --------------------------------------------------------------------------- the loop's view
 
 
