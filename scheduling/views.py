@@ -1,5 +1,5 @@
 """Scheduling pages: the queue, a job's page (status, timeline, placement on the topology
-matrix, allocations, log tail), the submit form and the cancel action.
+matrix, allocations, log tail), the submit form and the cancel actions (a job, an array).
 
 The queue lists everyone's jobs (like ``squeue``: no commands, no environments); a job's own
 page follows the API's rule (``queries.visible_jobs``: users read their own jobs, viewers,
@@ -106,6 +106,23 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Cancel requested: the agents are stopping job {job.pk}.")
     return redirect("scheduling:job-detail", pk=job.pk)
+
+
+@login_required
+@require_POST
+def array_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    """Cancel an array's unfinished tasks through ``services.cancel_array`` (Slurm's
+    ``scancel`` of an array: owner, operators, admins); on to the queue of its tasks."""
+    array = get_object_or_404(queries.visible_arrays(signed_in(request)), pk=pk)
+    if not can_act_on(request.user, array):
+        raise PermissionDenied("Only the array's owner, operators and admins can cancel it.")
+    outcome = services.cancel_array(array, actor=signed_in(request))
+    messages.success(
+        request,
+        f"Array {array.pk}: {len(outcome.canceled)} tasks canceled, "
+        f"{len(outcome.canceling)} being stopped by their agents.",
+    )
+    return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
 
 
 @login_required

@@ -26,7 +26,7 @@ from health.alerts import open_alert
 from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
-from scheduling import relayout
+from scheduling import relayout, services
 from scheduling.models import PoolPolicy
 from tests.gpuadmin import test_audit_every_write as api_writes
 from tests.gpuadmin import test_permission_matrix as matrix
@@ -129,6 +129,11 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     ),
     "scheduling:job-cancel": lambda w, r: Write(
         w.alice, f"/jobs/{w.job().pk}/cancel/", ["job.canceled"]
+    ),
+    "scheduling:array-cancel": lambda w, r: Write(
+        w.alice,
+        f"/arrays/{services.submit_array(w.alice, '0-1', command=['true']).array.pk}/cancel/",
+        ["job.canceled", "job.canceled"],  # each waiting task
     ),
     # One row: not discovery's view of the same change from the agent's fresh scan too.
     "inventory:mig-create": lambda w, r: Write(

@@ -341,6 +341,11 @@ TABLE: dict[tuple[str, str], Entry] = {
         by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),
         form=True,
     ),
+    ("arrays/<int:pk>/cancel/", "POST"): Entry(
+        "/arrays/{array}/cancel/",
+        by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),
+        form=True,
+    ),
     # Reservations: everyone signed in reads them; users request and act on their own,
     # operators on anyone's; admins decide on requests ({reservation} has not started: a
     # release is refused, 409 / the page's message)

@@ -314,6 +314,32 @@ def test_job_page_shows_its_array(alice, client):
     )
 
 
+def test_a_tasks_page_cancels_its_whole_array(alice, client, api_as, django_user_model):  # noqa: F811
+    submitted = array(alice.user, "0-3")
+    Job.objects.filter(pk=submitted.task_ids[0]).update(state=JobState.COMPLETED)
+    cancel = f"/arrays/{submitted.array.pk}/cancel/"
+    client.force_login(api_as("vera", Role.VIEWER).user)
+    assert cancel not in client.get(f"/jobs/{submitted.task_ids[1]}/").content.decode()
+    assert client.post(cancel).status_code == 403
+    client.force_login(django_user_model.objects.create_user("bob"))
+    assert client.post(cancel).status_code == 404  # not theirs to see
+    client.force_login(alice.user)
+    assert f'action="{cancel}"' in client.get(f"/jobs/{submitted.task_ids[1]}/").content.decode()
+
+    response = client.post(cancel, follow=True)
+
+    assert response.redirect_chain == [(f"/jobs/?array={submitted.array.pk}", 302)]
+    said = [str(message) for message in response.context["messages"]]
+    assert said == [
+        f"Array {submitted.array.pk}: 3 tasks canceled, 0 being stopped by their agents."
+    ]
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert [states[pk] for pk in submitted.task_ids] == [
+        JobState.COMPLETED,
+        *[JobState.CANCELED] * 3,
+    ]
+
+
 def test_form_submits_an_array(alice, client):
     client.force_login(alice.user)
     response = client.post("/jobs/new/", {**FORM, "array": "0-9%3"})
