@@ -116,7 +116,7 @@ def bind_address(bind: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8000`` for IPv6) as the address and port to listen on."""
     host, sep, port = bind.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+    if not (sep and host and port.isdecimal() and 0 < int(port) < 65536):
         raise argparse.ArgumentTypeError(f"{bind!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
     return host, int(port)
 

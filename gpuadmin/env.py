@@ -107,7 +107,7 @@ def env_rate(name: str, default: str) -> tuple[int, int] | None:
     if raw == "off":
         return None
     count, _, period = raw.partition("/")
-    if not count.isdigit() or int(count) < 1 or period not in RATE_PERIODS:
+    if not count.isdecimal() or int(count) < 1 or period not in RATE_PERIODS:
         raise ImproperlyConfigured(
             f"{name}={raw!r} is not a rate: use N/s, N/min, N/hour or N/day (N >= 1), or off"
         )

@@ -151,7 +151,7 @@ def build_catalog(folder: Path) -> dict[str, Any]:
                 decode_faults.setdefault(int(row[0]), set()).add(_DECODE_FAULT[part.strip()])
     xids: dict[int, dict[str, Any]] = {}
     for row in rows:
-        if not row or not row[1].strip().isdigit():
+        if not row or not row[1].strip().isdecimal():
             continue
         xid = int(row[1])
         immediate, investigatory, meaning = row[8].strip(), row[9].strip(), row[11].strip()

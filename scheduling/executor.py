@@ -994,7 +994,7 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     for name in os.listdir("/proc"):
-        stat = _read_stat(int(name)) if name.isdigit() else None
+        stat = _read_stat(int(name)) if name.isdecimal() else None
         if stat is not None and stat[1] == pgid and stat[0] not in ("Z", "X"):
             return True
     return False

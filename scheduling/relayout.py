@@ -182,7 +182,7 @@ def parse_layout(text: str) -> Layout:
     items: Layout = []
     for word in text.replace(",", " ").split():
         profile, _, start = word.partition("@")
-        if start and not start.isdigit():
+        if start and not start.isdecimal():
             raise RelayoutRefused("layout", f"{word!r}: the start after @ is a slice number")
         items.append({"profile": profile, **({"start": int(start)} if start else {})})
     return items

@@ -50,7 +50,7 @@ def parse_token(token: str) -> tuple[int, str]:
     """(credential id, secret) of a node token; ``ValueError`` for anything else."""
     prefix, _, rest = token.strip().partition(TOKEN_PREFIX)
     ident, _, secret = rest.partition("_")
-    if prefix or not ident.isdigit() or int(ident) == CENTRAL_KEY_ID or not secret:
+    if prefix or not ident.isdecimal() or int(ident) == CENTRAL_KEY_ID or not secret:
         raise ValueError("not a gpuadmin node token (gpn_<id>_<secret>)")
     return int(ident), secret
 

@@ -60,7 +60,7 @@ def parse_meminfo_total_mib(text: str) -> int | None:
         name, _, value = line.partition(":")
         if name == "MemTotal":
             number, _, unit = value.strip().partition(" ")
-            if unit.strip() == "kB" and number.isdigit():
+            if unit.strip() == "kB" and number.isdecimal():
                 return int(number) // _KIB_PER_MIB or None
             return None
     return None

@@ -20,7 +20,10 @@ def test_host_and_port(bind, address):
     assert bind_address(bind) == address
 
 
-@pytest.mark.parametrize("bind", ["8000", "localhost", ":8000", "host:", "host:0", "host:65536"])
+# "²" is a digit to str.isdigit() but not to int(): refused, not a traceback.
+@pytest.mark.parametrize(
+    "bind", ["8000", "localhost", ":8000", "host:", "host:0", "host:65536", "host:80\u00b2"]
+)
 def test_not_host_and_port_is_refused_before_anything_starts(bind, capsys):
     with pytest.raises(argparse.ArgumentTypeError, match="is not HOST:PORT"):
         bind_address(bind)

@@ -112,7 +112,7 @@ def test_env_rate_reads_n_per_period_or_off(monkeypatch):
     assert env_rate("RATE", "30/hour") == (600, 60)
     monkeypatch.setenv("RATE", "OFF")
     assert env_rate("RATE", "30/hour") is None
-    for bad in ("600", "0/min", "ten/min", "5/fortnight"):
+    for bad in ("600", "0/min", "ten/min", "5/fortnight", "\u00b2/min"):
         monkeypatch.setenv("RATE", bad)
         with pytest.raises(ImproperlyConfigured, match=f"RATE={bad!r} is not a rate"):
             env_rate("RATE", "30/hour")

@@ -15,7 +15,7 @@ import pytest
 from celery import Task
 
 from gpuadmin.access import nodes
-from gpuadmin.access.node_signing import HEADER, send_as_central, send_as_node
+from gpuadmin.access.node_signing import HEADER, parse_token, send_as_central, send_as_node
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
 from inventory import tasks as inventory_tasks
@@ -219,6 +219,16 @@ def test_unsigned_tampered_stale_and_borrowed_reports_are_refused(signed, settin
     assert refused(header, now=header["at"] + settings.GPUADMIN_NODE_REPORT_MAX_AGE_S + 1)
     # A node cannot pass its report off as the central side's.
     assert refused({**header, "sender": "", "key": 0}) == "bad signature"
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["", "gpn_", "gpn_x_secret", "gpn_12", "gpn_0_secret", "xgpn_1_s", "gpn_\u00b2_secret"],
+)
+def test_what_is_not_a_node_token_is_a_value_error(token):
+    with pytest.raises(ValueError, match="not a gpuadmin node token"):
+        parse_token(token)
+    assert parse_token(" gpn_12_secret\n") == (12, "secret")
 
 
 @pytest.mark.integration

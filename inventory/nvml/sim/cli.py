@@ -24,7 +24,7 @@ STATE_DIR_ENV = "GPUADMIN_SIM_STATE_DIR"
 
 def _error_code(text: str) -> int:
     """``GPU_IS_LOST``, ``NVML_ERROR_GPU_IS_LOST`` or ``15`` -> 15."""
-    if text.isdigit():
+    if text.isdecimal():
         return int(text)
     name = text.upper()
     if not name.startswith("NVML_ERROR_"):
