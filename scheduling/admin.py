@@ -33,6 +33,8 @@ class JobAdmin(ReadOnlyAdmin):
         "id",
         "name",
         "owner",
+        "project",
+        "pool",
         "state",
         "priority",
         "gpu_count",
@@ -41,10 +43,13 @@ class JobAdmin(ReadOnlyAdmin):
         "host_memory_mib",
         "queue_position",
         "pending_code",
+        "borrowed",
+        "preemptions",
+        "preempted_by",
         "submitted_at",
     )
-    list_filter = ("state", "priority", "topology", "pending_code")
-    list_select_related = ("owner",)
+    list_filter = ("state", "priority", "topology", "pending_code", "pool", "borrowed")
+    list_select_related = ("owner", "pool", "preempted_by")
     search_fields = ("id", "name", "project", "owner__username")
     inlines = (admin_arrays.DependencyInline,)
     actions = ["cancel_jobs"]

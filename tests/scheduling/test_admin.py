@@ -32,6 +32,20 @@ def test_jobs_are_read_only_and_canceled_through_the_service(admin_client, fleet
     assert Job.objects.get(pk=job.pk).state == JobState.CANCELED
 
 
+def test_the_job_list_shows_borrowing_and_preemption(admin_client, fleet, admin_user):
+    victim = services.submit_job(admin_user, command=["true"], name="victim")
+    winner = services.submit_job(admin_user, command=["true"], name="winner")
+    Job.objects.filter(pk=victim.pk).update(borrowed=True, preemptions=2, preempted_by=winner)
+
+    borrowed = admin_client.get("/admin/scheduling/job/", {"borrowed__exact": "1"})
+
+    rows = borrowed.context["cl"].result_list
+    assert [job.pk for job in rows] == [victim.pk]
+    html = borrowed.content.decode()
+    assert '<td class="field-preemptions">2</td>' in html
+    assert f"{winner}" in html  # preempted by
+
+
 def test_scheduler_settings_change_through_the_audited_services(admin_client):
     assert admin_client.get("/admin/scheduling/schedulersettings/").status_code == 200
     response = admin_client.post("/admin/scheduling/schedulersettings/1/change/", {"enabled": ""})
