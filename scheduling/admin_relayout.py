@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from gpuadmin.access.permissions import signed_in
 from inventory.models import Gpu
 from scheduling import relayout
-from scheduling.models import MigRelayout
+from scheduling.models import RELAYOUT_FIELDS, MigRelayout
 
 
 class RelayoutAdminForm(forms.ModelForm):
@@ -65,20 +65,7 @@ class MigRelayoutAdmin(admin.ModelAdmin):
     list_filter = ("state", "node")
     list_select_related = ("gpu__node",)
     actions = ["cancel_relayouts"]
-    readonly_fields = (
-        "gpu",
-        "node",
-        "layout_name",
-        "layout",
-        "previous_layout",
-        "preempt",
-        "state",
-        "step_deadline",
-        "message",
-        "requested_by",
-        "created_at",
-        "finished_at",
-    )
+    readonly_fields = RELAYOUT_FIELDS
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any):
         if obj is not None:

@@ -646,6 +646,23 @@ class MigRelayout(models.Model):
         return f"MIG re-layout of GPU {self.gpu_id} to {self.layout_name} ({self.state})"
 
 
+# What a re-layout shows, in order: the admin's read-only form and the API's body.
+RELAYOUT_FIELDS = (
+    "gpu",
+    "node",
+    "layout_name",
+    "layout",
+    "previous_layout",
+    "preempt",
+    "state",
+    "step_deadline",
+    "message",
+    "requested_by",
+    "created_at",
+    "finished_at",
+)
+
+
 class UsageDay(models.Model):
     """Accounting: one day of one (pool, user, project)'s GPU use, rolled up from allocations
     and telemetry (GPU-seconds; energy in joules)."""

@@ -30,7 +30,7 @@ from gpuadmin.access.permissions import IsAdminOrReadOnly, signed_in
 from inventory.models import Gpu
 from scheduling import filters, relayout
 from scheduling.api.views import valid
-from scheduling.models import MigRelayout
+from scheduling.models import RELAYOUT_FIELDS, MigRelayout
 
 
 class LayoutItemSerializer(api.Serializer):
@@ -52,22 +52,7 @@ class MigRelayoutSerializer(api.ModelSerializer):
 
     class Meta:
         model = MigRelayout
-        fields = [
-            "id",
-            "gpu",
-            "gpu_index",
-            "node",
-            "layout_name",
-            "layout",
-            "previous_layout",
-            "preempt",
-            "state",
-            "step_deadline",
-            "message",
-            "requested_by",
-            "created_at",
-            "finished_at",
-        ]
+        fields = ["id", "gpu_index", *RELAYOUT_FIELDS]
         read_only_fields = fields
 
 
