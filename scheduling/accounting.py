@@ -27,6 +27,7 @@ from django.db import connection, transaction
 from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
+from gpuadmin import dates
 from health.choices import RuleKind
 from health.models import AlertRule
 from inventory.nvml.mig_catalog import compute_share, table_for_gpu
@@ -163,9 +164,13 @@ def period(
     start: date | None = None, end: date | None = None, group: Group | None = None
 ) -> Period:
     """The period asked for: by default this month so far, per user (the page's, the CSV's
-    and the API's rule); ``PeriodInvalid`` when it runs backwards or is too long."""
+    and the API's rule); ``PeriodInvalid`` when it runs backwards, is too long or lies
+    outside ``gpuadmin.dates``' range."""
     end = end or timezone.localdate()
     start = start or end.replace(day=1)
+    for name, day in (("end", end), ("start", start)):  # the end decides the default start
+        if not dates.in_range(day):
+            raise PeriodInvalid(name, dates.OUT_OF_RANGE)
     if start > end:
         raise PeriodInvalid("start", "must not be after the end")
     if (end - start).days >= MAX_PERIOD_DAYS:

@@ -20,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from gpuadmin import dates
 from gpuadmin.access.services import can_act_on, is_admin
 from inventory.models import Gpu
 from scheduling.models import Allocation, Reservation, ReservationGpu, expected_end
@@ -171,11 +172,13 @@ def week_start(day: date) -> datetime:
 
 
 def parse_day(value: str | None, now: datetime) -> date:
-    """``?week=2025-03-04`` (any day of the week), else today."""
+    """``?week=2025-03-04`` (any day of the week in ``gpuadmin.dates``' range), else today."""
+    today = timezone.localdate(now)
     try:
-        return date.fromisoformat(value) if value else timezone.localdate(now)
+        day = date.fromisoformat(value) if value else today
     except ValueError:
-        return timezone.localdate(now)
+        return today
+    return day if dates.in_range(day) else today
 
 
 def week(gpus: Sequence[Gpu], day: date, user: User, now: datetime) -> Week:

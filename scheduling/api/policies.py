@@ -237,7 +237,7 @@ class QuotaUseSerializer(api.Serializer):
 
     quota = serializers.IntegerField(source="quota_id")
     pool = serializers.CharField(source="limit.pool", allow_null=True)
-    holder = serializers.CharField(source="who", help_text="you, or project <name>.")
+    holder = serializers.CharField(source="who", help_text="you, user <name> or project <name>.")
     max_gpus = serializers.FloatField(source="limit.max_gpus", allow_null=True)
     gpus_in_use = serializers.FloatField(source="limit.gpus_in_use")
     gpu_hours = serializers.FloatField(source="limit.gpu_hours", allow_null=True)

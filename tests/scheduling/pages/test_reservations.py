@@ -182,8 +182,11 @@ def test_weeks_change_by_htmx_with_the_table_alone(client, node, alice):
     assert f"Week of {monday:%a} {monday.day} {monday:%b %Y}" in html
     assert f'hx-get="?week={monday - timedelta(days=7)}"' in html
     assert "HX-Request" in response["Vary"]
-    # A day that is not one is this week.
-    assert client.get("/nodes/dgx-01/calendar/?week=someday").status_code == 200
+    # A day that is not one, or one at the ends of the calendar, is this week.
+    this_week = f"Week of {week_start(timezone.localdate()).date():%a}"
+    for value in ("someday", "0001-01-01", "9999-12-31"):
+        page = client.get(f"/nodes/dgx-01/calendar/?week={value}")
+        assert page.status_code == 200 and this_week in page.content.decode()
 
 
 def test_the_gpu_calendar_and_the_sections_on_the_gpu_and_node_pages(client, node, alice):

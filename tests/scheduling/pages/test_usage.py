@@ -166,6 +166,8 @@ def test_the_csv_export_lists_each_day_and_holder_in_hours(client, alice, gpus):
 
 BAD_PERIODS = [
     ({"start": "2026-13-01"}, "start"),
+    ({"start": "0001-01-01", "end": "2026-01-31"}, "start"),  # no month before it
+    ({"end": "9999-12-31"}, "end"),
     ({"start": "2026-11-30", "end": "2026-11-01"}, "start"),
     ({"start": "2020-01-01", "end": "2026-11-01"}, "start"),
     ({"end": "yesterday"}, "end"),
