@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from gpuadmin import jobs_cli
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
+from gpuadmin.env import env_int
 from gpuadmin.supervisor import CrashLoop, Supervisor
 
 if TYPE_CHECKING:
@@ -119,6 +120,13 @@ def bind_address(bind: str) -> tuple[str, int]:
     if not (sep and host and port.isdecimal() and 0 < int(port) < 65536):
         raise argparse.ArgumentTypeError(f"{bind!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
     return host, int(port)
+
+
+def positive_int(text: str) -> int:
+    """An argument that is a whole number of at least 1."""
+    if not (text.isdecimal() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 def bind_argument(bind: str) -> str:
@@ -523,8 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = verbs.add_parser("serve", help="the web server (granian, WSGI)")
     _add_bind(serve)
-    serve.add_argument("--workers", type=int, default=int(os.environ.get("WEB_CONCURRENCY", 2)))
-    serve.add_argument("--threads", type=int, default=int(os.environ.get("WEB_THREADS", 2)))
+    serve.add_argument(
+        "--workers", type=positive_int, default=env_int("WEB_CONCURRENCY", 2, minimum=1)
+    )
+    serve.add_argument("--threads", type=positive_int, default=env_int("WEB_THREADS", 2, minimum=1))
     serve.set_defaults(run=cmd_serve)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")

@@ -1,8 +1,10 @@
-"""`--bind` of `gpuadmin up` and `gpuadmin serve`: HOST:PORT, refused at once otherwise."""
+"""`--bind` of `gpuadmin up` and `gpuadmin serve`, and `serve`'s `--workers` and `--threads` (and
+WEB_CONCURRENCY, WEB_THREADS): refused at once when they are not what they must be."""
 
 import argparse
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
 from gpuadmin.cli import bind_address, build_parser
 
@@ -32,3 +34,29 @@ def test_not_host_and_port_is_refused_before_anything_starts(bind, capsys):
             build_parser().parse_args([verb, "--bind", bind])
         assert exited.value.code == 2
         assert f"argument --bind: {bind!r} is not HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "2\u00b2", ""])
+def test_workers_and_threads_are_whole_numbers_of_at_least_one(value, capsys):
+    for option in ("--workers", "--threads"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["serve", option, value])
+        assert exited.value.code == 2
+        assert "is not a whole number of at least 1" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("WEB_CONCURRENCY", "many", "WEB_CONCURRENCY='many' is not an integer"),
+        ("WEB_THREADS", "0", "WEB_THREADS=0 is below the minimum of 1"),
+    ],
+)
+def test_their_settings_are_checked_too(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ImproperlyConfigured, match=message):
+        build_parser()
+    monkeypatch.setenv(name, "4")
+    args = build_parser().parse_args(["serve"])
+    assert (args.workers if name == "WEB_CONCURRENCY" else args.threads) == 4
