@@ -539,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = verbs.add_parser("worker", help="the central Celery worker")
     worker.add_argument("--queues", default=None, help="default: GPUADMIN_CENTRAL_QUEUE (default)")
-    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--concurrency", type=positive_int, default=2)
     worker.set_defaults(run=cmd_worker)
 
     beat = verbs.add_parser("beat", help="the Celery beat scheduler")

@@ -38,9 +38,13 @@ def test_not_host_and_port_is_refused_before_anything_starts(bind, capsys):
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", "2\u00b2", ""])
 def test_workers_and_threads_are_whole_numbers_of_at_least_one(value, capsys):
-    for option in ("--workers", "--threads"):
+    for verb, option in (
+        ("serve", "--workers"),
+        ("serve", "--threads"),
+        ("worker", "--concurrency"),
+    ):
         with pytest.raises(SystemExit) as exited:
-            build_parser().parse_args(["serve", option, value])
+            build_parser().parse_args([verb, option, value])
         assert exited.value.code == 2
         assert "is not a whole number of at least 1" in capsys.readouterr().err
     assert build_parser().parse_args(["serve", "--workers", "3"]).workers == 3
