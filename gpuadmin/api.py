@@ -24,6 +24,7 @@ from rest_framework.settings import api_settings
 from rest_framework.utils.serializer_helpers import BindingDict
 
 from gpuadmin.parsers import RequestTooLarge
+from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import is_api_view
 
 
@@ -248,7 +249,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """DRF's handler (headers such as ``Retry-After`` kept), with Django's refusals of a body
     (too large: 413; too many fields or files, a malformed multipart form: 400), a database
     that cannot be reached (503 with ``Retry-After``: a restart is not a server bug, and its
-    transaction was rolled back) and every 400 in the one error format."""
+    transaction was rolled back), a service's refusal of bad input (``FieldRefusal``: a 400
+    naming its field) and every 400 in the one error format."""
+    if isinstance(exc, FieldRefusal):
+        exc = ValidationError({exc.field: [exc.message]})
     if isinstance(exc, SuspiciousOperation):
         # Logged as Django logs the ones it answers itself.
         logging.getLogger(f"django.security.{type(exc).__name__}").warning("%s", exc)

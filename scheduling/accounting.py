@@ -28,6 +28,7 @@ from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from gpuadmin import dates
+from gpuadmin.refusals import FieldRefusal
 from health.choices import RuleKind
 from health.models import AlertRule
 from inventory.nvml.mig_catalog import compute_share, table_for_gpu
@@ -143,12 +144,8 @@ def roll_up_recent(now: datetime | None = None) -> int:
 MAX_PERIOD_DAYS = 366
 
 
-class PeriodInvalid(ValueError):
+class PeriodInvalid(FieldRefusal):
     """A period that cannot be read; ``field`` names what to change."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,18 +19,14 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 
 from gpuadmin.audit.services import record
+from gpuadmin.refusals import FieldRefusal
 from inventory.models import Gpu, Pool
 from scheduling import dispatch, quotas, services
 from scheduling.models import Allocation, Job, JobState, PolicyName, PoolPolicy, SchedulerSettings
 
 
-class AllocationInvalid(ValueError):
+class AllocationInvalid(FieldRefusal):
     """A manual allocation that does not fit the job's request, naming the field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 # --------------------------------------------------------------------------- the loop
@@ -99,13 +95,8 @@ BOOLEAN_POLICY_FIELDS = frozenset(
 )
 
 
-class PolicyInvalid(ValueError):
+class PolicyInvalid(FieldRefusal):
     """A policy value that cannot be set, naming the field and why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 def _bounded(field: str, value: Any, low: int, high: int) -> None:

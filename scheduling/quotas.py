@@ -41,6 +41,7 @@ from django.utils import timezone
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import role_of
 from gpuadmin.audit.services import record
+from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
 from inventory.models import Pool
 from scheduling import placement, services
@@ -71,13 +72,8 @@ QUOTA_FIELDS = ("max_gpus", "gpu_hours", "period", "fairshare_weight")
 PROJECT_CHARS = 100  # Quota.project's and Job.project's max_length
 
 
-class QuotaInvalid(ValueError):
+class QuotaInvalid(FieldRefusal):
     """A quota that cannot be saved, naming the field and why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 # --------------------------------------------------------------------------- policies

@@ -35,6 +35,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.services import record
+from gpuadmin.refusals import FieldRefusal
 from inventory.choices import GpuState
 from inventory.models import Gpu, MigInstance
 from inventory.nvml import mig_catalog
@@ -72,13 +73,8 @@ _LOCK_CLASS = 0x4D49_4752  # "MIGR"
 Layout = list[dict[str, Any]]
 
 
-class RelayoutRefused(ValueError):
+class RelayoutRefused(FieldRefusal):
     """A re-layout that cannot be asked for; ``field`` names the input at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 # --------------------------------------------------------------------------- layouts

@@ -32,6 +32,7 @@ from django.utils import timezone
 from psycopg.types.range import Range
 
 from gpuadmin.audit.services import audit_event, record, record_all
+from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
 from health.alerts import open_alert, resolve_alert
 from health.choices import AlertState, Severity
@@ -63,13 +64,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
-class ReservationInvalid(ValueError):
+class ReservationInvalid(FieldRefusal):
     """A request that can never be granted, naming the field and why (a 400)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class ReservationConflict(ValueError):

@@ -46,6 +46,7 @@ from gpuadmin.audit.services import (
     record_all,
     record_each,
 )
+from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
 from inventory import live
 from inventory.models import Gpu, MigInstance, Node, Pool
@@ -131,13 +132,8 @@ class IllegalTransition(ValueError):
     """A state change the state machine does not allow; nothing was written."""
 
 
-class JobRejected(ValueError):
+class JobRejected(FieldRefusal):
     """A submission that can never run, naming the field and why."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 class Bounds(TypedDict):

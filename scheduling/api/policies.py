@@ -16,8 +16,6 @@ are a 400 naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -27,7 +25,6 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -40,15 +37,6 @@ from scheduling import admin_services, quotas, services
 from scheduling.api.serializers import StrictCharField
 from scheduling.api.views import valid
 from scheduling.models import PolicyName, PoolPolicy, Quota, QuotaPeriod
-
-
-@contextmanager
-def refusals() -> Iterator[None]:
-    """The services' refusals as a 400 naming the field."""
-    try:
-        yield
-    except (admin_services.PolicyInvalid, quotas.QuotaInvalid) as exc:
-        raise ValidationError({exc.field: [exc.message]}) from None
 
 
 def bounds(limits: dict[str, tuple[int, int]]) -> dict[str, services.Bounds]:
@@ -134,8 +122,7 @@ class PoliciesView(APIView):
         """Set the queue policy of the GPUs in no pool, or of ``pool`` (admins; audited)."""
         data = valid(PolicySerializer, request.data)
         pool = data.pop("pool")
-        with refusals():
-            config = admin_services.set_pool_policy(pool, actor=signed_in(request), **data)
+        config = admin_services.set_pool_policy(pool, actor=signed_in(request), **data)
         return Response(PolicySerializer(config).data)
 
 
@@ -162,10 +149,9 @@ class PolicyViewSet(viewsets.ViewSet):
             quotas.policy_of(where), data=request.data, partial=partial
         )
         serializer.is_valid(raise_exception=True)
-        with refusals():
-            row = admin_services.set_pool_policy(
-                where, actor=signed_in(request), **serializer.validated_data
-            )
+        row = admin_services.set_pool_policy(
+            where, actor=signed_in(request), **serializer.validated_data
+        )
         return Response(PoolPolicySerializer(row).data)
 
     @extend_schema(request=PoolPolicySerializer, responses={200: PoolPolicySerializer})
@@ -273,8 +259,7 @@ class QuotaViewSet(
     def create(self, request: Request) -> Response:
         """A quota for a user or a project in a pool (admins; audited)."""
         data = valid(QuotaSerializer, request.data)
-        with refusals():
-            quota = quotas.create_quota(actor=signed_in(request), **data)
+        quota = quotas.create_quota(actor=signed_in(request), **data)
         return Response(QuotaSerializer(quota).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=QuotaSerializer, responses={200: QuotaSerializer})
@@ -282,8 +267,7 @@ class QuotaViewSet(
         quota = self.get_object()
         serializer = QuotaSerializer(quota, data=request.data, partial=partial)
         serializer.is_valid(raise_exception=True)
-        with refusals():
-            quotas.update_quota(quota, actor=signed_in(request), **serializer.validated_data)
+        quotas.update_quota(quota, actor=signed_in(request), **serializer.validated_data)
         return Response(QuotaSerializer(quota).data)
 
     @extend_schema(request=QuotaSerializer, responses={200: QuotaSerializer})

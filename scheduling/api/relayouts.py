@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.db.models import QuerySet
@@ -21,7 +19,6 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -77,15 +74,6 @@ class MigRelayoutRequestSerializer(api.Serializer):
     )
 
 
-@contextmanager
-def refusals() -> Iterator[None]:
-    """The workflow's refusals as a 400 naming the field."""
-    try:
-        yield
-    except relayout.RelayoutRefused as exc:
-        raise ValidationError({exc.field: [exc.message]}) from None
-
-
 class MigRelayoutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """MIG re-layouts of single GPUs, the newest first."""
 
@@ -103,15 +91,10 @@ class MigRelayoutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         """Give one GPU a new MIG layout (admins; audited step by step)."""
         data = valid(MigRelayoutRequestSerializer, request.data)
         name = data["layout_name"]
-        with refusals():
-            custom = relayout.parse_layout(data["layout"]) if name == relayout.CUSTOM else None
-            item = relayout.request(
-                data["gpu"],
-                name,
-                actor=signed_in(request),
-                layout=custom,
-                preempt=data["preempt"],
-            )
+        custom = relayout.parse_layout(data["layout"]) if name == relayout.CUSTOM else None
+        item = relayout.request(
+            data["gpu"], name, actor=signed_in(request), layout=custom, preempt=data["preempt"]
+        )
         body = MigRelayoutSerializer(self.get_queryset().get(pk=item.pk)).data
         return Response(body, status=status.HTTP_201_CREATED)
 

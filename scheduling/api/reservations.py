@@ -20,7 +20,7 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
@@ -122,11 +122,10 @@ class ReservationReasonSerializer(api.Serializer):
 
 @contextmanager
 def reservation_errors() -> Iterator[None]:
-    """The services' refusals: a 400 naming the field, a 409 for the state or the bookings."""
+    """A 409 for the state or the bookings (a ``ReservationInvalid`` is the API's 400 naming
+    the field, as every ``FieldRefusal``)."""
     try:
         yield
-    except reservations.ReservationInvalid as exc:
-        raise ValidationError({exc.field: [exc.message]}) from None
     except reservations.ReservationConflict as exc:
         raise api.Conflict(str(exc)) from None
 

@@ -206,10 +206,8 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
         return value or None
 
     def create(self, validated_data: dict[str, Any]) -> Job | services.SubmittedArray:
-        try:
-            return services.submit(self.context["request"].user, **validated_data)
-        except services.JobRejected as exc:
-            raise serializers.ValidationError({exc.field: [exc.message]}) from None
+        # A JobRejected is the API's 400 naming its field (gpuadmin.api.exception_handler).
+        return services.submit(self.context["request"].user, **validated_data)
 
     def to_representation(self, instance: Job | services.SubmittedArray) -> dict[str, Any]:
         if isinstance(instance, services.SubmittedArray):

@@ -19,7 +19,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
@@ -51,12 +51,11 @@ class Unavailable(APIException):
 
 @contextmanager
 def domain_errors() -> Iterator[None]:
-    """The domain's refusals as API errors: a 400 naming the field, a 409 for a state that
-    does not allow it, a 404 for a log that does not exist, a 503 for a silent agent."""
+    """The domain's refusals as API errors: a 409 for a state that does not allow it, a 404
+    for a log that does not exist, a 503 for a silent agent (bad input, a ``FieldRefusal``, is
+    the API's 400 naming the field)."""
     try:
         yield
-    except (services.JobRejected, admin_services.AllocationInvalid) as exc:
-        raise ValidationError({exc.field: [exc.message]}) from None
     except (services.IllegalTransition, services.AllocationRefused) as exc:
         raise Conflict(str(exc)) from None
     except queries.NoLog as exc:
