@@ -342,12 +342,6 @@ class QuotaUse:
         return PERIOD_WORDS[self.limit.period]
 
     @property
-    def hours_left(self) -> float | None:
-        """GPU-hours left this period (None without a GPU-hour limit)."""
-        budget = self.limit.gpu_hours
-        return None if budget is None else max(budget - self.limit.gpu_hours_used, 0.0)
-
-    @property
     def hours_share(self) -> float | None:
         """The part of this period's GPU-hours used (None without a GPU-hour limit)."""
         budget = self.limit.gpu_hours
@@ -435,7 +429,7 @@ def quota_allows(
             )
         asked = gpu_count * hours
         if limit.gpu_hours is not None and limit.gpu_hours_used + asked > limit.gpu_hours:
-            left = max(limit.gpu_hours - limit.gpu_hours_used, 0.0)
+            left = limit.gpu_hours_left or 0.0
             return (
                 f"{who} has {_number(left)} of {_number(limit.gpu_hours)} GPU-hours left "
                 f"{PERIOD_WORDS[quota.period]} {where}; this needs {_number(asked)}"

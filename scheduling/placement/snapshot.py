@@ -243,6 +243,11 @@ class QuotaLimit:
     name: str = ""
     period: Literal["day", "week", "month"] = "month"
 
+    @property
+    def gpu_hours_left(self) -> float | None:
+        """GPU-hours left this period (None without a GPU-hour limit)."""
+        return None if self.gpu_hours is None else max(self.gpu_hours - self.gpu_hours_used, 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class ReservationWindow:

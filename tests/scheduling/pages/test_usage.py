@@ -241,12 +241,15 @@ def test_budgets_count_each_quotas_period_as_the_scheduler_does(alice, bob, gpus
         ("you", "this month"),
     ]
     vision, own = mine
-    assert (vision.limit.gpu_hours_used, vision.hours_left) == (pytest.approx(2), pytest.approx(2))
+    assert (vision.limit.gpu_hours_used, vision.limit.gpu_hours_left) == (
+        pytest.approx(2),
+        pytest.approx(2),
+    )
     assert vision.hours_share == pytest.approx(0.5) and not vision.over
     assert (own.limit.gpu_hours_used, own.hours_share) == (pytest.approx(2), pytest.approx(0.2))
     everyone = quotas.budgets(person("ops", Role.OPERATOR), now)
     assert [use.who for use in everyone] == ["user bob", "project vision", "user alice"]
-    assert everyone[0].over and everyone[0].hours_left == 0  # 2 of 1 GPU-hour today
+    assert everyone[0].over and everyone[0].limit.gpu_hours_left == 0  # 2 of 1 GPU-hour today
     assert quotas.budgets(bob, now)[0].who == "you"
 
 
