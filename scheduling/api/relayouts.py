@@ -95,8 +95,8 @@ class MigRelayoutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         item = relayout.request(
             data["gpu"], name, actor=signed_in(request), layout=custom, preempt=data["preempt"]
         )
-        body = MigRelayoutSerializer(self.get_queryset().get(pk=item.pk)).data
-        return Response(body, status=status.HTTP_201_CREATED)
+        # The new row holds its GPU, node and requester already: no query to answer with it.
+        return Response(MigRelayoutSerializer(item).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         request=None,
