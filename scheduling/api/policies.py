@@ -2,8 +2,8 @@
 
 - ``/orchestrator/policies`` (seed-compatible): GET the policy of the GPUs in no pool (``policy``,
   ``aging_interval_s``) and every pool's (``pools``); PUT ``policy`` and ``aging_interval_s``
-  (and optionally ``qssf_points_per_halving``, ``prediction_trust_intervals``) for the GPUs in
-  no pool, or for a pool named by ``pool``.
+  (and optionally any other policy setting) for the GPUs in no pool, or for a pool named by
+  ``pool``; answered with the whole policy.
 - ``/api/v1/policies/``: every pool's policy (``~`` names the GPUs in no pool:
   ``/api/v1/policies/~/``); PUT or PATCH one (admins).
 - ``/api/v1/quotas/``: quotas with their use now (admins write; users read their own and their
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db.models import Field, QuerySet
+from django.db.models import QuerySet
 from django.urls import include, path
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -36,7 +36,7 @@ from inventory.models import Pool
 from scheduling import admin_services, quotas, services
 from scheduling.api.serializers import StrictCharField
 from scheduling.api.views import valid
-from scheduling.models import PolicyName, PoolPolicy, Quota, QuotaPeriod
+from scheduling.models import PoolPolicy, Quota, QuotaPeriod
 
 
 def bounds(limits: dict[str, tuple[int, int]]) -> dict[str, services.Bounds]:
@@ -46,18 +46,14 @@ def bounds(limits: dict[str, tuple[int, int]]) -> dict[str, services.Bounds]:
 
 # --------------------------------------------------------------------------- policies
 
-
-def optional_policy_number(name: str) -> serializers.IntegerField:
-    """A whole-number policy setting that a request may leave out, in its bounds."""
-    field = PoolPolicy._meta.get_field(name)
-    assert isinstance(field, Field)
-    return serializers.IntegerField(
-        **bounds(admin_services.POLICY_LIMITS)[name], required=False, help_text=field.help_text
-    )
+# What the seed's ``PUT /orchestrator/policies`` always sent; the other settings are optional.
+SEED_POLICY_FIELDS = frozenset({"policy", "aging_interval_s"})
 
 
 class PoolPolicySerializer(api.ModelSerializer):
-    pool = serializers.CharField(source="pool.name", default=None, read_only=True, allow_null=True)
+    pool: serializers.Field = serializers.CharField(
+        source="pool.name", default=None, read_only=True, allow_null=True
+    )
     updated_at = serializers.DateTimeField(
         read_only=True, allow_null=True, help_text="Null: the defaults, never changed."
     )
@@ -77,8 +73,10 @@ class PoolPolicySerializer(api.ModelSerializer):
         extra_kwargs = bounds(admin_services.POLICY_LIMITS)
 
 
-class PolicySerializer(api.Serializer):
-    """``PUT /orchestrator/policies``: the queue policy of the GPUs in no pool, or of ``pool``."""
+class PolicySerializer(PoolPolicySerializer):
+    """``PUT /orchestrator/policies``: the queue policy of the GPUs in no pool, or of ``pool``.
+    ``policy`` and ``aging_interval_s`` are required (the seed's body); every other policy
+    setting may be given too, and one left out keeps its value."""
 
     pool = serializers.SlugRelatedField(
         slug_field="name",
@@ -87,13 +85,12 @@ class PolicySerializer(api.Serializer):
         default=None,
         help_text="A pool's name; none: the GPUs in no pool.",
     )
-    policy = serializers.ChoiceField(choices=PolicyName.choices)
-    aging_interval_s = serializers.IntegerField(
-        **bounds(admin_services.POLICY_LIMITS)["aging_interval_s"],
-        help_text="Priority policy: a waiting job gains one point per interval.",
-    )
-    qssf_points_per_halving = optional_policy_number("qssf_points_per_halving")
-    prediction_trust_intervals = optional_policy_number("prediction_trust_intervals")
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        for name in admin_services.POLICY_FIELDS:
+            fields[name].required = name in SEED_POLICY_FIELDS
+        return fields
 
 
 class PoliciesSerializer(api.Serializer):
@@ -117,13 +114,13 @@ class PoliciesView(APIView):
         }
         return Response(PoliciesSerializer(body).data)
 
-    @extend_schema(request=PolicySerializer, responses={200: PolicySerializer})
+    @extend_schema(request=PolicySerializer, responses={200: PoolPolicySerializer})
     def put(self, request: Request) -> Response:
         """Set the queue policy of the GPUs in no pool, or of ``pool`` (admins; audited)."""
         data = valid(PolicySerializer, request.data)
         pool = data.pop("pool")
         config = admin_services.set_pool_policy(pool, actor=signed_in(request), **data)
-        return Response(PolicySerializer(config).data)
+        return Response(PoolPolicySerializer(config).data)
 
 
 class PolicyViewSet(viewsets.ViewSet):

@@ -7,13 +7,28 @@ import pytest
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
+from scheduling.admin_services import POLICY_FIELDS
+from scheduling.api.policies import PoolPolicySerializer
 from scheduling.models import PoolPolicy, SchedulerSettings
 from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db
-# The qssf settings a PUT that leaves them out keeps (the defaults), shown in its answer.
-QSSF = {"qssf_points_per_halving": 250, "prediction_trust_intervals": 360}
+
+
+def answered(response) -> dict:
+    """A PUT's answer (the whole policy) less its time, to compare with what was sent."""
+    body = response.json()
+    assert set(body) == {"pool", *POLICY_FIELDS, "updated_at"}
+    return {name: value for name, value in body.items() if name != "updated_at"}
+
+
+# The settings a PUT that leaves them out keeps (the defaults), shown in its answer.
+DEFAULTS = {
+    name: value
+    for name, value in PoolPolicySerializer(PoolPolicy()).data.items()
+    if name in POLICY_FIELDS
+}
 
 
 @pytest.fixture
@@ -47,7 +62,7 @@ def test_policies(admin, db):
     assert [(row["pool"], row["policy"]) for row in body["pools"]] == [(None, DEFAULT_POLICY)]
     change = {"policy": "fcfs", "aging_interval_s": 120}
     response = admin.put("/orchestrator/policies", change, format="json")
-    assert (response.status_code, response.json()) == (200, {"pool": None, **change, **QSSF})
+    assert (response.status_code, answered(response)) == (200, {**DEFAULTS, "pool": None, **change})
     config = PoolPolicy.default()
     assert (config.policy, config.aging_interval_s) == ("fcfs", 120)
     row = AuditEvent.objects.get(event_type="scheduler.policy_changed")
@@ -61,7 +76,7 @@ def test_a_pools_policy_is_set_by_naming_it(admin, db):
     Pool.objects.create(name="a100")
     change = {"pool": "a100", "policy": "fairshare", "aging_interval_s": 60}
     response = admin.put("/orchestrator/policies", change, format="json")
-    assert (response.status_code, response.json()) == (200, {**change, **QSSF})
+    assert (response.status_code, answered(response)) == (200, {**DEFAULTS, **change})
     body = admin.get("/orchestrator/policies").json()
     assert body["policy"] == DEFAULT_POLICY  # the GPUs in no pool keep theirs
     assert [(row["pool"], row["policy"]) for row in body["pools"]] == [
@@ -86,11 +101,40 @@ def test_a_pools_qssf_settings_are_set_with_its_policy(admin, db):
         "prediction_trust_intervals": 120,
     }
     response = admin.put("/orchestrator/policies", change, format="json")
-    assert (response.status_code, response.json()) == (200, change)
+    assert (response.status_code, answered(response)) == (200, {**DEFAULTS, **change})
     (row,) = [row for row in admin.get("/orchestrator/policies").json()["pools"] if row["pool"]]
     assert (row["qssf_points_per_halving"], row["prediction_trust_intervals"]) == (1000, 120)
     event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
     assert event.after == {"qssf_points_per_halving": 1000, "prediction_trust_intervals": 120}
+
+
+def test_every_policy_setting_may_be_put(admin, db):
+    """Not only the seed's two: backfill, fair share, LAS, borrowing, preemption, dynamic MIG
+    and reservations are set through this route as through /api/v1/policies/<pool>/."""
+    Pool.objects.create(name="a100")
+    change = {
+        "pool": "a100",
+        "policy": "las",
+        "aging_interval_s": 60,
+        "backfill": False,
+        "fairshare_half_life_s": 3600,
+        "las_thresholds_gpu_s": [100, 1000],
+        "allow_borrowing": False,
+        "preemption": False,
+        "preempt_signal": "SIGUSR1",
+        "preempt_grace_s": 120,
+        "dynamic_mig": True,
+    }
+    response = admin.put("/orchestrator/policies", change, format="json")
+    assert (response.status_code, answered(response)) == (200, {**DEFAULTS, **change})
+    config = PoolPolicy.objects.get(pool__name="a100")
+    assert (config.backfill, config.las_thresholds_gpu_s, config.preempt_signal) == (
+        False,
+        [100, 1000],
+        "SIGUSR1",
+    )
+    event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert set(event.after) == set(change) - {"pool", "aging_interval_s"}
 
 
 @pytest.mark.parametrize(
@@ -113,6 +157,12 @@ def test_a_pools_qssf_settings_are_set_with_its_policy(admin, db):
         (
             {"policy": "qssf", "aging_interval_s": 60, "prediction_trust_intervals": -1},
             "prediction_trust_intervals",
+        ),
+        ({"policy": "las", "aging_interval_s": 60, "backfill": "maybe"}, "backfill"),
+        ({"policy": "las", "aging_interval_s": 60, "preempt_signal": "SIGKILL"}, "preempt_signal"),
+        (
+            {"policy": "las", "aging_interval_s": 60, "las_thresholds_gpu_s": [10, 5]},
+            "las_thresholds_gpu_s",
         ),
     ],
 )
