@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -13,7 +11,7 @@ from django.http import HttpRequest
 from gpuadmin.access.permissions import signed_in
 from scheduling import admin_services, quotas
 from scheduling.models import PoolPolicy, Quota
-from scheduling.policy_forms import PolicyForm, policy_values
+from scheduling.policy_forms import PolicyForm, QuotaForm, policy_values, quota_values
 
 
 class PoolPolicyForm(PolicyForm):
@@ -89,30 +87,6 @@ class PoolPolicyAdmin(admin.ModelAdmin):
         obj.pk, obj.updated_at = row.pk, row.updated_at
 
 
-QUOTA_FORM_FIELDS = ("pool", "user", "project", *quotas.QUOTA_FIELDS)
-
-
-class QuotaForm(forms.ModelForm):
-    class Meta:
-        model = Quota
-        fields = QUOTA_FORM_FIELDS
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if self.errors:
-            return data
-        quota = Quota(pk=self.instance.pk, **data)
-        try:
-            quotas.check_quota(quota)
-        except quotas.QuotaInvalid as exc:
-            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
-        return data
-
-    def validate_unique(self) -> None:
-        """``quotas.check_quota`` checked the holder (one quota per holder and pool) on the
-        field it names; the constraints' own messages would repeat it without a field."""
-
-
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     """Quotas per user or project and pool, saved through the audited quota services."""
@@ -135,7 +109,7 @@ class QuotaAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: Quota, form: forms.ModelForm, change: bool
     ) -> None:
-        fields = {name: form.cleaned_data[name] for name in QUOTA_FORM_FIELDS}
+        fields = quota_values(form)
         if change:
             quotas.update_quota(obj, actor=signed_in(request), **fields)
         else:

@@ -1,5 +1,6 @@
-"""The form of a pool's policy (the policies page and the admin): values checked by the rules
-of ``admin_services.check_policy``, each error on its field."""
+"""The forms of a pool's policy and of a quota (the policies and quotas pages and the admin):
+values checked by the rules of ``admin_services.check_policy`` and ``quotas.check_quota``, each
+error on its field."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 from django import forms
 
-from scheduling import admin_services
-from scheduling.models import PoolPolicy
+from scheduling import admin_services, quotas
+from scheduling.models import PoolPolicy, Quota
 
 
 class PolicyForm(forms.ModelForm):
@@ -35,3 +36,32 @@ class PolicyForm(forms.ModelForm):
 def policy_values(form: forms.ModelForm) -> dict[str, Any]:
     """A valid policy form's values, as ``admin_services.set_pool_policy`` takes them."""
     return {name: form.cleaned_data[name] for name in admin_services.POLICY_FIELDS}
+
+
+QUOTA_FORM_FIELDS = ("pool", "user", "project", *quotas.QUOTA_FIELDS)
+
+
+class QuotaForm(forms.ModelForm):
+    class Meta:
+        model = Quota
+        fields = QUOTA_FORM_FIELDS
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        quota = Quota(pk=self.instance.pk, **data)
+        try:
+            quotas.check_quota(quota)
+        except quotas.QuotaInvalid as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return data
+
+    def validate_unique(self) -> None:
+        """``quotas.check_quota`` checked the holder (one quota per holder and pool) on the
+        field it names; the constraints' own messages would repeat it without a field."""
+
+
+def quota_values(form: forms.ModelForm) -> dict[str, Any]:
+    """A valid quota form's values, as the ``quotas`` services take them."""
+    return {name: form.cleaned_data[name] for name in QUOTA_FORM_FIELDS}

@@ -1,4 +1,5 @@
-"""Policy pages: every pool's policy and its form (admins), and the fair-share page."""
+"""Policy pages: every pool's policy and its form (admins), quotas and their forms (admins),
+and the fair-share page."""
 
 from django.urls import path
 
@@ -8,5 +9,9 @@ app_name = "policies"
 urlpatterns = [
     path("policies/", views.policy_list, name="list"),
     path("policies/<str:pool>/", views.policy_edit, name="edit"),
+    path("quotas/", views.quota_list, name="quotas"),
+    path("quotas/new/", views.quota_edit, name="quota-new"),
+    path("quotas/<int:pk>/", views.quota_edit, name="quota-edit"),
+    path("quotas/<int:pk>/delete/", views.quota_delete, name="quota-delete"),
     path("fairshare/", views.fairshare_page, name="fairshare"),
 ]

@@ -1,26 +1,34 @@
-"""The policies page (each pool's policy; admins edit one through its form), the fair-share
-page ("why is my priority what it is": everyone's share, decayed usage and factor in a pool,
-and the viewer's explanation), and the viewer's quota use.
+"""The policies page (each pool's policy; admins edit one through its form), the quotas page
+(every quota the viewer may read with its holder's use; admins add, change and remove them),
+the fair-share page ("why is my priority what it is": everyone's share, decayed usage and
+factor in a pool, and the viewer's explanation), and the viewer's quota use.
 
-Everyone signed in reads both pages, like the usage page; changing a policy needs the admin
-role and goes through ``admin_services.set_pool_policy`` (audited).
+Everyone signed in reads these pages, like the usage page (users see their own quotas and
+their projects', as in the API); changing a policy or a quota needs the admin role and goes
+through ``admin_services.set_pool_policy`` or the ``quotas`` services (audited).
 """
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import role_required, signed_in
 from gpuadmin.access.services import is_admin
 from inventory.models import Pool
 from scheduling import admin_services, quotas
+from scheduling.models import Quota
 from scheduling.pages import duration_text
-from scheduling.policy_forms import PolicyForm, policy_values
+from scheduling.policy_forms import PolicyForm, QuotaForm, policy_values, quota_values
+
+QUOTA_PAGE_ROWS = 100
 
 
 @login_required
@@ -54,6 +62,59 @@ def policy_edit(request: HttpRequest, pool: str) -> HttpResponse:
     status = 400 if form.errors else 200
     context = {"form": form, "pool": where, "key": pool}
     return render(request, "scheduling/policy_edit.html", context, status=status)
+
+
+@login_required
+@require_GET
+def quota_list(request: HttpRequest) -> HttpResponse:
+    """The quotas the viewer may read, by pool and holder, ``QUOTA_PAGE_ROWS`` a page, each
+    with what its holder uses now and this period (as the scheduler counts it)."""
+    viewer = signed_in(request)
+    rows = quotas.visible_quotas(viewer).order_by(
+        F("pool__name").asc(nulls_first=True), "project", "user__username"
+    )
+    page = Paginator(rows, QUOTA_PAGE_ROWS).get_page(request.GET.get("page"))
+    limits = quotas.limits_of(page, timezone.now())
+    uses = [
+        (quota, quotas.QuotaUse(quota.pk, limits[quota.pk], mine=quota.user_id == viewer.pk))
+        for quota in page
+    ]
+    context = {"page": page, "uses": uses, "can_edit": is_admin(viewer)}
+    return render(request, "scheduling/quotas.html", context)
+
+
+@role_required(Role.ADMIN)
+@require_http_methods(["GET", "POST"])
+def quota_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+    """A new quota's form, or an existing one's (``pk``); a valid POST saves it through the
+    audited services and returns to the list."""
+    quota = get_object_or_404(Quota.objects.select_related("pool", "user"), pk=pk) if pk else None
+    form = QuotaForm(request.POST if request.method == "POST" else None, instance=quota)
+    if form.is_valid():
+        try:
+            if quota is None:
+                quota = quotas.create_quota(actor=signed_in(request), **quota_values(form))
+            else:
+                quotas.update_quota(quota, actor=signed_in(request), **quota_values(form))
+        except quotas.QuotaInvalid as exc:
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        else:
+            messages.success(request, f"The quota of {quota} is saved.")
+            return redirect("policies:quotas")
+    status = 400 if form.errors else 200
+    return render(
+        request, "scheduling/quota_edit.html", {"form": form, "quota": quota}, status=status
+    )
+
+
+@role_required(Role.ADMIN)
+@require_POST
+def quota_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """Remove a quota (audited): its holder is then unlimited in that pool."""
+    quota = get_object_or_404(Quota.objects.select_related("pool", "user"), pk=pk)
+    quotas.delete_quota(quota, actor=signed_in(request))
+    messages.success(request, f"The quota of {quota} is removed.")
+    return redirect("policies:quotas")
 
 
 @login_required

@@ -199,6 +199,18 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     "policies:edit": lambda w, r: Write(
         w.root, "/policies/~/", ["scheduler.policy_changed"], matrix.POLICY_FORM
     ),
+    "policies:quota-new": lambda w, r: Write(
+        w.root, "/quotas/new/", ["quota.created"], matrix.QUOTA_FORM
+    ),
+    "policies:quota-edit": lambda w, r: Write(
+        w.root,
+        f"/quotas/{w.quota().pk}/",
+        ["quota.changed"],
+        {**matrix.QUOTA_FORM, "max_gpus": "2"},
+    ),
+    "policies:quota-delete": lambda w, r: Write(
+        w.root, f"/quotas/{w.quota().pk}/delete/", ["quota.deleted"]
+    ),
     "health:alert-ack": lambda w, r: Write(
         w.ops, f"/alerts/{firing_alert().pk}/ack/", ["alert.acknowledged"], {"comment": "seen"}
     ),

@@ -89,6 +89,9 @@ POLICY_FORM = {
     "reservation_release_after_s": "900",
 }
 
+# The quotas page's form, as a browser posts it (no pool: the GPUs in no pool).
+QUOTA_FORM = {"project": "vision", "max_gpus": "8", "period": "month", "fairshare_weight": "2"}
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -314,6 +317,22 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("policies/<str:pool>/", "GET"): Entry("/policies/~/", by_role(LOGIN, 403, 403, 403, 200)),
     ("policies/<str:pool>/", "POST"): Entry(
         "/policies/~/", by_role(LOGIN, 403, 403, 403, 302), POLICY_FORM, form=True
+    ),
+    # Quota pages: everyone signed in reads (users their own); admins add, change and remove
+    ("quotas/", "GET"): Entry("/quotas/", PAGE_READ),
+    ("quotas/new/", "GET"): Entry("/quotas/new/", by_role(LOGIN, 403, 403, 403, 200)),
+    ("quotas/new/", "POST"): Entry(
+        "/quotas/new/", by_role(LOGIN, 403, 403, 403, 302), QUOTA_FORM, form=True
+    ),
+    ("quotas/<int:pk>/", "GET"): Entry("/quotas/{quota}/", by_role(LOGIN, 403, 403, 403, 200)),
+    ("quotas/<int:pk>/", "POST"): Entry(
+        "/quotas/{quota}/",
+        by_role(LOGIN, 403, 403, 403, 302),
+        {**QUOTA_FORM, "project": "vision-edit", "max_gpus": "2"},
+        form=True,
+    ),
+    ("quotas/<int:pk>/delete/", "POST"): Entry(
+        "/quotas/{quota}/delete/", by_role(LOGIN, 403, 403, 403, 302), form=True
     ),
     ("fairshare/", "GET"): Entry("/fairshare/", PAGE_READ),
     # API tokens: everyone signed in has their own, and sees no one else's

@@ -1,5 +1,6 @@
-"""The policies page and its form (admins), the fair-share page ("why is my priority what it
-is") and its API, and the "My usage" panel on the job pages."""
+"""The policies page and its form (admins), the quotas page and its forms (admins), the
+fair-share page ("why is my priority what it is") and its API, and the "My usage" panel on
+the job pages."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
 from scheduling.placement.fairshare import fairshare_factor
 from scheduling.placement.snapshot import DEFAULT_POLICY
 from tests.gpuadmin.test_permission_matrix import POLICY_FORM
-from tests.scheduling.pages.helpers import add_fleet, person
+from tests.scheduling.pages.helpers import add_fleet, person, place, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -175,3 +176,63 @@ def test_my_usage_shows_on_the_job_pages(client, alice, agents):
     line = "you use 0 of 8 GPUs in no pool; 0 of 500 GPU-hours this month"
     for page in ("/jobs/new/", "/jobs/", "/policies/", "/fairshare/"):
         assert line in section(client.get(page).content.decode(), "my-usage"), page
+
+
+def test_the_quotas_page_shows_each_visible_quota_with_its_use(client, alice, bob, admin, agents):
+    add_fleet(1)
+    mine = Quota.objects.create(user=alice, max_gpus=2, gpu_hours=500, period="week")
+    theirs = Quota.objects.create(user=bob, max_gpus=8)
+    place(submit(alice, gpu_count=2))
+    client.force_login(alice)
+    html = client.get("/quotas/").content.decode()
+    row = re.search(rf'<tr id="quota-{mine.pk}" data-over="true">.*?</tr>', html, re.S)[0]
+    assert "user alice" in row and "2 of 2" in row and "of 500 this week" in row
+    assert "at quota" in row
+    assert f"quota-{theirs.pk}" not in html  # a user sees their own and their projects'
+    assert "/quotas/new/" not in html and f"/quotas/{mine.pk}/" not in html
+    client.force_login(admin)
+    html = client.get("/quotas/").content.decode()
+    assert f'<tr id="quota-{theirs.pk}" data-over="false">' in html
+    assert 'href="/quotas/new/"' in html and f'action="/quotas/{theirs.pk}/delete/"' in html
+
+
+def test_an_admin_adds_changes_and_removes_a_quota_through_the_pages_audited(client, admin):
+    client.force_login(admin)
+    assert client.get("/quotas/new/").status_code == 200
+    form = {"project": "vision", "max_gpus": "8", "period": "month", "fairshare_weight": "2"}
+    assert client.post("/quotas/new/", form).status_code == 302
+    quota = Quota.objects.get()
+    assert (quota.project, quota.max_gpus, quota.gpu_hours) == ("vision", 8, None)
+    assert client.post(f"/quotas/{quota.pk}/", {**form, "gpu_hours": "500"}).status_code == 302
+    quota.refresh_from_db()
+    assert quota.gpu_hours == 500
+    assert client.post(f"/quotas/{quota.pk}/delete/").status_code == 302
+    assert not Quota.objects.exists()
+    assert list(
+        AuditEvent.objects.filter(target_type="scheduling.quota")
+        .order_by("id")
+        .values_list("event_type", flat=True)
+    ) == ["quota.created", "quota.changed", "quota.deleted"]
+    assert client.get(f"/quotas/{quota.pk}/").status_code == 404
+    assert client.post(f"/quotas/{quota.pk}/delete/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("form", "field"),
+    [
+        ({"project": "", "max_gpus": "8"}, "user"),  # no holder
+        ({"project": "vision", "max_gpus": "-1"}, "max_gpus"),
+        ({"project": "vision", "gpu_hours": "10e99"}, "gpu_hours"),
+        ({"project": "vision", "period": "decade"}, "period"),
+        ({"project": "vision", "fairshare_weight": "0"}, "fairshare_weight"),
+        ({"project": "taken"}, "project"),  # one quota per holder and pool
+    ],
+)
+def test_a_bad_quota_shows_on_its_field_and_saves_nothing(client, admin, form, field):
+    Quota.objects.create(project="taken")
+    client.force_login(admin)
+    response = client.post("/quotas/new/", {"period": "month", "fairshare_weight": "1", **form})
+    assert response.status_code == 400
+    assert response.context["form"].errors.keys() == {field}
+    assert Quota.objects.count() == 1
+    assert not AuditEvent.objects.filter(event_type="quota.created").exists()
