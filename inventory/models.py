@@ -229,6 +229,12 @@ class Gpu(CatalogFields, StateFields):
         return f"{self.node.hostname}/GPU{self.index} ({self.uuid})"
 
     @property
+    def pool_in_force_id(self) -> int | None:
+        """The pool it belongs to: its own, else its node's (``querysets.pool_is``' rule; its
+        node loaded)."""
+        return self.pool_id if self.pool_id is not None else self.node.pool_id
+
+    @property
     def is_missing(self) -> bool:
         return self.missing_since is not None
 

@@ -43,7 +43,6 @@ from scheduling import (
     placement,
     preemption,
     quotas,
-    reservations,
     services,
     sharing,
 )
@@ -424,7 +423,7 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
         pools=MappingProxyType(configs),
         quotas=quotas.quota_limits(now),
         usage=_fairshare_usage(now, configs),
-        reservations=reservations.reservation_windows(now),
+        reservations=services.reservation_windows(now),
         array_limits=MappingProxyType(dependencies.array_limits()),
     )
     return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting)

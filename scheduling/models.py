@@ -218,6 +218,13 @@ class Job(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
+    @property
+    def allocation_kind(self) -> AllocationKind:
+        """What its allocation gives: a MIG device, an MPS share, else whole GPUs."""
+        if self.mig_profile:
+            return AllocationKind.MIG
+        return AllocationKind.GPU if self.mps_percent is None else AllocationKind.MPS
+
 
 def expected_end(
     start: datetime | None, estimated_duration_s: int | None, max_runtime_s: int | None

@@ -46,7 +46,15 @@ from gpuadmin.text import unstorable
 from inventory.models import Pool
 from scheduling import placement, services
 from scheduling.accounting import gpu_share
-from scheduling.models import Job, PolicyName, PoolPolicy, Quota, QuotaPeriod
+from scheduling.models import (
+    Job,
+    PolicyName,
+    PoolPolicy,
+    Quota,
+    QuotaPeriod,
+    Reservation,
+    ReservationState,
+)
 from scheduling.placement import fairshare
 
 HolderKind = Literal["user", "project"]
@@ -408,33 +416,76 @@ def quota_allows(
     project: str,
     pool: Pool | None,
     gpu_count: int,
-    hours: float,
+    start: datetime,
+    end: datetime,
     *,
     now: datetime | None = None,
 ) -> str | None:
-    """Whether ``gpu_count`` GPUs for ``hours`` fit the quotas of ``user`` and ``project`` in
-    ``pool``: None when they do, else why not (a sentence). A booking is compared with the GPUs
-    at once it asks for and with the GPU-hours left this period (two queries)."""
+    """Whether a booking of ``gpu_count`` GPUs for [start, end) fits the quotas of ``user`` and
+    ``project`` in ``pool``: None when it does, else why not (a sentence). Each holder's
+    approved reservations count with it, so that bookings split in parts fit as the whole
+    would: the most GPUs they hold at once inside the window against the GPUs at once, and
+    the GPU-hours they still hold from now against the GPU-hours left this period (three
+    queries)."""
+    now = now or timezone.now()
     holders = Q(user=user) | (Q(project=project) if project else Q(pk__in=[]))
     quotas = list(Quota.objects.filter(holders, pool=pool).select_related("pool", "user"))
-    limits = limits_of(quotas, now or timezone.now())
+    limits = limits_of(quotas, now)
+    booked = list(
+        Reservation.objects.filter(
+            Q(owner=user) | (Q(project=project) if project else Q(pk__in=[])),
+            pool=pool,
+            state=ReservationState.APPROVED,
+            end__gt=now,
+        ).values_list("owner_id", "project", "gpu_count", "start", "end")
+    )
+    hours = (end - start).total_seconds() / 3600
     for quota in quotas:
         limit = limits[quota.pk]
         who = f"project {quota.project}" if quota.project else f"user {user.get_username()}"
         where = f"in {pool_label(limit.pool)}"
-        if limit.max_gpus is not None and gpu_count > limit.max_gpus:
+        theirs = [
+            row[2:]
+            for row in booked
+            if (row[1] == quota.project if quota.project else row[0] == quota.user_id)
+        ]
+        booked_gpus, booked_hours = _booked(theirs, start, end, now)
+        if limit.max_gpus is not None and booked_gpus + gpu_count > limit.max_gpus:
+            beside = f" beside {booked_gpus} it has reserved then" if booked_gpus else ""
             return (
                 f"{who} may use {_number(limit.max_gpus)} GPUs at once {where}; "
-                f"this asks for {gpu_count}"
+                f"this asks for {gpu_count}{beside}"
             )
         asked = gpu_count * hours
-        if limit.gpu_hours is not None and limit.gpu_hours_used + asked > limit.gpu_hours:
+        if (
+            limit.gpu_hours is not None
+            and limit.gpu_hours_used + booked_hours + asked > limit.gpu_hours
+        ):
             left = limit.gpu_hours_left or 0.0
+            beside = f" beside {_number(booked_hours)} reserved" if booked_hours else ""
             return (
                 f"{who} has {_number(left)} of {_number(limit.gpu_hours)} GPU-hours left "
-                f"{PERIOD_WORDS[quota.period]} {where}; this needs {_number(asked)}"
+                f"{PERIOD_WORDS[quota.period]} {where}; this needs {_number(asked)}{beside}"
             )
     return None
+
+
+def _booked(
+    rows: Iterable[tuple[int, datetime, datetime]], start: datetime, end: datetime, now: datetime
+) -> tuple[int, float]:
+    """Of approved reservations (GPU count, start, end): the most GPUs they hold at once inside
+    [start, end), and the GPU-hours they hold from ``now`` on."""
+    hours = 0.0
+    changes: list[tuple[datetime, int]] = []
+    for count, begins, ends in rows:
+        hours += count * (ends - max(begins, now)).total_seconds() / 3600
+        if begins < end and ends > start:
+            changes += [(max(begins, start), count), (min(ends, end), -count)]
+    most = held = 0
+    for _moment, change in sorted(changes, key=lambda item: (item[0], item[1])):
+        held += change
+        most = max(most, held)
+    return most, hours
 
 
 # --------------------------------------------------------------------------- quota services

@@ -10,7 +10,8 @@ for one GPU cannot both win; the loser tries other GPUs, or is refused cleanly.
 
 ``sweep`` (beat, ``scheduling.sweep_reservations``) ends finished reservations, expires
 undecided ones and releases those left unused past their pool's grace, reported as an alert.
-``reservation_windows`` is what the placement loop reads. A reservation that ends in any way
+``services.reservation_windows`` is what the placement loop and the commit of a placement
+read. A reservation that ends in any way
 (rejected, canceled, released, ended) takes the jobs still waiting to run in it out of the
 queue, canceled with the reason (``_cancel_waiting_jobs``), in the same transaction.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,8 +41,16 @@ from health.models import Alert
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node, Pool
 from inventory.querysets import GpuQuerySet, pool_is
-from scheduling import placement, quotas, services
-from scheduling.models import HOLDING_STATES, Job, JobState, PoolPolicy, Reservation, ReservationGpu
+from scheduling import quotas, services
+from scheduling.models import (
+    HOLDING_STATES,
+    Allocation,
+    Job,
+    JobState,
+    PoolPolicy,
+    Reservation,
+    ReservationGpu,
+)
 from scheduling.models import ReservationState as S
 from scheduling.placement.text import indexes_phrase, listing, plural
 
@@ -180,28 +189,42 @@ def held_in(start: datetime, end: datetime) -> QuerySet[ReservationGpu]:
     return ReservationGpu.objects.filter(during__overlap=window(start, end))
 
 
+def held_at(start: datetime, gpu_ids: Collection[int] | None = None) -> dict[int, str]:
+    """The GPUs (of ``gpu_ids``, or all) that running or placed work may still hold at
+    ``start``, by the rule the engine applies before placing a job in front of a window: its
+    maximum runtime from its start (from now when it has not started), for ever without one.
+    Each GPU's id with what holds it (``job 12 until 2025-03-04 09:00``)."""
+    allocations = Allocation.objects.active()
+    if gpu_ids is not None:
+        allocations = allocations.filter(gpu_id__in=list(gpu_ids))
+    now = timezone.now()
+    held: dict[int, str] = {}
+    rows = allocations.values_list("gpu_id", "job_id", "job__started_at", "job__max_runtime_s")
+    for gpu_id, job_id, started_at, max_runtime_s in rows:
+        if max_runtime_s is None:
+            held[gpu_id] = f"job {job_id}, which has no maximum runtime"
+            continue
+        end = (started_at or now) + timedelta(seconds=max_runtime_s)
+        if end > start:
+            held[gpu_id] = f"job {job_id} until {moment_text(end)}"
+    return held
+
+
 def choose_gpus(reservation: Reservation) -> list[Gpu]:
     """GPUs free for the reservation's whole window: the ones it names, else ``pick_gpus``
-    among the reservable GPUs of its pool, model and node. ``ReservationConflict`` saying
-    what is missing when there are not enough."""
+    among the reservable GPUs of its pool, model and node; none held by another reservation
+    in the window, nor by work that may still run at its start (``held_at``).
+    ``ReservationConflict`` saying what is missing when there are not enough."""
     taken = held_in(reservation.start, reservation.end).values("gpu_id")
     named = list(reservation.requested_gpus.select_related("node").order_by("pk"))
     window = window_text(reservation.start, reservation.end)
-    if named:
-        busy = set(Gpu.objects.filter(pk__in=taken).values_list("uuid", flat=True))
-        clashing = [gpu.uuid for gpu in named if gpu.uuid in busy]
-        if clashing:
-            raise ReservationConflict(
-                f"{listing(clashing)} {'is' if len(clashing) == 1 else 'are'} already reserved "
-                f"in {window}"
-            )
-        return named
+    candidates = reservable_gpus(reservation.pool, reservation.gpu_model, reservation.node)
     where = where_text(reservation.pool, reservation.gpu_model, reservation.node)
-    free = list(
-        reservable_gpus(reservation.pool, reservation.gpu_model, reservation.node)
-        .exclude(pk__in=taken)
-        .select_related("node")
-    )
+    if named:
+        _check_named(named, taken, candidates, where, window, reservation.start)
+        return named
+    working = held_at(reservation.start)
+    free = list(candidates.exclude(pk__in=taken).exclude(pk__in=working).select_related("node"))
     if len(free) < reservation.gpu_count:
         raise ReservationConflict(
             f"no {plural(reservation.gpu_count, 'free GPU')} in {where} for {window}: "
@@ -210,14 +233,53 @@ def choose_gpus(reservation: Reservation) -> list[Gpu]:
     return pick_gpus(free, reservation.gpu_count)
 
 
+def _check_named(
+    named: list[Gpu],
+    taken: QuerySet[ReservationGpu, Any],
+    candidates: GpuQuerySet,
+    where: str,
+    window: str,
+    start: datetime,
+) -> None:
+    """``ReservationConflict`` naming the GPUs a request named that cannot be held now: no
+    longer reservable there (made MIG or MPS, taken offline, moved since the request), held
+    by another reservation in the window, or by work that may still run at its start."""
+    reservable = set(
+        candidates.filter(pk__in=[gpu.pk for gpu in named]).values_list("pk", flat=True)
+    )
+    gone = [gpu.uuid for gpu in named if gpu.pk not in reservable]
+    if gone:
+        raise ReservationConflict(f"{listing(gone)} no longer reservable in {where}")
+    reserved = set(Gpu.objects.filter(pk__in=taken).values_list("pk", flat=True))
+    clashing = [gpu.uuid for gpu in named if gpu.pk in reserved]
+    if clashing:
+        raise ReservationConflict(
+            f"{listing(clashing)} {'is' if len(clashing) == 1 else 'are'} already reserved "
+            f"in {window}"
+        )
+    working = held_at(start, [gpu.pk for gpu in named])
+    if working:
+        raise ReservationConflict(
+            "in use at the start of the window: "
+            + "; ".join(f"{gpu.uuid} by {working[gpu.pk]}" for gpu in named if gpu.pk in working)
+        )
+
+
 def _hold(reservation: Reservation) -> list[Gpu]:
     """Hold GPUs for the reservation (inside the caller's transaction): the constraint refuses
-    a GPU another reservation took meanwhile, and the GPUs still free are tried again."""
+    a GPU another reservation took meanwhile, and a GPU given to work meanwhile is seen once
+    its row is locked; the GPUs still free are tried again."""
     for _attempt in range(HOLD_ATTEMPTS):
         gpus = choose_gpus(reservation)
+        ids = [gpu.pk for gpu in gpus]
+        # The GPU rows locked, as a placement's commit locks them: work placed meanwhile is
+        # committed and seen here, and a placement after this sees the holds.
+        list(Gpu.objects.select_for_update(of=("self",)).filter(pk__in=ids).order_by("pk"))
+        if held_at(reservation.start, ids):
+            continue  # placed meanwhile: the next choice leaves those GPUs out
         try:
             with transaction.atomic():  # a savepoint: a lost race leaves the caller usable
-                hold_locks([gpu.pk for gpu in gpus])
+                hold_locks(ids)
                 ReservationGpu.objects.bulk_create(
                     ReservationGpu(
                         reservation=reservation,
@@ -316,9 +378,8 @@ def request(
                 "gpu_count", f"{gpu_count} GPUs, but {where} has {plural(available, 'GPU')}"
             )
     policy = quotas.policy_of(pool)
-    hours = (end - start).total_seconds() / 3600
     if policy.reservation_auto_approve:
-        over = quotas.quota_allows(owner, project, pool, gpu_count, hours)
+        over = quotas.quota_allows(owner, project, pool, gpu_count, start, end)
     else:
         over = f"reservations in {where_text(pool)} need an admin's approval"
     with transaction.atomic():
@@ -510,37 +571,6 @@ def release(
 
 
 # --------------------------------------------------------------------------- the loop
-
-
-def reservation_windows(now: datetime) -> tuple[placement.ReservationWindow, ...]:
-    """The approved reservations that end after ``now``, with the GPUs each holds (one
-    query), for the placement loop's snapshot."""
-    rows = (
-        ReservationGpu.objects.filter(reservation__state=S.APPROVED, reservation__end__gt=now)
-        .order_by("reservation_id", "gpu_id")
-        .values_list(
-            "reservation_id",
-            "reservation__owner_id",
-            "reservation__start",
-            "reservation__end",
-            "gpu_id",
-        )
-    )
-    gpus: dict[int, list[int]] = defaultdict(list)
-    facts: dict[int, tuple[int, datetime, datetime]] = {}
-    for reservation_id, owner_id, start, end, gpu_id in rows:
-        gpus[reservation_id].append(gpu_id)
-        facts[reservation_id] = (owner_id, start, end)
-    return tuple(
-        placement.ReservationWindow(
-            id=pk,
-            owner=str(owner_id),
-            gpu_ids=tuple(gpus[pk]),
-            start=start.timestamp(),
-            end=end.timestamp(),
-        )
-        for pk, (owner_id, start, end) in facts.items()
-    )
 
 
 # --------------------------------------------------------------------------- the sweep

@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from django.contrib.auth.models import User
 from django.contrib.postgres.aggregates import BoolOr
@@ -53,7 +53,7 @@ from inventory.models import Gpu, MigInstance, Node, Pool
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import pool_name
 from inventory.usability import Reason as UsabilityReason
-from scheduling import dependencies, dispatch, slurm
+from scheduling import dependencies, dispatch, placement, slurm
 from scheduling.executor import (
     ExecutorEvent,
     FinalState,
@@ -73,8 +73,10 @@ from scheduling.models import (
     JobState,
     Priority,
     Reservation,
+    ReservationGpu,
     ReservationState,
 )
+from scheduling.placement.reservations import ReservationBook
 
 S = JobState
 log = logging.getLogger("gpuadmin.jobs")
@@ -1161,6 +1163,10 @@ def _allocate(
         .order_by("pk")
     }
     devices = _mig_devices(grants)
+    # Read with the GPU rows locked: a reservation approved meanwhile is committed and seen
+    # (its approval locks the rows of the GPUs it holds).
+    now = timezone.now()
+    book = ReservationBook(reservation_windows(now, gpu_ids), now.timestamp())
     try:
         samples = live.latest({gpu.node.hostname for gpu in gpus.values()})
     except RedisError as exc:
@@ -1168,7 +1174,7 @@ def _allocate(
         return Allocated(refused=dict.fromkeys((grant.job_id for grant in grants), why))
     accepted: list[Grant] = []
     for grant in grants:
-        refusal = _refusal(grant, jobs.get(grant.job_id), gpus, devices, samples)
+        refusal = _refusal(grant, jobs.get(grant.job_id), gpus, devices, samples, book)
         if refusal:
             outcome.refused[grant.job_id] = refusal
         else:
@@ -1265,14 +1271,67 @@ def _mig_devices(grants: Sequence[Grant]) -> dict[int, tuple[int, str]]:
     return {pk: (gpu_id, str(uuid)) for pk, gpu_id, uuid in rows}
 
 
+def reservation_windows(
+    now: datetime, gpu_ids: Collection[int] | None = None
+) -> tuple[placement.ReservationWindow, ...]:
+    """The approved reservations that end after ``now`` (of ``gpu_ids`` only, when given), with
+    the GPUs each holds there (one query): the placement loop's snapshot, and what the commit
+    of a placement checks again."""
+    holds = ReservationGpu.objects.filter(
+        reservation__state=ReservationState.APPROVED, reservation__end__gt=now
+    )
+    if gpu_ids is not None:
+        holds = holds.filter(gpu_id__in=list(gpu_ids))
+    rows = holds.order_by("reservation_id", "gpu_id").values_list(
+        "reservation_id",
+        "reservation__owner_id",
+        "reservation__start",
+        "reservation__end",
+        "gpu_id",
+    )
+    gpus: dict[int, list[int]] = defaultdict(list)
+    facts: dict[int, tuple[int, datetime, datetime]] = {}
+    for reservation_id, owner_id, start, end, gpu_id in rows:
+        gpus[reservation_id].append(gpu_id)
+        facts[reservation_id] = (owner_id, start, end)
+    return tuple(
+        placement.ReservationWindow(
+            id=pk,
+            owner=str(owner_id),
+            gpu_ids=tuple(gpus[pk]),
+            start=start.timestamp(),
+            end=end.timestamp(),
+        )
+        for pk, (owner_id, start, end) in facts.items()
+    )
+
+
+_KIND_WORDS = {
+    AllocationKind.GPU: "whole GPUs",
+    AllocationKind.MIG: "a MIG device",
+    AllocationKind.MPS: "an MPS share",
+}
+
+
+class _Booker(NamedTuple):
+    """A job as the reservation windows see it (``placement.reservations.Booker``)."""
+
+    owner: str
+    max_runtime_s: float | None
+    reservation: int | None
+
+
 def _refusal(
     grant: Grant,
     job: Job | None,
     gpus: Mapping[int, Gpu],
     devices: Mapping[int, tuple[int, str]],
     samples: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    book: ReservationBook,
 ) -> str:
-    """Why ``grant`` cannot be committed now (its rows locked), or ``""``."""
+    """Why ``grant`` cannot be committed now (its rows locked), or ``""``: the job no longer
+    waits, a GPU is gone, out of the job's pool, not usable (the one rule) or not shared as
+    the job asked, or the reservation windows close it to the job (the engine's rule)."""
     if job is None:
         return f"job {grant.job_id} no longer exists"
     if job.state != S.QUEUED:
@@ -1280,6 +1339,27 @@ def _refusal(
     missing = sorted(set(grant.gpu_ids) - set(gpus))
     if missing:
         return f"no GPU with id {', '.join(map(str, missing))}"
+    if grant.kind != job.allocation_kind:
+        wanted, given = _KIND_WORDS[job.allocation_kind], _KIND_WORDS[grant.kind]
+        return f"job {job.pk} asks for {wanted}, not {given}"
+    elsewhere = [
+        gpus[gpu_id].uuid
+        for gpu_id in sorted(grant.gpu_ids)
+        if gpus[gpu_id].pool_in_force_id != job.pool_id
+    ]
+    if elsewhere:
+        return f"GPUs outside the job's pool: {', '.join(elsewhere)}"
+    booker = _Booker(str(job.owner_id), job.max_runtime_s, job.reservation_id)
+    reserved = [
+        gpus[gpu_id].uuid for gpu_id in sorted(grant.gpu_ids) if book.closed(gpu_id, booker)
+    ]
+    if reserved:
+        if (in_window := book.refusal(booker)) is not None:
+            return in_window[0]
+        return (
+            f"GPUs held by a reservation the job would still run into (by its maximum "
+            f"runtime): {', '.join(reserved)}"
+        )
     if grant.mig_instance is not None:
         [gpu_id] = grant.gpu_ids
         if devices.get(grant.mig_instance, (None,))[0] != gpu_id:

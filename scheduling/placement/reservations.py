@@ -13,8 +13,22 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Protocol
 
-from scheduling.placement.snapshot import JobRequest, ReservationWindow
+from scheduling.placement.snapshot import ReservationWindow
+
+
+class Booker(Protocol):
+    """What the windows ask of a job: a ``JobRequest``, or a job about to be committed."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def max_runtime_s(self) -> float | None: ...
+
+    @property
+    def reservation(self) -> int | None: ...
 
 
 def moment(epoch: float) -> str:
@@ -22,7 +36,7 @@ def moment(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def max_end(job: JobRequest, now: float) -> float:
+def max_end(job: Booker, now: float) -> float:
     """When the job is sure to be gone if it started now (never without a maximum runtime)."""
     return math.inf if job.max_runtime_s is None else now + job.max_runtime_s
 
@@ -49,11 +63,11 @@ class ReservationBook:
         """The window that holds `gpu_id` now, if any."""
         return self._window_of.get(gpu_id)
 
-    def closing(self, job: JobRequest) -> list[ReservationWindow]:
+    def closing(self, job: Booker) -> list[ReservationWindow]:
         """Upcoming windows `job` would still run into (by its maximum runtime), by start."""
         return self.upcoming[: bisect_left(self._starts, max_end(job, self.now))]
 
-    def refusal(self, job: JobRequest) -> tuple[str, float | None] | None:
+    def refusal(self, job: Booker) -> tuple[str, float | None] | None:
         """Why a job naming a reservation cannot run in it now, with when it could start at
         the earliest; None when it may run on the window's GPUs."""
         if job.reservation is None:
@@ -73,9 +87,10 @@ class ReservationBook:
             return f"its maximum runtime runs past the end of {name} at {ends}", None
         return None
 
-    def closed(self, gpu_id: int, job: JobRequest) -> bool:
+    def closed(self, gpu_id: int, job: Booker) -> bool:
         """Whether the reservations keep `job` off `gpu_id` now (the whole rule, one GPU at a
-        time, for callers without the pass's partitions, e.g. sharing)."""
+        time, for callers without the pass's partitions: sharing, and the commit of a
+        placement, which checks it again with the GPU rows locked)."""
         if job.reservation is not None:
             if self.refusal(job) is not None:
                 return True

@@ -511,7 +511,8 @@ def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     """A held job, a job holding ``gpu`` (and its allocation), an API token, a quota, an
     approved reservation and a held job array of ``user``."""
     held = services.submit_job(user, command=["true"], hold=True)
-    placed = services.submit_job(user, command=["sleep", "60"], gpu_count=1)
+    # Gone (by its maximum runtime) before the reservations' windows, which may hold its GPU.
+    placed = services.submit_job(user, command=["sleep", "60"], gpu_count=1, max_runtime_s=3600)
     (allocation,) = admin_services.allocate_by_hand(placed, [gpu.uuid], actor=user)
     token, _ = create_token(user, "mine")
     quota = Quota.objects.create(user=user, max_gpus=8)
@@ -556,7 +557,9 @@ def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
         "node": nodes[0].hostname,
         "gpu": nodes[0].gpus.get(index=0).uuid,
         "free_gpu": next(gpus).uuid,
-        "queued": str(services.submit_job(someone, command=["true"], gpu_count=1).pk),
+        "queued": str(
+            services.submit_job(someone, command=["true"], gpu_count=1, max_runtime_s=3600).pk
+        ),
         "event": str(AuditEvent.objects.latest("pk").pk),
         "alert": str(open_alert(fingerprint="matrix", severity="warning", summary="x").pk),
         "quarantine": str(fenced(nodes[1].gpus.get(index=7)).pk),

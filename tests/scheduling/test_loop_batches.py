@@ -107,7 +107,8 @@ def test_a_refused_grant_in_the_middle_of_a_batch_costs_the_others_nothing(alice
 
 
 def test_refusals_say_why(alice, gpus):
-    canceled, degraded, elsewhere = queued(alice, 3)
+    canceled, degraded, elsewhere, whole = queued(alice, 4)
+    Job.objects.filter(pk=elsewhere.pk).update(mig_profile="1g.10gb")
     services.transition(canceled, JobState.CANCELED, actor=alice)
     Gpu.objects.filter(pk=gpus[3].pk).update(state="degraded")
     mig_device = MigInstance.objects.filter(gpu__node__hostname="dgx-02", gpu__index=0)[0]
@@ -116,6 +117,7 @@ def test_refusals_say_why(alice, gpus):
             grant(canceled, gpus[0]),
             grant(degraded, gpus[3]),
             grant(elsewhere, gpus[1], mig_instance=mig_device.pk),
+            grant(whole, gpus[2], mig_instance=mig_device.pk),
         ],
         actor_name="placement-loop",
     )
@@ -125,6 +127,7 @@ def test_refusals_say_why(alice, gpus):
         degraded.pk: f"GPUs not usable now: {gpus[3].uuid} (the GPU is degraded (fenced by a "
         "health policy))",
         elsewhere.pk: f"MIG device {mig_device.pk} is no longer a device of GPU {gpus[1].pk}",
+        whole.pk: f"job {whole.pk} asks for whole GPUs, not a MIG device",
     }
 
 
@@ -133,7 +136,8 @@ def test_shares_are_committed_with_their_device_and_the_trigger_refuses_too_much
     device = MigInstance.objects.filter(gpu=mig_gpu, uuid__isnull=False).order_by("gi_id")[0]
     mps_gpu = Gpu.objects.get(node__hostname="dgx-02", index=2)
     Gpu.objects.filter(pk=mps_gpu.pk).update(mps_shared=True)
-    on_device, sixty, fifty, forty = queued(alice, 4)
+    [on_device] = queued(alice, 1, mig_profile=device.profile_name)
+    sixty, fifty, forty = (queued(alice, 1, mps_percent=share)[0] for share in (60, 50, 40))
     outcome = services.allocate_many(
         [
             grant(on_device, mig_gpu, mig_instance=device.pk),
@@ -171,9 +175,9 @@ def test_a_batch_takes_the_same_statements_however_many_jobs_it_places(
 ):
     whole = [gpu for gpu in gpus if not gpu.mig_enabled]
     one, *many = queued(alice, 9)
-    # savepoint; lock the GPUs, lock the jobs; insert the allocations, audit them; update
-    # the jobs, audit them; release the savepoint
-    with django_assert_num_queries(8) as one_batch:
+    # savepoint; lock the jobs, lock the GPUs; read the GPUs' reservation windows; insert the
+    # allocations, audit them; update the jobs, audit them; release the savepoint
+    with django_assert_num_queries(9) as one_batch:
         services.allocate_many([grant(one, whole[0])], actor_name="placement-loop")
     with django_assert_num_queries(len(one_batch.captured_queries)):
         outcome = services.allocate_many(

@@ -13,7 +13,7 @@ import pytest
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Pool
 from scheduling import placement, quotas
-from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
+from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota, Reservation
 from tests.scheduling.pages.helpers import add_fleet, person
 
 pytestmark = pytest.mark.django_db
@@ -21,6 +21,14 @@ pytestmark = pytest.mark.django_db
 UTC = ZoneInfo("UTC")
 # A Wednesday: today began at 00:00, this week on Monday the 16th, this month on the 1st.
 NOW = datetime(2026, 11, 18, 12, 0, tzinfo=UTC)
+
+
+def window(hours: float, *, after: float = 1) -> tuple[datetime, datetime]:
+    """A booking's [start, end): ``hours`` long, starting ``after`` hours from ``NOW``."""
+    start = NOW + timedelta(hours=after)
+    return start, start + timedelta(hours=hours)
+
+
 H = 3600.0
 JOB_FIELDS = ("project", "pool", "mig_profile")
 
@@ -149,8 +157,8 @@ def test_the_number_of_queries_does_not_grow_with_the_history(
         quotas.pool_configs()
     with django_assert_num_queries(2):
         assert len(quotas.usage_summary(alice, NOW)) == 31
-    with django_assert_num_queries(2):
-        assert quotas.quota_allows(alice, "p3", a100, 1, 1.0, now=NOW) is None
+    with django_assert_num_queries(3):
+        assert quotas.quota_allows(alice, "p3", a100, 1, *window(1), now=NOW) is None
 
 
 def test_the_fair_share_page_reads_a_fixed_number_of_queries(
@@ -262,14 +270,37 @@ def test_users_see_their_quotas_and_their_projects_as_sentences(history, alice, 
 def test_quota_allows_says_which_limit_a_request_passes(history, alice, a100):
     Quota.objects.create(user=alice, pool=a100, max_gpus=8, gpu_hours=500, period="month")
     Quota.objects.create(project="vision", pool=a100, gpu_hours=100, period="week")
-    assert quotas.quota_allows(alice, "vision", a100, 4, 10, now=NOW) is None
-    assert quotas.quota_allows(alice, "vision", a100, 10, 1, now=NOW) == (
+    assert quotas.quota_allows(alice, "vision", a100, 4, *window(10), now=NOW) is None
+    assert quotas.quota_allows(alice, "vision", a100, 10, *window(1), now=NOW) == (
         "user alice may use 8 GPUs at once in pool a100; this asks for 10"
     )
-    assert quotas.quota_allows(alice, "vision", a100, 8, 10, now=NOW) == (
+    assert quotas.quota_allows(alice, "vision", a100, 8, *window(10), now=NOW) == (
         "project vision has 78 of 100 GPU-hours left this week in pool a100; this needs 80"
     )
-    assert quotas.quota_allows(alice, "", None, 100, 100, now=NOW) is None  # no quota there
+    assert quotas.quota_allows(alice, "", None, 100, *window(100), now=NOW) is None  # no quota
+
+
+def test_quota_allows_counts_the_holders_reservations_so_split_bookings_fit_as_one(
+    history, bob, a100
+):
+    """Against 4 GPUs at once and 10 GPU-hours, with 4 GPUs booked for two hours: 4 more in
+    that window pass the GPUs at once; after it, 3 GPU-hours pass the 2 left."""
+    carol = person("carol")  # no history
+    Quota.objects.create(user=carol, pool=a100, max_gpus=4, gpu_hours=10, period="month")
+    start, end = window(2, after=24)
+    for owner, state in ((carol, "approved"), (bob, "approved"), (carol, "canceled")):
+        Reservation.objects.create(  # bob's and the canceled one count for none
+            owner=owner, pool=a100, gpu_count=4, start=start, end=end, state=state
+        )
+    assert quotas.quota_allows(carol, "", a100, 4, *window(1, after=25), now=NOW) == (
+        "user carol may use 4 GPUs at once in pool a100; this asks for 4 beside 4 it has "
+        "reserved then"
+    )
+    assert quotas.quota_allows(carol, "", a100, 1, *window(3, after=26), now=NOW) == (
+        "user carol has 10 of 10 GPU-hours left this month in pool a100; this needs 3 beside 8 "
+        "reserved"
+    )
+    assert quotas.quota_allows(carol, "", a100, 1, *window(2, after=26), now=NOW) is None
 
 
 def test_quota_services_are_audited_and_name_the_field(alice, a100):

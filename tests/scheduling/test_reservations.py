@@ -16,7 +16,7 @@ from gpuadmin.audit.models import AuditEvent
 from health.choices import AlertState
 from health.models import Alert
 from inventory.models import Gpu, Node, Pool
-from scheduling import reservations
+from scheduling import loop, placement, reservations, services
 from scheduling.models import (
     Job,
     JobState,
@@ -212,6 +212,83 @@ def test_a_hold_lost_to_a_race_is_tried_again_on_other_gpus(fleet, alice, monkey
     assert set(held(reservation)).isdisjoint(held(rival))
 
 
+def running_on(owner, gpus: list[Gpu], max_runtime_s: int | None) -> Job:
+    """A job holding ``gpus`` that started now, with that maximum runtime."""
+    job = services.submit_job(
+        owner, command=["sleep", "1"], gpu_count=len(gpus), max_runtime_s=max_runtime_s
+    )
+    services.allocate(job, [gpu.pk for gpu in gpus], actor=owner)
+    Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+def test_gpus_that_work_may_still_hold_at_the_start_are_not_chosen(fleet, alice):
+    """As Slurm refuses busy nodes: a job with no maximum runtime, or one running past the
+    window's start, keeps its GPUs out of the choice; one sure to end before it does not."""
+    dgx01 = list(Gpu.objects.filter(node__hostname="dgx-01").order_by("index"))
+    forever = running_on(alice, dgx01[:4], None)
+    long = running_on(alice, dgx01[4:6], 4 * 3600)
+    running_on(alice, dgx01[6:], 1800)  # gone in half an hour
+    reservation = reservations.request(alice, 2, soon(1), soon(2))
+    assert held(reservation) == ["dgx-01:6", "dgx-01:7"]
+    with pytest.raises(ReservationConflict) as refused:
+        reservations.request(alice, 2, soon(1), soon(2), gpus=[dgx01[0], dgx01[4]])
+    assert str(refused.value) == (
+        f"in use at the start of the window: {dgx01[0].uuid} by job {forever.pk}, which has "
+        f"no maximum runtime; {dgx01[4].uuid} by job {long.pk} until "
+        f"{reservations.moment_text(long.started_at + timedelta(hours=4))}"
+    )
+    later = reservations.request(alice, 2, soon(5), soon(6), gpus=dgx01[4:6])
+    assert held(later) == ["dgx-01:4", "dgx-01:5"]  # after the long job's maximum runtime
+    assert Reservation.objects.count() == 2
+
+
+def test_named_gpus_no_longer_reservable_at_approval_are_refused(fleet, alice, root):
+    PoolPolicy.objects.create(pool=None, reservation_auto_approve=False)
+    gpu = Gpu.objects.get(node__hostname="dgx-01", index=0)
+    reservation = reservations.request(alice, 1, soon(1), soon(2), gpus=[gpu])
+    Gpu.objects.filter(pk=gpu.pk).update(mps_shared=True)  # after the request
+    with pytest.raises(ReservationConflict, match=f"{gpu.uuid} no longer reservable"):
+        reservations.approve(reservation, root)
+    reservation.refresh_from_db()
+    assert (reservation.state, held(reservation)) == (ReservationState.REQUESTED, [])
+
+
+def test_a_placement_committed_after_an_approval_meets_its_holds(fleet, alice):
+    """The loop read the fleet, then a reservation took the GPUs it chose: the commit, which
+    reads the windows with the GPU rows locked, refuses the placement."""
+    job = services.submit_job(alice, command=["true"], gpu_count=8)
+    read = loop.read_pass_input()
+    result = placement.plan(read.snapshot)
+    [decision] = result.placements
+    [(_host, gpu_ids)] = decision.by_node
+    reservations.request(alice, 8, soon(0.5), soon(2), gpus=Gpu.objects.filter(pk__in=gpu_ids))
+    assert loop.commit_placements(result.placements, read.slots) == ([], 1)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+
+
+def test_a_manual_allocation_keeps_to_the_reservations_the_pool_and_the_share(fleet, alice, root):
+    """The rules the engine places by hold for an operator's allocation too."""
+    gpu = Gpu.objects.get(node__hostname="dgx-01", index=0)
+    reservations.request(alice, 1, soon(0.5), soon(2), gpus=[gpu])
+    job = services.submit_job(alice, command=["true"], max_runtime_s=7200)
+    with pytest.raises(services.AllocationRefused, match="held by a reservation"):
+        services.allocate(job, [gpu.pk], actor=root, manual=True)
+    other = Gpu.objects.get(node__hostname="dgx-02", index=0)
+    Gpu.objects.filter(pk=other.pk).update(pool=Pool.objects.create(name="research"))
+    with pytest.raises(services.AllocationRefused, match="outside the job's pool"):
+        services.allocate(job, [other.pk], actor=root, manual=True)
+    mig_job = services.submit_job(alice, command=["true"], mig_profile="1g.10gb")
+    spare = Gpu.objects.get(node__hostname="dgx-02", index=1)
+    with pytest.raises(services.AllocationRefused, match="asks for a MIG device, not whole"):
+        services.allocate(mig_job, [spare.pk], actor=root, manual=True)
+    short = services.submit_job(alice, command=["true"], max_runtime_s=600)
+    services.allocate(short, [gpu.pk], actor=root, manual=True)  # gone before the window
+    assert short.state == JobState.SCHEDULED
+
+
 def test_pick_gpus_prefers_one_node_then_one_numa_node_then_the_fullest_node():
     def gpu(host: str, index: int, numa: int | None) -> SimpleNamespace:
         return SimpleNamespace(node=SimpleNamespace(hostname=host), index=index, numa_node=numa)
@@ -346,7 +423,7 @@ def test_reservation_windows_are_the_approved_ones_not_over(fleet, alice, root):
     reservations.cancel(reservations.request(alice, 1, soon(1), soon(2)), alice)
     over = reservations.request(alice, 1, soon(0), soon(1))
     shift(over, 2 * HOUR)
-    (window,) = reservations.reservation_windows(now)
+    (window,) = services.reservation_windows(now)
     assert window.id == approved.pk
     assert window.owner == str(alice.pk)
     assert window.gpu_ids == tuple(
