@@ -489,6 +489,7 @@ class HeldRow(NamedTuple):
     preemptible: bool
     borrowed: bool
     preempt_requested_at: float | None
+    cancel_requested_at: float | None
     array_id: int | None
     gpu_count: int
     node_count: int
@@ -497,7 +498,13 @@ class HeldRow(NamedTuple):
     host_memory_mib: int
 
 
-HELD_EPOCHS = ("started_at", "scheduled_at", "submitted_at", "preempt_requested_at")
+HELD_EPOCHS = (
+    "started_at",
+    "scheduled_at",
+    "submitted_at",
+    "preempt_requested_at",
+    "cancel_requested_at",
+)
 # A RunningJob is made of its row, its GPUs, the pass's clock when it has no start yet, its
 # earlier attempts' service (``_attained_service``) and its predicted end (``history``):
 # nothing else (see ``Reuse``).
@@ -556,7 +563,7 @@ def _running_job(inputs: RunningInputs) -> placement.RunningJob:
         submitted_at=job.submitted_at,
         preemptible=job.preemptible,
         borrowed=job.borrowed,
-        stopping=job.preempt_requested_at is not None,
+        stopping=job.preempt_requested_at is not None or job.cancel_requested_at is not None,
         array=job.array_id,
         attained_service_s=0.0 if attained is None else attained[0],
         cpus=job.cpus,

@@ -144,6 +144,11 @@ class Job(models.Model):
     preemptions = models.PositiveSmallIntegerField(
         default=0, help_text="Times it was stopped for another job and re-queued."
     )
+    failures = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Runs that failed, timed out or were lost: what max_retries counts (a "
+        "preemption, a re-layout's or a fault's re-queue does not).",
+    )
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
     scheduled_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -168,6 +173,9 @@ class Job(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
+    # Set when its owner (or an operator) asked its agents to stop it: its end is a cancel
+    # whatever its processes made of the signal, and no pass picks it as a victim meanwhile.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-pk"]
@@ -272,6 +280,10 @@ class Allocation(models.Model):
     mps_memory_mib = models.PositiveIntegerField(null=True, blank=True)
     attempt = models.PositiveSmallIntegerField(default=0)
     manual = models.BooleanField(default=False, help_text="Made by hand (gpu-allocate).")
+    borrowed = models.BooleanField(
+        default=False,
+        help_text="Its attempt ran over quota on idle GPUs: counted against no quota.",
+    )
     # The database's clock (the INSERT's and the release UPDATE's statement time), so one GPU's
     # allocations never overlap in time, whichever host wrote them (see services.allocate).
     allocated_at = models.DateTimeField(db_default=Now())

@@ -35,8 +35,9 @@ def preempt(
     actor_name: str = services.LOOP_ACTOR,
 ) -> list[int]:
     """Start preempting the decision's victims for its job: the ids of those marked now.
-    A victim that already ended, or is already being preempted, is left alone. ``signal``
-    names the first signal (``SIGTERM``, ``SIGUSR1`` ...; ``ValueError`` for another name)."""
+    A victim that already ended, or is already being preempted or canceled, is left alone.
+    ``signal`` names the first signal (``SIGTERM``, ``SIGUSR1`` ...; ``ValueError`` for
+    another name)."""
     if signal not in signals.Signals.__members__:
         raise ValueError(f"{signal!r} is not a signal name")
     now = timezone.now()
@@ -53,6 +54,7 @@ def preempt(
             if pk in locked
             and locked[pk].state in HOLDING_STATES
             and locked[pk].preempted_by_id is None
+            and locked[pk].cancel_requested_at is None
         ]
         preemptor = locked.get(decision.job_id)
         if not victims or preemptor is None or preemptor.state != JobState.QUEUED:

@@ -9,8 +9,9 @@ What a holder uses is read from the allocations, in one statement each, whatever
 - **GPU-hours this period**: the same parts times the seconds of each allocation inside the
   period (``allocated_at`` to ``released_at``, or now while it runs, clipped to the period).
   Periods start at local midnight (``TIME_ZONE``): today, this week (Monday) or this month.
-  Work borrowed over quota (``Job.borrowed``: on idle GPUs, preemptible) counts in neither:
-  the quota counts the work it admitted, as the engine's ``QuotaBook`` does.
+  Work borrowed over quota (``Allocation.borrowed``, each attempt its own: on idle GPUs,
+  preemptible) counts in neither: the quota counts the work it admitted, as the engine's
+  ``QuotaBook`` does.
 - **Fair-share usage** in a pool: GPU-seconds decayed with the pool's half-life ``h``, i.e. the
   integral of ``share * 2^(-(now - t) / h)`` over each allocation's time, computed in closed
   form, ``h / ln 2 * (2^(-(now - end) / h) - 2^(-(now - start) / h))``. Time longer ago than
@@ -176,7 +177,7 @@ HELD_SQL = """
     JOIN inventory_gpu g ON g.id = a.gpu_id
     LEFT JOIN inventory_pool p ON p.id = j.pool_id
     LEFT JOIN inventory_miginstance mi ON mi.id = a.mig_instance_id
-    WHERE NOT j.borrowed AND (a.released_at IS NULL OR a.released_at > %(since)s) {holders}
+    WHERE NOT a.borrowed AND (a.released_at IS NULL OR a.released_at > %(since)s) {holders}
     GROUP BY 1, 2, 3, 4, 5, 6, 7
 """
 # Only the allocations of these owners and projects.

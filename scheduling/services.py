@@ -296,10 +296,14 @@ def transition(
 ) -> Job:
     """Move a job to state ``to`` under a row lock, set ``fields``, release its allocations
     when it stops holding GPUs, and audit ``job.<to>``. ``expect`` narrows the states it may
-    leave (e.g. only QUEUED for a placement). Raises ``IllegalTransition``."""
+    leave (e.g. only QUEUED for a placement). A job whose cancel was asked for (and is under
+    way) is canceled instead of re-queued or failed. Raises ``IllegalTransition``."""
     job_id = job if isinstance(job, int) else job.pk
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job_id)
+        if locked.cancel_requested_at is not None and to in (S.QUEUED, S.FAILED):
+            # Stopped for its hardware while its cancel was under way: canceled, as asked.
+            to, message = S.CANCELED, f"canceled ({to} as it stopped: {message})"
         before, columns = _change(locked, to, message, expect, fields)
         locked.save(update_fields=columns)
         if before["state"] in HOLDING_STATES and to not in HOLDING_STATES:
@@ -340,6 +344,8 @@ def _change(
         if locked.preempted_by_id is not None:  # its preemption ends with its attempt
             fields.setdefault("preempted_by", None)
             fields.setdefault("preempt_requested_at", None)
+        if locked.cancel_requested_at is not None:  # and so does a cancel asked for
+            fields.setdefault("cancel_requested_at", None)
     if message:
         fields["message"] = message
     # A job that stops waiting drops the loop's word on its wait (not audited, like it).
@@ -898,8 +904,11 @@ def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
     nodes = job_nodes(job) if job.state in HOLDING_STATES else []
     if nodes and all(node.is_reachable() for node in nodes):
         with transaction.atomic():
-            # A cancel overrides a preemption under way: its end is a cancel, not re-queued.
-            Job.objects.filter(pk=job.pk).update(preempted_by=None, preempt_requested_at=None)
+            # A cancel overrides a preemption under way, and no later pass may start one: its
+            # end is a cancel, not a re-queue (``_end_of``).
+            Job.objects.filter(pk=job.pk).update(
+                preempted_by=None, preempt_requested_at=None, cancel_requested_at=timezone.now()
+            )
             record(
                 "job.cancel_requested",
                 actor=actor,
@@ -1195,6 +1204,7 @@ def _allocate(
             else devices[grant.mig_instance][1],
             mps_percent=grant.mps_percent,
             mps_memory_mib=grant.mps_memory_mib,
+            borrowed=grant.borrowed,
         )
         for grant in accepted
         for gpu_id in sorted(grant.gpu_ids)
@@ -1248,12 +1258,14 @@ INSERTED_COLUMNS = (
     "device_uuid",
     "mps_percent",
     "mps_memory_mib",
+    "borrowed",
 )
 INSERT_ALLOCATIONS_SQL = f"""
     INSERT INTO scheduling_allocation ({", ".join(INSERTED_COLUMNS)}, allocated_at)
     SELECT {", ".join(INSERTED_COLUMNS)}, statement_timestamp()
     FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::integer[], %s::boolean[],
-                %s::text[], %s::bigint[], %s::text[], %s::integer[], %s::integer[])
+                %s::text[], %s::bigint[], %s::text[], %s::integer[], %s::integer[],
+                %s::boolean[])
         WITH ORDINALITY AS new ({", ".join(INSERTED_COLUMNS)}, n)
     ORDER BY n
     RETURNING id, job_id, gpu_id, allocated_at
@@ -1383,6 +1395,8 @@ def _allocation_facts(row: Allocation) -> dict[str, Any]:
         facts.update(kind=row.kind, device=row.device_uuid)
     elif row.kind == AllocationKind.MPS:
         facts.update(kind=row.kind, mps_percent=row.mps_percent, mps_memory_mib=row.mps_memory_mib)
+    if row.borrowed:
+        facts["borrowed"] = True
     return facts
 
 
@@ -1512,14 +1526,15 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
                 continue
             if job.state not in HOLDING_STATES:
                 continue
-            if job.preempted_by_id is not None and event.state != "completed":
+            preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
+            if preempted and event.state != "completed":
                 reached.update(moves.write())
                 if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
                 continue
-            to, message = _end_of(job, event.state, event.exit_code, event.message)
-            fields: dict[str, Any] = {"exit_code": event.exit_code}
+            to, message, fields = _end_of(job, event.state, event.exit_code, event.message)
+            fields["exit_code"] = event.exit_code
             if to != S.QUEUED:
                 fields["finished_at"] = event.finished_at
             moves.add(job, to, message, **fields)
@@ -1563,21 +1578,26 @@ def job_finished(
     return job_events([event]).reached.get(job_id)
 
 
-def _end_of(job: Job, outcome: str, exit_code: int | None, message: str) -> tuple[str, str]:
-    """What the end of the job's current attempt with ``outcome`` makes of it, and its
-    message: retried outcomes re-queue it while retries are left (its preempted attempts do
-    not count)."""
+def _end_of(
+    job: Job, outcome: str, exit_code: int | None, message: str
+) -> tuple[str, str, dict[str, Any]]:
+    """What the end of the job's current attempt with ``outcome`` makes of it, its message
+    and the fields that change with it: a cancel asked for ends it canceled whatever its
+    processes made of the signal (unless they completed first); retried outcomes count a
+    failure and re-queue it while retries are left (a preemption, a re-layout's or a fault's
+    re-queue counts none)."""
     if outcome == "completed":
-        return S.COMPLETED, message
-    if outcome == "canceled":
-        return S.CANCELED, message
-    failures = job.attempt - job.preemptions if outcome in RETRIED_OUTCOMES else 0
-    if outcome in RETRIED_OUTCOMES and failures <= job.max_retries:
+        return S.COMPLETED, message, {}
+    if outcome == "canceled" or job.cancel_requested_at is not None:
+        return S.CANCELED, message or f"canceled ({outcome} as it stopped)", {}
+    if outcome not in RETRIED_OUTCOMES:
+        return S.FAILED, message or f"{outcome}: exit code {exit_code}", {}
+    failures = job.failures + 1
+    if failures <= job.max_retries:
         why = message or f"exit code {exit_code}"
-        return S.QUEUED, f"retry {failures}/{job.max_retries} after attempt {job.attempt} " + (
-            f"{outcome}: {why}"
-        )
-    return S.FAILED, message or f"{outcome}: exit code {exit_code}"
+        said = f"retry {failures}/{job.max_retries} after attempt {job.attempt} {outcome}: {why}"
+        return S.QUEUED, said, {"failures": failures}
+    return S.FAILED, message or f"{outcome}: exit code {exit_code}", {"failures": failures}
 
 
 class _Moves:

@@ -177,6 +177,56 @@ def test_a_cancel_during_the_grace_wins(alice, gpus, django_capture_on_commit_ca
     assert services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now()) == "canceled"
 
 
+def test_a_job_being_canceled_is_no_victim_and_its_end_is_a_cancel(
+    alice, gpus, django_capture_on_commit_callbacks
+):
+    """A pass during its cancel's grace cannot make it a victim (it would be re-queued), and
+    whatever its processes made of the signal, its end is a cancel, not a retry."""
+    victim, high = running(alice, gpus[0], max_retries=3), waiting(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.cancel_job(victim, actor=alice)
+    assert preempt(decision(high, victim), signal="SIGTERM", grace_s=30) == []
+    victim.refresh_from_db()
+    assert (victim.preempted_by_id, victim.cancel_requested_at is not None) == (None, True)
+    assert services.job_finished(victim.pk, 1, "failed", 143, "", timezone.now()) == "canceled"
+    victim.refresh_from_db()
+    assert (victim.message, victim.failures, victim.cancel_requested_at) == (
+        "canceled (failed as it stopped)",
+        0,
+        None,
+    )
+
+
+def test_a_job_being_canceled_that_its_hardware_stops_is_canceled(
+    alice, gpus, django_capture_on_commit_callbacks
+):
+    victim = running(alice, gpus[0])
+    with django_capture_on_commit_callbacks(execute=True):
+        services.cancel_job(victim, actor=alice)
+    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79 on its GPU")
+    victim.refresh_from_db()
+    assert (victim.state, victim.message) == (
+        JobState.CANCELED,
+        "canceled (queued as it stopped: XID 79 on its GPU)",
+    )
+
+
+def test_requeues_for_the_hardware_count_no_failure(alice, gpus):
+    """A re-layout's or a fault's re-queue is not the job's failure: max_retries is left."""
+    job = running(alice, gpus[0], max_retries=1)
+    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="its GPU went offline")
+    job.refresh_from_db()
+    services.allocate(job, [gpus[1].pk], actor=alice)
+    services.job_started(job.pk, 2, 4343, timezone.now())
+    assert services.job_finished(job.pk, 2, "failed", 3, "", timezone.now()) == "queued"
+    job.refresh_from_db()
+    assert (job.failures, job.message[:29]) == (1, "retry 1/1 after attempt 2 fai")
+    services.allocate(job, [gpus[1].pk], actor=alice)
+    assert services.job_finished(job.pk, 3, "failed", 3, "", timezone.now()) == "failed"
+    job.refresh_from_db()
+    assert job.failures == 2
+
+
 def test_nothing_happens_for_a_job_no_longer_waiting_or_a_bad_signal(alice, gpus):
     victim, other = running(alice, gpus[0]), running(alice, gpus[1])
     assert preempt(decision(other, victim), signal="SIGTERM", grace_s=30) == []

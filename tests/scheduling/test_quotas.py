@@ -131,8 +131,7 @@ def test_quota_limits_count_gpus_now_and_gpu_hours_in_each_period(
 
 
 def test_borrowed_work_counts_against_no_quota_but_in_fair_share(alice, gpus):
-    borrowed = held(alice, gpus[0], ago(2), None)
-    Job.objects.filter(pk=borrowed.job_id).update(borrowed=True)
+    held(alice, gpus[0], ago(2), None, borrowed=True)
     held(alice, gpus[1], ago(1), None)
     Quota.objects.create(user=alice, max_gpus=1, gpu_hours=10, period="day")
     (limit,) = quotas.quota_limits(NOW)
@@ -140,6 +139,24 @@ def test_borrowed_work_counts_against_no_quota_but_in_fair_share(alice, gpus):
     assert (limit.name, limit.period) == ("alice", "day")
     usage = quotas.fairshare_usage(NOW, {})[None, ("user", str(alice.pk))]
     assert usage > 2.9 * H  # both: 3 GPU-hours, barely decayed
+
+
+def test_each_attempt_counts_as_it_was_placed_borrowed_or_not(alice, gpus):
+    """Two hours within quota, then re-queued and placed again as borrowed: the two hours
+    still count (the job's flag is its latest attempt's, not its first's)."""
+    first = held(alice, gpus[0], ago(3), ago(1), attempt=1)
+    Allocation.objects.create(
+        job=first.job,
+        gpu=gpus[1],
+        node=gpus[1].node,
+        allocated_at=ago(1),
+        attempt=2,
+        borrowed=True,
+    )
+    Job.objects.filter(pk=first.job_id).update(borrowed=True, attempt=2, state=JobState.RUNNING)
+    Quota.objects.create(user=alice, gpu_hours=10, period="day")
+    (limit,) = quotas.quota_limits(NOW)
+    assert (limit.gpus_in_use, limit.gpu_hours_used) == (0, pytest.approx(2))
 
 
 def test_the_number_of_queries_does_not_grow_with_the_history(
