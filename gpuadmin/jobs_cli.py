@@ -145,7 +145,7 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         **{name: value for name, value in options.items() if value is not None},
     }
     submitted = api.call("POST", "/queue/submit", body)
-    if args.array:
+    if "task_ids" in submitted:  # an array, as the server read --array (a blank one is none)
         ids = submitted["task_ids"]
         cap = submitted["max_running"]
         print(

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from gpuadmin import dates
 from gpuadmin.refusals import FieldRefusal
+from gpuadmin.spreadsheets import inert
 from health.choices import RuleKind
 from health.models import AlertRule
 from inventory.nvml.mig_catalog import compute_share, table_for_gpu
@@ -266,7 +267,8 @@ CSV_HEADER = (
 
 
 def csv_text(start: date, end: date) -> str:
-    """Every ``UsageDay`` row of the period as CSV (hours, kWh), one row per day and holder."""
+    """Every ``UsageDay`` row of the period as CSV (hours, kWh), one row per day and holder;
+    names a spreadsheet would run as a formula quoted (``gpuadmin.spreadsheets``)."""
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(CSV_HEADER)
@@ -279,9 +281,9 @@ def csv_text(start: date, end: date) -> str:
         writer.writerow(
             (
                 row.day.isoformat(),
-                row.pool.name if row.pool else "",
-                row.user.get_username(),
-                row.project,
+                inert(row.pool.name) if row.pool else "",
+                inert(row.user.get_username()),
+                inert(row.project),
                 *(f"{getattr(row, name) / 3600:.4f}" for name in SUMMED),
                 f"{row.energy_j / 3.6e6:.4f}",
             )

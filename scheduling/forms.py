@@ -162,9 +162,15 @@ class SubmitJobForm(forms.Form):
         return env
 
     def _seconds(self, name: str) -> int | None:
-        """Whole seconds; the service checks them against its limits."""
+        """Whole seconds, as the API takes them (a fraction is an error on the field, not cut
+        off); the service checks them against its limits."""
         value: timedelta | None = self.cleaned_data.get(name)
-        return None if value is None else int(value.total_seconds())
+        if value is None:
+            return None
+        if value.microseconds:
+            self.add_error(name, "Enter a whole number of seconds.")
+            return None
+        return int(value.total_seconds())
 
     def clean(self) -> dict[str, Any]:
         super().clean()

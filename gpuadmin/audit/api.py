@@ -25,6 +25,7 @@ from gpuadmin.api import Pagination
 from gpuadmin.audit.access import CanReadAudit
 from gpuadmin.audit.filters import AuditEventFilterSet
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.spreadsheets import inert
 
 CSV_COLUMNS = (
     "id",
@@ -43,8 +44,6 @@ CSV_COLUMNS = (
 # The model field behind each column (the ``actor`` column is who acted, by name).
 CSV_SOURCES = tuple("actor_name" if column == "actor" else column for column in CSV_COLUMNS)
 CSV_CHUNK_ROWS = 2000
-# A cell a spreadsheet would run as a formula (OWASP "CSV injection") gets a leading quote.
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 class AuditEventSerializer(serializers.ModelSerializer):
@@ -72,8 +71,7 @@ def _cell(value: Any) -> str:
         value = _TIME.to_representation(value)
     if isinstance(value, dict | list):
         value = json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True)
-    text = str(value)
-    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
+    return inert(str(value))
 
 
 def csv_lines(rows: Iterable[Mapping[str, Any]]) -> Iterator[str]:

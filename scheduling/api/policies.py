@@ -73,17 +73,24 @@ class PoolPolicySerializer(api.ModelSerializer):
         extra_kwargs = bounds(admin_services.POLICY_LIMITS)
 
 
+class PoolNameField(serializers.SlugRelatedField):
+    """A pool by name; ``~`` (or null) names the GPUs in no pool, as in the URLs."""
+
+    def to_internal_value(self, data: Any) -> Pool | None:
+        return None if data == quotas.NO_POOL else super().to_internal_value(data)
+
+
 class PolicySerializer(PoolPolicySerializer):
     """``PUT /orchestrator/policies``: the queue policy of the GPUs in no pool, or of ``pool``.
     ``policy`` and ``aging_interval_s`` are required (the seed's body); every other policy
     setting may be given too, and one left out keeps its value."""
 
-    pool = serializers.SlugRelatedField(
+    pool = PoolNameField(
         slug_field="name",
         queryset=Pool.objects.all(),
         allow_null=True,
         default=None,
-        help_text="A pool's name; none: the GPUs in no pool.",
+        help_text="A pool's name; none or ~: the GPUs in no pool.",
     )
 
     def get_fields(self) -> dict[str, serializers.Field]:

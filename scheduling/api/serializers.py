@@ -83,7 +83,7 @@ class DependencyField(serializers.Field):
 
     def to_internal_value(self, data: Any) -> str | list[tuple[str, int]]:
         if isinstance(data, str):
-            return data
+            return data.strip()  # as text fields (and the form) read it: a blank one is none
         if not isinstance(data, list):
             self.fail("invalid")
         pairs = []

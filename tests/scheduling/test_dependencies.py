@@ -97,9 +97,11 @@ def test_json_list_of_dependencies(alice):
     ]
 
 
-def test_a_job_without_dependencies_shows_none(alice):
-    response = alice.post("/api/v1/jobs/", {"command": "true"}, format="json")
-    assert response.json()["dependencies"] == []
+@pytest.mark.parametrize("blank", [{}, {"dependency": ""}, {"dependency": " \t"}])
+def test_a_job_without_dependencies_shows_none(alice, blank):
+    """A blank dependency is none, as the form reads it."""
+    response = alice.post("/api/v1/jobs/", {"command": "true", **blank}, format="json")
+    assert (response.status_code, response.json()["dependencies"]) == (201, [])
 
 
 @pytest.mark.parametrize(

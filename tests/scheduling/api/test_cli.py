@@ -175,6 +175,10 @@ def test_arrays_and_dependencies(gpuadmin, fleet):
         1,
         "gpuadmin jobs submit: HTTP 400: array: more than 10000 tasks; submit several arrays\n",
     )
+    # A blank --array is no array (the server's reading): one job, said as one.
+    status, out, err = gpuadmin("jobs", "submit", "--array", "   ", "--", "true")
+    assert status == 0, err
+    assert out.startswith(f"job {Job.objects.latest('pk').pk} submitted: queued")
 
 
 def test_submit_refused_names_the_field(gpuadmin, fleet):

@@ -69,6 +69,8 @@ def test_policies(admin, db):
     assert (row.before, row.after) == ({"policy": DEFAULT_POLICY, "aging_interval_s": 60}, change)
     assert row.message == "policy of no pool"
     admin.put("/orchestrator/policies", change, format="json")  # unchanged: no second row
+    # ~ names the GPUs in no pool, as in /api/v1/policies/~/
+    admin.put("/orchestrator/policies", {**change, "pool": "~"}, format="json")
     assert events("scheduling.poolpolicy") == ["scheduler.policy_changed"]
 
 

@@ -116,6 +116,7 @@ def test_a_shell_command_is_kept_whole(client, alice, agents):
         ({"gpu_count": "0"}, "gpu_count", "Ensure this value is greater than or equal to 1."),
         ({"gpu_model": "NVIDIA B300"}, "gpu_model", "Select a valid choice."),
         ({"max_runtime": "soon"}, "max_runtime", "Enter a valid duration."),
+        ({"max_runtime": "1.9"}, "max_runtime", "Enter a whole number of seconds."),
         ({"max_retries": "21"}, "max_retries", "Ensure this value is less than or equal to 20."),
     ],
 )

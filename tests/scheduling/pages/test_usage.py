@@ -164,6 +164,16 @@ def test_the_csv_export_lists_each_day_and_holder_in_hours(client, alice, gpus):
     assert float(rows[0]["allocated_gpu_hours"]) == pytest.approx(3)
 
 
+def test_the_csv_export_quotes_names_a_spreadsheet_would_run(client, alice, gpus):
+    """Anyone names their project: one that reads as a formula is written inert."""
+    held(finished_job(alice, project='=HYPERLINK("http://x","a")'), gpus[0], at(1), at(4))
+    accounting.roll_up(DAY, now=at(30))
+    client.force_login(alice)
+    text = client.get("/usage.csv", {"start": "2026-11-01", "end": "2026-11-30"}).content.decode()
+    [row] = csv.DictReader(io.StringIO(text))
+    assert row["project"] == '\'=HYPERLINK("http://x","a")'
+
+
 BAD_PERIODS = [
     ({"start": "2026-13-01"}, "start"),
     ({"start": "0001-01-01", "end": "2026-01-31"}, "start"),  # no month before it
