@@ -715,7 +715,8 @@ def _reservation(
     owner: User, reservation_id: int, pool: str | None, fields: Mapping[str, Any]
 ) -> tuple[Reservation, str | None]:
     """The reservation a job runs in (``owner``'s own, requested or approved, not ended) and
-    the job's pool: the reservation's when the job names none."""
+    the job's pool: the reservation's when the job names none. A job that could never run in
+    it (whole GPUs only; a maximum runtime that ends inside the window) is refused."""
     found = (
         Reservation.objects.select_related("pool").filter(pk=reservation_id, owner=owner).first()
     )
@@ -749,6 +750,19 @@ def _reservation(
         raise JobRejected(
             "reservation", f"reservation {found.pk} holds {found.gpu_model} GPUs, not {model}"
         )
+    if fields.get("mig_profile") or fields.get("mps_percent") is not None:
+        raise JobRejected(
+            "reservation",
+            f"reservation {found.pk} holds whole GPUs: a MIG device or an MPS share runs outside",
+        )
+    # The engine's rule for a job in a window, as it will place it: from the window's start on.
+    window = placement.ReservationWindow(
+        found.pk, str(owner.pk), (), found.start.timestamp(), found.end.timestamp()
+    )
+    book = ReservationBook([window], max(found.start, timezone.now()).timestamp())
+    never = book.refusal(_Booker(str(owner.pk), fields.get("max_runtime_s"), found.pk))
+    if never is not None:
+        raise JobRejected("max_runtime_s", never[0])
     return found, held
 
 

@@ -182,11 +182,28 @@ def test_the_service_refuses_them_whoever_calls_it(alice, pools):
 
 def test_a_job_in_its_owners_reservation_takes_its_pool(alice, pools):
     held = reservation(alice.user, pool=pools)
-    response = post(alice, {"reservation": held.pk, "gpu_count": 4})
+    response = post(alice, {"reservation": held.pk, "gpu_count": 4, "max_runtime_s": 7200})
     assert response.status_code == 201, response.json()
     assert (response.json()["reservation"], response.json()["pool"]) == (held.pk, "a100")
     requested = reservation(alice.user, state=ReservationState.REQUESTED)
-    assert post(alice, {"reservation": requested.pk}).status_code == 201
+    assert post(alice, {"reservation": requested.pk, "max_runtime_s": 60}).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "message"),
+    [
+        ({}, "max_runtime_s", "needs a maximum runtime to run in reservation"),
+        ({"max_runtime_s": 7201}, "max_runtime_s", "its maximum runtime runs past the end of"),
+        ({"mig_profile": "1g.10gb"}, "reservation", "holds whole GPUs: a MIG device or an MPS"),
+    ],
+)
+def test_a_job_that_could_never_run_in_its_reservation_is_refused(
+    alice, pools, body, field, message
+):
+    """The engine's rule, read at submission: a two-hour window holds whole GPUs, and a job
+    in it must be gone by its end (by its maximum runtime)."""
+    held = reservation(alice.user, pool=pools)
+    assert_refused(post(alice, {"reservation": held.pk, **body}), field, message)
 
 
 @pytest.mark.parametrize(
@@ -268,16 +285,20 @@ def test_form_takes_the_new_fields(alice, pools, client):
     body = {
         **FORM,
         "reservation": str(held.pk),
-        "mig_profile": "1g.10gb",
+        "max_runtime": "1:00:00",
         "dependency": f"afterok:{first.pk}",
     }
     response = client.post("/jobs/new/", body)
     assert response.status_code == 302
     job = Job.objects.latest("pk")
-    assert (job.pool, job.reservation, job.mig_profile) == (pools, held, "1g.10gb")
+    assert (job.pool, job.reservation) == (pools, held)
     assert list(job.dependencies.values_list("kind", "on_id")) == [("afterok", first.pk)]
-    page = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "MIG device 1g.10gb" in page and f"#{held.pk}" in page
+    assert f"#{held.pk}" in client.get(f"/jobs/{job.pk}/").content.decode()
+    response = client.post("/jobs/new/", {**FORM, "pool": "a100", "mig_profile": "1g.10gb"})
+    assert response.status_code == 302
+    job = Job.objects.latest("pk")
+    assert (job.pool, job.mig_profile) == (pools, "1g.10gb")
+    assert "MIG device 1g.10gb" in client.get(f"/jobs/{job.pk}/").content.decode()
 
 
 @pytest.mark.parametrize(
