@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
+from django.forms.utils import from_current_timezone
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLResolver, get_resolver
+from django.utils import timezone
 from django.views import defaults
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiSerializerExtension
@@ -26,6 +29,20 @@ from rest_framework.utils.serializer_helpers import BindingDict
 from gpuadmin.parsers import RequestTooLarge
 from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import is_api_view
+
+
+class LocalDateTimeField(serializers.DateTimeField):
+    """A time; one without an offset is read in the site's time zone as the pages' forms read
+    it: a time the clock skips or repeats there (a daylight-saving change) is refused, not
+    guessed."""
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if timezone.is_naive(value):
+            try:
+                value = from_current_timezone(value)
+            except DjangoValidationError as exc:
+                raise ValidationError(exc.messages) from None
+        return super().enforce_timezone(value)
 
 
 class Pagination(LimitOffsetPagination):

@@ -10,6 +10,7 @@ from django import forms
 from gpuadmin.filters import SuggestInput, distinct_values
 from inventory.models import Gpu, Node, Pool
 from scheduling import reservations
+from scheduling.placement.text import listing
 
 
 class DateTimeInput(forms.DateTimeInput):
@@ -17,7 +18,13 @@ class DateTimeInput(forms.DateTimeInput):
 
 
 class ReservationForm(forms.Form):
-    gpu_count = forms.IntegerField(label="GPUs", min_value=1, max_value=4096, initial=1)
+    gpu_count = forms.IntegerField(
+        label="GPUs",
+        min_value=1,
+        max_value=reservations.MAX_GPUS,
+        required=False,
+        help_text="Blank: the number of GPUs named below, else 1.",
+    )
     start = forms.DateTimeField(widget=DateTimeInput(format="%Y-%m-%dT%H:%M"))
     end = forms.DateTimeField(
         widget=DateTimeInput(format="%Y-%m-%dT%H:%M"), help_text="The GPUs are free again then."
@@ -40,7 +47,8 @@ class ReservationForm(forms.Form):
     gpus = forms.CharField(
         label="GPU UUIDs",
         required=False,
-        help_text="Exactly these GPUs (separated by spaces or commas); then GPUs is their number.",
+        max_length=reservations.MAX_GPUS * 48,  # a UUID and a separator each, with room
+        help_text="Exactly these GPUs (separated by spaces or commas).",
     )
     project = forms.CharField(max_length=100, required=False)
     note = forms.CharField(
@@ -48,18 +56,20 @@ class ReservationForm(forms.Form):
     )
 
     def clean_gpus(self) -> list[Gpu]:
-        uuids = self.cleaned_data["gpus"].replace(",", " ").split()
+        uuids = list(dict.fromkeys(self.cleaned_data["gpus"].replace(",", " ").split()))
+        if len(uuids) > reservations.MAX_GPUS:
+            raise forms.ValidationError(f"At most {reservations.MAX_GPUS} GPUs.")
         found = {gpu.uuid: gpu for gpu in Gpu.objects.filter(uuid__in=uuids)}
         unknown = [uuid for uuid in uuids if uuid not in found]
         if unknown:
-            raise forms.ValidationError(f"No such GPU: {', '.join(unknown)}")
-        return [found[uuid] for uuid in dict.fromkeys(uuids)]
+            raise forms.ValidationError(f"No such GPU: {listing(unknown)}")
+        return [found[uuid] for uuid in uuids]
 
     def request(self) -> dict[str, Any]:
         """The keyword arguments of ``reservations.request`` but the owner."""
         data = self.cleaned_data
         return {
-            "gpu_count": len(data["gpus"]) or data["gpu_count"],
+            "gpu_count": data["gpu_count"],
             "start": data["start"],
             "end": data["end"],
             "pool": data["pool"],

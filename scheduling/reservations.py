@@ -62,6 +62,7 @@ ACTOR = "reservations"  # the sweep's changes
 START_SLACK = timedelta(minutes=5)
 MAX_LENGTH = timedelta(days=31)
 MAX_AHEAD = timedelta(days=365)
+MAX_GPUS = 4096  # GPUs one reservation books (its count, and GPUs named)
 # Approvals that lose a race for a GPU try again with the GPUs still free this many times.
 HOLD_ATTEMPTS = 5
 UNUSED_ALERT = "reservation-unused:"  # + the reservation's id
@@ -335,7 +336,7 @@ def _facts(reservation: Reservation, gpus: Iterable[Gpu] = ()) -> dict[str, Any]
 
 def request(
     owner: User,
-    gpu_count: int,
+    gpu_count: int | None,
     start: datetime,
     end: datetime,
     *,
@@ -346,8 +347,9 @@ def request(
     project: str = "",
     note: str = "",
 ) -> Reservation:
-    """Book ``gpu_count`` GPUs (of ``gpu_model``, on ``node``, or exactly ``gpus``) of ``pool``
-    for [start, end), audited ``reservation.requested``. Approved at once (and audited so)
+    """Book ``gpu_count`` GPUs (of ``gpu_model``, on ``node``, or exactly ``gpus``; None: as
+    many as ``gpus`` names, else 1) of ``pool`` for [start, end), audited
+    ``reservation.requested``. Approved at once (and audited so)
     when the pool auto-approves and it is within the owner's quota: then ``ReservationConflict``
     when the GPUs are not free, and nothing is written. Otherwise it waits for an admin.
     ``ReservationInvalid`` names the field of a request that can never be granted."""
@@ -355,9 +357,11 @@ def request(
     for name, value in (("project", project), ("note", note), ("gpu_model", gpu_model)):
         check_text(name, value)
     check_window(start, end, now)
+    named = sorted(set(gpus), key=lambda gpu: gpu.pk)
+    if gpu_count is None:
+        gpu_count = len(named) or 1
     if gpu_count < 1:
         raise ReservationInvalid("gpu_count", "at least 1")
-    named = sorted(set(gpus), key=lambda gpu: gpu.pk)
     if named and gpu_count != len(named):
         raise ReservationInvalid(
             "gpu_count", f"{plural(len(named), 'GPU')} named, but gpu_count is {gpu_count}"

@@ -34,8 +34,8 @@ class HistoryParamsSerializer(api.Serializer):
         required=False,
         help_text=f"The last hour, day or week, ending now (default {DEFAULT_RANGE}).",
     )
-    start = serializers.DateTimeField(required=False, help_text="ISO 8601, instead of range.")
-    end = serializers.DateTimeField(required=False, help_text="ISO 8601 (default: now).")
+    start = api.LocalDateTimeField(required=False, help_text="ISO 8601, instead of range.")
+    end = api.LocalDateTimeField(required=False, help_text="ISO 8601 (default: now).")
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
         """Adds ``since`` and ``until``: the range asked for, at most ``MAX_SPAN`` long."""

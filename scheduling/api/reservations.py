@@ -81,12 +81,12 @@ class ReservationSerializer(api.ModelSerializer):
 class ReservationRequestSerializer(api.Serializer):
     gpu_count = serializers.IntegerField(
         min_value=1,
-        max_value=4096,
+        max_value=reservations.MAX_GPUS,
         required=False,
         help_text="GPUs to book; default: the number of `gpus` named, else 1.",
     )
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField(help_text="Exclusive: the GPUs are free again at `end`.")
+    start = api.LocalDateTimeField(help_text="Without an offset: in the site's time zone.")
+    end = api.LocalDateTimeField(help_text="Exclusive: the GPUs are free again at `end`.")
     pool = serializers.SlugRelatedField(
         slug_field="name",
         queryset=Pool.objects.all(),
@@ -107,7 +107,7 @@ class ReservationRequestSerializer(api.Serializer):
     gpus = serializers.ListField(
         child=serializers.SlugRelatedField(slug_field="uuid", queryset=Gpu.objects.all()),
         required=False,
-        max_length=4096,
+        max_length=reservations.MAX_GPUS,
         help_text="UUIDs: exactly these GPUs.",
     )
     project = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
@@ -177,7 +177,7 @@ class ReservationViewSet(
         with reservation_errors():
             reservation = reservations.request(
                 signed_in(request),
-                data.get("gpu_count") or len(gpus) or 1,
+                data.get("gpu_count"),
                 data["start"],
                 data["end"],
                 pool=data.get("pool"),

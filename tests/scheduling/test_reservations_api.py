@@ -78,6 +78,22 @@ def test_named_gpus_default_the_count(fleet, people):
     data = client(people["alice"]).post(URL, payload, format="json").json()
     assert (data["gpu_count"], sorted(data["requested_gpus"])) == (3, sorted(uuids))
     assert sorted(data["gpus"]) == sorted(uuids)
+    twice = {**payload, "gpus": [uuids[0], uuids[0]], "start": at(3).isoformat()}
+    data = client(people["alice"]).post(URL, twice | {"end": at(4).isoformat()}, format="json")
+    assert (data.status_code, data.json()["gpu_count"]) == (201, 1)  # a GPU named twice is one
+
+
+@pytest.mark.parametrize("start", ["2027-03-28T02:30:00", "2027-10-31T02:30:00"])
+def test_a_local_time_the_clock_skips_or_repeats_is_refused(fleet, people, settings, start):
+    """As the page's form reads it: not guessed one way, as DRF alone would."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    payload = {"gpu_count": 1, "start": start, "end": "2027-11-01T10:00:00"}
+    response = client(people["alice"]).post(URL, payload, format="json")
+    assert response.status_code == 400
+    assert response.json()["start"] == [
+        f"{start.replace('T', ' ')} couldn’t be interpreted in time zone Europe/Berlin; it may "
+        "be ambiguous or it may not exist."
+    ]
 
 
 @pytest.mark.parametrize(

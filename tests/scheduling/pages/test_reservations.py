@@ -63,7 +63,15 @@ def test_a_refused_request_shows_on_its_field(client, node, alice):
     assert re.search(r'id="id_end-error">must be after the start<', response.content.decode())
     response = client.post("/reservations/", form(at(2), at(4), gpu_count="9", gpus="GPU-nope"))
     assert "No such GPU: GPU-nope" in response.content.decode()
+    # As the API: a count that is not the named GPUs' number is refused, not overridden.
+    gpu = Gpu.objects.filter(node=node).order_by("index").first()
+    response = client.post("/reservations/", form(at(2), at(4), gpu_count="5", gpus=gpu.uuid))
+    assert re.search(
+        r'id="id_gpu_count-error">1 GPU named, but gpu_count is 5<', response.content.decode()
+    )
     assert not Reservation.objects.exists()
+    client.post("/reservations/", form(at(2), at(4), gpu_count="", gpus=f"{gpu.uuid},{gpu.uuid}"))
+    assert Reservation.objects.get().gpu_count == 1
 
 
 def test_booked_gpus_are_said_above_the_form(client, node, alice, bob):
