@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from gpuadmin import dates
 from gpuadmin.access.permissions import signed_in
 from scheduling import accounting, quotas
 
@@ -20,8 +21,16 @@ BAR_WIDTH = 8
 
 
 class PeriodForm(forms.Form):
-    start = forms.DateField(required=False, help_text="First day (default: the 1st of the month).")
-    end = forms.DateField(required=False, help_text="Last day (default: today).")
+    start = forms.DateField(
+        required=False,
+        input_formats=dates.DAY_INPUT_FORMATS,
+        help_text="First day (default: the 1st of the month).",
+    )
+    end = forms.DateField(
+        required=False,
+        input_formats=dates.DAY_INPUT_FORMATS,
+        help_text="Last day (default: today).",
+    )
     group = forms.ChoiceField(required=False, choices=[(name, name) for name in accounting.GROUPS])
 
     def clean(self) -> dict:

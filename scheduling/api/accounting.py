@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpuadmin import api
+from gpuadmin import api, dates
 from gpuadmin.access.permissions import signed_in
 from scheduling import accounting, quotas
 from scheduling.api.policies import QuotaUseSerializer
@@ -29,8 +29,16 @@ from scheduling.placement import fairshare
 
 
 class PeriodQuerySerializer(api.Serializer):
-    start = serializers.DateField(required=False, help_text="First day (default: the 1st).")
-    end = serializers.DateField(required=False, help_text="Last day (default: today).")
+    start = serializers.DateField(
+        required=False,
+        input_formats=dates.DAY_INPUT_FORMATS,
+        help_text="First day, YYYY-MM-DD (default: the 1st).",
+    )
+    end = serializers.DateField(
+        required=False,
+        input_formats=dates.DAY_INPUT_FORMATS,
+        help_text="Last day, YYYY-MM-DD (default: today).",
+    )
     group = serializers.ChoiceField(choices=accounting.GROUPS, required=False)
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:

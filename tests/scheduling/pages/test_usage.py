@@ -181,6 +181,8 @@ BAD_PERIODS = [
     ({"start": "2026-11-30", "end": "2026-11-01"}, "start"),
     ({"start": "2020-01-01", "end": "2026-11-01"}, "start"),
     ({"end": "yesterday"}, "end"),
+    ({"start": "20261101"}, "start"),  # one way of writing a day, on the page and the API
+    ({"start": "11/01/2026"}, "start"),
     ({"group": "node"}, "group"),
 ]
 
