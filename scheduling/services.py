@@ -125,8 +125,11 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "array_tasks": (1, 10_000),
     "array_index": (0, 9_999_999),
     "array_max_running": (1, 10_000),
-    # Jobs one job may depend on (``--dependency``).
+    # Jobs one job may depend on (``--dependency``), and the dependencies of all the tasks of
+    # one array together (each task depends on each job: 10,000 x 100 was a million rows,
+    # read by every pass).
     "dependencies": (0, 100),
+    "array_dependencies": (0, 20_000),
 }
 
 
@@ -837,6 +840,13 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
     ``array.submitted``; the placement loop is woken once."""
     parsed = parse_array(spec)
     submission = check_submission(owner, **request)
+    most = SUBMISSION_LIMITS["array_dependencies"][1]
+    if len(parsed.indexes) * len(submission.needs) > most:
+        raise JobRejected(
+            "dependency",
+            f"{len(parsed.indexes)} tasks each depending on {len(submission.needs)} jobs: at "
+            f"most {most} dependencies in one array",
+        )
     state = S.PENDING if hold else S.QUEUED
     with transaction.atomic():
         array = JobArray.objects.create(

@@ -162,6 +162,22 @@ def test_every_task_of_an_array_depends(alice):
     ]
 
 
+def test_an_array_depends_on_at_most_so_many_jobs_in_all(alice):
+    """10,000 tasks each on 100 jobs were a million rows that every pass reads."""
+    firsts = [submit(alice.user) for _ in range(3)]
+    needs = "afterok:" + ":".join(str(job.pk) for job in firsts)
+    with pytest.raises(services.JobRejected) as refused:
+        services.submit_array(alice.user, "0-9999", command=["true"], dependency=needs)
+    assert (refused.value.field, refused.value.message) == (
+        "dependency",
+        "10000 tasks each depending on 3 jobs: at most 20000 dependencies in one array",
+    )
+    assert not JobDependency.objects.exists()
+    two = f"afterok:{firsts[0].pk}:{firsts[1].pk}"
+    services.submit_array(alice.user, "0-9999", command=["true"], dependency=two)
+    assert JobDependency.objects.count() == 20_000
+
+
 def test_viewers_and_operators_may_depend_on_anyones_job(api_as, fleet):  # noqa: F811
     theirs = submit(api_as("bob").user)
     operator = api_as("olga", "operator")
