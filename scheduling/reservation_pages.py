@@ -116,15 +116,23 @@ class Cell:
     url: str = ""
 
 
+def wall(moment: datetime) -> datetime:
+    """``moment`` as the site's clock reads it (naive): the calendar's slots are clock hours,
+    so that a day the clock changes keeps its 24 columns and every later bar its hour."""
+    return timezone.localtime(moment).replace(tzinfo=None)
+
+
 def lane(bars: Iterable[Bar], start: datetime, slots: int) -> list[Cell]:
-    """The cells of ``slots`` slots from ``start``: each bar over the slots it touches (at
-    least one), free runs between them. A bar that starts inside an earlier one starts after
-    it (a GPU's MPS shares overlap); one left without a slot is dropped."""
+    """The cells of ``slots`` slots from ``start``, by the clock (``wall``): each bar over the
+    slots it touches (at least one), free runs between them. A bar that starts inside an
+    earlier one starts after it (a GPU's MPS shares overlap); one left without a slot is
+    dropped."""
     cells: list[Cell] = []
     at = 0
+    origin = wall(start)
     for bar in sorted(bars, key=lambda bar: (bar.start, bar.end)):
-        first = max(math.floor((bar.start - start) / SLOT), at, 0)
-        last = min(max(math.ceil((bar.end - start) / SLOT), first + 1), slots)
+        first = max(math.floor((wall(bar.start) - origin) / SLOT), at, 0)
+        last = min(max(math.ceil((wall(bar.end) - origin) / SLOT), first + 1), slots)
         if first >= last:
             continue
         if first > at:
@@ -162,7 +170,7 @@ class Week:
 
     @property
     def end(self) -> datetime:
-        return self.start + DAYS * SLOTS_PER_DAY * SLOT
+        return week_start(timezone.localdate(self.start) + timedelta(days=DAYS))
 
 
 def week_start(day: date) -> datetime:
@@ -186,7 +194,7 @@ def week(gpus: Sequence[Gpu], day: date, user: User, now: datetime) -> Week:
     and the jobs on them now (two queries), and the requests waiting for an admin that ask
     for these GPUs' node."""
     start = week_start(day)
-    end = start + DAYS * SLOTS_PER_DAY * SLOT
+    end = week_start(timezone.localdate(start) + timedelta(days=DAYS))  # 167-169 hours later
     slots = DAYS * SLOTS_PER_DAY
     reserved: dict[int, list[Bar]] = defaultdict(list)
     holds = (

@@ -5,7 +5,7 @@ the sections on the node and GPU pages."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -125,6 +125,18 @@ def test_the_list_filters(client, node, alice, bob):
 
 
 # --------------------------------------------------------------------------- the calendar
+
+
+def test_a_week_the_clock_changes_keeps_every_bar_at_its_hour(settings):
+    """Berlin's clocks go forward on Sunday 2027-03-28 (the week has 167 hours): a booking
+    from 10:00 to 11:00 that Sunday is drawn in its 10:00 column, not at 09:00."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    start = week_start(date(2027, 3, 24))
+    # In UTC, as the database gives it (the same zone's datetimes subtract by the clock).
+    sunday_10 = timezone.make_aware(datetime(2027, 3, 28, 10)).astimezone(UTC)
+    bar = Bar(sunday_10, sunday_10 + timedelta(hours=1), "reserved", "#1", "t")
+    cells = lane([bar], start, 7 * 24)
+    assert cells[:2] == [Cell(6 * 24 + 10), Cell(1, "reserved", "#1", "t")]
 
 
 def test_lane_quantizes_bars_to_slots_and_fills_free_time():
