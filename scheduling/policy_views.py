@@ -10,12 +10,14 @@ through ``admin_services.set_pool_policy`` or the ``quotas`` services (audited).
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -59,9 +61,8 @@ def policy_edit(request: HttpRequest, pool: str) -> HttpResponse:
             label = quotas.pool_label(where.name if where else None)
             messages.success(request, f"The policy of {label} is saved.")
             return redirect("policies:list")
-    status = 400 if form.errors else 200
-    context = {"form": form, "pool": where, "key": pool}
-    return render(request, "scheduling/policy_edit.html", context, status=status)
+    title = f"Policy of pool {where.name}" if where else "Policy of the GPUs in no pool"
+    return _setting_form(request, form, title, reverse("policies:list"), "all policies")
 
 
 @login_required
@@ -101,10 +102,17 @@ def quota_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
         else:
             messages.success(request, f"The quota of {quota} is saved.")
             return redirect("policies:quotas")
+    title = f"Quota of {quota}" if quota else "New quota"
+    return _setting_form(request, form, title, reverse("policies:quotas"), "all quotas")
+
+
+def _setting_form(
+    request: HttpRequest, form: forms.BaseForm, title: str, back_url: str, back_label: str
+) -> HttpResponse:
+    """A setting's form page; a 400 while it shows errors."""
+    context = {"form": form, "title": title, "back_url": back_url, "back_label": back_label}
     status = 400 if form.errors else 200
-    return render(
-        request, "scheduling/quota_edit.html", {"form": form, "quota": quota}, status=status
-    )
+    return render(request, "scheduling/setting_form.html", context, status=status)
 
 
 @role_required(Role.ADMIN)
