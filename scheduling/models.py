@@ -282,6 +282,7 @@ class Allocation(models.Model):
     manual = models.BooleanField(default=False, help_text="Made by hand (gpu-allocate).")
     borrowed = models.BooleanField(
         default=False,
+        db_default=False,  # a row written without it (raw SQL) is not borrowed
         help_text="Its attempt ran over quota on idle GPUs: counted against no quota.",
     )
     # The database's clock (the INSERT's and the release UPDATE's statement time), so one GPU's

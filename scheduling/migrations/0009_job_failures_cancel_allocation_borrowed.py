@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='allocation',
             name='borrowed',
-            field=models.BooleanField(default=False, help_text='Its attempt ran over quota on idle GPUs: counted against no quota.'),
+            field=models.BooleanField(db_default=False, default=False, help_text='Its attempt ran over quota on idle GPUs: counted against no quota.'),
         ),
         migrations.AddField(
             model_name='job',

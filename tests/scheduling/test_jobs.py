@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from psycopg.errors import UniqueViolation
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.choices import NodeState
@@ -213,13 +214,19 @@ def test_the_database_refuses_a_gpu_given_twice(alice, fleet):
     second.refresh_from_db()
     assert second.state == JobState.QUEUED
     assert second.allocations.count() == 0
-    # Even raw SQL that skips every Python check is refused.
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO scheduling_allocation (job_id, gpu_id, node_id, attempt, manual,"
-            " allocated_at) VALUES (%s, %s, %s, 1, true, now())",
-            [second.pk, gpu.pk, gpu.node_id],
-        )
+    # Even raw SQL that skips every Python check is refused, by the partial unique index (a
+    # complete row: a missing column's NOT NULL would refuse it first and prove nothing).
+    raw = (
+        "INSERT INTO scheduling_allocation (job_id, gpu_id, node_id, attempt, manual, kind,"
+        " device_uuid) VALUES (%s, %s, %s, 1, true, 'gpu', %s)"
+    )
+    with (
+        pytest.raises(IntegrityError) as refused,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(raw, [second.pk, gpu.pk, gpu.node_id, gpu.uuid])
+    assert isinstance(refused.value.__cause__, UniqueViolation), refused.value
 
 
 def test_a_gang_is_all_or_nothing(alice, fleet):

@@ -15,7 +15,7 @@ from django.db import connection
 from django.utils import timezone
 
 from inventory.models import Gpu
-from scheduling import reservations
+from scheduling import reservations, services
 from scheduling.models import Reservation, ReservationGpu, ReservationState
 from tests.scheduling.conftest import add_sim_node
 
@@ -126,3 +126,50 @@ def test_staggered_overlapping_windows_never_double_book(people):
         assert later.start >= earlier.end
     assert ReservationGpu.objects.count() == 16 * len(won)
     assert overlapping_holds() == []
+
+
+def jobs_running_into_holds() -> list[tuple]:
+    """Active allocations whose job may still run at the start of a hold on its GPU (by its
+    maximum runtime from now; none: for ever), of a reservation it does not run in."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT a.job_id, h.reservation_id
+            FROM scheduling_allocation a
+            JOIN scheduling_job j ON j.id = a.job_id
+            JOIN scheduling_reservationgpu h ON h.gpu_id = a.gpu_id
+            JOIN scheduling_reservation r ON r.id = h.reservation_id
+            WHERE a.released_at IS NULL AND r.state = 'approved'
+              AND j.reservation_id IS DISTINCT FROM r.id
+              AND (j.max_runtime_s IS NULL
+                   OR now() + make_interval(secs => j.max_runtime_s) > lower(h.during))
+            """
+        )
+        return cursor.fetchall()
+
+
+def test_approvals_racing_placements_never_book_a_gpu_under_a_job(people):
+    """8 bookings of a named GPU and 8 jobs with no maximum runtime given that same GPU, at
+    once, GPU by GPU: each GPU ends with a hold or a job, never both (the approval and the
+    commit both lock the GPU's row and look again)."""
+
+    gpus = list(Gpu.objects.filter(node__hostname="dgx-01").order_by("index"))
+    jobs = [services.submit_job(user, command=["true"]) for user in people[8:]]
+    window = (start_at(1), start_at(2))
+    calls: list[Callable[[], Any]] = []
+    for gpu, user, job in zip(gpus, people[:8], jobs, strict=True):
+        calls.append(lambda user=user, gpu=gpu: reservations.request(user, 1, *window, gpus=[gpu]))
+        calls.append(lambda job=job, gpu=gpu: services.allocate(job, [gpu.pk], actor=job.owner))
+    results = at_once(calls)
+    unexpected = [
+        r
+        for r in results
+        if isinstance(r, Exception)
+        and not isinstance(r, reservations.ReservationConflict | services.AllocationRefused)
+    ]
+    assert unexpected == []
+    assert jobs_running_into_holds() == []
+    # Each GPU went to one of the two: a hold, or a job.
+    held = set(ReservationGpu.objects.values_list("gpu_id", flat=True))
+    given = {gpu.pk for gpu in gpus if gpu.allocations.filter(released_at=None).exists()}
+    assert held.isdisjoint(given) and held | given == {gpu.pk for gpu in gpus}
