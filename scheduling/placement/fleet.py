@@ -58,7 +58,7 @@ class FleetNode:
         self.info = info
         self.host = host
         self.gpus = gpus
-        self.free = [gpu for gpu in gpus if is_available(info, gpu) and gpu.allocated_to is None]
+        self.free = [gpu for gpu in gpus if is_available(info, gpu) and gpu.held_as is None]
         self.pool: Pool | None = None  # set for schedulable nodes
 
     @property

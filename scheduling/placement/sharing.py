@@ -60,7 +60,7 @@ import math
 import re
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Generic, Literal, NamedTuple, TypeVar
@@ -89,6 +89,9 @@ PACKINGS: tuple[Packing, ...] = ("fragmentation", "best-fit", "first-fit")
 # GpuSlot.unavailable of the GPUs that take shares (inventory.usability.Reason.MIG and MPS).
 MIG_MODE = "mig"
 MPS_MODE = "mps"
+# What holds a GPU switched to another mode while its work runs (``GpuSlot.held_as``).
+BUSY_WITH = {"gpu": "a whole-GPU job on it", "mig": "MIG jobs on it", "mps": "MPS shares on it"}
+NO_LONGER = {MIG_MODE: "no longer in MIG mode", MPS_MODE: "no longer MPS-shared"}
 
 # A MIG device as layouts compare them: (profile, placement start, memory slices, busy).
 Device = tuple[str, int, int, bool]
@@ -358,10 +361,13 @@ class SharingPass:
         # In tie-break order, so that each group is built by appending.
         for order, gpu in sorted(((positions[g.node], g.index, g.id), g) for g in snapshot.gpus):
             up = self._node_down[gpu.node] is None
+            # A GPU takes shares of its mode only while no work of another kind holds it.
             if gpu.unavailable == MIG_MODE or gpu.mig_slots:
-                self._add_mig(gpu, order, up and gpu.unavailable == MIG_MODE)
+                usable = gpu.unavailable == MIG_MODE and gpu.held_as in (None, "mig")
+                self._add_mig(gpu, order, up and usable)
             elif gpu.unavailable == MPS_MODE or gpu.mps_jobs or gpu.mps_used_percent:
-                self._add_mps(gpu, order, up and gpu.unavailable == MPS_MODE)
+                usable = gpu.unavailable == MPS_MODE and gpu.held_as in (None, "mps")
+                self._add_mps(gpu, order, up and usable)
         # Per hostname, its parts with their pools (to refile when its host figures change).
         self._parts_of: dict[str, list[tuple[str | None, _MigPart | _MpsPart]]] = {}
         for (pool, hostname), mig_part in self._mig_parts.items():
@@ -745,12 +751,12 @@ class SharingPass:
         usable = [mig for mig in mine if mig.usable]
         if not usable:
             down = listing([f"{mig.gpu.node} GPU {mig.gpu.index}" for mig in mine])
-            whys = sorted({self._why_down(mig.gpu) for mig in mine})
+            reason, whys = self._down([mig.gpu for mig in mine], MIG_MODE)
             message = (
                 f"needs a {profile} MIG device; the GPUs in MIG mode that offer it are "
-                f"unavailable ({', '.join(whys)}): {down}"
+                f"unavailable ({whys}): {down}"
             )
-            return Reason.NODES_UNAVAILABLE, message, None, None
+            return reason, message, None, None
         dynamic = self._config(job.pool).dynamic_mig
         ask, device = HostAsk.of(job), f"a {profile} MIG device"
         too_large = self._host_too_large(device, usable, ask)
@@ -845,9 +851,24 @@ class SharingPass:
         )
         return Reason.HOST_RESOURCES, message, None, None
 
-    def _why_down(self, gpu: GpuSlot) -> str:
-        """Why a sharing GPU takes nothing: its node's state, else its own reason."""
-        return self._node_down[gpu.node] or gpu.unavailable or "unavailable"
+    def _why_down(self, gpu: GpuSlot, mode: str) -> str:
+        """Why a GPU listed for sharing in ``mode`` takes nothing: its node's state, else its
+        own reason, else the work of another kind still on it (``BUSY_WITH``)."""
+        if down := self._node_down[gpu.node]:
+            return down
+        held_as = gpu.held_as
+        if held_as is not None and held_as != mode:
+            return BUSY_WITH[held_as]
+        if gpu.unavailable != mode:
+            return gpu.unavailable or NO_LONGER[mode]
+        return "unavailable"
+
+    def _down(self, gpus: Sequence[GpuSlot], mode: str) -> tuple[Reason, str]:
+        """The reason and the words for sharing GPUs that all take nothing: busy when it is
+        only work of another kind that keeps them, else unavailable."""
+        whys = sorted({self._why_down(gpu, mode) for gpu in gpus})
+        busy = all(why in BUSY_WITH.values() for why in whys)
+        return (Reason.RESOURCES_BUSY if busy else Reason.NODES_UNAVAILABLE), ", ".join(whys)
 
     # ------------------------------------------------------------------ MPS
 
@@ -962,9 +983,9 @@ class SharingPass:
         usable = [mps for mps in mine if mps.usable]
         if not usable:
             down = listing([f"{mps.gpu.node} GPU {mps.gpu.index}" for mps in mine])
-            whys = sorted({self._why_down(mps.gpu) for mps in mine})
-            message = f"needs {share}; the MPS GPUs {where} are unavailable ({', '.join(whys)}): "
-            return Reason.NODES_UNAVAILABLE, message + down, None, None
+            reason, whys = self._down([mps.gpu for mps in mine], MPS_MODE)
+            message = f"needs {share}; the MPS GPUs {where} are unavailable ({whys}): "
+            return reason, message + down, None, None
         ask = HostAsk.of(job)
         kind = (percent, memory_mib, model, ask)
         too_large = self._host_too_large(share, usable, ask)

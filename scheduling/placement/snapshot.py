@@ -70,6 +70,18 @@ class GpuSlot:
     mps_used_memory_mib: int = 0
     mps_jobs: tuple[int, ...] = ()
 
+    @property
+    def held_as(self) -> str | None:
+        """The kind of the work on it now: "gpu" (a job holds it whole), "mig" (a job holds a
+        MIG device of it), "mps" (shares of it), None when idle. Its allocations are of one
+        kind (the database's sharing trigger), so a grant of another kind waits until they
+        end, whatever mode the GPU was switched to meanwhile."""
+        if self.allocated_to is not None:
+            return "gpu"
+        if any(slot.allocated_to is not None for slot in self.mig_slots):
+            return "mig"
+        return "mps" if self.mps_jobs else None
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:

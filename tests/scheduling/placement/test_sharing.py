@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from inventory.nvml.sim import mig as sim_mig
@@ -519,3 +521,31 @@ def test_plan_routes_shares_to_the_sharing_pass() -> None:
         "is 30 %"
     )
     assert pending[6].what_if == "with a share of 30 % it could start now"
+
+
+def test_a_gpu_switched_to_another_mode_takes_nothing_until_its_work_ends() -> None:
+    """A GPU's allocations are of one kind (the database's trigger refuses a mix): one whose
+    MPS flag was turned off while a share runs takes no whole-GPU job, one turned MPS under a
+    whole-GPU job takes no share, and a MIG-mode GPU holding a share takes no MIG job; each
+    waits with a reason instead of being refused at every commit."""
+    fleet = Shares()
+    unshared = fleet.mps("node-01", [(900, 50, 0)], unavailable=None)  # flag off, share on
+    shared = fleet.whole("node-02")
+    fleet.gpus[-1] = shared = replace(shared, unavailable="mps", allocated_to=901)
+    fleet._hold(901, shared.id)
+    mig = fleet.mig("dgx-01", [("3g.20gb", 0)])
+    fleet.gpus[-1] = mig = replace(mig, mps_jobs=(902,), mps_used_percent=30)
+    assert (unshared.held_as, shared.held_as, mig.held_as) == ("mps", "gpu", "mps")
+    result = plan(fleet.snapshot(job(1), mps_job(2, 10), mig_job(3, "3g.20gb")), Fcfs())
+    assert result.placements == () and result.mig_creates == ()
+    pending = {p.job_id: p for p in result.pending}
+    assert {job_id: p.reason for job_id, p in pending.items()} == {
+        1: Reason.RESOURCES_BUSY,
+        2: Reason.NODES_UNAVAILABLE,  # one GPU is no longer MPS-shared
+        3: Reason.RESOURCES_BUSY,
+    }
+    assert pending[2].message == (
+        "needs an MPS share of 10 %; the MPS GPUs outside pools are unavailable (a whole-GPU "
+        "job on it, no longer MPS-shared): node-01 GPU 0 and node-02 GPU 0"
+    )
+    assert pending[3].message.endswith("are unavailable (MPS shares on it): dgx-01 GPU 0")
