@@ -560,7 +560,7 @@ def create_mig_instance(
     the node's fresh scan and audits ``gpu.mig_instance_created`` as ``actor`` (or the system
     actor ``actor_name``). Returns the GPU's MIG instances after the change.
     """
-    gpu = _check_mig_change(gpu)
+    gpu = _check_mig_change(gpu, actor_name)
     before = _mig_rows(gpu)
     outcome = _run_mig_task(gpu, "inventory.mig_create", gpu.index, profile_name, placement_start)
 
@@ -591,7 +591,7 @@ def destroy_mig_instance(
     """Destroy GPU instance ``gi_id`` of ``gpu`` (its compute instances first) through its
     node's agent; same refusals, timeout and auditing (``gpu.mig_instance_destroyed``) as
     ``create_mig_instance``. Returns the GPU's MIG instances after the change."""
-    gpu = _check_mig_change(gpu)
+    gpu = _check_mig_change(gpu, actor_name)
     before = _mig_rows(gpu)
     profile_name = next((row["profile_name"] for row in before if row["gi_id"] == gi_id), None)
     if profile_name is None:
@@ -617,8 +617,9 @@ def _gpu_label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} of {gpu.node.hostname}"
 
 
-def _check_mig_change(gpu: Gpu) -> Gpu:
-    """The GPU as stored now, when a MIG change may be sent to it; else ``MigChangeRefused``."""
+def _check_mig_change(gpu: Gpu, actor_name: str | None) -> Gpu:
+    """The GPU as stored now, when a MIG change may be sent to it; else ``MigChangeRefused``.
+    ``actor_name``: the system actor asking (a workflow may own the GPU's layout for now)."""
     gpu = Gpu.objects.select_related("node").get(pk=gpu.pk)
     label, node = _gpu_label(gpu), gpu.node
     if gpu.is_missing:
@@ -645,7 +646,7 @@ def _check_mig_change(gpu: Gpu) -> Gpu:
     if processes:
         raise MigChangeRefused(f"{label} is busy: {processes} process(es) running on it", "busy")
     # Apps above inventory may veto (scheduling: a job holds the GPU).
-    for _receiver, reason in mig_change_requested.send(sender=Gpu, gpu=gpu):
+    for _receiver, reason in mig_change_requested.send(sender=Gpu, gpu=gpu, actor_name=actor_name):
         if reason:
             raise MigChangeRefused(reason, "vetoed")
     return gpu

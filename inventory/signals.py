@@ -10,9 +10,10 @@ from django.dispatch import Signal
 # Never sent for a change that rolled back, nor for one that only takes GPUs away.
 gpus_became_schedulable = Signal()
 
-# Sent (``sender=Gpu``, ``gpu``: the GPU as stored now) with ``send`` before a MIG change is
-# sent to the GPU's node, once inventory's own checks passed. A receiver returns the sentence
-# that refuses the change (scheduling: "it is allocated to job 12"), or ``None`` to allow it;
+# Sent (``sender=Gpu``, ``gpu``: the GPU as stored now, ``actor_name``: the system actor
+# asking, or None for a person) with ``send`` before a MIG change is sent to the GPU's node,
+# once inventory's own checks passed. A receiver returns the sentence that refuses the change
+# (scheduling: "it is allocated to job 12", "a MIG re-layout owns it"), or ``None`` to allow it;
 # the first refusal wins and nothing is sent. A receiver that raises fails the change.
 mig_change_requested = Signal()
 

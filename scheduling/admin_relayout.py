@@ -27,6 +27,7 @@ class RelayoutAdminForm(forms.ModelForm):
     )
     custom_layout = forms.CharField(
         required=False,
+        max_length=relayout.LAYOUT_CHARS,
         help_text="With layout “custom”: e.g. 3g.20gb@4, 2g.10gb, 1g.5gb@6.",
     )
 
@@ -45,12 +46,11 @@ class RelayoutAdminForm(forms.ModelForm):
             return data
         name = data["layout_name"]
         try:
-            custom = relayout.parse_layout(data.get("custom_layout", ""))
             self.instance = relayout.request(
                 data["gpu"],
                 name,
                 actor=self.requester,
-                layout=custom if name == relayout.CUSTOM else None,
+                layout=relayout.asked_layout(name, data.get("custom_layout", "")),
                 preempt=data["preempt"],
             )
         except relayout.RelayoutRefused as exc:

@@ -9,8 +9,8 @@ from health.models import HealthEvent
 from health.policies import pid_of
 from inventory.models import Gpu
 from inventory.occupancy import Occupant
-from scheduling import pages, services
-from scheduling.models import Allocation
+from scheduling import pages, relayout, services
+from scheduling.models import RELAYOUT_OPEN_STATES, Allocation, MigRelayout
 
 
 def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) -> None:
@@ -25,12 +25,21 @@ def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> dic
     return pages.gpu_occupants(gpu_ids)
 
 
-def refuse_mig_change_under_allocation(sender: type, gpu: Gpu, **kwargs: Any) -> str | None:
-    """A MIG layout never changes under a job that holds the GPU."""
+def refuse_mig_change_under_allocation(
+    sender: type, gpu: Gpu, actor_name: str | None = None, **kwargs: Any
+) -> str | None:
+    """A MIG layout never changes under a job that holds the GPU, nor, but by the workflow
+    itself, while a MIG re-layout owns the GPU (from its drain to its verification)."""
     job_id = Allocation.objects.active().filter(gpu=gpu).values_list("job_id", flat=True).first()
-    if job_id is None:
-        return None
-    return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"
+    if job_id is not None:
+        return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"
+    if actor_name != relayout.ACTOR:
+        open_one = MigRelayout.objects.filter(gpu=gpu, state__in=RELAYOUT_OPEN_STATES)
+        if (pk := open_one.values_list("pk", flat=True).first()) is not None:
+            return (
+                f"GPU {gpu.index} of {gpu.node.hostname} is being re-laid out (MIG re-layout {pk})"
+            )
+    return None
 
 
 def stop_jobs_for_health(

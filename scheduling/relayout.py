@@ -60,6 +60,7 @@ R = RelayoutState
 ACTOR = "mig-relayout"
 BALANCED = "balanced"
 CUSTOM = "custom"
+LAYOUT_CHARS = 200  # a custom layout as typed (8 items of "3g.20gb@4, " fit five times)
 # Compute slices of the instances of the balanced layout (3g + 2g + 1g + 1g on an A100).
 BALANCED_SLICES = (3, 2, 1, 1)
 # Per instance: the agent's answer and its fresh scan; VERIFYING: a node scan.
@@ -178,10 +179,18 @@ def parse_layout(text: str) -> Layout:
     items: Layout = []
     for word in text.replace(",", " ").split():
         profile, _, start = word.partition("@")
-        if start and not start.isdecimal():
+        # A GPU has a handful of slices: a start of more digits is a typo (and int() of
+        # thousands of digits raises).
+        if start and not (start.isdecimal() and len(start) <= 2):
             raise RelayoutRefused("layout", f"{word!r}: the start after @ is a slice number")
         items.append({"profile": profile, **({"start": int(start)} if start else {})})
     return items
+
+
+def asked_layout(name: str, text: str) -> Layout | None:
+    """The layout a request types (``parse_layout``) when it names ``custom``; a named layout
+    leaves the text alone, as every form and the API read it."""
+    return parse_layout(text) if name == CUSTOM else None
 
 
 def current_layout(gpu: Gpu) -> Layout:
@@ -253,7 +262,10 @@ def request(
         raise RelayoutRefused("gpu", str(exc)) from None
     if preempt:
         services.stop_jobs_on_gpus(
-            [gpu.pk], requeue=True, reason=f"preempted: {label} gets a new MIG layout"
+            [gpu.pk],
+            requeue=True,
+            reason=f"preempted: {label} gets a new MIG layout",
+            actor_name=ACTOR,
         )
     return relayout
 
@@ -292,7 +304,15 @@ def advance(pk: int) -> MigRelayout:
     with _claimed(pk) as relayout:
         if relayout is None:
             return MigRelayout.objects.get(pk=pk)
-        if relayout.state == R.DRAINING:
+        gpu_state = relayout.gpu.state
+        if relayout.state in (R.DRAINING, R.APPLYING) and gpu_state != GpuState.DRAINING:
+            # Health fenced it or an admin took it offline meanwhile: its hardware is not
+            # this workflow's to change any more (a rollback would change it too).
+            left = _describe(current_layout(relayout.gpu))
+            why = f"the GPU left draining (it is {gpu_state}): nothing more applied"
+            step = relayout.get_state_display().lower()
+            _finish(relayout, R.FAILED, f"{step}: {why}, its layout is {left}")
+        elif relayout.state == R.DRAINING:
             _drain(relayout)
         elif relayout.state == R.APPLYING:
             _apply_step(relayout)

@@ -33,7 +33,7 @@ class RelayoutForm(forms.Form):
     custom_layout = forms.CharField(
         label="Custom layout",
         required=False,
-        max_length=200,
+        max_length=relayout.LAYOUT_CHARS,
         help_text="With “custom”: profiles, each @start where it must sit, e.g. "
         "3g.20gb@4, 2g.10gb, 1g.5gb@6.",
     )
@@ -106,12 +106,11 @@ def request_relayout(request: HttpRequest, uuid: str) -> HttpResponse:
         return back
     name = form.cleaned_data["layout_name"]
     try:
-        custom = relayout.parse_layout(form.cleaned_data["custom_layout"])
         item = relayout.request(
             gpu,
             name,
             actor=signed_in(request),
-            layout=custom if name == relayout.CUSTOM else None,
+            layout=relayout.asked_layout(name, form.cleaned_data["custom_layout"]),
             preempt=form.cleaned_data["preempt"],
         )
     except relayout.RelayoutRefused as exc:

@@ -1015,10 +1015,16 @@ def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
 
 
 def stop_jobs_on_gpus(
-    gpu_ids: Collection[int], *, requeue: bool, reason: str, pid: int | None = None
+    gpu_ids: Collection[int],
+    *,
+    requeue: bool,
+    reason: str,
+    pid: int | None = None,
+    actor_name: str = HEALTH_ACTOR,
 ) -> list[int]:
     """Stop now the jobs holding any of ``gpu_ids`` because the hardware under them failed (a
-    health policy, or the GPUs went offline): requeue them (their next placement is their next
+    health policy, or the GPUs went offline) or is reconfigured (a MIG re-layout that preempts,
+    as ``actor_name``): requeue them (their next placement is their next
     attempt) or fail them, with ``reason`` as the job's message, their GPUs released at once,
     and their processes canceled through their nodes' agents (the agent's later report of
     the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
@@ -1039,7 +1045,7 @@ def stop_jobs_on_gpus(
                 continue  # ended, or requeued and placed elsewhere, since the query
             hostnames = [node.hostname for node in job_nodes(job) if node.is_reachable()]
             locked = transition(
-                job.pk, S.QUEUED if requeue else S.FAILED, actor_name=HEALTH_ACTOR, message=reason
+                job.pk, S.QUEUED if requeue else S.FAILED, actor_name=actor_name, message=reason
             )
             if hostnames:
                 transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, reason))

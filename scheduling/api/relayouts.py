@@ -62,7 +62,7 @@ class MigRelayoutRequestSerializer(api.Serializer):
         help_text="all-<the smallest profile> (e.g. all-1g.10gb), balanced, or custom.",
     )
     layout = serializers.CharField(
-        max_length=200,
+        max_length=relayout.LAYOUT_CHARS,
         required=False,
         allow_blank=True,
         default="",
@@ -91,9 +91,12 @@ class MigRelayoutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         """Give one GPU a new MIG layout (admins; audited step by step)."""
         data = valid(MigRelayoutRequestSerializer, request.data)
         name = data["layout_name"]
-        custom = relayout.parse_layout(data["layout"]) if name == relayout.CUSTOM else None
         item = relayout.request(
-            data["gpu"], name, actor=signed_in(request), layout=custom, preempt=data["preempt"]
+            data["gpu"],
+            name,
+            actor=signed_in(request),
+            layout=relayout.asked_layout(name, data["layout"]),
+            preempt=data["preempt"],
         )
         # The new row holds its GPU, node and requester already: no query to answer with it.
         return Response(MigRelayoutSerializer(item).data, status=status.HTTP_201_CREATED)

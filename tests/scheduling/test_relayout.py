@@ -13,7 +13,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.choices import GpuState
 from inventory.models import Gpu
 from inventory.nvml import mig_catalog
-from inventory.services import MigChangeRefused
+from inventory.services import MigChangeRefused, create_mig_instance
 from scheduling import relayout
 from scheduling.models import Allocation, Job, JobState, MigRelayout, RelayoutState
 from scheduling.relayout import RelayoutRefused, current_layout, fit, named_layout
@@ -167,7 +167,47 @@ def test_preempting_requeues_the_jobs_at_once(node, admin, monkeypatch):  # noqa
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     assert job.message == f"preempted: GPU 0 of {gpu.node.hostname} gets a new MIG layout"
+    stopped = AuditEvent.objects.get(event_type="job.queued", target_id=str(job.pk))
+    assert stopped.actor_name == "mig-relayout"  # not health: nothing failed
     assert advance(item).state == RelayoutState.APPLYING
+
+
+@pytest.mark.parametrize("leaves", [GpuState.DEGRADED, GpuState.OFFLINE])
+def test_a_gpu_that_leaves_draining_is_not_reconfigured(node, admin, leaves):  # noqa: F811
+    """Health fenced it, or an admin took it offline, while it drained: the workflow ends
+    without touching its layout, and the GPU keeps the state it was given."""
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "all-1g.5gb", actor=admin)
+    Gpu.objects.filter(pk=gpu.pk).update(state=leaves)
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert failed.message.startswith(
+        f"waiting for its jobs: the GPU left draining (it is {leaves})"
+    )
+    assert pairs(current_layout(gpu)) == INITIAL
+    gpu.refresh_from_db()
+    assert gpu.state == leaves
+
+
+def test_no_one_but_the_workflow_changes_the_layout_while_it_owns_the_gpu(node, admin):  # noqa: F811
+    """Dynamic MIG (the loop's task) and an admin's change on the node's MIG page are both
+    refused from the drain on; the re-layout's own steps go through."""
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "all-1g.5gb", actor=admin)
+    for who in ({"actor_name": "placement-loop"}, {"actor": admin}):
+        with pytest.raises(MigChangeRefused) as refused:
+            create_mig_instance(gpu, "1g.5gb", **who)
+        assert refused.value.code == "vetoed"
+        assert refused.value.message.endswith(f"is being re-laid out (MIG re-layout {item.pk})")
+    assert advance(item).state == RelayoutState.APPLYING
+    assert advance(item).state == RelayoutState.VERIFYING
+
+
+def test_a_layout_is_read_only_for_custom_and_a_start_is_a_slice_number():
+    assert relayout.asked_layout("balanced", "1g.5gb@x") is None  # a named layout ignores it
+    with pytest.raises(RelayoutRefused) as refused:
+        relayout.asked_layout(relayout.CUSTOM, "1g.5gb@" + "9" * 5000)
+    assert refused.value.field == "layout"
 
 
 def test_a_refused_apply_rolls_back_and_returns_the_gpu(node, admin, monkeypatch):  # noqa: F811
