@@ -148,7 +148,7 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "gpuadmin.admin_site.AdminConfig",  # Django's admin, as gpuadmin's site
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

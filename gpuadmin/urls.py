@@ -41,7 +41,3 @@ urlpatterns = [
 ]
 
 handler404 = "gpuadmin.api.not_found"
-
-admin.site.site_header = "gpuadmin"
-admin.site.site_title = "gpuadmin"
-admin.site.index_title = "Fleet catalog"

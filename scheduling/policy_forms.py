@@ -47,14 +47,15 @@ class QuotaForm(forms.ModelForm):
         fields = QUOTA_FORM_FIELDS
 
     def clean(self) -> dict[str, Any]:
+        """The service's checks, also when a field was refused already (its default stands
+        in): a holder named twice is said on its field, not by the table's constraint."""
         data = super().clean() or {}
-        if self.errors:
-            return data
         quota = Quota(pk=self.instance.pk, **data)
         try:
             quotas.check_quota(quota)
         except quotas.QuotaInvalid as exc:
-            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+            if exc.field not in self.errors:
+                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
         return data
 
     def validate_unique(self) -> None:

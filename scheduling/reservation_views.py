@@ -110,7 +110,7 @@ def reservation_approve(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def reservation_reject(request: HttpRequest, pk: int) -> HttpResponse:
     reservation = get_object_or_404(Reservation, pk=pk)
-    reason = request.POST.get("reason", "")[: reservations.REASON_CHARS]
+    reason = request.POST.get("reason", "")
     return _act(
         request,
         partial(reservations.reject, reservation, signed_in(request), reason),

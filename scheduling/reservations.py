@@ -309,6 +309,14 @@ def check_text(field: str, value: str) -> None:
         raise ReservationInvalid(field, problem)
 
 
+def check_reason(reason: str) -> None:
+    """A rejection's, a cancellation's or a release's reason: storable, ``REASON_CHARS`` at
+    most (``ReservationInvalid`` naming ``reason``; never cut short)."""
+    check_text("reason", reason)
+    if len(reason) > REASON_CHARS:
+        raise ReservationInvalid("reason", f"at most {REASON_CHARS} characters")
+
+
 def check_window(start: datetime, end: datetime, now: datetime) -> None:
     if end <= start:
         raise ReservationInvalid("end", "must be after the start")
@@ -509,7 +517,7 @@ def _cancel_waiting_jobs(
 
 def reject(reservation: Reservation, actor: User, reason: str = "") -> Reservation:
     """An admin turns a requested reservation down (with ``reason`` as its message)."""
-    check_text("reason", reason)
+    check_reason(reason)
     with transaction.atomic():
         locked = _locked(reservation, S.REJECTED)
         _change(
@@ -526,7 +534,7 @@ def reject(reservation: Reservation, actor: User, reason: str = "") -> Reservati
 def cancel(reservation: Reservation, actor: User, reason: str = "") -> Reservation:
     """Withdraw a requested reservation, or an approved one before its start (its GPUs are
     free for that window again). One that started is released instead."""
-    check_text("reason", reason)
+    check_reason(reason)
     with transaction.atomic():
         locked = _locked(reservation, S.CANCELED)
         if locked.state == S.APPROVED and locked.start <= timezone.now():
@@ -551,7 +559,7 @@ def release(
 ) -> Reservation:
     """Give a running reservation's GPUs back now: its holds end now, so the window's rest is
     free for others. ``ReservationConflict`` before its start (cancel it) or after its end."""
-    check_text("reason", reason)
+    check_reason(reason)
     with transaction.atomic():
         locked = _locked(reservation, S.RELEASED)
         now = timezone.now()

@@ -228,11 +228,14 @@ def test_an_admin_adds_changes_and_removes_a_quota_through_the_pages_audited(cli
         ({"project": "taken"}, "project"),  # one quota per holder and pool
     ],
 )
-def test_a_bad_quota_shows_on_its_field_and_saves_nothing(client, admin, form, field):
+@pytest.mark.parametrize("also", [{}, {"gpu_hours": "lots"}])
+def test_a_bad_quota_shows_on_its_field_and_saves_nothing(client, admin, form, field, also):
+    """Each error on its field, also beside another field's (no error of the table's own)."""
     Quota.objects.create(project="taken")
     client.force_login(admin)
-    response = client.post("/quotas/new/", {"period": "month", "fairshare_weight": "1", **form})
+    body = {"period": "month", "fairshare_weight": "1", **form, **also}
+    response = client.post("/quotas/new/", body)
     assert response.status_code == 400
-    assert response.context["form"].errors.keys() == {field}
+    assert response.context["form"].errors.keys() == {field, *also}
     assert Quota.objects.count() == 1
     assert not AuditEvent.objects.filter(event_type="quota.created").exists()

@@ -91,6 +91,9 @@ def test_admins_see_pending_requests_and_decide(client, node, alice, root):
     client.force_login(root)
     html = client.get("/reservations/").content.decode()
     assert f'id="pending-{waiting.pk}"' in html
+    # A reason too long is refused, as by the API and the admin, not cut short.
+    long = client.post(f"/reservations/{waiting.pk}/reject/", {"reason": "x" * 2001}, follow=True)
+    assert "reason: at most 2000 characters" in long.content.decode()
     response = client.post(f"/reservations/{waiting.pk}/approve/", follow=True)
     assert f"Reservation {waiting.pk} approved." in response.content.decode()
     waiting.refresh_from_db()

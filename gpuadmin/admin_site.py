@@ -1,0 +1,51 @@
+"""The admin site: Django's, named for gpuadmin, and one guard that every model's list shares
+(the auth app's included: this is the default site, ``AdminConfig``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from gpuadmin.text import unstorable
+
+
+class CheckedSelection(admin.ModelAdmin):
+    """A list action's selected rows are ids of the list's model: a value that is not one (a
+    hand-made POST) sends the list back with a message, where Django's filter by it was a
+    500. Mixed in before each registered admin (``AdminSite.register``)."""
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        pk = self.model._meta.pk
+        for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+            try:
+                if problem := unstorable(value):  # a text key with a NUL: PostgreSQL refuses it
+                    raise ValidationError(problem)
+                pk.to_python(value)
+            except ValidationError:
+                noun = self.model._meta.verbose_name
+                message = f"{value[:40]!r} is not the id of a {noun}: nothing was done."
+                self.message_user(request, message, messages.ERROR)
+                return None  # Django goes back to the list
+        return super().response_action(request, queryset)
+
+
+class AdminSite(admin.AdminSite):
+    site_header = "gpuadmin"
+    site_title = "gpuadmin"
+    index_title = "Fleet catalog"
+
+    def register(self, model_or_iterable: Any, admin_class: Any = None, **options: Any) -> None:
+        """Register as Django does, each model's admin with ``CheckedSelection`` first."""
+        base = admin_class or admin.ModelAdmin
+        checked = type(base.__name__, (CheckedSelection, base), {"__module__": base.__module__})
+        super().register(model_or_iterable, checked, **options)
+
+
+class AdminConfig(DjangoAdminConfig):
+    default_site = "gpuadmin.admin_site.AdminSite"
