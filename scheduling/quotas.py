@@ -471,6 +471,22 @@ def quota_allows(
     return None
 
 
+# pg_advisory_xact_lock(class, key): a quota holder's bookings decided one at a time, the
+# user's (key: its id), then the project's (key: hashtext of its name), always in that order.
+_USER_LOCK, _PROJECT_LOCK = 0x51554F55, 0x51554F50  # "QUOU", "QUOP"
+
+
+def lock_holders(user: User, project: str) -> None:
+    """Until the caller's transaction ends, no other booking of ``user`` or ``project`` is
+    weighed against their quotas (``quota_allows``): two at once would each miss the other."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_USER_LOCK, user.pk])
+        if project:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_PROJECT_LOCK, project]
+            )
+
+
 def _booked(
     rows: Iterable[tuple[int, datetime, datetime]], start: datetime, end: datetime, now: datetime
 ) -> tuple[int, float]:

@@ -390,11 +390,13 @@ def request(
                 "gpu_count", f"{gpu_count} GPUs, but {where} has {plural(available, 'GPU')}"
             )
     policy = quotas.policy_of(pool)
-    if policy.reservation_auto_approve:
-        over = quotas.quota_allows(owner, project, pool, gpu_count, start, end)
-    else:
-        over = f"reservations in {where_text(pool)} need an admin's approval"
     with transaction.atomic():
+        if policy.reservation_auto_approve:
+            # Requests of one holder decided one at a time: each counts the others' holds.
+            quotas.lock_holders(owner, project)
+            over = quotas.quota_allows(owner, project, pool, gpu_count, start, end)
+        else:
+            over = f"reservations in {where_text(pool)} need an admin's approval"
         reservation = Reservation.objects.create(
             owner=owner,
             project=project,

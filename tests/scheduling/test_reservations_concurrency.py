@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from inventory.models import Gpu
 from scheduling import reservations, services
-from scheduling.models import Reservation, ReservationGpu, ReservationState
+from scheduling.models import Quota, Reservation, ReservationGpu, ReservationState
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -173,3 +173,15 @@ def test_approvals_racing_placements_never_book_a_gpu_under_a_job(people):
     held = set(ReservationGpu.objects.values_list("gpu_id", flat=True))
     given = {gpu.pk for gpu in gpus if gpu.allocations.filter(released_at=None).exists()}
     assert held.isdisjoint(given) and held | given == {gpu.pk for gpu in gpus}
+
+
+def test_one_holders_bookings_at_once_are_weighed_against_its_quota_one_by_one(people):
+    """4 bookings of 4 GPUs by one user at once, in one window, against 4 GPUs at once: one
+    is approved, the others wait for an admin (each saw the one before it)."""
+    alice = people[0]
+    Quota.objects.create(user=alice, max_gpus=4)
+    window = (start_at(1), start_at(2))
+    results = at_once([lambda: reservations.request(alice, 4, *window) for _ in range(4)])
+    assert all(isinstance(r, Reservation) for r in results), results
+    states = sorted(Reservation.objects.values_list("state", flat=True))
+    assert states == [ReservationState.APPROVED] + [ReservationState.REQUESTED] * 3
