@@ -24,7 +24,7 @@ class SchedulingConfig(AppConfig):
         from scheduling.metrics import SchedulingCollector
         from scheduling.receivers import (
             name_occupants,
-            refuse_mig_change_under_allocation,
+            refuse_mig_change_of_taken_gpu,
             requeue_jobs_on_offline_gpus,
             stop_jobs_for_health,
             wake_on_schedulable_gpus,
@@ -34,8 +34,8 @@ class SchedulingConfig(AppConfig):
         gpu_occupants_requested.connect(name_occupants, dispatch_uid="scheduling.name_occupants")
         # A MIG layout never changes under a job that holds the GPU.
         mig_change_requested.connect(
-            refuse_mig_change_under_allocation,
-            dispatch_uid="scheduling.refuse_mig_change_under_allocation",
+            refuse_mig_change_of_taken_gpu,
+            dispatch_uid="scheduling.refuse_mig_change_of_taken_gpu",
         )
         # GPUs that come back are used at once, not at beat's next backstop pass.
         gpus_became_schedulable.connect(

@@ -499,7 +499,7 @@ def _booked(
         if begins < end and ends > start:
             changes += [(max(begins, start), count), (min(ends, end), -count)]
     most = held = 0
-    for _moment, change in sorted(changes, key=lambda item: (item[0], item[1])):
+    for _moment, change in sorted(changes):  # at one moment, what ends before what starts
         held += change
         most = max(most, held)
     return most, hours

@@ -25,7 +25,7 @@ def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> dic
     return pages.gpu_occupants(gpu_ids)
 
 
-def refuse_mig_change_under_allocation(
+def refuse_mig_change_of_taken_gpu(
     sender: type, gpu: Gpu, actor_name: str | None = None, **kwargs: Any
 ) -> str | None:
     """A MIG layout never changes under a job that holds the GPU, nor, but by the workflow

@@ -308,10 +308,8 @@ def advance(pk: int) -> MigRelayout:
         if relayout.state in (R.DRAINING, R.APPLYING) and gpu_state != GpuState.DRAINING:
             # Health fenced it or an admin took it offline meanwhile: its hardware is not
             # this workflow's to change any more (a rollback would change it too).
-            left = _describe(current_layout(relayout.gpu))
             why = f"the GPU left draining (it is {gpu_state}): nothing more applied"
-            step = relayout.get_state_display().lower()
-            _finish(relayout, R.FAILED, f"{step}: {why}, its layout is {left}")
+            _fail(relayout, why, roll_back=False)
         elif relayout.state == R.DRAINING:
             _drain(relayout)
         elif relayout.state == R.APPLYING:
@@ -379,10 +377,14 @@ def _apply(gpu: Gpu, target: Layout) -> None:
             )
 
 
-def _fail(relayout: MigRelayout, why: str) -> None:
-    """Roll the GPU back to its previous layout (as far as its agent allows) and return it."""
+def _fail(relayout: MigRelayout, why: str, *, roll_back: bool = True) -> None:
+    """Roll the GPU back to its previous layout (as far as its agent allows; not when the GPU
+    is no longer the workflow's, ``roll_back`` False: the message says what it was left with)
+    and return it."""
     message = f"{relayout.get_state_display().lower()}: {why}"
-    if relayout.state != R.DRAINING and _key(current_layout(relayout.gpu)) != _key(
+    if not roll_back:
+        message += f", its layout is {_describe(current_layout(relayout.gpu))}"
+    elif relayout.state != R.DRAINING and _key(current_layout(relayout.gpu)) != _key(
         relayout.previous_layout
     ):
         try:

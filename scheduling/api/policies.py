@@ -34,7 +34,7 @@ from gpuadmin import api
 from gpuadmin.access.permissions import IsAdminOrReadOnly, signed_in
 from inventory.models import Pool
 from scheduling import admin_services, quotas, services
-from scheduling.api.serializers import StrictCharField
+from scheduling.api.serializers import PoolNameField, StrictCharField
 from scheduling.api.views import valid
 from scheduling.models import PoolPolicy, Quota, QuotaPeriod
 
@@ -71,13 +71,6 @@ class PoolPolicySerializer(api.ModelSerializer):
         model = PoolPolicy
         fields = ["pool", *admin_services.POLICY_FIELDS, "updated_at"]
         extra_kwargs = bounds(admin_services.POLICY_LIMITS)
-
-
-class PoolNameField(serializers.SlugRelatedField):
-    """A pool by name; ``~`` (or null) names the GPUs in no pool, as in the URLs."""
-
-    def to_internal_value(self, data: Any) -> Pool | None:
-        return None if data == quotas.NO_POOL else super().to_internal_value(data)
 
 
 class PolicySerializer(PoolPolicySerializer):
@@ -167,12 +160,12 @@ class PolicyViewSet(viewsets.ViewSet):
 
 
 class QuotaSerializer(api.ModelSerializer):
-    pool = serializers.SlugRelatedField(
+    pool = PoolNameField(
         slug_field="name",
         queryset=Pool.objects.all(),
         allow_null=True,
         default=None,
-        help_text="A pool's name; none: the GPUs in no pool.",
+        help_text="A pool's name; none or ~: the GPUs in no pool.",
     )
     user = serializers.SlugRelatedField(
         slug_field="username",

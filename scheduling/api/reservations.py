@@ -30,6 +30,7 @@ from gpuadmin.access.permissions import CanSubmit, signed_in
 from gpuadmin.access.services import can_act_on, is_admin, role_of
 from inventory.models import Gpu, Node, Pool
 from scheduling import reservations
+from scheduling.api.serializers import PoolNameField
 from scheduling.api.views import valid
 from scheduling.filters import ReservationFilterSet
 from scheduling.models import Reservation, ReservationGpu
@@ -87,12 +88,12 @@ class ReservationRequestSerializer(api.Serializer):
     )
     start = api.LocalDateTimeField(help_text="Without an offset: in the site's time zone.")
     end = api.LocalDateTimeField(help_text="Exclusive: the GPUs are free again at `end`.")
-    pool = serializers.SlugRelatedField(
+    pool = PoolNameField(
         slug_field="name",
         queryset=Pool.objects.all(),
         required=False,
         allow_null=True,
-        help_text="Pool name; none: the GPUs in no pool.",
+        help_text="Pool name; none or ~: the GPUs in no pool.",
     )
     gpu_model = serializers.CharField(
         max_length=100, required=False, allow_blank=True, default="", help_text="Exact name."

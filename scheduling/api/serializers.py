@@ -23,6 +23,7 @@ from scheduling.models import (
     Priority,
     Topology,
 )
+from scheduling.quotas import NO_POOL
 
 HIDDEN = "(hidden)"
 
@@ -95,6 +96,14 @@ class DependencyField(serializers.Field):
                 self.fail("invalid")
             pairs.append((kind, job))
         return pairs
+
+
+class PoolNameField(serializers.SlugRelatedField):
+    """A pool by name; ``~`` (or null) names the GPUs in no pool, as in the URLs
+    (``quotas.NO_POOL``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return None if data == NO_POOL else super().to_internal_value(data)
 
 
 class StrictCharField(serializers.CharField):

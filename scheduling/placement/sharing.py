@@ -90,7 +90,11 @@ PACKINGS: tuple[Packing, ...] = ("fragmentation", "best-fit", "first-fit")
 MIG_MODE = "mig"
 MPS_MODE = "mps"
 # What holds a GPU switched to another mode while its work runs (``GpuSlot.held_as``).
-BUSY_WITH = {"gpu": "a whole-GPU job on it", "mig": "MIG jobs on it", "mps": "MPS shares on it"}
+BUSY_WITH = {
+    "gpu": "a whole-GPU job on it",
+    MIG_MODE: "MIG jobs on it",
+    MPS_MODE: "MPS shares on it",
+}
 NO_LONGER = {MIG_MODE: "no longer in MIG mode", MPS_MODE: "no longer MPS-shared"}
 
 # A MIG device as layouts compare them: (profile, placement start, memory slices, busy).
@@ -363,10 +367,10 @@ class SharingPass:
             up = self._node_down[gpu.node] is None
             # A GPU takes shares of its mode only while no work of another kind holds it.
             if gpu.unavailable == MIG_MODE or gpu.mig_slots:
-                usable = gpu.unavailable == MIG_MODE and gpu.held_as in (None, "mig")
+                usable = gpu.unavailable == MIG_MODE and gpu.held_as in (None, MIG_MODE)
                 self._add_mig(gpu, order, up and usable)
             elif gpu.unavailable == MPS_MODE or gpu.mps_jobs or gpu.mps_used_percent:
-                usable = gpu.unavailable == MPS_MODE and gpu.held_as in (None, "mps")
+                usable = gpu.unavailable == MPS_MODE and gpu.held_as in (None, MPS_MODE)
                 self._add_mps(gpu, order, up and usable)
         # Per hostname, its parts with their pools (to refile when its host figures change).
         self._parts_of: dict[str, list[tuple[str | None, _MigPart | _MpsPart]]] = {}

@@ -219,3 +219,6 @@ def test_a_pool_by_name(fleet, people):
     assert response.json()["pool"] == "research"
     response = client(people["alice"]).post(URL, body(pool="research", gpu_count=3), format="json")
     assert response.json() == {"gpu_count": ["3 GPUs, but pool research has 2 GPUs"]}
+    # ~ names the GPUs in no pool, as in the URLs
+    response = client(people["alice"]).post(URL, body(pool="~"), format="json")
+    assert (response.status_code, response.json()["pool"]) == (201, None)

@@ -122,6 +122,11 @@ def test_admins_keep_quotas_audited(admin, alice, a100):
     assert events("scheduling.quota") == ["quota.created", "quota.changed", "quota.deleted"]
 
 
+def test_a_quota_of_the_gpus_in_no_pool_is_named_by_tilde(admin, alice):
+    created = admin.post("/api/v1/quotas/", {"project": "p", "pool": "~"}, format="json")
+    assert (created.status_code, created.json()["pool"]) == (201, None)
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
