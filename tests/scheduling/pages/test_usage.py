@@ -284,10 +284,11 @@ def test_the_usage_page_shows_the_budgets_its_reader_may_see(client, alice, bob,
 
 
 def test_beat_keeps_today_and_yesterday_current(alice, gpus):
-    now = timezone.now()
-    held(finished_job(alice), gpus[0], now - timedelta(hours=30), now - timedelta(hours=1))
+    # A fixed noon: at the clock's own time the hold ends before midnight for an hour a day.
+    now = at(12)
+    held(finished_job(alice), gpus[0], now - timedelta(hours=40), now - timedelta(hours=1))
 
     accounting.roll_up_recent(now)
 
     days = set(UsageDay.objects.values_list("day", flat=True))
-    assert days == {timezone.localdate(now), timezone.localdate(now) - timedelta(days=1)}
+    assert days == {DAY, DAY - timedelta(days=1)}, "the day before yesterday is left as it was"
