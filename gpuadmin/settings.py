@@ -275,6 +275,9 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_EXPIRES = 3600
+# Only the tasks whose answer a caller waits for (``inventory.services.run_on_node``'s) store a
+# result: they say ignore_result=False, and so does the caller (see gpuadmin/celery.py).
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 # Celery closes a worker's database connections around every task unless this is set; they
 # live for DATABASE_CONN_MAX_AGE instead, checked around each task (gpuadmin/celery_db.py).

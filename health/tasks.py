@@ -17,12 +17,12 @@ from health import quarantine, resets, rules, services, telemetry, webhooks
 from health.wire import HealthReport
 
 
-@shared_task(name="health.evaluate_alerts", ignore_result=True)
+@shared_task(name="health.evaluate_alerts")
 def evaluate_alerts() -> None:
     rules.evaluate()
 
 
-@shared_task(name="health.resend_to_alertmanager", ignore_result=True)
+@shared_task(name="health.resend_to_alertmanager")
 def resend_to_alertmanager() -> None:
     webhooks.resend_firing_to_alertmanager()
 
@@ -30,7 +30,6 @@ def resend_to_alertmanager() -> None:
 @shared_task(
     name="health.deliver_webhook",
     bind=True,
-    ignore_result=True,
     autoretry_for=(webhooks.DeliveryFailed,),
     retry_backoff=settings.GPUADMIN_WEBHOOK_BACKOFF_S,
     retry_backoff_max=600,
@@ -42,22 +41,22 @@ def deliver_webhook(self: Task, delivery_id: int) -> None:
     webhooks.deliver(delivery_id, final=last)
 
 
-@shared_task(name="health.ingest_samples", ignore_result=True)
+@shared_task(name="health.ingest_samples")
 def ingest_samples() -> None:
     telemetry.ingest()
 
 
-@shared_task(name="health.maintain_telemetry", ignore_result=True)
+@shared_task(name="health.maintain_telemetry")
 def maintain_telemetry() -> None:
     telemetry.maintain()
 
 
-@shared_task(name="health.review_quarantines", ignore_result=True)
+@shared_task(name="health.review_quarantines")
 def review_quarantines() -> None:
     quarantine.review()
 
 
-@shared_task(name="health.report", bind=True, ignore_result=True)
+@shared_task(name="health.report", bind=True)
 def report(self: Task, hostname: str, reports: list[dict[str, Any]]) -> None:
     """What a node's agent saw on its GPUs (``health.wire.HealthReport`` dicts): stored once
     and acted on by the recovery policies, believed only from that node."""
@@ -65,12 +64,12 @@ def report(self: Task, hostname: str, reports: list[dict[str, Any]]) -> None:
         services.receive_reports(hostname, [HealthReport.from_dict(item) for item in reports])
 
 
-@shared_task(name="health.watch_heartbeats", ignore_result=True)
+@shared_task(name="health.watch_heartbeats")
 def watch_heartbeats() -> None:
     services.watch_heartbeats()
 
 
-@shared_task(name="health.reset_gpu", ignore_result=True)
+@shared_task(name="health.reset_gpu")
 def reset_gpu(gpu_index: int, gpu_uuid: str, event_id: int | None = None) -> None:
     """Reset one of this node's GPUs for a recovery policy (runs on the node's agent) and
     report how it went."""
@@ -80,7 +79,7 @@ def reset_gpu(gpu_index: int, gpu_uuid: str, event_id: int | None = None) -> Non
     )
 
 
-@shared_task(name="health.reset_finished", bind=True, ignore_result=True)
+@shared_task(name="health.reset_finished", bind=True)
 def reset_finished(
     self: Task, hostname: str, gpu_uuid: str, error: str | None, event_id: int | None = None
 ) -> None:

@@ -225,6 +225,24 @@ class Gpu(CatalogFields, StateFields):
             )
         ]
 
+    # All that ``__str__``, ``pool_in_force_id`` and ``unusable`` read of a GPU and its node:
+    # a query that locks hundreds of GPUs to check them loads these alone
+    # (``.select_related("node").only(*Gpu.RULE_FIELDS)``; 60 columns cost it twice as much).
+    RULE_FIELDS = (
+        "uuid",
+        "index",
+        "pool",
+        "state",
+        "missing_since",
+        "error_message",
+        "mig_enabled",
+        "mps_shared",
+        "node__hostname",
+        "node__pool",
+        "node__state",
+        "node__last_heartbeat_at",
+    )
+
     def __str__(self) -> str:
         return f"{self.node.hostname}/GPU{self.index} ({self.uuid})"
 

@@ -677,7 +677,7 @@ def run_on_node(
     message ends with ``unanswered``) when it does not answer within ``timeout`` seconds. The
     task expires too, so a node that comes back later never runs work nobody waits for."""
     result = current_app.send_task(
-        task_name, args=args, queue=node_queue(hostname), expires=timeout
+        task_name, args=args, queue=node_queue(hostname), expires=timeout, ignore_result=False
     )
     try:
         # A node queue is never the caller's own, so waiting inside a task cannot deadlock.

@@ -24,13 +24,13 @@ from inventory.nvml.scanner import NodeScan, scan
 log = logging.getLogger("gpuadmin.inventory")
 
 
-@shared_task(name="inventory.scan_node")
+@shared_task(name="inventory.scan_node", ignore_result=False)
 def scan_node() -> dict[str, Any]:
     """The node's full NVML scan as JSON (runs on the node's agent)."""
     return scan_this_node().to_dict()
 
 
-@shared_task(name="inventory.heartbeat", ignore_result=True, bind=True)
+@shared_task(name="inventory.heartbeat", bind=True)
 def heartbeat(self: Task, hostname: str, sent_at: str) -> None:
     if speaks_for(self, hostname):
         services.record_heartbeat(hostname, parse_datetime(sent_at))
@@ -68,7 +68,7 @@ def sync_node(
     return {"changes": len(plan.changes)}
 
 
-@shared_task(name="inventory.mig_create")
+@shared_task(name="inventory.mig_create", ignore_result=False)
 def mig_create(
     gpu_index: int, profile_name: str, placement_start: int | None = None
 ) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def mig_create(
     return _mig_operation(create)
 
 
-@shared_task(name="inventory.mig_destroy")
+@shared_task(name="inventory.mig_destroy", ignore_result=False)
 def mig_destroy(gpu_index: int, gi_id: int) -> dict[str, Any]:
     """Destroy a MIG GPU instance (its compute instances first) on this node (runs on the
     node's agent). Returns ``{"error": None | {"message", "code"}, "scan"}``."""

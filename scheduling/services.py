@@ -1199,6 +1199,7 @@ def _allocate(
         for gpu in Gpu.objects.select_for_update(of=("self",))
         .filter(pk__in=gpu_ids)
         .select_related("node")
+        .only(*Gpu.RULE_FIELDS)
         .order_by("pk")
     }
     devices = _mig_devices(grants)

@@ -20,28 +20,28 @@ from scheduling import accounting, agent, loop, relayout, reservations, services
 from scheduling.executor import JobFinished, event_from_dict
 
 
-@shared_task(name="scheduling.placement_pass", ignore_result=True)
+@shared_task(name="scheduling.placement_pass")
 def placement_pass() -> None:
     loop.run_woken_pass()
 
 
-@shared_task(name="scheduling.account_usage", ignore_result=True)
+@shared_task(name="scheduling.account_usage")
 def account_usage() -> None:
     accounting.roll_up_recent()
 
 
-@shared_task(name="scheduling.sweep_reservations", ignore_result=True)
+@shared_task(name="scheduling.sweep_reservations")
 def sweep_reservations() -> None:
     reservations.sweep()
 
 
-@shared_task(name="scheduling.job_event", ignore_result=True, bind=True)
+@shared_task(name="scheduling.job_event", bind=True)
 def job_event(self: Task, event: dict[str, Any]) -> None:
     """One executor event (the central side's own, and agents before ``job_events``)."""
     _record_events(self, [event])
 
 
-@shared_task(name="scheduling.job_events", ignore_result=True, bind=True)
+@shared_task(name="scheduling.job_events", bind=True)
 def job_events(self: Task, events: list[dict[str, Any]]) -> None:
     """An agent's executor events, in the order they happened."""
     _record_events(self, events)
@@ -63,26 +63,26 @@ def _record_events(task: Task, events: list[dict[str, Any]]) -> None:
         relayout.nudge()
 
 
-@shared_task(name="scheduling.agent_jobs", ignore_result=True, bind=True)
+@shared_task(name="scheduling.agent_jobs", bind=True)
 def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
     """A (re)started agent's list of the (job, attempt) it runs."""
     if speaks_for(self, hostname):
         services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 
-@shared_task(name="scheduling.run_job", ignore_result=True)
+@shared_task(name="scheduling.run_job")
 def run_job(spec: dict[str, Any]) -> None:
     """One job (what central workers sent before ``run_jobs``)."""
     agent.run_job(spec)
 
 
-@shared_task(name="scheduling.run_jobs", ignore_result=True)
+@shared_task(name="scheduling.run_jobs")
 def run_jobs(specs: list[dict[str, Any]]) -> None:
     """The jobs placed on this node together, in order."""
     agent.run_jobs(specs)
 
 
-@shared_task(name="scheduling.cancel_job", ignore_result=True)
+@shared_task(name="scheduling.cancel_job")
 def cancel_job(
     job_id: int,
     attempt: int,
@@ -93,18 +93,18 @@ def cancel_job(
     agent.cancel_job(job_id, attempt, message, signal_name, grace_s)
 
 
-@shared_task(name="scheduling.advance_relayouts", ignore_result=True)
+@shared_task(name="scheduling.advance_relayouts")
 def advance_relayouts() -> None:
     """MIG re-layouts take their next steps (beat, and agents' job reports)."""
     relayout.advance_open()
 
 
-@shared_task(name="scheduling.create_mig_instance", ignore_result=True)
+@shared_task(name="scheduling.create_mig_instance")
 def create_mig_instance(gpu_id: int, profile: str, placement_start: int, job_id: int) -> None:
     """The MIG instance the placement loop asked for a waiting job (dynamic MIG)."""
     sharing.create_requested_instance(gpu_id, profile, placement_start, job_id)
 
 
-@shared_task(name="scheduling.tail_log")
+@shared_task(name="scheduling.tail_log", ignore_result=False)
 def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
     return agent.tail_log(job_id, attempt, lines)

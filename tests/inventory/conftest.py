@@ -69,7 +69,12 @@ class FakeBroker:
     sent: list[dict[str, Any]] = field(default_factory=list)
     revoked: int = 0
 
-    def send_task(self, name: str, *, args: tuple, queue: str, expires: float) -> Any:
+    def send_task(
+        self, name: str, *, args: tuple, queue: str, expires: float, ignore_result: bool
+    ) -> Any:
+        # A caller that waits for the answer asks for it (results are ignored by default).
+        assert ignore_result is False, f"{name} was sent without asking for its result"
+        assert app.tasks[name].ignore_result is False, f"{name} would store no result"
         self.sent.append({"name": name, "args": tuple(args), "queue": queue, "expires": expires})
         if not self.answer:
             return self.Silent(self)
