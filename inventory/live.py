@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -133,6 +133,20 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
         # orjson: the fleet poll decodes 4,000 samples, 30 ms with json, 10 ms with it.
         name: {uuid.decode(): orjson.loads(raw) for uuid, raw in found.items()}
         for name, found in zip(names, pipe.execute(), strict=True)
+    }
+
+
+def latest_of(uuids_by_host: Mapping[str, Collection[str]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``latest`` of the named GPUs alone (``{hostname: {gpu uuid: sample}}``, a GPU without
+    a sample left out), in one round trip: the commit of a placement checks a few GPUs of
+    each node it reads, and decoding every GPU's sample cost it more than the rest."""
+    hosts = [(name, list(uuids)) for name, uuids in uuids_by_host.items() if uuids]
+    pipe = client().pipeline()
+    for name, uuids in hosts:
+        pipe.hmget(KEY_PREFIX + name, uuids)
+    return {
+        name: {uuid: orjson.loads(raw) for uuid, raw in zip(uuids, found, strict=True) if raw}
+        for (name, uuids), found in zip(hosts, pipe.execute(), strict=True)
     }
 
 

@@ -35,6 +35,18 @@ def test_published_samples_read_back_per_node():
     assert 0 < ttl <= 30
 
 
+def test_the_samples_of_named_gpus_alone():
+    host, silent = (f"live-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    scanned = scan(SimulatedNvml.from_model("dgx-a100-40gb", node_name=host), include=("metrics",))
+    live.publish(host, scanned)
+    everything = live.latest([host])[host]
+    second, fifth = (scanned.gpus[index].facts.uuid for index in (2, 5))
+
+    found = live.latest_of({host: [fifth, "GPU-unknown", second], silent: ["GPU-x"], "empty": []})
+
+    assert found == {host: {fifth: everything[fifth], second: everything[second]}, silent: {}}
+
+
 def test_a_new_publish_replaces_the_old_samples():
     host = f"live-{uuid.uuid4().hex[:6]}"
     live.publish(host, scan(SimulatedNvml.from_model("dgx-h100", node_name=host)))
