@@ -17,7 +17,7 @@ import operator
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
@@ -200,7 +200,9 @@ def _gpu_findings(
         pipe.hset(counted_key, mapping=counted)
     pipe.execute()
     if idle:
-        result.idle_gpu_seconds = count_idle(idle, timezone.localdate())
+        # The day of the pass's clock, not the wall's: a pass's time is what it counted to.
+        day = timezone.localdate(datetime.fromtimestamp(now, UTC))
+        result.idle_gpu_seconds = count_idle(idle, day)
 
 
 def _gpu_condition(rule: AlertRule, sample: dict[str, Any], occupant: Any) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -118,7 +118,9 @@ def test_idle_held_gpu_opens_after_30_min_and_counts_idle_hours_per_user(node, d
     [alert] = firing(rule=idle)
     assert alert.gpu == gpu and alert.labels["user"] == "alice"
     rules.evaluate(t0 + 1810)
-    usage = IdleHeldUsage.objects.get(user=alice, day=timezone.localdate())
+    # Counted on the passes' day (half an hour ahead: the next day, before midnight).
+    day = timezone.localdate(datetime.fromtimestamp(t0 + 1810, UTC))
+    usage = IdleHeldUsage.objects.get(user=alice, day=day)
     assert usage.gpu_seconds == pytest.approx(1810)
 
     publish(node, gpu0={"utilization_gpu_pct": 90, "utilization_memory_pct": 40})
