@@ -14,9 +14,9 @@ policy of the GPUs in no pool (all of them here).
 
 Then, the tables ANALYZEd (as autovacuum keeps a running fleet's), ``scheduling.loop.run_pass()``
 runs as the central worker runs it: the first pass places what fits and writes every waiting
-job's reason; then ``--runs`` blocked passes (nothing fits
-any more: the steady cost of re-explaining the queue, which must write nothing: the queue did
-not change, only the clock moved); then ``--runs`` placing passes, each after the previous
+job's reason; then ``--runs`` blocked passes (nothing fits any more: the steady cost of
+re-explaining the queue, which must write nothing: the queue did not change, only the clock
+moved); then ``--runs`` placing passes, each after the previous
 one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED transition that releases
 their GPUs). Prints each phase (snapshot, plan, commit: placements committed in batches and
 sent to their agents, save_pending) as medians over the runs, the queries of each kind of

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -136,17 +136,20 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
-def latest_of(uuids_by_host: Mapping[str, Collection[str]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``latest`` of the named GPUs alone (``{hostname: {gpu uuid: sample}}``, a GPU without
-    a sample left out), in one round trip: the commit of a placement checks a few GPUs of
-    each node it reads, and decoding every GPU's sample cost it more than the rest."""
-    hosts = [(name, list(uuids)) for name, uuids in uuids_by_host.items() if uuids]
+def latest_of(gpus: Iterable[tuple[str, str]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``latest`` of the named GPUs alone, given as (hostname, gpu uuid): ``{hostname: {gpu
+    uuid: sample}}``, a GPU without a sample left out, in one round trip. The commit of a
+    placement checks a few GPUs of each node it reads, and decoding every GPU's sample cost it
+    more than the rest."""
+    uuids_by_host: dict[str, list[str]] = {}
+    for hostname, uuid in gpus:
+        uuids_by_host.setdefault(hostname, []).append(uuid)
     pipe = client().pipeline()
-    for name, uuids in hosts:
-        pipe.hmget(KEY_PREFIX + name, uuids)
+    for hostname, uuids in uuids_by_host.items():
+        pipe.hmget(KEY_PREFIX + hostname, uuids)
     return {
-        name: {uuid: orjson.loads(raw) for uuid, raw in zip(uuids, found, strict=True) if raw}
-        for (name, uuids), found in zip(hosts, pipe.execute(), strict=True)
+        hostname: {uuid: orjson.loads(raw) for uuid, raw in zip(uuids, found, strict=True) if raw}
+        for (hostname, uuids), found in zip(uuids_by_host.items(), pipe.execute(), strict=True)
     }
 
 

@@ -1208,7 +1208,7 @@ def _allocate(
     now = timezone.now()
     book = ReservationBook(reservation_windows(now, gpu_ids), now.timestamp())
     try:
-        samples = live.latest_of(_uuids_by_host(gpus.values()))
+        samples = live.latest_of((gpu.node.hostname, gpu.uuid) for gpu in gpus.values())
     except RedisError as exc:
         why = f"the GPUs' live samples cannot be read: {exc}"
         return Allocated(refused=dict.fromkeys((grant.job_id for grant in grants), why))
@@ -1301,14 +1301,6 @@ INSERT_ALLOCATIONS_SQL = f"""
     ORDER BY n
     RETURNING id, job_id, gpu_id, allocated_at
 """
-
-
-def _uuids_by_host(gpus: Iterable[Gpu]) -> dict[str, list[str]]:
-    """The GPUs' UUIDs by their node's hostname (their nodes loaded)."""
-    found: dict[str, list[str]] = defaultdict(list)
-    for gpu in gpus:
-        found[gpu.node.hostname].append(gpu.uuid)
-    return found
 
 
 def _mig_devices(grants: Sequence[Grant]) -> dict[int, tuple[int, str]]:

@@ -42,7 +42,9 @@ def test_the_samples_of_named_gpus_alone():
     everything = live.latest([host])[host]
     second, fifth = (scanned.gpus[index].facts.uuid for index in (2, 5))
 
-    found = live.latest_of({host: [fifth, "GPU-unknown", second], silent: ["GPU-x"], "empty": []})
+    found = live.latest_of(
+        [(host, fifth), (host, "GPU-unknown"), (silent, "GPU-x"), (host, second)]
+    )
 
     assert found == {host: {fifth: everything[fifth], second: everything[second]}, silent: {}}
 
