@@ -9,9 +9,11 @@ every page and endpoint.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 
@@ -35,7 +37,8 @@ def is_api_view(view_func: Callable[..., Any]) -> bool:
 class StorableTextMiddleware:
     """A path argument that cannot be stored is a 404 (nothing can be named so); a query
     parameter, name or value, a 400 naming it: JSON ``{"<param>": ["..."]}`` for the API, a
-    plain-text page otherwise."""
+    plain-text page otherwise. It reads the query first, so Django's refusal of too many
+    parameters is the API's JSON 400 here too."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -56,7 +59,14 @@ class StorableTextMiddleware:
                 if api:
                     return JsonResponse({"detail": "Not found."}, status=404)
                 raise Http404("No such object.")
-        for name, values in request.GET.lists():
+        try:
+            query = request.GET.lists()
+        except SuspiciousOperation as exc:  # more than DATA_UPLOAD_MAX_NUMBER_FIELDS
+            if not api:
+                raise  # Django's 400 page, logged as Django logs it
+            logging.getLogger(f"django.security.{type(exc).__name__}").warning("%s", exc)
+            return JsonResponse({"detail": str(exc)}, status=400)
+        for name, values in query:
             problem = next(filter(None, map(unstorable, [name, *values])), None)
             if problem is None:
                 continue

@@ -84,6 +84,8 @@ class PoolPolicyAdmin(admin.ModelAdmin):
     ) -> None:
         fields = policy_values(form)
         row = admin_services.set_pool_policy(obj.pool, actor=signed_in(request), **fields)
+        if row.pk is None:  # added with every default: the row the admin asked for, unchanged
+            row = PoolPolicy.objects.get_or_create(pool=obj.pool)[0]
         obj.pk, obj.updated_at = row.pk, row.updated_at
 
 

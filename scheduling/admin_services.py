@@ -136,13 +136,21 @@ def set_pool_policy(pool: Pool | None, *, actor: User, **fields: Any) -> PoolPol
     """Change ``pool``'s policy (None: the GPUs in no pool): ``PolicyInvalid`` names a bad
     value; the fields that change are audited ``scheduler.policy_changed`` (before/after, the
     pool in the message) and the loop is woken to re-order its queue. A pool without a policy
-    row gets one."""
+    row gets one with its first change (nothing is written when nothing changes: its
+    ``updated_at`` stays null, "the defaults, never changed")."""
     check_policy(fields)
+
+    def changed_in(config: PoolPolicy) -> list[str]:
+        return [name for name, value in fields.items() if getattr(config, name) != value]
+
     with transaction.atomic():
-        PoolPolicy.objects.get_or_create(pool=pool)
-        config = PoolPolicy.objects.select_for_update().get(pool=pool)
+        locked = PoolPolicy.objects.select_for_update()
+        config = locked.filter(pool=pool).first() or PoolPolicy(pool=pool)
+        if config.pk is None and changed_in(config):
+            PoolPolicy.objects.get_or_create(pool=pool)
+            config = locked.get(pool=pool)
         before = {name: getattr(config, name) for name in fields}
-        changed = [name for name, value in fields.items() if before[name] != value]
+        changed = changed_in(config)
         if changed:
             for name in changed:
                 setattr(config, name, fields[name])

@@ -57,6 +57,9 @@ def check(owner: User, dependency: str | Sequence[tuple[str, int]]) -> list[tupl
     never satisfy it, or more than ``SUBMISSION_LIMITS["dependencies"]`` jobs."""
     if isinstance(dependency, str):
         services.check_text("dependency", dependency)
+        if len(dependency) > services.MAX_DEPENDENCY_CHARS:
+            most = services.MAX_DEPENDENCY_CHARS
+            raise services.JobRejected("dependency", f"at most {most} characters")
         try:
             pairs = slurm.parse_dependency(dependency)
         except slurm.SpecError as exc:

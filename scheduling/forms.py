@@ -17,6 +17,7 @@ from inventory.pages.common import MIB_PER_GIB, short_gpu_name
 from scheduling.models import Priority, Reservation, ReservationState, Topology
 from scheduling.services import (
     ENV_NAME,
+    MAX_DEPENDENCY_CHARS,
     SUBMISSION_LIMITS,
     JobRejected,
     limit_bounds,
@@ -108,7 +109,7 @@ class SubmitJobForm(forms.Form):
         "0-15:4. Each task gets GPUADMIN_ARRAY_TASK_ID (and SLURM_ARRAY_TASK_ID).",
     )
     dependency = forms.CharField(
-        max_length=2000,
+        max_length=MAX_DEPENDENCY_CHARS,
         required=False,
         label="Dependency",
         help_text="As Slurm's --dependency: afterok:12:13,afterany:14 (afternotok too).",

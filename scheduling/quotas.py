@@ -576,16 +576,16 @@ def create_quota(*, actor: User, **fields: Any) -> Quota:
 
 def update_quota(quota: Quota, *, actor: User, **fields: Any) -> Quota:
     """Change a quota's limits or holder (audited ``quota.changed`` with the fields that
-    changed, before and after; nothing when none did)."""
+    changed, before and after; nothing written when none did)."""
     with transaction.atomic():
         locked = Quota.objects.select_for_update(of=("self",)).select_related("pool", "user")
         before = facts(locked.get(pk=quota.pk))
         for name, value in fields.items():
             setattr(quota, name, value)
-        _saved(quota)
         after = facts(quota)
         changed = [name for name in after if after[name] != before[name]]
         if changed:
+            _saved(quota)
             record(
                 "quota.changed",
                 actor=actor,

@@ -181,7 +181,7 @@ def parse_layout(text: str) -> Layout:
         profile, _, start = word.partition("@")
         # A GPU has a handful of slices: a start of more digits is a typo (and int() of
         # thousands of digits raises).
-        if start and not (start.isdecimal() and len(start) <= 2):
+        if start and not (start.isascii() and start.isdecimal() and len(start) <= 2):
             raise RelayoutRefused("layout", f"{word!r}: the start after @ is a slice number")
         items.append({"profile": profile, **({"start": int(start)} if start else {})})
     return items

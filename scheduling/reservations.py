@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
@@ -342,6 +342,21 @@ def _facts(reservation: Reservation, gpus: Iterable[Gpu] = ()) -> dict[str, Any]
     return facts
 
 
+def _refuse_filter(pool: Pool | None, gpu_model: str, node: Node | None) -> NoReturn:
+    """``ReservationInvalid`` naming the filter (``node`` or ``gpu_model``) that leaves no
+    reservable GPU, with what there is instead."""
+    if node is not None and not reservable_gpus(pool, node=node).exists():
+        raise ReservationInvalid(
+            "node", f"{node.hostname} has no reservable GPU in {where_text(pool)}"
+        )
+    models = reservable_gpus(pool, node=node).values_list("name", flat=True).distinct()
+    raise ReservationInvalid(
+        "gpu_model",
+        f"no reservable GPU of model {gpu_model!r} in {where_text(pool, node=node)}; "
+        f"there are: {', '.join(sorted(models)) or 'none'}",
+    )
+
+
 def request(
     owner: User,
     gpu_count: int | None,
@@ -385,9 +400,12 @@ def request(
             raise ReservationInvalid("gpus", f"not reservable in {where}: {listing(outside)}")
     else:
         available = candidates.count()
+        if not available and (gpu_model or node is not None):
+            _refuse_filter(pool, gpu_model, node)
         if gpu_count > available:
             raise ReservationInvalid(
-                "gpu_count", f"{gpu_count} GPUs, but {where} has {plural(available, 'GPU')}"
+                "gpu_count",
+                f"{plural(gpu_count, 'GPU')}, but {where} has {plural(available, 'GPU')}",
             )
     policy = quotas.policy_of(pool)
     with transaction.atomic():

@@ -108,6 +108,8 @@ MAX_ARGV = 4096
 # environment together: a job's whole command, and its whole environment, stay below 128 KiB.
 MAX_COMMAND_CHARS = 128 * 1024
 MAX_ENV_CHARS = 128 * 1024
+# Slurm's afterok:12:13,... text: 100 jobs of 18 digits fit; longer is a paste gone wrong.
+MAX_DEPENDENCY_CHARS = 2000
 SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "gpu_count": (1, 64),  # per node
     "node_count": (1, 1024),
@@ -712,6 +714,12 @@ def _check_sharing(fields: Mapping[str, Any]) -> None:
         raise JobRejected("gpu_count", f"{SHARES_ONE_GPU}: gpu_count must be 1")
     if (mig or mps) and fields.get("node_count", 1) != 1:
         raise JobRejected("node_count", f"{SHARES_ONE_GPU}: node_count must be 1")
+    if mig and fields.get("min_gpu_memory_mib"):
+        raise JobRejected("min_gpu_memory_mib", "a MIG device has its profile's memory")
+    if mps and fields.get("min_gpu_memory_mib"):
+        raise JobRejected(
+            "min_gpu_memory_mib", "an MPS share's memory is its limit: give mps_memory_mib"
+        )
 
 
 def _reservation(

@@ -125,6 +125,7 @@ def test_a_job_without_dependencies_shows_none(alice, blank):
         ({"afterok": 1}, "Expected a string"),
         (12, "Expected a string"),
         ([{"kind": "afterok", "job": n} for n in range(1, 102)], "at most 100 jobs"),
+        ("afterok" + ":1" * 1000, "at most 2000 characters"),
     ],
 )
 def test_bad_dependencies_are_a_400_naming_dependency(alice, api_as, dependency, message):  # noqa: F811

@@ -66,6 +66,14 @@ def test_a_pools_policy_is_added_and_changed_through_the_service(admin_client):
     ]
 
 
+def test_a_policy_added_with_every_default_is_a_row_and_no_change(admin_client):
+    pool = Pool.objects.create(name="a100")
+    added = admin_client.post("/admin/scheduling/poolpolicy/add/", policy_form(pool=str(pool.pk)))
+    assert added.status_code == 302, added.content.decode()[:2000]
+    assert PoolPolicy.objects.get(pool=pool).policy == DEFAULT_POLICY
+    assert not AuditEvent.objects.filter(event_type="scheduler.policy_changed").exists()
+
+
 def test_a_quota_form_names_the_field_the_service_refuses(admin_client, admin_user):
     form = {"project": "vision", "user": str(admin_user.pk), "period": "month"}
     refused = admin_client.post("/admin/scheduling/quota/add/", {**form, "fairshare_weight": "1"})

@@ -88,6 +88,7 @@ def test_a_named_layout_with_preemption(node, admin_api):  # noqa: F811
         (0, {"layout_name": "custom", "layout": "3g.20gb@2"}, "layout"),
         (0, {"layout_name": "custom", "layout": "3g.20gb@x"}, "layout"),
         (0, {"layout_name": "custom", "layout": "3g.20gb@\u00b2"}, "layout"),  # not to int()
+        (0, {"layout_name": "custom", "layout": "3g.20gb@\u0664"}, "layout"),  # an Arabic 4
         (0, {"layout_name": "custom"}, "layout"),
         (0, {"layout_name": "balanced", "preempt": "sometimes"}, "preempt"),
         (None, {"layout_name": "balanced"}, "gpu"),  # no such GPU

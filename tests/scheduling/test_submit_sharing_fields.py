@@ -142,6 +142,16 @@ def test_an_mps_share(alice, pools):
             "no MIG-capable H100 outside the pools",
         ),
         ({"mig_profile": "1g.10gb", "mps_percent": 10}, "mps_percent", "not both"),
+        (
+            {"mig_profile": "1g.10gb", "min_gpu_memory_mib": 999_999},
+            "min_gpu_memory_mib",
+            "a MIG device has its profile's memory",
+        ),
+        (
+            {"mps_percent": 50, "min_gpu_memory_mib": 999_999, "pool": "shared"},
+            "min_gpu_memory_mib",
+            "give mps_memory_mib",
+        ),
         ({"mig_profile": "\u0000"}, "mig_profile", "Null characters are not allowed."),
         ({"mig_profile": "x" * 33}, "mig_profile", "no more than 32 characters"),
         ({"mps_percent": 25}, "mps_percent", "no MPS-shared GPU outside the pools"),

@@ -243,6 +243,22 @@ def test_a_form_django_refuses_is_a_json_400(alice, format):
     assert_nothing_written()
 
 
+@override_settings(DATA_UPLOAD_MAX_NUMBER_FIELDS=5)
+@pytest.mark.parametrize("url", ["/api/v1/jobs/", "/api/v1/reservations/", "/queue"])
+def test_too_many_query_parameters_are_a_json_400(alice, url):
+    """The text middleware reads the query before DRF: Django's refusal is still the API's."""
+    response = alice.get(url + "?" + "&".join(f"a{i}=1" for i in range(10)))
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert "DATA_UPLOAD_MAX_NUMBER_FIELDS" in response.json()["detail"]
+
+
+@override_settings(DATA_UPLOAD_MAX_NUMBER_FIELDS=5)
+def test_too_many_query_parameters_on_a_page_are_django_s_400(client):
+    response = client.get("/accounts/login/?" + "&".join(f"a{i}=1" for i in range(10)))
+    assert response.status_code == 400
+
+
 def test_non_field_errors_are_under_detail(api_as, fleet):
     """One error format: what concerns no one field is ``detail``, a string."""
     operator = api_as("olga", "operator")

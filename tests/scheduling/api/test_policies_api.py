@@ -122,6 +122,23 @@ def test_admins_keep_quotas_audited(admin, alice, a100):
     assert events("scheduling.quota") == ["quota.created", "quota.changed", "quota.deleted"]
 
 
+@pytest.mark.parametrize("body", [{}, {"unknown": 1}, {"policy": DEFAULT_POLICY}])
+def test_a_change_that_changes_nothing_writes_nothing(admin, alice, a100, body):
+    """No row is made for a pool still on the defaults, no quota's updated_at moves, and
+    nothing is audited."""
+    response = admin.patch("/api/v1/policies/a100/", body, format="json")
+    assert (response.status_code, response.json()["updated_at"]) == (200, None)
+    assert not PoolPolicy.objects.filter(pool=a100).exists()
+    quota = admin.post("/api/v1/quotas/", {"pool": "a100", "user": "alice"}, format="json")
+    stamp = Quota.objects.get().updated_at
+    unchanged = {key: value for key, value in body.items() if key != "policy"}
+    response = admin.patch(f"/api/v1/quotas/{quota.json()['id']}/", unchanged, format="json")
+    assert response.status_code == 200
+    assert Quota.objects.get().updated_at == stamp
+    assert events("scheduling.poolpolicy") == []
+    assert events("scheduling.quota") == ["quota.created"]
+
+
 def test_a_quota_of_the_gpus_in_no_pool_is_named_by_tilde(admin, alice):
     created = admin.post("/api/v1/quotas/", {"project": "p", "pool": "~"}, format="json")
     assert (created.status_code, created.json()["pool"]) == (201, None)
