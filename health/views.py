@@ -10,13 +10,14 @@ from typing import Any
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Case, IntegerField, When
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.permissions import role_required, signed_in
+from gpuadmin.access.permissions import role_required, signed_in, signed_in_reader
 from gpuadmin.access.services import at_least
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from health import alerts, rules
@@ -77,7 +78,18 @@ def alert_ack(request: HttpRequest, pk: int) -> HttpResponse:
             messages.success(request, f"Alert {alert.pk} acknowledged.")
         except alerts.AlertNotFiring as exc:
             messages.error(request, str(exc))
-    return redirect(request.POST.get("next") or "health:alerts")
+    return _back_to_page(request)
+
+
+def _back_to_page(request: HttpRequest) -> HttpResponse:
+    """Back to the alerts page the form was on (its ``next``: a path of this site, as Django's
+    login checks it), else the alerts page."""
+    target = request.POST.get("next", "")
+    if target.startswith("/") and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return HttpResponseRedirect(target)
+    return redirect("health:alerts")
 
 
 @role_required(Role.VIEWER)
@@ -112,6 +124,6 @@ def alerts_section(
     sender: Any, *, page: str, request: HttpRequest | None = None, **kwargs: Any
 ) -> Section | None:
     """The fleet page's alerts panel, for signed-in people (as the alerts page)."""
-    if page != "fleet" or request is None or not request.user.is_authenticated:
+    if page != "fleet" or not signed_in_reader(request):
         return None
     return Section("health/partials/alerts_panel.html", panel_context(), order=20)

@@ -28,7 +28,9 @@ from inventory.querysets import GpuQuerySet
 from inventory.services import (
     HOST_RESERVED_FIELDS,
     IllegalGpuTransition,
+    delete_pool,
     host_reserved_errors,
+    save_pool,
     set_gpu_state,
     set_node_state,
     update_catalog,
@@ -121,8 +123,21 @@ class AuditedCatalogAdmin(admin.ModelAdmin):
 
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
+    """Pools, saved and deleted through the audited services; one still in use (nodes, GPUs,
+    quotas, jobs, reservations, usage) cannot be deleted: the page lists what names it."""
+
     list_display = ("name", "description")
     search_fields = ("name",)
+
+    def save_model(self, request: HttpRequest, obj: Pool, form: forms.ModelForm, change: bool):
+        save_pool(obj, actor=signed_in(request))
+
+    def delete_model(self, request: HttpRequest, obj: Pool) -> None:
+        delete_pool(obj, actor=signed_in(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        for pool in queryset:
+            delete_pool(pool, actor=signed_in(request))
 
 
 class NodeAdminForm(forms.ModelForm):

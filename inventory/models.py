@@ -72,8 +72,9 @@ class CatalogFields(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
+    # PROTECT: a pool is deleted once nothing is in it (moving a node or GPU out is audited).
     pool = models.ForeignKey(
-        Pool, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Pool, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     notes = models.TextField(blank=True, max_length=MAX_NOTES_CHARS)
     tags = ArrayField(models.CharField(max_length=50), size=MAX_TAGS, default=list, blank=True)

@@ -41,6 +41,7 @@ from inventory.models import (
     GpuNicLink,
     MigInstance,
     Node,
+    Pool,
 )
 from inventory.nvml.scanner import NodeScan
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
@@ -524,6 +525,47 @@ def _catalog_values(row: Gpu | Node, names: list[str]) -> dict[str, Any]:
 # How long an admin's MIG change waits for the node's agent (it also expires the task, so a
 # node that comes back later never runs a change nobody is waiting for).
 MIG_TASK_TIMEOUT_S = 30.0
+
+
+POOL_FIELDS = ("name", "description")
+
+
+def save_pool(pool: Pool, *, actor: User) -> Pool:
+    """Create ``pool`` (audited ``pool.created``) or store its changed fields (``pool.changed``,
+    before and after; nothing written when none changed)."""
+    after = {name: getattr(pool, name) for name in POOL_FIELDS}
+    with transaction.atomic():
+        stored = Pool.objects.select_for_update().filter(pk=pool.pk).first() if pool.pk else None
+        if stored is None:
+            pool.save()
+            record("pool.created", actor=actor, target=pool, after=after)
+            return pool
+        before = {name: getattr(stored, name) for name in POOL_FIELDS}
+        changed = [name for name in POOL_FIELDS if before[name] != after[name]]
+        if changed:
+            pool.save(update_fields=changed)
+            record(
+                "pool.changed",
+                actor=actor,
+                target=pool,
+                before={name: before[name] for name in changed},
+                after={name: after[name] for name in changed},
+            )
+    return pool
+
+
+def delete_pool(pool: Pool, *, actor: User) -> None:
+    """Delete an empty pool (audited ``pool.deleted``). Refused (``ProtectedError``) while nodes,
+    GPUs, quotas, jobs, reservations or usage history name it: move or
+    remove them first, each audited; only its policy row goes with it."""
+    with transaction.atomic():
+        record(
+            "pool.deleted",
+            actor=actor,
+            target=pool,
+            before={name: getattr(pool, name) for name in POOL_FIELDS},
+        )
+        pool.delete()
 
 
 class MigChangeRefused(ValueError):

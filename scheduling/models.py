@@ -461,7 +461,7 @@ class Quota(models.Model):
     """What one user or one project may use of one pool (empty pool: the GPUs in no pool):
     GPUs at once, GPU-hours per period, and its fair-share weight."""
 
-    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
     )
@@ -688,7 +688,7 @@ class UsageDay(models.Model):
     and telemetry (GPU-seconds; energy in joules)."""
 
     day = models.DateField()
-    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.CASCADE)
+    pool = models.ForeignKey(Pool, null=True, blank=True, on_delete=models.PROTECT)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     project = models.CharField(max_length=100, blank=True)
     allocated_gpu_s = models.FloatField(default=0)

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.permissions import role_required, signed_in
+from gpuadmin.access.permissions import role_required, signed_in, signed_in_reader
 from gpuadmin.access.services import is_admin
 from inventory.models import Gpu, Node
 from inventory.nvml import mig_catalog
@@ -72,8 +72,9 @@ def relayout_section(
     request: HttpRequest,
     **kwargs: Any,
 ) -> Section | None:
-    """Receiver of ``page_sections_requested``: a MIG-capable GPU's re-layouts (one query)."""
-    if page != "gpu" or not isinstance(obj, Gpu):
+    """Receiver of ``page_sections_requested``: a MIG-capable GPU's re-layouts (one query),
+    for signed-in people (as its poll)."""
+    if page != "gpu" or not isinstance(obj, Gpu) or not signed_in_reader(request):
         return None
     context = _context(request, obj)
     return None if context is None else Section(TEMPLATE, context, ORDER)

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models.functions import Now
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from gpuadmin.access.permissions import signed_in_reader
 from inventory.models import Gpu, Node
 from inventory.pages.common import Section
 from scheduling.models import Allocation, Reservation, ReservationGpu, ReservationState
@@ -47,10 +49,18 @@ RESERVATIONS_SHOWN = 10
 
 
 def reservation_section(
-    sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
+    sender: Any,
+    *,
+    page: str,
+    obj: Gpu | Node | None = None,
+    request: HttpRequest | None = None,
+    **kwargs: Any,
 ) -> Section | None:
     """Receiver of ``page_sections_requested``: the GPU's or the node's reservations that are
-    not over, soonest first, and a link to its week calendar (two queries)."""
+    not over, soonest first, and a link to its week calendar (two queries), for signed-in
+    people (as the reservation pages)."""
+    if not signed_in_reader(request):
+        return None
     if isinstance(obj, Gpu) and page == "gpu":
         holds = ReservationGpu.objects.filter(gpu=obj)
         calendar = reverse("reservations:gpu-calendar", args=[obj.uuid])

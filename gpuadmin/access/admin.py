@@ -49,6 +49,10 @@ class MembershipAdmin(admin.ModelAdmin):
             )
             super().delete_model(request, obj)
 
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        for membership in queryset.select_related("user"):
+            self.delete_model(request, membership)
+
 
 @admin.register(UnixAccount)
 class UnixAccountAdmin(admin.ModelAdmin):

@@ -59,6 +59,12 @@ def signed_in(request: HttpRequest | Request) -> User:
     return user
 
 
+def signed_in_reader(request: HttpRequest | None) -> bool:
+    """Whom ``role_required(Role.VIEWER)`` lets in: anyone signed in. A section that a page
+    open to everyone (a GPU's, a node's) borrows from a signed-in page shows to them only."""
+    return request is not None and request.user.is_authenticated
+
+
 PageView = Callable[..., HttpResponse]
 
 

@@ -32,6 +32,22 @@ def test_a_role_change_is_audited(admin_client, django_user_model):
     ]
 
 
+def test_roles_deleted_from_the_list_are_audited_each(admin_client, django_user_model):
+    people = [django_user_model.objects.create_user(name) for name in ("erin", "finn")]
+    rows = [Membership.objects.create(user=person, role=Role.OPERATOR) for person in people]
+    response = admin_client.post(
+        "/admin/access/membership/",
+        {"action": "delete_selected", "_selected_action": [row.pk for row in rows], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert not Membership.objects.exists()
+    changes = AuditEvent.objects.filter(event_type="membership.role_changed")
+    assert sorted((e.before["user"], e.before["role"], e.after["role"]) for e in changes) == [
+        ("erin", "operator", None),
+        ("finn", "operator", None),
+    ]
+
+
 def test_a_persons_unix_account_defaults_to_their_name_and_admins_change_it_audited(
     admin_client, django_user_model
 ):

@@ -96,6 +96,26 @@ def test_an_operator_acknowledges_with_a_comment_from_the_page(fleet, django_use
     assert "only a firing one" in client.get("/alerts/").content.decode()
 
 
+@pytest.mark.parametrize(
+    ("next_url", "location"),
+    [
+        ("/alerts/?severity=critical", "/alerts/?severity=critical"),
+        ("https://evil.example/", "/alerts/"),
+        ("//evil.example/", "/alerts/"),
+        ("javascript:alert(1)", "/alerts/"),
+        ("health:nope", "/alerts/"),
+        ("", "/alerts/"),
+    ],
+)
+def test_acknowledging_goes_back_only_to_a_page_of_this_site(
+    fleet, django_user_model, next_url, location
+):
+    client = page_client(person(django_user_model, Role.OPERATOR))
+    response = client.post(f"/alerts/{fleet['hot'].pk}/ack/", {"comment": "ok", "next": next_url})
+    assert (response.status_code, response["Location"]) == (302, location)
+    assert Alert.objects.get(pk=fleet["hot"].pk).ack_comment == "ok"
+
+
 def test_the_fleet_page_shows_the_panel_to_signed_in_people(fleet, django_user_model):
     viewer = page_client(person(django_user_model, Role.VIEWER))
     html = viewer.get("/fleet/").content.decode()

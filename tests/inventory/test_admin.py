@@ -119,3 +119,36 @@ def test_gpus_cannot_be_added_or_deleted_in_the_admin(admin_client, fleet):
     assert admin_client.get("/admin/inventory/gpu/add/").status_code == 403
     assert admin_client.post(f"/admin/inventory/gpu/{gpu.pk}/delete/").status_code == 403
     assert admin_client.get("/admin/inventory/node/add/").status_code == 403
+
+
+def test_pools_are_made_changed_and_deleted_audited_and_only_when_empty(admin_client, fleet):
+    assert admin_client.post("/admin/inventory/pool/add/", {"name": "a100"}).status_code == 302
+    pool = Pool.objects.get(name="a100")
+    url = f"/admin/inventory/pool/{pool.pk}/"
+    changed = admin_client.post(f"{url}change/", {"name": "a100", "description": "team A"})
+    assert changed.status_code == 302
+    admin_client.post(f"{url}change/", {"name": "a100", "description": "team A"})  # the same
+    Node.objects.filter(hostname="dgx-01").update(pool=pool)
+    refused = admin_client.post(f"{url}delete/", {"post": "yes"})
+    assert refused.status_code == 200 and "Cannot delete pool" in refused.content.decode()
+    Node.objects.filter(hostname="dgx-01").update(pool=None)
+    assert admin_client.post(f"{url}delete/", {"post": "yes"}).status_code == 302
+    assert not Pool.objects.exists()
+    rows = AuditEvent.objects.filter(event_type__startswith="pool.").order_by("pk")
+    assert [(row.event_type, row.before, row.after) for row in rows] == [
+        ("pool.created", None, {"name": "a100", "description": ""}),
+        ("pool.changed", {"description": ""}, {"description": "team A"}),
+        ("pool.deleted", {"name": "a100", "description": "team A"}, None),
+    ]
+
+
+def test_pools_deleted_from_the_list_are_audited_each(admin_client):
+    pools = [Pool.objects.create(name=name) for name in ("a", "b")]
+    response = admin_client.post(
+        "/admin/inventory/pool/",
+        {"action": "delete_selected", "_selected_action": [p.pk for p in pools], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert not Pool.objects.exists()
+    deleted = AuditEvent.objects.filter(event_type="pool.deleted")
+    assert sorted(row.before["name"] for row in deleted) == ["a", "b"]

@@ -25,6 +25,8 @@ def test_the_gpu_page_shows_the_form_to_admins_only(node, admin_client, client, 
     response = client.post(f"/gpus/{gpu.uuid}/mig-relayout/new/", {"layout_name": "balanced"})
     assert response.status_code == 403
     assert not MigRelayout.objects.exists()
+    client.logout()  # anonymous people read the GPU page, not its re-layouts (nor their poll)
+    assert 'id="mig-relayout"' not in client.get(f"/gpus/{gpu.uuid}/").content.decode()
 
 
 def test_an_admin_asks_and_the_section_polls_while_it_is_open(node, admin_client):  # noqa: F811

@@ -226,3 +226,8 @@ def test_the_gpu_calendar_and_the_sections_on_the_gpu_and_node_pages(client, nod
         html = client.get(page).content.decode()
         assert f'<a class="muted" href="{calendar}">week calendar</a>' in html
         assert f'#reservation-{reservation.pk}">#{reservation.pk}</a>' in html
+    client.logout()  # anonymous people read these pages, not who booked what (as /reservations/)
+    for page in (f"/gpus/{gpu.uuid}/", "/nodes/dgx-01/"):
+        response = client.get(page)
+        assert response.status_code == 200
+        assert "reservations-title" not in response.content.decode()
