@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -131,3 +133,48 @@ class NodeCredentialAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+# What makes a person who they are to gpuadmin: staff and superusers are admins (``role_of``).
+USER_ACCESS_FIELDS = ("username", "is_active", "is_staff", "is_superuser")
+
+
+def _user_facts(user: User) -> dict[str, object]:
+    return {name: getattr(user, name) for name in USER_ACCESS_FIELDS}
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class AuditedUserAdmin(UserAdmin):
+    """Django's user pages, with who may sign in and who is an admin audited (``user.created``,
+    ``user.changed`` with the fields before and after, ``user.deleted``)."""
+
+    def save_model(self, request: HttpRequest, obj: User, form: forms.ModelForm, change: bool):
+        stored = User.objects.filter(pk=obj.pk).first() if obj.pk else None
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            after = _user_facts(obj)
+            if stored is None:
+                record("user.created", actor=signed_in(request), target=obj, after=after)
+                return
+            before = _user_facts(stored)
+            changed = [name for name in USER_ACCESS_FIELDS if before[name] != after[name]]
+            if changed:
+                record(
+                    "user.changed",
+                    actor=signed_in(request),
+                    target=obj,
+                    before={name: before[name] for name in changed},
+                    after={name: after[name] for name in changed},
+                )
+
+    def delete_model(self, request: HttpRequest, obj: User) -> None:
+        with transaction.atomic():
+            record("user.deleted", actor=signed_in(request), target=obj, before=_user_facts(obj))
+            super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        for user in queryset:
+            self.delete_model(request, user)

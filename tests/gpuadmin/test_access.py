@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from rest_framework.test import APIRequestFactory
 
@@ -45,6 +46,33 @@ def test_roles_deleted_from_the_list_are_audited_each(admin_client, django_user_
     assert sorted((e.before["user"], e.before["role"], e.after["role"]) for e in changes) == [
         ("erin", "operator", None),
         ("finn", "operator", None),
+    ]
+
+
+def test_people_made_admins_and_deleted_in_the_admin_are_audited(admin_client):
+    added = admin_client.post(
+        "/admin/auth/user/add/",
+        {"username": "erin", "password1": "k3ep-it-s3cret!", "password2": "k3ep-it-s3cret!"},
+    )
+    assert added.status_code == 302, added.content.decode()[:3000]
+    erin = User.objects.get(username="erin")
+    form = {
+        "username": "erin",
+        "is_active": "on",
+        "is_staff": "on",
+        "date_joined_0": f"{erin.date_joined:%Y-%m-%d}",
+        "date_joined_1": f"{erin.date_joined:%H:%M:%S}",
+    }
+    changed = admin_client.post(f"/admin/auth/user/{erin.pk}/change/", form)
+    assert changed.status_code == 302, changed.content.decode()[:3000]
+    assert role_of(User.objects.get(pk=erin.pk)) == "admin"
+    admin_client.post(f"/admin/auth/user/{erin.pk}/delete/", {"post": "yes"})
+    rows = AuditEvent.objects.filter(event_type__startswith="user.").order_by("pk")
+    facts = {"username": "erin", "is_active": True, "is_staff": False, "is_superuser": False}
+    assert [(row.event_type, row.before, row.after) for row in rows] == [
+        ("user.created", None, facts),
+        ("user.changed", {"is_staff": False}, {"is_staff": True}),
+        ("user.deleted", {**facts, "is_staff": True}, None),
     ]
 
 
