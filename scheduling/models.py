@@ -8,6 +8,7 @@ GPU (a partial unique index), whatever the Python code above it does.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -496,6 +497,12 @@ class Quota(models.Model):
     def __str__(self) -> str:
         holder = f"project {self.project}" if self.project else f"user {self.user}"
         return f"{holder} in {self.pool or 'no pool'}"
+
+    def validate_constraints(self, exclude: Collection[str] | None = None) -> None:
+        """The holder's constraints (a user or a project; one quota each per pool) are
+        ``quotas.quota_problems``' to say, on the holder's field; the table still enforces
+        them. Forms leave them out here, where Django would say them with no field."""
+        super().validate_constraints(exclude={*(exclude or ()), "project"})
 
 
 class JobArray(models.Model):

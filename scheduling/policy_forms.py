@@ -47,19 +47,19 @@ class QuotaForm(forms.ModelForm):
         fields = QUOTA_FORM_FIELDS
 
     def clean(self) -> dict[str, Any]:
-        """The service's checks, also when a field was refused already (its default stands
-        in): a holder named twice is said on its field, not by the table's constraint."""
+        """The service's checks, each on its field (one a field's own check refused already
+        stays as it is): a holder named twice is said on its field, not by the table's
+        constraint, and only when its pool, user and project are the ones asked for."""
         data = super().clean() or {}
         quota = Quota(pk=self.instance.pk, **data)
-        try:
-            quotas.check_quota(quota)
-        except quotas.QuotaInvalid as exc:
-            if exc.field not in self.errors:
-                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        holder_known = not {"pool", "user", "project"} & set(self.errors)
+        for field, message in quotas.quota_problems(quota, holder_known=holder_known):
+            if field not in self.errors:
+                self.add_error(field if field in self.fields else None, message)
         return data
 
     def validate_unique(self) -> None:
-        """``quotas.check_quota`` checked the holder (one quota per holder and pool) on the
+        """``quotas.quota_problems`` checked the holder (one quota per holder and pool) on the
         field it names; the constraints' own messages would repeat it without a field."""
 
 

@@ -26,7 +26,7 @@ quotas (audited ``quota.created``/``quota.changed``/``quota.deleted``) and wake 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -520,18 +520,26 @@ def facts(quota: Quota) -> dict[str, Any]:
 
 def check_quota(quota: Quota) -> None:
     """``QuotaInvalid`` naming the first field that cannot be saved."""
+    for name, message in quota_problems(quota):
+        raise QuotaInvalid(name, message)
+
+
+def quota_problems(quota: Quota, *, holder_known: bool = True) -> Iterator[tuple[str, str]]:
+    """Each (field, message) that keeps ``quota`` from being saved, in ``check_quota``'s
+    order: the holder, the period, the weight, the limits, and (when ``holder_known``: its
+    pool, user and project are the ones asked for) a second quota of its holder there."""
     if quota.user_id is None and not quota.project:
-        raise QuotaInvalid("user", "give a user or a project")
+        yield "user", "give a user or a project"
     if quota.user_id is not None and quota.project:
-        raise QuotaInvalid("project", "give a user or a project, not both")
+        yield "project", "give a user or a project, not both"
     if problem := unstorable(quota.project):
-        raise QuotaInvalid("project", problem)
-    if len(quota.project) > PROJECT_CHARS:
-        raise QuotaInvalid("project", f"at most {PROJECT_CHARS} characters")
+        yield "project", problem
+    elif len(quota.project) > PROJECT_CHARS:
+        yield "project", f"at most {PROJECT_CHARS} characters"
     if quota.period not in QuotaPeriod.values:
-        raise QuotaInvalid("period", f"one of {', '.join(QuotaPeriod.values)}")
+        yield "period", f"one of {', '.join(QuotaPeriod.values)}"
     if quota.fairshare_weight is None:
-        raise QuotaInvalid("fairshare_weight", "a number of shares (1 or more)")
+        yield "fairshare_weight", "a number of shares (1 or more)"
     for name, (low, high) in QUOTA_LIMITS.items():
         value = getattr(quota, name)
         if value is None:
@@ -540,10 +548,12 @@ def check_quota(quota: Quota) -> None:
             MinValueValidator(low)(value)
             MaxValueValidator(high)(value)
         except ValidationError as exc:
-            raise QuotaInvalid(name, exc.messages[0]) from None
+            yield name, exc.messages[0]
+    if not holder_known or unstorable(quota.project):
+        return
     taken = Quota.objects.filter(pool=quota.pool, user=quota.user, project=quota.project)
     if taken.exclude(pk=quota.pk).exists():
-        raise QuotaInvalid(_holder_field(quota), f"already has a quota {_where(quota)}")
+        yield _holder_field(quota), f"already has a quota {_where(quota)}"
 
 
 def _holder_field(quota: Quota) -> str:

@@ -89,3 +89,19 @@ def test_a_quota_form_names_the_field_the_service_refuses(admin_client, admin_us
     )
     assert "already has a quota in no pool" in again.content.decode()
     assert list(AuditEvent.objects.values_list("event_type", flat=True)) == ["quota.created"]
+
+
+def test_every_refusal_of_a_quota_form_is_on_its_field(admin_client, client, admin_user):
+    """A second quota of a holder is said on the holder's field next to a bad limit (not by
+    the table's constraint, fieldless), and not at all when the pool asked for is unknown."""
+    Quota.objects.create(project="vision")
+    form = {"project": "vision", "period": "month", "fairshare_weight": "1"}
+    client.force_login(admin_user)
+    in_admin = admin_client.post("/admin/scheduling/quota/add/", {**form, "max_gpus": "100001"})
+    on_page = client.post("/quotas/new/", {**form, "max_gpus": "100001"})
+    for errors in (in_admin.context["adminform"].form.errors, on_page.context["form"].errors):
+        assert sorted(errors) == ["max_gpus", "project"]
+        assert errors["project"] == ["already has a quota in no pool"]
+    unknown = admin_client.post("/admin/scheduling/quota/add/", {**form, "pool": "999999"})
+    assert list(unknown.context["adminform"].form.errors) == ["pool"]
+    assert Quota.objects.count() == 1
