@@ -75,3 +75,14 @@ def test_a_bad_value_is_named_on_the_page_and_refused_by_the_api(admin_client, f
     assert "Select a valid choice. broken is not one of the available choices." in html
     response = admin_client.get("/api/v1/gpus/?state=broken")
     assert response.status_code == 400 and "state" in response.json()
+
+
+@pytest.mark.parametrize("query", ["node_id=abc", "pool_id=1e400"])
+def test_a_bad_hidden_filter_is_named_too(client, fleet, query):
+    """Filters the page keeps without a control (links set them) say why they were not
+    applied, as the visible ones."""
+    name = query.split("=")[0]
+    html = client.get(f"/fleet/?{query}").content.decode()
+    assert re.search(
+        rf'<span class="bad" data-filter="{name}">{name}: .+ \(not applied\)</span>', html
+    )
