@@ -162,7 +162,7 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
         required=False,
         allow_null=True,
         allow_blank=True,
-        help_text="Name of the pool whose GPUs it runs on; none: the GPUs in no pool.",
+        help_text="Name of the pool whose GPUs it runs on; none (or ~): the GPUs in no pool.",
     )
     mig_profile = serializers.CharField(
         max_length=32,
@@ -212,7 +212,7 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
     )
 
     def validate_pool(self, value: str | None) -> str | None:
-        return value or None
+        return None if value in ("", NO_POOL) else value
 
     def create(self, validated_data: dict[str, Any]) -> Job | services.SubmittedArray:
         # A JobRejected is the API's 400 naming its field (gpuadmin.api.exception_handler).

@@ -76,6 +76,7 @@ def test_a_pool_is_named_and_stored(alice, pools):
     after = AuditEvent.objects.get(event_type="job.submitted").after
     assert after["pool"] == "a100"
     assert post(alice, {"gpu_count": 8}).json()["pool"] is None  # dgx-02: in no pool
+    assert post(alice, {"gpu_count": 8, "pool": "~"}).json()["pool"] is None  # as in the URLs
 
 
 @pytest.mark.parametrize(
