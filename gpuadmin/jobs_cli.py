@@ -1,6 +1,6 @@
-"""``gpuadmin jobs ...``: submit, list, explain, cancel and read the log of jobs through the
-HTTP API, so it works from any machine that reaches the web server (standard library only,
-and the pure-Python ``scheduling.slurm`` for Slurm's request syntax).
+"""``gpuadmin jobs ...``: submit, list, explain, release, cancel and read the log of jobs
+through the HTTP API, so it works from any machine that reaches the web server (standard
+library only, and the pure-Python ``scheduling.slurm`` for Slurm's request syntax).
 
 ``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token:
 ``gpuadmin token create NAME --user USERNAME`` on the server, or ``POST /api/v1/tokens/``) come
@@ -258,7 +258,10 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             "borrowed",
             "yes: over its quota on idle GPUs, reclaimed first" if job["borrowed"] else "",
         ),
+        ("preemptible", "yes" if job["preemptible"] else ""),
         ("preempted by", job["preempted_by"] and f"job {job['preempted_by']}"),
+        ("preempted", job["preemptions"] and f"{job['preemptions']} times, re-queued each time"),
+        ("failed runs", job["failures"] and f"{job['failures']} of {job['max_retries']} retries"),
     ]
     for label, value in facts:
         if value not in (None, ""):
@@ -276,6 +279,12 @@ def cmd_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         )
     else:
         print(f"job {args.job_id} canceled", file=out)
+    return 0
+
+
+def cmd_release(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    job = api.call("POST", f"/api/v1/jobs/{args.job_id}/release/")
+    print(f"job {job['id']} released: {job['state']}", file=out)
     return 0
 
 
@@ -368,7 +377,9 @@ def _or_dash(value: object) -> str:
 
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
     """The ``jobs`` verb group."""
-    jobs = verbs.add_parser("jobs", help="submit, list, show, cancel jobs; read their logs (API)")
+    jobs = verbs.add_parser(
+        "jobs", help="submit, list, show, release, cancel jobs; read their logs (API)"
+    )
     actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     submit = actions.add_parser(
@@ -440,6 +451,10 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     cancel = actions.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
     cancel.set_defaults(run=_run(cmd_cancel))
+
+    release = actions.add_parser("release", help="let a held job into the queue")
+    release.add_argument("job_id", type=int)
+    release.set_defaults(run=_run(cmd_release))
 
     log = actions.add_parser("log", help="a job's log, read through its node's agent")
     log.add_argument("job_id", type=int)

@@ -43,12 +43,21 @@ class JobAdmin(ReadOnlyAdmin):
         "host_memory_mib",
         "queue_position",
         "pending_code",
+        "preemptible",
         "borrowed",
         "preemptions",
         "preempted_by",
         "submitted_at",
     )
-    list_filter = ("state", "priority", "topology", "pending_code", "pool", "borrowed")
+    list_filter = (
+        "state",
+        "priority",
+        "topology",
+        "pending_code",
+        "pool",
+        "preemptible",
+        "borrowed",
+    )
     list_select_related = ("owner", "pool", "preempted_by")
     search_fields = ("id", "name", "project", "owner__username")
     inlines = (admin_arrays.DependencyInline,)

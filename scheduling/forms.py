@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from inventory.models import Gpu, Pool
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name
-from scheduling.models import Priority, Reservation, ReservationState, Topology
+from scheduling.models import Job, Priority, Reservation, ReservationState, Topology
 from scheduling.services import (
     ENV_NAME,
     MAX_DEPENDENCY_CHARS,
@@ -66,6 +66,11 @@ class SubmitJobForm(forms.Form):
     )
     topology = forms.ChoiceField(choices=Topology.choices, initial=Topology.ANY)
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)
+    preemptible = forms.BooleanField(
+        required=False,
+        help_text="Higher-priority, under-share or less-served work may stop it: it gets the "
+        "pool's signal and grace to checkpoint, then waits again.",
+    )
     max_runtime = forms.DurationField(required=False, help_text=DURATION_HELP)
     estimated_duration = forms.DurationField(
         required=False, help_text=DURATION_HELP + " Lets the scheduler estimate start times."
@@ -79,6 +84,13 @@ class SubmitJobForm(forms.Form):
         help_text="KEY=VALUE, one per line.",
     )
     working_dir = forms.CharField(max_length=1024, required=False, label="Working directory")
+    container_image = forms.CharField(
+        max_length=Job._meta.get_field("container_image").max_length,
+        required=False,
+        label="Container image",
+        help_text="Run in this OCI image ([registry/]name[:tag][@digest]); the working "
+        "directory is then a path in the image.",
+    )
     pool = forms.ChoiceField(required=False, help_text="It runs only on this pool's GPUs.")
     reservation = forms.TypedChoiceField(
         required=False,
@@ -113,6 +125,11 @@ class SubmitJobForm(forms.Form):
         required=False,
         label="Dependency",
         help_text="As Slurm's --dependency: afterok:12:13,afterany:14 (afternotok too).",
+    )
+    hold = forms.BooleanField(
+        required=False,
+        label="Hold",
+        help_text="Keep it pending (held) until it is released, as Slurm's --hold.",
     )
 
     # JobRejected names the job's field; the form's field where a person typed it.
@@ -203,11 +220,13 @@ class SubmitJobForm(forms.Form):
             "host_memory_mib": round(host_memory * MIB_PER_GIB) if host_memory else 0,
             "topology": data["topology"],
             "priority": data["priority"],
+            "preemptible": data["preemptible"],
             "max_runtime_s": data["max_runtime_s"],
             "estimated_duration_s": data["estimated_duration_s"],
             "max_retries": data["max_retries"],
             "env": data["env"],
             "working_dir": data["working_dir"],
+            "container_image": data["container_image"],
             "pool": data["pool"] or None,
             "reservation": data["reservation"],
             "mig_profile": data["mig_profile"],
@@ -215,6 +234,7 @@ class SubmitJobForm(forms.Form):
             "mps_memory_mib": data["mps_memory_mib"],
             "array": data["array"],
             "dependency": data["dependency"] or None,
+            "hold": data["hold"],
         }
 
     def add_rejection(self, exc: JobRejected) -> None:

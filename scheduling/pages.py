@@ -446,6 +446,7 @@ class JobPage(JobView):
     """Everything the job page shows; the live status panel needs only the job."""
 
     can_cancel: bool = False
+    can_release: bool = False  # held (pending): the owner, operators and admins let it in
     can_cancel_array: bool = False  # an array's tasks share its owner: the job's rule
     allocations: list[Allocation] = dataclasses.field(default_factory=list)
     timeline: list[TimelineEntry] = dataclasses.field(default_factory=list)
@@ -516,6 +517,7 @@ def job_page(job: Job, user: User) -> JobPage:
     return JobPage(
         job,
         can_cancel=not job.is_terminal and can_act_on(user, job),
+        can_release=job.state == JobState.PENDING and can_act_on(user, job),
         can_cancel_array=job.array_id is not None and can_act_on(user, job),
         allocations=allocations,
         timeline=timeline(job, allocations),

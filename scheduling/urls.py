@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/<int:pk>/", views.job_detail, name="job-detail"),
     path("jobs/<int:pk>/log/", views.job_log, name="job-log"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/release/", views.job_release, name="job-release"),
     path("arrays/<int:pk>/cancel/", views.array_cancel, name="array-cancel"),
     path("usage/", accounting_views.usage_page, name="usage"),
     path("usage.csv", accounting_views.usage_csv, name="usage-csv"),

@@ -110,6 +110,23 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 @require_POST
+def job_release(request: HttpRequest, pk: int) -> HttpResponse:
+    """Let a held job into the queue through ``services.release_job`` (owner, operators,
+    admins; Slurm's ``scontrol release``); back to the job."""
+    job = _job(request, pk)
+    if not can_act_on(request.user, job):
+        raise PermissionDenied("Only the job's owner, operators and admins can release it.")
+    try:
+        services.release_job(job, actor=signed_in(request))
+    except services.IllegalTransition:
+        messages.error(request, f"Job {job.pk} is {job.get_state_display().lower()}: not held.")
+    else:
+        messages.success(request, f"Job {job.pk} released: it waits in the queue.")
+    return redirect("scheduling:job-detail", pk=job.pk)
+
+
+@login_required
+@require_POST
 def array_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     """Cancel an array's unfinished tasks through ``services.cancel_array`` (Slurm's
     ``scancel`` of an array: owner, operators, admins); on to the queue of its tasks."""

@@ -329,6 +329,7 @@ class JobSerializer(api.ModelSerializer):
             "max_runtime_s",
             "max_retries",
             "attempt",
+            "failures",
             "preemptions",
             "submitted_at",
             "scheduled_at",
@@ -355,6 +356,7 @@ class JobSerializer(api.ModelSerializer):
             "dependencies",
             "borrowed",
             "preempted_by",
+            "preempt_requested_at",
         ]
         read_only_fields = fields
 

@@ -130,6 +130,9 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     "scheduling:job-cancel": lambda w, r: Write(
         w.alice, f"/jobs/{w.job().pk}/cancel/", ["job.canceled"]
     ),
+    "scheduling:job-release": lambda w, r: Write(
+        w.alice, f"/jobs/{w.job(hold=True).pk}/release/", ["job.queued"]
+    ),
     "scheduling:array-cancel": lambda w, r: Write(
         w.alice,
         f"/arrays/{services.submit_array(w.alice, '0-1', command=['true']).array.pk}/cancel/",

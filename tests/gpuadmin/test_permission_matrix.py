@@ -360,6 +360,11 @@ TABLE: dict[tuple[str, str], Entry] = {
         by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),
         form=True,
     ),
+    ("jobs/<int:pk>/release/", "POST"): Entry(
+        "/jobs/{job}/release/",
+        by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),
+        form=True,
+    ),
     ("arrays/<int:pk>/cancel/", "POST"): Entry(
         "/arrays/{array}/cancel/",
         by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),

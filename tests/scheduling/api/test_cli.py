@@ -233,3 +233,17 @@ def test_new_lines():
     assert jobs_cli.new_lines(["a\n", "b\n", "c\n"], ["b\n", "c\n", "d\n"]) == ["d\n"]
     assert jobs_cli.new_lines(["a\n"], ["a\n"]) == []
     assert jobs_cli.new_lines(["a\n"], ["x\n", "y\n"]) == ["x\n", "y\n"]
+
+
+def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, fleet):
+    status, out, err = gpuadmin("jobs", "submit", "--hold", "--preemptible", "--", "true")
+    assert status == 0, err
+    job = Job.objects.get()
+    assert gpuadmin("jobs", "release", str(job.pk))[:2] == (0, f"job {job.pk} released: queued\n")
+    status, _, err = gpuadmin("jobs", "release", str(job.pk))
+    assert status == 1 and "HTTP 409" in err
+    Job.objects.filter(pk=job.pk).update(preemptions=2, failures=1, max_retries=3)
+    out = gpuadmin("jobs", "show", str(job.pk))[1]
+    assert "  preemptible: yes\n" in out
+    assert "  preempted:   2 times, re-queued each time\n" in out
+    assert "  failed runs: 1 of 3 retries\n" in out

@@ -187,3 +187,39 @@ def test_submitting_needs_a_login(client):
     response = client.post("/jobs/new/", VALID)
     assert response.status_code == 302
     assert response["Location"].startswith("/accounts/login/")
+
+
+def test_the_form_submits_every_field_the_api_takes(alice):
+    """A field added to the submit API needs its field on the page (what the form names
+    differently stands for the same job field: GiB for MiB, a duration for seconds)."""
+    from scheduling.api.serializers import JobSubmitSerializer
+    from scheduling.forms import SubmitJobForm
+
+    add_fleet(1)
+    form = SubmitJobForm(VALID | {"preemptible": "on", "hold": "on"}, user=alice)
+    assert form.is_valid(), form.errors
+    submission = form.submission()
+    assert set(submission) == set(JobSubmitSerializer().fields)
+    assert (submission["preemptible"], submission["hold"]) == (True, True)
+
+
+def test_a_held_preemptible_job_from_the_page_is_released_from_its_page(client, alice):
+    add_fleet(1)
+    client.force_login(alice)
+    image = "registry.example/train:1.2"
+    form = VALID | {"preemptible": "on", "hold": "on", "container_image": image}
+    response = client.post("/jobs/new/", form)
+    assert response.status_code == 302, field_errors(response.content.decode())
+    job = Job.objects.get()
+    assert (job.state, job.preemptible, job.container_image) == (JobState.PENDING, True, image)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<dt>Preemptible</dt><dd>yes:" in html
+    assert f'action="/jobs/{job.pk}/release/"' in html
+    assert client.post(f"/jobs/{job.pk}/release/").status_code == 302
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert (
+        f'action="/jobs/{job.pk}/release/"' not in client.get(f"/jobs/{job.pk}/").content.decode()
+    )
+    client.post(f"/jobs/{job.pk}/release/")  # not held any more: a message, no change
+    assert "not held" in client.get(f"/jobs/{job.pk}/").content.decode()
