@@ -277,3 +277,38 @@ def test_a_victim_requeued_otherwise_is_no_longer_being_preempted(alice, gpus):
     )
     services.allocate(victim, [gpus[1].pk], actor=alice)
     assert services.job_finished(victim.pk, 2, "failed", 1, "", timezone.now()) == "failed"
+
+
+@pytest.mark.parametrize("preemption", [True, False])
+def test_the_loop_preempts_with_its_pools_signal_and_grace_or_not_at_all(
+    alice, gpus, broker, django_capture_on_commit_callbacks, preemption
+):
+    """A pass of the real loop: a critical job in a full pool stops one preemptible low job,
+    told with the pool's own signal and grace; with the pool's preemption off it waits."""
+    from inventory.models import Pool
+    from scheduling import admin_services, loop
+
+    pool = Pool.objects.create(name="a100")
+    Node.objects.filter(hostname="dgx-01").update(pool=pool)
+    admin_services.set_pool_policy(
+        pool,
+        actor=alice,
+        preemption=preemption,
+        preempt_exempt_s=0,
+        preempt_signal="SIGUSR1",
+        preempt_grace_s=45,
+    )
+    low = [running(alice, gpu, pool=pool, priority="low", preemptible=True) for gpu in gpus]
+    urgent = services.submit_job(alice, command=["train"], pool="a100", priority="critical")
+    with django_capture_on_commit_callbacks(execute=True):
+        summary = loop.run_pass()
+    marked = Job.objects.filter(preempted_by=urgent)
+    cancels = broker.named("scheduling.cancel_job")
+    if not preemption:
+        assert (summary.preempting, marked.exists(), cancels) == (0, False, [])
+        return
+    [victim] = marked
+    assert victim in low and summary.preempting == 1
+    [((job_id, attempt, message, signal_name, grace_s), queue)] = cancels
+    assert (job_id, signal_name, grace_s, queue) == (victim.pk, "SIGUSR1", 45, "node.dgx-01")
+    assert message == f"preempted by job {urgent.pk} (higher priority (critical over low))"
