@@ -10,10 +10,11 @@ import pytest
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
+from inventory.agent import node_backend
 from inventory.choices import GpuState
-from inventory.models import Gpu
-from inventory.nvml import mig_catalog
-from inventory.services import MigChangeRefused, create_mig_instance
+from inventory.models import Gpu, MigInstance
+from inventory.nvml import mig_catalog, mig_ops
+from inventory.services import AgentTimedOut, MigChangeRefused, create_mig_instance, discover_node
 from scheduling import relayout
 from scheduling.models import Allocation, Job, JobState, MigRelayout, RelayoutState
 from scheduling.relayout import RelayoutRefused, current_layout, fit, named_layout
@@ -260,3 +261,63 @@ def test_a_draining_relayout_can_be_canceled(node, admin):  # noqa: F811
         relayout.cancel(item, actor=admin)
     # The node is free for the next one.
     assert relayout.request(node.gpu(1), "balanced", actor=admin).state == RelayoutState.DRAINING
+
+
+def test_a_rescan_that_shows_another_layout_rolls_back(node, admin):  # noqa: F811
+    """Someone changed the GPU behind the workflow's back (nvidia-smi on the node) between
+    its apply and its verify: the re-scan says so, and the GPU goes back to its old layout."""
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    advance(item)
+    assert advance(item).state == RelayoutState.VERIFYING
+    one = MigInstance.objects.filter(gpu=gpu, profile_name="1g.5gb").first()
+    mig_ops.destroy_gpu_instance(node_backend(), gpu.index, one.gi_id)
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert failed.message.startswith("verifying by a re-scan: the re-scan shows 2g.10gb@0 + ")
+    assert failed.message.endswith("rolled back to 2g.10gb@0 + 2g.10gb@2 + 3g.20gb@4")
+    discover_node(gpu.node)  # what the hardware has, not what the catalog says
+    assert pairs(current_layout(gpu)) == INITIAL
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+
+
+def test_a_rollback_the_agent_refuses_says_what_the_gpu_was_left_with(node, admin, monkeypatch):  # noqa: F811
+    real = relayout.create_mig_instance
+
+    def refusing(gpu, profile, **kwargs):
+        if profile in ("1g.5gb", "2g.10gb"):  # the new layout's, then the rollback's
+            raise MigChangeRefused(f"no room for {profile}", "no_room")
+        return real(gpu, profile, **kwargs)
+
+    monkeypatch.setattr(relayout, "create_mig_instance", refusing)
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    advance(item)
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert "the agent refused: no room for 1g.5gb" in failed.message
+    assert failed.message.endswith(
+        "; the rollback failed too (no room for 2g.10gb): its layout is 2g.10gb@0 + 3g.20gb@4"
+    )
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE  # returned, its layout as the message says
+
+
+def test_an_agent_that_times_out_while_applying_fails_it_and_rolls_back(node, admin, monkeypatch):  # noqa: F811
+    real = relayout.create_mig_instance
+
+    def silent(gpu, profile, **kwargs):
+        if profile == "1g.5gb":
+            raise AgentTimedOut(f"{gpu.node.hostname}'s agent did not answer within 20 s")
+        return real(gpu, profile, **kwargs)
+
+    monkeypatch.setattr(relayout, "create_mig_instance", silent)
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    advance(item)
+    failed = advance(item)
+    assert failed.state == RelayoutState.FAILED
+    assert "agent did not answer within 20 s" in failed.message
+    assert failed.message.endswith("rolled back to 2g.10gb@0 + 2g.10gb@2 + 3g.20gb@4")
+    assert pairs(current_layout(gpu)) == INITIAL
