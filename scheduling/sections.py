@@ -16,6 +16,7 @@ from django.utils.http import urlencode
 from gpuadmin.access.permissions import signed_in_reader
 from inventory.models import Gpu, Node
 from inventory.pages.common import Section
+from scheduling import sharing
 from scheduling.models import Allocation, Reservation, ReservationGpu, ReservationState
 from scheduling.pages import state_colour
 
@@ -26,7 +27,8 @@ ALLOCATION_HISTORY = 50
 def allocation_section(
     sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
 ) -> Section | None:
-    """Receiver of ``page_sections_requested``: the GPU's allocations (two queries)."""
+    """Receiver of ``page_sections_requested``: the GPU's allocations, each with its share,
+    and on an MPS-shared GPU what its shares take now (two queries, three with MPS)."""
     if page != "gpu" or not isinstance(obj, Gpu):
         return None
     allocations = Allocation.objects.filter(gpu=obj)
@@ -40,8 +42,15 @@ def allocation_section(
         "total": allocations.count(),
         "limit": ALLOCATION_HISTORY,
         "all_url": f"{reverse('scheduling-api-v1:allocation-list')}?{urlencode({'gpu': obj.uuid})}",
+        "mps": _mps_use(obj) if obj.mps_shared else None,
     }
     return Section("scheduling/partials/gpu_allocations.html", context, ORDER)
+
+
+def _mps_use(gpu: Gpu) -> dict[str, int]:
+    """What the MPS shares on ``gpu`` take now, as the database counts them (at most 100 %)."""
+    percent, memory_mib, jobs = sharing.mps_use([gpu.pk]).get(gpu.pk, (0, 0, ()))
+    return {"percent": percent, "free": 100 - percent, "memory_mib": memory_mib, "jobs": len(jobs)}
 
 
 RESERVATIONS_ORDER = 45  # after the allocation history

@@ -82,13 +82,14 @@ def mig_slots(
     return {gpu_id: tuple(found) for gpu_id, found in slots.items()}
 
 
-def mps_use() -> dict[int, tuple[int, int, tuple[int, ...]]]:
-    """What the active MPS shares take of each GPU that has any: (percent of its SMs, MiB of
-    memory limits, the jobs holding them in id order). One query."""
+def mps_use(gpu_ids: Collection[int] | None = None) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+    """What the active MPS shares take of each GPU that has any (of ``gpu_ids``; None: all):
+    (percent of its SMs, MiB of memory limits, the jobs holding them in id order). One query."""
+    shares = Allocation.objects.active().filter(kind=AllocationKind.MPS)
+    if gpu_ids is not None:
+        shares = shares.filter(gpu_id__in=gpu_ids)
     rows = (
-        Allocation.objects.active()
-        .filter(kind=AllocationKind.MPS)
-        .values("gpu_id")
+        shares.values("gpu_id")
         .annotate(
             percent=Sum("mps_percent"),
             memory=Sum("mps_memory_mib"),

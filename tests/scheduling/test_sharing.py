@@ -90,6 +90,23 @@ def test_mps_use_sums_the_active_shares(node, alice, django_assert_num_queries):
     assert use == {gpu.pk: (50, 4096, (a.pk, b.pk))}
 
 
+def test_the_gpu_page_shows_what_its_mps_shares_take(node, alice, client):  # noqa: F811
+    gpu = node.gpu(2)
+    Gpu.objects.filter(pk=gpu.pk).update(mps_shared=True)
+    holding(alice, gpu, kind="mps", mps_percent=30, mps_memory_mib=4096)
+    holding(alice, gpu, kind="mps", mps_percent=20)
+    assert sharing.mps_use([node.gpu(3).pk]) == {}  # only the GPUs asked for
+    client.force_login(alice)
+    html = client.get(f"/gpus/{gpu.uuid}/").content.decode()
+    assert (
+        '<p class="mps-use" data-mps-percent="50">MPS-shared: 50 % of its SMs given to 2 jobs '
+        "(memory limits 4096 MiB); 50 % free.</p>"
+    ) in html
+    assert "<td>MPS 30 %, 4096 MiB</td>" in html and "<td>MPS 20 %</td>" in html
+    whole = client.get(f"/gpus/{node.gpu(3).uuid}/").content.decode()
+    assert "mps-use" not in whole
+
+
 def create_decision(node, job: Job, start: int = 0) -> placement.MigCreate:  # noqa: F811
     gpu = node.gpu(1)
     return placement.MigCreate(
