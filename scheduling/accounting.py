@@ -18,10 +18,10 @@ from __future__ import annotations
 import csv
 import io
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import date, datetime, time, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from django.db import connection, transaction
 from django.db.models import F, QuerySet, Sum
@@ -188,6 +188,19 @@ class UsageRow:
     mps_gpu_h: float
     energy_kwh: float
 
+    @classmethod
+    def of(cls, name: str, seconds: Mapping[str, Any]) -> UsageRow:
+        """From a ``UsageDay``'s fields or their sums (GPU-seconds, joules)."""
+        return cls(
+            name=name,
+            allocated_h=seconds["allocated_gpu_s"] / 3600,
+            used_h=seconds["used_gpu_s"] / 3600,
+            idle_held_h=seconds["idle_held_gpu_s"] / 3600,
+            mig_slice_h=seconds["mig_slice_s"] / 3600,
+            mps_gpu_h=seconds["mps_gpu_s"] / 3600,
+            energy_kwh=seconds["energy_j"] / 3.6e6,
+        )
+
     @property
     def used_share(self) -> float | None:
         """Used over allocated (None when nothing was allocated)."""
@@ -211,18 +224,7 @@ def usage(start: date, end: date, group: Group) -> list[UsageRow]:
         .annotate(**{name: Sum(name) for name in (*SUMMED, "energy_j")})
         .order_by("-allocated_gpu_s", "name")
     )
-    return [
-        UsageRow(
-            name=row["name"] or NO_NAME[group],
-            allocated_h=row["allocated_gpu_s"] / 3600,
-            used_h=row["used_gpu_s"] / 3600,
-            idle_held_h=row["idle_held_gpu_s"] / 3600,
-            mig_slice_h=row["mig_slice_s"] / 3600,
-            mps_gpu_h=row["mps_gpu_s"] / 3600,
-            energy_kwh=row["energy_j"] / 3.6e6,
-        )
-        for row in rows
-    ]
+    return [UsageRow.of(row["name"] or NO_NAME[group], row) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ from django.http import HttpRequest
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on
 from scheduling import admin_arrays, admin_policies, admin_services, services  # noqa: F401 - its admin pages
-from scheduling.models import Allocation, Job, SchedulerSettings
+from scheduling.accounting import UsageRow
+from scheduling.models import Allocation, Job, SchedulerSettings, UsageDay
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -113,3 +114,44 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
         self, request: HttpRequest, obj: SchedulerSettings, form: forms.ModelForm, change: bool
     ):
         admin_services.set_scheduler_enabled(obj.enabled, actor=signed_in(request))
+
+
+@admin.register(UsageDay)
+class UsageDayAdmin(ReadOnlyAdmin):
+    """Accounting's day rows (``scheduling.accounting``), read here as on ``/usage/``: the
+    rollup rewrites today's and yesterday's, so nothing is edited by hand."""
+
+    list_display = (
+        "day",
+        "pool",
+        "user",
+        "project",
+        "allocated_hours",
+        "used_hours",
+        "idle_held_hours",
+        "energy_kwh",
+    )
+    list_filter = ("pool", "day")
+    list_select_related = ("pool", "user")
+    search_fields = ("user__username", "project")
+    date_hierarchy = "day"
+
+    @admin.display(description="allocated GPU-h", ordering="allocated_gpu_s")
+    def allocated_hours(self, row: UsageDay) -> str:
+        return f"{_hours(row).allocated_h:.2f}"
+
+    @admin.display(description="used GPU-h", ordering="used_gpu_s")
+    def used_hours(self, row: UsageDay) -> str:
+        return f"{_hours(row).used_h:.2f}"
+
+    @admin.display(description="idle-held GPU-h", ordering="idle_held_gpu_s")
+    def idle_held_hours(self, row: UsageDay) -> str:
+        return f"{_hours(row).idle_held_h:.2f}"
+
+    @admin.display(description="energy kWh", ordering="energy_j")
+    def energy_kwh(self, row: UsageDay) -> str:
+        return f"{_hours(row).energy_kwh:.2f}"
+
+
+def _hours(row: UsageDay) -> UsageRow:
+    return UsageRow.of("", vars(row))

@@ -22,6 +22,7 @@ def test_the_admin_index_names_models_properly_and_promises_nothing_missing(admi
         assert f">{name}</a>" in html, name
     assert "Gpu" not in html and "Mig" not in html
     assert 'href="/admin/scheduling/reservation/"' in html  # reservations exist now
+    assert 'href="/admin/scheduling/usageday/"' in html  # accounting's day rows, read-only
 
 
 def test_gpu_list_filters_and_search(admin_client, fleet):

@@ -148,6 +148,17 @@ def test_the_usage_page_shows_everyone_per_user_or_project_with_a_bar_a_day(
     assert 'data-name="vision"' in by_project and 'data-name="nlp"' in by_project
 
 
+def test_the_admin_reads_the_day_rows_in_hours_and_edits_none(admin_client, alice, gpus):
+    held(finished_job(alice, project="vision"), gpus[0], at(1), at(4))
+    accounting.roll_up(DAY, now=at(30))
+    listed = admin_client.get("/admin/scheduling/usageday/?q=vision")
+    assert listed.status_code == 200
+    [row] = listed.context["cl"].result_list
+    assert listed.context["cl"].model_admin.allocated_hours(row) == "3.00"
+    assert admin_client.get("/admin/scheduling/usageday/add/").status_code == 403
+    assert admin_client.post(f"/admin/scheduling/usageday/{row.pk}/delete/").status_code == 403
+
+
 def test_the_csv_export_lists_each_day_and_holder_in_hours(client, alice, gpus):
     pool = Pool.objects.create(name="h100")
     held(finished_job(alice, project="vision", pool=pool), gpus[0], at(1), at(4))
