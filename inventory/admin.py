@@ -58,6 +58,21 @@ def state_actions(
     return [make(state, verb) for state, verb in verbs.items()]
 
 
+def mps_action(shared: bool) -> Callable[..., None]:
+    """Share the selected GPUs through MPS, or stop: a pool's GPUs at once (filter by pool,
+    select all), each change audited ``gpu.catalog_changed`` as an edit of the field is."""
+    verb = "Share selected GPUs through MPS" if shared else "Stop sharing selected GPUs (MPS)"
+
+    @admin.action(description=verb)
+    def apply(model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
+        actor = signed_in(request)
+        changed = sum(update_catalog(gpu, {"mps_shared": shared}, actor=actor) for gpu in queryset)
+        model_admin.message_user(request, f"{changed} of {queryset.count()} GPUs changed.")
+
+    apply.__name__ = "share_through_mps" if shared else "stop_sharing_through_mps"
+    return apply
+
+
 # Shown, never edited: the state changes through the actions (with a reason).
 STATE_FIELDS = ("state", "state_reason", "state_changed_at")
 
@@ -198,7 +213,11 @@ class GpuAdmin(AuditedCatalogAdmin):
     readonly_fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS)
     fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS, *GPU_CATALOG_FIELDS)
     inlines = [MigInstanceInline]
-    actions = state_actions(set_gpu_state, MAINTENANCE_GPU_STATES, "GPUs")
+    actions = [
+        *state_actions(set_gpu_state, MAINTENANCE_GPU_STATES, "GPUs"),
+        mps_action(True),
+        mps_action(False),
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # GPUs are discovered, never typed in

@@ -153,3 +153,23 @@ def test_pools_deleted_from_the_list_are_audited_each(admin_client):
     assert not Pool.objects.exists()
     deleted = AuditEvent.objects.filter(event_type="pool.deleted")
     assert sorted(row.before["name"] for row in deleted) == ["a", "b"]
+
+
+def test_gpus_are_shared_through_mps_in_bulk_audited(admin_client, fleet):
+    pks = list(Gpu.objects.filter(node__hostname="box-01").values_list("pk", flat=True))
+    Gpu.objects.filter(pk=pks[0]).update(mps_shared=True)  # already shared: no change
+    response = admin_client.post(
+        "/admin/inventory/gpu/",
+        {"action": "share_through_mps", "_selected_action": pks},
+        follow=True,
+    )
+    assert "3 of 4 GPUs changed." in response.content.decode()
+    assert set(Gpu.objects.filter(mps_shared=True).values_list("pk", flat=True)) == set(pks)
+    changes = AuditEvent.objects.filter(event_type="gpu.catalog_changed")
+    assert [(e.before, e.after) for e in changes] == [
+        ({"mps_shared": False}, {"mps_shared": True})
+    ] * 3
+    admin_client.post(
+        "/admin/inventory/gpu/", {"action": "stop_sharing_through_mps", "_selected_action": pks}
+    )
+    assert not Gpu.objects.filter(mps_shared=True).exists()
