@@ -310,6 +310,10 @@ def test_form_takes_the_new_fields(alice, pools, client):
     job = Job.objects.latest("pk")
     assert (job.pool, job.mig_profile) == (pools, "1g.10gb")
     assert "MIG device 1g.10gb" in client.get(f"/jobs/{job.pk}/").content.decode()
+    share = {"pool": "shared", "mps_percent": "25", "mps_memory_mib": "8000"}
+    assert client.post("/jobs/new/", {**FORM, **share}).status_code == 302
+    job = Job.objects.latest("pk")
+    assert (job.pool.name, job.mps_percent, job.mps_memory_mib) == ("shared", 25, 8000)
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,12 @@ def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
         "reservation_auto_approve": False,
     }
     assert client.get("/policies/nowhere/").status_code == 404
+    client.post("/policies/~/", {**POLICY_FORM, "dynamic_mig": "on"})  # a box, as every other
+    assert PoolPolicy.default().dynamic_mig is True
+    changes = AuditEvent.objects.filter(event_type="scheduler.policy_changed").order_by("pk")
+    assert changes.last().after == {
+        "dynamic_mig": True
+    }
 
 
 @pytest.mark.parametrize(
