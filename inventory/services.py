@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from gpuadmin.audit.services import record
+from gpuadmin.audit.services import changed_values, record
 from inventory import live
 from inventory.agent import node_queue
 from inventory.choices import GpuState, NvmlBackend
@@ -487,22 +487,21 @@ def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> 
         before = _catalog_values(locked, names)
         for name in names:
             setattr(locked, name, changes[name])
-        after = _catalog_values(locked, names)
-        changed = [name for name in names if before[name] != after[name]]
-        if changed:
+        old, new = changed_values(before, _catalog_values(locked, names))
+        if new:
             with _announcing_schedulable(gpus):
-                locked.save(update_fields=changed)
+                locked.save(update_fields=list(new))
             record(
                 f"{model._meta.model_name}.catalog_changed",
                 actor=actor,
                 target=locked,
                 target_id=getattr(locked, "uuid", "") or locked.pk,
-                before={name: before[name] for name in changed},
-                after={name: after[name] for name in changed},
+                before=old,
+                after=new,
             )
     for name in names:
         setattr(row, name, getattr(locked, name))
-    return bool(changed)
+    return bool(new)
 
 
 def _catalog_values(row: Gpu | Node, names: list[str]) -> dict[str, Any]:
@@ -540,17 +539,10 @@ def save_pool(pool: Pool, *, actor: User) -> Pool:
             pool.save()
             record("pool.created", actor=actor, target=pool, after=after)
             return pool
-        before = {name: getattr(stored, name) for name in POOL_FIELDS}
-        changed = [name for name in POOL_FIELDS if before[name] != after[name]]
-        if changed:
-            pool.save(update_fields=changed)
-            record(
-                "pool.changed",
-                actor=actor,
-                target=pool,
-                before={name: before[name] for name in changed},
-                after={name: after[name] for name in changed},
-            )
+        old, new = changed_values({name: getattr(stored, name) for name in POOL_FIELDS}, after)
+        if new:
+            pool.save(update_fields=list(new))
+            record("pool.changed", actor=actor, target=pool, before=old, after=new)
     return pool
 
 

@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import transaction
 
-from gpuadmin.audit.services import record
+from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from inventory.models import Gpu, Pool
 from scheduling import dispatch, quotas, services
@@ -140,27 +140,26 @@ def set_pool_policy(pool: Pool | None, *, actor: User, **fields: Any) -> PoolPol
     ``updated_at`` stays null, "the defaults, never changed")."""
     check_policy(fields)
 
-    def changed_in(config: PoolPolicy) -> list[str]:
-        return [name for name, value in fields.items() if getattr(config, name) != value]
+    def changes(config: PoolPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
+        return changed_values({name: getattr(config, name) for name in fields}, fields)
 
     with transaction.atomic():
         locked = PoolPolicy.objects.select_for_update()
         config = locked.filter(pool=pool).first() or PoolPolicy(pool=pool)
-        if config.pk is None and changed_in(config):
+        if config.pk is None and changes(config)[1]:
             PoolPolicy.objects.get_or_create(pool=pool)
             config = locked.get(pool=pool)
-        before = {name: getattr(config, name) for name in fields}
-        changed = changed_in(config)
-        if changed:
-            for name in changed:
-                setattr(config, name, fields[name])
-            config.save(update_fields=[*changed, "updated_at"])
+        old, new = changes(config)
+        if new:
+            for name, value in new.items():
+                setattr(config, name, value)
+            config.save(update_fields=[*new, "updated_at"])
             record(
                 "scheduler.policy_changed",
                 actor=actor,
                 target=config,
-                before={name: before[name] for name in changed},
-                after={name: fields[name] for name in changed},
+                before=old,
+                after=new,
                 message=f"policy of {quotas.pool_label(pool.name if pool else None)}",
             )
             services.request_placement_pass()

@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import role_of
-from gpuadmin.audit.services import record
+from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
 from inventory.models import Pool
@@ -592,17 +592,10 @@ def update_quota(quota: Quota, *, actor: User, **fields: Any) -> Quota:
         before = facts(locked.get(pk=quota.pk))
         for name, value in fields.items():
             setattr(quota, name, value)
-        after = facts(quota)
-        changed = [name for name in after if after[name] != before[name]]
-        if changed:
+        old, new = changed_values(before, facts(quota))
+        if new:
             _saved(quota)
-            record(
-                "quota.changed",
-                actor=actor,
-                target=quota,
-                before={name: before[name] for name in changed},
-                after={name: after[name] for name in changed},
-            )
+            record("quota.changed", actor=actor, target=quota, before=old, after=new)
             services.request_placement_pass()
     return quota
 

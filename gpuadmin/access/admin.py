@@ -15,7 +15,7 @@ from gpuadmin.access.models import ApiToken, Membership, NodeCredential, UnixAcc
 from gpuadmin.access.nodes import revoke_credential
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import reset_unix_account, revoke_token, set_unix_account
-from gpuadmin.audit.services import record
+from gpuadmin.audit.services import changed_values, record
 
 
 @admin.register(Membership)
@@ -159,16 +159,9 @@ class AuditedUserAdmin(UserAdmin):
             if stored is None:
                 record("user.created", actor=signed_in(request), target=obj, after=after)
                 return
-            before = _user_facts(stored)
-            changed = [name for name in USER_ACCESS_FIELDS if before[name] != after[name]]
-            if changed:
-                record(
-                    "user.changed",
-                    actor=signed_in(request),
-                    target=obj,
-                    before={name: before[name] for name in changed},
-                    after={name: after[name] for name in changed},
-                )
+            old, new = changed_values(_user_facts(stored), after)
+            if new:
+                record("user.changed", actor=signed_in(request), target=obj, before=old, after=new)
 
     def delete_model(self, request: HttpRequest, obj: User) -> None:
         with transaction.atomic():

@@ -76,9 +76,7 @@ def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
     client.post("/policies/~/", {**POLICY_FORM, "dynamic_mig": "on"})  # a box, as every other
     assert PoolPolicy.default().dynamic_mig is True
     changes = AuditEvent.objects.filter(event_type="scheduler.policy_changed").order_by("pk")
-    assert changes.last().after == {
-        "dynamic_mig": True
-    }
+    assert changes.last().after == {"dynamic_mig": True}
 
 
 @pytest.mark.parametrize(
