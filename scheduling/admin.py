@@ -3,6 +3,9 @@ the same services as everywhere else; the scheduler's settings are changed here 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -116,6 +119,16 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
         admin_services.set_scheduler_enabled(obj.enabled, actor=signed_in(request))
 
 
+def _hours_column(label: str, field: str, figure: str) -> Callable[[Any, UsageDay], str]:
+    """A column of ``UsageRow.of``'s ``figure`` for a day row, sorted by its ``field``."""
+
+    @admin.display(description=label, ordering=field)
+    def column(model_admin: Any, row: UsageDay) -> str:
+        return f"{getattr(UsageRow.of('', vars(row)), figure):.2f}"
+
+    return column
+
+
 @admin.register(UsageDay)
 class UsageDayAdmin(ReadOnlyAdmin):
     """Accounting's day rows (``scheduling.accounting``), read here as on ``/usage/``: the
@@ -136,22 +149,7 @@ class UsageDayAdmin(ReadOnlyAdmin):
     search_fields = ("user__username", "project")
     date_hierarchy = "day"
 
-    @admin.display(description="allocated GPU-h", ordering="allocated_gpu_s")
-    def allocated_hours(self, row: UsageDay) -> str:
-        return f"{_hours(row).allocated_h:.2f}"
-
-    @admin.display(description="used GPU-h", ordering="used_gpu_s")
-    def used_hours(self, row: UsageDay) -> str:
-        return f"{_hours(row).used_h:.2f}"
-
-    @admin.display(description="idle-held GPU-h", ordering="idle_held_gpu_s")
-    def idle_held_hours(self, row: UsageDay) -> str:
-        return f"{_hours(row).idle_held_h:.2f}"
-
-    @admin.display(description="energy kWh", ordering="energy_j")
-    def energy_kwh(self, row: UsageDay) -> str:
-        return f"{_hours(row).energy_kwh:.2f}"
-
-
-def _hours(row: UsageDay) -> UsageRow:
-    return UsageRow.of("", vars(row))
+    allocated_hours = _hours_column("allocated GPU-h", "allocated_gpu_s", "allocated_h")
+    used_hours = _hours_column("used GPU-h", "used_gpu_s", "used_h")
+    idle_held_hours = _hours_column("idle-held GPU-h", "idle_held_gpu_s", "idle_held_h")
+    energy_kwh = _hours_column("energy kWh", "energy_j", "energy_kwh")
