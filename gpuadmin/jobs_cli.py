@@ -10,8 +10,10 @@ from the environment.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -62,45 +64,90 @@ class Api:
         )
 
     def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        """One JSON request; ``ApiError`` with the server's reason on anything but 2xx."""
+        """One JSON request; ``ApiError`` with the server's reason on anything but 2xx, and
+        for an answer that is not the API's. Redirects are not followed: they would turn a
+        POST into a GET and carry the token to wherever they point."""
+        if self.token and not TOKEN_TEXT.fullmatch(self.token):
+            raise ApiError(None, "GPUADMIN_TOKEN is not a token (printable ASCII, no spaces)")
         query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
-        request = urllib.request.Request(
-            self.url.rstrip("/") + path + (f"?{query}" if query else ""),
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Accept": "application/json", "Content-Type": "application/json"},
-        )
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+            request = urllib.request.Request(
+                self.url.rstrip("/") + path + (f"?{query}" if query else ""),
+                data=None if body is None else json.dumps(body).encode(),
+                method=method,
+                headers={"Accept": "application/json", "Content-Type": "application/json"},
+            )
+            if self.token:
+                request.add_header("Authorization", f"Bearer {self.token}")
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
+                raw, headers = response.read(), response.headers
         except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, _reason(exc.code, exc.read())) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ApiError(None, f"cannot reach {self.url}: {reason}") from None
+            raise ApiError(exc.code, _reason(exc.code, exc.read(), exc.headers)) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise ApiError(None, f"cannot reach {self.url}: {_one_line(str(reason))}") from None
+        kind = headers.get_content_type()
+        if SERVER_HEADER not in headers or (raw and kind != "application/json"):
+            raise ApiError(None, f"{self.url} answered {kind}, not as gpuadmin's API: {NOT_API}")
         return json.loads(raw) if raw else None
 
 
-def _reason(status: int, raw: bytes) -> str:
-    """The error body as one line: ``detail``, or ``field: message`` for each field."""
+# An API token as gpuadmin issues them, and what any HTTP header may carry.
+TOKEN_TEXT = re.compile(r"[!-~]+")
+# Every answer of gpuadmin's server carries it (gpuadmin.request_id.HEADER; this module stays
+# free of Django): an answer without it is some other server's.
+SERVER_HEADER = "X-Request-ID"
+NOT_API = "is GPUADMIN_URL the gpuadmin server's address?"
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # the 3xx is raised as an HTTPError, and reported with its Location
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _reason(status: int, raw: bytes, headers: Any = None) -> str:
+    """The error body as one line: ``detail``, or ``field: message`` for each field (a nested
+    field as ``env.A``); a redirect with where it points; anything else its first words."""
+    location = headers.get("Location") if headers is not None else None
+    if 300 <= status < 400:
+        return f"HTTP {status}: redirected to {location or '?'} ({NOT_API})"
     try:
         body = json.loads(raw)
     except ValueError:
-        return f"HTTP {status}: {raw[:200].decode(errors='replace')}"
+        text = re.sub(r"<[^>]*>", " ", raw[:2000].decode(errors="replace"))
+        return f"HTTP {status}: {_one_line(text)[:200] or 'no reason given'} ({NOT_API})"
     if isinstance(body, dict) and set(body) == {"detail"}:
-        message = str(body["detail"])
+        message = _one_line(str(body["detail"]))
     elif isinstance(body, dict):
-        message = "; ".join(
-            f"{field}: {' '.join(map(str, errors)) if isinstance(errors, list) else errors}"
-            for field, errors in body.items()
-        )
+        message = "; ".join(_field_errors(body))
     else:
-        message = str(body)
+        message = _one_line(str(body))
     if status == 401:
         message += " (set GPUADMIN_TOKEN to an API token: gpuadmin token create NAME --user U)"
     return f"HTTP {status}: {message}"
+
+
+def _field_errors(errors: Any, prefix: str = "") -> list[str]:
+    """``field: message`` for each field of a 400's body; a nested field's parts named
+    ``field.part`` (``env.A``, ``gpus.0``)."""
+    if isinstance(errors, dict):
+        return [
+            line
+            for field, inner in errors.items()
+            for line in _field_errors(
+                inner, f"{prefix}{field}" if not prefix else f"{prefix}.{field}"
+            )
+        ]
+    if isinstance(errors, list) and all(isinstance(item, str) for item in errors):
+        return [f"{prefix}: {_one_line(' '.join(errors))}"]
+    return [f"{prefix}: {_one_line(str(errors))}"]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 # --------------------------------------------------------------------------- verbs
@@ -260,8 +307,14 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ),
         ("preemptible", "yes" if job["preemptible"] else ""),
         ("preempted by", job["preempted_by"] and f"job {job['preempted_by']}"),
-        ("preempted", job["preemptions"] and f"{job['preemptions']} times, re-queued each time"),
-        ("failed runs", job["failures"] and f"{job['failures']} of {job['max_retries']} retries"),
+        (
+            "preempted",
+            f"{job['preemptions']} times, re-queued each time" if job["preemptions"] else "",
+        ),
+        (
+            "failed runs",
+            f"{job['failures']} of {job['max_retries']} retries" if job["failures"] else "",
+        ),
     ]
     for label, value in facts:
         if value not in (None, ""):
@@ -313,7 +366,8 @@ def cmd_log(api: Api, args: argparse.Namespace, out: TextIO) -> int:
                 if attempt is not None:
                     out.write(f"--- attempt {log['attempt']} ---\n")
                 attempt, shown = log["attempt"], None
-            out.writelines(lines[-args.tail :] if shown is None else new_lines(shown, lines))
+            first = lines[-args.tail :] if args.tail else []
+            out.writelines(first if shown is None else new_lines(shown, lines))
             out.flush()
             shown = lines
         if finished:
@@ -458,7 +512,9 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
 
     log = actions.add_parser("log", help="a job's log, read through its node's agent")
     log.add_argument("job_id", type=int)
-    log.add_argument("--tail", type=int, default=100, help="lines from the end (default 100)")
+    log.add_argument(
+        "--tail", type=_line_count, default=100, help="lines from the end (default 100)"
+    )
     log.add_argument("--node", help="node of a multi-node job (default its first)")
     log.add_argument("-f", "--follow", action="store_true", help="print new lines every 2 s")
     log.set_defaults(run=_run(cmd_log))
@@ -478,6 +534,13 @@ def _memory(value: str) -> int:
 
 
 Verb = Callable[[Api, argparse.Namespace, TextIO], int]
+
+
+def _line_count(text: str) -> int:
+    count = int(text)
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{count}: a number of lines, 0 or more")
+    return count
 
 
 def _run(verb: Verb) -> Callable[[argparse.Namespace], int]:

@@ -339,7 +339,10 @@ def _change(
     for every transition: what it sets besides ``fields`` (which it completes with them), and
     what it clears. Its ``before`` and the columns to write; ``IllegalTransition``, and
     nothing changed, when the move is not allowed."""
-    if to not in TRANSITIONS[locked.state] or (expect is not None and locked.state not in expect):
+    if expect is not None and locked.state not in expect:
+        wanted = " or ".join(sorted(expect))
+        raise IllegalTransition(f"job {locked.pk} is {locked.state}, not {wanted}")
+    if to not in TRANSITIONS[locked.state]:
         raise IllegalTransition(f"job {locked.pk} cannot go from {locked.state} to {to}")
     before = {"state": locked.state}
     if to in TERMINAL_STATES:

@@ -144,7 +144,9 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             return None
         key = header[1].decode(errors="replace")
         if not key.startswith(ApiToken.PREFIX):
-            return None
+            raise exceptions.AuthenticationFailed(
+                f"Not an API token: they begin {ApiToken.PREFIX} (gpuadmin token create)."
+            )
         digest = ApiToken.hash(key)
         token = TOKENS.lookup(digest)
         if token is None or not token.user.is_active:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+
 import pytest
 
 from gpuadmin import cli, jobs_cli
@@ -247,3 +250,124 @@ def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, flee
     assert "  preemptible: yes\n" in out
     assert "  preempted:   2 times, re-queued each time\n" in out
     assert "  failed runs: 1 of 3 retries\n" in out
+
+
+class OtherServer:
+    """A real HTTP server that is not gpuadmin: it answers every request with ``answer``
+    (status, headers, body) and keeps what it was sent."""
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def handle_one(self) -> None:
+                seen.append((self.command, self.path, self.headers.get("Authorization")))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = handle_one
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def other_servers():
+    started: list[OtherServer] = []
+
+    def start(status: int, headers: dict[str, str], body: bytes = b"") -> OtherServer:
+        started.append(OtherServer(status, headers, body))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.close()
+
+
+def test_an_answer_that_is_not_gpuadmin_is_one_line_and_no_traceback(
+    gpuadmin, monkeypatch, other_servers
+):
+    page = b"<!doctype html>\n<html><title>Sign in</title>\n<body>\n<p>proxy</p></body></html>"
+    for status, headers, body, said in (
+        (200, {"Content-Type": "text/html"}, page, "answered text/html, not as gpuadmin's API"),
+        (200, {"Content-Type": "application/json"}, b'{"hello": "world"}', "not as gpuadmin"),
+        (500, {"Content-Type": "text/html"}, page, "HTTP 500: Sign in proxy (is GPUADMIN_URL"),
+        (404, {}, b"", "HTTP 404: no reason given"),
+    ):
+        monkeypatch.setenv("GPUADMIN_URL", other_servers(status, headers, body).url)
+        for argv in (("list",), ("show", "1"), ("submit", "--", "true"), ("cancel", "1")):
+            code, _, err = gpuadmin("jobs", *argv)
+            assert code == 1 and said in err and err.count("\n") == 1, (argv, err)
+
+
+def test_a_redirect_is_reported_and_never_followed_with_the_token(
+    gpuadmin, monkeypatch, other_servers
+):
+    elsewhere = other_servers(200, {"Content-Type": "application/json"}, b"{}")
+    mover = other_servers(301, {"Location": elsewhere.url + "/queue/submit"})
+    monkeypatch.setenv("GPUADMIN_URL", mover.url)
+    code, _, err = gpuadmin("jobs", "submit", "--", "true")
+    assert code == 1
+    assert err == (
+        f"gpuadmin jobs submit: HTTP 301: redirected to {elsewhere.url}/queue/submit "
+        "(is GPUADMIN_URL the gpuadmin server's address?)\n"
+    )
+    assert [method for method, _, _ in mover.seen] == ["POST"] and elsewhere.seen == []
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("GPUADMIN_URL", "http://127.0.0.1:abc", "cannot reach http://127.0.0.1:abc: "),
+        ("GPUADMIN_URL", "http://[::1", "cannot reach http://[::1: Invalid IPv6 URL"),
+        ("GPUADMIN_URL", "http://exa mple.com", "cannot reach http://exa mple.com: "),
+        ("GPUADMIN_TOKEN", "gpa_x\ny", "GPUADMIN_TOKEN is not a token"),
+        ("GPUADMIN_TOKEN", "gpa_é中", "GPUADMIN_TOKEN is not a token"),
+        ("GPUADMIN_TOKEN", "garbage", "HTTP 401: Not an API token: they begin gpa_"),
+    ],
+)
+def test_a_bad_address_or_token_is_one_clear_line(gpuadmin, monkeypatch, variable, value, said):
+    monkeypatch.setenv(variable, value)
+    code, _, err = gpuadmin("jobs", "list")
+    assert code == 1 and said in err and err.count("\n") == 1, err
+
+
+def test_nested_refusals_name_their_part_and_release_says_why(gpuadmin, fleet):
+    code, _, err = gpuadmin("jobs", "submit", "--env", "A=" + "x" * 40000, "--", "true")
+    assert (code, err) == (
+        1,
+        "gpuadmin jobs submit: HTTP 400: env.A: "
+        "Ensure this field has no more than 32768 characters.\n",
+    )
+    gpuadmin("jobs", "submit", "--", "true")
+    job = Job.objects.get()
+    assert gpuadmin("jobs", "release", str(job.pk))[2] == (
+        f"gpuadmin jobs release: HTTP 409: job {job.pk} is queued, not pending\n"
+    )
+    out = gpuadmin("jobs", "show", str(job.pk))[1]
+    assert "preempted" not in out and "failed runs" not in out  # none yet: not shown as 0
+
+
+def test_a_log_tail_is_a_count_of_lines(gpuadmin, capsys):
+    with pytest.raises(SystemExit) as usage:
+        gpuadmin("jobs", "log", "1", "--tail", "-1")
+    assert usage.value.code == 2
+    assert "argument --tail: -1: a number of lines, 0 or more" in capsys.readouterr().err
+
+
+def test_the_cli_knows_the_server_by_the_header_it_always_sends():
+    from gpuadmin import request_id
+
+    assert jobs_cli.SERVER_HEADER == request_id.HEADER
