@@ -29,6 +29,7 @@ from inventory.services import (
     HOST_RESERVED_FIELDS,
     IllegalGpuTransition,
     delete_pool,
+    gpu_catalog_errors,
     host_reserved_errors,
     save_pool,
     set_gpu_state,
@@ -65,9 +66,16 @@ def mps_action(shared: bool) -> Callable[..., None]:
 
     @admin.action(description=verb)
     def apply(model_admin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet) -> None:
-        actor = signed_in(request)
-        changed = sum(update_catalog(gpu, {"mps_shared": shared}, actor=actor) for gpu in queryset)
-        model_admin.message_user(request, f"{changed} of {queryset.count()} GPUs changed.")
+        actor, change = signed_in(request), {"mps_shared": shared}
+        refused = [gpu for gpu in queryset if gpu_catalog_errors(gpu, change)]
+        changed = sum(
+            update_catalog(gpu, change, actor=actor) for gpu in queryset if gpu not in refused
+        )
+        said = f"{changed} of {queryset.count()} GPUs changed."
+        if refused:
+            reason = gpu_catalog_errors(refused[0], change)["mps_shared"]
+            said += f" Left as they are: {', '.join(map(str, refused))} ({reason})."
+        model_admin.message_user(request, said)
 
     apply.__name__ = "share_through_mps" if shared else "stop_sharing_through_mps"
     return apply
@@ -155,6 +163,16 @@ class PoolAdmin(admin.ModelAdmin):
             delete_pool(pool, actor=signed_in(request))
 
 
+class GpuAdminForm(forms.ModelForm):
+    """Refuses a catalog the GPU cannot have (``gpu_catalog_errors``)."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, message in gpu_catalog_errors(self.instance, data).items():
+            self.add_error(name, message)
+        return data
+
+
 class NodeAdminForm(forms.ModelForm):
     """Refuses keeping back more of the host than its agent reported (``host_reserved_errors``)."""
 
@@ -195,6 +213,7 @@ class NodeAdmin(AuditedCatalogAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(AuditedCatalogAdmin):
+    form = GpuAdminForm
     list_display = (
         "uuid",
         "node",

@@ -471,11 +471,20 @@ def host_reserved_errors(node: Node, values: Mapping[str, Any]) -> dict[str, str
     return errors
 
 
+def gpu_catalog_errors(gpu: Gpu, values: Mapping[str, Any]) -> dict[str, str]:
+    """Why the catalog ``values`` cannot be kept on ``gpu`` (field -> message): MPS sharing of
+    a GPU in MIG mode, which shares through its MIG devices."""
+    if values.get("mps_shared") and gpu.mig_enabled:
+        return {"mps_shared": "a GPU in MIG mode is shared through its MIG devices, not MPS"}
+    return {}
+
+
 def update_catalog(row: Gpu | Node, changes: dict[str, Any], *, actor: User) -> bool:
     """Write people-owned fields (a node's ``NODE_EDITABLE_FIELDS``, a GPU's
     ``GPU_CATALOG_FIELDS``) of a node or GPU under a row lock and audit
     ``<model>.catalog_changed`` with what actually changed; other keys are ignored (callers
-    check a node's reserved amounts with ``host_reserved_errors``). ``row`` gets the stored
+    check a node's reserved amounts with ``host_reserved_errors``, a GPU's catalog with
+    ``gpu_catalog_errors``). ``row`` gets the stored
     values; ``False`` when nothing changed. A GPU no longer shared through MPS is announced
     schedulable."""
     editable = GPU_CATALOG_FIELDS if isinstance(row, Gpu) else NODE_EDITABLE_FIELDS

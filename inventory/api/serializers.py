@@ -25,6 +25,7 @@ from inventory.pages.fleet import GpuRow
 from inventory.services import (
     HOST_RESERVED_FIELDS,
     NODE_EDITABLE_FIELDS,
+    gpu_catalog_errors,
     host_reserved_errors,
     update_catalog,
 )
@@ -97,6 +98,12 @@ class GpuSerializer(CatalogSerializer):
     node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
         slug_field="hostname", read_only=True
     )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None and (errors := gpu_catalog_errors(self.instance, attrs)):
+            raise serializers.ValidationError(errors)
+        return attrs
+
     missing = serializers.BooleanField(source="is_missing", read_only=True)
     mig_instance_count = serializers.IntegerField(read_only=True)
 

@@ -69,3 +69,26 @@ def test_the_fleet_page_counts_mps_gpus(admin_client, gpu):
     html = admin_client.get("/fleet/").content.decode()
     assert 'data-count="mps">1<' in html
     assert "shared through MPS: only shares of it can be given" in html
+
+
+def test_a_gpu_in_mig_mode_is_not_mps_shared_by_any_door(admin_client, gpu):
+    mig = Gpu.objects.filter(node__hostname="dgx-01", mig_enabled=True).order_by("index")[0]
+    said = "a GPU in MIG mode is shared through its MIG devices, not MPS"
+    response = admin_client.patch(
+        f"/api/v1/gpus/{mig.uuid}/", {"mps_shared": True}, content_type="application/json"
+    )
+    assert (response.status_code, response.json()) == (400, {"mps_shared": [said]})
+    changed = admin_client.post(
+        "/admin/inventory/gpu/",
+        {"action": "share_through_mps", "_selected_action": [mig.pk, gpu.pk]},
+        follow=True,
+    )
+    assert f"1 of 2 GPUs changed. Left as they are: {mig} ({said})." in changed.content.decode()
+    assert list(Gpu.objects.filter(mps_shared=True)) == [gpu]
+    form = admin_client.get(f"/admin/inventory/gpu/{mig.pk}/change/").context["adminform"].form
+    refused = admin_client.post(
+        f"/admin/inventory/gpu/{mig.pk}/change/",
+        {**{k: v for k, v in form.initial.items() if v is not None}, "mps_shared": "on"},
+    )
+    assert refused.context["adminform"].form.errors["mps_shared"] == [said]
+    assert AuditEvent.objects.filter(event_type="gpu.catalog_changed").count() == 1
