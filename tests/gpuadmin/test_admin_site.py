@@ -26,6 +26,7 @@ NO_ACTIONS = {
     "scheduling.Allocation",
     "scheduling.PoolPolicy",
     "scheduling.SchedulerSettings",
+    "scheduling.UsageDay",
 }
 LISTS = sorted(
     (model for model in admin.site._registry if model._meta.label not in NO_ACTIONS),
