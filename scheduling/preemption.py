@@ -59,7 +59,7 @@ def preempt(
         preemptor = locked.get(decision.job_id)
         if not victims or preemptor is None or preemptor.state != JobState.QUEUED:
             return []
-        said = f"preempted by job {preemptor.pk} ({decision.reason})"
+        said = f"preempted by job {preemptor.pk}: {decision.reason}"
         for victim in victims:
             victim.preempted_by_id = preemptor.pk
             victim.preempt_requested_at = now

@@ -72,7 +72,7 @@ def test_victims_are_marked_told_audited_and_signalled(
     with django_capture_on_commit_callbacks(execute=True):
         ids = preempt(decision(high, second, first), signal="SIGUSR1", grace_s=90)
     assert ids == [first.pk, second.pk]
-    said = f"preempted by job {high.pk} (priority high over low)"
+    said = f"preempted by job {high.pk}: priority high over low"
     for victim in (first, second):
         victim.refresh_from_db()
         assert (victim.state, victim.preempted_by_id, victim.message) == (
@@ -105,7 +105,7 @@ def test_the_reported_end_requeues_the_victim_keeping_the_message(alice, gpus):
         None,
         None,
     )
-    assert victim.message == f"preempted by job {high.pk} (priority high over low)"
+    assert victim.message == f"preempted by job {high.pk}: priority high over low"
     assert not Allocation.objects.active().filter(job=victim).exists()
     assert events(victim)[-3:] == ["job.preempt_requested", "job.preempted", "job.queued"]
     # Counted in the same audited write as its end.
@@ -311,4 +311,4 @@ def test_the_loop_preempts_with_its_pools_signal_and_grace_or_not_at_all(
     assert victim in low and summary.preempting == 1
     [((job_id, attempt, message, signal_name, grace_s), queue)] = cancels
     assert (job_id, signal_name, grace_s, queue) == (victim.pk, "SIGUSR1", 45, "node.dgx-01")
-    assert message == f"preempted by job {urgent.pk} (higher priority (critical over low))"
+    assert message == f"preempted by job {urgent.pk}: higher priority (critical over low)"
