@@ -233,28 +233,25 @@ class _Planner:
         config = self.snapshot.pools.get(pool) or PoolConfig()
         policy = self.policy or policy_for(config, self.snapshot, pool)
         waiting: list[tuple[JobRequest, _Partition | None, _Hold | None]] = []
+        # Over-quota work borrows what the jobs within quota leave idle: it is placed after
+        # all of them (else a borrower re-queued by a reclaim, being older, would take the
+        # reclaimed GPUs again in the next pass and be reclaimed again, for ever).
+        borrowers: list[tuple[JobRequest, str]] = []
         limited = bool(self.snapshot.quotas)
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            borrowing = None
             if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
                 if config.allow_borrowing:
-                    borrowing = over
-                else:
-                    hold = _Hold(Reason.QUOTA, over)
+                    borrowers.append((job, over))
+                    continue
+                hold = _Hold(Reason.QUOTA, over)
             if hold is not None:
                 waiting.append((job, None, hold))
                 continue
-            if is_sharing(job):
-                if self._share(job, borrowing):
-                    continue
-                waiting.append((job, None, None))
-                continue
-            partition = self._partition(pool, job.reservation, config)
-            placed, hold = self._place(partition, job, borrowing, policy)
-            if not placed:
-                waiting.append((job, partition, hold))
+            self._try(pool, config, policy, job, None, waiting)
+        for job, over in borrowers:
+            self._try(pool, config, policy, job, over, waiting)
         for position, (job, where, hold) in enumerate(waiting, start=1):
             if hold is not None:
                 pending = Pending(
@@ -265,6 +262,26 @@ class _Planner:
             else:
                 pending = where.explain(job, position)
             self.pending.append(pending)
+
+    def _try(
+        self,
+        pool: str | None,
+        config: PoolConfig,
+        policy: Policy,
+        job: JobRequest,
+        borrowing: str | None,
+        waiting: list[tuple[JobRequest, _Partition | None, _Hold | None]],
+    ) -> None:
+        """Place `job` (borrowing when `borrowing` says why it is over quota), or add it to
+        `waiting` with where it waits."""
+        if is_sharing(job):
+            if not self._share(job, borrowing):
+                waiting.append((job, None, None))
+            return
+        partition = self._partition(pool, job.reservation, config)
+        placed, hold = self._place(partition, job, borrowing, policy)
+        if not placed:
+            waiting.append((job, partition, hold))
 
     def _admit(self, job: JobRequest) -> _Hold | None:
         """What keeps `job` from running whatever is free: its array's cap, its reservation."""

@@ -123,6 +123,30 @@ def test_over_quota_work_borrows_idle_gpus_where_the_pool_lends_them() -> None:
     )
 
 
+def test_work_within_quota_comes_before_older_work_that_would_borrow() -> None:
+    """Bob's older over-quota job, re-queued by a reclaim, does not take the reclaimed GPUs
+    again ahead of Alice's job within quota (which would reclaim them again, every pass):
+    borrowers get what the jobs within quota leave idle."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01", pool="a100")
+
+    result = fleet.plan(
+        job(1, gpus=5, pool="a100", owner="bob"),
+        job(2, gpus=6, pool="a100"),
+        job(3, gpus=2, pool="a100", owner="bob"),
+        pools=LENDING,
+        quotas=(quota("user:bob", max_gpus=2),),
+    )
+
+    assert [(p.job_id, p.borrowed) for p in result.placements] == [(2, False), (3, False)]
+    assert not result.preemptions
+    waiting = pending(result, 1)
+    assert (waiting.reason, waiting.position) == (Reason.QUOTA, 1)
+    assert waiting.message == (
+        "user bob uses 0 of 2 GPUs in pool a100; no idle GPUs it could borrow fit it"
+    )
+
+
 def test_a_share_counts_as_its_part_of_a_gpu() -> None:
     assert gpu_equivalents(job(1, gpus=4, nodes=2)) == 8
     assert gpu_equivalents(job(2, mps_percent=25, mps_memory_mib=1024)) == 0.25
