@@ -21,7 +21,7 @@ from scheduling.placement.decisions import (
 )
 from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
-from scheduling.placement.fleet import Shape, gpus_by_host
+from scheduling.placement.fleet import Shape, gpus_by_host, matches
 from scheduling.placement.hosts import Hosts
 from scheduling.placement.policies import Policy, policy_for
 from scheduling.placement.preemption import Victims, stopping_phrase
@@ -56,7 +56,7 @@ class _Partition:
         book: ReservationBook,
         shares: Callable[[], FairShareTable],
         hosts: Hosts,
-        held: dict[int, int] | None = None,
+        held: dict[int, list[GpuSlot]] | None = None,
     ) -> None:
         """`shares`: the pool's fair-share table, when preemption needs it; `hosts`: the
         pass's host CPUs and memory; `held`: GPUs of the pool that active windows hold, by
@@ -147,7 +147,9 @@ class _Partition:
             return self._reserved(job, position, closing)
         pending = self.placement_pass.explain(job, position)
         if self.held and pending.reason == Reason.RESOURCES_BUSY:
-            pending = replace(pending, message=f"{pending.message}; {self._held_phrase()}")
+            phrase = self._held_phrase(job)
+            if phrase:
+                pending = replace(pending, message=f"{pending.message}; {phrase}")
         return pending
 
     def _kept_for(self, head: Shadow) -> str:
@@ -172,10 +174,19 @@ class _Partition:
             self._kept_message = (head, message)
         return self._kept_message[1]
 
-    def _held_phrase(self) -> str:
-        """ "reservation 5 holds 8 more GPUs until 2025-06-01 14:00 UTC" """
-        windows = sorted((self.book.by_id[i] for i in self.held), key=lambda w: (w.end, w.id))
-        gpus = sum(self.held.values())
+    def _held_phrase(self, job: JobRequest) -> str:
+        """ "reservation 5 holds 8 more GPUs until 2025-06-01 14:00 UTC": the GPUs of the
+        pool that active windows hold and `job` could run on (of its model and memory); ""
+        when none."""
+        fitting = {
+            window: count
+            for window, gpus in self.held.items()
+            if (count := sum(matches(gpu, job.gpu_model, job.min_memory_mib) for gpu in gpus))
+        }
+        if not fitting:
+            return ""
+        windows = sorted((self.book.by_id[i] for i in fitting), key=lambda w: (w.end, w.id))
+        gpus = sum(fitting.values())
         until = moment(windows[0].end)
         if len(windows) == 1:
             return f"reservation {windows[0].id} holds {gpus} more GPUs until {until}"
@@ -359,7 +370,7 @@ class _Planner:
                 snapshot = replace(self.snapshot, gpus=tuple(gpus), queue=())
             scope = self._scope(pool, window)
             held = {
-                other: len(gpus)
+                other: gpus
                 for (other_pool, other), gpus in self.gpus.items()
                 if window is None and other_pool == pool and other is not None
             }

@@ -56,6 +56,11 @@ def test_inside_the_window_only_the_holders_jobs_naming_it_run_on_its_gpus() -> 
         "needs 8 free GPUs on one node; none is free; reservation 5 holds 8 more GPUs until "
         "2023-11-15 00:13 UTC"
     )
+    h100 = "NVIDIA H100 80GB HBM3"
+    fleet.dgx("dgx-03", h100, busy=range(8), busy_until=NOW + 2 * HOUR)
+    other = fleet.plan(job(3, gpus=8, gpu_model=h100), reservations=(window,))
+    assert pending(other, 3).reason == Reason.RESOURCES_BUSY
+    assert "reservation" not in pending(other, 3).message  # its A100s could never take it
 
 
 def test_a_job_naming_a_window_waits_for_it_and_must_end_inside_it() -> None:
