@@ -313,7 +313,9 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ),
         (
             "failed runs",
-            f"{job['failures']} of {job['max_retries']} retries" if job["failures"] else "",
+            f"{job['failures']} (it is run again at most {job['max_retries']} times)"
+            if job["failures"]
+            else "",
         ),
     ]
     for label, value in facts:

@@ -92,13 +92,15 @@ class ArrayCaps:
         self._running = Counter(job.array for job in running if job.array in limits)
 
     def refusal(self, job: JobRequest) -> str | None:
-        """ "array 12 runs 50 of its 50 tasks at once", or None below its cap."""
+        """ "array 12 runs 50 tasks at once, its cap (%50)", or None below its cap."""
         if job.array is None or job.array not in self._limits:
             return None
         limit = self._limits[job.array]
         if self._running[job.array] < limit:
             return None
-        return f"array {job.array} runs {self._running[job.array]} of its {limit} tasks at once"
+        return (
+            f"array {job.array} runs {self._running[job.array]} tasks at once, its cap (%{limit})"
+        )
 
     def charge(self, job: JobRequest) -> None:
         if job.array in self._limits:

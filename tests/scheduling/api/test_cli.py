@@ -249,7 +249,7 @@ def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, flee
     out = gpuadmin("jobs", "show", str(job.pk))[1]
     assert "  preemptible: yes\n" in out
     assert "  preempted:   2 times, re-queued each time\n" in out
-    assert "  failed runs: 1 of 3 retries\n" in out
+    assert "  failed runs: 1 (it is run again at most 3 times)\n" in out
 
 
 class OtherServer:

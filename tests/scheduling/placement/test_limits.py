@@ -163,8 +163,8 @@ def test_an_arrays_cap_counts_running_tasks_and_those_started_in_the_pass() -> N
 
     assert [p.job_id for p in result.placements] == [1, 2, 5]
     assert [(p.job_id, p.reason, p.message) for p in result.pending] == [
-        (3, Reason.ARRAY_LIMIT, "array 7 runs 3 of its 3 tasks at once"),
-        (4, Reason.ARRAY_LIMIT, "array 7 runs 3 of its 3 tasks at once"),
+        (3, Reason.ARRAY_LIMIT, "array 7 runs 3 tasks at once, its cap (%3)"),
+        (4, Reason.ARRAY_LIMIT, "array 7 runs 3 tasks at once, its cap (%3)"),
     ]
 
 
