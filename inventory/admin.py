@@ -3,7 +3,7 @@ discovered is read-only; state changes go through the audited services."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django import forms
@@ -163,24 +163,29 @@ class PoolAdmin(admin.ModelAdmin):
             delete_pool(pool, actor=signed_in(request))
 
 
-class GpuAdminForm(forms.ModelForm):
-    """Refuses a catalog the GPU cannot have (``gpu_catalog_errors``)."""
+class CatalogRulesForm(forms.ModelForm):
+    """A catalog form that refuses, on the fields they name, what the services' ``rules``
+    refuse (as the API's serializers do)."""
+
+    rules: Callable[[Any, Mapping[str, Any]], dict[str, str]]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        for name, message in gpu_catalog_errors(self.instance, data).items():
+        for name, message in type(self).rules(self.instance, data).items():
             self.add_error(name, message)
         return data
 
 
-class NodeAdminForm(forms.ModelForm):
-    """Refuses keeping back more of the host than its agent reported (``host_reserved_errors``)."""
+class GpuAdminForm(CatalogRulesForm):
+    """Refuses a catalog the GPU cannot have."""
 
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        for name, message in host_reserved_errors(self.instance, data).items():
-            self.add_error(name, message)
-        return data
+    rules = staticmethod(gpu_catalog_errors)
+
+
+class NodeAdminForm(CatalogRulesForm):
+    """Refuses keeping back more of the host than its agent reported."""
+
+    rules = staticmethod(host_reserved_errors)
 
 
 @admin.register(Node)
