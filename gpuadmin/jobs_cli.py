@@ -351,15 +351,21 @@ def cmd_log(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         return 0
     shown: list[str] | None = None
     attempt = None
+    told = False  # said once why there is no log yet
     while True:
         # The state first: a log read after the job ended holds all of it.
-        finished = api.call("GET", f"/api/v1/jobs/{args.job_id}/")["state"] in TERMINAL_STATES
+        state = api.call("GET", f"/api/v1/jobs/{args.job_id}/")["state"]
+        finished = state in TERMINAL_STATES
         try:
             log = api.call("GET", path, tail=max(args.tail, FOLLOW_WINDOW), node=args.node)
         except ApiError as exc:
             if exc.status not in (404, 503):  # not started yet, or the agent is silent
                 raise
             log = None
+        if log is None and attempt is None and not told:
+            why = "it wrote no log" if finished else "its log shows here once it runs"
+            sys.stderr.write(f"job {args.job_id} is {state}: {why}\n")
+            told = True
         if log is not None:
             lines = log["text"].splitlines(keepends=True)
             if lines and not lines[-1].endswith("\n") and not finished:

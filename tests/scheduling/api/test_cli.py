@@ -371,3 +371,16 @@ def test_the_cli_knows_the_server_by_the_header_it_always_sends():
     from gpuadmin import request_id
 
     assert jobs_cli.SERVER_HEADER == request_id.HEADER
+
+
+def test_following_a_job_that_has_not_run_says_why_nothing_shows(gpuadmin, fleet, monkeypatch):
+    gpuadmin("jobs", "submit", "--hold", "--", "true")
+    job = Job.objects.get()
+
+    def canceled_meanwhile(seconds: float) -> None:
+        Job.objects.filter(pk=job.pk).update(state=JobState.CANCELED)
+
+    monkeypatch.setattr(jobs_cli.time, "sleep", canceled_meanwhile)
+    status, out, err = gpuadmin("jobs", "log", str(job.pk), "--follow")
+    assert (status, out) == (0, "")
+    assert err == f"job {job.pk} is pending: its log shows here once it runs\n"
