@@ -78,6 +78,8 @@ class _Partition:
             self._closed.append(frozenset(closed))
         self.head: Shadow | None = None
         self._kept_message: tuple[Shadow, str] | None = None
+        # `_held_phrase` by the GPUs a job can use (model, memory): the same for every such job.
+        self._held_phrases: dict[tuple[str | None, int], str] = {}
         self._views: dict[tuple[int, bool], View] = {}
         self._never: set[tuple[Shape, int]] = set()
         self._victims: Victims | None = None
@@ -178,10 +180,16 @@ class _Partition:
         """ "reservation 5 holds 8 more GPUs until 2025-06-01 14:00 UTC": the GPUs of the
         pool that active windows hold and `job` could run on (of its model and memory); ""
         when none."""
+        key = (job.gpu_model, job.min_memory_mib)
+        if key not in self._held_phrases:
+            self._held_phrases[key] = self._held_text(*key)
+        return self._held_phrases[key]
+
+    def _held_text(self, model: str | None, min_memory_mib: int) -> str:
         fitting = {
             window: count
             for window, gpus in self.held.items()
-            if (count := sum(matches(gpu, job.gpu_model, job.min_memory_mib) for gpu in gpus))
+            if (count := sum(matches(gpu, model, min_memory_mib) for gpu in gpus))
         }
         if not fitting:
             return ""
