@@ -69,9 +69,15 @@ def alice(django_user_model) -> User:
     return django_user_model.objects.create_user("alice")
 
 
-def running_job(owner: User, pid: int = 4242) -> Job:
+def running_job(owner: User, pid: int = 4242, **fields: Any) -> Job:
     """A one-GPU job the loop placed and its agent started."""
-    job = jobs.submit_job(owner, command=["sleep", "600"], gpu_count=1)
+    job = jobs.submit_job(owner, command=["sleep", "600"], gpu_count=1, **fields)
+    start(job, pid)
+    return job
+
+
+def start(job: Job, pid: int = 4242) -> None:
+    """The loop places the waiting ``job`` and its agent starts it."""
     loop.run_pass()
     job.refresh_from_db()
     jobs.job_started(job.pk, job.attempt, pid, timezone.now())
@@ -97,7 +103,9 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
     other.refresh_from_db()
     gpu.refresh_from_db()
     assert job.state == JobState.FAILED
-    assert job.message == f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01"
+    assert job.message == (
+        f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01: an application error"
+    )
     assert other.state == JobState.RUNNING
     assert gpu.state == GpuState.AVAILABLE  # an application's fault: the GPU stays in service
     assert broker.named("scheduling.cancel_job") == [((job.pk, 1, job.message), "node.dgx-01")]
@@ -110,6 +118,41 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
     assert event.message == "XID 13 (Graphics Engine Exception): agent text"
     [failed] = audited("job.failed")
     assert (failed.actor_name, failed.target_id) == ("health", str(job.pk))
+
+
+def test_an_application_xid_counts_a_failed_run_against_the_jobs_retries(broker, receive, alice):
+    """XID 13 with ``retries 2``: runs 1 and 2 are re-queued, as a non-zero exit would be, the
+    third fails; each says what happened, each transition audited with the failures."""
+    add_sim_node("dgx-01")
+    job = running_job(alice, pid=100, max_retries=2)
+    said = []
+    for run in (1, 2, 3):
+        gpu = gpu_of(job)
+        receive("dgx-01", report(gpu, key=str(run), xid=13, pid=100))
+        job.refresh_from_db()
+        what = f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01"
+        said.append(f"{what}: an application error")
+        if run < 3:
+            assert (job.state, job.failures) == (JobState.QUEUED, run)
+            assert job.message == f"retry {run}/2 after attempt {run} failed: {said[-1]}"
+            start(job, pid=100)
+    assert (job.state, job.failures, job.message) == (JobState.FAILED, 3, said[-1])
+    rows = [
+        (row.event_type, row.after["failures"], row.actor_name)
+        for row in AuditEvent.objects.filter(target_id=str(job.pk), actor_name="health")
+        .filter(event_type__in=("job.queued", "job.failed"))
+        .order_by("pk")
+    ]
+    assert rows == [
+        ("job.queued", 1, "health"),
+        ("job.queued", 2, "health"),
+        ("job.failed", 3, "health"),
+    ]
+    assert [args[2] for args, _ in broker.named("scheduling.cancel_job")] == [
+        f"retry 1/2 after attempt 1 failed: {said[0]}",
+        f"retry 2/2 after attempt 2 failed: {said[1]}",
+        said[2],
+    ]
 
 
 def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
