@@ -291,6 +291,9 @@ class _Run:
         if self._no_gpu("reset"):
             return
         node = self.event.node
+        if quarantine.breaker_open() is not None:
+            self.steps.append(f"{self._gpu_names()} not reset: the circuit breaker is open")
+            return
         for gpu in self.gpus:
             gpu.refresh_from_db(fields=["state"])
             if gpu.state in (GpuState.OFFLINE, GpuState.RESETTING):
@@ -365,6 +368,7 @@ POLICY_FIELDS = (
     "escalate_window_s",
     "escalate_to",
     "probation_s",
+    "reset_before_probation",
     "enabled",
 )
 

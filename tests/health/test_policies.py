@@ -13,10 +13,10 @@ from django.test import Client
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from health import policies, resets, services
+from health import policies, quarantine, resets, services
 from health import tasks as health_tasks
-from health.choices import AlertState, EventKind
-from health.models import Alert, HealthEvent, RecoveryPolicy
+from health.choices import AlertState, EventKind, QuarantineState
+from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
 from health.wire import HealthReport
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
@@ -210,8 +210,7 @@ def test_three_resets_in_a_day_take_the_gpu_offline(broker, receive, alice):
         gpu.refresh_from_db()
         assert gpu.state == GpuState.RESETTING
         assert resets.finish_reset("dgx-01", gpu.uuid, None, event_id)
-        gpu.refresh_from_db()
-        assert gpu.state == GpuState.AVAILABLE
+        back_after_probation(gpu)
         assert HealthEvent.objects.get(pk=event_id).outcome[-1] == "reset of GPU 2 of dgx-01 done"
     assert broker.named("health.reset_gpu") == [
         ((2, gpu.uuid, event_id - 1), "node.dgx-01"),
@@ -225,6 +224,67 @@ def test_three_resets_in_a_day_take_the_gpu_offline(broker, receive, alice):
     assert outcome[1].startswith("escalated: firing 3 on this GPU within 86400 s")
 
 
+def back_after_probation(gpu: Gpu) -> None:
+    """The reset ``gpu`` stays fenced until its probation (300 s) passed, then returns."""
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.DEGRADED
+    now = timezone.now()
+    assert list(quarantine.review(now).changed) == [QuarantineState.PROBATION]
+    assert list(quarantine.review(now + timedelta(seconds=301)).changed) == [
+        QuarantineState.RETURNED
+    ]
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("kind", "xid"),
+    [(EventKind.XID, 48), (EventKind.XID, 95), (EventKind.ECC_UNCORRECTED, None)],
+)
+def test_uncorrectable_memory_errors_wait_for_a_reset_before_probation(broker, receive, kind, xid):
+    """Row remapping and page retirement take effect at a reset: without one (real hardware,
+    resets off) the GPU stays fenced past any probation; a reset that succeeds starts it."""
+    node = add_sim_node("dgx-01")
+    Node.objects.filter(pk=node.pk).update(nvml_backend="real")
+    gpu = Gpu.objects.get(node=node, index=0)
+    receive("dgx-01", report(gpu, kind, key="1", xid=xid, count=2))
+    held = Quarantine.objects.get(gpu=gpu, closed_at=None)
+    assert held.reset_required and held.reset_at is None
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.DEGRADED
+    what = f"XID {xid} needs" if xid else "Uncorrectable ECC errors:"
+    assert quarantine.waiting_for(Quarantine.objects.get(pk=held.pk)).startswith(
+        f"waits for a GPU reset before probation: {what}"
+    )
+    # On a node whose agent may reset it (simulated), the policy resets it.
+    Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
+    other = Gpu.objects.get(node=node, index=1)
+    [event_id] = receive("dgx-01", report(other, kind, key="2", xid=xid, count=2))
+    other.refresh_from_db()
+    assert other.state == GpuState.RESETTING
+    assert broker.named("health.reset_gpu") == [((1, other.uuid, event_id), "node.dgx-01")]
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}
+    assert resets.finish_reset("dgx-01", other.uuid, None, event_id)
+    assert Quarantine.objects.get(gpu=other).reset_at is not None
+    back_after_probation(other)
+
+
+def test_no_reset_while_the_circuit_breaker_is_open(broker, receive):
+    """A reset takes a GPU out of service like a fence: none while automatic fencing is off."""
+    node = add_sim_node("dgx-01")
+    Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
+    BreakerTrip.objects.create(falling=9, fleet=10)
+    gpu = Gpu.objects.get(node=node, index=0)
+    [event_id] = receive("dgx-01", report(gpu, xid=48))
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+    assert broker.named("health.reset_gpu") == []
+    assert HealthEvent.objects.get(pk=event_id).outcome[-1] == (
+        "GPU 0 not reset: the circuit breaker is open"
+    )
+
+
 def test_a_failed_reset_leaves_the_gpu_degraded(broker, receive):
     node = add_sim_node("dgx-01")
     Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
@@ -234,6 +294,7 @@ def test_a_failed_reset_leaves_the_gpu_degraded(broker, receive):
     gpu.refresh_from_db()
     assert gpu.state == GpuState.DEGRADED
     assert gpu.state_reason.endswith("failed: processes still run on it (pids 7)")
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}  # a person's
 
 
 def test_no_reset_of_real_hardware_by_default(broker, receive, settings):
