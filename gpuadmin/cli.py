@@ -442,6 +442,8 @@ def _isolate_demo_jobs(nodes: list[str]) -> bool:
     an account of their own run as; otherwise this process's own, like the agents. False when
     that account cannot be made."""
     protect_data_dir(data_dir_from_env(), nodes)
+    if not nodes:  # --no-agents: no demo jobs (agents started by hand run theirs as set up)
+        return True
     if (uid := os.geteuid()) != 0:
         me = str(uid)
         with suppress(KeyError):  # a uid without a passwd entry (a container's arbitrary user)
@@ -452,7 +454,8 @@ def _isolate_demo_jobs(nodes: list[str]) -> bool:
             "root to give jobs an account of their own)"
         )
         return True
-    name = os.environ.setdefault("GPUADMIN_DEFAULT_UNIX_ACCOUNT", JOB_ACCOUNT)
+    name = os.environ.get("GPUADMIN_DEFAULT_UNIX_ACCOUNT") or JOB_ACCOUNT
+    os.environ["GPUADMIN_DEFAULT_UNIX_ACCOUNT"] = name
     try:
         account = ensure_account(name)
     except AccountError as exc:
