@@ -202,7 +202,8 @@ def send_unsent() -> bool:
     sample first: the executor reports a job finished only once its processes are gone, and
     the placement pass that the release wakes must not see them in an older sample (it would
     take the GPUs for busy and wait for the next wake). A burst of ends costs one message,
-    one sample and one transaction centrally."""
+    one sample and one transaction centrally. A message names the ends of the jobs that
+    ``stop_jobs`` stopped among its events (its second argument)."""
     with _sending:
         while True:
             with _unsent_lock:
