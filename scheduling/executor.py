@@ -442,6 +442,7 @@ class _Job:
     proc: subprocess.Popen[bytes] | None  # None when adopted: not our child
     runtime: str | None = None  # the container runtime it runs in; None: on the host
     cancel_requested: bool = False
+    cancel_message: str = "canceled"  # its JobFinished's message when canceled
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
     stop_signal: signal.Signals = signal.SIGTERM
     stop_grace_s: float | None = None
@@ -656,17 +657,18 @@ class Executor:
                 self._release_mps(spec)
         return events
 
-    def shutdown(self, *, kill: bool) -> None:
-        """Stop the executor. ``kill``: cancel every job and wait for their JobFinished.
-        Otherwise leave them running, recorded for the next agent's :meth:`reconcile`."""
+    def shutdown(self, *, kill: bool, message: str = "canceled") -> None:
+        """Stop the executor. ``kill``: cancel every job and wait for their JobFinished
+        (CANCELED with ``message``, unless a job ended first). Otherwise leave them running,
+        recorded for the next agent's :meth:`reconcile`."""
         with self._lock:
             self._closed = True
             jobs = list(self._jobs.values())
         if not kill:
             self._detached = True
         for job in jobs:
-            if kill:
-                job.cancel_requested = True
+            if kill and not job.cancel_requested:  # one canceled before keeps its cancel
+                job.cancel_requested, job.cancel_message = True, message
             job.wake.set()
         for job in jobs:
             assert job.thread is not None
@@ -856,6 +858,8 @@ class Executor:
             del self._jobs[job.spec.job_id]
             self._release_mps(job.spec)
         state, message = _final_state(job.spec, stop_reason, exit_code)
+        if state is FinalState.CANCELED:
+            message = job.cancel_message
         self._emit(JobFinished(job.spec.job_id, state, exit_code, _now(), message))
 
     def _record_path(self, job_id: str) -> Path:
