@@ -346,11 +346,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"refusal_on_one_line": {"()": "gpuadmin.logs.RefusalOnOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "gpuadmin": {"level": LOG_LEVEL},
         "django": {"level": "INFO"},
+        # A page's 403: one line (who, what, why), not a traceback.
+        "django.request": {"filters": ["refusal_on_one_line"]},
         # Celery's line per task received and succeeded, and beat's per task sent, would log
         # every heartbeat and backstop pass; failures still show. The tasks' own code logs the
         # state changes (jobs' transitions, scans that changed the catalog).
