@@ -105,6 +105,12 @@ GPUADMIN_JOBS_AS_OWNER = env_choice("GPUADMIN_JOBS_AS_OWNER", ("auto", "off"), "
 GPUADMIN_CONTAINER_RUNTIME = env_choice(
     "GPUADMIN_CONTAINER_RUNTIME", ("auto", "docker", "podman", "apptainer", "none"), "auto"
 )
+# Who reads a job's private data (its log, environment values and command line) besides its
+# owner and admins (Slurm's PrivateData=jobs): "owner" (nobody else), "operators", "everyone"
+# (everyone signed in, viewers included).
+GPUADMIN_PRIVATE_DATA = env_choice(
+    "GPUADMIN_PRIVATE_DATA", ("owner", "operators", "everyone"), "owner"
+)
 # Longest a process trusts a resolved API token without looking again (0: never cache);
 # changes to tokens, users and roles invalidate the caches at once through Redis.
 GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)
