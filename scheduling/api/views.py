@@ -356,11 +356,15 @@ class GpuAllocateView(APIView):
         responses={
             201: s.JobSerializer,
             404: OpenApiResponse(ErrorSerializer, "No such job."),
-            409: OpenApiResponse(ErrorSerializer, "Not queued, or a GPU is taken."),
+            409: OpenApiResponse(
+                ErrorSerializer, "Not queued, or the GPU, MIG device or MPS capacity is taken."
+            ),
         },
     )
     def post(self, request: Request) -> Response:
-        """Give GPUs to a queued job by hand (operators); it is sent to its nodes."""
+        """Give GPUs, a MIG device or an MPS share to a queued job by hand (operators), as the
+        loop would; it is sent to its nodes. What does not fit its request is a 400 naming
+        ``gpu_uuids``."""
         data = valid(s.GpuAllocateSerializer, request.data)
         job = visible_job(request, data["job_id"])
         with domain_errors():
