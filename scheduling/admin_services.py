@@ -195,17 +195,15 @@ def allocate_by_hand(job: Job, gpu_uuids: list[str], *, actor: User) -> list[All
         raise services.AllocationRefused(
             f"job {job.pk} is {job.state}: only a queued job can be given GPUs"
         )
-    share.check_free(job)
+    if share.taken:
+        raise services.AllocationRefused(share.taken)
     gpus = share.gpus
-    nodes: dict[str, list[int]] = {}
-    for gpu in sorted(gpus, key=lambda g: (g.node.hostname, g.index)):
-        nodes.setdefault(gpu.node.hostname, []).append(gpu.index)
-    placement = {
+    why = {
         "topology_class": "manual",
         "numa_nodes": sorted({gpu.numa_node for gpu in gpus if gpu.numa_node is not None}),
         "score": [],
         "explanation": f"allocated by hand by {actor.get_username()}: {share.what(job)}",
-        "nodes": nodes,
+        "nodes": share.by_node(),
     }
     try:
         with transaction.atomic():
@@ -213,7 +211,7 @@ def allocate_by_hand(job: Job, gpu_uuids: list[str], *, actor: User) -> list[All
                 job,
                 [gpu.pk for gpu in gpus],
                 actor=actor,
-                placement=placement,
+                placement=why,
                 manual=True,
                 mig_instance=share.device.id if share.device else None,
                 mps_percent=job.mps_percent,
@@ -240,49 +238,33 @@ def allocate_by_hand(job: Job, gpu_uuids: list[str], *, actor: User) -> list[All
 @dataclass(frozen=True)
 class _Share:
     """What a manual allocation gives: whole GPUs, or the MIG device ``device`` of its one
-    GPU, or (the job asking one) an MPS share of its one GPU."""
+    GPU, or (the job asking one) an MPS share of its one GPU; ``taken``: why not now, when
+    the device or the GPU's MPS capacity is taken (whole GPUs taken are the commit's to find,
+    by its unique index)."""
 
     gpus: list[Gpu]
     device: placement.MigSlot | None = None
-    mps_use: tuple[int, int, tuple[int, ...]] | None = None  # sharing.mps_use of the GPU
+    taken: str = ""
+
+    def by_node(self) -> dict[str, list[int]]:
+        """The GPUs' indexes by hostname, in order (``Job.placement``'s ``nodes``)."""
+        nodes: dict[str, list[int]] = {}
+        for gpu in sorted(self.gpus, key=lambda g: (g.node.hostname, g.index)):
+            nodes.setdefault(gpu.node.hostname, []).append(gpu.index)
+        return nodes
 
     def what(self, job: Job) -> str:
         """``GPUs 2, 3 on dgx-01``, ``MIG device 3g.20gb (MIG-...) of GPU 0 on dgx-01``,
         ``an MPS share of 30 % of GPU 2 on dgx-01``."""
-        if self.device is not None:
+        if self.device is not None or job.mps_percent is not None:
             [gpu] = self.gpus
-            return (
-                f"MIG device {self.device.profile} ({self.device.uuid}) of GPU {gpu.index} "
-                f"on {gpu.node.hostname}"
-            )
-        if self.mps_use is not None:
-            [gpu] = self.gpus
-            return f"{_asks(job)} of GPU {gpu.index} on {gpu.node.hostname}"
-        nodes: dict[str, list[str]] = {}
-        for gpu in sorted(self.gpus, key=lambda g: (g.node.hostname, g.index)):
-            nodes.setdefault(gpu.node.hostname, []).append(str(gpu.index))
-        return "; ".join(f"GPUs {', '.join(idx)} on {host}" for host, idx in nodes.items())
-
-    def check_free(self, job: Job) -> None:
-        """``AllocationRefused`` when the MIG device is taken, or the MPS share does not fit
-        what the GPU's shares leave (the loop's rule, ``placement.mps_fits``); whole GPUs
-        are checked by the commit's unique index."""
-        if self.device is not None and self.device.allocated_to is not None:
-            raise services.AllocationRefused(
-                f"MIG device {self.device.uuid} is allocated to job {self.device.allocated_to}"
-            )
-        if self.mps_use is not None and job.mps_percent is not None:
-            [gpu] = self.gpus
-            percent, memory_mib, holders = self.mps_use
-            free = placement.MpsState(gpu.name, 100 - percent, gpu.memory_total_mib - memory_mib)
-            ask = (job.mps_percent, job.mps_memory_mib or 0, None, NO_ASK)
-            if not placement.mps_fits(free, ask):
-                held = ", ".join(map(str, holders))
-                raise services.AllocationRefused(
-                    f"GPU {gpu.uuid} has {free.free_percent} % of its SMs and "
-                    f"{free.free_memory_mib} MiB free for MPS shares (jobs {held} hold the "
-                    f"rest); job {job.pk} asks for {_asks(job)}"
-                )
+            where = f"GPU {gpu.index} on {gpu.node.hostname}"
+            if self.device is None:
+                return f"{_asks(job)} of {where}"
+            return f"MIG device {self.device.profile} ({self.device.uuid}) of {where}"
+        return "; ".join(
+            f"GPUs {', '.join(map(str, idx))} on {host}" for host, idx in self.by_node().items()
+        )
 
 
 def _asks(job: Job) -> str:
@@ -344,16 +326,9 @@ def _share_for(job: Job, gpu_uuids: list[str]) -> _Share:
                 f"GPU {gpu.uuid} {_GIVES[_shared_as(gpu)]}; job {job.pk} asks for {_asks(job)}",
             )
     if wanted == AllocationKind.MIG:
-        return _Share(gpus, device=_mig_device(job, gpus[0], devices[0] if devices else None))
+        return _mig_device(job, gpus[0], devices[0] if devices else None)
     if wanted == AllocationKind.MPS:
-        [gpu] = gpus
-        if (job.mps_memory_mib or 0) > gpu.memory_total_mib:
-            raise AllocationInvalid(
-                "gpu_uuids",
-                f"GPU {gpu.uuid} has {gpu.memory_total_mib} MiB; job {job.pk} asks for "
-                f"{_asks(job)}",
-            )
-        return _Share(gpus, mps_use=sharing.mps_use([gpu.pk]).get(gpu.pk, (0, 0, ())))
+        return _mps_share(job, gpus[0])
     return _Share(gpus)
 
 
@@ -380,11 +355,10 @@ def _check_shape(job: Job, gpus: list[Gpu]) -> None:
             )
 
 
-def _mig_device(job: Job, gpu: Gpu, named: MigInstance | None) -> placement.MigSlot:
+def _mig_device(job: Job, gpu: Gpu, named: MigInstance | None) -> _Share:
     """The MIG device of ``gpu`` a MIG job gets: the one named, else the free device of its
-    profile with the lowest placement start (the loop's choice on one GPU), else a taken one
-    (refused as taken once the job's state is checked). Devices as the loop sees them
-    (``sharing.mig_slots``: a compute instance filling its GPU instance)."""
+    profile with the lowest placement start (the loop's choice on one GPU). Devices as the
+    loop sees them (``sharing.mig_slots``: a compute instance filling its GPU instance)."""
     slots = sharing.mig_slots([gpu.pk]).get(gpu.pk, ())
     if named is not None:
         slot = next((slot for slot in slots if slot.id == named.pk), None)
@@ -399,7 +373,9 @@ def _mig_device(job: Job, gpu: Gpu, named: MigInstance | None) -> placement.MigS
                 "gpu_uuids",
                 f"MIG device {slot.uuid} is a {slot.profile}; job {job.pk} asks for {_asks(job)}",
             )
-        return slot
+        held = slot.allocated_to
+        taken = "" if held is None else f"MIG device {slot.uuid} is allocated to job {held}"
+        return _Share([gpu], slot, taken)
     mine = [slot for slot in slots if slot.profile == job.mig_profile]
     if not mine:
         has = ", ".join(slot.profile for slot in slots) or "none"
@@ -408,7 +384,35 @@ def _mig_device(job: Job, gpu: Gpu, named: MigInstance | None) -> placement.MigS
             f"GPU {gpu.uuid} has no {job.mig_profile} MIG device (its devices: {has}); "
             f"job {job.pk} asks for {_asks(job)}",
         )
-    return next((slot for slot in mine if slot.allocated_to is None), mine[0])
+    free = next((slot for slot in mine if slot.allocated_to is None), None)
+    if free is None:
+        holders = ", ".join(str(slot.allocated_to) for slot in mine)
+        taken = (
+            f"every {job.mig_profile} MIG device of GPU {gpu.uuid} is allocated (to jobs {holders})"
+        )
+        return _Share([gpu], mine[0], taken)
+    return _Share([gpu], free)
+
+
+def _mps_share(job: Job, gpu: Gpu) -> _Share:
+    """An MPS job's share of ``gpu``: taken when the GPU's shares leave less than it asks
+    for (the loop's rule, ``placement.mps_fits``)."""
+    memory_mib = job.mps_memory_mib or 0
+    if memory_mib > gpu.memory_total_mib:
+        raise AllocationInvalid(
+            "gpu_uuids",
+            f"GPU {gpu.uuid} has {gpu.memory_total_mib} MiB; job {job.pk} asks for {_asks(job)}",
+        )
+    percent, used_mib, holders = sharing.mps_use([gpu.pk]).get(gpu.pk, (0, 0, ()))
+    free = placement.MpsState(gpu.name, 100 - percent, gpu.memory_total_mib - used_mib)
+    if placement.mps_fits(free, (job.mps_percent or 0, memory_mib, None, NO_ASK)):
+        return _Share([gpu])
+    return _Share(
+        [gpu],
+        taken=f"GPU {gpu.uuid} has {free.free_percent} % of its SMs and {free.free_memory_mib} "
+        f"MiB free for MPS shares (jobs {', '.join(map(str, holders))} hold the rest); job "
+        f"{job.pk} asks for {_asks(job)}",
+    )
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,10 @@ def test_a_mig_job_gets_a_free_device_of_its_profile_on_the_gpu_named(operator, 
     third = submit(operator.user, mig_profile="2g.10gb")
     taken = allocate(operator, third, gpu)
     assert taken.status_code == 409
-    assert taken.json() == {"detail": f"MIG device {slots[0].uuid} is allocated to job {first.pk}"}
+    assert taken.json() == {
+        "detail": f"every 2g.10gb MIG device of GPU {gpu[0]} is allocated (to jobs {first.pk}, "
+        f"{second.pk})"
+    }
     named = allocate(operator, third, [slots[2].uuid])
     assert named.status_code == 409
     assert named.json() == {"detail": f"MIG device {slots[2].uuid} is allocated to job {second.pk}"}
