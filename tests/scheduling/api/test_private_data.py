@@ -27,7 +27,7 @@ READS = {
 
 
 @pytest.fixture
-def clients(api_as, make_user):
+def clients(api_as):
     """An API client per role; alice is the owner."""
     made = {"owner": api_as("alice")}
     for role in ROLES[1:]:
