@@ -266,7 +266,10 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         f"priority {job['priority']}",
         file=out,
     )
-    command = job["command"][0] if job["use_shell"] else shlex.join(job["command"])
+    if job["command"] is None:  # private to its owner (GPUADMIN_PRIVATE_DATA)
+        command = "(hidden)"
+    else:
+        command = job["command"][0] if job["use_shell"] else shlex.join(job["command"])
     facts = [
         ("command", command),
         ("needs", _needs(job)),

@@ -122,6 +122,12 @@ GPUADMIN_DEFAULT_UNIX_ACCOUNT = env_unix_user("GPUADMIN_DEFAULT_UNIX_ACCOUNT")
 GPUADMIN_CONTAINER_RUNTIME = env_choice(
     "GPUADMIN_CONTAINER_RUNTIME", ("auto", "docker", "podman", "apptainer", "none"), "auto"
 )
+# Who reads a job's private data (its log, environment values and command line) besides its
+# owner and admins (Slurm's PrivateData=jobs): "owner" (nobody else), "operators", "everyone"
+# (everyone signed in, viewers included).
+GPUADMIN_PRIVATE_DATA = env_choice(
+    "GPUADMIN_PRIVATE_DATA", ("owner", "operators", "everyone"), "owner"
+)
 # Longest a process trusts a resolved API token without looking again (0: never cache);
 # changes to tokens, users and roles invalidate the caches at once through Redis.
 GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)
@@ -366,11 +372,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"refusal_on_one_line": {"()": "gpuadmin.logs.RefusalOnOneLine"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "gpuadmin": {"level": LOG_LEVEL},
         "django": {"level": "INFO"},
+        # A page's 403: one line (who, what, why), not a traceback.
+        "django.request": {"filters": ["refusal_on_one_line"]},
         # Celery's line per task received and succeeded, and beat's per task sent, would log
         # every heartbeat and backstop pass; failures still show. The tasks' own code logs the
         # state changes (jobs' transitions, scans that changed the catalog).

@@ -19,7 +19,7 @@ from django.db.models import F, Prefetch, Q, QuerySet
 from django.urls import reverse
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import can_act_on, role_of
+from gpuadmin.access.services import can_act_on, can_read_private, private_to, role_of
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, GpuLink, Node
 from inventory.occupancy import Occupant
@@ -448,6 +448,7 @@ class JobPage(JobView):
     can_cancel: bool = False
     can_release: bool = False  # held (pending): the owner, operators and admins let it in
     can_cancel_array: bool = False  # an array's tasks share its owner: the job's rule
+    private_to: str = ""  # who reads its command and log, when the viewer may not; else ""
     allocations: list[Allocation] = dataclasses.field(default_factory=list)
     timeline: list[TimelineEntry] = dataclasses.field(default_factory=list)
     topologies: list[NodeTopology] = dataclasses.field(default_factory=list)
@@ -519,6 +520,7 @@ def job_page(job: Job, user: User) -> JobPage:
         can_cancel=not job.is_terminal and can_act_on(user, job),
         can_release=job.state == JobState.PENDING and can_act_on(user, job),
         can_cancel_array=job.array_id is not None and can_act_on(user, job),
+        private_to="" if can_read_private(user, job) else private_to(),
         allocations=allocations,
         timeline=timeline(job, allocations),
         topologies=node_topologies(job, allocations),

@@ -1365,7 +1365,7 @@ def reservation_windows(
     )
 
 
-_KIND_WORDS = {
+KIND_WORDS = {
     AllocationKind.GPU: "whole GPUs",
     AllocationKind.MIG: "a MIG device",
     AllocationKind.MPS: "an MPS share",
@@ -1399,7 +1399,7 @@ def _refusal(
     if missing:
         return f"no GPU with id {', '.join(map(str, missing))}"
     if grant.kind != job.allocation_kind:
-        wanted, given = _KIND_WORDS[job.allocation_kind], _KIND_WORDS[grant.kind]
+        wanted, given = KIND_WORDS[job.allocation_kind], KIND_WORDS[grant.kind]
         return f"job {job.pk} asks for {wanted}, not {given}"
     elsewhere = [
         gpus[gpu_id].uuid
@@ -1496,11 +1496,22 @@ def allocate(
     actor_name: str | None = None,
     placement: dict[str, Any] | None = None,
     manual: bool = False,
+    mig_instance: int | None = None,
+    mps_percent: int | None = None,
+    mps_memory_mib: int | None = None,
 ) -> list[Allocation]:
-    """Give the whole GPUs ``gpu_ids`` to a QUEUED job and make it SCHEDULED, all or nothing
-    (``allocate_many`` of one grant); the allocations, with their GPU and node loaded, and
-    ``job`` updated. Raises ``AllocationRefused`` and writes nothing."""
-    grant = Grant(job.pk, tuple(sorted(set(gpu_ids))), placement)
+    """Give the GPUs ``gpu_ids`` to a QUEUED job and make it SCHEDULED, all or nothing
+    (``allocate_many`` of one grant): whole, or the MIG device ``mig_instance`` of its one GPU,
+    or an MPS share of it (``mps_percent``). The allocations, with their GPU and node loaded,
+    and ``job`` updated. Raises ``AllocationRefused`` and writes nothing."""
+    grant = Grant(
+        job.pk,
+        tuple(sorted(set(gpu_ids))),
+        placement,
+        mig_instance=mig_instance,
+        mps_percent=mps_percent,
+        mps_memory_mib=mps_memory_mib,
+    )
     outcome = allocate_many([grant], actor=actor, actor_name=actor_name, manual=manual)
     if outcome.refused:
         raise AllocationRefused(outcome.refused[job.pk])

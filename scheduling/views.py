@@ -3,10 +3,11 @@ matrix, allocations, log tail), the submit form and the cancel actions (a job, a
 
 The queue lists everyone's jobs (like ``squeue``: no commands, no environments); a job's own
 page follows the API's rule (``queries.visible_jobs``: users read their own jobs, viewers,
-operators and admins every job). Submitting needs the user role, cancelling
-``gpuadmin.access.services.can_act_on``. Live regions are ``{% partialdef %}`` blocks the
-same view renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab
-is visible.
+operators and admins every job), its command and log only for those
+``gpuadmin.access.services.can_read_private`` lets read them. Submitting needs the user
+role, cancelling ``gpuadmin.access.services.can_act_on``. Live regions are
+``{% partialdef %}`` blocks the same view renders alone for HTMX requests (not boosted ones),
+polled every 2 s while the tab is visible.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseClientRefresh
 
 from gpuadmin import throttling
-from gpuadmin.access.permissions import signed_in
+from gpuadmin.access.permissions import check_can_read_private, signed_in
 from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from scheduling import pages, queries, services
@@ -82,8 +83,11 @@ def job_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_GET
 def job_log(request: HttpRequest, pk: int) -> HttpResponse:
-    """The log tail partial (``?node=`` for another node of a multi-node job)."""
-    tail = pages.log_tail(_job(request, pk), request.GET.get("node", ""))
+    """The log tail partial (``?node=`` for another node of a multi-node job); 403 to those
+    it is private from."""
+    job = _job(request, pk)
+    check_can_read_private(request, job, f"log of job {job.pk}")
+    tail = pages.log_tail(job, request.GET.get("node", ""))
     return render(request, "scheduling/job_detail.html#job-log", {"tail": tail})
 
 

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import at_least, role_of
+from gpuadmin.access.services import Owned, at_least, can_read_private, private_to, role_of
 
 
 class RolePermission(permissions.BasePermission):
@@ -63,6 +63,13 @@ def signed_in_reader(request: HttpRequest | None) -> bool:
     """Whom ``role_required(Role.VIEWER)`` lets in: anyone signed in. A section that a page
     open to everyone (a GPU's, a node's) borrows from a signed-in page shows to them only."""
     return request is not None and request.user.is_authenticated
+
+
+def check_can_read_private(request: HttpRequest | Request, owned: Owned, what: str) -> None:
+    """A 403 (page or API) unless the requester reads what ``owned`` keeps private
+    (``can_read_private``); ``what`` names it in the refusal (``log of job 12``)."""
+    if not can_read_private(request.user, owned):
+        raise PermissionDenied(f"The {what} is private to {private_to()}.")
 
 
 PageView = Callable[..., HttpResponse]

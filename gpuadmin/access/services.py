@@ -55,6 +55,29 @@ def can_act_on(user: User | AnonymousUser, owned: Owned) -> bool:
     return can_submit(user) and owned.owner_id == user.pk
 
 
+def can_read_private(user: User | AnonymousUser, owned: Owned) -> bool:
+    """Whether ``user`` reads what a job keeps private (its log, environment values and
+    command line): its owner and admins, and whom ``GPUADMIN_PRIVATE_DATA`` adds (operators,
+    or everyone signed in), as Slurm's PrivateData=jobs."""
+    if not user.is_authenticated:
+        return False
+    if owned.owner_id == user.pk:
+        return True
+    readers = settings.GPUADMIN_PRIVATE_DATA
+    if readers == "everyone":
+        return True
+    return at_least(user, Role.OPERATOR if readers == "operators" else Role.ADMIN)
+
+
+def private_to() -> str:
+    """Who reads a job's private data, in words (``can_read_private``'s rule)."""
+    return {
+        "owner": "its owner and admins",
+        "operators": "its owner, operators and admins",
+        "everyone": "everyone signed in",
+    }[settings.GPUADMIN_PRIVATE_DATA]
+
+
 def create_token(user: User, name: str, *, actor_name: str = "") -> tuple[ApiToken, str]:
     """A new token for ``user``; the key is returned once and only its hash is kept. The audit
     row names ``user`` as who acted, or ``actor_name`` (the CLI) when given."""

@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from gpuadmin import api
 from gpuadmin.access.models import ApiToken
-from gpuadmin.access.services import can_act_on
+from gpuadmin.access.services import can_read_private
 from scheduling import dependencies, queries, services
 from scheduling.models import (
     Allocation,
@@ -293,12 +293,13 @@ class DependencySerializer(api.ModelSerializer):
 class JobSerializer(api.ModelSerializer):
     """A job with where it stands: for a waiting job why (``pending_code``/``pending_reason``),
     its queue position, estimated start and what-if; for a placed one, ``placement`` and its
-    GPUs (``allocations``, every attempt). ``env`` values are hidden from people who cannot
-    act on the job (viewers). ``array`` and ``array_index``: the job array it is a task of;
-    ``dependencies``: the jobs it waits for (Slurm's ``--dependency``)."""
+    GPUs (``allocations``, every attempt). What the job keeps private (``command``, ``env``
+    values) is shown to those ``can_read_private`` lets read it: to others ``command`` is null
+    and each ``env`` value ``(hidden)``. ``array`` and ``array_index``: the job array it is a
+    task of; ``dependencies``: the jobs it waits for (Slurm's ``--dependency``)."""
 
     owner = serializers.CharField(source="owner.get_username", read_only=True)
-    command = CommandField(read_only=True)
+    command = serializers.SerializerMethodField()
     env = serializers.SerializerMethodField()
     placement = PlacementSerializer(read_only=True, allow_null=True)
     allocations = AllocationSerializer(many=True, read_only=True)
@@ -360,11 +361,23 @@ class JobSerializer(api.ModelSerializer):
         ]
         read_only_fields = fields
 
+    def _private(self, job: Job) -> bool:
+        return not can_read_private(self.context["request"].user, job)
+
+    @extend_schema_field(
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "nullable": True,
+            "description": "argv; null when private to the job's owner (GPUADMIN_PRIVATE_DATA)",
+        }
+    )
+    def get_command(self, job: Job) -> list[str] | None:
+        return None if self._private(job) else job.command
+
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
     def get_env(self, job: Job) -> dict[str, str]:
-        if can_act_on(self.context["request"].user, job):
-            return job.env
-        return dict.fromkeys(job.env, HIDDEN)
+        return dict.fromkeys(job.env, HIDDEN) if self._private(job) else job.env
 
 
 class SubmittedJobSerializer(api.SharedFieldsSerializer):

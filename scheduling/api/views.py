@@ -31,6 +31,7 @@ from gpuadmin.access.permissions import (
     CanSubmit,
     IsAdminOrReadOnly,
     IsOperatorOrReadOnly,
+    check_can_read_private,
     signed_in,
 )
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
@@ -193,6 +194,7 @@ class JobViewSet(
         parameters=[s.LogParamsSerializer],
         responses={
             200: s.JobLogSerializer,
+            403: OpenApiResponse(ErrorSerializer, "The log is private to the job's owner."),
             404: OpenApiResponse(ErrorSerializer, "No such job, or it never ran."),
             503: OpenApiResponse(ErrorSerializer, "The node's agent did not answer."),
         },
@@ -200,8 +202,9 @@ class JobViewSet(
     @action(detail=True, methods=["get"], filter_backends=[], pagination_class=None)
     def log(self, request: Request, pk: str) -> Response:
         """The last ``tail`` lines of the job's latest attempt, read through its node's agent."""
-        params = valid(s.LogParamsSerializer, request.query_params)
         job = self.get_object()
+        check_can_read_private(request, job, f"log of job {job.pk}")
+        params = valid(s.LogParamsSerializer, request.query_params)
         with domain_errors():
             log = queries.job_log(job, lines=params["tail"], hostname=params.get("node"))
         return Response(s.JobLogSerializer(log).data)
@@ -353,11 +356,15 @@ class GpuAllocateView(APIView):
         responses={
             201: s.JobSerializer,
             404: OpenApiResponse(ErrorSerializer, "No such job."),
-            409: OpenApiResponse(ErrorSerializer, "Not queued, or a GPU is taken."),
+            409: OpenApiResponse(
+                ErrorSerializer, "Not queued, or the GPU, MIG device or MPS capacity is taken."
+            ),
         },
     )
     def post(self, request: Request) -> Response:
-        """Give GPUs to a queued job by hand (operators); it is sent to its nodes."""
+        """Give GPUs, a MIG device or an MPS share to a queued job by hand (operators), as the
+        loop would; it is sent to its nodes. What does not fit its request is a 400 naming
+        ``gpu_uuids``."""
         data = valid(s.GpuAllocateSerializer, request.data)
         job = visible_job(request, data["job_id"])
         with domain_errors():

@@ -105,6 +105,7 @@ from scheduling.placement.policies import (
     policy_for,
 )
 from scheduling.placement.predict import Completed, History
+from scheduling.placement.sharing import MpsState, mps_fits
 from scheduling.placement.snapshot import (
     GpuSlot,
     JobRequest,
@@ -134,6 +135,7 @@ __all__ = [
     "Las",
     "MigCreate",
     "MigSlot",
+    "MpsState",
     "NodeInfo",
     "NodeState",
     "PassResult",
@@ -156,6 +158,7 @@ __all__ = [
     "TopologyClass",
     "TopologyRequirement",
     "fairshare_factor",
+    "mps_fits",
     "plan",
     "policy_for",
 ]

@@ -917,7 +917,7 @@ class SharingPass:
         ask = kind[3]
         if free is not None and not fits_free(free, ask):
             return None
-        fitting = [i for i, gpu in enumerate(states) if i not in closed and _mps_fits(gpu, kind)]
+        fitting = [i for i, gpu in enumerate(states) if i not in closed and mps_fits(gpu, kind)]
         if not fitting:
             return None
         later, shift = free, 0.0
@@ -996,9 +996,9 @@ class SharingPass:
         if too_large is not None:
             return too_large
         usable, held = self._open_and_held(usable, job)
-        if not usable or any(_mps_fits(mps.state(), kind) for mps in held):
+        if not usable or any(mps_fits(mps.state(), kind) for mps in held):
             return Reason.RESERVATION, f"needs {share}; {_held(job)}", None, None
-        short = self._host_short(share, [m for m in usable if _mps_fits(m.state(), kind)], ask)
+        short = self._host_short(share, [m for m in usable if mps_fits(m.state(), kind)], ask)
         if short is not None:
             return short
         roomy = [mps for mps in usable if mps.free_memory_mib >= memory_mib]
@@ -1185,8 +1185,9 @@ def _mig_fragmentation(
     return total / table.compute_slices
 
 
-def _mps_fits(state: MpsState, kind: MpsKind) -> bool:
-    """Whether the GPU's free share holds `kind` (its node's host aside)."""
+def mps_fits(state: MpsState, kind: MpsKind) -> bool:
+    """Whether the GPU's free share holds `kind` (its node's host aside): the pass's rule, and
+    manual allocation's (`scheduling.admin_services`)."""
     percent, memory_mib, model, _ = kind
     return (
         percent <= state.free_percent
@@ -1201,7 +1202,7 @@ def _mps_fragmentation(state: MpsState, workload: MpsWorkload, host: HostFree = 
     above the free share)."""
     if state.free_percent <= 0:
         return 0.0
-    # _mps_fits and _host_holds inlined: this runs for every state a pass compares.
+    # mps_fits and _host_holds inlined: this runs for every state a pass compares.
     free_percent, free_memory, model = state.free_percent, state.free_memory_mib, state.model
     cpus, memory = (None, None) if host is None else host
     blocked = 0.0

@@ -60,6 +60,8 @@ OPERATORS = by_role(401, 403, 403, 200, 200)
 ADMINS = by_role(401, 403, 403, 403, 200)
 # A job (or its allocation) anyone signed in reads but a user only their own.
 SEE_JOB = by_role(401, (200, 200), (200, 404), (200, 200), (200, 200))
+# What a job keeps private (its log): its owner and admins (GPUADMIN_PRIVATE_DATA's default).
+READ_PRIVATE = by_role(401, (200, 403), (200, 404), (200, 403), (200, 200))
 # Acting on a job: its owner (not a viewer), operators and admins; a user does not see others'.
 ACT_ON_JOB = by_role(401, (403, 403), (200, 404), (200, 200), (200, 200))
 # Acting on a reservation: as on a job, but everyone signed in sees everyone's reservations.
@@ -237,7 +239,7 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/^jobs/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
         "/api/v1/jobs/{job}/release/", ACT_ON_JOB
     ),
-    ("api/v1/^jobs/(?P<pk>[^/.]+)/log/$", "GET"): Entry("/api/v1/jobs/{placed}/log/", SEE_JOB),
+    ("api/v1/^jobs/(?P<pk>[^/.]+)/log/$", "GET"): Entry("/api/v1/jobs/{placed}/log/", READ_PRIVATE),
     # Job arrays: as their tasks
     ("api/v1/^arrays/$", "GET"): Entry("/api/v1/arrays/", API_READ),
     ("api/v1/^arrays/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/arrays/{array}/", SEE_JOB),
@@ -354,7 +356,9 @@ TABLE: dict[tuple[str, str], Entry] = {
         form=True,
     ),
     ("jobs/<int:pk>/", "GET"): Entry("/jobs/{job}/", {**SEE_JOB, "anonymous": LOGIN}),
-    ("jobs/<int:pk>/log/", "GET"): Entry("/jobs/{placed}/log/", {**SEE_JOB, "anonymous": LOGIN}),
+    ("jobs/<int:pk>/log/", "GET"): Entry(
+        "/jobs/{placed}/log/", {**READ_PRIVATE, "anonymous": LOGIN}
+    ),
     ("jobs/<int:pk>/cancel/", "POST"): Entry(
         "/jobs/{job}/cancel/",
         by_role(LOGIN, (403, 403), (302, 404), (302, 302), (302, 302)),

@@ -86,3 +86,22 @@ def test_a_broker_outage_is_logged_once_and_its_end_once(monkeypatch, caplog):
     assert len(lines) == 2, lines
     assert "cannot reach the broker" in lines[0]
     assert lines[1] == "agent flaky-01: the broker answers again"
+
+
+@pytest.mark.django_db
+def test_a_refused_page_is_one_warning_line_without_a_traceback(client, django_user_model, caplog):
+    """A probe of 30 pages logged 30 tracebacks: a 403 is one line saying who was refused
+    what, and why."""
+    from gpuadmin.access.models import Membership, Role
+
+    viewer = django_user_model.objects.create_user("vic")
+    Membership.objects.create(user=viewer, role=Role.VIEWER)
+    client.force_login(viewer)
+    with caplog.at_level(logging.INFO):
+        response = client.get("/jobs/new/?x=1")
+    assert response.status_code == 403
+    [record] = [r for r in caplog.records if r.name == "django.request"]
+    assert record.levelname == "WARNING"
+    assert record.exc_info is None and not record.exc_text
+    assert record.getMessage() == ("Forbidden: GET /jobs/new/ by vic: Viewers cannot submit jobs.")
+    assert "Traceback" not in caplog.text

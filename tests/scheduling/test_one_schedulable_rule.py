@@ -125,8 +125,8 @@ def test_a_mig_gpu_is_never_handed_out_whole_nor_counted_free(operator, sim_node
 
     job, refused = allocate_by_hand(operator, [node.uuid(0)])
 
-    assert refused.status_code == 409
-    assert "MIG mode" in refused.json()["detail"]
+    assert refused.status_code == 400  # not what a whole-GPU job asks for
+    assert "is in MIG mode (only its MIG devices can be given)" in refused.json()["gpu_uuids"][0]
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     rows = status_rows(operator, node)

@@ -384,3 +384,27 @@ def test_following_a_job_that_has_not_run_says_why_nothing_shows(gpuadmin, fleet
     status, out, err = gpuadmin("jobs", "log", str(job.pk), "--follow")
     assert (status, out) == (0, "")
     assert err == f"job {job.pk} is pending: its log shows here once it runs\n"
+
+
+def test_a_viewer_is_shown_no_command_and_no_log_of_anothers_job(
+    gpuadmin, fleet, agent_broker, make_user, monkeypatch
+):
+    """GPUADMIN_PRIVATE_DATA's default, through the API: alice's job is hers."""
+    gpuadmin("jobs", "submit", "--", "train.py", "--password", "hunter2")
+    job = Job.objects.get()
+    admin_services.allocate_by_hand(job, [fleet[0].gpus.get(index=0).uuid], actor=job.owner)
+    job.refresh_from_db()
+    write_log(job, "ALICE-LOG-SECRET\n")
+    make_user("vic", "viewer")
+    key = gpuadmin("token", "create", "laptop", "--user", "vic")[1]
+    monkeypatch.setenv("GPUADMIN_TOKEN", key.strip())
+
+    status, out, _ = gpuadmin("jobs", "show", str(job.pk))
+    assert status == 0 and "  command:     (hidden)\n" in out and "hunter2" not in out
+    for follow in ((), ("--follow",)):
+        status, out, err = gpuadmin("jobs", "log", str(job.pk), *follow)
+        assert (status, out) == (1, "")
+        assert err == (
+            f"gpuadmin jobs log: HTTP 403: The log of job {job.pk} is private to its owner "
+            "and admins.\n"
+        )

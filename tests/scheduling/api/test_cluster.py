@@ -10,9 +10,11 @@ from django.utils import timezone
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
+from scheduling import services, sharing
 from scheduling.executor import JobSpec
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.api.conftest import events, submit
+from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
 
@@ -86,7 +88,7 @@ def test_a_gpu_is_never_given_twice_and_nothing_is_half_written(operator, fleet)
             "needs 1 GPUs on each of 1 node(s); got 1 on dgx-01, 1 on dgx-02",
         ),
         ({"gpu_count": 2}, [("dgx-01", 0), ("dgx-01", 0)], "named twice: "),
-        ({"gpu_count": 1}, [], "no present GPU has UUID GPU-nope"),
+        ({"gpu_count": 1}, [], "no present GPU or MIG device has UUID GPU-nope"),
     ],
 )
 def test_gpus_that_do_not_fit_the_request_are_a_400(operator, fleet, job_fields, gpus, message):
@@ -173,3 +175,181 @@ def test_release_of_a_job_without_gpus_is_a_conflict(operator, fleet):
     assert response.status_code == 409
     assert response.json() == {"detail": f"job {job.pk} holds no GPUs (it is queued)"}
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
+
+
+# ------------------------------------------------- MIG devices and MPS shares by hand
+
+
+@pytest.fixture
+def mig_node(fleet):
+    """A DGX A100 40GB: GPU 0 in MIG mode with 2g.10gb devices at 0 and 2 and a 3g.20gb at
+    4; GPU 2 not in MIG mode, shared through MPS; GPU 3 neither. dgx-01's GPU 7 (80 GB) is
+    MPS-shared too."""
+    node = add_sim_node("mig-01", "dgx-a100-40gb")
+    Gpu.objects.filter(node=node, index=2).update(mps_shared=True)
+    Gpu.objects.filter(node__hostname="dgx-01", index=7).update(mps_shared=True)
+    services.FleetShape.forget()
+    return node
+
+
+def device_of(job: Job) -> tuple[str, str, int, int | None]:
+    [row] = Allocation.objects.filter(job=job).select_related("mig_instance")
+    profile = row.mig_instance.profile_name if row.mig_instance else ""
+    return row.kind, profile, row.gpu.index, row.mps_percent
+
+
+def test_a_mig_job_gets_a_free_device_of_its_profile_on_the_gpu_named(operator, mig_node):
+    gpu = uuids("mig-01", 0)
+    first = submit(operator.user, mig_profile="2g.10gb")
+    response = allocate(operator, first, gpu)
+    assert response.status_code == 201, response.json()
+    slots = {
+        s.placement_start: s
+        for s in sharing.mig_slots([Gpu.objects.get(uuid=gpu[0]).pk])[
+            Gpu.objects.get(uuid=gpu[0]).pk
+        ]
+    }
+    assert device_of(first) == ("mig", "2g.10gb", 0, None)
+    assert Allocation.objects.get(job=first).device_uuid == slots[0].uuid  # lowest start
+    assert response.json()["placement"]["explanation"] == (
+        f"allocated by hand by olga: MIG device 2g.10gb ({slots[0].uuid}) of GPU 0 on mig-01"
+    )
+    second = submit(operator.user, mig_profile="2g.10gb")
+    assert allocate(operator, second, gpu).status_code == 201
+    assert Allocation.objects.get(job=second).device_uuid == slots[2].uuid
+
+    third = submit(operator.user, mig_profile="2g.10gb")
+    taken = allocate(operator, third, gpu)
+    assert taken.status_code == 409
+    assert taken.json() == {
+        "detail": f"every 2g.10gb MIG device of GPU {gpu[0]} is allocated (to jobs {first.pk}, "
+        f"{second.pk})"
+    }
+    named = allocate(operator, third, [slots[2].uuid])
+    assert named.status_code == 409
+    assert named.json() == {"detail": f"MIG device {slots[2].uuid} is allocated to job {second.pk}"}
+    assert not Allocation.objects.filter(job=third).exists()
+    assert events("scheduling.allocation") == ["allocation.created"] * 2
+
+
+def test_a_mig_job_gets_the_mig_device_named(
+    operator, mig_node, broker, django_capture_on_commit_callbacks
+):
+    gpu = Gpu.objects.get(node=mig_node, index=0)
+    device = gpu.mig_instances.get(profile_name="3g.20gb")
+    job = submit(operator.user, mig_profile="3g.20gb")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = allocate(operator, job, [device.uuid])
+    assert response.status_code == 201, response.json()
+    [(sent, queue)] = broker.job_specs()
+    assert (queue, list(JobSpec.from_dict(sent).gpu_uuids)) == ("node.mig-01", [device.uuid])
+    row = Allocation.objects.get(job=job)
+    assert (row.kind, row.mig_instance_id, row.device_uuid, row.manual) == (
+        "mig",
+        device.pk,
+        device.uuid,
+        True,
+    )
+    assert events(target_id=job.pk) == ["job.submitted", "job.scheduled"]
+
+
+def test_an_mps_job_gets_its_share_of_the_gpu_named_while_it_has_room(operator, mig_node):
+    gpu = uuids("mig-01", 2)
+    first = submit(operator.user, mps_percent=60, mps_memory_mib=8192)
+    response = allocate(operator, first, gpu)
+    assert response.status_code == 201, response.json()
+    assert device_of(first) == ("mps", "", 2, 60)
+    assert Allocation.objects.get(job=first).mps_memory_mib == 8192
+    assert response.json()["placement"]["explanation"] == (
+        "allocated by hand by olga: an MPS share of 60 % and 8192 MiB of GPU 2 on mig-01"
+    )
+    second = submit(operator.user, mps_percent=30)
+    assert allocate(operator, second, gpu).status_code == 201
+    assert device_of(second) == ("mps", "", 2, 30)
+
+    third = submit(operator.user, mps_percent=20)
+    full = allocate(operator, third, gpu)
+    assert full.status_code == 409
+    assert full.json() == {
+        "detail": f"GPU {gpu[0]} has 10 % of its SMs and 32768 MiB free for MPS shares (jobs "
+        f"{first.pk}, {second.pk} hold the rest); job {third.pk} asks for an MPS share of 20 %"
+    }
+    assert not Allocation.objects.filter(job=third).exists()
+
+
+@pytest.mark.parametrize(
+    ("job_fields", "index", "message"),
+    [
+        (
+            {"mig_profile": "2g.10gb"},
+            3,
+            "is neither in MIG mode nor shared through MPS; job {job} asks for a 2g.10gb MIG "
+            "device",
+        ),
+        (
+            {"mig_profile": "2g.10gb"},
+            2,
+            "is shared through MPS (only shares of it can be given); job {job} asks for a "
+            "2g.10gb MIG device",
+        ),
+        (
+            {"mig_profile": "1g.5gb"},
+            0,
+            "has no 1g.5gb MIG device (its devices: 2g.10gb, 2g.10gb, 3g.20gb); job {job} asks "
+            "for a 1g.5gb MIG device",
+        ),
+        (
+            {"mps_percent": 30},
+            0,
+            "is in MIG mode (only its MIG devices can be given); job {job} asks for an MPS share "
+            "of 30 %",
+        ),
+        (
+            {"mps_percent": 30},
+            3,
+            "is neither in MIG mode nor shared through MPS; job {job} asks for an MPS share of "
+            "30 %",
+        ),
+        (
+            {"mps_percent": 30, "mps_memory_mib": 40961},
+            2,
+            "has 40960 MiB; job {job} asks for an MPS share of 30 % and 40961 MiB",
+        ),
+        (
+            {},
+            0,
+            "is in MIG mode (only its MIG devices can be given); job {job} asks for whole GPUs",
+        ),
+        (
+            {},
+            2,
+            "is shared through MPS (only shares of it can be given); job {job} asks for whole GPUs",
+        ),
+    ],
+)
+def test_a_gpu_of_another_kind_than_the_job_asks_for_is_a_400(
+    operator, mig_node, job_fields, index, message
+):
+    """The README's promise: what does not fit the request is a 400 naming gpu_uuids (the
+    MIG and MPS jobs were a 409: 'job 7 asks for a MIG device, not whole GPUs')."""
+    job = submit(operator.user, **job_fields)
+    [uuid] = uuids("mig-01", index)
+    response = allocate(operator, job, [uuid])
+    assert response.status_code == 400, response.json()
+    assert response.json() == {"gpu_uuids": [f"GPU {uuid} {message.format(job=job.pk)}"]}
+    assert not Allocation.objects.exists()
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
+
+
+def test_a_mig_device_that_does_not_fit_the_job_is_a_400(operator, mig_node):
+    device = Gpu.objects.get(node=mig_node, index=0).mig_instances.get(profile_name="3g.20gb")
+    whole, small = submit(operator.user), submit(operator.user, mig_profile="2g.10gb")
+    assert allocate(operator, whole, [device.uuid]).json() == {
+        "gpu_uuids": [f"{device.uuid} is a MIG device; job {whole.pk} asks for whole GPUs"]
+    }
+    assert allocate(operator, small, [device.uuid]).json() == {
+        "gpu_uuids": [
+            f"MIG device {device.uuid} is a 3g.20gb; job {small.pk} asks for a 2g.10gb MIG device"
+        ]
+    }
+    assert not Allocation.objects.exists()

@@ -52,8 +52,9 @@ def test_viewers_read_everything_but_act_on_nothing(people, jobs):
     viewer = people["viewer"]
     job = jobs["user"]
     detail = viewer.get(f"/api/v1/jobs/{job.pk}/").json()
-    assert detail["env"] == {"TOKEN": "(hidden)"}  # secrets stay with those who act on it
-    assert people["operator"].get(f"/api/v1/jobs/{job.pk}/").json()["env"] == {"TOKEN": "s3cret"}
+    assert detail["env"] == {"TOKEN": "(hidden)"}  # secrets stay with its owner and admins
+    assert people["operator"].get(f"/api/v1/jobs/{job.pk}/").json()["env"] == {"TOKEN": "(hidden)"}
+    assert people["admin"].get(f"/api/v1/jobs/{job.pk}/").json()["env"] == {"TOKEN": "s3cret"}
     response = viewer.delete(f"/queue/{job.pk}")
     assert response.status_code == 403
     assert viewer.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 403
