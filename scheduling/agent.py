@@ -45,6 +45,8 @@ from scheduling.executor import (
     executor_id,
     parse_executor_id,
 )
+from scheduling.isolation.cgroups import HostCgroups, host_cgroups
+from scheduling.isolation.devices import DeviceRule
 from scheduling.mps import MpsDaemons
 
 log = logging.getLogger("gpuadmin.agent")
@@ -76,6 +78,7 @@ def executor() -> Executor:
     with _lock:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
+            cgroups = host_cgroups(settings.GPUADMIN_CGROUP_VERSION, settings.GPUADMIN_CGROUP_ROOT)
             hooks: dict[str, Any] = {}
             mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
@@ -100,6 +103,14 @@ def executor() -> Executor:
                 scratch_dir=root / "work",
                 jobs_as_owner=jobs_run_as_owner(),
                 mps=mps,
+                cgroups=cgroups,
+                # A real GPU of another user is at stake; a simulated one is not.
+                require_confinement=settings.GPUADMIN_NVML == "real",
+                pids_max=settings.GPUADMIN_JOB_PIDS_MAX,
+                extra_devices=[
+                    DeviceRule.parse(rule) for rule in settings.GPUADMIN_JOB_EXTRA_DEVICES
+                ],
+                container_cgroup_parent=settings.GPUADMIN_CONTAINER_CGROUP_PARENT,
                 **hooks,
             )
             log.info(
@@ -107,10 +118,30 @@ def executor() -> Executor:
                 "their owners' Unix accounts" if _executor.jobs_as_owner else "this agent",
                 _executor.container_runtime,
             )
+            log_isolation(cgroups)
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
-            send_as_node("scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running))
+            isolation = {"isolation": cgroups.describe(), "reason": cgroups.reason()}
+            send_as_node(
+                "scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running, isolation)
+            )
         return _executor
+
+
+def log_isolation(cgroups: HostCgroups) -> None:
+    """Say at the agent's start what confines its jobs, and why something does not."""
+    if cgroups.confined:
+        log.info("jobs are confined by %s", cgroups.describe())
+        if cgroups.reason():
+            log.warning("not confined: %s", cgroups.reason())
+        return
+    refused = settings.GPUADMIN_NVML == "real"
+    log.warning(
+        "jobs are NOT confined (%s): a job can open every GPU of this node and leave "
+        "processes behind%s",
+        cgroups.reason(),
+        "; jobs are refused unless an admin allows unconfined jobs on this node" if refused else "",
+    )
 
 
 def run_job(data: dict[str, Any]) -> None:

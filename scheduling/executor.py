@@ -895,7 +895,7 @@ class Executor:
         """The job's device allow-list; None where this node does not confine devices."""
         if self.cgroups is None or "devices" not in self.cgroups.backends:
             return None
-        if spec.gpu_uuids and not (spec.gpu_minors or spec.mig_devices):
+        if len(spec.gpu_minors) + len(spec.mig_devices) < len(spec.gpu_uuids):
             raise ValueError("its GPUs' device minor numbers are unknown: it cannot be confined")
         mig_devices = [MigDevice(*device) for device in spec.mig_devices]
         return job_device_rules(

@@ -231,7 +231,7 @@ class JobCgroup:
         try:
             for key, subtree in subtrees.items():
                 _ensure_subtree(subtree, host.unified if key == "unified" else None)
-                job.directories[key].mkdir(exist_ok=True)
+                job.directories[key].mkdir()  # one that exists is another job's
             job._limit(devices, memory_mib, pids_max)
         except OSError as exc:
             job.remove()
@@ -377,6 +377,26 @@ def stale_job_directories(host: HostCgroups, node: str, keep: Iterable[str]) -> 
         JobCgroup({key: path / name for key, path in subtrees.items()}, dict(host.backends))
         for name in sorted(names - set(keep))
     ]
+
+
+def remove_tree(host: HostCgroups) -> None:
+    """Kill every process under the agent's subtree and remove it, in every hierarchy (a test
+    session's own subtree, at its end)."""
+    for mount in {host.unified, *host.v1.values()} - {None}:
+        assert mount is not None
+        top = mount / host.root
+        if not top.is_dir():
+            continue
+        for directory in sorted(top.rglob("*"), key=lambda path: -len(path.parts)):
+            if directory.is_dir():
+                _end(JobCgroup({"any": directory}, {}))
+        _end(JobCgroup({"any": top}, {}))
+
+
+def _end(cgroup: JobCgroup) -> None:
+    cgroup.kill()
+    with contextlib.suppress(OSError):
+        cgroup.remove()
 
 
 def _ensure_subtree(subtree: Path, unified: Path | None) -> None:
