@@ -33,8 +33,8 @@ from inventory.discovery import (
     plan_sync,
 )
 from inventory.models import (
-    CATALOG_FIELDS,
     GPU_CATALOG_FIELDS,
+    NODE_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     GpuLink,
@@ -454,7 +454,7 @@ HOST_RESERVED_FIELDS = {
     "memory_reserved_mib": ("memory_total_mib", "MiB of memory"),
 }
 # What people write on a node (admin, API): its catalog fields and its host's reserved part.
-NODE_EDITABLE_FIELDS = (*CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
+NODE_EDITABLE_FIELDS = (*NODE_CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
 
 
 def host_reserved_errors(node: Node, values: Mapping[str, Any]) -> dict[str, str]:
