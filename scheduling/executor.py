@@ -18,9 +18,11 @@ Design and trade-offs:
   (SIGTERM, then SIGKILL after ``kill_grace_s``; a preemption's cancel chooses its first signal
   and grace). A job ends when its main process exits (seen at once: a thread waits for the
   executor's child and wakes its monitor; an adopted job is polled every ``poll_interval_s``);
-  what it left in its group is then terminated the same way, so its GPUs are free by the time
-  :class:`JobFinished` is reported. Processes that leave the group (``setsid``, daemons) escape:
-  containing those needs cgroups, which this module does not manage.
+  what it left behind is then terminated the same way, so its GPUs are free by the time
+  :class:`JobFinished` is reported. On a node that confines jobs each runs in a cgroup of its
+  own (:mod:`scheduling.isolation`: devices, CPUs, memory, processes), joined by the launcher
+  before the job's first instruction; "its processes" are then the cgroup's, so those that
+  left its group (``setsid``, daemons) end with it too.
 - **Containers.** A job that names a ``container_image`` runs through the node's container
   runtime (``docker``, ``podman`` or ``apptainer``; see :func:`container_process`), never on the
   host: without a runtime it fails at once. The tracked process is the runtime's client
