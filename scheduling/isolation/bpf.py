@@ -7,6 +7,7 @@ of the cgroup; it allows the access when it returns 1. This is what runc and sys
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import struct
@@ -129,13 +130,17 @@ def _load(code: bytes) -> int:
             raise BpfError(exc.errno, f"{exc.strerror} ({' / '.join(verifier)})") from None
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _bpf(command: int, attr: bytes, what: str) -> int:
     number = _SYSCALL_BPF.get(platform.machine())
     if number is None:
         raise BpfError(0, f"{what}: bpf(2) is not known on {platform.machine()}")
     buffer = ctypes.create_string_buffer(attr.ljust(_ATTR_SIZE, b"\0"), _ATTR_SIZE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    result = libc.syscall(number, command, buffer, _ATTR_SIZE)
+    result = _libc().syscall(number, command, buffer, _ATTR_SIZE)
     if result < 0:
         errno = ctypes.get_errno()
         raise BpfError(errno, f"{what}: {os.strerror(errno)}")

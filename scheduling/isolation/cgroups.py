@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import signal
 import time
@@ -432,13 +433,18 @@ def _ensure_subtree(subtree: Path, unified: Path | None) -> None:
 def _memory_nodes(cpus: Iterable[int]) -> str:
     """The NUMA nodes of ``cpus`` (for ``cpuset.mems``), "" when the host does not say."""
     wanted = set(cpus)
-    nodes = []
+    return format_cpu_list(node for node, node_cpus in _numa_cpus().items() if node_cpus & wanted)
+
+
+@functools.cache
+def _numa_cpus() -> dict[int, frozenset[int]]:
+    """This host's NUMA nodes and their CPUs (read once: they do not change)."""
+    nodes = {}
     with contextlib.suppress(OSError):
         for entry in NUMA_NODES.glob("node[0-9]*"):
-            node_cpus = set(parse_cpu_list(_read(entry / "cpulist")) or ())
-            if node_cpus & wanted:
-                nodes.append(int(entry.name.removeprefix("node")))
-    return format_cpu_list(nodes)
+            cpus = parse_cpu_list(_read(entry / "cpulist")) or ()
+            nodes[int(entry.name.removeprefix("node"))] = frozenset(cpus)
+    return nodes
 
 
 def _keyed(path: Path) -> dict[str, int]:
