@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import pwd
 import secrets
 import signal
 import subprocess
@@ -23,8 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuadmin import jobs_cli
+from gpuadmin.demo_isolation import (
+    JOB_ACCOUNT,
+    PRIVATE_FILE_MODE,
+    AccountError,
+    ensure_account,
+    protect_data_dir,
+)
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
-from gpuadmin.env import env_int
+from gpuadmin.env import env_int, node_environment
 from gpuadmin.supervisor import CrashLoop, Supervisor
 
 if TYPE_CHECKING:
@@ -56,11 +64,12 @@ def _ensure_secret_key(data_dir: Path) -> None:
 
 
 def _bootstrap_django(*, database: bool = True) -> EmbeddedServices | None:
-    """Fill the environment, start embedded services when needed (no database for an agent),
-    and set Django up."""
+    """Fill the environment, start embedded services when needed (no database and no secret
+    key for an agent), and set Django up."""
     data_dir = data_dir_from_env()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
-    _ensure_secret_key(data_dir)
+    if database:
+        _ensure_secret_key(data_dir)
     services = ensure_service_urls(data_dir, database=database)
     import django
 
@@ -421,14 +430,52 @@ def _demo_token_file(node: str) -> Path:
 
     path = data_dir_from_env() / "agent" / node / "node-token"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch(mode=0o600)
+    path.touch(mode=PRIVATE_FILE_MODE)
+    path.chmod(PRIVATE_FILE_MODE)
     path.write_text(node_token(node, actor_name="gpuadmin-up"))
     return path
 
 
+def _isolate_demo_jobs(nodes: list[str]) -> bool:
+    """Keep the demo's jobs out of the installation and say as which account they run: as
+    root, an unprivileged account of their own (made here) that the jobs of everyone without
+    an account of their own run as; otherwise this process's own, like the agents. False when
+    that account cannot be made."""
+    protect_data_dir(data_dir_from_env(), nodes)
+    if not nodes:  # --no-agents: no demo jobs (agents started by hand run theirs as set up)
+        return True
+    if (uid := os.geteuid()) != 0:
+        me = str(uid)
+        with suppress(KeyError):  # a uid without a passwd entry (a container's arbitrary user)
+            me = pwd.getpwuid(uid).pw_name
+        print(
+            f"demo jobs run as {me}, the account the agents run as: nothing "
+            "keeps a job from their credentials and the data folder (start gpuadmin up as "
+            "root to give jobs an account of their own)"
+        )
+        return True
+    name = os.environ.get("GPUADMIN_DEFAULT_UNIX_ACCOUNT") or JOB_ACCOUNT
+    os.environ["GPUADMIN_DEFAULT_UNIX_ACCOUNT"] = name
+    try:
+        account = ensure_account(name)
+    except AccountError as exc:
+        print(f"gpuadmin up: {exc}", file=sys.stderr)
+        return False
+    os.environ["GPUADMIN_JOBS_AS_OWNER"] = "auto"  # never as the agents' own account (root)
+    print(
+        f"demo jobs run as the Unix account {name} (uid {account.pw_uid}), unless an admin "
+        "gives their owner another; they cannot read the agents' credentials or the data folder"
+    )
+    return True
+
+
 def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
     print(f"starting {name}: gpuadmin {' '.join(argv)}", flush=True)
-    return subprocess.Popen([sys.executable, "-m", "gpuadmin", *argv], start_new_session=True)
+    # An agent gets what a real node gets, never the central side's database or secret key.
+    env = node_environment(os.environ) if argv[0] == "agent" else None
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuadmin", *argv], start_new_session=True, env=env
+    )
 
 
 def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
@@ -477,17 +524,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         call_command("migrate", interactive=False, verbosity=0)
         print("database: migrated")
         _ensure_admin()
+        demo = [] if args.no_agents else _demo_nodes(settings.GPUADMIN_SIM_FLEET)
+        if not _isolate_demo_jobs([node for node, _ in demo]):
+            return 1
         supervisor.start("web", ["serve", "--bind", args.bind], stop_grace_s=CHILD_STOP_GRACE_S)
         supervisor.start("worker", ["worker"], stop_grace_s=CHILD_STOP_GRACE_S)
         supervisor.start("beat", ["beat"], stop_grace_s=CHILD_STOP_GRACE_S)
         # An agent cancels its jobs on the way out: SIGTERM, then SIGKILL after the jobs' grace.
         agent_grace_s = settings.GPUADMIN_JOB_KILL_GRACE_S + CHILD_STOP_GRACE_S
-        for node, model in [] if args.no_agents else _demo_nodes(settings.GPUADMIN_SIM_FLEET):
+        for node, model in demo:
             supervisor.start(
                 f"agent {node}",
                 [
                     "agent", "--node", node, "--sim", model, "--stop-jobs-on-exit",
-                    "--jobs-as-agent",
                     "--token-file", str(_demo_token_file(node)),
                 ],
                 stop_grace_s=agent_grace_s,
@@ -562,8 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument(
         "--jobs-as-agent",
         action="store_true",
-        help="run every job as this agent's own account, even as root "
-        "(GPUADMIN_JOBS_AS_OWNER=off; what gpuadmin up's demo agents do)",
+        help="run every job as this agent's own account, even as root (GPUADMIN_JOBS_AS_OWNER=off)",
     )
     agent.set_defaults(run=cmd_agent)
 

@@ -1,4 +1,5 @@
-"""Typed readers for settings that come from the environment.
+"""Typed readers for settings that come from the environment, and which of them a node agent
+is given.
 
 Every reader fails loudly (``ImproperlyConfigured``) on a value it cannot parse, so a typo in a
 deployment stops the process at start-up instead of silently falling back to a default.
@@ -8,11 +9,72 @@ from __future__ import annotations
 
 import math
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+#: Every setting a node agent reads: the broker, its credential, what it scans, how it samples
+#: and reports, and how it runs jobs. Never the database or ``SECRET_KEY``: the one list of what
+#: a GPU node is given (README "Running an agent on a real GPU host"; docker-compose's agent
+#: service sets some of them), and all that ``gpuadmin up`` gives its demo agents.
+NODE_SETTINGS = frozenset(
+    {
+        "REDIS_URL",
+        "GPUADMIN_NODE_NAME",
+        "GPUADMIN_NODE_TOKEN",
+        "GPUADMIN_NODE_TOKEN_FILE",
+        "GPUADMIN_AGENT",
+        "GPUADMIN_CENTRAL_QUEUE",
+        "GPUADMIN_DATA_DIR",
+        "GPUADMIN_NVML",
+        "GPUADMIN_SIM_FLEET",
+        "GPUADMIN_SIM_MODEL",
+        "GPUADMIN_HEARTBEAT_INTERVAL_S",
+        "GPUADMIN_RESCAN_INTERVAL_S",
+        "GPUADMIN_SAMPLE_INTERVAL_S",
+        "GPUADMIN_SAMPLE_STREAM",
+        "GPUADMIN_SAMPLE_STREAM_MAX",
+        "GPUADMIN_QUERY_FAILURES",
+        "GPUADMIN_GPU_RESET",
+        "GPUADMIN_JOB_KILL_GRACE_S",
+        "GPUADMIN_JOB_LOG_MAX_BYTES",
+        "GPUADMIN_JOB_LOG_BACKUPS",
+        "GPUADMIN_JOBS_AS_OWNER",
+        "GPUADMIN_CONTAINER_RUNTIME",
+        "GPUADMIN_CGROUP_VERSION",
+        "GPUADMIN_CGROUP_ROOT",
+        "GPUADMIN_JOB_PIDS_MAX",
+        "GPUADMIN_JOB_EXTRA_DEVICES",
+        "GPUADMIN_CONTAINER_CGROUP_PARENT",
+        "LOG_LEVEL",
+        "TIME_ZONE",
+    }
+)
+#: What any process of the host needs besides (where programs and Python's modules are, whose
+#: account it is, locale, time zone, temporary files), by name or name prefix.
+PROCESS_VARIABLES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV"}
+    | {"DJANGO_SETTINGS_MODULE"}
+)
+PROCESS_PREFIXES = ("LC_", "PYTHON")
+
+
+def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environ`` a node agent is given: :data:`NODE_SETTINGS` (or their
+    ``_FILE`` forms) and :data:`PROCESS_VARIABLES`; nothing of the central side's."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in NODE_SETTINGS
+        or name.removesuffix("_FILE") in NODE_SETTINGS
+        or name in PROCESS_VARIABLES
+        or name.startswith(PROCESS_PREFIXES)
+    }
+
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -83,6 +145,22 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     raw = os.environ.get(name, "").strip().lower() or default
     if raw not in choices:
         raise ImproperlyConfigured(f"{name}={raw!r} must be one of: {', '.join(choices)}")
+    return raw
+
+
+# A portable Unix user name (POSIX's portable file name characters, not starting with '-'),
+# at most 32 characters as in Linux's utmp; it only ever reaches ``pwd.getpwnam`` on a node.
+UNIX_USERNAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
+
+
+def env_unix_user(name: str) -> str:
+    """A Unix user name (:data:`UNIX_USERNAME_PATTERN`), or ``""`` when unset."""
+    raw = env_str(name).strip()
+    if raw and not re.fullmatch(UNIX_USERNAME_PATTERN, raw):
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a Unix user name (letters, digits, '.', '_' and '-', not "
+            "starting with '.' or '-', at most 32 characters)"
+        )
     return raw
 
 

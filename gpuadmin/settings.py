@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from gpuadmin.env import (
     env_list,
     env_rate,
     env_str,
+    env_unix_user,
     parse_database_url,
 )
 
@@ -27,7 +29,16 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEV_SECRET_KEY = "gpuadmin-dev-only-insecure-secret-key-do-not-use-in-production"
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = env_str("SECRET_KEY") or (DEV_SECRET_KEY if DEBUG else "")
+# A node agent (``gpuadmin agent`` sets it) has no database: it talks to the central side
+# through the broker only, and any use of the ORM raises (``gpuadmin.nodb``).
+GPUADMIN_AGENT = env_bool("GPUADMIN_AGENT", False)
+# A node agent signs with its node credential and never holds the central key: it ignores
+# SECRET_KEY and gets a throwaway one (Django wants one).
+SECRET_KEY = (
+    secrets.token_urlsafe(50)
+    if GPUADMIN_AGENT
+    else env_str("SECRET_KEY") or (DEV_SECRET_KEY if DEBUG else "")
+)
 if not DEBUG and SECRET_KEY in ("", DEV_SECRET_KEY):
     raise ImproperlyConfigured(
         "SECRET_KEY is unset or is the development key while DEBUG is off: set SECRET_KEY "
@@ -102,6 +113,9 @@ GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
 # "auto": an agent running as root starts each job as its owner's Unix account; "off": every job
 # runs as the agent's own account (gpuadmin up's demo agents: the demo's users have none).
 GPUADMIN_JOBS_AS_OWNER = env_choice("GPUADMIN_JOBS_AS_OWNER", ("auto", "off"), "auto")
+# Central side: the Unix account the jobs of people an admin gave none run as (unset: their
+# user name); `gpuadmin up` run as root sets it to the account it makes for its demo jobs.
+GPUADMIN_DEFAULT_UNIX_ACCOUNT = env_unix_user("GPUADMIN_DEFAULT_UNIX_ACCOUNT")
 GPUADMIN_CONTAINER_RUNTIME = env_choice(
     "GPUADMIN_CONTAINER_RUNTIME", ("auto", "docker", "podman", "apptainer", "none"), "auto"
 )
@@ -124,9 +138,6 @@ GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)
 GPUADMIN_SUBMIT_RATE = env_rate("GPUADMIN_SUBMIT_RATE", "1200/min")
 GPUADMIN_TOKEN_RATE = env_rate("GPUADMIN_TOKEN_RATE", "30/hour")
 
-# A node agent (``gpuadmin agent`` sets it) has no database: it talks to the central side
-# through the broker only, and any use of the ORM raises (``gpuadmin.nodb``).
-GPUADMIN_AGENT = env_bool("GPUADMIN_AGENT", False)
 # The agent's node credential (``gpuadmin node credential create NAME``), which signs its reports.
 GPUADMIN_NODE_TOKEN = env_str("GPUADMIN_NODE_TOKEN")
 # Central side: how old a signed report from an agent may be (queued while the worker was down).

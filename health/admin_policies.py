@@ -75,7 +75,15 @@ class RecoveryPolicyAdmin(admin.ModelAdmin):
         ("What it does", {"fields": ("severity", "actions", "node_wide", "threshold")}),
         (
             "Repeats and return",
-            {"fields": ("escalate_after", "escalate_window_s", "escalate_to", "probation_s")},
+            {
+                "fields": (
+                    "escalate_after",
+                    "escalate_window_s",
+                    "escalate_to",
+                    "probation_s",
+                    "reset_before_probation",
+                )
+            },
         ),
     )
 

@@ -234,12 +234,14 @@ class _Run:
         if self._no_gpu(f"{action} jobs"):
             return
         gpu_ids = [gpu.pk for gpu in self.gpus]
+        info = xids.lookup(self.event.xid) if self.event.xid is not None else None
+        blamed = info is not None and info.fault == xids.APPLICATION
         transaction.on_commit(
             functools.partial(
                 _send_stop_jobs,
                 gpu_ids=gpu_ids,
                 action=action,
-                reason=self.reason,
+                reason=f"{self.reason}: an application error" if blamed else self.reason,
                 event_id=self.event.pk,
             )
         )
@@ -289,6 +291,9 @@ class _Run:
         if self._no_gpu("reset"):
             return
         node = self.event.node
+        if quarantine.breaker_open() is not None:
+            self.steps.append(f"{self._gpu_names()} not reset: the circuit breaker is open")
+            return
         for gpu in self.gpus:
             gpu.refresh_from_db(fields=["state"])
             if gpu.state in (GpuState.OFFLINE, GpuState.RESETTING):
@@ -363,6 +368,7 @@ POLICY_FIELDS = (
     "escalate_window_s",
     "escalate_to",
     "probation_s",
+    "reset_before_probation",
     "enabled",
 )
 

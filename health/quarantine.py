@@ -2,8 +2,9 @@
 
 Lifecycle (README "The GPU state machine, quarantine and maintenance"): ``fence`` opens a
 ``Quarantine`` (FENCED, or HELD when the GPU flaps) and moves the GPU to the policy's state;
-``review`` (beat, every 10 s) moves it to PROBATION once the fault cleared, back to FENCED on a
-new fault, and RETURNED (the GPU available again) after the policy's clean period. A person's
+``review`` (beat, every 10 s) moves it to PROBATION once the fault cleared (and, when its policy
+asks for one, after a successful GPU reset: ``reset_ended``), back to FENCED on a new fault, and
+RETURNED (the GPU available again) after the policy's clean period. A person's
 own change of a fenced GPU (online, offline, drain: admin, API or page) releases it: health
 never overrides it. The circuit breaker stops automatic fencing when too many GPUs fall at once
 and waits for an admin's ``reset_breaker``. Every change is audited in its transaction.
@@ -83,7 +84,7 @@ def fence(gpu: Gpu, *, event: HealthEvent, policy: RecoveryPolicy | None, to_sta
         locked = _lock_gpu(gpu.pk)
         quarantine = _open_quarantine(locked)
         if quarantine is not None:
-            _fence_again(quarantine, locked, event, to_state)
+            _fence_again(quarantine, locked, event, policy, to_state)
             return False
         if GRAVITY[GpuState(locked.state)] >= GRAVITY[GpuState(to_state)]:
             return False  # a person's (or the last policy's) decision already covers it
@@ -100,6 +101,7 @@ def fence(gpu: Gpu, *, event: HealthEvent, policy: RecoveryPolicy | None, to_sta
             gpu_state=to_state,
             cause=event,
             policy=policy,
+            reset_required=_reset_required(policy),
             opened_at=now,
             note=why,
         )
@@ -168,9 +170,23 @@ def _last_changed_by(gpu: Gpu) -> str | None:
     )
 
 
-def _fence_again(quarantine: Quarantine, gpu: Gpu, event: HealthEvent, to_state: str) -> None:
-    """A new fault on a fenced GPU: probation starts over, a graver state is applied."""
+def _reset_required(policy: RecoveryPolicy | None) -> bool:
+    return policy is not None and policy.reset_before_probation
+
+
+def _fence_again(
+    quarantine: Quarantine,
+    gpu: Gpu,
+    event: HealthEvent,
+    policy: RecoveryPolicy | None,
+    to_state: str,
+) -> None:
+    """A new fault on a fenced GPU: probation starts over, a graver state is applied, and a
+    fault whose policy asks for a reset needs one after it (an earlier reset does not count)."""
     why = _event_text(event, gpu)
+    if _reset_required(policy):
+        quarantine.reset_required, quarantine.reset_at = True, None
+        quarantine.save(update_fields=["reset_required", "reset_at"])
     if GRAVITY[GpuState(to_state)] > GRAVITY[GpuState(quarantine.gpu_state)]:
         set_gpu_state(gpu, to_state, actor_name=ACTOR, reason=why, expect={quarantine.gpu_state})
         quarantine.gpu_state = to_state
@@ -345,7 +361,7 @@ def _fault_cleared(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | No
     answers NVML again; a hot one is below the threshold by the hysteresis; any other fault,
     once the GPU is not being reset (its reset completed). A live sample with an NVML error
     never clears anything."""
-    if gpu.state == GpuState.RESETTING:
+    if gpu.state == GpuState.RESETTING or _waits_for_reset(quarantine):
         return False
     if sample is not None and sample.get("error_message"):
         return False
@@ -359,6 +375,54 @@ def _fault_cleared(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | No
             cool = threshold - settings.GPUADMIN_THERMAL_HYSTERESIS_C
             return temperature is not None and temperature < cool
     return True
+
+
+def _waits_for_reset(quarantine: Quarantine) -> bool:
+    return quarantine.reset_required and quarantine.reset_at is None
+
+
+def lock_for_reset(gpu_id: int) -> tuple[Gpu, Quarantine | None]:
+    """The GPU under its row lock and its open quarantine, if any (``health.resets``: a reset
+    ended; a quarantine follows health's own ``resetting``)."""
+    gpu = _lock_gpu(gpu_id)
+    return gpu, _open_quarantine(gpu)
+
+
+def reset_ended(quarantine: Quarantine, *, to_state: str, error: str | None, why: str) -> None:
+    """A reset of the quarantined GPU ended, leaving it in ``to_state`` (still out of service:
+    ``health.resets.finish_reset`` never returns a quarantined GPU itself). A successful reset
+    counts (``reset_at``): the next review starts probation. A failed one leaves it fenced."""
+    quarantine.gpu_state = to_state
+    fields = ["gpu_state"]
+    if error is None:
+        quarantine.reset_at = timezone.now()
+        fields.append("reset_at")
+    quarantine.save(update_fields=fields)
+    _audit(quarantine, quarantine.state, why + ("; probation follows" if error is None else ""))
+
+
+def waiting_for(quarantine: Quarantine) -> str:
+    """What an open quarantine waits for, in a sentence (the GPU page and the API); "" once
+    it is closed."""
+    if quarantine.closed_at is not None:
+        return ""
+    if quarantine.state == Q.HELD:
+        return "held back: waits for a person to release it"
+    if quarantine.state == Q.PROBATION:
+        assert quarantine.probation_until is not None, "set with the PROBATION state"
+        until = timezone.localtime(quarantine.probation_until)
+        return f"on probation until {until:%Y-%m-%d %H:%M:%S}"
+    if quarantine.gpu.state == GpuState.RESETTING:
+        return "waits for its GPU reset to end"
+    if _waits_for_reset(quarantine):
+        cause = quarantine.cause
+        needs = (
+            f"XID {cause.xid} needs a reset or node reboot"
+            if cause.xid is not None
+            else f"{cause.get_kind_display()}: a reset or node reboot is needed"
+        )
+        return f"waits for a GPU reset before probation: {needs} (or a person returns it)"
+    return "waits for the fault to clear"
 
 
 def _thermal_threshold(quarantine: Quarantine) -> float | None:

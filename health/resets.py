@@ -2,7 +2,7 @@
 agent (the simulator's, or ``nvidia-smi --gpu-reset``), and its result back on the central side.
 
 While it runs the GPU is ``resetting``; afterwards it is available again, or degraded when the
-reset failed.
+reset failed or a quarantine holds it (a successful reset then starts its probation).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import pynvml
 from django.conf import settings
 from django.db import transaction
 
+from health import quarantine
 from health.models import HealthEvent
 from inventory.agent import node_backend
 from inventory.choices import GpuState, NvmlBackend
@@ -99,25 +100,26 @@ def start_reset(gpu: Gpu, *, reason: str) -> None:
 
 def finish_reset(hostname: str, gpu_uuid: str, error: str | None, event_id: int | None) -> bool:
     """The agent says a reset ended: the GPU is available again, or degraded when the reset
-    failed (a human looks at it; a quarantine follows either). Only a GPU still ``resetting``
-    moves (an admin may have taken it over meanwhile); the event's outcome gains the result.
-    ``False`` if nothing moved."""
+    failed (a human looks at it) or when a quarantine holds it: a successful reset counts for
+    the quarantine, whose probation returns the GPU (``quarantine.reset_ended``). Only a GPU
+    still ``resetting`` moves (an admin may have taken it over meanwhile); the event's outcome
+    gains the result. ``False`` if nothing moved."""
     gpu = Gpu.objects.filter(node__hostname=hostname, uuid=gpu_uuid).select_related("node").first()
     if gpu is None:
         return False
     what = f"reset of GPU {gpu.index} of {hostname}"
     step = f"{what} done" if error is None else f"{what} failed: {error}"
     with transaction.atomic():
+        gpu, held = quarantine.lock_for_reset(gpu.pk)
+        to_state = GpuState.AVAILABLE if error is None and held is None else GpuState.DEGRADED
         try:
             moved = set_gpu_state(
-                gpu,
-                GpuState.AVAILABLE if error is None else GpuState.DEGRADED,
-                actor_name=ACTOR,
-                reason=step,
-                expect={GpuState.RESETTING},
+                gpu, to_state, actor_name=ACTOR, reason=step, expect={GpuState.RESETTING}
             )
         except IllegalGpuTransition as exc:
             moved, step = False, f"{step}; left as it is: {exc}"
+        if moved and held is not None:
+            quarantine.reset_ended(held, to_state=to_state, error=error, why=step)
         event = (
             HealthEvent.objects.select_for_update().filter(pk=event_id).first()
             if event_id is not None

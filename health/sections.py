@@ -13,7 +13,7 @@ from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from health import xids
+from health import quarantine, xids
 from health.choices import EventKind
 from health.models import HealthEvent, Quarantine
 from inventory.models import Gpu, Node
@@ -124,6 +124,8 @@ def health_section(
                 "cause", "policy"
             )
         )
+        for held in quarantines:
+            held.gpu = obj  # what it waits for reads the GPU's state
     elif page == "node" and isinstance(obj, Node):
         events = HealthEvent.objects.filter(node=obj)
         quarantines = []  # each GPU's page shows its own
@@ -137,5 +139,6 @@ def health_section(
         "trend": event_trend(events, today),
         "trend_days": TREND_DAYS,
         "quarantine": quarantines[0] if quarantines else None,
+        "waiting_for": quarantine.waiting_for(quarantines[0]) if quarantines else "",
     }
     return Section("health/partials/health_events.html", context, ORDER)

@@ -1036,7 +1036,9 @@ def stop_jobs_on_gpus(
     """Stop now the jobs holding any of ``gpu_ids`` because the hardware under them failed (a
     health policy, or the GPUs went offline) or is reconfigured (a MIG re-layout that preempts,
     as ``actor_name``): requeue them (their next placement is their next
-    attempt) or fail them, with ``reason`` as the job's message, their GPUs released at once,
+    attempt) or fail their run, which counts against their retries as a non-zero exit does
+    (``_end_of``: re-queued while retries are left), with ``reason`` in the job's message,
+    their GPUs released at once,
     and their processes canceled through their nodes' agents (the agent's later report of
     the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
     process it is, when one of them is. A job that already moved on is left alone; the ids of
@@ -1052,14 +1054,16 @@ def stop_jobs_on_gpus(
     stopped = []
     for job in jobs:
         with transaction.atomic():
-            if not holding.filter(pk=job.pk).select_for_update(of=("self",)).exists():
+            current = holding.filter(pk=job.pk).select_for_update(of=("self",)).first()
+            if current is None:
                 continue  # ended, or requeued and placed elsewhere, since the query
             hostnames = [node.hostname for node in job_nodes(job) if node.is_reachable()]
-            locked = transition(
-                job.pk, S.QUEUED if requeue else S.FAILED, actor_name=actor_name, message=reason
+            to, message, fields = (
+                (S.QUEUED, reason, {}) if requeue else _end_of(current, "failed", None, reason)
             )
+            locked = transition(job.pk, to, actor_name=actor_name, message=message, **fields)
             if hostnames:
-                transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, reason))
+                transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, message))
         stopped.append(job.pk)
     return stopped
 

@@ -58,7 +58,8 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(UnixAccount)
 class UnixAccountAdmin(admin.ModelAdmin):
-    """Whose account a person's jobs run as on the nodes; without a row, their user name."""
+    """Whose account a person's jobs run as on the nodes; without a row,
+    ``GPUADMIN_DEFAULT_UNIX_ACCOUNT`` or their user name."""
 
     list_display = ("user", "username", "allow_root")
     list_filter = ("allow_root",)

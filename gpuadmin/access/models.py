@@ -9,6 +9,8 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from gpuadmin.env import UNIX_USERNAME_PATTERN
+
 
 class Role(models.TextChoices):
     """What a person may do; Django's ``is_staff``/``is_superuser`` make an admin."""
@@ -62,14 +64,10 @@ class ApiToken(models.Model):
         return cls.PREFIX + secrets.token_urlsafe(32)
 
 
-# A portable Unix user name (POSIX's portable file name characters, not starting with '-'),
-# at most 32 characters as in Linux's utmp; it only ever reaches ``pwd.getpwnam`` on a node.
-UNIX_USERNAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,31}$"
-
-
 class UnixAccount(models.Model):
-    """The Unix account a person's jobs run as on the nodes (without a row: their user name,
-    root refused). Admins edit it through ``services.set_unix_account`` (audited)."""
+    """The Unix account a person's jobs run as on the nodes (without a row:
+    ``GPUADMIN_DEFAULT_UNIX_ACCOUNT``, else their user name; root refused). Admins edit it
+    through ``services.set_unix_account`` (audited)."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="unix_account"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
@@ -84,8 +85,8 @@ def revoke_token(token: ApiToken, *, actor: User) -> bool:
 
 
 def unix_account_of(user: User) -> UnixAccount:
-    """The Unix account ``user``'s jobs run as: the one an admin set, or (unsaved) their user
-    name with root refused."""
+    """The Unix account ``user``'s jobs run as: the one an admin set, or (unsaved)
+    ``GPUADMIN_DEFAULT_UNIX_ACCOUNT``, else their user name, with root refused."""
     try:
         return user.unix_account  # loaded with the user by select_related("unix_account")
     except UnixAccount.DoesNotExist:
@@ -115,7 +116,8 @@ def set_unix_account(user: User, *, username: str, allow_root: bool, actor: User
 
 
 def reset_unix_account(user: User, *, actor: User) -> None:
-    """Back to the default (their user name, root refused); audited."""
+    """Back to the default (``GPUADMIN_DEFAULT_UNIX_ACCOUNT`` or their user name, root
+    refused); audited."""
     with transaction.atomic():
         account = UnixAccount.objects.select_for_update().filter(user=user).first()
         if account is None:
@@ -133,7 +135,8 @@ def reset_unix_account(user: User, *, actor: User) -> None:
 
 def _default_account(user: User) -> UnixAccount:
     # Not through ``user.unix_account``: an unsaved form's instance may sit in its cache.
-    return UnixAccount(username=user.get_username(), allow_root=False)
+    name = settings.GPUADMIN_DEFAULT_UNIX_ACCOUNT or user.get_username()
+    return UnixAccount(username=name, allow_root=False)
 
 
 def _said(account: UnixAccount) -> dict[str, Any]:

@@ -28,6 +28,20 @@ class QuarantineSerializer(api.ModelSerializer):
     node = serializers.CharField(source="gpu.node.hostname", read_only=True)
     cause = serializers.CharField(source="cause.__str__", read_only=True)
     policy = serializers.CharField(source="policy.name", default=None, read_only=True)
+    gpu_state = serializers.CharField(
+        source="gpu.state", read_only=True, help_text="The GPU's state now."
+    )
+    fenced_to = serializers.CharField(
+        source="gpu_state",
+        read_only=True,
+        help_text="The state health put the GPU in (probation returns it only from there).",
+    )
+    waiting_for = serializers.SerializerMethodField(
+        help_text='What an open quarantine waits for, in a sentence ("" once closed).'
+    )
+
+    def get_waiting_for(self, row: Quarantine) -> str:
+        return quarantine.waiting_for(row)
 
     class Meta:
         model = Quarantine
@@ -38,11 +52,15 @@ class QuarantineSerializer(api.ModelSerializer):
             "gpu_index",
             "state",
             "gpu_state",
+            "fenced_to",
+            "waiting_for",
             "cause",
             "policy",
             "opened_at",
             "fault_cleared_at",
             "probation_until",
+            "reset_required",
+            "reset_at",
             "closed_at",
             "note",
         ]

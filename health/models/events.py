@@ -85,6 +85,12 @@ class RecoveryPolicy(models.Model):
     probation_s = models.PositiveIntegerField(
         default=300, help_text="Clean seconds after the fault clears before the GPU returns."
     )
+    reset_before_probation = models.BooleanField(
+        default=False,
+        help_text="Probation starts only after a successful GPU reset through the node's agent "
+        "(or a person returns the GPU): faults NVIDIA clears by a reset or a node reboot "
+        "(XID 79, uncorrectable ECC: row remapping and page retirement take effect at reset).",
+    )
     enabled = models.BooleanField(default=True)
     description = models.TextField(blank=True)
 
@@ -125,6 +131,14 @@ class Quarantine(models.Model):
     opened_at = models.DateTimeField(default=timezone.now)
     fault_cleared_at = models.DateTimeField(null=True, blank=True)
     probation_until = models.DateTimeField(null=True, blank=True)
+    reset_required = models.BooleanField(
+        default=False,
+        help_text="Its policy asked for a GPU reset before probation (kept here: the policy "
+        "may change or go).",
+    )
+    reset_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a reset of the GPU succeeded while it was fenced."
+    )
     closed_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True)
 

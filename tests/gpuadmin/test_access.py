@@ -114,6 +114,21 @@ def test_a_persons_unix_account_defaults_to_their_name_and_admins_change_it_audi
     ]
 
 
+def test_people_an_admin_gave_no_account_run_as_the_default_one(
+    settings, admin_user, django_user_model
+):
+    """`gpuadmin up` as root: everyone's demo jobs run as the account it made for them."""
+    settings.GPUADMIN_DEFAULT_UNIX_ACCOUNT = "gpuadmin-job"
+    erin = django_user_model.objects.create_user("erin")
+    assert (unix_account_of(erin).username, unix_account_of(erin).allow_root) == (
+        "gpuadmin-job",
+        False,
+    )
+    set_unix_account(erin, username="ekim", allow_root=False, actor=admin_user)
+    erin = django_user_model.objects.get(pk=erin.pk)
+    assert unix_account_of(erin).username == "ekim"
+
+
 @pytest.mark.parametrize("name", ["-oProxy", "../etc", "a b", "x" * 33, "", "é"])
 def test_a_unix_user_name_is_refused_naming_the_field(admin_user, django_user_model, name):
     erin = django_user_model.objects.create_user("erin")

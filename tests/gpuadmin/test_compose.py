@@ -1,11 +1,17 @@
 """docker-compose.yml cannot run here (no Docker engine): check it against the settings."""
 
 import json
+import re
 
 import yaml
 
+from gpuadmin.env import NODE_SETTINGS
 from tests.conftest import REPO_DIR
-from tests.gpuadmin.test_settings_documented import env_example, read_by_the_code
+from tests.gpuadmin.test_settings_documented import (
+    env_example,
+    read_by_the_code,
+    readme_settings,
+)
 
 COMPOSE = yaml.safe_load((REPO_DIR / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
@@ -42,6 +48,17 @@ def test_a_gpu_node_gets_the_broker_and_its_credential_only():
     env = SERVICES["agent"]["environment"]
     assert "DATABASE_URL" not in env and "SECRET_KEY" not in env
     assert {"REDIS_URL", "GPUADMIN_NODE_NAME", "GPUADMIN_NODE_TOKEN"} <= set(env)
+
+
+def test_a_node_is_given_the_settings_its_docs_list_and_only_those():
+    """One list (``gpuadmin.env.NODE_SETTINGS``): the README's, the compose agent's, and
+    what `gpuadmin up` gives its demo agents."""
+    section = (REPO_DIR / "README.md").read_text().split("\n## Running an agent on a real GPU")[1]
+    listed = section.split("A node reads these settings and no others", 1)[1].split("\n\n")[0]
+    assert set(re.findall(r"`([A-Z0-9_]+)`", listed)) == NODE_SETTINGS
+    assert readme_settings() >= NODE_SETTINGS
+    compose_only = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
+    assert set(SERVICES["agent"]["environment"]) - compose_only <= NODE_SETTINGS
 
 
 def test_agent_is_a_gpu_profile_service_on_the_nvidia_runtime():

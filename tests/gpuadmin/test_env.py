@@ -9,6 +9,8 @@ from gpuadmin.env import (
     env_list,
     env_rate,
     env_str,
+    env_unix_user,
+    node_environment,
     parse_database_url,
 )
 
@@ -116,3 +118,36 @@ def test_env_rate_reads_n_per_period_or_off(monkeypatch):
         monkeypatch.setenv("RATE", bad)
         with pytest.raises(ImproperlyConfigured, match=f"RATE={bad!r} is not a rate"):
             env_rate("RATE", "30/hour")
+
+
+def test_a_node_is_given_its_settings_and_nothing_of_the_central_sides():
+    central = {
+        "DATABASE_URL": "postgresql://postgres@db/gpuadmin",
+        "DATABASE_URL_FILE": "/run/secrets/db",
+        "SECRET_KEY": "k" * 40,
+        "SECRET_KEY_FILE": "/srv/gpuadmin/.gpuadmin/secret_key",
+        "GPUADMIN_METRICS_TOKEN": "scrape",
+        "GPUADMIN_TOKEN": "gpa_someone",
+        "ALLOWED_HOSTS": "example.org",
+        "AWS_SECRET_ACCESS_KEY": "whatever else the operator's shell holds",
+    }
+    node = {
+        "REDIS_URL": "redis://central:6379/0",
+        "GPUADMIN_NODE_TOKEN_FILE": "/etc/gpuadmin/node-token",
+        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
+        "GPUADMIN_DATA_DIR": "/var/lib/gpuadmin",
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": "/src",
+        "LC_ALL": "C.UTF-8",
+        "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
+    }
+    assert node_environment({**central, **node}) == node
+
+
+def test_env_unix_user_takes_a_unix_user_name_or_nothing(monkeypatch):
+    assert env_unix_user("ACCOUNT") == ""
+    monkeypatch.setenv("ACCOUNT", "gpuadmin-job")
+    assert env_unix_user("ACCOUNT") == "gpuadmin-job"
+    monkeypatch.setenv("ACCOUNT", "../etc")
+    with pytest.raises(ImproperlyConfigured, match="ACCOUNT='../etc' is not a Unix user name"):
+        env_unix_user("ACCOUNT")

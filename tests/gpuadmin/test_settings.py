@@ -10,14 +10,16 @@ from tests.conftest import REPO_DIR
 GOOD_KEY = "k" * 40
 
 
-def import_settings(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def import_settings(
+    env: dict[str, str], code: str = "import gpuadmin.settings"
+) -> subprocess.CompletedProcess[str]:
     base = {
         "PATH": "/usr/bin:/bin",
         "DATABASE_URL": "postgresql://u@h/db",
         "REDIS_URL": "redis://h",
     }
     return subprocess.run(
-        [sys.executable, "-c", "import gpuadmin.settings"],
+        [sys.executable, "-c", code],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -52,6 +54,10 @@ def test_debug_may_use_the_dev_key_and_a_real_key_works():
         ({"SECRET_KEY": GOOD_KEY, "GPUADMIN_NVML": "cuda"}, "GPUADMIN_NVML='cuda' must be one of"),
         ({"SECRET_KEY": GOOD_KEY, "DATABASE_URL": ""}, "DATABASE_URL and REDIS_URL must be set"),
         ({"SECRET_KEY": GOOD_KEY, "DATABASE_URL": "sqlite:///x"}, "needs PostgreSQL"),
+        (
+            {"SECRET_KEY": GOOD_KEY, "GPUADMIN_DEFAULT_UNIX_ACCOUNT": "-oProxy"},
+            "GPUADMIN_DEFAULT_UNIX_ACCOUNT='-oProxy' is not a Unix user name",
+        ),
     ],
 )
 def test_bad_settings_fail_loudly(env, message):
@@ -64,3 +70,13 @@ def test_database_settings_come_from_the_url(settings):
     assert settings.DATABASES["default"]["ENGINE"] == "gpuadmin.postgres"
     assert settings.CELERY_BROKER_URL.startswith("redis://")
     assert settings.CELERY_RESULT_BACKEND == settings.CELERY_BROKER_URL
+
+
+def test_a_node_agent_needs_no_secret_key_and_never_holds_the_one_it_is_given():
+    show_key = "from gpuadmin import settings; print(settings.SECRET_KEY)"
+    alone = import_settings({"GPUADMIN_AGENT": "1", "DATABASE_URL": ""}, show_key)
+    assert alone.returncode == 0, alone.stderr
+    given = import_settings({"GPUADMIN_AGENT": "1", "SECRET_KEY": GOOD_KEY}, show_key)
+    assert given.returncode == 0, given.stderr
+    assert GOOD_KEY not in given.stdout
+    assert len(given.stdout.strip()) >= 32

@@ -17,6 +17,7 @@ ENV_FUNCTIONS = {
     "env_list",
     "env_rate",
     "env_str",
+    "env_unix_user",
 }
 
 

@@ -13,10 +13,10 @@ from django.test import Client
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from health import policies, resets, services
+from health import policies, quarantine, resets, services
 from health import tasks as health_tasks
-from health.choices import AlertState, EventKind
-from health.models import Alert, HealthEvent, RecoveryPolicy
+from health.choices import AlertState, EventKind, QuarantineState
+from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
 from health.wire import HealthReport
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
@@ -69,9 +69,15 @@ def alice(django_user_model) -> User:
     return django_user_model.objects.create_user("alice")
 
 
-def running_job(owner: User, pid: int = 4242) -> Job:
+def running_job(owner: User, pid: int = 4242, **fields: Any) -> Job:
     """A one-GPU job the loop placed and its agent started."""
-    job = jobs.submit_job(owner, command=["sleep", "600"], gpu_count=1)
+    job = jobs.submit_job(owner, command=["sleep", "600"], gpu_count=1, **fields)
+    start(job, pid)
+    return job
+
+
+def start(job: Job, pid: int = 4242) -> None:
+    """The loop places the waiting ``job`` and its agent starts it."""
     loop.run_pass()
     job.refresh_from_db()
     jobs.job_started(job.pk, job.attempt, pid, timezone.now())
@@ -97,7 +103,9 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
     other.refresh_from_db()
     gpu.refresh_from_db()
     assert job.state == JobState.FAILED
-    assert job.message == f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01"
+    assert job.message == (
+        f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01: an application error"
+    )
     assert other.state == JobState.RUNNING
     assert gpu.state == GpuState.AVAILABLE  # an application's fault: the GPU stays in service
     assert broker.named("scheduling.cancel_job") == [((job.pk, 1, job.message), "node.dgx-01")]
@@ -110,6 +118,41 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
     assert event.message == "XID 13 (Graphics Engine Exception): agent text"
     [failed] = audited("job.failed")
     assert (failed.actor_name, failed.target_id) == ("health", str(job.pk))
+
+
+def test_an_application_xid_counts_a_failed_run_against_the_jobs_retries(broker, receive, alice):
+    """XID 13 with ``retries 2``: runs 1 and 2 are re-queued, as a non-zero exit would be, the
+    third fails; each says what happened, each transition audited with the failures."""
+    add_sim_node("dgx-01")
+    job = running_job(alice, pid=100, max_retries=2)
+    said = []
+    for run in (1, 2, 3):
+        gpu = gpu_of(job)
+        receive("dgx-01", report(gpu, key=str(run), xid=13, pid=100))
+        job.refresh_from_db()
+        what = f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01"
+        said.append(f"{what}: an application error")
+        if run < 3:
+            assert (job.state, job.failures) == (JobState.QUEUED, run)
+            assert job.message == f"retry {run}/2 after attempt {run} failed: {said[-1]}"
+            start(job, pid=100)
+    assert (job.state, job.failures, job.message) == (JobState.FAILED, 3, said[-1])
+    rows = [
+        (row.event_type, row.after["failures"], row.actor_name)
+        for row in AuditEvent.objects.filter(target_id=str(job.pk), actor_name="health")
+        .filter(event_type__in=("job.queued", "job.failed"))
+        .order_by("pk")
+    ]
+    assert rows == [
+        ("job.queued", 1, "health"),
+        ("job.queued", 2, "health"),
+        ("job.failed", 3, "health"),
+    ]
+    assert [args[2] for args, _ in broker.named("scheduling.cancel_job")] == [
+        f"retry 1/2 after attempt 1 failed: {said[0]}",
+        f"retry 2/2 after attempt 2 failed: {said[1]}",
+        said[2],
+    ]
 
 
 def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
@@ -167,8 +210,7 @@ def test_three_resets_in_a_day_take_the_gpu_offline(broker, receive, alice):
         gpu.refresh_from_db()
         assert gpu.state == GpuState.RESETTING
         assert resets.finish_reset("dgx-01", gpu.uuid, None, event_id)
-        gpu.refresh_from_db()
-        assert gpu.state == GpuState.AVAILABLE
+        back_after_probation(gpu)
         assert HealthEvent.objects.get(pk=event_id).outcome[-1] == "reset of GPU 2 of dgx-01 done"
     assert broker.named("health.reset_gpu") == [
         ((2, gpu.uuid, event_id - 1), "node.dgx-01"),
@@ -182,6 +224,67 @@ def test_three_resets_in_a_day_take_the_gpu_offline(broker, receive, alice):
     assert outcome[1].startswith("escalated: firing 3 on this GPU within 86400 s")
 
 
+def back_after_probation(gpu: Gpu) -> None:
+    """The reset ``gpu`` stays fenced until its probation (300 s) passed, then returns."""
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.DEGRADED
+    now = timezone.now()
+    assert list(quarantine.review(now).changed) == [QuarantineState.PROBATION]
+    assert list(quarantine.review(now + timedelta(seconds=301)).changed) == [
+        QuarantineState.RETURNED
+    ]
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("kind", "xid"),
+    [(EventKind.XID, 48), (EventKind.XID, 95), (EventKind.ECC_UNCORRECTED, None)],
+)
+def test_uncorrectable_memory_errors_wait_for_a_reset_before_probation(broker, receive, kind, xid):
+    """Row remapping and page retirement take effect at a reset: without one (real hardware,
+    resets off) the GPU stays fenced past any probation; a reset that succeeds starts it."""
+    node = add_sim_node("dgx-01")
+    Node.objects.filter(pk=node.pk).update(nvml_backend="real")
+    gpu = Gpu.objects.get(node=node, index=0)
+    receive("dgx-01", report(gpu, kind, key="1", xid=xid, count=2))
+    held = Quarantine.objects.get(gpu=gpu, closed_at=None)
+    assert held.reset_required and held.reset_at is None
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.DEGRADED
+    what = f"XID {xid} needs" if xid else "Uncorrectable ECC errors:"
+    assert quarantine.waiting_for(Quarantine.objects.get(pk=held.pk)).startswith(
+        f"waits for a GPU reset before probation: {what}"
+    )
+    # On a node whose agent may reset it (simulated), the policy resets it.
+    Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
+    other = Gpu.objects.get(node=node, index=1)
+    [event_id] = receive("dgx-01", report(other, kind, key="2", xid=xid, count=2))
+    other.refresh_from_db()
+    assert other.state == GpuState.RESETTING
+    assert broker.named("health.reset_gpu") == [((1, other.uuid, event_id), "node.dgx-01")]
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}
+    assert resets.finish_reset("dgx-01", other.uuid, None, event_id)
+    assert Quarantine.objects.get(gpu=other).reset_at is not None
+    back_after_probation(other)
+
+
+def test_no_reset_while_the_circuit_breaker_is_open(broker, receive):
+    """A reset takes a GPU out of service like a fence: none while automatic fencing is off."""
+    node = add_sim_node("dgx-01")
+    Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
+    BreakerTrip.objects.create(falling=9, fleet=10)
+    gpu = Gpu.objects.get(node=node, index=0)
+    [event_id] = receive("dgx-01", report(gpu, xid=48))
+    gpu.refresh_from_db()
+    assert gpu.state == GpuState.AVAILABLE
+    assert broker.named("health.reset_gpu") == []
+    assert HealthEvent.objects.get(pk=event_id).outcome[-1] == (
+        "GPU 0 not reset: the circuit breaker is open"
+    )
+
+
 def test_a_failed_reset_leaves_the_gpu_degraded(broker, receive):
     node = add_sim_node("dgx-01")
     Node.objects.filter(pk=node.pk).update(nvml_backend="sim")
@@ -191,6 +294,7 @@ def test_a_failed_reset_leaves_the_gpu_degraded(broker, receive):
     gpu.refresh_from_db()
     assert gpu.state == GpuState.DEGRADED
     assert gpu.state_reason.endswith("failed: processes still run on it (pids 7)")
+    assert quarantine.review(timezone.now() + timedelta(hours=1)).changed == {}  # a person's
 
 
 def test_no_reset_of_real_hardware_by_default(broker, receive, settings):

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
-from health import quarantine
+from health import quarantine, resets
 from health.choices import AlertState, EventKind, QuarantineState, Severity
 from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
 from inventory import live
@@ -286,6 +286,50 @@ def test_a_lost_gpu_waits_until_it_answers_again(box):
     faults.clear(box.sim, None, 2)
     box.publish()
     assert quarantine.review().changed == {Q.PROBATION: [open_quarantine(gpu).pk]}
+
+
+def test_a_gpu_off_the_bus_waits_for_a_reset_or_a_person_past_its_probation(
+    box, admin_user, admin_client
+):
+    """The shipped XID 79 policy: the GPU answers NVML again, yet stays out of service past
+    its probation; a reset that succeeds starts probation, a person may return it at once."""
+    fallen = RecoveryPolicy.objects.get(kind=EventKind.XID, xid=79, enabled=True)
+    before = timezone.now() - timedelta(seconds=5)
+    gpus = [box.gpu(2), box.gpu(3)]
+    for gpu in gpus:
+        assert fence(gpu, fallen, GpuState.OFFLINE, xid=79, occurred_at=before) is True
+    box.publish()  # back on the bus: its samples carry no error
+    now = timezone.now()
+    for moment in (now, now + timedelta(seconds=fallen.probation_s + 60)):
+        assert quarantine.review(moment).changed == {}
+    assert [box.gpu(gpu.index).state for gpu in gpus] == [GpuState.OFFLINE] * 2
+    waits = (
+        "waits for a GPU reset before probation: XID 79 needs a reset or node reboot "
+        "(or a person returns it)"
+    )
+    assert quarantine.waiting_for(open_quarantine(gpus[0])) == waits
+    page = admin_client.get(f"/gpus/{gpus[0].uuid}/").content.decode()
+    assert f'<p class="quarantine-waits" data-waiting-for>W{waits[1:]}.</p>' in page
+    # A reset through its agent (health's own) that succeeds starts probation.
+    resets.start_reset(gpus[0], reason="reset by policy")
+    assert quarantine.waiting_for(open_quarantine(gpus[0])) == "waits for its GPU reset to end"
+    assert resets.finish_reset(box.hostname, gpus[0].uuid, None, None)
+    assert box.gpu(2).state == GpuState.DEGRADED  # still out of service
+    moved = quarantine.review(now)
+    assert moved.changed == {Q.PROBATION: [open_quarantine(gpus[0]).pk]}
+    later = now + timedelta(seconds=fallen.probation_s + 1)
+    assert quarantine.review(later).changed == {Q.RETURNED: moved.changed[Q.PROBATION]}
+    assert box.gpu(2).state == GpuState.AVAILABLE
+    assert quarantine_rows(gpus[0]) == [
+        (None, "fenced", "health"),
+        ("fenced", "fenced", "health"),  # followed to resetting
+        ("fenced", "fenced", "health"),  # the reset done
+        ("fenced", "probation", "health"),
+        ("probation", "returned", "health"),
+    ]
+    # A person returns the other by hand (after a node reboot).
+    assert quarantine.release(open_quarantine(gpus[1]), actor=admin_user, reason="rebooted")
+    assert box.gpu(3).state == GpuState.AVAILABLE
 
 
 def test_a_hot_gpu_waits_until_it_is_cooler_by_the_hysteresis(box, settings):

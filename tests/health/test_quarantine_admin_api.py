@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from gpuadmin.access.models import Membership, Role
@@ -49,6 +52,27 @@ def test_everyone_signed_in_reads_the_breaker_and_quarantines(django_user_model,
     assert {row["gpu_state"] for row in listed["results"]} == {"degraded"}
     assert viewer.get("/api/v1/quarantines/?state=released").json()["count"] == 0
     assert APIClient().get("/api/v1/breaker/").status_code == 401
+
+
+def test_a_quarantines_gpu_state_is_the_gpus_state_now(django_user_model, box, policy):
+    """A quarantine whose GPU went back to service says ``available`` (``fenced_to`` keeps
+    where health put it); an open one says what it waits for."""
+    returned, fenced = box.gpu(0), box.gpu(1)
+    fence(returned, policy)
+    now = timezone.now()
+    quarantine.review(now)
+    quarantine.review(now + timedelta(seconds=61))
+    fence(fenced, policy)
+    viewer = api_as(django_user_model, "viewer", Role.VIEWER)
+    rows = {row["gpu_index"]: row for row in viewer.get("/api/v1/quarantines/").json()["results"]}
+    picked = {
+        index: (row["state"], row["gpu_state"], row["fenced_to"], row["waiting_for"])
+        for index, row in rows.items()
+    }
+    assert picked == {
+        0: ("returned", "available", "degraded", ""),
+        1: ("fenced", "degraded", "degraded", "waits for the fault to clear"),
+    }
 
 
 def test_an_admin_resets_the_breaker_with_a_reason(django_user_model, tripped):

@@ -55,6 +55,7 @@ def shipped_defaults() -> None:
     for migration, function in (
         ("0002_default_policies", "add_policies"),
         ("0003_default_alert_rules", "add_rules"),
+        ("0006_reset_before_probation", "require_resets"),
     ):
         module = importlib.import_module(f"health.migrations.{migration}")
         getattr(module, function)(django_apps, None)

@@ -4,6 +4,7 @@ keeping its processes running, then stopping them in order."""
 import http.cookiejar
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO_DIR, session_database_url
-from tests.unix_accounts import runs_as_this_account
+from tests.unix_accounts import requires_root, runs_as_this_account
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -218,3 +219,97 @@ def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
     assert f"job {jobs[0].pk}: running -> canceled" in text
     assert "Task inventory.heartbeat" not in text
     assert "NVML initialised" not in text
+
+
+# What a hostile demo job tries (README "Security"): each line it prints names a read that
+# worked; the last shows it still reaches its own scratch folder by its full path.
+PROBE = (
+    "id -u; p=$PPID; "
+    'while [ "$p" -gt 1 ]; do echo "tried environ of $p"; '
+    'cat /proc/$p/environ >/dev/null && echo "READ environ of $p"; '
+    "p=$(awk '/^PPid:/ {{print $2}}' /proc/$p/status); done; "
+    'cat {token} && echo "READ the credential"; '
+    'ls {data} && echo "LISTED the data folder"; '
+    'ls {data}/agent/{node} && echo "LISTED the agent folder"; '
+    'ls {data}/agent/{node}/executor && echo "LISTED the executor records"; '
+    'cat {data}/sim/{node}.json && echo "READ the simulator state"; '
+    'ls {data}/sim && echo "LISTED the simulator state"; '
+    'echo mine > "$PWD/own-file" && echo "wrote its own scratch folder"'
+)
+
+
+@requires_root
+@pytest.mark.django_db(transaction=True)
+def test_up_runs_demo_jobs_as_their_own_account_which_reads_nothing_of_the_installation(
+    gpuadmin_env, server_dir, free_port
+):
+    from django.contrib.auth import get_user_model
+
+    from inventory.models import Node
+    from scheduling import services
+    from scheduling.executor import executor_id
+    from scheduling.models import TERMINAL_STATES, Job, JobState
+
+    node = f"up-{uuid.uuid4().hex[:6]}"  # node queues are shared by sessions on one Redis
+    # Parents every account may enter: what refuses the job is the data folder's own modes.
+    server_dir.chmod(0o711)
+    data = server_dir / "data"
+    fleet = server_dir / "fleet.json"
+    fleet.write_text(json.dumps({"nodes": [{"name": node, "model": "pcie-l40s-4x"}]}))
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_DATA_DIR": str(data),
+        "GPUADMIN_SIM_FLEET": str(fleet),
+        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
+        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
+    }
+    env.pop("GPUADMIN_DEFAULT_UNIX_ACCOUNT", None)
+    log = server_dir / "up.log"
+    with log.open("w") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    person = get_user_model().objects.create_user(f"demo-{node}")  # no Unix account of theirs
+    try:
+        wait_for_line(log, "gpuadmin is up", START_TIMEOUT_S, up)
+        wait_for(
+            lambda: Node.objects.filter(hostname=node, gpus__isnull=False).exists(),
+            60,
+            "the demo node to register",
+        )
+        [agent] = [
+            child
+            for child in psutil.Process(up.pid).children()
+            if node in " ".join(child.cmdline())  # the agent's name, its --node
+        ]
+        agent_uid = agent.uids().real
+        token = data / "agent" / node / "node-token"
+        probe = PROBE.format(token=token, data=data, node=node)
+        job = services.submit_job(person, command=["sh", "-c", probe], gpu_count=1)
+        wait_for(lambda: job_state(job) in TERMINAL_STATES, 60, "the probe job to end")
+        job = Job.objects.get(pk=job.pk)
+        logs = data / "agent" / node / "logs"
+        output = (logs / f"{executor_id(job.pk, job.attempt)}.log").read_text()
+        agent_env = agent.environ()
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+
+    text = log.read_text()
+    assert up.returncode == 0, text
+    assert job.state == JobState.COMPLETED, (job.message, output)
+    assert f"tried environ of {agent.pid}" in output  # its parent, then up and beyond
+    assert "READ" not in output and "LISTED" not in output, output
+    assert "wrote its own scratch folder" in output, output
+    # Its own account: not root, not the agent's; made by up, which says so.
+    account = pwd.getpwnam("gpuadmin-job")
+    assert output.splitlines()[0] == str(account.pw_uid) != str(agent_uid), output
+    assert f"demo jobs run as the Unix account gpuadmin-job (uid {account.pw_uid})" in text
+    # The agent holds what a real node holds: the broker and its credential.
+    assert {"DATABASE_URL", "SECRET_KEY", "SECRET_KEY_FILE"}.isdisjoint(agent_env), agent_env
+    assert agent_env["REDIS_URL"] == env["REDIS_URL"]
