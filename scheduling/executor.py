@@ -36,8 +36,8 @@ Design and trade-offs:
   GPUs: docker ``--gpus`` and podman's CDI ``--device`` give the container exactly the
   allocated GPUs, which keep their UUIDs inside, so ``CUDA_VISIBLE_DEVICES`` holds the same
   UUIDs as on the host and ``NVIDIA_VISIBLE_DEVICES`` names them too (``void`` for none: CUDA
-  images ask for ``all``). ``apptainer --nv`` shows a container every GPU of the node; there
-  ``CUDA_VISIBLE_DEVICES`` is what confines the job, as on the host. Every option is one
+  images ask for ``all``). ``apptainer --nv`` binds every GPU of the node into a container; the
+  job's cgroup (the client's) lets it open only its own, as on the host. Every option is one
   ``--name=value`` word and the image (never one that could read as an option) ends them, so
   nothing of the job's becomes an option of the runtime. Job variables reach a docker or podman
   container by name (``--env=NAME``, the value in the client's environment), so that, as on
