@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory.choices import JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
+from inventory.choices import ISOLATION_NONE, JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
 from inventory.discovery import GPU_FIELDS, HOST_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
 from inventory.usability import Unusable, why_unusable
@@ -178,6 +178,11 @@ class Node(CatalogFields, StateFields):
         if self.job_account == JOBS_RUN_AS_OWNER:
             return "their owners' accounts"
         return f"the agent's account, {self.job_account}" if self.job_account else ""
+
+    @property
+    def unconfined(self) -> bool:
+        """Its agent said it confines none of a job's resources (``ISOLATION_NONE``)."""
+        return self.isolation == ISOLATION_NONE
 
     def is_reachable(self, now: datetime | None = None) -> bool:
         """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""

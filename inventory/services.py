@@ -94,6 +94,35 @@ def register_node(
         return node
 
 
+def record_node_isolation(
+    hostname: str, isolation: str, reason: str, *, actor_name: str = "agent"
+) -> bool:
+    """Store what its agent says confines the node's jobs (``isolation``: one line, e.g. "cgroup
+    v2 (devices, kill, cpu_time)", or "none") and why something is not confined (``reason``),
+    audited ``node.isolation_changed`` when it changes; ``False`` when nothing changed or no
+    such node. A line longer than the field is cut (an agent's words, never refused)."""
+    said = {
+        "isolation": isolation[: Node._meta.get_field("isolation").max_length],
+        "isolation_reason": reason,
+    }
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(hostname=hostname).first()
+        if node is None:
+            return False
+        before, after = changed_values({name: getattr(node, name) for name in said}, said)
+        if not after:
+            return False
+        Node.objects.filter(pk=node.pk).update(**after)
+        record(
+            "node.isolation_changed",
+            actor_name=actor_name,
+            target=node,
+            before=before,
+            after=after,
+        )
+    return True
+
+
 def record_heartbeat(hostname: str, at: datetime | None = None) -> bool:
     """Note that the node's agent is alive; ``False`` for a node that never registered.
 

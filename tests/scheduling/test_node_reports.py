@@ -200,6 +200,37 @@ def test_a_revoked_credential_is_refused(signed):
     assert AuditEvent.objects.filter(event_type="node_credential.revoked").count() == 1
 
 
+def test_an_agents_job_list_says_what_confines_its_jobs(signed):
+    """``scheduling.agent_jobs``' third argument: the node's isolation and why, stored and
+    audited once per change; an older agent's list (two arguments) leaves it alone."""
+    add_sim_node("dgx-01")
+    token = token_of("dgx-01")
+    why = "not root, and /sys/fs/cgroup/gpuadmin is not delegated to this agent"
+    said = {"isolation": "none", "reason": why}
+    for args in [("dgx-01", [], said), ("dgx-01", [], said), ("dgx-01", [])]:
+        deliver(scheduling_tasks.agent_jobs, signed(token, "dgx-01", "scheduling.agent_jobs", args))
+    node = Node.objects.get(hostname="dgx-01")
+    assert (node.isolation, node.isolation_reason) == ("none", why)
+    [changed] = AuditEvent.objects.filter(event_type="node.isolation_changed")
+    assert (changed.actor_name, changed.after) == (
+        "agent",
+        {"isolation": "none", "isolation_reason": why},
+    )
+    confined = {"isolation": "cgroup v2 (devices, kill, cpu_time)", "reason": ""}
+    report = ("dgx-01", [], confined)
+    deliver(scheduling_tasks.agent_jobs, signed(token, "dgx-01", "scheduling.agent_jobs", report))
+    node.refresh_from_db()
+    assert (node.isolation, node.isolation_reason) == (confined["isolation"], "")
+    # Another node's word about it is refused.
+    add_sim_node("dgx-02")
+    forged = ("dgx-01", [], said)
+    deliver(
+        scheduling_tasks.agent_jobs,
+        signed(token_of("dgx-02"), "dgx-02", "scheduling.agent_jobs", forged),
+    )
+    assert Node.objects.get(hostname="dgx-01").isolation == confined["isolation"]
+
+
 def test_unsigned_tampered_stale_and_borrowed_reports_are_refused(signed, settings):
     token = token_of("dgx-01")
     args, headers = signed(token, "dgx-01", "scheduling.agent_jobs", ("dgx-01", []))
