@@ -14,6 +14,7 @@ batches too, through one sender thread (``report``, ``send_unsent``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -78,7 +79,7 @@ def executor() -> Executor:
     with _lock:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
-            cgroups = host_cgroups(settings.GPUADMIN_CGROUP_VERSION, settings.GPUADMIN_CGROUP_ROOT)
+            cgroups = node_cgroups()
             hooks: dict[str, Any] = {}
             mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
@@ -121,11 +122,20 @@ def executor() -> Executor:
             log_isolation(cgroups)
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
-            isolation = {"isolation": cgroups.describe(), "reason": cgroups.reason()}
-            send_as_node(
-                "scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running, isolation)
-            )
+            send_as_node("scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running))
         return _executor
+
+
+@functools.cache
+def node_cgroups() -> HostCgroups:
+    """What confines this node's jobs (``GPUADMIN_CGROUP_VERSION``, ``GPUADMIN_CGROUP_ROOT``)."""
+    return host_cgroups(settings.GPUADMIN_CGROUP_VERSION, settings.GPUADMIN_CGROUP_ROOT)
+
+
+def isolation_report() -> dict[str, str]:
+    """What the agent reports with its scans (the node page, the API, the fleet page)."""
+    cgroups = node_cgroups()
+    return {"isolation": cgroups.describe(), "reason": cgroups.reason()}
 
 
 def log_isolation(cgroups: HostCgroups) -> None:

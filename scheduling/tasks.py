@@ -16,7 +16,6 @@ from typing import Any
 from celery import Task, shared_task
 
 from gpuadmin.access.nodes import CENTRAL, refuse, reporting_node, speaks_for
-from inventory.services import record_node_isolation
 from scheduling import accounting, agent, loop, relayout, reservations, services, sharing
 from scheduling.executor import JobFinished, event_from_dict
 
@@ -65,18 +64,10 @@ def _record_events(task: Task, events: list[dict[str, Any]]) -> None:
 
 
 @shared_task(name="scheduling.agent_jobs", bind=True)
-def agent_jobs(
-    self: Task,
-    hostname: str,
-    running: list[list[int]],
-    isolation: dict[str, str] | None = None,
-) -> None:
-    """A (re)started agent's list of the (job, attempt) it runs, and what confines its jobs
-    (``{"isolation": ..., "reason": ...}``; older agents send none)."""
+def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
+    """A (re)started agent's list of the (job, attempt) it runs."""
     if not speaks_for(self, hostname):
         return
-    if isolation is not None:
-        record_node_isolation(hostname, isolation["isolation"], isolation.get("reason", ""))
     services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 

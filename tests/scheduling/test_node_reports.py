@@ -19,6 +19,7 @@ from gpuadmin.access.node_signing import HEADER, parse_token, send_as_central, s
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
 from inventory import tasks as inventory_tasks
+from inventory.agent import AgentLoop
 from inventory.models import Node
 from inventory.nvml import open_backend
 from inventory.nvml.scanner import scan
@@ -200,15 +201,25 @@ def test_a_revoked_credential_is_refused(signed):
     assert AuditEvent.objects.filter(event_type="node_credential.revoked").count() == 1
 
 
-def test_an_agents_job_list_says_what_confines_its_jobs(signed):
-    """``scheduling.agent_jobs``' third argument: the node's isolation and why, stored and
-    audited once per change; an older agent's list (two arguments) leaves it alone."""
-    add_sim_node("dgx-01")
-    token = token_of("dgx-01")
+def test_an_agents_scan_says_what_confines_its_jobs(signed, settings, tmp_path):
+    """``inventory.sync_node``'s ``isolation``: what the agent says confines the node's jobs
+    and why not, stored with its registration (so a first start is never lost) and audited
+    once per change; an older agent's scan (without it) leaves it alone."""
     why = "not root, and /sys/fs/cgroup/gpuadmin is not delegated to this agent"
     said = {"isolation": "none", "reason": why}
-    for args in [("dgx-01", [], said), ("dgx-01", [], said), ("dgx-01", [])]:
-        deliver(scheduling_tasks.agent_jobs, signed(token, "dgx-01", "scheduling.agent_jobs", args))
+    settings.GPUADMIN_NVML, settings.GPUADMIN_SIM_MODEL = "sim", "pcie-l40s-4x"
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+
+    def scan_report(node: str, isolation: dict[str, str] | None) -> tuple:
+        sent: list[tuple] = []
+        loop = AgentLoop(node, lambda name, args, **_: sent.append(args), isolation=isolation)
+        loop.sync()
+        return sent[0]
+
+    token = token_of("dgx-01")
+    for isolation in [said, said, None]:
+        args = scan_report("dgx-01", isolation)
+        deliver(inventory_tasks.sync_node, signed(token, "dgx-01", "inventory.sync_node", args))
     node = Node.objects.get(hostname="dgx-01")
     assert (node.isolation, node.isolation_reason) == ("none", why)
     [changed] = AuditEvent.objects.filter(event_type="node.isolation_changed")
@@ -217,16 +228,15 @@ def test_an_agents_job_list_says_what_confines_its_jobs(signed):
         {"isolation": "none", "isolation_reason": why},
     )
     confined = {"isolation": "cgroup v2 (devices, kill, cpu_time)", "reason": ""}
-    report = ("dgx-01", [], confined)
-    deliver(scheduling_tasks.agent_jobs, signed(token, "dgx-01", "scheduling.agent_jobs", report))
+    args = scan_report("dgx-01", confined)
+    deliver(inventory_tasks.sync_node, signed(token, "dgx-01", "inventory.sync_node", args))
     node.refresh_from_db()
     assert (node.isolation, node.isolation_reason) == (confined["isolation"], "")
     # Another node's word about it is refused.
-    add_sim_node("dgx-02")
-    forged = ("dgx-01", [], said)
+    forged = scan_report("dgx-01", said)
     deliver(
-        scheduling_tasks.agent_jobs,
-        signed(token_of("dgx-02"), "dgx-02", "scheduling.agent_jobs", forged),
+        inventory_tasks.sync_node,
+        signed(token_of("dgx-02"), "dgx-02", "inventory.sync_node", forged),
     )
     assert Node.objects.get(hostname="dgx-01").isolation == confined["isolation"]
 
