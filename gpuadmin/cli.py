@@ -224,7 +224,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from gpuadmin.access.node_signing import parse_token, send_as_node
         from health import agent as health_agent
         from inventory.agent import AgentLoop, node_backend, node_queue, scan_this_node
-        from scheduling.agent import executor, flush_reports, isolation_report
+        from scheduling.agent import executor, flush_reports, isolation_report, stop_jobs
 
         try:
             parse_token(settings.GPUADMIN_NODE_TOKEN)
@@ -260,10 +260,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
         finally:
             loop.stop()
             health.stop()
-            if args.stop_jobs_on_exit and (running := jobs.running()):
-                AGENT_LOG.info("agent %s: canceling %d running job(s)", args.node, len(running))
-            # By default jobs keep running and the next agent re-adopts them.
-            jobs.shutdown(kill=args.stop_jobs_on_exit)
+            if not args.stop_jobs_on_exit:
+                jobs.shutdown(kill=False)  # they run on; the next agent re-adopts them
+            else:
+                if running := jobs.running():
+                    AGENT_LOG.info("agent %s: stopping %d running job(s)", args.node, len(running))
+                stop_jobs(args.node)  # re-queued within their retries: the node stopped
             flush_reports()  # job events still queued (its sender thread ends with it)
             AGENT_LOG.info("agent %s: stopped", args.node)
 
@@ -479,12 +481,19 @@ def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
 
 
 def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
-    """Stop the agents (they cancel their jobs and report it), the web server and beat first;
-    keep the central worker until it has recorded those jobs' ends, then stop it."""
+    """Stop placing jobs (a pass under way commits first), then stop the agents (they stop
+    their jobs, which are re-queued within their retries), the web server and beat; keep the
+    central worker until it has recorded those jobs' ends, then stop it."""
     from django.db import DatabaseError
+    from redis.exceptions import RedisError
 
+    from scheduling.loop import resume_placing, stop_placing
     from scheduling.models import HOLDING_STATES, Job, JobState
 
+    try:
+        stop_placing()
+    except (DatabaseError, RedisError) as exc:
+        print(f"cannot stop the placement loop first ({exc}); stopping everything")
     try:
         jobs = Job.objects.filter(
             state=JobState.RUNNING,
@@ -496,7 +505,7 @@ def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
         print(f"cannot list the demo nodes' jobs ({exc}); stopping without waiting for them")
         running = set()
     if running:
-        print(f"canceling {len(running)} running job(s) on the demo nodes", flush=True)
+        print(f"stopping {len(running)} running job(s) on the demo nodes", flush=True)
     supervisor.stop([name for name in supervisor.children if name != "worker"])
     deadline = time.monotonic() + JOB_REPORT_WAIT_S
     with suppress(DatabaseError):
@@ -510,6 +519,8 @@ def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
             "the worker records them when it next starts"
         )
     supervisor.stop(["worker"] if "worker" in supervisor.children else [])
+    with suppress(RedisError):
+        resume_placing()  # for the next start (which clears it too, should this not)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -523,6 +534,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         call_command("migrate", interactive=False, verbosity=0)
         print("database: migrated")
+        from scheduling.loop import resume_placing
+
+        resume_placing()  # a stack stopped without finishing its stop left the mark
         _ensure_admin()
         demo = [] if args.no_agents else _demo_nodes(settings.GPUADMIN_SIM_FLEET)
         if not _isolate_demo_jobs([node for node, _ in demo]):

@@ -103,6 +103,9 @@ GPUADMIN_GPU_RESET = env_choice("GPUADMIN_GPU_RESET", ("auto", "on", "off"), "au
 # node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
 GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
 GPUADMIN_ACCOUNTING_INTERVAL_S = env_int("GPUADMIN_ACCOUNTING_INTERVAL_S", 300, minimum=10)
+# How long a placed job may stay SCHEDULED before its agent reports it started; then it is
+# re-queued (like Slurm's batch job launch timeout).
+GPUADMIN_SCHEDULED_CONFIRM_S = env_int("GPUADMIN_SCHEDULED_CONFIRM_S", 120, minimum=1)
 # How long a MIG re-layout waits for the GPU's jobs to end before it gives up (rolled back).
 GPUADMIN_MIG_RELAYOUT_DRAIN_S = env_int("GPUADMIN_MIG_RELAYOUT_DRAIN_S", 86400, minimum=60)
 GPUADMIN_JOB_KILL_GRACE_S = env_int("GPUADMIN_JOB_KILL_GRACE_S", 10, minimum=0)
@@ -324,6 +327,12 @@ CELERY_BEAT_SCHEDULE["scheduling-advance-relayouts"] = {
     "task": "scheduling.advance_relayouts",
     "schedule": 10.0,
     "options": {"expires": 10.0},
+}
+# Re-queues jobs placed longer than GPUADMIN_SCHEDULED_CONFIRM_S ago that no agent started.
+CELERY_BEAT_SCHEDULE["scheduling-requeue-unconfirmed"] = {
+    "task": "scheduling.requeue_unconfirmed",
+    "schedule": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S)),
+    "options": {"expires": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S))},
 }
 # Ends reservations, releases unused ones (scheduling.reservations.sweep).
 CELERY_BEAT_SCHEDULE["scheduling-sweep-reservations"] = {

@@ -66,6 +66,7 @@ _unsent_lock = threading.RLock()
 _unsent_changed = threading.Condition(_unsent_lock)
 _sending = threading.Lock()  # held while events are sent (the sender thread, or the exit)
 _sender: threading.Thread | None = None
+_node_stopped: set[str] = set()  # executor ids of the jobs ``stop_jobs`` stopped
 
 
 def agent_dir(hostname: str) -> Path:
@@ -202,6 +203,15 @@ def cancel_job(
     return False
 
 
+def stop_jobs(node: str) -> None:
+    """The agent stops with its jobs (``--stop-jobs-on-exit``): each is canceled ("node NAME
+    stopped") and its end reported as its node's stop, which the central side re-queues
+    within the job's retries (``services.job_events``), unlike a user's cancel."""
+    jobs = executor()
+    _node_stopped.update(jobs.running())
+    jobs.shutdown(kill=True, message=f"node {node} stopped")
+
+
 def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
     name = executor_id(job_id, attempt)
     runner = executor()
@@ -233,7 +243,8 @@ def send_unsent() -> bool:
     sample first: the executor reports a job finished only once its processes are gone, and
     the placement pass that the release wakes must not see them in an older sample (it would
     take the GPUs for busy and wait for the next wake). A burst of ends costs one message,
-    one sample and one transaction centrally."""
+    one sample and one transaction centrally. A message names the ends of the jobs that
+    ``stop_jobs`` stopped among its events (its second argument)."""
     with _sending:
         while True:
             with _unsent_lock:
@@ -242,8 +253,14 @@ def send_unsent() -> bool:
                 return True
             if any(isinstance(event, JobFinished) for event in batch):
                 _publish_sample(batch)
+            stopped = [
+                event.job_id
+                for event in batch
+                if isinstance(event, JobFinished) and event.job_id in _node_stopped
+            ]
+            args = ([event.to_dict() for event in batch], *([stopped] if stopped else []))
             try:
-                send_as_node("scheduling.job_events", args=([event.to_dict() for event in batch],))
+                send_as_node("scheduling.job_events", args=args)
             except (KombuError, OSError, RedisError):
                 return False
             with _unsent_lock:

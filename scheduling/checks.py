@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TextIO
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count, F, Q
+from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
 from scheduling.models import HOLDING_STATES, Allocation, Job
+from scheduling.services import unconfirmed_jobs
 
 Check = Callable[[], list[str]]
 
@@ -65,6 +68,20 @@ def allocations_on_offline_hardware() -> list[str]:
     ]
 
 
+def jobs_scheduled_too_long() -> list[str]:
+    """No job stays SCHEDULED longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` (beat re-queues
+    it: a job found here waits for that, or nothing re-queues it)."""
+    bound = settings.GPUADMIN_SCHEDULED_CONFIRM_S
+    now = timezone.now()
+    rows = unconfirmed_jobs(now).order_by("pk").values_list("pk", "scheduled_at")
+    return [
+        f"job {pk} is scheduled for {(now - at).total_seconds():.0f} s, longer than "
+        f"GPUADMIN_SCHEDULED_CONFIRM_S ({bound} s), and no agent has started it"
+        for pk, at in rows
+        if at is not None  # always (the filter): for the type checker
+    ]
+
+
 def audit_gaps() -> list[str]:
     """Every job's latest state event names its current state; every allocation is audited."""
     with connection.cursor() as cursor:
@@ -104,6 +121,7 @@ CHECKS: dict[str, Check] = {
     "a scheduled or running job holds exactly its GPUs": holding_jobs_with_wrong_allocations,
     "a job that ended holds no GPU": allocations_of_jobs_that_let_go,
     "no allocation on offline or missing hardware": allocations_on_offline_hardware,
+    "no job stays scheduled without its agent starting it": jobs_scheduled_too_long,
     "every job and allocation change is audited": audit_gaps,
 }
 

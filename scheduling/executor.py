@@ -525,6 +525,7 @@ class _Job:
     # Closed by the launcher's exec; a launch failure is written there instead (None: adopted).
     launch_errors: int | None = None
     cancel_requested: bool = False
+    cancel_message: str = "canceled"  # its JobFinished's message when canceled
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
     stop_signal: signal.Signals = signal.SIGTERM
     stop_grace_s: float | None = None
@@ -781,17 +782,18 @@ class Executor:
                 _end_cgroup(cgroup)  # of a job no record names: its agent died launching it
         return events
 
-    def shutdown(self, *, kill: bool) -> None:
-        """Stop the executor. ``kill``: cancel every job and wait for their JobFinished.
-        Otherwise leave them running, recorded for the next agent's :meth:`reconcile`."""
+    def shutdown(self, *, kill: bool, message: str = "canceled") -> None:
+        """Stop the executor. ``kill``: cancel every job and wait for their JobFinished
+        (CANCELED with ``message``, unless a job ended first). Otherwise leave them running,
+        recorded for the next agent's :meth:`reconcile`."""
         with self._lock:
             self._closed = True
             jobs = list(self._jobs.values())
         if not kill:
             self._detached = True
         for job in jobs:
-            if kill:
-                job.cancel_requested = True
+            if kill and not job.cancel_requested:  # one canceled before keeps its cancel
+                job.cancel_requested, job.cancel_message = True, message
             job.wake.set()
         for job in jobs:
             assert job.thread is not None
@@ -1081,6 +1083,8 @@ class Executor:
         _container_call(job, "remove")
         self._call(self._on_process_ended, job.spec, job.pid)
         state, message = _final_state(job.spec, stop_reason, exit_code)
+        if state is FinalState.CANCELED:
+            message = job.cancel_message
         self._end(job, JobFinished(job.spec.job_id, state, exit_code, _now(), message))
 
     def _end(self, job: _Job, finished: JobFinished) -> None:

@@ -20,14 +20,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache, partial
 from types import MappingProxyType
 from typing import Generic, NamedTuple, TypeVar
 
+from django.conf import settings
 from django.contrib.postgres.aggregates import StringAgg
 from django.db import connection, transaction
-from django.db.models import F, FloatField, Func, Max, Q, Sum, TextField, Value
+from django.db.models import F, FloatField, Func, Max, Sum, TextField, Value
 from django.db.models.functions import Cast, Coalesce, Concat, NullIf
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -71,8 +72,8 @@ log = logging.getLogger("gpuadmin.placement")
 
 # Any 64-bit number unique to this lock within the database.
 PASS_LOCK_ID = 0x67707561_646D696E  # "gpuadmin"
-# A job SCHEDULED on a node whose agent has been silent this long is given back to the queue.
-SCHEDULED_LOST_AFTER_S = 120
+# How long the mark set by ``stop_placing`` lasts at most (the stack that set it died).
+STOPPING_TTL_S = 300
 # Placements committed per transaction: a handful of statements each, however many. Larger
 # batches pay fewer round trips but hold their GPU rows' locks longer (a job's end waits for
 # them); 250 commit in about a tenth of a second.
@@ -86,7 +87,6 @@ class PassSummary:
     placed: int = 0
     refused: int = 0
     waiting: int = 0
-    requeued: int = 0
     skipped: str = ""
     duration_ms: float = 0.0
     dispatched: list[int] = field(default_factory=list)
@@ -109,6 +109,35 @@ def pass_lock() -> Iterator[None]:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_ID])
 
 
+def stopping_key() -> str:
+    """Set while the stack stops (``stop_placing``), one per central queue."""
+    return f"gpuadmin:placement:stopping:{settings.GPUADMIN_CENTRAL_QUEUE}"
+
+
+def stop_placing() -> None:
+    """No pass places anything from now on (``gpuadmin up`` stops, before its agents): a
+    mark that every pass reads under the loop's lock, then the lock taken once, so that a
+    pass already running has committed what it placed when this returns (its jobs reach the
+    agents, still running, or are re-queued by ``services.requeue_unconfirmed``)."""
+    live.client().set(stopping_key(), "1", ex=STOPPING_TTL_S)
+    with pass_lock():
+        pass
+
+
+def resume_placing() -> None:
+    """Passes place again (``gpuadmin up`` starts, or has stopped its worker)."""
+    live.client().delete(stopping_key())
+
+
+def placing_stopped() -> bool:
+    """Whether ``stop_placing`` holds passes back (not when Redis cannot say: the stack that
+    set it needs Redis as much)."""
+    try:
+        return bool(live.client().exists(stopping_key()))
+    except RedisError:
+        return False
+
+
 def run_pass() -> PassSummary:
     """One placement pass: its placements committed in batches (a refused one never costs
     the others), its preemptions and MIG instances asked for, and each waiting job's word
@@ -119,8 +148,9 @@ def run_pass() -> PassSummary:
             live.client().delete(wake_key())  # wakes from now on ask for a new pass
         summary = PassSummary()
         config = SchedulerSettings.load()
-        summary.requeued = requeue_lost_scheduled_jobs()
-        if not config.enabled:
+        if placing_stopped():
+            summary.skipped = "the stack is stopping"
+        elif not config.enabled:
             summary.skipped = "the scheduler is stopped"
         else:
             _place_and_explain(summary)
@@ -130,19 +160,17 @@ def run_pass() -> PassSummary:
     changed = (
         summary.placed
         or summary.refused
-        or summary.requeued
         or summary.pending_saved
         or summary.preempting
         or summary.mig_requested
     )
     log.log(
         logging.INFO if changed else logging.DEBUG,  # beat's idle backstop passes are quiet
-        "placement pass: %d placed, %d refused, %d waiting, %d re-queued, %d preempting, "
+        "placement pass: %d placed, %d refused, %d waiting, %d preempting, "
         "%d MIG instances asked for in %.0f ms%s",
         summary.placed,
         summary.refused,
         summary.waiting,
-        summary.requeued,
         summary.preempting,
         summary.mig_requested,
         summary.duration_ms,
@@ -952,40 +980,3 @@ SAVE_PENDING_SQL = """
            job.what_if) IS DISTINCT FROM (new.code, new.reason, new.position, new.start,
                                           new.what_if)
 """
-
-
-def requeue_lost_scheduled_jobs() -> int:
-    """Jobs SCHEDULED on a node whose agent went silent before starting them go back to the
-    queue (their GPUs are released). Running jobs stay: the agent reports them when it is
-    back (its executor re-adopts or reports them lost). The node is that of an active
-    allocation of the job (not of an earlier attempt's); the ids are read in one query of
-    the active allocations, and each job is moved under its row lock."""
-    now = timezone.now()
-    silent = Q(node__last_heartbeat_at__isnull=True) | Q(
-        node__last_heartbeat_at__lt=heartbeat_cutoff(now)
-    )
-    stale = (
-        Allocation.objects.active()
-        .filter(
-            silent,
-            job__state=JobState.SCHEDULED,
-            job__scheduled_at__lt=now - timedelta(seconds=SCHEDULED_LOST_AFTER_S),
-        )
-        .values_list("job_id", flat=True)
-        .order_by("job_id")
-        .distinct()
-    )
-    count = 0
-    for job_id in stale:
-        try:
-            services.transition(
-                job_id,
-                JobState.QUEUED,
-                actor_name=services.LOOP_ACTOR,
-                expect=[JobState.SCHEDULED],
-                message="its node's agent went silent before starting it",
-            )
-            count += 1
-        except services.IllegalTransition:
-            continue
-    return count

@@ -25,17 +25,18 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, NamedTuple, TypedDict
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.contrib.postgres.aggregates import BoolOr
 from django.contrib.postgres.expressions import ArraySubquery
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Max, OuterRef, Value
+from django.db.models import Count, F, Max, OuterRef, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -1531,7 +1532,12 @@ class Recorded:
     not_placed_there: list[str] = field(default_factory=list)
 
 
-def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) -> Recorded:
+def job_events(
+    events: Sequence[ExecutorEvent],
+    *,
+    sender: str | None = None,
+    node_stopped: Collection[str] = (),
+) -> Recorded:
     """What an agent's executor reported, in the order it happened (``scheduling.job_events``:
     an agent sends together the events that pile up), recorded in one transaction of a fixed
     number of statements however many events: the jobs locked in id order (with the attempts
@@ -1543,7 +1549,9 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
     job that moved on) changes nothing. The end of a preempted job takes
     ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
     statement of their own, so when others end with it, all their GPUs are locked first, in
-    id order (the module's lock order)."""
+    id order (the module's lock order). ``node_stopped``: the executor ids of the jobs that
+    ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel is
+    the node's stop, not a user's (``_end_of``)."""
     reports = []
     for event in events:
         job_id, attempt = parse_executor_id(event.job_id)
@@ -1586,7 +1594,10 @@ def job_events(events: Sequence[ExecutorEvent], *, sender: str | None = None) ->
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
                 continue
-            to, message, fields = _end_of(job, event.state, event.exit_code, event.message)
+            stopped_by = sender if event.job_id in node_stopped else None
+            to, message, fields = _end_of(
+                job, event.state, event.exit_code, event.message, node_stopped=stopped_by
+            )
             fields["exit_code"] = event.exit_code
             # The run's usage (a gang's starts again from none: ``_add_gang_part``).
             fields["cpu_seconds"] = None if gang else event.cpu_seconds
@@ -1677,15 +1688,24 @@ def job_finished(
 
 
 def _end_of(
-    job: Job, outcome: str, exit_code: int | None, message: str
+    job: Job,
+    outcome: str,
+    exit_code: int | None,
+    message: str,
+    *,
+    node_stopped: str | None = None,
 ) -> tuple[str, str, dict[str, Any]]:
     """What the end of the job's current attempt with ``outcome`` makes of it, its message
     and the fields that change with it: a cancel asked for ends it canceled whatever its
     processes made of the signal (unless they completed first); retried outcomes count a
     failure and re-queue it while retries are left (a preemption, a re-layout's or a fault's
-    re-queue counts none)."""
+    re-queue counts none). A job canceled because its node ``node_stopped`` (its agent
+    stopped with its jobs) is re-queued without counting a retry (not its own failure, as on
+    a silent node): Slurm's requeue of a batch job on node failure."""
     if outcome == "completed":
         return S.COMPLETED, message, {}
+    if outcome == "canceled" and node_stopped is not None and job.cancel_requested_at is None:
+        return S.QUEUED, f"requeued: node {node_stopped} stopped", {}
     if outcome == "canceled" or job.cancel_requested_at is not None:
         return S.CANCELED, message or f"canceled ({outcome} as it stopped)", {}
     if outcome not in RETRIED_OUTCOMES:
@@ -1818,8 +1838,10 @@ def request_placement_pass() -> None:
 def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:
     """A (re)started agent says which (job, attempt) it runs: a job RUNNING on that node that
     it does not know was lost with the previous agent (fails, or re-queues while retries are
-    left). Returns those jobs' ids."""
-    lost = []
+    left); one SCHEDULED there longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` that it does not
+    run is re-queued (``requeue_unconfirmed``: one placed since may still be in its queue).
+    Returns those jobs' ids."""
+    lost = requeue_unconfirmed(hostname, running)
     jobs = Job.objects.filter(
         state=S.RUNNING,
         allocations__node__hostname=hostname,
@@ -1831,3 +1853,42 @@ def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[in
             if job_finished(job.pk, job.attempt, "lost", None, message, timezone.now()):
                 lost.append(job.pk)
     return lost
+
+
+def unconfirmed_jobs(now: datetime | None = None) -> QuerySet[Job]:
+    """Jobs SCHEDULED longer than ``GPUADMIN_SCHEDULED_CONFIRM_S``: no agent has reported
+    them started (the message that carried them was lost, or their agent stopped or went
+    silent). ``gpuadmin check`` reports them; ``requeue_unconfirmed`` re-queues them."""
+    bound = timedelta(seconds=settings.GPUADMIN_SCHEDULED_CONFIRM_S)
+    return Job.objects.filter(state=S.SCHEDULED, scheduled_at__lt=(now or timezone.now()) - bound)
+
+
+def requeue_unconfirmed(
+    hostname: str | None = None, running: Collection[tuple[int, int]] = ()
+) -> list[int]:
+    """Re-queue the ``unconfirmed_jobs`` (only those placed on ``hostname``, when given, but
+    not the (job, attempt) its agent says it ``running``): audited, with the reason as the
+    job's message ("requeued: dgx-01 did not start it within 120 s"), its GPUs released, not
+    counted against its retries, and its agents asked to cancel that attempt should its
+    message still arrive (``agent.cancel_job``: it then never starts). The ids re-queued."""
+    jobs = unconfirmed_jobs()
+    if hostname is not None:
+        jobs = jobs.filter(
+            allocations__node__hostname=hostname, allocations__released_at__isnull=True
+        )
+    bound = settings.GPUADMIN_SCHEDULED_CONFIRM_S
+    requeued = []
+    for job_id, attempt in jobs.distinct().order_by("pk").values_list("pk", "attempt"):
+        if (job_id, attempt) in running:
+            continue
+        with transaction.atomic():
+            locked = unconfirmed_jobs().select_for_update().filter(pk=job_id, attempt=attempt)
+            job = locked.first()
+            if job is None:
+                continue  # started, or moved on, since the query
+            hostnames = [node.hostname for node in job_nodes(job)]
+            message = f"requeued: {', '.join(hostnames)} did not start it within {bound} s"
+            job = transition(job, S.QUEUED, actor_name=LOOP_ACTOR, message=message)
+            transaction.on_commit(partial(dispatch.send_cancel, job, hostnames, message))
+        requeued.append(job_id)
+    return requeued

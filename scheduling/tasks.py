@@ -2,6 +2,7 @@
 ``scheduling.services`` and (on node queues) ``scheduling.agent``.
 
 Central (default queue): ``placement_pass``, ``sweep_reservations`` (beat, every minute),
+``requeue_unconfirmed`` (beat),
 ``job_events`` (``job_event``: one) and ``agent_jobs`` (what agents report, believed only from
 the node a report is about: ``gpuadmin.access.nodes``). Node queues (``node.<name>``):
 ``run_jobs`` (``run_job``: one), ``cancel_job`` and ``tail_log``. A job travels as
@@ -35,26 +36,39 @@ def sweep_reservations() -> None:
     reservations.sweep()
 
 
+@shared_task(name="scheduling.requeue_unconfirmed")
+def requeue_unconfirmed() -> None:
+    """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started."""
+    services.requeue_unconfirmed()
+
+
 @shared_task(name="scheduling.job_event", bind=True)
 def job_event(self: Task, event: dict[str, Any]) -> None:
     """One executor event (the central side's own, and agents before ``job_events``)."""
-    _record_events(self, [event])
+    _record_events(self, [event], [])
 
 
 @shared_task(name="scheduling.job_events", bind=True)
-def job_events(self: Task, events: list[dict[str, Any]]) -> None:
-    """An agent's executor events, in the order they happened."""
-    _record_events(self, events)
+def job_events(
+    self: Task, events: list[dict[str, Any]], node_stopped: list[str] | None = None
+) -> None:
+    """An agent's executor events, in the order they happened; ``node_stopped``: the jobs
+    (executor ids) among them that it stopped because it stopped (``--stop-jobs-on-exit``)."""
+    _record_events(self, events, node_stopped or [])
 
 
-def _record_events(task: Task, events: list[dict[str, Any]]) -> None:
+def _record_events(task: Task, events: list[dict[str, Any]], node_stopped: list[str]) -> None:
     """Executor events, believed from the central side or, each, from the node its job's
     attempt was placed on (the others are refused: logged and audited)."""
     sender = reporting_node(task)
     if sender is None:
         return
     parsed = [event_from_dict(event) for event in events]
-    recorded = services.job_events(parsed, sender=None if sender == CENTRAL else sender)
+    recorded = services.job_events(
+        parsed,
+        sender=None if sender == CENTRAL else sender,
+        node_stopped=node_stopped if sender != CENTRAL else (),
+    )
     refused = set(recorded.not_placed_there)
     for name in recorded.not_placed_there:
         refuse(task.name, sender, f"job {name} was not placed on node {sender!r}")

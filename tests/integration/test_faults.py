@@ -214,7 +214,13 @@ def test_central_worker_killed_in_a_placement_pass(servers, report_figure):
     placements one by one, restart it: every job ends placed (with its GPUs) or waiting with a
     reason, and no GPU is held twice."""
     url = servers.database("fault_worker")
-    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_PLACEMENT_INTERVAL_S="2")
+    # No agents: the placed jobs stay scheduled (not re-queued as unconfirmed) for the test.
+    env = servers.env(
+        url,
+        GPUADMIN_HEARTBEAT_GRACE_S="86400",
+        GPUADMIN_SCHEDULED_CONFIRM_S="86400",
+        GPUADMIN_PLACEMENT_INTERVAL_S="2",
+    )
     servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "30")
     servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
     submitted = servers.django(
@@ -370,7 +376,12 @@ def test_postgres_restarted_during_a_burst_of_api_submissions(servers, free_port
     waits on the database), and submissions succeed again once the database is back."""
     url = servers.database("fault_pg")
     # The per-user submission throttle would answer most of the burst 429 (it is tested apart).
-    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_SUBMIT_RATE="100000/min")
+    env = servers.env(
+        url,
+        GPUADMIN_HEARTBEAT_GRACE_S="86400",
+        GPUADMIN_SCHEDULED_CONFIRM_S="86400",  # no agents: placed jobs stay scheduled
+        GPUADMIN_SUBMIT_RATE="100000/min",
+    )
     servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "1")
     key = servers.django(
         env,

@@ -13,10 +13,13 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import psutil
 import pytest
+from django.utils import timezone
 
 from tests.conftest import REPO_DIR, session_database_url
 from tests.unix_accounts import requires_root, runs_as_this_account
@@ -149,9 +152,11 @@ def job_state(job) -> str:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
+def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
     signum, gpuadmin_env, tmp_path, free_port
 ):
+    """Its agents stop their jobs as their nodes stop: re-queued within their retries (the
+    first job has one), failed without (the second)."""
     from django.contrib.auth import get_user_model
 
     from gpuadmin.audit.models import AuditEvent
@@ -188,7 +193,7 @@ def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
             60,
             "the demo node to register",
         )
-        jobs = [services.submit_job(owner, command=["sleep", "600"], gpu_count=1)]
+        jobs = [services.submit_job(owner, command=["sleep", "600"], gpu_count=1, max_retries=1)]
         wait_for(lambda: job_state(jobs[0]) == JobState.RUNNING, 60, "the job to start")
 
         if signum == signal.SIGTERM:  # one variant is enough for the restart
@@ -211,12 +216,17 @@ def test_up_restarts_a_dead_child_and_cancels_the_demo_jobs_when_stopped(
 
     text = log.read_text()
     assert up.returncode == 0, text
-    for job in jobs:
-        assert Job.objects.get(pk=job.pk).state == JobState.CANCELED, text
-        assert AuditEvent.objects.filter(event_type="job.canceled", target_id=str(job.pk)).exists()
-    assert f"agent {node}: canceling {len(jobs)} running job(s)" in text
+    rows = Job.objects.filter(pk__in=[job.pk for job in jobs]).order_by("pk")
+    ended = [(job.state, job.message) for job in rows]
+    # Re-queued whether or not they have retries (the second has none): not their failure.
+    assert ended == [(JobState.QUEUED, f"requeued: node {node} stopped")] * len(jobs), text
+    assert [job.failures for job in rows] == [0] * len(jobs)
+    for job, (state, _) in zip(jobs, ended, strict=True):
+        audited = AuditEvent.objects.filter(target_id=str(job.pk)).latest("pk")
+        assert (audited.event_type, audited.actor_name) == (f"job.{state}", "agent")
+    assert f"agent {node}: stopping {len(jobs)} running job(s)" in text
     # State changes are logged, polling is not.
-    assert f"job {jobs[0].pk}: running -> canceled" in text
+    assert f"job {jobs[0].pk}: running -> queued (requeued: node {node} stopped)" in text
     assert "Task inventory.heartbeat" not in text
     assert "NVML initialised" not in text
 
@@ -313,3 +323,104 @@ def test_up_runs_demo_jobs_as_their_own_account_which_reads_nothing_of_the_insta
     # The agent holds what a real node holds: the broker and its credential.
     assert {"DATABASE_URL", "SECRET_KEY", "SECRET_KEY_FILE"}.isdisjoint(agent_env), agent_env
     assert agent_env["REDIS_URL"] == env["REDIS_URL"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stops_and_starts_under_load_place_nothing_while_stopping_and_strand_nothing(
+    gpuadmin_env, tmp_path, free_port
+):
+    """Three stops and starts of a stack busy with short jobs. Once a stop has begun nothing
+    is placed: no job is scheduled after the agents' first report of a job their stop ended
+    (it was before the fix: the ends woke passes that placed waiting jobs on the stopping
+    agents). Between two runs, a job placed on the node whose message is lost (its queue
+    emptied, as when an agent dies holding it) is re-queued once GPUADMIN_SCHEDULED_CONFIRM_S
+    has passed (it stayed scheduled for good before); no GPU is ever allocated twice."""
+    from django.contrib.auth import get_user_model
+
+    from gpuadmin.audit.models import AuditEvent
+    from inventory import live
+    from inventory.agent import node_queue
+    from inventory.models import Node
+    from scheduling import loop, services
+    from scheduling.checks import gpus_allocated_twice
+    from scheduling.models import Job, JobState
+
+    node = f"up-{uuid.uuid4().hex[:6]}"
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps({"nodes": [{"name": node, "model": "pcie-l40s-4x"}]}))
+    confirm_s = 3
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_SIM_FLEET": str(fleet),
+        "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
+        "GPUADMIN_SAMPLE_INTERVAL_S": "1",
+        "GPUADMIN_JOB_KILL_GRACE_S": "1",
+        "GPUADMIN_SCHEDULED_CONFIRM_S": str(confirm_s),
+    }
+    owner = get_user_model().objects.create_user(f"owner-{node}")
+    runs_as_this_account(owner)
+    ours = Job.objects.filter(owner=owner)
+    stranded: list[int] = []
+
+    def requeued(pks: list[int]) -> bool:
+        """Each job re-queued by the bound (a slow start on a loaded host may add another)."""
+        rows = AuditEvent.objects.filter(
+            target_id__in=[str(pk) for pk in pks],
+            event_type="job.queued",
+            message=f"requeued: {node} did not start it within {confirm_s} s",
+        )
+        return rows.values("target_id").distinct().count() == len(pks)
+
+    for cycle in range(3):
+        log = tmp_path / f"up-{cycle}.log"
+        with log.open("w") as out:
+            up = subprocess.Popen(
+                [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+                env=env,
+                cwd=REPO_DIR,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            wait_for_line(log, "gpuadmin is up", START_TIMEOUT_S, up)
+            if cycle == 0:  # the load: more jobs than GPUs, once the node is there
+                wait_for(
+                    lambda: Node.objects.filter(hostname=node, gpus__isnull=False).exists(),
+                    60,
+                    "the demo node to register",
+                )
+                for _ in range(30):
+                    command = ["sleep", "5"]  # still running when the stop reaches them
+                    services.submit_job(owner, command=command, gpu_count=1, max_retries=1)
+            # What was left scheduled with no message is re-queued within the bound.
+            done = partial(requeued, list(stranded))
+            # Beat's sweep, or the agent as it starts: once the worker is up (slow when loaded).
+            wait_for(done, 60, "the stranded jobs to be re-queued")
+            # None stays scheduled past the bound and beat's sweeps after it.
+            stale = timezone.now() - timedelta(seconds=confirm_s + 10)
+            assert not ours.filter(state=JobState.SCHEDULED, scheduled_at__lt=stale).exists()
+            wait_for(
+                lambda: ours.filter(state=JobState.RUNNING).count() >= 2,
+                30,
+                "jobs to run",
+            )
+        finally:
+            first_audit = AuditEvent.objects.order_by("-pk").values_list("pk", flat=True)[0]
+            up.send_signal(signal.SIGINT)
+            up.wait(timeout=90)
+        text = log.read_text()
+        assert up.returncode == 0, text
+        stopped = AuditEvent.objects.filter(
+            pk__gt=first_audit, actor_name="agent", message__contains=f"node {node} stopped"
+        )
+        first_stop = stopped.order_by("pk").values_list("pk", flat=True).first()
+        assert first_stop is not None, text
+        placed_late = AuditEvent.objects.filter(pk__gt=first_stop, event_type="job.scheduled")
+        assert not placed_late.exists(), text
+        assert gpus_allocated_twice() == []
+        if cycle < 2:  # a placement whose message is lost while the stack is down
+            Node.objects.filter(hostname=node).update(last_heartbeat_at=timezone.now())
+            stranded = loop.run_pass().dispatched
+            assert stranded
+            live.client().delete(node_queue(node))

@@ -374,9 +374,12 @@ def test_shutdown_with_kill_cancels_every_job(make_executor: MakeExecutor, workd
     executor.launch(job("a", workdir, SLEEP))
     executor.launch(job("b", workdir, SLEEP))
 
-    executor.shutdown(kill=True)
+    executor.shutdown(kill=True, message="node dgx-01 stopped")
 
-    assert [events.finished(j).state for j in ("a", "b")] == [FinalState.CANCELED] * 2
+    ended = [events.finished(j) for j in ("a", "b")]
+    assert [(e.state, e.message) for e in ended] == [
+        (FinalState.CANCELED, "node dgx-01 stopped")
+    ] * 2
     assert executor.running() == []
     with pytest.raises(RuntimeError, match="shut down"):
         executor.launch(job("c", workdir, SLEEP))

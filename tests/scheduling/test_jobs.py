@@ -398,7 +398,7 @@ def test_a_scheduled_job_on_a_silent_node_goes_back_to_the_queue(alice, fleet):
     job = place(alice)
     Job.objects.filter(pk=job.pk).update(scheduled_at=timezone.now() - timedelta(minutes=5))
     Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
-    assert loop.requeue_lost_scheduled_jobs() == 1
+    assert services.requeue_unconfirmed() == [job.pk]
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     assert not job.allocations.active().exists()
