@@ -14,6 +14,7 @@ batches too, through one sender thread (``report``, ``send_unsent``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -45,6 +46,8 @@ from scheduling.executor import (
     executor_id,
     parse_executor_id,
 )
+from scheduling.isolation.cgroups import HostCgroups, host_cgroups
+from scheduling.isolation.devices import DeviceRule
 from scheduling.mps import MpsDaemons
 
 log = logging.getLogger("gpuadmin.agent")
@@ -77,6 +80,7 @@ def executor() -> Executor:
     with _lock:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
+            cgroups = node_cgroups()
             hooks: dict[str, Any] = {}
             mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
@@ -101,6 +105,14 @@ def executor() -> Executor:
                 scratch_dir=root / "work",
                 jobs_as_owner=jobs_run_as_owner(),
                 mps=mps,
+                cgroups=cgroups,
+                # A real GPU of another user is at stake; a simulated one is not.
+                require_confinement=settings.GPUADMIN_NVML == "real",
+                pids_max=settings.GPUADMIN_JOB_PIDS_MAX,
+                extra_devices=[
+                    DeviceRule.parse(rule) for rule in settings.GPUADMIN_JOB_EXTRA_DEVICES
+                ],
+                container_cgroup_parent=settings.GPUADMIN_CONTAINER_CGROUP_PARENT,
                 **hooks,
             )
             log.info(
@@ -108,10 +120,39 @@ def executor() -> Executor:
                 "their owners' Unix accounts" if _executor.jobs_as_owner else "this agent",
                 _executor.container_runtime,
             )
+            log_isolation(cgroups)
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
             send_as_node("scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running))
         return _executor
+
+
+@functools.cache
+def node_cgroups() -> HostCgroups:
+    """What confines this node's jobs (``GPUADMIN_CGROUP_VERSION``, ``GPUADMIN_CGROUP_ROOT``)."""
+    return host_cgroups(settings.GPUADMIN_CGROUP_VERSION, settings.GPUADMIN_CGROUP_ROOT)
+
+
+def isolation_report() -> dict[str, str]:
+    """What the agent reports with its scans (the node page, the API, the fleet page)."""
+    cgroups = node_cgroups()
+    return {"isolation": cgroups.describe(), "reason": cgroups.reason()}
+
+
+def log_isolation(cgroups: HostCgroups) -> None:
+    """Say at the agent's start what confines its jobs, and why something does not."""
+    if cgroups.confined:
+        log.info("jobs are confined by %s", cgroups.describe())
+        if cgroups.reason():
+            log.warning("not confined: %s", cgroups.reason())
+        return
+    refused = settings.GPUADMIN_NVML == "real"
+    log.warning(
+        "jobs are NOT confined (%s): a job can open every GPU of this node and leave "
+        "processes behind%s",
+        cgroups.reason(),
+        "; jobs are refused unless an admin allows unconfined jobs on this node" if refused else "",
+    )
 
 
 def run_job(data: dict[str, Any]) -> None:

@@ -157,6 +157,16 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True, help_text="Why it failed or was canceled.")
+    # Read from its cgroup at its end (sacct's TotalCPU and MaxRSS); a gang's summed / largest.
+    cpu_seconds = models.FloatField(
+        "CPU time (s)", null=True, blank=True, help_text="User and system CPU time of its last run."
+    )
+    max_memory_bytes = models.PositiveBigIntegerField(
+        "peak memory (bytes)",
+        null=True,
+        blank=True,
+        help_text="Largest host memory of its last run on any one node.",
+    )
 
     # The placement loop's latest word on a waiting job (not state changes: not audited)
     pending_code = models.CharField(max_length=32, blank=True)
@@ -704,6 +714,9 @@ class UsageDay(models.Model):
     mig_slice_s = models.FloatField(default=0, help_text="MIG compute slices x seconds.")
     mps_gpu_s = models.FloatField(default=0, help_text="MPS shares as fractions of a GPU.")
     energy_j = models.FloatField(default=0)
+    cpu_s = models.FloatField(
+        "CPU seconds", default=0, help_text="CPU time of the jobs that finished that day."
+    )
 
     class Meta:
         ordering = ["-day"]

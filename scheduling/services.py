@@ -36,10 +36,12 @@ from django.contrib.postgres.expressions import ArraySubquery
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max, OuterRef, QuerySet
+from django.db.models import Count, F, Max, OuterRef, QuerySet, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gpuadmin.audit.models import AuditEvent
 from gpuadmin.audit.services import (
     audit_event,
     create_recorded,
@@ -1578,6 +1580,7 @@ def job_events(
         if len(jobs) > 1 and any(job.preempted_by_id is not None for job in jobs.values()):
             _lock_held_gpus(list(jobs))
         moves = _Moves(AGENT_ACTOR)
+        gang_parts: list[tuple[int, int, JobFinished]] = []
         for job_id, attempt, event in reports:
             job = jobs.get(job_id)
             if sender is not None and attempt not in getattr(job, "placed_there", ()):
@@ -1589,7 +1592,11 @@ def job_events(
                 if job.state == S.SCHEDULED:
                     moves.add(job, S.RUNNING, pid=event.pid, started_at=event.started_at)
                 continue
+            # A gang's parts end one by one, each on its node: their usage adds up.
+            gang = job.node_count > 1 and sender is not None
             if job.state not in HOLDING_STATES:
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
                 continue
             preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
             if preempted and event.state != "completed":
@@ -1603,12 +1610,57 @@ def job_events(
                 job, event.state, event.exit_code, event.message, node_stopped=stopped_by
             )
             fields["exit_code"] = event.exit_code
+            # The run's usage (a gang's starts again from none: ``_add_gang_part``).
+            fields["cpu_seconds"] = None if gang else event.cpu_seconds
+            fields["max_memory_bytes"] = None if gang else event.max_memory_bytes
             if to != S.QUEUED:
                 fields["finished_at"] = event.finished_at
             moves.add(job, to, message, **fields)
+            if gang:
+                gang_parts.append((job_id, attempt, event))
         reached.update(moves.write())
+        for job_id, attempt, event in gang_parts:
+            assert sender is not None, "a gang's part is reported by its node"
+            _add_gang_part(job_id, attempt, sender, event)
     moves.log()
     return recorded
+
+
+# The audit row of one node's part of a multi-node gang's usage.
+GANG_PART_USAGE = "job.part_usage"
+
+
+def _add_gang_part(job_id: int, attempt: int, node: str, event: JobFinished) -> None:
+    """Add the usage of a gang's part that ended on ``node`` to its job (CPU seconds summed,
+    the largest peak memory kept; inside the caller's transaction, the job locked), audited
+    ``job.part_usage``, that row also telling a repeated report (counted once per node and
+    attempt)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    if cpu is None and memory is None:
+        return
+    part = {"attempt": attempt, "node": node}
+    counted = AuditEvent.objects.filter(
+        event_type=GANG_PART_USAGE,
+        target_type=Job._meta.label_lower,
+        target_id=str(job_id),
+        after__contains=part,
+    )
+    if counted.exists():
+        return
+    Job.objects.filter(pk=job_id).update(
+        cpu_seconds=F("cpu_seconds") if cpu is None else Coalesce(F("cpu_seconds"), 0.0) + cpu,
+        max_memory_bytes=F("max_memory_bytes")
+        if memory is None
+        else Greatest(F("max_memory_bytes"), Value(memory)),  # NULL is not the greatest
+    )
+    after = {**part, "cpu_seconds": cpu, "max_memory_bytes": memory}
+    record(
+        GANG_PART_USAGE,
+        actor_name=AGENT_ACTOR,
+        target_type=Job._meta.label_lower,
+        target_id=job_id,
+        after=after,
+    )
 
 
 def _lock_held_gpus(job_ids: Collection[int]) -> None:

@@ -270,6 +270,47 @@ def test_started_then_completed_releases_the_gpus(alice, fleet):
     assert len(completed.after["released_gpus"]) == 2
 
 
+MEMORY_KILL = "stopped: it used more than its 64 MiB of host memory"
+
+
+def test_an_end_records_the_runs_cpu_time_and_peak_memory_from_its_cgroup(alice, fleet):
+    job = place(alice, host_memory_mib=64)
+    ended = JobFinished(
+        f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), MEMORY_KILL, 83.25, 67_108_864
+    )
+    assert services.job_events([ended]).reached == {job.pk: JobState.FAILED}
+    job.refresh_from_db()
+    assert (job.cpu_seconds, job.max_memory_bytes, job.message) == (83.25, 2**26, MEMORY_KILL)
+    failed = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
+    assert (failed.after["cpu_seconds"], failed.after["max_memory_bytes"]) == (83.25, 2**26)
+
+
+def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
+    """Each node of a multi-node gang reports its part: CPU seconds summed, the largest peak
+    memory kept; the first part ends the job, a repeated report counts nothing."""
+    gang = place(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
+    gang.cpu_seconds, gang.max_memory_bytes = 999.0, 2**40  # a previous run's: not added to
+    gang.save(update_fields=["cpu_seconds", "max_memory_bytes"])
+    now = timezone.now()
+
+    def part(cpu: float, memory: int) -> JobFinished:
+        return JobFinished(f"{gang.pk}.1", FinalState.COMPLETED, 0, now, "", cpu, memory)
+
+    assert services.job_events([part(10.5, 300)], sender="dgx-01").reached == {
+        gang.pk: JobState.COMPLETED
+    }
+    services.job_events([part(4.5, 200)], sender="dgx-02")
+    services.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
+    services.job_events([part(10.5, 300)], sender="dgx-01")
+    gang.refresh_from_db()
+    assert (gang.state, gang.cpu_seconds, gang.max_memory_bytes) == ("completed", 15.0, 300)
+    parts = AuditEvent.objects.filter(event_type="job.part_usage", target_id=str(gang.pk))
+    assert sorted(parts.values_list("after__node", "after__cpu_seconds")) == [
+        ("dgx-01", 10.5),
+        ("dgx-02", 4.5),
+    ]
+
+
 def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_statements(
     alice, fleet, django_assert_max_num_queries
 ):
