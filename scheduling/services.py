@@ -1556,8 +1556,10 @@ def job_events(
     refused, not believed); each event's transition decided on its job as the state machine
     has it then (``_change``: a start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the
     jobs written in one UPDATE; the GPUs of those that stopped holding them released in one
-    statement; every transition audited, in one INSERT. A stale report (another attempt, or a
-    job that moved on) changes nothing. The end of a preempted job takes
+    statement; every transition audited, in one INSERT. An end records its run's CPU time and
+    peak memory; a multi-node gang's parts add theirs with statements of their own
+    (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes
+    nothing. The end of a preempted job takes
     ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
     statement of their own, so when others end with it, all their GPUs are locked first, in
     id order (the module's lock order). ``node_stopped``: the executor ids of the jobs that

@@ -338,6 +338,8 @@ class JobSerializer(api.ModelSerializer):
             "finished_at",
             "exit_code",
             "message",
+            "cpu_seconds",
+            "max_memory_bytes",
             "pending_code",
             "pending_reason",
             "queue_position",
