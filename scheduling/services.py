@@ -1556,9 +1556,9 @@ def job_events(
     refused, not believed); each event's transition decided on its job as the state machine
     has it then (``_change``: a start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the
     jobs written in one UPDATE; the GPUs of those that stopped holding them released in one
-    statement; every transition audited, in one INSERT. An end records its run's CPU time and
-    peak memory; a multi-node gang's parts add theirs with statements of their own
-    (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes
+    statement; every transition audited, in one INSERT. An end adds its run's CPU time and
+    peak memory to the job's earlier runs' (retries and preempted runs count too); a
+    multi-node gang's parts add theirs with statements of their own (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes
     nothing. The end of a preempted job takes
     ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
     statement of their own, so when others end with it, all their GPUs are locked first, in
@@ -1603,6 +1603,10 @@ def job_events(
             preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
             if preempted and event.state != "completed":
                 reached.update(moves.write())
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
+                else:
+                    _add_usage(job_id, event)
                 if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
@@ -1612,9 +1616,9 @@ def job_events(
                 job, event.state, event.exit_code, event.message, node_stopped=stopped_by
             )
             fields["exit_code"] = event.exit_code
-            # The run's usage (a gang's starts again from none: ``_add_gang_part``).
-            fields["cpu_seconds"] = None if gang else event.cpu_seconds
-            fields["max_memory_bytes"] = None if gang else event.max_memory_bytes
+            if not gang:  # the run's usage, added to its earlier runs' (a gang's: by part)
+                fields["cpu_seconds"] = _total(job.cpu_seconds, event.cpu_seconds)
+                fields["max_memory_bytes"] = _peak(job.max_memory_bytes, event.max_memory_bytes)
             if to != S.QUEUED:
                 fields["finished_at"] = event.finished_at
             moves.add(job, to, message, **fields)
@@ -1649,12 +1653,7 @@ def _add_gang_part(job_id: int, attempt: int, node: str, event: JobFinished) -> 
     )
     if counted.exists():
         return
-    Job.objects.filter(pk=job_id).update(
-        cpu_seconds=F("cpu_seconds") if cpu is None else Coalesce(F("cpu_seconds"), 0.0) + cpu,
-        max_memory_bytes=F("max_memory_bytes")
-        if memory is None
-        else Greatest(F("max_memory_bytes"), Value(memory)),  # NULL is not the greatest
-    )
+    _add_usage(job_id, event)
     after = {**part, "cpu_seconds": cpu, "max_memory_bytes": memory}
     record(
         GANG_PART_USAGE,
@@ -1663,6 +1662,26 @@ def _add_gang_part(job_id: int, attempt: int, node: str, event: JobFinished) -> 
         target_id=job_id,
         after=after,
     )
+
+
+def _add_usage(job_id: int, event: JobFinished) -> None:
+    """Add what a run (or a gang's part) used to its job's: CPU seconds summed over its runs,
+    the largest peak memory kept (one statement; the job locked by the caller)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    Job.objects.filter(pk=job_id).update(
+        cpu_seconds=F("cpu_seconds") if cpu is None else Coalesce(F("cpu_seconds"), 0.0) + cpu,
+        max_memory_bytes=F("max_memory_bytes")
+        if memory is None
+        else Greatest(F("max_memory_bytes"), Value(memory)),  # NULL is not the greatest
+    )
+
+
+def _total(before: float | None, run: float | None) -> float | None:
+    return before if run is None else (before or 0.0) + run
+
+
+def _peak(before: int | None, run: int | None) -> int | None:
+    return before if run is None else max(before or 0, run)
 
 
 def _lock_held_gpus(job_ids: Collection[int]) -> None:

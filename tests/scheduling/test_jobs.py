@@ -285,11 +285,24 @@ def test_an_end_records_the_runs_cpu_time_and_peak_memory_from_its_cgroup(alice,
     assert (failed.after["cpu_seconds"], failed.after["max_memory_bytes"]) == (83.25, 2**26)
 
 
+def test_a_jobs_usage_adds_up_its_runs_retried_and_preempted_ones_too(alice, fleet):
+    """sacct counts what every run used: a retried run's CPU time is not lost to the next."""
+    job = place(alice, max_retries=1, preemptible=True)
+    first = JobFinished(f"{job.pk}.1", FinalState.FAILED, 1, timezone.now(), "", 30.0, 2**20)
+    assert services.job_events([first]).reached == {job.pk: JobState.QUEUED}
+    loop.run_pass()
+    job.refresh_from_db()
+    second = JobFinished(f"{job.pk}.2", FinalState.COMPLETED, 0, timezone.now(), "", 12.5, 2**10)
+    services.job_events([second])
+    job.refresh_from_db()
+    assert (job.state, job.cpu_seconds, job.max_memory_bytes) == ("completed", 42.5, 2**20)
+
+
 def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
     """Each node of a multi-node gang reports its part: CPU seconds summed, the largest peak
     memory kept; the first part ends the job, a repeated report counts nothing."""
     gang = place(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
-    gang.cpu_seconds, gang.max_memory_bytes = 999.0, 2**40  # a previous run's: not added to
+    gang.cpu_seconds, gang.max_memory_bytes = 999.0, 200  # a previous run's: added to
     gang.save(update_fields=["cpu_seconds", "max_memory_bytes"])
     now = timezone.now()
 
@@ -303,7 +316,7 @@ def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
     services.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
     services.job_events([part(10.5, 300)], sender="dgx-01")
     gang.refresh_from_db()
-    assert (gang.state, gang.cpu_seconds, gang.max_memory_bytes) == ("completed", 15.0, 300)
+    assert (gang.state, gang.cpu_seconds, gang.max_memory_bytes) == ("completed", 1014.0, 300)
     parts = AuditEvent.objects.filter(event_type="job.part_usage", target_id=str(gang.pk))
     assert sorted(parts.values_list("after__node", "after__cpu_seconds")) == [
         ("dgx-01", 10.5),
