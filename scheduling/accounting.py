@@ -6,7 +6,7 @@ from the allocations overlapping the day and the GPUs' one-minute telemetry roll
 fraction of a GPU, ``gpu_share``), used GPU-seconds (weighted by the GPU's utilization),
 idle-held GPU-seconds (minutes under the idle-held alert rule's utilization threshold), MIG
 slice-seconds and energy (NVML's energy counter, as the rollups' per-minute deltas), and the
-CPU time of the jobs that ended that day (their last run's, read from its cgroup, counted whole
+CPU time of the jobs that ended that day (their runs', read from their cgroups, counted whole
 on the day it ended as sacct's TotalCPU is). A day is
 recomputed whole each time (idempotent); beat recomputes today and yesterday
 (``scheduling.account_usage``).
