@@ -1560,9 +1560,9 @@ def job_events(
     peak memory to the job's earlier runs' (retries and preempted runs count too); a
     multi-node gang's parts add theirs with statements of their own (``_add_gang_part``). A
     stale report (another attempt, or a job that moved on) changes nothing. The end of a
-    preempted job takes ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
-    statement of their own, so when others end with it, all their GPUs are locked first, in
-    id order (the module's lock order). ``node_stopped``: the executor ids of the jobs that
+    preempted job takes ``_requeue_preempted``'s path, in the same transaction: its GPUs are
+    released by a statement of their own, so when others end with it, all their GPUs are
+    locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the jobs that
     ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel is
     the node's stop, not a user's (``_end_of``)."""
     reports = []
