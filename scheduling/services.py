@@ -1549,22 +1549,21 @@ def job_events(
     sender: str | None = None,
     node_stopped: Collection[str] = (),
 ) -> Recorded:
-    """What an agent's executor reported, in the order it happened (``scheduling.job_events``:
-    an agent sends together the events that pile up), recorded in one transaction of a fixed number of
-    statements however many events: the jobs locked in id order (with the attempts placed on
-    node ``sender``, when given: an event about a job attempt placed elsewhere is refused, not
-    believed); each event's transition decided on its job as the state machine has it then
-    (``_change``: a start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the jobs written in
-    one UPDATE; the GPUs of those that stopped holding them released in one statement; every
-    transition audited, in one INSERT. An end adds its run's CPU time and peak memory to the
-    job's earlier runs' (retries and preempted runs count too); a multi-node gang's parts add
-    theirs with statements of their own (``_add_gang_part``). A stale report (another attempt,
-    or a job that moved on) changes nothing. The end of a preempted job takes
-    ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a statement
-    of their own, so when others end with it, all their GPUs are locked first, in id order (the
-    module's lock order). ``node_stopped``: the executor ids of the jobs that ``sender``'s agent
-    stopped because it stopped (``--stop-jobs-on-exit``): their cancel is the node's stop, not a
-    user's (``_end_of``)."""
+    """What an agent's executor reported, in the order it happened (``scheduling.job_events``: an
+    agent sends together the events that pile up), recorded in one transaction of a fixed number of
+    statements however many events: the jobs locked in id order (with the attempts placed on node
+    ``sender``, when given: an event about a job attempt placed elsewhere is refused, not believed);
+    each event's transition decided on its job as the state machine has it then (``_change``: a
+    start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the jobs written in one UPDATE; the
+    GPUs of those that stopped holding them released in one statement; every transition audited, in
+    one INSERT. An end adds its run's CPU time and peak memory to the job's earlier runs' (retries
+    and preempted runs count too); a multi-node gang's parts add theirs with statements of their own
+    (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes nothing.
+    The end of a preempted job takes ``_requeue_preempted``'s path, in the same transaction: its
+    GPUs are released by a statement of their own, so when others end with it, all their GPUs are
+    locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the
+    jobs that ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel
+    is the node's stop, not a user's (``_end_of``)."""
     reports = []
     for event in events:
         job_id, attempt = parse_executor_id(event.job_id)
