@@ -3,7 +3,10 @@
 A shape is checked against ever looser facts, and the first that fails names the reason:
 the hardware (model, memory, node size, topology, host CPUs and memory), then which of it is
 up, then what is free now (GPUs, then the host CPUs and memory of the nodes with those GPUs
-free). The estimated start walks the expected ends of the jobs holding GPUs (those placed in
+free). The hardware step alone (`Diagnosis.never`, over every node and GPU whatever its
+state) is what the fleet could never run: submission refuses such a job (see
+`scheduling.services.FleetShape`), and a waiting job that no longer fits says so before its
+quota. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
 this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
 ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
 as `squeue --start` reports without reservations.
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
 from scheduling.placement.hosts import ask_phrase, most_phrase
-from scheduling.placement.snapshot import GpuSlot, JobRequest
+from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.text import (
     gigabytes,
     gpu_noun,
@@ -132,6 +136,7 @@ class Diagnosis:
         self._memory_levels = sorted(sizes)
         self._views: dict[ViewKey, View] = {}
         self._shapes: dict[Shape, tuple[Reason, str, float | None, str | None]] = {}
+        self._never: dict[Shape, tuple[Reason, str] | None] = {}
         # Each node with its GPU models and the least total memory of its GPUs, in hostname
         # order, and per model the nodes that have one; the groups and blocks of nodes all
         # of whose GPUs match a view, per (node, requirement) and (..., memory).
@@ -148,6 +153,13 @@ class Diagnosis:
         self._groups: dict[tuple[int, str], list[Group]] = {}
         self._whole_nodes: dict[tuple[int, str, int], Blocks] = {}
 
+    @classmethod
+    def of_hardware(
+        cls, nodes: Iterable[NodeInfo], gpus: Iterable[GpuSlot], scope: str
+    ) -> Diagnosis:
+        """A diagnosis of bare hardware (no jobs), to ask what it could `never` run."""
+        return cls(Fleet(Snapshot(0.0, tuple(nodes), tuple(gpus))), 0.0, scope)
+
     def explain(self, job: JobRequest, position: int) -> Pending:
         shape = Shape.of(job)
         if shape not in self._shapes:
@@ -155,39 +167,29 @@ class Diagnosis:
         reason, message, estimated_start, what_if = self._shapes[shape]
         return Pending(job.id, position, reason, message, estimated_start, what_if)
 
-    def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
+    def never(self, shape: Shape) -> tuple[Reason, str] | None:
+        """Why no state of this fleet could ever run `shape`, whatever its nodes' and GPUs'
+        states (drained, fenced and broken hardware counts): no GPU of its model or memory,
+        no node (or too few) with enough such GPUs, in one NUMA node or NVLink domain where it
+        asks for one, and with its host CPUs and memory. None when its hardware could. The
+        one rule: a waiting job's reason starts with it, and submission refuses by it."""
+        if shape not in self._never:
+            self._never[shape] = self._hardware_refusal(shape)
+        return self._never[shape]
+
+    def _hardware_refusal(self, shape: Shape) -> tuple[Reason, str] | None:
         count, wanted, min_memory, model, requirement, *_ = shape
-        host = shape.host
         if model not in self._largest_memory:
-            return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}", None, None
+            return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}"
         largest = self._largest_memory[model]
         if min_memory > largest:
             message = (
                 f"no {gpu_noun(model)}{memory_phrase(min_memory)} in {self.scope}; "
                 f"the largest has {gigabytes(largest)}"
             )
-            return Reason.MEMORY, message, None, None
-        # Views depend on the memory asked for only through which GPUs have that much, so
-        # requests between the same two memory sizes in the fleet share them.
-        level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
-        whole = self._view((model, level, "any"))
-        view = self._view((model, level, requirement))
-        reason, message = self._reason(shape, whole, view)
-        host_bound = reason == Reason.TOO_LARGE and (host.cpus or host.memory_mib)
-        if reason == Reason.HOST_RESOURCES or host_bound:
-            # Neither the start (when GPUs free up) nor fewer GPUs answers for the host.
-            return reason, message, None, None
-        return (
-            reason,
-            message,
-            self._estimated_start(view, count, wanted),
-            _what_if(shape, whole, view),
-        )
-
-    def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
-        count, wanted, min_memory, model, requirement, *_ = shape
+            return Reason.MEMORY, message
+        whole, view = self._views_of(shape)
         host = shape.host
-        asks_host = bool(host.cpus or host.memory_mib)
         gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
         unit = UNITS.get(requirement)
         in_unit = "" if unit is None else f" in one {unit}"
@@ -207,7 +209,7 @@ class Diagnosis:
             else:
                 found = f"{self.scope} has {view.at_least('hardware', count)} such nodes"
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
-        if asks_host:
+        if host.cpus or host.memory_mib:
             sized = [b.node.host.info for b in view.blocks if b.hardware >= count]
             able = sum(b.node.host.could_fit(host) for b in view.blocks if b.hardware >= count)
             if able < wanted:
@@ -219,6 +221,43 @@ class Diagnosis:
                 capacity = most_phrase(host, ((i.cpus, i.memory_mib) for i in sized))
                 found = f"no node with {gpus}{in_unit} has that much (at most {capacity})"
                 return Reason.TOO_LARGE, f"{asked}; {found}"
+        return None
+
+    def _views_of(self, shape: Shape) -> tuple[View, View]:
+        """The views of `shape` without its requirement ("any") and with it. Views depend on
+        the memory asked for only through which GPUs have that much, so requests between the
+        same two memory sizes in the fleet share them."""
+        _, _, min_memory, model, requirement, *_ = shape
+        level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
+        return self._view((model, level, "any")), self._view((model, level, requirement))
+
+    def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
+        count, wanted, *_ = shape
+        never = self.never(shape)
+        if never is not None and never[0] in (Reason.MODEL, Reason.MEMORY):
+            return *never, None, None
+        whole, view = self._views_of(shape)
+        reason, message = never or self._reason(shape, whole, view)
+        host_bound = reason == Reason.TOO_LARGE and (shape.cpus or shape.host_memory_mib)
+        if reason == Reason.HOST_RESOURCES or host_bound:
+            # Neither the start (when GPUs free up) nor fewer GPUs answers for the host.
+            return reason, message, None, None
+        return (
+            reason,
+            message,
+            self._estimated_start(view, count, wanted),
+            _what_if(shape, whole, view),
+        )
+
+    def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
+        """Why `shape`, which its hardware could hold (`never`), waits now: which of that
+        hardware is up, then what is free."""
+        count, wanted, min_memory, model, requirement, *_ = shape
+        host = shape.host
+        asks_host = bool(host.cpus or host.memory_mib)
+        gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
+        unit = UNITS.get(requirement)
+        in_unit = "" if unit is None else f" in one {unit}"
         if not _enough(view, "available", count, wanted):
             down = [b.node for b in view.blocks if b.hardware >= count > b.available]
             sentence = _unavailable(down)

@@ -19,6 +19,7 @@ from scheduling.placement.decisions import (
     Preemption,
     Reason,
 )
+from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import Shape, gpus_by_host, matches
@@ -230,6 +231,7 @@ class _Planner:
         self.partitions: dict[PartitionKey, _Partition] = {}
         self.shares: dict[str | None, FairShareTable] = {}
         self._sharing: SharingPass | None = None
+        self._hardware: dict[str | None, Diagnosis] = {}  # what each pool could ever run
         self.placements: list[Placement] = []
         self.pending: list[Pending] = []
         self.preemptions: list[Preemption] = []
@@ -260,7 +262,11 @@ class _Planner:
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
+            over = self.quotas.refusal(job) if hold is None and limited else None
+            if over is not None and self._never(job):
+                # It could never run here: it says so, not that it is over quota.
+                over = None
+            if over is not None:
                 if config.allow_borrowing:
                     borrowers.append((job, over))
                     continue
@@ -301,6 +307,17 @@ class _Planner:
         placed, hold = self._place(partition, job, borrowing, policy)
         if not placed:
             waiting.append((job, partition, hold))
+
+    def _never(self, job: JobRequest) -> bool:
+        """Whether no state of its pool's hardware could ever run `job` (whole GPUs; its
+        reservations' GPUs count: they are the pool's for a while)."""
+        if is_sharing(job):
+            return False
+        if job.pool not in self._hardware:
+            gpus = [gpu for gpu in self.snapshot.gpus if gpu.pool == job.pool]
+            scope = self._scope(job.pool, None)
+            self._hardware[job.pool] = Diagnosis.of_hardware(self.snapshot.nodes, gpus, scope)
+        return self._hardware[job.pool].never(Shape.of(job)) is not None
 
     def _admit(self, job: JobRequest) -> _Hold | None:
         """What keeps `job` from running whatever is free: its array's cap, its reservation."""
