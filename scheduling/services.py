@@ -506,10 +506,12 @@ class FleetShape:
         with_pools = any(pool is not None for pool in pools)
         infos = {info.hostname: info for info in hosts.values()}
         hardware = {}
-        for pool, gpus in slots.items():
+        for pool, pool_slots in slots.items():
             scope = f"pool {pool}" if pool else "the GPUs in no pool" if with_pools else "the fleet"
-            nodes = [infos[hostname] for hostname in sorted({gpu.node for gpu in gpus})]
-            hardware[pool] = Diagnosis.of_hardware(nodes, gpus, scope)
+            hostnames = sorted({slot.node for slot in pool_slots})
+            hardware[pool] = Diagnosis.of_hardware(
+                [infos[hostname] for hostname in hostnames], pool_slots, scope
+            )
         return cls(pools, names, hardware)
 
     def where(self, pool: str | None) -> str:
