@@ -339,6 +339,11 @@ def test_form_takes_the_new_fields(alice, pools, client):
         ({"mps_percent": "20", "pool": "a100"}, "mps_percent", "no MPS-shared GPU in pool a100"),
         ({"dependency": "afterok:999999"}, "dependency", "no job 999999"),
         ({"reservation": "999999"}, "reservation", "Select a valid choice."),
+        (
+            {"gpu_count": "4", "topology": "numa"},
+            "topology",
+            "needs 4 GPUs in one NUMA node; the largest NUMA node has 2",
+        ),
     ],
 )
 def test_form_shows_refusals_on_their_field(alice, pools, client, fields, field, message):
