@@ -468,14 +468,32 @@ class FleetShape:
     @classmethod
     def now(cls) -> FleetShape:
         """Read the fleet: its present GPUs, with their nodes' host figures and NVLink domains,
-        in three queries however large it is."""
-        rows = [
+        and the pools, in three queries however large it is. The shape read last is returned
+        again while they are equal (the hardware changes seldom), with what its ``hardware``
+        worked out for the requests so far."""
+        global _fleet_read
+        rows = tuple(
             _GpuShapeRow._make(row)
             for row in Gpu.objects.present()
             .order_by("node_id", "index")
             .values_list(*_GPU_SHAPE_COLUMNS, pool_name())
-        ]
+        )
         domains = nvlink_domains([GpuPlace(*row[:4]) for row in rows])
+        names = frozenset(Pool.objects.values_list("name", flat=True))
+        read = (rows, names, domains)
+        if _fleet_read is not None and _fleet_read[0] == read:
+            return _fleet_read[1]
+        shape = cls._of(rows, names, domains)
+        _fleet_read = (read, shape)
+        return shape
+
+    @classmethod
+    def _of(
+        cls,
+        rows: Sequence[_GpuShapeRow],
+        names: frozenset[str],
+        domains: Mapping[int, str],
+    ) -> FleetShape:
         per_node: dict[tuple[str | None, int, str, bool], list[_GpuShapeRow]] = defaultdict(list)
         hosts: dict[int, placement.NodeInfo] = {}
         slots: dict[str | None, list[placement.GpuSlot]] = defaultdict(list)
@@ -502,7 +520,6 @@ class FleetShape:
                 shape.mig_models.add(name)
             count, nodes, largest = shape.models.get(name, (0, 0, 0))
             shape.models[name] = (max(count, len(gpus)), nodes + 1, max(largest, memory))
-        names = frozenset(Pool.objects.values_list("name", flat=True))
         with_pools = any(pool is not None for pool in pools)
         infos = {info.hostname: info for info in hosts.values()}
         hardware = {}
@@ -673,6 +690,8 @@ class FleetShape:
 
 
 _fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
+# What ``FleetShape.now`` read last (GPU rows, pool names, NVLink domains), and its shape.
+_fleet_read: tuple[tuple[object, ...], FleetShape] | None = None
 # The request field each of the engine's "never" reasons points at (TOO_LARGE: see
 # ``FleetShape._check_hardware``).
 _NEVER_FIELDS = {
