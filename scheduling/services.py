@@ -75,6 +75,7 @@ from scheduling.models import (
     Reservation,
     ReservationGpu,
     ReservationState,
+    Topology,
 )
 from scheduling.placement.decisions import Reason
 from scheduling.placement.diagnosis import Diagnosis
@@ -814,6 +815,9 @@ def check_submission(
     working_dir = fields.get("working_dir") or ""
     if working_dir and not posixpath.isabs(working_dir):
         raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
+    topology = fields.get("topology", Topology.ANY)
+    if topology not in Topology.values:
+        raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
     if reservation is not None:
         fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
@@ -824,7 +828,7 @@ def check_submission(
         node_count=fields.get("node_count", 1),
         gpu_model=fields.get("gpu_model", ""),
         min_mib=fields.get("min_gpu_memory_mib", 0),
-        topology=fields.get("topology", "any"),
+        topology=topology,
         mig_profile=fields.get("mig_profile", ""),
         mps=fields.get("mps_percent") is not None,
         mps_memory_mib=fields.get("mps_memory_mib"),

@@ -101,6 +101,7 @@ def test_submission_is_queued_and_audited(alice, fleet):
             "topology",
             "needs 3 NVIDIA A100-SXM4-80GB GPUs in one NUMA node; the largest NUMA node has 2",
         ),
+        ({"topology": "ring"}, "topology", "must be one of any, numa, nvlink, node"),
         (
             {"gpu_count": 4, "node_count": 2, "topology": "numa"},
             "topology",
