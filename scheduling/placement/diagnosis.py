@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Reason
@@ -36,7 +36,7 @@ from scheduling.placement.text import (
     memory_phrase,
     plural,
 )
-from scheduling.placement.topology import REQUIREMENT_GROUPING, grouped
+from scheduling.placement.topology import REQUIREMENT_GROUPING, GroupKey, grouped
 
 UNITS = {"numa": "NUMA node", "nvlink": "NVLink domain"}
 REQUIREMENT_NAMES = {"numa": "NUMA", "nvlink": "NVLink"}
@@ -152,6 +152,10 @@ class Diagnosis:
                 self._with_model.setdefault(model, []).append((node, models, least))
         self._groups: dict[tuple[int, str], list[Group]] = {}
         self._whole_nodes: dict[tuple[int, str, int], Blocks] = {}
+        # What `never` reads: per view, the largest group of each node's matching GPUs, and
+        # that size per (node, requirement) for nodes all of whose GPUs match.
+        self._hardware_views: dict[ViewKey, View] = {}
+        self._largest: dict[tuple[int, str], int] = {}
 
     @classmethod
     def of_hardware(
@@ -188,7 +192,7 @@ class Diagnosis:
                 f"the largest has {gigabytes(largest)}"
             )
             return Reason.MEMORY, message
-        whole, view = self._views_of(shape)
+        whole, view = self._views_of(shape, self._hardware_view)
         host = shape.host
         gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
         unit = UNITS.get(requirement)
@@ -223,13 +227,17 @@ class Diagnosis:
                 return Reason.TOO_LARGE, f"{asked}; {found}"
         return None
 
-    def _views_of(self, shape: Shape) -> tuple[View, View]:
-        """The views of `shape` without its requirement ("any") and with it. Views depend on
-        the memory asked for only through which GPUs have that much, so requests between the
-        same two memory sizes in the fleet share them."""
+    def _views_of(
+        self, shape: Shape, view: Callable[[ViewKey], View] | None = None
+    ) -> tuple[View, View]:
+        """The views of `shape` (by `view`: default, the full ones) without its requirement
+        ("any") and with it. Views depend on the memory asked for only through which GPUs
+        have that much, so requests between the same two memory sizes in the fleet share
+        them."""
         _, _, min_memory, model, requirement, *_ = shape
+        view = view or self._view
         level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
-        return self._view((model, level, "any")), self._view((model, level, requirement))
+        return view((model, level, "any")), view((model, level, requirement))
 
     def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
         count, wanted, *_ = shape
@@ -303,6 +311,31 @@ class Diagnosis:
             self._views[key] = View(self._blocks(*key))
         return self._views[key]
 
+    def _hardware_view(self, key: ViewKey) -> View:
+        """A view of the hardware alone (`Blocks.hardware`; the rest 0), whatever its state:
+        all that `never` reads, without the free memory and release times of every group."""
+        if key not in self._hardware_views:
+            model, min_memory, requirement = key
+            grouping = REQUIREMENT_GROUPING[requirement]
+            blocks = []
+            nodes = self._hardware if model is None else self._with_model.get(model, [])
+            for node, models, least_memory in nodes:
+                if (model is None or len(models) == 1) and least_memory >= min_memory:
+                    # Every GPU of the node matches: the same size in every such view.
+                    size = self._largest.get((node.index, requirement))
+                    if size is None:
+                        size = self._largest[node.index, requirement] = _largest(
+                            node.gpus, grouping
+                        )
+                else:
+                    gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
+                    if not gpus:
+                        continue
+                    size = _largest(gpus, grouping)
+                blocks.append(Blocks(node, size, 0, 0, 0, ()))
+            self._hardware_views[key] = View(blocks)
+        return self._hardware_views[key]
+
     def _blocks(self, model: str | None, min_memory: int, requirement: str) -> list[Blocks]:
         """Blocks of every node with a matching GPU, in hostname order."""
         views = []
@@ -344,6 +377,13 @@ class Diagnosis:
         if len(starts) < wanted or starts[wanted - 1] == math.inf:
             return None
         return max(self.now, starts[wanted - 1])
+
+
+def _largest(gpus: list[GpuSlot], grouping: GroupKey | None) -> int:
+    """The most of `gpus` (one node's) that one group of `grouping` holds (None: the node)."""
+    if grouping is None:
+        return len(gpus)
+    return max(len(group) for group in grouped(gpus, grouping))
 
 
 def _blocks_of(node: FleetNode, groups: list[Group], min_memory: int) -> Blocks:

@@ -263,9 +263,11 @@ class _Planner:
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
             over = self.quotas.refusal(job) if hold is None and limited else None
-            if over is not None and self._never(job):
-                # It could never run here: it says so, not that it is over quota.
-                over = None
+            never = None if over is None else self._never(job, config)
+            if never is not None:
+                # It could never run here: it says so, not that it is over quota (nor what
+                # would start now: nothing over quota would).
+                hold, over = _Hold(*never), None
             if over is not None:
                 if config.allow_borrowing:
                     borrowers.append((job, over))
@@ -308,16 +310,22 @@ class _Planner:
         if not placed:
             waiting.append((job, partition, hold))
 
-    def _never(self, job: JobRequest) -> bool:
-        """Whether no state of its pool's hardware could ever run `job` (whole GPUs; its
-        reservations' GPUs count: they are the pool's for a while)."""
+    def _never(self, job: JobRequest, config: PoolConfig) -> tuple[Reason, str] | None:
+        """Why no state of its pool's hardware could ever run `job` (whole GPUs; its
+        reservations' GPUs count: they are the pool's for a while); None when it could."""
         if is_sharing(job):
-            return False
-        if job.pool not in self._hardware:
-            gpus = [gpu for gpu in self.snapshot.gpus if gpu.pool == job.pool]
-            scope = self._scope(job.pool, None)
-            self._hardware[job.pool] = Diagnosis.of_hardware(self.snapshot.nodes, gpus, scope)
-        return self._hardware[job.pool].never(Shape.of(job)) is not None
+            return None
+        pool = job.pool
+        if pool not in self._hardware:
+            scope = self._scope(pool, None)
+            if [key for key in self.gpus if key[0] == pool] == [(pool, None)]:
+                # No window holds any of its GPUs: the pool's partition has them all.
+                fleet = self._partition(pool, None, config).placement_pass.fleet
+                self._hardware[pool] = Diagnosis(fleet, self.snapshot.now, scope)
+            else:
+                gpus = [gpu for gpu in self.snapshot.gpus if gpu.pool == pool]
+                self._hardware[pool] = Diagnosis.of_hardware(self.snapshot.nodes, gpus, scope)
+        return self._hardware[pool].never(Shape.of(job))
 
     def _admit(self, job: JobRequest) -> _Hold | None:
         """What keeps `job` from running whatever is free: its array's cap, its reservation."""
