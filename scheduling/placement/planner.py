@@ -19,6 +19,7 @@ from scheduling.placement.decisions import (
     Preemption,
     Reason,
 )
+from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import Shape, gpus_by_host, matches
@@ -230,6 +231,7 @@ class _Planner:
         self.partitions: dict[PartitionKey, _Partition] = {}
         self.shares: dict[str | None, FairShareTable] = {}
         self._sharing: SharingPass | None = None
+        self._hardware: dict[str | None, Diagnosis] = {}  # what each pool could ever run
         self.placements: list[Placement] = []
         self.pending: list[Pending] = []
         self.preemptions: list[Preemption] = []
@@ -260,7 +262,13 @@ class _Planner:
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
+            over = self.quotas.refusal(job) if hold is None and limited else None
+            never = None if over is None else self._never(job, config)
+            if never is not None:
+                # It could never run here: it says so, not that it is over quota (nor what
+                # would start now: nothing over quota would).
+                hold, over = _Hold(*never), None
+            if over is not None:
                 if config.allow_borrowing:
                     borrowers.append((job, over))
                     continue
@@ -301,6 +309,23 @@ class _Planner:
         placed, hold = self._place(partition, job, borrowing, policy)
         if not placed:
             waiting.append((job, partition, hold))
+
+    def _never(self, job: JobRequest, config: PoolConfig) -> tuple[Reason, str] | None:
+        """Why no state of its pool's hardware could ever run `job` (whole GPUs; its
+        reservations' GPUs count: they are the pool's for a while); None when it could."""
+        if is_sharing(job):
+            return None
+        pool = job.pool
+        if pool not in self._hardware:
+            scope = self._scope(pool, None)
+            if [key for key in self.gpus if key[0] == pool] == [(pool, None)]:
+                # No window holds any of its GPUs: the pool's partition has them all.
+                fleet = self._partition(pool, None, config).placement_pass.fleet
+                self._hardware[pool] = Diagnosis(fleet, self.snapshot.now, scope)
+            else:
+                gpus = [gpu for gpu in self.snapshot.gpus if gpu.pool == pool]
+                self._hardware[pool] = Diagnosis.of_hardware(self.snapshot.nodes, gpus, scope)
+        return self._hardware[pool].never(Shape.of(job))
 
     def _admit(self, job: JobRequest) -> _Hold | None:
         """What keeps `job` from running whatever is free: its array's cap, its reservation."""

@@ -11,11 +11,11 @@ from django.utils import timezone
 from psycopg.errors import UniqueViolation
 
 from gpuadmin.audit.models import AuditEvent
-from inventory.choices import NodeState
+from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from scheduling import loop, services
 from scheduling.executor import ExecutorEvent, FinalState, JobFinished, JobSpec, JobStarted
-from scheduling.models import Allocation, Job, JobState, SchedulerSettings
+from scheduling.models import Allocation, Job, JobState, Quota, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +91,22 @@ def test_submission_is_queued_and_audited(alice, fleet):
         ({"command": ["x"] * 4097}, "command", "at most 4096 arguments"),
         ({"command": ""}, "command", "empty command"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is reserved"),
+        (
+            {"gpu_count": 8, "topology": "numa"},
+            "topology",
+            "needs 8 GPUs in one NUMA node; the largest NUMA node has 4",
+        ),
+        (
+            {"gpu_count": 3, "topology": "numa", "gpu_model": "NVIDIA A100-SXM4-80GB"},
+            "topology",
+            "needs 3 NVIDIA A100-SXM4-80GB GPUs in one NUMA node; the largest NUMA node has 2",
+        ),
+        ({"topology": "ring"}, "topology", "must be one of any, numa, nvlink, node"),
+        (
+            {"gpu_count": 4, "node_count": 2, "topology": "numa"},
+            "topology",
+            "needs 2 nodes with 4 GPUs in one NUMA node each; the fleet has 1 such nodes",
+        ),
     ],
 )
 def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, field, message):
@@ -99,6 +115,42 @@ def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, 
     assert caught.value.field == field
     assert caught.value.message.startswith(message), caught.value.message
     assert not Job.objects.exists()
+
+
+def test_what_the_fleet_could_never_run_is_read_from_the_catalog_not_the_state(alice, fleet):
+    """Drained, fenced and offline hardware still counts: only what no node has is refused."""
+    add_sim_node("pcie-01", "pcie-l40s-4x")
+    Node.objects.filter(hostname="h100-01").update(state=NodeState.DRAINING)
+    Gpu.objects.filter(node__hostname="h100-01", index__lt=2).update(state=GpuState.DEGRADED)
+    Gpu.objects.filter(node__hostname="dgx-01").update(state=GpuState.OFFLINE)
+    services.FleetShape.forget()
+
+    assert submit(alice, gpu_count=4, topology="numa").topology == "numa"  # h100-01's halves
+    assert submit(alice, gpu_count=8, topology="nvlink").state == JobState.QUEUED
+    with pytest.raises(services.JobRejected) as caught:
+        submit(alice, gpu_count=2, topology="nvlink", gpu_model="NVIDIA L40S")
+    assert (caught.value.field, caught.value.message) == (
+        "topology",
+        "needs 2 NVIDIA L40S GPUs in one NVLink domain; no matching GPU has NVLink",
+    )
+    # The same count anywhere on the node is fine.
+    assert submit(alice, gpu_count=2, topology="node", gpu_model="NVIDIA L40S").gpu_count == 2
+
+
+def test_a_queued_job_the_shrunk_fleet_can_never_run_says_so_not_quota(alice, fleet):
+    """Queued when the fleet had two A100 nodes; one is gone (its GPUs missing) and alice is
+    at her quota: the job's reason is that it can never run, not the quota."""
+    gang = submit(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
+    Quota.objects.create(user=alice, max_gpus=8)
+    Gpu.objects.filter(node__hostname="dgx-02").update(missing_since=timezone.now())
+
+    loop.run_pass()
+
+    gang.refresh_from_db()
+    assert (gang.state, gang.pending_code) == (JobState.QUEUED, "too_large")
+    assert gang.pending_reason == (
+        "needs 2 nodes with 8 NVIDIA A100-SXM4-80GB GPUs each; the fleet has 1"
+    )
 
 
 # --------------------------------------------------------------------------- state machine
