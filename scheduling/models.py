@@ -251,6 +251,11 @@ class AllocationQuerySet(models.QuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(released_at__isnull=True)
 
+    def gpu_ids(self) -> models.QuerySet:
+        """The GPUs these allocations hold, each once: the one count of GPUs in use (an MPS
+        GPU with two shares, or a MIG GPU with three devices given, is one GPU)."""
+        return self.order_by().values("gpu_id").distinct()
+
 
 class AllocationKind(models.TextChoices):
     GPU = "gpu", "Whole GPU"
