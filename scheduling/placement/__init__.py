@@ -26,7 +26,8 @@ one. Then, job by job in that order:
   job naming a reservation waits until its window runs, and must end by its end
   (`RESERVATION`); a job over its user's or project's quota (`quotas`, this pass's starts
   counted) waits (`QUOTA`), or, where the pool lends idle GPUs, runs on them as `borrowed`
-  (preemptible, reclaimed first).
+  (preemptible, reclaimed first); a job in its own reservation is never over quota (the
+  quotas admitted the reservation).
 - MIG and MPS jobs go to the sharing pass (`sharing`), which may instead ask for a MIG
   instance to be created (`mig_creates`).
 - Whole-GPU jobs are placed in their view of the fleet: the free GPUs less those a reservation

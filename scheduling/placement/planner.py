@@ -260,7 +260,10 @@ class _Planner:
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
+            # A job in its own reservation runs on GPUs the reservation holds, which the
+            # quotas admitted when it was approved: never over quota, never borrowed.
+            quota_bound = limited and job.reservation is None
+            if hold is None and quota_bound and (over := self.quotas.refusal(job)) is not None:
                 if config.allow_borrowing:
                     borrowers.append((job, over))
                     continue
