@@ -403,7 +403,7 @@ class PoolPolicy(models.Model):
         default=True, help_text="Higher-priority or under-share jobs may preempt preemptible work."
     )
     preempt_exempt_s = models.PositiveIntegerField(
-        default=600,
+        default=0,
         help_text="A job is not preempted for another's priority, share or attained service "
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
         "at once.",

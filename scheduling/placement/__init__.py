@@ -44,7 +44,9 @@ one. Then, job by job in that order:
   work at once; other work that has run the pool's `preempt_exempt_s`, would rank below the
   job in the pool's order were it waiting, and is of a lower priority, in a higher queue of
   attained service (LAS) or held by owners further over their fair share by a margin. The
-  job waits (`PREEMPTING`) and their GPUs go to no one else in the pass.
+  job waits (`PREEMPTING`) and their GPUs go to no one else in the pass. Where stopping
+  running jobs would start it but none may be stopped, its reason says why
+  (`PREEMPT_EXEMPT`, `PREEMPT_ORDER`, `NOT_PREEMPTIBLE`; `preemption.Victims.refusal`).
 - `placements`: a `Placement` per job placed: its GPUs per node (or MIG device, MPS share),
   topology class, score and an explanation ("4 GPUs in one NVLink domain on dgx-01 (GPUs
   0-3), NUMA nodes 1 and 3 on socket 0; best fit: leaves 4 free GPUs on that node").

@@ -83,6 +83,8 @@ class _Partition:
         self._views: dict[tuple[int, bool], View] = {}
         self._never: set[tuple[Shape, int]] = set()
         self._victims: Victims | None = None
+        # Why no job was preempted for a waiting job, by its id (`Victims.refusal`).
+        self.refused: dict[int, tuple[Reason, str]] = {}
 
     def closing(self, job: JobRequest) -> int:
         """How many upcoming windows `job` would still run into (by its maximum runtime)."""
@@ -131,6 +133,7 @@ class _Partition:
                 self.shares,
                 policy,
                 self.config.preempt_exempt_s,
+                self.config.preemption,
             )
         return self._victims
 
@@ -152,6 +155,10 @@ class _Partition:
             phrase = self._held_phrase(job)
             if phrase:
                 pending = replace(pending, message=f"{pending.message}; {phrase}")
+        if job.id in self.refused:
+            code, words = self.refused[job.id]
+            message = f"{pending.message}; no job is preempted for it: {words}"
+            pending = replace(pending, reason=code, message=message)
         return pending
 
     def _kept_for(self, head: Shadow) -> str:
@@ -330,16 +337,18 @@ class _Planner:
         if borrowing is not None:
             # Over-quota work only borrows idle GPUs: it preempts nothing and holds nothing.
             return False, _Hold(Reason.QUOTA, f"{borrowing}; no idle GPUs it could borrow fit it")
-        if partition.config.preemption:
-            victims = partition.victims(policy)
-            if victims.candidates:
-                found = victims.preempt(job, view)
-                if found is not None:
-                    preemption, _ = found
-                    self.preemptions.append(preemption)
-                    self._charge(job)
-                    message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
-                    return False, _Hold(Reason.PREEMPTING, message)
+        victims = partition.victims(policy)
+        if victims.candidates:
+            found = victims.preempt(job, view) if partition.config.preemption else None
+            if found is not None:
+                preemption, _ = found
+                self.preemptions.append(preemption)
+                self._charge(job)
+                message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
+                return False, _Hold(Reason.PREEMPTING, message)
+            refused = victims.refusal(job, view)
+            if refused is not None:
+                partition.refused[job.id] = refused
         if partition.head is None:
             partition.become_head(job)
         return False, None
