@@ -261,6 +261,11 @@ class AllocationQuerySet(models.QuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(released_at__isnull=True)
 
+    def gpu_ids(self) -> models.QuerySet:
+        """The GPUs these allocations hold, each once: the one count of GPUs in use (an MPS
+        GPU with two shares, or a MIG GPU with three devices given, is one GPU)."""
+        return self.order_by().values("gpu_id").distinct()
+
 
 class AllocationKind(models.TextChoices):
     GPU = "gpu", "Whole GPU"
@@ -408,7 +413,7 @@ class PoolPolicy(models.Model):
         default=True, help_text="Higher-priority or under-share jobs may preempt preemptible work."
     )
     preempt_exempt_s = models.PositiveIntegerField(
-        default=600,
+        default=0,
         help_text="A job is not preempted for another's priority, share or attained service "
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
         "at once.",

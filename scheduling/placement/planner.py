@@ -84,6 +84,8 @@ class _Partition:
         self._views: dict[tuple[int, bool], View] = {}
         self._never: set[tuple[Shape, int]] = set()
         self._victims: Victims | None = None
+        # Why no job was preempted for a waiting job, by its id (`Victims.refusal`).
+        self.refused: dict[int, tuple[Reason, str]] = {}
 
     def closing(self, job: JobRequest) -> int:
         """How many upcoming windows `job` would still run into (by its maximum runtime)."""
@@ -132,6 +134,7 @@ class _Partition:
                 self.shares,
                 policy,
                 self.config.preempt_exempt_s,
+                self.config.preemption,
             )
         return self._victims
 
@@ -153,6 +156,10 @@ class _Partition:
             phrase = self._held_phrase(job)
             if phrase:
                 pending = replace(pending, message=f"{pending.message}; {phrase}")
+        if job.id in self.refused:
+            code, words = self.refused[job.id]
+            message = f"{pending.message}; no job is preempted for it: {words}"
+            pending = replace(pending, reason=code, message=message)
         return pending
 
     def _kept_for(self, head: Shadow) -> str:
@@ -262,7 +269,10 @@ class _Planner:
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            over = self.quotas.refusal(job) if hold is None and limited else None
+            # A job in its own reservation runs on GPUs the reservation holds, which the
+            # quotas admitted when it was approved: never over quota, never borrowed.
+            quota_bound = limited and job.reservation is None
+            over = self.quotas.refusal(job) if hold is None and quota_bound else None
             never = None if over is None else self._never(job, config)
             if never is not None:
                 # It could never run here: it says so, not that it is over quota (nor what
@@ -352,16 +362,18 @@ class _Planner:
         if borrowing is not None:
             # Over-quota work only borrows idle GPUs: it preempts nothing and holds nothing.
             return False, _Hold(Reason.QUOTA, f"{borrowing}; no idle GPUs it could borrow fit it")
-        if partition.config.preemption:
-            victims = partition.victims(policy)
-            if victims.candidates:
-                found = victims.preempt(job, view)
-                if found is not None:
-                    preemption, _ = found
-                    self.preemptions.append(preemption)
-                    self._charge(job)
-                    message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
-                    return False, _Hold(Reason.PREEMPTING, message)
+        victims = partition.victims(policy)
+        if victims.candidates:
+            found = victims.preempt(job, view) if partition.config.preemption else None
+            if found is not None:
+                preemption, _ = found
+                self.preemptions.append(preemption)
+                self._charge(job)
+                message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
+                return False, _Hold(Reason.PREEMPTING, message)
+            refused = victims.refusal(job, view)
+            if refused is not None:
+                partition.refused[job.id] = refused
         if partition.head is None:
             partition.become_head(job)
         return False, None
