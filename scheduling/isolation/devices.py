@@ -102,7 +102,8 @@ def job_device_rules(
     ``majors``, absent without the driver), a MIG device's capability devices (the ``access``
     file of its GPU instance and of its compute instance under ``/dev/nvidia-caps``), the
     pseudo-devices and the ``extra`` rules (the node's setting). ``ValueError`` when a MIG
-    device's capabilities are not on the host: the job could not use it."""
+    device's capabilities are not on a host whose driver has them: the job could not use it
+    (a host without the driver, a simulated node, has no capability devices to give)."""
     rules = {DeviceRule.parse(text) for text in PSEUDO_DEVICES} | set(extra)
     minors = {*gpu_minors, NVIDIACTL_MINOR, NVIDIA_MODESET_MINOR}
     minors.update(device.gpu_minor for device in mig_devices)
@@ -110,10 +111,10 @@ def job_device_rules(
     if "nvidia-uvm" in majors:  # nvidia-uvm (minor 0) and nvidia-uvm-tools (minor 1)
         rules.update(DeviceRule("c", majors["nvidia-uvm"], minor) for minor in (0, 1))
     caps_major = majors.get("nvidia-caps")
-    for device in mig_devices:
+    for device in mig_devices if caps_major is not None else ():  # none without the driver
         instance = f"gpu{device.gpu_minor}/gi{device.gpu_instance}"
         for name in (f"{instance}/access", f"{instance}/ci{device.compute_instance}/access"):
-            if caps_major is None or name not in mig_minors:
+            if name not in mig_minors:
                 raise ValueError(f"the MIG capability {name} is not on this host")
             rules.add(DeviceRule("c", caps_major, mig_minors[name]))
     return sorted(rules, key=_order)
