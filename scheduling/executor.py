@@ -20,7 +20,7 @@ Design and trade-offs:
   executor's child and wakes its monitor; an adopted job is polled every ``poll_interval_s``);
   what it left behind is then terminated the same way, so its GPUs are free by the time
   :class:`JobFinished` is reported. On a node that confines jobs each runs in a cgroup of its
-  own (:mod:`scheduling.isolation`: devices, CPUs, memory, processes), joined by the launcher
+  own (:mod:`scheduling.isolation`: devices, CPUs, memory, processes), joined at a gate
   before the job's first instruction; "its processes" are then the cgroup's, so those that
   left its group (``setsid``, daemons) end with it too.
 - **Containers.** A job that names a ``container_image`` runs through the node's container
@@ -85,7 +85,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -97,7 +96,6 @@ from pathlib import Path
 from typing import Any
 
 from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
-from scheduling.isolation import launch
 from scheduling.isolation.cgroups import (
     CgroupError,
     HostCgroups,
@@ -522,8 +520,6 @@ class _Job:
     runtime: str | None = None  # the container runtime it runs in; None: on the host
     cgroup: JobCgroup | None = None  # None: a node that confines no job
     cpus: tuple[int, ...] = ()  # the CPUs it is bound to
-    # Closed by the launcher's exec; a launch failure is written there instead (None: adopted).
-    launch_errors: int | None = None
     cancel_requested: bool = False
     cancel_message: str = "canceled"  # its JobFinished's message when canceled
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
@@ -851,8 +847,9 @@ class Executor:
                 spec = replace(spec, env={**spec.env, **self._mps_client(spec)})
             try:
                 argv, env = self._process(spec, account, self._container_limits(spec, cgroup, cpus))
-                program = _executable(argv[0], spec.cwd, env)
-                return self._popen(spec, log_path, program, argv, env, account, cgroup, cpus)
+                if not spec.container_image:  # its client is found like this one's
+                    _check_executable(argv[0], spec.cwd, env)
+                return self._popen(spec, log_path, argv, env, account, cgroup, cpus)
             except _LaunchError:
                 self._release_mps(spec)
                 raise
@@ -955,49 +952,55 @@ class Executor:
         self,
         spec: JobSpec,
         log_path: Path,
-        program: str,
         argv: list[str],
         env: dict[str, str],
         account: Account | None,
         cgroup: JobCgroup | None,
         cpus: tuple[int, ...],
     ) -> _Job:
-        """Start the launcher (:mod:`scheduling.isolation.launch`), which joins the job's
-        cgroup, binds its CPUs, becomes its account and execs the job."""
-        config: dict[str, Any] = {
-            "procs": [] if cgroup is None else [str(path) for path in cgroup.procs_files()],
-            "cpus": list(cpus),
-            "program": program,
-        }
+        """Start the job behind a gate (:data:`_GATE`): its process waits, as its account,
+        until this one has put it in its cgroup and bound its CPUs, then execs the job."""
         # Host jobs and apptainer's client run as the account; a docker or podman client stays
         # the agent's (it talks to the daemon) and gives the container the account (--user).
+        as_account: dict[str, Any] = {}
         if account is not None and (
             not spec.container_image or self.container_runtime == "apptainer"
         ):
-            config.update(uid=account.uid, gid=account.gid, groups=list(account.groups))
-        errors_read, errors_write = os.pipe()
-        config["error_fd"] = errors_write
-        launcher = [sys.executable, "-I", "-S", launch.__file__, json.dumps(config), *argv]
+            as_account = {
+                "user": account.uid,
+                "group": account.gid,
+                "extra_groups": list(account.groups),
+            }
+        gate_read, gate_write = os.pipe()
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             if account is not None:  # the job's log is its owner's
                 os.fchown(log_fd, account.uid, account.gid)
             proc = subprocess.Popen(
-                launcher,
+                ["/bin/sh", "-c", _GATE, "gpuadmin-job", *argv],
                 cwd=spec.cwd,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=gate_read,
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,
-                pass_fds=(errors_write,),
+                **as_account,
             )
         except (OSError, ValueError) as exc:
-            os.close(errors_read)
+            os.close(gate_write)
             raise _LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
             os.close(log_fd)
-            os.close(errors_write)
+            os.close(gate_read)
+        try:
+            _confine(proc.pid, cgroup, cpus)
+            os.write(gate_write, b"\n")
+        except OSError as exc:
+            proc.kill()  # still at the gate: nothing of the job ran
+            proc.wait()
+            raise _LaunchError(f"cannot confine it: {exc}") from exc
+        finally:
+            os.close(gate_write)  # without the newline (EOF) the gate exits, running nothing
         stat = _read_stat(proc.pid)  # our unreaped child: present even if it already exited
         assert stat is not None
         return _Job(
@@ -1012,7 +1015,6 @@ class Executor:
             runtime=self.container_runtime if spec.container_image else None,
             cgroup=cgroup,
             cpus=cpus,
-            launch_errors=errors_read,
         )
 
     def _monitor_in_thread(self, job: _Job, *, announce: bool) -> None:
@@ -1032,15 +1034,6 @@ class Executor:
 
     def _monitor(self, job: _Job, announce: bool) -> None:
         """Follow one job until its last process is gone (or the executor detaches)."""
-        launch_error = _launch_error(job)
-        if launch_error:
-            job.wake.wait()  # the launcher's exit: it is our child, reaped by its exit thread
-            with job.log_path.open("a") as log:
-                log.write(f"gpuadmin: {launch_error}\n")
-            self._end(
-                job, JobFinished(job.spec.job_id, FinalState.FAILED, None, _now(), launch_error)
-            )
-            return
         if announce:
             self._call(self._on_process_started, job.spec, job.pid)
             self._emit(JobStarted(job.spec.job_id, job.pid, job.started_at))
@@ -1220,16 +1213,21 @@ def _final_state(
     return FinalState.FAILED, f"exited with code {exit_code}"
 
 
-def _launch_error(job: _Job) -> str:
-    """What the launcher wrote instead of exec'ing the job ("" once the job runs: the exec
-    closed the pipe, or the job was adopted)."""
-    if job.launch_errors is None:
-        return ""
-    chunks = []
-    with open(job.launch_errors, "rb", closefd=True) as pipe:
-        chunks.append(pipe.read())
-    job.launch_errors = None
-    return b"".join(chunks).decode(errors="replace")
+#: What a job's process runs until the executor has confined it (``$@``: the job's argv):
+#: it waits for a line on its standard input (a pipe from the executor), then execs the job
+#: as execvp would, its standard input /dev/null (and without the ``PWD`` the shell sets). The
+#: executor's end of the pipe closing without a line (the agent died) ends it, having run
+#: nothing of the job.
+_GATE = 'read -r go || exit 125; exec </dev/null; unset PWD; exec "$@"'
+
+
+def _confine(pid: int, cgroup: JobCgroup | None, cpus: tuple[int, ...]) -> None:
+    """Put a job's process (at its gate) in its cgroup and bind it to its CPUs (also where
+    no cpuset controller holds them: the scheduler's affinity, as Slurm's task/affinity)."""
+    for procs in cgroup.procs_files() if cgroup is not None else ():
+        procs.write_text(str(pid))
+    if cpus:
+        os.sched_setaffinity(pid, cpus)
 
 
 def _end_cgroup(cgroup: JobCgroup) -> None:
@@ -1246,20 +1244,19 @@ def _over_memory(job: _Job) -> bool:
     return job.cgroup is not None and job.spec.memory_mib > 0 and job.cgroup.oom_kills() > 0
 
 
-def _executable(program: str, cwd: str | None, env: Mapping[str, str]) -> str:
-    """The file exec runs for ``program``, searched on the job's ``PATH`` as execvp would,
-    from its working directory; ``_LaunchError`` when there is none, so that such a job fails
-    before its start is reported (the launcher reports the rest: an account that may not
-    run it)."""
+def _check_executable(program: str, cwd: str | None, env: Mapping[str, str]) -> None:
+    """``_LaunchError`` when exec would find no file to run for ``program`` (on the job's
+    ``PATH`` from its working directory, as execvp searches), so that such a job fails before
+    its start is reported; the gate's exec reports the rest (an account that may not run it:
+    exit status 126)."""
     if "/" in program:
         candidates = [os.path.join(cwd or ".", program)]
     else:
         path = env.get("PATH", os.defpath).split(os.pathsep)
         candidates = [os.path.join(cwd or ".", folder, program) for folder in path]
     found = [candidate for candidate in candidates if os.path.isfile(candidate)]
-    runnable = [candidate for candidate in found if os.access(candidate, os.X_OK)]
-    if runnable:
-        return runnable[0]
+    if any(os.access(candidate, os.X_OK) for candidate in found):
+        return
     if found:
         error: OSError = PermissionError(errno.EACCES, os.strerror(errno.EACCES), found[0])
     else:

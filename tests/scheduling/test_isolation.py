@@ -334,3 +334,27 @@ def _process_in(cgroup: JobCgroup, command: str) -> Iterator[object]:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         process.wait()
+
+
+def test_a_job_that_cannot_be_confined_runs_nothing(
+    make_executor: MakeExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job's process waits at its gate until it is confined: a failure there (here a
+    # cgroup that refuses it) kills it before the job's first instruction.
+    from scheduling import executor as executor_module
+
+    def refuse(pid: int, cgroup: object, cpus: object) -> None:
+        raise PermissionError(13, "Permission denied", "cgroup.procs")
+
+    monkeypatch.setattr(executor_module, "_confine", refuse)
+    executor, events = make_executor()
+    ran = tmp_path / "ran"
+
+    executor.launch(JobSpec(job_id="10.0", argv=["touch", str(ran)], cwd="/"))
+
+    finished = events.finished("10.0")
+    assert finished.state == FinalState.FAILED
+    assert finished.message.startswith("cannot confine it: [Errno 13] Permission denied")
+    assert [type(event).__name__ for event in events.of("10.0")] == ["JobFinished"]
+    time.sleep(0.2)
+    assert not ran.exists()
