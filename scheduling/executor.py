@@ -520,6 +520,7 @@ class _Job:
     runtime: str | None = None  # the container runtime it runs in; None: on the host
     cgroup: JobCgroup | None = None  # None: a node that confines no job
     cpus: tuple[int, ...] = ()  # the CPUs it is bound to
+    gate: int | None = None  # the pipe its process waits on to exec the job (_open_gate)
     cancel_requested: bool = False
     cancel_message: str = "canceled"  # its JobFinished's message when canceled
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
@@ -959,7 +960,8 @@ class Executor:
         cpus: tuple[int, ...],
     ) -> _Job:
         """Start the job behind a gate (:data:`_GATE`): its process waits, as its account,
-        until this one has put it in its cgroup and bound its CPUs, then execs the job."""
+        until its monitor has put it in its cgroup and bound its CPUs (``_open_gate``), then
+        execs the job."""
         # Host jobs and apptainer's client run as the account; a docker or podman client stays
         # the agent's (it talks to the daemon) and gives the container the account (--user).
         as_account: dict[str, Any] = {}
@@ -992,15 +994,6 @@ class Executor:
         finally:
             os.close(log_fd)
             os.close(gate_read)
-        try:
-            _confine(proc.pid, cgroup, cpus)
-            os.write(gate_write, b"\n")
-        except OSError as exc:
-            proc.kill()  # still at the gate: nothing of the job ran
-            proc.wait()
-            raise _LaunchError(f"cannot confine it: {exc}") from exc
-        finally:
-            os.close(gate_write)  # without the newline (EOF) the gate exits, running nothing
         stat = _read_stat(proc.pid)  # our unreaped child: present even if it already exited
         assert stat is not None
         return _Job(
@@ -1015,6 +1008,7 @@ class Executor:
             runtime=self.container_runtime if spec.container_image else None,
             cgroup=cgroup,
             cpus=cpus,
+            gate=gate_write,
         )
 
     def _monitor_in_thread(self, job: _Job, *, announce: bool) -> None:
@@ -1034,6 +1028,8 @@ class Executor:
 
     def _monitor(self, job: _Job, announce: bool) -> None:
         """Follow one job until its last process is gone (or the executor detaches)."""
+        if job.gate is not None and not self._open_gate(job):
+            return
         if announce:
             self._call(self._on_process_started, job.spec, job.pid)
             self._emit(JobStarted(job.spec.job_id, job.pid, job.started_at))
@@ -1081,15 +1077,10 @@ class Executor:
         self._end(job, JobFinished(job.spec.job_id, state, exit_code, _now(), message))
 
     def _end(self, job: _Job, finished: JobFinished) -> None:
-        """After the job's last process: its usage read and its cgroup removed, its record
-        and MPS share released, then its end reported."""
-        usage = Usage()
-        if job.cgroup is not None:
-            usage = job.cgroup.usage()
-            try:
-                job.cgroup.remove()
-            except OSError as exc:
-                logger.warning("job %s: cannot remove its cgroup: %s", job.spec.job_id, exc)
+        """After the job's last process: its usage read, its record and MPS share released,
+        its end reported, then its cgroup removed (a restarted agent removes one left
+        behind: ``reconcile``)."""
+        usage = Usage() if job.cgroup is None else job.cgroup.usage()
         with self._lock:
             self._record_path(job.spec.job_id).unlink(missing_ok=True)
             del self._jobs[job.spec.job_id]
@@ -1099,6 +1090,33 @@ class Executor:
                 finished, cpu_seconds=usage.cpu_seconds, max_memory_bytes=usage.max_memory_bytes
             )
         )
+        if job.cgroup is not None:
+            try:
+                job.cgroup.remove()
+            except OSError as exc:
+                logger.warning("job %s: cannot remove its cgroup: %s", job.spec.job_id, exc)
+
+    def _open_gate(self, job: _Job) -> bool:
+        """Confine the job's process waiting at its gate, then let it exec the job; on a
+        failure kill it (nothing of the job ran) and report the job failed. Done by the job's
+        own thread: moving a process between cgroups waits for an RCU grace period (ms), and
+        the jobs placed together share theirs instead of queueing behind each other."""
+        assert job.gate is not None and job.proc is not None
+        try:
+            _confine(job.pid, job.cgroup, job.cpus)
+            os.write(job.gate, b"\n")
+            return True
+        except OSError as exc:
+            job.proc.kill()
+            job.proc.wait()
+            error = f"cannot confine it: {exc}"
+            with job.log_path.open("a") as log:
+                log.write(f"gpuadmin: {error}\n")
+            self._end(job, JobFinished(job.spec.job_id, FinalState.FAILED, None, _now(), error))
+            return False
+        finally:
+            os.close(job.gate)  # without the line (EOF) the gate exits, running nothing
+            job.gate = None
 
     def _record_path(self, job_id: str) -> Path:
         return self._state_dir / f"{job_id}.json"

@@ -385,13 +385,9 @@ def remove_tree(host: HostCgroups) -> None:
     session's own subtree, at its end)."""
     for mount in {host.unified, *host.v1.values()} - {None}:
         assert mount is not None
-        top = mount / host.root
-        if not top.is_dir():
-            continue
-        for directory in sorted(top.rglob("*"), key=lambda path: -len(path.parts)):
-            if directory.is_dir():
-                _end(JobCgroup({"any": directory}, {}))
-        _end(JobCgroup({"any": top}, {}))
+        # Deepest first; one that goes meanwhile (its job's end) is passed over.
+        for directory, _, _ in os.walk(mount / host.root, topdown=False):
+            _end(JobCgroup({"any": Path(directory)}, {}))
 
 
 def _end(cgroup: JobCgroup) -> None:

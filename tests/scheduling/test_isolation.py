@@ -180,7 +180,9 @@ def test_nothing_a_job_started_outlives_it(
     assert finished.state == FinalState.COMPLETED
     escaped = int(pid_file.read_text())
     assert not _alive(escaped), "the setsid child outlived its job"
-    assert not list(Path(f"/sys/fs/cgroup/pids/{cgroup_root}/node-9").glob("5.0"))
+    left = Path(f"/sys/fs/cgroup/pids/{cgroup_root}/node-9/5.0")
+    _wait_for(lambda: not left.exists())  # removed once its end is reported
+    assert not left.exists()
 
 
 @needs_root
