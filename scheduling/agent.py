@@ -146,6 +146,12 @@ def log_isolation(cgroups: HostCgroups) -> None:
         log.info("jobs are confined by %s", cgroups.describe())
         if cgroups.reason():
             log.warning("not confined: %s", cgroups.reason())
+        if cgroups.unified is not None and not cgroups.favordynmods:
+            log.info(
+                "%s is not mounted with favordynmods: each job's start waits for an RCU grace "
+                "period (5-20 ms) to move it into its cgroup",
+                cgroups.unified,
+            )
         return
     refused = settings.GPUADMIN_NVML == "real"
     log.warning(

@@ -69,6 +69,9 @@ class HostCgroups:
     v1: Mapping[str, Path]
     root: str
     problems: Sequence[str] = ()
+    # Moving a process between cgroups waits for an RCU grace period (5-20 ms) unless the
+    # cgroup2 mount has ``favordynmods`` (kernel 6.0+), which makes the moves cheap.
+    favordynmods: bool = False
 
     @property
     def confined(self) -> bool:
@@ -111,7 +114,7 @@ def host_cgroups(
     if version not in VERSIONS:
         raise ValueError(f"cgroup version {version!r} is not one of {', '.join(VERSIONS)}")
     root = root.strip("/")
-    unified, v1 = _mounts(mounts)
+    unified, v1, favordynmods = _mounts(mounts)
     if version == "off":
         return HostCgroups({}, unified, v1, root, ("switched off (GPUADMIN_CGROUP_VERSION=off)",))
     problems: list[str] = []
@@ -140,27 +143,29 @@ def host_cgroups(
             backends[resource] = "1"
         elif unified is not None or v1:
             problems.append(_missing(resource, version))
-    return HostCgroups(backends, unified, v1, root, tuple(problems))
+    return HostCgroups(backends, unified, v1, root, tuple(problems), favordynmods)
 
 
-def _mounts(mounts: Path) -> tuple[Path | None, dict[str, Path]]:
+def _mounts(mounts: Path) -> tuple[Path | None, dict[str, Path], bool]:
+    """The cgroup2 mount, each v1 controller's, and whether cgroup2 has ``favordynmods``."""
     unified: Path | None = None
     v1: dict[str, Path] = {}
+    favordynmods = False
     try:
         lines = mounts.read_text().splitlines()
     except OSError:
-        return None, {}
+        return None, {}, False
     for line in lines:
         fields = line.split()
         if len(fields) < 4:
             continue
         path, kind, options = fields[1], fields[2], fields[3].split(",")
         if kind == "cgroup2" and unified is None:
-            unified = Path(path)
+            unified, favordynmods = Path(path), "favordynmods" in options
         elif kind == "cgroup":
             for name in set(_V1_CONTROLLER.values()) & set(options):
                 v1.setdefault(name, Path(path))
-    return unified, v1
+    return unified, v1, favordynmods
 
 
 def _writable(mount: Path, root: str) -> bool:

@@ -360,3 +360,12 @@ def test_a_job_that_cannot_be_confined_runs_nothing(
     assert [type(event).__name__ for event in events.of("10.0")] == ["JobFinished"]
     time.sleep(0.2)
     assert not ran.exists()
+
+
+def test_the_host_says_whether_moving_a_job_into_its_cgroup_is_cheap(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    line = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime{} 0 0\n"
+    mounts.write_text(line.format(""))
+    assert not host_cgroups("2", mounts=mounts).favordynmods
+    mounts.write_text(line.format(",favordynmods"))
+    assert host_cgroups("2", mounts=mounts).favordynmods
