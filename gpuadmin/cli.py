@@ -221,9 +221,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
     def run(_: argparse.Namespace) -> int:
         from django.conf import settings
 
+        from gpuadmin.access.node_orders import node_queue
         from gpuadmin.access.node_signing import parse_token, send_as_node
         from health import agent as health_agent
-        from inventory.agent import AgentLoop, node_backend, node_queue, scan_this_node
+        from inventory.agent import AgentLoop, node_backend, scan_this_node
         from scheduling.agent import executor, flush_reports, stop_jobs
 
         try:
