@@ -223,6 +223,11 @@ def test_central_worker_killed_in_a_placement_pass(servers, report_figure):
     )
     servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "30")
     servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
+    servers.django(  # their credentials, as registered nodes have (orders are signed for them)
+        env,
+        "from gpuadmin.access.nodes import node_token; from inventory.models import Node; "
+        "print(len([node_token(n.hostname, actor_name='tests') for n in Node.objects.all()]))",
+    )
     submitted = servers.django(
         env,
         "import json; from django.contrib.auth.models import User; "
