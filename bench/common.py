@@ -4,6 +4,8 @@ simulated fleet loaded into it through the same discovery sync the agents use, a
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
 import subprocess
@@ -153,8 +155,20 @@ def process_env(database_url: str, scratch: Path, **settings: str) -> dict[str, 
         "REDIS_URL": django_settings.REDIS_URL,
         "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
         "GPUADMIN_DATA_DIR": str(scratch / "data"),
+        "GPUADMIN_CGROUP_ROOT": _cgroup_root(),
         **settings,
     }
+
+
+@functools.cache
+def _cgroup_root() -> str:
+    """The agents' job cgroups of this bench run, in a subtree of its own removed at its end
+    (as a real agent's jobs, they are confined when the bench runs as root)."""
+    from scheduling.isolation.cgroups import host_cgroups, remove_tree
+
+    root = f"gpuadmin-bench-{os.getpid()}"
+    atexit.register(remove_tree, host_cgroups("auto", root))
+    return root
 
 
 def start_worker_and_agent(

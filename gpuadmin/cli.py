@@ -225,7 +225,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from gpuadmin.access.node_signing import parse_token, send_as_node
         from health import agent as health_agent
         from inventory.agent import AgentLoop, node_backend, scan_this_node
-        from scheduling.agent import executor, flush_reports, stop_jobs
+        from scheduling.agent import executor, flush_reports, isolation_report, stop_jobs
 
         try:
             parse_token(settings.GPUADMIN_NODE_TOKEN)
@@ -242,7 +242,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"agent {args.node}: {summary}" + (f" ({system.error})" if system.error else ""))
         # The health watcher compares every sample the loop takes; XIDs come from NVML events.
         health = health_agent.start(args.node, node_backend(), send_as_node)
-        loop = AgentLoop(args.node, send_as_node)
+        loop = AgentLoop(args.node, send_as_node, isolation=isolation_report())
         loop.start()
         jobs = executor()  # re-adopts or reports the jobs a previous agent left
         try:

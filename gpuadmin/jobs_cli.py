@@ -304,6 +304,8 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("finished", job["finished_at"]),
         ("exit code", job["exit_code"]),
         ("message", job["message"]),
+        ("CPU time", _usage(job, "cpu_seconds", slurm.cpu_time_text)),
+        ("peak memory", _usage(job, "max_memory_bytes", slurm.peak_memory_text)),
         (
             "borrowed",
             "yes: over its quota on idle GPUs, reclaimed first" if job["borrowed"] else "",
@@ -420,6 +422,12 @@ def _needs(job: dict[str, Any]) -> str:
 def _host(job: dict[str, Any]) -> str:
     """``16 CPUs, 64 GiB RAM per node``, or empty (a server before host requests: none)."""
     return slurm.host_request_text(job.get("cpus", 0), job.get("host_memory_mib", 0))
+
+
+def _usage(job: dict[str, Any], name: str, text: Callable[[Any], str]) -> str:
+    """What its last run used, as sacct shows it, or empty (not measured; an older server)."""
+    value = job.get(name)
+    return "" if value is None else text(value)
 
 
 def _where_or_why(job: dict[str, Any]) -> str:

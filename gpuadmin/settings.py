@@ -128,6 +128,17 @@ GPUADMIN_CONTAINER_RUNTIME = env_choice(
 GPUADMIN_PRIVATE_DATA = env_choice(
     "GPUADMIN_PRIVATE_DATA", ("owner", "operators", "everyone"), "owner"
 )
+# Job confinement (scheduling.isolation): which cgroup hierarchy (auto: v2 where the unified
+# hierarchy has it, else the v1 controllers; off: none), the agent's subtree in it, each job's
+# process limit (0: none) and the devices a job may open besides its own GPUs (device rules;
+# the default: InfiniBand verbs, which multi-node NCCL uses). An admin allows unconfined jobs on
+# a node (its catalog's "allow unconfined jobs"); container_cgroup_parent puts a docker or
+# podman container's cgroup under its job's (cgroupfs drivers only).
+GPUADMIN_CGROUP_VERSION = env_choice("GPUADMIN_CGROUP_VERSION", ("auto", "1", "2", "off"), "auto")
+GPUADMIN_CGROUP_ROOT = env_str("GPUADMIN_CGROUP_ROOT", "gpuadmin")
+GPUADMIN_JOB_PIDS_MAX = env_int("GPUADMIN_JOB_PIDS_MAX", 4096, minimum=0)
+GPUADMIN_JOB_EXTRA_DEVICES = env_list("GPUADMIN_JOB_EXTRA_DEVICES", ["c 231:* rw"])
+GPUADMIN_CONTAINER_CGROUP_PARENT = env_bool("GPUADMIN_CONTAINER_CGROUP_PARENT", False)
 # Longest a process trusts a resolved API token without looking again (0: never cache);
 # changes to tokens, users and roles invalidate the caches at once through Redis.
 GPUADMIN_TOKEN_CACHE_S = env_int("GPUADMIN_TOKEN_CACHE_S", 30, minimum=0)

@@ -15,8 +15,8 @@ from gpuadmin.access.permissions import signed_in
 from gpuadmin.admin_actions import reason_action
 from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES
 from inventory.models import (
-    CATALOG_FIELDS,
     GPU_CATALOG_FIELDS,
+    NODE_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     GpuLink,
@@ -207,7 +207,7 @@ class NodeAdmin(AuditedCatalogAdmin):
         *Node.DISCOVERED_FIELDS,
         *HOST_RESERVED_FIELDS,
         *STATE_FIELDS,
-        *CATALOG_FIELDS,
+        *NODE_CATALOG_FIELDS,
     )
     inlines = [GpuInline]
     actions = state_actions(set_node_state, MAINTENANCE_NODE_STATES, "nodes")

@@ -8,7 +8,7 @@ import os
 import pwd
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -126,10 +126,14 @@ class AgentLoop(threading.Thread):
         sample_s: float | None = None,
         heartbeat_s: float | None = None,
         rescan_s: float | None = None,
+        isolation: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(name=f"agent-loop-{hostname}", daemon=True)
         self.hostname = hostname
         self.send = send
+        #: What confines the node's jobs (``{"isolation": ..., "reason": ...}``), reported with
+        #: every scan like whose account they run as.
+        self.isolation = dict(isolation) if isolation is not None else None
         self.sample_s = sample_s or settings.GPUADMIN_SAMPLE_INTERVAL_S
         self.heartbeat_s = heartbeat_s or settings.GPUADMIN_HEARTBEAT_INTERVAL_S
         self.rescan_s = rescan_s or settings.GPUADMIN_RESCAN_INTERVAL_S
@@ -205,6 +209,7 @@ class AgentLoop(threading.Thread):
             __version__,
             settings.GPUADMIN_NVML,
             job_account(),
+            self.isolation,
         )
         # The first scan is news; the periodic rescans are polling (the catalog logs changes).
         level = logging.DEBUG if self.synced else logging.INFO

@@ -48,6 +48,8 @@ class NvmlBackend(models.TextChoices):
 #: ``Node.job_account`` of a node whose agent runs as root: each job runs as its owner's Unix
 #: account (not a Unix user name itself: it has a space).
 JOBS_RUN_AS_OWNER = "per owner"
+# A node's isolation (``Node.isolation``) when its agent confines none of a job's resources.
+ISOLATION_NONE = "none"
 
 BADGE_COLOURS: dict[str, str] = {
     NodeState.ONLINE: "green",

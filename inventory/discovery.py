@@ -25,7 +25,14 @@ TEXT_FIELDS = (
     "compute_capability",
     "cpu_affinity",
 )
-VALUE_FIELDS = ("index", "memory_total_mib", "power_limit_default_w", "numa_node", "socket")
+VALUE_FIELDS = (
+    "index",
+    "minor_number",
+    "memory_total_mib",
+    "power_limit_default_w",
+    "numa_node",
+    "socket",
+)
 # Every field a clean scan sets (the keys of ``gpu_fields``), in display order: the one list
 # that services, admin and API read through ``inventory.models.Gpu.DISCOVERED_FIELDS``.
 GPU_FIELDS = (

@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory.choices import JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
+from inventory.choices import ISOLATION_NONE, JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
 from inventory.discovery import GPU_FIELDS, HOST_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
 from inventory.usability import Unusable, why_unusable
@@ -40,8 +40,12 @@ class Pool(models.Model):
 CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
 # A GPU's catalog adds how it is shared (``Gpu.mps_shared``).
 GPU_CATALOG_FIELDS = (*CATALOG_FIELDS, "mps_shared")
+# A node's adds whether it may run jobs it cannot confine (``Node.allow_unconfined``).
+NODE_CATALOG_FIELDS = (*CATALOG_FIELDS, "allow_unconfined")
 # Sizes of the free-form catalog fields; the admin and the API refuse more (a 400 naming it).
 MAX_NOTES_CHARS = 10_000
+# What confines a node's jobs, in one line (``Node.isolation``).
+ISOLATION_CHARS = 200
 # Why a node or GPU is in its state (an admin's reason, a health policy's finding).
 STATE_REASON_CHARS = 500
 
@@ -92,6 +96,8 @@ class Node(CatalogFields, StateFields):
         "model",
         "nvml_backend",
         "job_account",
+        "isolation",
+        "isolation_reason",
         "driver_version",
         "cuda_driver_version",
         "nvml_version",
@@ -120,6 +126,22 @@ class Node(CatalogFields, StateFields):
         blank=True,
         help_text="Whose Unix account the node's jobs run as: 'per owner' (each job's owner's, "
         "its agent running as root) or the account its agent runs as. Empty until an agent says.",
+    )
+    isolation = models.CharField(
+        max_length=ISOLATION_CHARS,
+        blank=True,
+        help_text="What confines the node's jobs, e.g. 'cgroup v2 (devices, kill, cpu_time) + "
+        "cgroup v1 (cpuset, memory, pids)', or 'none'. Empty until an agent says.",
+    )
+    isolation_reason = models.TextField(
+        blank=True, help_text="Why something is not confined, as its agent says."
+    )
+    # Catalog (people's)
+    allow_unconfined = models.BooleanField(
+        "Allow unconfined jobs",
+        default=False,
+        help_text="Real-NVML agents refuse jobs on a node whose isolation is 'none' unless "
+        "this is on.",
     )
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_driver_version = models.CharField("CUDA driver version", max_length=16, blank=True)
@@ -157,6 +179,11 @@ class Node(CatalogFields, StateFields):
             return "their owners' accounts"
         return f"the agent's account, {self.job_account}" if self.job_account else ""
 
+    @property
+    def unconfined(self) -> bool:
+        """Its agent said it confines none of a job's resources (``ISOLATION_NONE``)."""
+        return self.isolation == ISOLATION_NONE
+
     def is_reachable(self, now: datetime | None = None) -> bool:
         """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""
         if self.last_heartbeat_at is None:
@@ -184,6 +211,9 @@ class Gpu(CatalogFields, StateFields):
     state = models.CharField(max_length=16, choices=GpuState.choices, default=GpuState.AVAILABLE)
     # Discovered
     index = models.PositiveSmallIntegerField()
+    minor_number = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Device minor number: /dev/nvidia<N>."
+    )
     name = models.CharField(max_length=100)
     serial = models.CharField(max_length=32, blank=True)
     pci_bus_id = models.CharField("PCI bus ID", max_length=16)

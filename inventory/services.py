@@ -32,8 +32,8 @@ from inventory.discovery import (
     plan_sync,
 )
 from inventory.models import (
-    CATALOG_FIELDS,
     GPU_CATALOG_FIELDS,
+    NODE_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     GpuLink,
@@ -91,6 +91,35 @@ def register_node(
             )
             node.refresh_from_db()
         return node
+
+
+def record_node_isolation(
+    hostname: str, isolation: str, reason: str, *, actor_name: str = "agent"
+) -> bool:
+    """Store what its agent says confines the node's jobs (``isolation``: one line, e.g. "cgroup
+    v2 (devices, kill, cpu_time)", or "none") and why something is not confined (``reason``),
+    audited ``node.isolation_changed`` when it changes; ``False`` when nothing changed or no
+    such node. A line longer than the field is cut (an agent's words, never refused)."""
+    said = {
+        "isolation": isolation[: Node._meta.get_field("isolation").max_length],
+        "isolation_reason": reason,
+    }
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(hostname=hostname).first()
+        if node is None:
+            return False
+        before, after = changed_values({name: getattr(node, name) for name in said}, said)
+        if not after:
+            return False
+        Node.objects.filter(pk=node.pk).update(**after)
+        record(
+            "node.isolation_changed",
+            actor_name=actor_name,
+            target=node,
+            before=before,
+            after=after,
+        )
+    return True
 
 
 def record_heartbeat(hostname: str, at: datetime | None = None) -> bool:
@@ -453,7 +482,7 @@ HOST_RESERVED_FIELDS = {
     "memory_reserved_mib": ("memory_total_mib", "MiB of memory"),
 }
 # What people write on a node (admin, API): its catalog fields and its host's reserved part.
-NODE_EDITABLE_FIELDS = (*CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
+NODE_EDITABLE_FIELDS = (*NODE_CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
 
 
 def host_reserved_errors(node: Node, values: Mapping[str, Any]) -> dict[str, str]:

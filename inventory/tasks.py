@@ -47,10 +47,12 @@ def sync_node(
     agent_version: str,
     nvml_backend: str = "",
     job_account: str = "",
+    isolation: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Register the node (first time) and apply its agent's scan; returns how many audited
-    differences the scan brought. ``nvml_backend`` (``real`` or ``sim``) and ``job_account``
-    stay unknown for an agent of an older release that does not send them."""
+    differences the scan brought. ``nvml_backend`` (``real`` or ``sim``), ``job_account`` and
+    ``isolation`` (what confines its jobs: ``{"isolation": ..., "reason": ...}``) stay unknown
+    for an agent of an older release that does not send them."""
     if not speaks_for(self, hostname):
         return {"changes": 0}
     services.register_node(
@@ -60,6 +62,8 @@ def sync_node(
         nvml_backend=nvml_backend,
         job_account=job_account,
     )
+    if isolation is not None:
+        services.record_node_isolation(hostname, isolation["isolation"], isolation["reason"])
     plan = services.apply_discovery(hostname, NodeScan.from_dict(scan))
     services.record_heartbeat(hostname, parse_datetime(sent_at))
     if plan.changes:  # a rescan that finds nothing new is not worth a line

@@ -5,7 +5,9 @@ from the allocations overlapping the day and the GPUs' one-minute telemetry roll
 (``health_gpurollup``): allocated GPU-seconds (an MPS share and a MIG device count as their
 fraction of a GPU, ``gpu_share``), used GPU-seconds (weighted by the GPU's utilization),
 idle-held GPU-seconds (minutes under the idle-held alert rule's utilization threshold), MIG
-slice-seconds and energy (NVML's energy counter, as the rollups' per-minute deltas). A day is
+slice-seconds and energy (NVML's energy counter, as the rollups' per-minute deltas), and the
+CPU time of the jobs that ended that day (their runs', read from their cgroups, counted whole
+on the day it ended as sacct's TotalCPU is). A day is
 recomputed whole each time (idempotent); beat recomputes today and yesterday
 (``scheduling.account_usage``).
 
@@ -33,7 +35,7 @@ from gpuadmin.spreadsheets import inert
 from health.choices import RuleKind
 from health.models import AlertRule
 from inventory.nvml.mig_catalog import compute_share, table_for_gpu
-from scheduling.models import AllocationKind, UsageDay
+from scheduling.models import AllocationKind, Job, UsageDay
 
 Group = Literal["user", "project", "pool"]
 GROUPS: tuple[Group, ...] = ("user", "project", "pool")
@@ -90,12 +92,13 @@ ALLOCATION_SPANS_SQL = """
 
 
 def roll_up(day: date, now: datetime | None = None) -> int:
-    """Recompute ``day``'s ``UsageDay`` rows (two statements and a bulk insert); their count."""
+    """Recompute ``day``'s ``UsageDay`` rows (three statements and a bulk insert); their count."""
     now = now or timezone.now()
     start, end = day_bounds(day)
+    until = min(end, now)
     params: dict[str, datetime | float] = {
         "start": start,
-        "end": min(end, now),
+        "end": until,
         "now": now,
         "idle": idle_utilization_pct(),
         "minute": SECONDS_PER_MINUTE,
@@ -125,6 +128,20 @@ def roll_up(day: date, now: datetime | None = None) -> int:
         row.used_gpu_s += float(used_s or 0) * share
         row.idle_held_gpu_s += float(idle_s or 0) * share
         row.energy_j += float(energy_mj or 0) / 1000 * share
+    ended = (
+        Job.objects.filter(finished_at__gte=start, finished_at__lt=until)
+        .exclude(cpu_seconds=None)
+        .values_list("pool_id", "owner_id", "project")
+        .annotate(cpu_s=Sum("cpu_seconds"))
+        .order_by()
+    )
+    for pool_id, user_id, project, cpu_s in ended:
+        row = totals.get((pool_id, user_id, project))
+        if row is None:
+            row = totals[pool_id, user_id, project] = UsageDay(
+                day=day, pool_id=pool_id, user_id=user_id, project=project
+            )
+        row.cpu_s = cpu_s
     with transaction.atomic():
         UsageDay.objects.filter(day=day).delete()
         UsageDay.objects.bulk_create(totals.values())
@@ -187,6 +204,7 @@ class UsageRow:
     mig_slice_h: float
     mps_gpu_h: float
     energy_kwh: float
+    cpu_h: float
 
     @classmethod
     def of(cls, name: str, seconds: Mapping[str, Any]) -> UsageRow:
@@ -199,6 +217,7 @@ class UsageRow:
             mig_slice_h=seconds["mig_slice_s"] / 3600,
             mps_gpu_h=seconds["mps_gpu_s"] / 3600,
             energy_kwh=seconds["energy_j"] / 3.6e6,
+            cpu_h=seconds["cpu_s"] / 3600,
         )
 
     @property
@@ -221,7 +240,7 @@ def usage(start: date, end: date, group: Group) -> list[UsageRow]:
     rows = (
         _period(start, end)
         .values(name=F(GROUP_FIELD[group]))
-        .annotate(**{name: Sum(name) for name in (*SUMMED, "energy_j")})
+        .annotate(**{name: Sum(name) for name in (*SUMMED, "energy_j", "cpu_s")})
         .order_by("-allocated_gpu_s", "name")
     )
     return [UsageRow.of(row["name"] or NO_NAME[group], row) for row in rows]
@@ -265,6 +284,7 @@ CSV_HEADER = (
     "mig_slice_hours",
     "mps_gpu_hours",
     "energy_kwh",
+    "cpu_hours",
 )
 
 
@@ -288,6 +308,7 @@ def csv_text(start: date, end: date) -> str:
                 inert(row.project),
                 *(f"{getattr(row, name) / 3600:.4f}" for name in SUMMED),
                 f"{row.energy_j / 3.6e6:.4f}",
+                f"{row.cpu_s / 3600:.4f}",
             )
         )
     return out.getvalue()

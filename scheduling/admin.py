@@ -143,6 +143,7 @@ class UsageDayAdmin(ReadOnlyAdmin):
         "used_hours",
         "idle_held_hours",
         "energy_kwh",
+        "cpu_hours",
     )
     list_filter = ("pool", "day")
     list_select_related = ("pool", "user")
@@ -153,3 +154,4 @@ class UsageDayAdmin(ReadOnlyAdmin):
     used_hours = _hours_column("used GPU-h", "used_gpu_s", "used_h")
     idle_held_hours = _hours_column("idle-held GPU-h", "idle_held_gpu_s", "idle_held_h")
     energy_kwh = _hours_column("energy kWh", "energy_j", "energy_kwh")
+    cpu_hours = _hours_column("CPU-h", "cpu_s", "cpu_h")

@@ -14,6 +14,7 @@ batches too, through one sender thread (``report``, ``send_unsent``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -22,6 +23,7 @@ import threading
 import time
 from collections import deque
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,8 @@ from scheduling.executor import (
     executor_id,
     parse_executor_id,
 )
+from scheduling.isolation.cgroups import HostCgroups, host_cgroups
+from scheduling.isolation.devices import DeviceRule
 from scheduling.mps import MpsDaemons
 
 log = logging.getLogger("gpuadmin.agent")
@@ -77,6 +81,7 @@ def executor() -> Executor:
     with _lock:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
+            cgroups = node_cgroups()
             hooks: dict[str, Any] = {}
             mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
@@ -101,6 +106,14 @@ def executor() -> Executor:
                 scratch_dir=root / "work",
                 jobs_as_owner=jobs_run_as_owner(),
                 mps=mps,
+                cgroups=cgroups,
+                # A real GPU of another user is at stake; a simulated one is not.
+                require_confinement=settings.GPUADMIN_NVML == "real",
+                pids_max=settings.GPUADMIN_JOB_PIDS_MAX,
+                extra_devices=[
+                    DeviceRule.parse(rule) for rule in settings.GPUADMIN_JOB_EXTRA_DEVICES
+                ],
+                container_cgroup_parent=settings.GPUADMIN_CONTAINER_CGROUP_PARENT,
                 **hooks,
             )
             log.info(
@@ -108,10 +121,39 @@ def executor() -> Executor:
                 "their owners' Unix accounts" if _executor.jobs_as_owner else "this agent",
                 _executor.container_runtime,
             )
+            log_isolation(cgroups)
             _executor.reconcile()
             running = [parse_executor_id(name) for name in _executor.running()]
             send_as_node("scheduling.agent_jobs", args=(settings.GPUADMIN_NODE_NAME, running))
         return _executor
+
+
+@functools.cache
+def node_cgroups() -> HostCgroups:
+    """What confines this node's jobs (``GPUADMIN_CGROUP_VERSION``, ``GPUADMIN_CGROUP_ROOT``)."""
+    return host_cgroups(settings.GPUADMIN_CGROUP_VERSION, settings.GPUADMIN_CGROUP_ROOT)
+
+
+def isolation_report() -> dict[str, str]:
+    """What the agent reports with its scans (the node page, the API, the fleet page)."""
+    cgroups = node_cgroups()
+    return {"isolation": cgroups.describe(), "reason": cgroups.reason()}
+
+
+def log_isolation(cgroups: HostCgroups) -> None:
+    """Say at the agent's start what confines its jobs, and why something does not."""
+    if cgroups.confined:
+        log.info("jobs are confined by %s", cgroups.describe())
+        if cgroups.reason():
+            log.warning("not confined: %s", cgroups.reason())
+        return
+    refused = settings.GPUADMIN_NVML == "real"
+    log.warning(
+        "jobs are NOT confined (%s): a job can open every GPU of this node and leave "
+        "processes behind%s",
+        cgroups.reason(),
+        "; jobs are refused unless an admin allows unconfined jobs on this node" if refused else "",
+    )
 
 
 def run_job(data: dict[str, Any]) -> None:
@@ -122,11 +164,33 @@ def run_job(data: dict[str, Any]) -> None:
         report(JobFinished(name, FinalState.CANCELED, None, timezone.now(), "canceled"))
         return
     try:
-        spec = JobSpec.from_dict(data)
+        spec = _with_device_numbers(JobSpec.from_dict(data))
     except ValueError as exc:  # a job that cannot start must end, not stay SCHEDULED
         report(JobFinished(name, FinalState.FAILED, None, timezone.now(), f"cannot start: {exc}"))
         return
     executor().launch(spec)
+
+
+def _with_device_numbers(spec: JobSpec) -> JobSpec:
+    """The spec with its devices' numbers read from this node's NVML when the central side
+    did not send them all (GPUs its catalog has not yet scanned with them): the device
+    allow-list needs each GPU's minor number and each MIG device's instances."""
+    if len(spec.gpu_minors) + len(spec.mig_devices) >= len(spec.gpu_uuids):
+        return spec
+    minors: list[int] = []
+    mig_devices: list[tuple[int, int, int]] = []
+    by_uuid = _node_gpus()
+    for uuid in spec.gpu_uuids:
+        facts = by_uuid.get(uuid)
+        if facts is not None and facts.minor_number is not None:
+            minors.append(facts.minor_number)
+    if len(minors) < len(spec.gpu_uuids):  # MIG devices: scanned now (they change)
+        for gpu in scan_this_node(include=("facts", "mig")).gpus:
+            for gi in gpu.mig.gpu_instances if gpu.mig else ():
+                for ci in gi.compute_instances:
+                    if ci.uuid in spec.gpu_uuids and gpu.facts.minor_number is not None:
+                        mig_devices.append((gpu.facts.minor_number, gi.gi_id, ci.ci_id))
+    return replace(spec, gpu_minors=minors, mig_devices=mig_devices)
 
 
 def run_jobs(specs: list[dict[str, Any]]) -> None:
@@ -300,7 +364,7 @@ def _sim_started(spec: JobSpec, pid: int) -> None:
     """The job's process shows on its GPUs: whole GPUs, its MIG device, or its MPS share (its
     memory limit, else its percent of the memory, and its percent of the utilization)."""
     state_dir, node = _sim_target()
-    by_uuid = _sim_gpus()
+    by_uuid = _node_gpus()
     mig_devices = {}
     if not by_uuid.keys() >= set(spec.gpu_uuids):  # MIG devices: scanned now (they change)
         scanned = scan_this_node(include=("facts", "mig")).gpus
@@ -337,13 +401,13 @@ def _sim_started(spec: JobSpec, pid: int) -> None:
         faults.start_process(state_dir, node, facts.index, pid, used_mib=used, util=util)
 
 
-_sim_gpu_facts: dict[str, dict[str, GpuFacts]] = {}  # by node, then by GPU UUID
+_gpu_facts: dict[str, dict[str, GpuFacts]] = {}  # by node, then by GPU UUID
 
 
-def _sim_gpus() -> dict[str, GpuFacts]:
-    """The simulated node's GPUs by UUID, scanned once (a GPU's UUID, index and memory do not
-    change while the agent runs): a job's start does not re-scan the node."""
-    gpus = _sim_gpu_facts.setdefault(settings.GPUADMIN_NODE_NAME, {})
+def _node_gpus() -> dict[str, GpuFacts]:
+    """The node's GPUs by UUID, scanned once (a GPU's UUID, index, minor number and memory do
+    not change while the agent runs): a job's start does not re-scan the node."""
+    gpus = _gpu_facts.setdefault(settings.GPUADMIN_NODE_NAME, {})
     if not gpus:
         scanned = scan_this_node(include=("facts",)).gpus
         # Not one the scan could not read: it is scanned again at the next start.

@@ -14,6 +14,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from contextlib import suppress
+from dataclasses import dataclass
 
 from celery import current_app
 from django.conf import settings
@@ -25,6 +26,8 @@ from gpuadmin.access.node_signing import send_as_central
 from gpuadmin.access.nodes import NoCredential, order_keys, send_order
 from gpuadmin.access.services import unix_account_of
 from inventory import live
+from inventory.models import Gpu, MigInstance
+from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
 from scheduling.executor import FinalState, JobFinished, JobSpec, executor_id
 from scheduling.models import Allocation, Job
 
@@ -120,7 +123,9 @@ def send_placed(
     (``send_order``). A job whose spec is invalid (a row stored before today's submission
     checks), or placed on a node that has no credential to sign its orders with, is reported
     failed, as an agent reports a job it cannot start."""
-    jobs = [(job, _node_specs(job, allocations)) for job, allocations in placed]
+    placed = [(job, list(allocations)) for job, allocations in placed]
+    facts = _catalog_facts(allocation for _, allocations in placed for allocation in allocations)
+    jobs = [(job, _node_specs(job, allocations, facts)) for job, allocations in placed]
     keys = order_keys({hostname for _, specs in jobs for hostname, _ in specs})
     by_node: dict[str, list[JobSpec]] = defaultdict(list)
     for job, specs in jobs:
@@ -154,17 +159,86 @@ def send_to_agents(
     send_placed([(job, allocations)], producer)
 
 
-def _node_specs(job: Job, allocations: Iterable[Allocation]) -> list[tuple[str, JobSpec]]:
+@dataclass(frozen=True)
+class Confinement:
+    """What confines a job's part on one node: its GPUs' device minor numbers, its MIG
+    devices (GPU minor, GPU instance, compute instance), the CPUs near its GPUs (a cpulist),
+    and whether the node's admin allows it to run unconfined."""
+
+    gpu_minors: tuple[int, ...] = ()
+    mig_devices: tuple[tuple[int, int, int], ...] = ()
+    cpu_affinity: str = ""
+    allow_unconfined: bool = False
+
+
+def _catalog_facts(
+    allocations: Iterable[Allocation],
+) -> tuple[dict[int, tuple[int | None, str, bool]], dict[int, tuple[int, int]]]:
+    """GPU id -> (minor number, CPU affinity, its node allows unconfined jobs), and MIG device
+    id -> (GPU instance, compute instance), in two queries for all the jobs sent together."""
+    gpu_ids = {allocation.gpu_id for allocation in allocations}
+    mig_ids = {a.mig_instance_id for a in allocations if a.mig_instance_id is not None}
+    gpus = {
+        pk: (minor, affinity or "", allowed)
+        for pk, minor, affinity, allowed in Gpu.objects.filter(pk__in=gpu_ids).values_list(
+            "pk", "minor_number", "cpu_affinity", "node__allow_unconfined"
+        )
+    }
+    migs = {
+        pk: (gi, ci)
+        for pk, gi, ci in MigInstance.objects.filter(pk__in=mig_ids).values_list(
+            "pk", "gi_id", "ci_id"
+        )
+    }
+    return gpus, migs
+
+
+def _confinement(
+    allocations: list[Allocation],
+    gpus: dict[int, tuple[int | None, str, bool]],
+    migs: dict[int, tuple[int, int]],
+) -> Confinement:
+    minors: list[int] = []
+    mig_devices: list[tuple[int, int, int]] = []
+    near: set[int] = set()
+    allowed = True
+    for allocation in allocations:
+        minor, affinity, allowed_here = gpus.get(allocation.gpu_id, (None, "", False))
+        near.update(parse_cpu_list(affinity) or ())
+        allowed = allowed and allowed_here
+        if minor is None:  # not scanned yet: the agent refuses to confine what it cannot name
+            continue
+        if allocation.mig_instance_id in migs:
+            mig_devices.append((minor, *migs[allocation.mig_instance_id]))
+        elif allocation.mig_instance_id is None:
+            minors.append(minor)
+    return Confinement(tuple(minors), tuple(mig_devices), format_cpu_list(near), allowed)
+
+
+def _node_specs(
+    job: Job,
+    allocations: Iterable[Allocation],
+    facts: tuple[dict[int, tuple[int | None, str, bool]], dict[int, tuple[int, int]]],
+) -> list[tuple[str, JobSpec]]:
     """What each node of the job's ``allocations`` runs of it (GPUs in index order), by
     hostname; none, and the job reported failed, when the executor would refuse its spec."""
-    by_node: dict[str, list[str]] = defaultdict(list)
+    by_node: dict[str, list[Allocation]] = defaultdict(list)
     for allocation in sorted(allocations, key=lambda allocation: allocation.gpu.index):
-        # A MIG device's own UUID (MIG-...); a whole GPU's or an MPS-shared GPU's, GPU-...
-        by_node[allocation.node.hostname].append(allocation.device_uuid or allocation.gpu.uuid)
+        by_node[allocation.node.hostname].append(allocation)
     hostnames = sorted(by_node)
     try:
         return [
-            (host, job_spec(job, by_node[host], rank, hostnames))
+            (
+                host,
+                job_spec(
+                    job,
+                    # A MIG device's own UUID (MIG-...); a whole GPU's or an MPS share's, GPU-...
+                    [a.device_uuid or a.gpu.uuid for a in by_node[host]],
+                    rank,
+                    hostnames,
+                    confinement=_confinement(by_node[host], *facts),
+                ),
+            )
             for rank, host in enumerate(hostnames)
         ]
     except ValueError as exc:
@@ -198,10 +272,18 @@ def send_cancel(
             send_order(hostname, "scheduling.cancel_job", (job.pk, job.attempt, message, *chosen))
 
 
-def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) -> JobSpec:
+def job_spec(
+    job: Job,
+    gpu_uuids: list[str],
+    rank: int,
+    hostnames: list[str],
+    *,
+    confinement: Confinement | None = None,
+) -> JobSpec:
     """What an agent runs of a job on one of its nodes (``hostnames``, ``rank`` its place
-    among them), as its owner's Unix account. ``ValueError`` for a job the executor would
-    refuse."""
+    among them), as its owner's Unix account, confined to its ``confinement``. ``ValueError``
+    for a job the executor would refuse."""
+    confinement = confinement or Confinement()
     env = {str(name): str(value) for name, value in job.env.items()}
     if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
         env.update(
@@ -237,16 +319,22 @@ def job_spec(job: Job, gpu_uuids: list[str], rank: int, hostnames: list[str]) ->
         container_workdir=workdir if image else None,
         mps_percent=job.mps_percent,
         mps_memory_mib=job.mps_memory_mib,
+        gpu_minors=confinement.gpu_minors,
+        mig_devices=confinement.mig_devices,
+        cpu_affinity=confinement.cpu_affinity,
+        cpus=job.cpus,
+        memory_mib=job.host_memory_mib,
+        allow_unconfined=confinement.allow_unconfined,
     )
 
 
 def host_request_env(cpus: int, memory_mib: int) -> dict[str, str]:
     """What a job learns of its host request on each node (0: none asked, nothing set), with
     Slurm's names for its scripts: ``GPUADMIN_CPUS`` (``SLURM_CPUS_PER_TASK``) and
-    ``GPUADMIN_HOST_MEMORY_MIB`` (``SLURM_MEM_PER_NODE``). A request, not a limit: nothing
-    confines the job to it. ``OMP_NUM_THREADS`` is left to the job: a launcher such as
-    torchrun sets it to 1 per process when it is unset, and the request's count would
-    oversubscribe the CPUs once per process."""
+    ``GPUADMIN_HOST_MEMORY_MIB`` (``SLURM_MEM_PER_NODE``), which its cgroup enforces on a
+    node that confines jobs (``JobSpec.cpus``, ``JobSpec.memory_mib``). ``OMP_NUM_THREADS``
+    is left to the job: a launcher such as torchrun sets it to 1 per process when it is
+    unset, and the request's count would oversubscribe the CPUs once per process."""
     env: dict[str, str] = {}
     if cpus:
         env.update(GPUADMIN_CPUS=str(cpus), SLURM_CPUS_PER_TASK=str(cpus))

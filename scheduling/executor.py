@@ -18,9 +18,11 @@ Design and trade-offs:
   (SIGTERM, then SIGKILL after ``kill_grace_s``; a preemption's cancel chooses its first signal
   and grace). A job ends when its main process exits (seen at once: a thread waits for the
   executor's child and wakes its monitor; an adopted job is polled every ``poll_interval_s``);
-  what it left in its group is then terminated the same way, so its GPUs are free by the time
-  :class:`JobFinished` is reported. Processes that leave the group (``setsid``, daemons) escape:
-  containing those needs cgroups, which this module does not manage.
+  what it left behind is then terminated the same way, so its GPUs are free by the time
+  :class:`JobFinished` is reported. On a node that confines jobs each runs in a cgroup of its
+  own (:mod:`scheduling.isolation`: devices, CPUs, memory, processes), joined by the launcher
+  before the job's first instruction; "its processes" are then the cgroup's, so those that
+  left its group (``setsid``, daemons) end with it too.
 - **Containers.** A job that names a ``container_image`` runs through the node's container
   runtime (``docker``, ``podman`` or ``apptainer``; see :func:`container_process`), never on the
   host: without a runtime it fails at once. The tracked process is the runtime's client
@@ -34,8 +36,8 @@ Design and trade-offs:
   GPUs: docker ``--gpus`` and podman's CDI ``--device`` give the container exactly the
   allocated GPUs, which keep their UUIDs inside, so ``CUDA_VISIBLE_DEVICES`` holds the same
   UUIDs as on the host and ``NVIDIA_VISIBLE_DEVICES`` names them too (``void`` for none: CUDA
-  images ask for ``all``). ``apptainer --nv`` shows a container every GPU of the node; there
-  ``CUDA_VISIBLE_DEVICES`` is what confines the job, as on the host. Every option is one
+  images ask for ``all``). ``apptainer --nv`` binds every GPU of the node into a container; the
+  job's cgroup (the client's) lets it open only its own, as on the host. Every option is one
   ``--name=value`` word and the image (never one that could read as an option) ends them, so
   nothing of the job's becomes an option of the runtime. Job variables reach a docker or podman
   container by name (``--env=NAME``, the value in the client's environment), so that, as on
@@ -72,6 +74,7 @@ Design and trade-offs:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -82,8 +85,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
@@ -91,6 +96,25 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
+from scheduling.isolation import launch
+from scheduling.isolation.cgroups import (
+    CgroupError,
+    HostCgroups,
+    JobCgroup,
+    Usage,
+    stale_job_directories,
+)
+from scheduling.isolation.cpus import choose_cpus
+from scheduling.isolation.devices import (
+    MIG_MINORS,
+    PROC_DEVICES,
+    DeviceRule,
+    MigDevice,
+    character_majors,
+    job_device_rules,
+    mig_capability_minors,
+)
 from scheduling.mps import MpsDaemons, MpsError
 
 logger = logging.getLogger(__name__)
@@ -182,10 +206,29 @@ class JobSpec:
     # An MPS share of its one GPU: percent of the GPU's SMs, and its device memory limit.
     mps_percent: int | None = None
     mps_memory_mib: int | None = None
+    # What its cgroup gives it (see scheduling.isolation): its GPUs' device minor numbers, its
+    # MIG devices as (GPU minor, GPU instance, compute instance), the CPUs near its GPUs (a
+    # cpulist), how many CPUs it asked for (0: those near its GPUs, shared) and its host
+    # memory limit (0: none).
+    gpu_minors: Sequence[int] = ()
+    mig_devices: Sequence[Sequence[int]] = ()
+    cpu_affinity: str = ""
+    cpus: int = 0
+    memory_mib: int = 0
+    # Whether it may run on a node that confines no job (the node's admin allowed it).
+    allow_unconfined: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
         object.__setattr__(self, "gpu_uuids", tuple(self.gpu_uuids))
+        object.__setattr__(self, "gpu_minors", tuple(self.gpu_minors))
+        object.__setattr__(self, "mig_devices", tuple(tuple(d) for d in self.mig_devices))
+        if any(len(device) != 3 for device in self.mig_devices):
+            raise ValueError("a MIG device is (GPU minor, GPU instance, compute instance)")
+        if self.cpus < 0 or self.memory_mib < 0:
+            raise ValueError("cpus and memory_mib are 0 or more")
+        if self.cpu_affinity and parse_cpu_list(self.cpu_affinity) is None:
+            raise ValueError(f"CPU affinity {self.cpu_affinity!r} is not a cpulist")
         if not _JOB_ID.fullmatch(self.job_id):
             raise ValueError(f"job id {self.job_id!r} is not a valid file name")
         if bool(self.argv) == (self.shell_command is not None):
@@ -226,6 +269,8 @@ class JobSpec:
             "argv": list(self.argv),
             "env": dict(self.env),
             "gpu_uuids": list(self.gpu_uuids),
+            "gpu_minors": list(self.gpu_minors),
+            "mig_devices": [list(device) for device in self.mig_devices],
         }
 
     @classmethod
@@ -303,6 +348,29 @@ class Account:
         return cls(entry.pw_name, uid, os.getegid(), tuple(os.getgroups()), entry.pw_dir)
 
 
+@dataclass(frozen=True)
+class ContainerLimits:
+    """What a docker or podman container gets of its job's confinement (apptainer's container
+    is the client's own processes, in the job's cgroup)."""
+
+    cpus: tuple[int, ...] = ()
+    memory_mib: int = 0
+    pids_max: int = 0
+    cgroup_parent: str | None = None  # the job's cgroup, relative to the hierarchy's root
+
+    def options(self) -> list[str]:
+        options = []
+        if self.cpus:
+            options.append(f"--cpuset-cpus={format_cpu_list(self.cpus)}")
+        if self.memory_mib:
+            options.append(f"--memory={self.memory_mib}m")
+        if self.pids_max:
+            options.append(f"--pids-limit={self.pids_max}")
+        if self.cgroup_parent:
+            options.append(f"--cgroup-parent={self.cgroup_parent}")
+        return options
+
+
 def container_process(
     runtime: str,
     spec: JobSpec,
@@ -310,11 +378,13 @@ def container_process(
     *,
     gpu_devices: bool = True,
     account: Account | None = None,
+    limits: ContainerLimits | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of the ``runtime`` client that runs ``spec`` in its image as
     ``account`` (default: this process's; see the module docstring and the README's command
     lines). ``gpu_devices=False`` gives the container no GPU devices (simulated GPUs have
-    none), while ``CUDA_VISIBLE_DEVICES`` still names the allocated GPUs.
+    none), while ``CUDA_VISIBLE_DEVICES`` still names the allocated GPUs. ``limits`` are the
+    job's CPUs, memory and processes, and the cgroup the container's goes under.
 
     Nothing the job's owner chose can become an option of the runtime: every option is one
     ``--name=value`` argument of gpuadmin's making before the image (which :class:`JobSpec`
@@ -335,6 +405,7 @@ def container_process(
     account = account or Account.own()
     argv = [runtime, "run", "--rm", "--init", f"--name={spec.container_name}"]
     argv.append(f"--user={account.uid}:{account.gid}")
+    argv += (limits or ContainerLimits()).options()
     if devices and runtime == "docker":
         # Quoted: --gpus is read as CSV, where a bare comma would start its next option.
         argv.append(f'--gpus="device={devices}"')
@@ -388,6 +459,10 @@ class JobFinished:
     exit_code: int | None  # negative: killed by that signal; None: never started, or unknown
     finished_at: datetime  # when the executor saw the job's last process gone
     message: str = ""
+    # Read from its cgroup (None: not measured): CPU time of all its processes, and the peak
+    # of its memory (RSS and page cache, as its limit counts it).
+    cpu_seconds: float | None = None
+    max_memory_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -397,6 +472,8 @@ class JobFinished:
             "exit_code": self.exit_code,
             "finished_at": self.finished_at.isoformat(),
             "message": self.message,
+            "cpu_seconds": self.cpu_seconds,
+            "max_memory_bytes": self.max_memory_bytes,
         }
 
     @classmethod
@@ -407,6 +484,8 @@ class JobFinished:
             exit_code=data["exit_code"],
             finished_at=datetime.fromisoformat(data["finished_at"]),
             message=data.get("message", ""),
+            cpu_seconds=data.get("cpu_seconds"),
+            max_memory_bytes=data.get("max_memory_bytes"),
         )
 
 
@@ -441,6 +520,10 @@ class _Job:
     log_path: Path
     proc: subprocess.Popen[bytes] | None  # None when adopted: not our child
     runtime: str | None = None  # the container runtime it runs in; None: on the host
+    cgroup: JobCgroup | None = None  # None: a node that confines no job
+    cpus: tuple[int, ...] = ()  # the CPUs it is bound to
+    # Closed by the launcher's exec; a launch failure is written there instead (None: adopted).
+    launch_errors: int | None = None
     cancel_requested: bool = False
     cancel_message: str = "canceled"  # its JobFinished's message when canceled
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
@@ -448,6 +531,19 @@ class _Job:
     stop_grace_s: float | None = None
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+
+    def alive(self) -> bool:
+        """Whether a process of the job still runs: of its cgroup (wherever it went), else of
+        its process group."""
+        if self.cgroup is not None:
+            return not self.cgroup.empty()
+        return _group_alive(self.pid)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Signal every process of the job; SIGKILL through its cgroup's kill."""
+        _signal_group(self.pid, sig)
+        if self.cgroup is not None:
+            self.cgroup.kill() if sig == signal.SIGKILL else self.cgroup.signal(sig)
 
     def poll(self) -> tuple[bool, int | None]:
         """Whether the main process has ended, and its exit code where that can be known."""
@@ -468,6 +564,8 @@ class _Job:
             "deadline_monotonic": self.deadline,
             "log_path": str(self.log_path),
             "runtime": self.runtime,
+            "cgroup": None if self.cgroup is None else self.cgroup.to_record(),
+            "cpus": list(self.cpus),
         }
 
     @classmethod
@@ -482,6 +580,8 @@ class _Job:
             log_path=Path(record["log_path"]),
             proc=None,
             runtime=record.get("runtime"),  # absent from the records of older agents
+            cgroup=JobCgroup.from_record(record["cgroup"]) if record.get("cgroup") else None,
+            cpus=tuple(record.get("cpus", ())),
         )
 
 
@@ -497,7 +597,11 @@ class Executor:
     one that can); otherwise jobs run as this process. A job without a ``cwd`` starts in a
     folder of its own under ``scratch_dir``, owned by its account. ``mps`` runs the MPS
     control daemons of the GPUs whose shares jobs get (``JobSpec.mps_percent``); without it
-    such a job fails to start.
+    such a job fails to start. ``cgroups`` (see :mod:`scheduling.isolation`) confines each
+    job in a cgroup of its own under ``<root>/<node_name>``, with ``pids_max`` processes at
+    most and the device allow-list plus ``extra_devices``; a job is refused on a node that
+    confines nothing when ``require_confinement`` and its spec does not allow it.
+    ``container_cgroup_parent`` puts a docker or podman container's cgroup under its job's.
     """
 
     def __init__(
@@ -518,6 +622,13 @@ class Executor:
         jobs_as_owner: bool | None = None,
         scratch_dir: str | os.PathLike[str] | None = None,
         mps: MpsDaemons | None = None,
+        cgroups: HostCgroups | None = None,
+        require_confinement: bool = False,
+        pids_max: int = 0,
+        extra_devices: Sequence[DeviceRule] = (),
+        container_cgroup_parent: bool = False,
+        proc_devices: Path = PROC_DEVICES,
+        mig_minors: Path = MIG_MINORS,
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0:
             raise ValueError("log_max_bytes must be positive and log_backups not negative")
@@ -534,6 +645,14 @@ class Executor:
         self.jobs_as_owner = os.geteuid() == 0 if jobs_as_owner is None else jobs_as_owner
         self._scratch_dir = None if scratch_dir is None else Path(scratch_dir)
         self._mps = mps
+        #: What confines this node's jobs (None: nothing).
+        self.cgroups = cgroups
+        self._require_confinement = require_confinement
+        self._pids_max = pids_max
+        self._extra_devices = tuple(extra_devices)
+        self._container_cgroup_parent = container_cgroup_parent
+        self._proc_devices = proc_devices
+        self._mig_minors = mig_minors
         self._log_dir = Path(log_dir)
         self._state_dir = Path(state_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -647,6 +766,8 @@ class Executor:
                     self._monitor_in_thread(job, announce=False)
             else:
                 _container_call(job, "remove")
+                if job.cgroup is not None:  # what it left behind (a setsid child) ends too
+                    _end_cgroup(job.cgroup)
                 self._call(self._on_process_ended, job.spec, job.pid)
                 path.unlink()
                 message = f"its process {job.pid} ended while no agent was watching it"
@@ -655,6 +776,10 @@ class Executor:
         with self._lock:  # once every live job is adopted: their GPUs' daemons stay
             for spec in lost:
                 self._release_mps(spec)
+            running = set(self._jobs)
+        if self.cgroups is not None and self.cgroups.confined:
+            for cgroup in stale_job_directories(self.cgroups, self._node_name, keep=running):
+                _end_cgroup(cgroup)  # of a job no record names: its agent died launching it
         return events
 
     def shutdown(self, *, kill: bool, message: str = "canceled") -> None:
@@ -676,14 +801,21 @@ class Executor:
         with self._lock:
             self._jobs.clear()
 
-    def _process(self, spec: JobSpec, account: Account | None) -> tuple[list[str], dict[str, str]]:
+    def _process(
+        self, spec: JobSpec, account: Account | None, limits: ContainerLimits
+    ) -> tuple[list[str], dict[str, str]]:
         """The argv and environment that run a job: its own, or its container runtime's."""
         if not spec.container_image:
             return spec.command, _as_account(spec.environment(os.environ), account)
         runtime = self.container_runtime
         if runtime != "none":
             argv, env = container_process(
-                runtime, spec, os.environ, gpu_devices=self._container_gpus, account=account
+                runtime,
+                spec,
+                os.environ,
+                gpu_devices=self._container_gpus,
+                account=account,
+                limits=limits,
             )
             if runtime == "apptainer":
                 env = _as_account(env, account)
@@ -712,14 +844,85 @@ class Executor:
         if spec.cwd is None:
             assert self._scratch_dir is not None
             spec = replace(spec, cwd=str(_scratch(self._scratch_dir / spec.job_id, account)))
-        if spec.mps_percent is not None:
-            spec = replace(spec, env={**spec.env, **self._mps_client(spec)})
+        cpus = self._choose_cpus(spec)
+        cgroup = self._cgroup(spec, cpus)
         try:
-            argv, env = self._process(spec, account)
-            return self._popen(spec, log_path, argv, env, account)
+            if spec.mps_percent is not None:
+                spec = replace(spec, env={**spec.env, **self._mps_client(spec)})
+            try:
+                argv, env = self._process(spec, account, self._container_limits(spec, cgroup, cpus))
+                program = _executable(argv[0], spec.cwd, env)
+                return self._popen(spec, log_path, program, argv, env, account, cgroup, cpus)
+            except _LaunchError:
+                self._release_mps(spec)
+                raise
         except _LaunchError:
-            self._release_mps(spec)
+            if cgroup is not None:
+                cgroup.remove()
             raise
+
+    def _choose_cpus(self, spec: JobSpec) -> tuple[int, ...]:
+        """The job's CPUs: near its GPUs, exclusive while this node has free ones."""
+        taken: Counter[int] = Counter()
+        for job in self._jobs.values():
+            if job.spec.cpus:  # a job that asked for none shares those near its GPUs
+                taken.update(job.cpus)
+        near = parse_cpu_list(spec.cpu_affinity) or ()
+        return choose_cpus(spec.cpus, near, os.sched_getaffinity(0), taken)
+
+    def _cgroup(self, spec: JobSpec, cpus: tuple[int, ...]) -> JobCgroup | None:
+        """The job's cgroup, created with its limits; None on a node that confines nothing
+        (where a job is refused unless it may run unconfined)."""
+        if self.cgroups is None or not self.cgroups.confined:
+            if self._require_confinement and not spec.allow_unconfined:
+                why = self.cgroups.reason() if self.cgroups is not None else "no cgroups"
+                raise _LaunchError(
+                    f"{self._node_name} confines no job ({why}): an admin must allow "
+                    "unconfined jobs on it"
+                )
+            return None
+        try:
+            devices = self._device_rules(spec)
+            return JobCgroup.create(
+                self.cgroups,
+                self._node_name,
+                spec.job_id,
+                devices=devices,
+                cpus=cpus,
+                memory_mib=spec.memory_mib,
+                pids_max=self._pids_max,
+            )
+        except (CgroupError, ValueError) as exc:
+            raise _LaunchError(str(exc)) from None
+
+    def _device_rules(self, spec: JobSpec) -> list[DeviceRule] | None:
+        """The job's device allow-list; None where this node does not confine devices."""
+        if self.cgroups is None or "devices" not in self.cgroups.backends:
+            return None
+        if len(spec.gpu_minors) + len(spec.mig_devices) < len(spec.gpu_uuids):
+            raise ValueError("its GPUs' device minor numbers are unknown: it cannot be confined")
+        mig_devices = [MigDevice(*device) for device in spec.mig_devices]
+        return job_device_rules(
+            spec.gpu_minors,
+            mig_devices,
+            majors=character_majors(_read_text(self._proc_devices)),
+            mig_minors=mig_capability_minors(_read_text(self._mig_minors)) if mig_devices else {},
+            extra=self._extra_devices,
+        )
+
+    def _container_limits(
+        self, spec: JobSpec, cgroup: JobCgroup | None, cpus: tuple[int, ...]
+    ) -> ContainerLimits:
+        """A docker or podman container's share of the job's confinement."""
+        parent = None
+        if self._container_cgroup_parent and cgroup is not None and self.cgroups is not None:
+            parent = f"/{self.cgroups.root}/{self._node_name}/{spec.job_id}"
+        return ContainerLimits(
+            cpus=cpus if spec.cpus else (),
+            memory_mib=spec.memory_mib,
+            pids_max=self._pids_max if cgroup is not None else 0,
+            cgroup_parent=parent,
+        )
 
     def _mps_client(self, spec: JobSpec) -> dict[str, str]:
         """Start the MPS control daemon of the job's GPU unless it runs; the job's MPS
@@ -752,39 +955,49 @@ class Executor:
         self,
         spec: JobSpec,
         log_path: Path,
+        program: str,
         argv: list[str],
         env: dict[str, str],
         account: Account | None,
+        cgroup: JobCgroup | None,
+        cpus: tuple[int, ...],
     ) -> _Job:
+        """Start the launcher (:mod:`scheduling.isolation.launch`), which joins the job's
+        cgroup, binds its CPUs, becomes its account and execs the job."""
+        config: dict[str, Any] = {
+            "procs": [] if cgroup is None else [str(path) for path in cgroup.procs_files()],
+            "cpus": list(cpus),
+            "program": program,
+        }
         # Host jobs and apptainer's client run as the account; a docker or podman client stays
         # the agent's (it talks to the daemon) and gives the container the account (--user).
-        as_account: dict[str, Any] = {}
         if account is not None and (
             not spec.container_image or self.container_runtime == "apptainer"
         ):
-            as_account = {
-                "user": account.uid,
-                "group": account.gid,
-                "extra_groups": list(account.groups),
-            }
+            config.update(uid=account.uid, gid=account.gid, groups=list(account.groups))
+        errors_read, errors_write = os.pipe()
+        config["error_fd"] = errors_write
+        launcher = [sys.executable, "-I", "-S", launch.__file__, json.dumps(config), *argv]
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
         try:
             if account is not None:  # the job's log is its owner's
                 os.fchown(log_fd, account.uid, account.gid)
             proc = subprocess.Popen(
-                argv,
+                launcher,
                 cwd=spec.cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=log_fd,
                 start_new_session=True,
-                **as_account,
+                pass_fds=(errors_write,),
             )
         except (OSError, ValueError) as exc:
+            os.close(errors_read)
             raise _LaunchError(f"cannot start {argv[0]!r}: {exc}") from exc
         finally:
             os.close(log_fd)
+            os.close(errors_write)
         stat = _read_stat(proc.pid)  # our unreaped child: present even if it already exited
         assert stat is not None
         return _Job(
@@ -797,6 +1010,9 @@ class Executor:
             log_path=log_path,
             proc=proc,
             runtime=self.container_runtime if spec.container_image else None,
+            cgroup=cgroup,
+            cpus=cpus,
+            launch_errors=errors_read,
         )
 
     def _monitor_in_thread(self, job: _Job, *, announce: bool) -> None:
@@ -815,7 +1031,16 @@ class Executor:
             ).start()
 
     def _monitor(self, job: _Job, announce: bool) -> None:
-        """Follow one job until its process group is gone (or the executor detaches)."""
+        """Follow one job until its last process is gone (or the executor detaches)."""
+        launch_error = _launch_error(job)
+        if launch_error:
+            job.wake.wait()  # the launcher's exit: it is our child, reaped by its exit thread
+            with job.log_path.open("a") as log:
+                log.write(f"gpuadmin: {launch_error}\n")
+            self._end(
+                job, JobFinished(job.spec.job_id, FinalState.FAILED, None, _now(), launch_error)
+            )
+            return
         if announce:
             self._call(self._on_process_started, job.spec, job.pid)
             self._emit(JobStarted(job.spec.job_id, job.pid, job.started_at))
@@ -829,38 +1054,58 @@ class Executor:
             _rotate_log(job.log_path, self._log_max_bytes, self._log_backups)
             if not ended:
                 ended, exit_code = job.poll()
-            if ended and not _group_alive(job.pid):
+            if ended and not job.alive():
                 break
             now = time.monotonic()
+            if stop_reason is None and _over_memory(job):  # the kernel killed one of them
+                stop_reason, kill_at = FinalState.FAILED, now
             if kill_at is None:
                 if not ended and job.cancel_requested:
                     stop_reason = FinalState.CANCELED
                 elif not ended and job.deadline is not None and now >= job.deadline:
                     stop_reason = FinalState.TIMED_OUT
-                # After the main process ends, this terminates what it left in its group.
+                # After the main process ends, this terminates what it left behind.
                 if ended or stop_reason is not None:
                     canceled = stop_reason is FinalState.CANCELED
-                    _signal_group(job.pid, job.stop_signal if canceled else signal.SIGTERM)
+                    job.signal(job.stop_signal if canceled else signal.SIGTERM)
                     grace = job.stop_grace_s if canceled else None
                     kill_at = now + (self._kill_grace_s if grace is None else grace)
-            elif now >= kill_at:
+            if kill_at is not None and now >= kill_at:
                 if not killed:  # once: it can take the runtime a while
                     _container_call(job, "kill")
                     killed = True
-                _signal_group(job.pid, signal.SIGKILL)
+                job.signal(signal.SIGKILL)
             job.wake.wait(self._poll_interval_s)
             job.wake.clear()
+        if _over_memory(job):
+            stop_reason = FinalState.FAILED
         _rotate_log(job.log_path, self._log_max_bytes, self._log_backups)
         _container_call(job, "remove")
         self._call(self._on_process_ended, job.spec, job.pid)
+        state, message = _final_state(job.spec, stop_reason, exit_code)
+        if state is FinalState.CANCELED:
+            message = job.cancel_message
+        self._end(job, JobFinished(job.spec.job_id, state, exit_code, _now(), message))
+
+    def _end(self, job: _Job, finished: JobFinished) -> None:
+        """After the job's last process: its usage read and its cgroup removed, its record
+        and MPS share released, then its end reported."""
+        usage = Usage()
+        if job.cgroup is not None:
+            usage = job.cgroup.usage()
+            try:
+                job.cgroup.remove()
+            except OSError as exc:
+                logger.warning("job %s: cannot remove its cgroup: %s", job.spec.job_id, exc)
         with self._lock:
             self._record_path(job.spec.job_id).unlink(missing_ok=True)
             del self._jobs[job.spec.job_id]
             self._release_mps(job.spec)
-        state, message = _final_state(job.spec, stop_reason, exit_code)
-        if state is FinalState.CANCELED:
-            message = job.cancel_message
-        self._emit(JobFinished(job.spec.job_id, state, exit_code, _now(), message))
+        self._emit(
+            replace(
+                finished, cpu_seconds=usage.cpu_seconds, max_memory_bytes=usage.max_memory_bytes
+            )
+        )
 
     def _record_path(self, job_id: str) -> Path:
         return self._state_dir / f"{job_id}.json"
@@ -960,6 +1205,8 @@ def _container_call(job: _Job, action: str) -> None:
 def _final_state(
     spec: JobSpec, stop_reason: FinalState | None, exit_code: int | None
 ) -> tuple[FinalState, str]:
+    if stop_reason is FinalState.FAILED:  # the only reason to stop one that fails: memory
+        return stop_reason, f"stopped: it used more than its {spec.memory_mib} MiB of host memory"
     if stop_reason is FinalState.CANCELED:
         return stop_reason, "canceled"
     if stop_reason is FinalState.TIMED_OUT:
@@ -971,6 +1218,60 @@ def _final_state(
     if exit_code < 0:
         return FinalState.FAILED, f"killed by signal {-exit_code} ({signal.strsignal(-exit_code)})"
     return FinalState.FAILED, f"exited with code {exit_code}"
+
+
+def _launch_error(job: _Job) -> str:
+    """What the launcher wrote instead of exec'ing the job ("" once the job runs: the exec
+    closed the pipe, or the job was adopted)."""
+    if job.launch_errors is None:
+        return ""
+    chunks = []
+    with open(job.launch_errors, "rb", closefd=True) as pipe:
+        chunks.append(pipe.read())
+    job.launch_errors = None
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _end_cgroup(cgroup: JobCgroup) -> None:
+    """Kill whatever still runs in a job's cgroup and remove it."""
+    try:
+        cgroup.kill()
+        cgroup.remove()
+    except OSError as exc:
+        logger.warning("cannot remove the job cgroup %s: %s", cgroup.procs_files()[0].parent, exc)
+
+
+def _over_memory(job: _Job) -> bool:
+    """Whether the kernel killed a process of the job for its memory limit."""
+    return job.cgroup is not None and job.spec.memory_mib > 0 and job.cgroup.oom_kills() > 0
+
+
+def _executable(program: str, cwd: str | None, env: Mapping[str, str]) -> str:
+    """The file exec runs for ``program``, searched on the job's ``PATH`` as execvp would,
+    from its working directory; ``_LaunchError`` when there is none, so that such a job fails
+    before its start is reported (the launcher reports the rest: an account that may not
+    run it)."""
+    if "/" in program:
+        candidates = [os.path.join(cwd or ".", program)]
+    else:
+        path = env.get("PATH", os.defpath).split(os.pathsep)
+        candidates = [os.path.join(cwd or ".", folder, program) for folder in path]
+    found = [candidate for candidate in candidates if os.path.isfile(candidate)]
+    runnable = [candidate for candidate in found if os.access(candidate, os.X_OK)]
+    if runnable:
+        return runnable[0]
+    if found:
+        error: OSError = PermissionError(errno.EACCES, os.strerror(errno.EACCES), found[0])
+    else:
+        error = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    raise _LaunchError(f"cannot start {program!r}: {error}")
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _read_stat(pid: int) -> tuple[str, int, int] | None:

@@ -61,8 +61,8 @@ class SubmitJobForm(forms.Form):
         decimal_places=1,
         required=False,
         label="Host memory per node (GiB)",
-        help_text="Host RAM on each node (Slurm's --mem); empty for none. Counted by the "
-        "scheduler, not enforced on the node.",
+        help_text="Host RAM on each node (Slurm's --mem); empty for none. Its limit on a node "
+        "that confines jobs: beyond it the job is stopped.",
     )
     topology = forms.ChoiceField(choices=Topology.choices, initial=Topology.ANY)
     priority = forms.ChoiceField(choices=Priority.choices, initial=Priority.NORMAL)

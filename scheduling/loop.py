@@ -26,15 +26,15 @@ from types import MappingProxyType
 from typing import Generic, NamedTuple, TypeVar
 
 from django.conf import settings
-from django.contrib.postgres.aggregates import StringAgg
 from django.db import connection, transaction
-from django.db.models import F, FloatField, Func, Max, Sum, TextField, Value
-from django.db.models.functions import Cast, Coalesce, Concat, NullIf
+from django.db.models import F, FloatField, Func, Max, Sum, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from inventory import live
-from inventory.models import Gpu, GpuLink, Node
+from inventory.models import Gpu, Node
+from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import heartbeat_cutoff, pool_name
 from inventory.usability import why_unusable
@@ -411,7 +411,9 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
         elif kind == AllocationKind.MIG and device is not None:
             device_holders[device] = job_id
     in_use = {gpu_id for gpu_ids in held.values() for gpu_id in gpu_ids}
-    domains = nvlink_domains(gpus, by_pk)
+    domains = nvlink_domains(
+        [GpuPlace(gpu.pk, gpu.node_id, gpu.index, by_pk[gpu.node_id].hostname) for gpu in gpus]
+    )
     samples = live.latest(sorted(reachable))
     mig_mode = [gpu.pk for gpu in gpus if gpu.mig_enabled]
     devices = sharing.mig_slots(mig_mode, holders=device_holders) if mig_mode else {}
@@ -756,65 +758,6 @@ def _mig_table(model: str) -> str | None:
     """The name of the MIG placement rules of a GPU model (``inventory.nvml.mig_catalog``)."""
     table = table_for_gpu(model)
     return None if table is None else table.name
-
-
-def nvlink_domains(gpus: list[GpuRow], nodes: dict[int, NodeRow]) -> Mapping[int, str]:
-    """GPU pk -> its NVLink domain: GPUs of one node in which every pair is joined by NVLink
-    (all of them behind NVSwitch on a DGX A100/H100, a quad of a DGX-1's hybrid cube mesh, a
-    bridged pair), named after the node and its lowest GPU index. GPUs without NVLink have none.
-
-    A mesh without NVSwitch is connected without every pair being linked (a DGX-1's GPU 0 and
-    GPU 5 are SYS apart), so domains are cliques, grown in index order: a DGX-1 splits into
-    GPUs 0-3 and 4-7, both fully linked.
-
-    The NVLink pairs are read as one text ("a-b,c-d,..."), and the domains of the previous
-    call are returned again when that text and the GPUs' places (id, node, index, hostname)
-    are equal: links change only when discovery rewrites a node's, and building the cliques
-    of tens of thousands of links costs a pass tens of milliseconds."""
-    global _domains
-    pairs = GpuLink.objects.filter(link_type__startswith="NV").aggregate(
-        pairs=StringAgg(
-            Concat(
-                Cast("gpu_a_id", TextField()),
-                Value("-"),
-                Cast("gpu_b_id", TextField()),
-                output_field=TextField(),
-            ),
-            ",",
-        )
-    )["pairs"]
-    places = tuple((gpu.pk, gpu.node_id, gpu.index, nodes[gpu.node_id].hostname) for gpu in gpus)
-    key = (pairs or "", places)
-    if _domains is not None and _domains[0] == key:
-        return _domains[1]
-    peers: dict[int, set[int]] = defaultdict(set)
-    for pair in pairs.split(",") if pairs else ():
-        first, _, second = pair.partition("-")
-        a, b = int(first), int(second)
-        peers[a].add(b)
-        peers[b].add(a)
-    cliques: dict[int, list[list[GpuRow]]] = defaultdict(list)
-    for gpu in sorted(gpus, key=lambda gpu: (gpu.node_id, gpu.index)):
-        linked = peers.get(gpu.pk)
-        if not linked:
-            continue
-        node_cliques = cliques[gpu.node_id]
-        clique = next((c for c in node_cliques if all(m.pk in linked for m in c)), None)
-        if clique is None:
-            node_cliques.append([gpu])
-        else:
-            clique.append(gpu)
-    domains: dict[int, str] = {}
-    for node_id, node_cliques in cliques.items():
-        for clique in node_cliques:
-            name = f"{nodes[node_id].hostname}/nvlink-gpu{clique[0].index}"
-            domains.update((gpu.pk, name) for gpu in clique)
-    _domains = (key, MappingProxyType(domains))
-    return _domains[1]
-
-
-# The NVLink domains of the last call, with what they were computed from.
-_domains: tuple[tuple[str, tuple[tuple[int, int, int, str], ...]], Mapping[int, str]] | None = None
 
 
 def _free_mib(gpu: GpuRow, sample: dict | None) -> int:

@@ -35,14 +35,15 @@ class SchedulingCollector(Collector):
     def allocations(self) -> Metric:
         held = GaugeMetricFamily(
             "gpuadmin_allocated_gpus",
-            "GPUs held by active allocations, per job owner and project.",
+            "GPUs held by active allocations, per job owner and project (a GPU held in MPS "
+            "shares or MIG devices counts once for each of them).",
             labels=["user", "project"],
         )
         rows = (
             Allocation.objects.active()
             .order_by()
             .values_list("job__owner__username", "job__project")
-            .annotate(n=Count("pk"))
+            .annotate(n=Count("gpu_id", distinct=True))
         )
         for user, project, count in sorted(rows):
             held.add_metric([user, project], count)

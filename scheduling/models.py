@@ -157,6 +157,16 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     message = models.TextField(blank=True, help_text="Why it failed or was canceled.")
+    # Read from its cgroup at its end (sacct's TotalCPU and MaxRSS); a gang's summed / largest.
+    cpu_seconds = models.FloatField(
+        "CPU time (s)", null=True, blank=True, help_text="User and system CPU time of its last run."
+    )
+    max_memory_bytes = models.PositiveBigIntegerField(
+        "peak memory (bytes)",
+        null=True,
+        blank=True,
+        help_text="Largest host memory of its last run on any one node.",
+    )
 
     # The placement loop's latest word on a waiting job (not state changes: not audited)
     pending_code = models.CharField(max_length=32, blank=True)
@@ -250,6 +260,11 @@ def expected_end(
 class AllocationQuerySet(models.QuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(released_at__isnull=True)
+
+    def gpu_ids(self) -> models.QuerySet:
+        """The GPUs these allocations hold, each once: the one count of GPUs in use (an MPS
+        GPU with two shares, or a MIG GPU with three devices given, is one GPU)."""
+        return self.order_by().values("gpu_id").distinct()
 
 
 class AllocationKind(models.TextChoices):
@@ -398,7 +413,7 @@ class PoolPolicy(models.Model):
         default=True, help_text="Higher-priority or under-share jobs may preempt preemptible work."
     )
     preempt_exempt_s = models.PositiveIntegerField(
-        default=600,
+        default=0,
         help_text="A job is not preempted for another's priority, share or attained service "
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
         "at once.",
@@ -704,6 +719,9 @@ class UsageDay(models.Model):
     mig_slice_s = models.FloatField(default=0, help_text="MIG compute slices x seconds.")
     mps_gpu_s = models.FloatField(default=0, help_text="MPS shares as fractions of a GPU.")
     energy_j = models.FloatField(default=0)
+    cpu_s = models.FloatField(
+        "CPU seconds", default=0, help_text="CPU time of the jobs that finished that day."
+    )
 
     class Meta:
         ordering = ["-day"]

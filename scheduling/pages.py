@@ -36,7 +36,12 @@ from scheduling.models import (
 )
 from scheduling.placement import TopologyClass
 from scheduling.placement.text import indexes_phrase
-from scheduling.slurm import compact_indexes, host_request_text
+from scheduling.slurm import (
+    compact_indexes,
+    cpu_time_text,
+    host_request_text,
+    peak_memory_text,
+)
 
 STATE_COLOURS: dict[str, str] = {
     JobState.PENDING: "grey",
@@ -150,6 +155,17 @@ class JobView:
     def host(self) -> str:
         """``16 CPUs, 64 GiB RAM per node``, or empty."""
         return host_request_text(self.job.cpus, self.job.host_memory_mib)
+
+    @property
+    def usage(self) -> str:
+        """What its last run used, as sacct's TotalCPU and MaxRSS: ``CPU time 00:01:23, peak
+        memory 64 MiB``; empty when its node did not measure it."""
+        parts = []
+        if self.job.cpu_seconds is not None:
+            parts.append(f"CPU time {cpu_time_text(self.job.cpu_seconds)}")
+        if self.job.max_memory_bytes is not None:
+            parts.append(f"peak memory {peak_memory_text(self.job.max_memory_bytes)}")
+        return ", ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

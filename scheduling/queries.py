@@ -191,12 +191,23 @@ def queue_statistics(now: datetime | None = None) -> QueueStatistics:
 
 @dataclass(frozen=True)
 class GpuStatus:
-    """A present GPU, why the one rule refuses it now (``None``: it may be given), and to
-    which job it is given."""
+    """A present GPU, why the one rule refuses it now (``None``: it may be given), and its
+    active allocations (a whole GPU has one; MPS shares and MIG devices one each), oldest
+    first."""
 
     gpu: Gpu
     unusable: Unusable | None
-    allocation: Allocation | None
+    allocations: tuple[Allocation, ...] = ()
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The first of them (the API's ``job_id``, from before shares were listed)."""
+        return self.allocations[0] if self.allocations else None
+
+    @property
+    def in_use(self) -> bool:
+        """Whether a job holds it, or a part of it (counted once however many)."""
+        return bool(self.allocations)
 
     @property
     def schedulable(self) -> bool:
@@ -204,7 +215,7 @@ class GpuStatus:
 
     @property
     def free(self) -> bool:
-        return self.schedulable and self.allocation is None
+        return self.schedulable and not self.in_use
 
 
 def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
@@ -213,10 +224,10 @@ def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
     gpus = Gpu.objects.present().select_related("node").order_by("node__hostname", "index")
     if hostname is not None:
         gpus = gpus.on_node(hostname)
-    allocations = {
-        allocation.gpu_id: allocation
-        for allocation in Allocation.objects.active().select_related("job__owner")
-    }
+    allocations: dict[int, list[Allocation]] = {}
+    active = Allocation.objects.active().select_related("job__owner")
+    for allocation in active.order_by("allocated_at", "pk"):
+        allocations.setdefault(allocation.gpu_id, []).append(allocation)
     now = timezone.now()
     rows = list(gpus)
     samples = live.latest({gpu.node.hostname for gpu in rows})
@@ -228,7 +239,7 @@ def gpu_status(hostname: str | None = None) -> list[GpuStatus]:
                 allocated=gpu.pk in allocations,
                 now=now,
             ),
-            allocations.get(gpu.pk),
+            tuple(allocations.get(gpu.pk, ())),
         )
         for gpu in rows
     ]
@@ -243,7 +254,7 @@ class OrchestratorStatus:
     default_policy: PoolPolicy  # of the GPUs in no pool
     jobs: dict[str, int]  # pending, queued, scheduled, running
     gpus_present: int
-    gpus_allocated: int
+    gpus_allocated: int  # in use: held whole or in part, each GPU once
     gpus_free: int  # usable now (the one rule, live samples included) and not allocated
     last_scheduled_at: datetime | None
 
@@ -258,7 +269,7 @@ def orchestrator_status() -> OrchestratorStatus:
         .values_list("state")
         .annotate(n=Count("pk"))
     )
-    allocated = Allocation.objects.active().values("gpu_id")
+    allocated = Allocation.objects.active().gpu_ids()
     return OrchestratorStatus(
         config=SchedulerSettings.load(),
         default_policy=quotas.policy_of(None),  # a status read writes no row

@@ -31,15 +31,16 @@ from typing import Any, NamedTuple, TypedDict
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.contrib.postgres.aggregates import BoolOr
 from django.contrib.postgres.expressions import ArraySubquery
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max, OuterRef, QuerySet
+from django.db.models import F, OuterRef, QuerySet, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gpuadmin.audit.models import AuditEvent
 from gpuadmin.audit.services import (
     audit_event,
     create_recorded,
@@ -51,6 +52,7 @@ from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
 from inventory import live
 from inventory.models import Gpu, MigInstance, Node, Pool
+from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import pool_name
 from inventory.usability import Reason as UsabilityReason
@@ -76,7 +78,11 @@ from scheduling.models import (
     Reservation,
     ReservationGpu,
     ReservationState,
+    Topology,
 )
+from scheduling.placement.decisions import Reason
+from scheduling.placement.diagnosis import Diagnosis
+from scheduling.placement.fleet import Shape, grouping
 from scheduling.placement.reservations import ReservationBook
 
 S = JobState
@@ -444,6 +450,8 @@ class FleetShape:
 
     pools: dict[str | None, PoolShape]
     pool_names: frozenset[str]  # every pool, with GPUs or not
+    # The engine's view of each pool's whole-GPU hardware: what it could never run.
+    hardware: dict[str | None, Diagnosis] = field(default_factory=dict)
 
     @classmethod
     def cached(cls, max_age_s: float = 5.0) -> FleetShape:
@@ -463,33 +471,69 @@ class FleetShape:
 
     @classmethod
     def now(cls) -> FleetShape:
-        per_node = (
-            Gpu.objects.present()
-            .values(
-                "node_id",
-                "name",
-                "mps_shared",
-                *HOST_COLUMNS,
-                pool_name=pool_name(),
-            )
-            .annotate(count=Count("pk"), memory=Max("memory_total_mib"), mig=BoolOr("mig_capable"))
+        """Read the fleet: its present GPUs, with their nodes' host figures and NVLink domains,
+        and the pools, in three queries however large it is. The shape read last is returned
+        again while they are equal (the hardware changes seldom), with what its ``hardware``
+        worked out for the requests so far."""
+        global _fleet_read
+        rows = tuple(
+            _GpuShapeRow._make(row)
+            for row in Gpu.objects.present()
+            .order_by("node_id", "index")
+            .values_list(*_GPU_SHAPE_COLUMNS, pool_name())
         )
+        domains = nvlink_domains([GpuPlace(*row[:4]) for row in rows])
+        names = frozenset(Pool.objects.values_list("name", flat=True))
+        read = (rows, names, domains)
+        if _fleet_read is not None and _fleet_read[0] == read:
+            return _fleet_read[1]
+        shape = cls._of(rows, names, domains)
+        _fleet_read = (read, shape)
+        return shape
+
+    @classmethod
+    def _of(
+        cls,
+        rows: Sequence[_GpuShapeRow],
+        names: frozenset[str],
+        domains: Mapping[int, str],
+    ) -> FleetShape:
+        per_node: dict[tuple[str | None, int, str, bool], list[_GpuShapeRow]] = defaultdict(list)
+        hosts: dict[int, placement.NodeInfo] = {}
+        slots: dict[str | None, list[placement.GpuSlot]] = defaultdict(list)
+        for row in rows:
+            per_node[row.pool, row.node_id, row.name, row.mps_shared].append(row)
+            if row.node_id not in hosts:
+                hosts[row.node_id] = placement.NodeInfo(
+                    row.hostname,
+                    cpus=for_jobs(row.cpu_count, row.cpus_reserved),
+                    memory_mib=for_jobs(row.memory_total_mib_node, row.memory_reserved_mib),
+                )
+            if not row.mps_shared:  # an MPS-shared GPU takes no whole-GPU job
+                slots[row.pool].append(_hardware_slot(row, domains.get(row.pk)))
         pools: dict[str | None, PoolShape] = {}
-        for row in per_node:
-            shape = pools.setdefault(row["pool_name"], PoolShape())
-            cpu_count, memory_total, cpus_reserved, memory_reserved = map(row.get, HOST_COLUMNS)
-            shape.add_host(
-                for_jobs(cpu_count, cpus_reserved), for_jobs(memory_total, memory_reserved)
-            )
-            name, memory = row["name"], row["memory"] or 0
-            if row["mig"]:
-                shape.mig_models.add(name)
-            if row["mps_shared"]:
+        for (pool, node_id, name, mps_shared), gpus in per_node.items():
+            shape = pools.setdefault(pool, PoolShape())
+            info = hosts[node_id]
+            shape.add_host(info.cpus, info.memory_mib)
+            memory = max(gpu.memory_total_mib or 0 for gpu in gpus)
+            if mps_shared:
                 shape.mps_models[name] = max(shape.mps_models.get(name, 0), memory)
-                continue
+                continue  # nor a MIG device: an MPS-shared GPU is never in MIG mode
+            if any(gpu.mig_capable for gpu in gpus):
+                shape.mig_models.add(name)
             count, nodes, largest = shape.models.get(name, (0, 0, 0))
-            shape.models[name] = (max(count, row["count"]), nodes + 1, max(largest, memory))
-        return cls(pools, frozenset(Pool.objects.values_list("name", flat=True)))
+            shape.models[name] = (max(count, len(gpus)), nodes + 1, max(largest, memory))
+        with_pools = any(pool is not None for pool in pools)
+        infos = {info.hostname: info for info in hosts.values()}
+        hardware = {}
+        for pool, pool_slots in slots.items():
+            scope = f"pool {pool}" if pool else "the GPUs in no pool" if with_pools else "the fleet"
+            hostnames = sorted({slot.node for slot in pool_slots})
+            hardware[pool] = Diagnosis.of_hardware(
+                [infos[hostname] for hostname in hostnames], pool_slots, scope
+            )
+        return cls(pools, names, hardware)
 
     def where(self, pool: str | None) -> str:
         """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
@@ -506,6 +550,7 @@ class FleetShape:
         node_count: int,
         gpu_model: str,
         min_mib: int,
+        topology: str = "any",
         mig_profile: str = "",
         mps_memory_mib: int | None = None,
         mps: bool = False,
@@ -513,7 +558,10 @@ class FleetShape:
         host_memory_mib: int = 0,
     ) -> None:
         """``JobRejected`` naming the first field no GPU of ``pool`` could ever satisfy (nor
-        the host of any: ``cpus`` and ``host_memory_mib`` per node)."""
+        the host of any: ``cpus`` and ``host_memory_mib`` per node), then, for whole GPUs,
+        the field the engine's rule for what the pool could never run (``Diagnosis.never``:
+        all of them together, its topology too) points at. The catalog decides, not the
+        state: drained and fenced GPUs count."""
         if not self.pools:
             raise JobRejected("gpu_count", "the fleet has no GPUs yet")
         if pool is not None and pool not in self.pool_names:
@@ -543,6 +591,35 @@ class FleetShape:
                 f"{host_memory_mib} MiB per node, but no node {self.where(pool)} has more than "
                 f"{shape.memory_mib} MiB for jobs",
             )
+        if not mig_profile and not mps:
+            ask = Shape(
+                gpu_count,
+                node_count,
+                min_mib,
+                gpu_model or None,
+                grouping(topology),
+                cpus,
+                host_memory_mib,
+            )
+            self._check_hardware(self.hardware[pool], ask)
+
+    @staticmethod
+    def _check_hardware(hardware: Diagnosis, ask: Shape) -> None:
+        """``JobRejected`` when the engine says ``hardware`` could never run ``ask``, naming
+        the field at fault: the topology, the memory, the host figures (when the GPUs alone
+        would do), else the size."""
+        never = hardware.never(ask)
+        if never is None:
+            return
+        reason, message = never
+        field = _NEVER_FIELDS.get(reason)
+        if field is None:
+            host_only = ask.cpus or ask.host_memory_mib
+            if host_only and hardware.never(ask._replace(cpus=0, host_memory_mib=0)) is None:
+                field = "cpus" if ask.cpus else "host_memory_mib"
+            else:
+                field = "node_count" if ask.node_count > 1 else "gpu_count"
+        raise JobRejected(field, message)
 
     def _check_whole(
         self,
@@ -617,14 +694,72 @@ class FleetShape:
 
 
 _fleet_shape: tuple[float, FleetShape | None] = (0.0, None)
+# What ``FleetShape.now`` read last (GPU rows, pool names, NVLink domains), and its shape.
+_fleet_read: tuple[tuple[object, ...], FleetShape] | None = None
+# The request field each of the engine's "never" reasons points at (TOO_LARGE: see
+# ``FleetShape._check_hardware``).
+_NEVER_FIELDS = {
+    Reason.MODEL: "gpu_model",
+    Reason.MEMORY: "min_gpu_memory_mib",
+    Reason.TOPOLOGY: "topology",
+}
 
-# A node's host resources, as FleetShape reads them with its GPUs.
-HOST_COLUMNS = (
+
+class _GpuShapeRow(NamedTuple):
+    """What ``FleetShape`` reads of a GPU and its node."""
+
+    pk: int
+    node_id: int
+    # Shadows tuple.index on purpose (the column's name): legal at runtime, refused by mypy.
+    index: int  # type: ignore[assignment]
+    hostname: str
+    name: str
+    memory_total_mib: int | None
+    numa_node: int | None
+    socket: int | None
+    mig_capable: bool
+    mps_shared: bool
+    cpu_count: int | None
+    memory_total_mib_node: int | None
+    cpus_reserved: int
+    memory_reserved_mib: int
+    pool: str | None  # its own pool's name, else its node's
+
+
+_GPU_SHAPE_COLUMNS = (
+    "pk",
+    "node_id",
+    "index",
+    "node__hostname",
+    "name",
+    "memory_total_mib",
+    "numa_node",
+    "socket",
+    "mig_capable",
+    "mps_shared",
     "node__cpu_count",
     "node__memory_total_mib",
     "node__cpus_reserved",
     "node__memory_reserved_mib",
 )
+
+
+def _hardware_slot(row: _GpuShapeRow, domain: str | None) -> placement.GpuSlot:
+    """A GPU as bare hardware, as the engine groups it (model, memory, NUMA, NVLink)."""
+    memory = row.memory_total_mib or 0
+    return placement.GpuSlot(
+        id=row.pk,
+        uuid="",
+        node=row.hostname,
+        index=row.index,
+        model=row.name,
+        memory_total_mib=memory,
+        memory_free_mib=memory,
+        numa_node=row.numa_node,
+        socket=row.socket,
+        nvlink_domain=domain,
+        pool=row.pool,
+    )
 
 
 def for_jobs(total: int | None, reserved: int) -> int | None:
@@ -683,6 +818,9 @@ def check_submission(
     working_dir = fields.get("working_dir") or ""
     if working_dir and not posixpath.isabs(working_dir):
         raise JobRejected("working_dir", f"{working_dir!r} is not an absolute path")
+    topology = fields.get("topology", Topology.ANY)
+    if topology not in Topology.values:
+        raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
     if reservation is not None:
         fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
@@ -693,6 +831,7 @@ def check_submission(
         node_count=fields.get("node_count", 1),
         gpu_model=fields.get("gpu_model", ""),
         min_mib=fields.get("min_gpu_memory_mib", 0),
+        topology=topology,
         mig_profile=fields.get("mig_profile", ""),
         mps=fields.get("mps_percent") is not None,
         mps_memory_mib=fields.get("mps_memory_mib"),
@@ -1547,20 +1686,21 @@ def job_events(
     sender: str | None = None,
     node_stopped: Collection[str] = (),
 ) -> Recorded:
-    """What an agent's executor reported, in the order it happened (``scheduling.job_events``:
-    an agent sends together the events that pile up), recorded in one transaction of a fixed
-    number of statements however many events: the jobs locked in id order (with the attempts
-    placed on node ``sender``, when given: an event about a job attempt placed elsewhere is
-    refused, not believed); each event's transition decided on its job as the state machine
-    has it then (``_change``: a start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the
-    jobs written in one UPDATE; the GPUs of those that stopped holding them released in one
-    statement; every transition audited, in one INSERT. A stale report (another attempt, or a
-    job that moved on) changes nothing. The end of a preempted job takes
-    ``_requeue_preempted``'s path, in the same transaction: its GPUs are released by a
-    statement of their own, so when others end with it, all their GPUs are locked first, in
-    id order (the module's lock order). ``node_stopped``: the executor ids of the jobs that
-    ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel is
-    the node's stop, not a user's (``_end_of``)."""
+    """What an agent's executor reported, in the order it happened (``scheduling.job_events``: an
+    agent sends together the events that pile up), recorded in one transaction of a fixed number of
+    statements however many events: the jobs locked in id order (with the attempts placed on node
+    ``sender``, when given: an event about a job attempt placed elsewhere is refused, not believed);
+    each event's transition decided on its job as the state machine has it then (``_change``: a
+    start SCHEDULED -> RUNNING, an end as ``_end_of`` says); the jobs written in one UPDATE; the
+    GPUs of those that stopped holding them released in one statement; every transition audited, in
+    one INSERT. An end adds its run's CPU time and peak memory to the job's earlier runs' (retries
+    and preempted runs count too); a multi-node gang's parts add theirs with statements of their own
+    (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes nothing.
+    The end of a preempted job takes ``_requeue_preempted``'s path, in the same transaction: its
+    GPUs are released by a statement of their own, so when others end with it, all their GPUs are
+    locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the
+    jobs that ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel
+    is the node's stop, not a user's (``_end_of``)."""
     reports = []
     for event in events:
         job_id, attempt = parse_executor_id(event.job_id)
@@ -1578,6 +1718,7 @@ def job_events(
         if len(jobs) > 1 and any(job.preempted_by_id is not None for job in jobs.values()):
             _lock_held_gpus(list(jobs))
         moves = _Moves(AGENT_ACTOR)
+        gang_parts: list[tuple[int, int, JobFinished]] = []
         for job_id, attempt, event in reports:
             job = jobs.get(job_id)
             if sender is not None and attempt not in getattr(job, "placed_there", ()):
@@ -1589,11 +1730,19 @@ def job_events(
                 if job.state == S.SCHEDULED:
                     moves.add(job, S.RUNNING, pid=event.pid, started_at=event.started_at)
                 continue
+            # A gang's parts end one by one, each on its node: their usage adds up.
+            gang = job.node_count > 1 and sender is not None
             if job.state not in HOLDING_STATES:
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
                 continue
             preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
             if preempted and event.state != "completed":
                 reached.update(moves.write())
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
+                else:
+                    _add_usage(job_id, event)
                 if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
@@ -1603,12 +1752,72 @@ def job_events(
                 job, event.state, event.exit_code, event.message, node_stopped=stopped_by
             )
             fields["exit_code"] = event.exit_code
+            if not gang:  # the run's usage, added to its earlier runs' (a gang's: by part)
+                fields["cpu_seconds"] = _total(job.cpu_seconds, event.cpu_seconds)
+                fields["max_memory_bytes"] = _peak(job.max_memory_bytes, event.max_memory_bytes)
             if to != S.QUEUED:
                 fields["finished_at"] = event.finished_at
             moves.add(job, to, message, **fields)
+            if gang:
+                gang_parts.append((job_id, attempt, event))
         reached.update(moves.write())
+        for job_id, attempt, event in gang_parts:
+            assert sender is not None, "a gang's part is reported by its node"
+            _add_gang_part(job_id, attempt, sender, event)
     moves.log()
     return recorded
+
+
+# The audit row of one node's part of a multi-node gang's usage.
+GANG_PART_USAGE = "job.part_usage"
+
+
+def _add_gang_part(job_id: int, attempt: int, node: str, event: JobFinished) -> None:
+    """Add the usage of a gang's part that ended on ``node`` to its job (CPU seconds summed,
+    the largest peak memory kept; inside the caller's transaction, the job locked), audited
+    ``job.part_usage``, that row also telling a repeated report (counted once per node and
+    attempt)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    if cpu is None and memory is None:
+        return
+    part = {"attempt": attempt, "node": node}
+    counted = AuditEvent.objects.filter(
+        event_type=GANG_PART_USAGE,
+        target_type=Job._meta.label_lower,
+        target_id=str(job_id),
+        after__contains=part,
+    )
+    if counted.exists():
+        return
+    _add_usage(job_id, event)
+    after = {**part, "cpu_seconds": cpu, "max_memory_bytes": memory}
+    record(
+        GANG_PART_USAGE,
+        actor_name=AGENT_ACTOR,
+        target_type=Job._meta.label_lower,
+        target_id=job_id,
+        after=after,
+    )
+
+
+def _add_usage(job_id: int, event: JobFinished) -> None:
+    """Add what a run (or a gang's part) used to its job's: CPU seconds summed over its runs,
+    the largest peak memory kept (one statement; the job locked by the caller)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    Job.objects.filter(pk=job_id).update(
+        cpu_seconds=F("cpu_seconds") if cpu is None else Coalesce(F("cpu_seconds"), 0.0) + cpu,
+        max_memory_bytes=F("max_memory_bytes")
+        if memory is None
+        else Greatest(F("max_memory_bytes"), Value(memory)),  # NULL is not the greatest
+    )
+
+
+def _total(before: float | None, run: float | None) -> float | None:
+    return before if run is None else (before or 0.0) + run
+
+
+def _peak(before: int | None, run: int | None) -> int | None:
+    return before if run is None else max(before or 0, run)
 
 
 def _lock_held_gpus(job_ids: Collection[int]) -> None:

@@ -6,6 +6,7 @@ refusal naming the field, and checks the numbers against ``SUBMISSION_LIMITS``).
   (``0-15:4`` = 0, 4, 8, 12), then an optional ``%N``: at most N tasks run at once.
 - ``--dependency``: comma-separated ``kind:job[:job...]`` (every condition must hold, as in
   Slurm with ``,``; Slurm's ``?``, "any of them", is not supported).
+- Usage as sacct shows it: ``cpu_time_text`` (TotalCPU) and ``peak_memory_text`` (MaxRSS).
 - ``--mem``: a whole number of MiB, or with a unit suffix ``K``, ``M``, ``G`` or ``T`` (powers
   of 1024, as Slurm reads them; ``KiB``, ``MiB``, ``GiB``, ``TiB`` too), e.g. ``64G``.
 """
@@ -126,6 +127,20 @@ def parse_memory(text: str) -> int:
 def memory_text(mib: int) -> str:
     """``64 GiB``, ``1536 MiB``: whole GiB when it is, else MiB."""
     return f"{mib // _MIB_PER_GIB} GiB" if mib and mib % _MIB_PER_GIB == 0 else f"{mib} MiB"
+
+
+def cpu_time_text(seconds: float) -> str:
+    """CPU time as sacct's TotalCPU writes it, to the second: ``00:01:23``, ``1-02:03:04``."""
+    minutes, second = divmod(round(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    days, hour = divmod(hours, 24)
+    return (f"{days}-" if days else "") + f"{hour:02d}:{minute:02d}:{second:02d}"
+
+
+def peak_memory_text(num_bytes: int) -> str:
+    """A peak of memory (sacct's MaxRSS) as ``memory_text`` writes a request, in whole MiB
+    rounded up: ``64 MiB``, ``2 GiB``, ``1537 MiB``."""
+    return memory_text(-(-num_bytes // 2**20))
 
 
 def host_request_text(cpus: int, memory_mib: int) -> str:

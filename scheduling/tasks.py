@@ -82,8 +82,9 @@ def _record_events(task: Task, events: list[dict[str, Any]], node_stopped: list[
 @shared_task(name="scheduling.agent_jobs", bind=True)
 def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
     """A (re)started agent's list of the (job, attempt) it runs."""
-    if speaks_for(self, hostname):
-        services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
+    if not speaks_for(self, hostname):
+        return
+    services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 
 @shared_task(name="scheduling.run_job", base=NodeOrder)

@@ -25,6 +25,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     services = getattr(settings_module, "EMBEDDED_SERVICES", None)
     if services is not None:
         services.release()
+    if not hasattr(config, "workerinput"):  # the controller, once every worker has ended
+        from scheduling.isolation.cgroups import host_cgroups, remove_tree
+
+        if root := os.environ.get("GPUADMIN_CGROUP_ROOT"):
+            remove_tree(host_cgroups("auto", root))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

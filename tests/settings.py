@@ -15,6 +15,9 @@ os.environ.setdefault("SECRET_KEY", "tests-only-secret-key-0123456789-abcdefghij
 # the controller names it and its processes inherit the name; each process has its own Redis
 # database (below), so each still has a queue of its own.
 os.environ.setdefault("GPUADMIN_CENTRAL_QUEUE", f"central-{os.getpid()}")
+# The agents tests start confine their jobs in a cgroup subtree of the session's own (removed
+# at its end by tests/conftest.py), never one a real agent or another session uses.
+os.environ.setdefault("GPUADMIN_CGROUP_ROOT", f"gpuadmin-tests-{os.getpid()}")
 EMBEDDED_SERVICES = ensure_service_urls(data_dir_from_env())
 # Under pytest-xdist (`make test` runs two workers) each worker gets its own Redis database
 # after the given one, for its live samples, throttles and marks, which are keyed by node and

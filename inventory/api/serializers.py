@@ -11,9 +11,9 @@ from rest_framework import serializers
 from gpuadmin import api
 from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES, NvmlBackend
 from inventory.models import (
-    CATALOG_FIELDS,
     GPU_CATALOG_FIELDS,
     MAX_TAGS,
+    NODE_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
     MigInstance,
@@ -79,7 +79,7 @@ class NodeSerializer(CatalogSerializer):
             *HOST_RESERVED_FIELDS,
             "gpu_count",
             "missing_gpu_count",
-            *CATALOG_FIELDS,
+            *NODE_CATALOG_FIELDS,
         ]
         read_only_fields = [
             name for name in fields if name not in NODE_EDITABLE_FIELDS and name != "reachable"

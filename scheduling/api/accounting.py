@@ -58,6 +58,11 @@ class UsageRowSerializer(api.Serializer):
     mig_slice_hours = serializers.FloatField(source="mig_slice_h")
     mps_gpu_hours = serializers.FloatField(source="mps_gpu_h")
     energy_kwh = serializers.FloatField()
+    cpu_hours = serializers.FloatField(
+        source="cpu_h",
+        help_text="CPU-hours of the jobs that ended in the period (their last run's, from its "
+        "cgroup, as sacct's TotalCPU).",
+    )
 
 
 class UsageDaySerializer(api.Serializer):

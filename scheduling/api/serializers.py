@@ -338,6 +338,8 @@ class JobSerializer(api.ModelSerializer):
             "finished_at",
             "exit_code",
             "message",
+            "cpu_seconds",
+            "max_memory_bytes",
             "pending_code",
             "pending_reason",
             "queue_position",
@@ -471,6 +473,28 @@ class QueueStatisticsSerializer(api.Serializer):
     oldest_queued_submitted_at = serializers.DateTimeField(allow_null=True)
 
 
+class GpuShareSerializer(api.ModelSerializer):
+    """One active allocation of a GPU in ``/cluster/gpu-status``: the GPU whole, a MIG device
+    (``device_uuid``) or an MPS share of it."""
+
+    job_id = serializers.IntegerField(read_only=True)
+    job_owner = serializers.CharField(source="job.owner.get_username", read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "id",
+            "job_id",
+            "job_owner",
+            "kind",
+            "device_uuid",
+            "mps_percent",
+            "mps_memory_mib",
+            "allocated_at",
+        ]
+        read_only_fields = fields
+
+
 class GpuStatusSerializer(api.Serializer):
     """A ``queries.GpuStatus``."""
 
@@ -486,6 +510,9 @@ class GpuStatusSerializer(api.Serializer):
         help_text="The one rule finds no reason to refuse it a whole-GPU job now."
     )
     free = serializers.BooleanField(help_text="Schedulable and held by no job.")
+    in_use = serializers.BooleanField(
+        help_text="A job holds it, or a part of it (one GPU however many shares)."
+    )
     unusable = serializers.CharField(
         source="unusable.code",
         allow_null=True,
@@ -503,13 +530,18 @@ class GpuStatusSerializer(api.Serializer):
     allocated_at = serializers.DateTimeField(
         source="allocation.allocated_at", allow_null=True, default=None
     )
+    allocations = GpuShareSerializer(
+        many=True,
+        help_text="Every active allocation of it, oldest first: one for a whole GPU, one per "
+        "MIG device or MPS share given (job_id, job_owner, allocated_at: the first's).",
+    )
 
 
 class GpuStatusListSerializer(api.Serializer):
     gpus = GpuStatusSerializer(many=True)
     count = serializers.IntegerField()
     free = serializers.IntegerField()
-    allocated = serializers.IntegerField()
+    allocated = serializers.IntegerField(help_text="GPUs in use, each once.")
 
 
 class GpuStatusParamsSerializer(api.Serializer):
@@ -549,7 +581,9 @@ class OrchestratorStatusSerializer(api.Serializer):
     updated_at = serializers.DateTimeField(source="config.updated_at")
     jobs = serializers.DictField(child=serializers.IntegerField())
     gpus_present = serializers.IntegerField()
-    gpus_allocated = serializers.IntegerField()
+    gpus_allocated = serializers.IntegerField(
+        help_text="GPUs in use (held whole or in part), each once."
+    )
     gpus_free = serializers.IntegerField(help_text="Schedulable and not allocated.")
     last_scheduled_at = serializers.DateTimeField(allow_null=True)
 

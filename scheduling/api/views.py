@@ -343,7 +343,7 @@ class GpuStatusView(APIView):
             "gpus": rows,
             "count": len(rows),
             "free": sum(row.free for row in rows),
-            "allocated": sum(row.allocation is not None for row in rows),
+            "allocated": sum(row.in_use for row in rows),
         }
         return Response(s.GpuStatusListSerializer(body).data)
 

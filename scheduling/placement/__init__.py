@@ -26,7 +26,9 @@ one. Then, job by job in that order:
   job naming a reservation waits until its window runs, and must end by its end
   (`RESERVATION`); a job over its user's or project's quota (`quotas`, this pass's starts
   counted) waits (`QUOTA`), or, where the pool lends idle GPUs, runs on them as `borrowed`
-  (preemptible, reclaimed first).
+  (preemptible, reclaimed first); a job in its own reservation is never over quota (the
+  quotas admitted the reservation); unless its pool's hardware, whatever its state, could
+  never run it (`Diagnosis.never`): then that is its reason.
 - MIG and MPS jobs go to the sharing pass (`sharing`), which may instead ask for a MIG
   instance to be created (`mig_creates`).
 - Whole-GPU jobs are placed in their view of the fleet: the free GPUs less those a reservation
@@ -43,7 +45,9 @@ one. Then, job by job in that order:
   work at once; other work that has run the pool's `preempt_exempt_s`, would rank below the
   job in the pool's order were it waiting, and is of a lower priority, in a higher queue of
   attained service (LAS) or held by owners further over their fair share by a margin. The
-  job waits (`PREEMPTING`) and their GPUs go to no one else in the pass.
+  job waits (`PREEMPTING`) and their GPUs go to no one else in the pass. Where stopping
+  running jobs would start it but none may be stopped, its reason says why
+  (`PREEMPT_EXEMPT`, `PREEMPT_ORDER`, `NOT_PREEMPTIBLE`; `preemption.Victims.refusal`).
 - `placements`: a `Placement` per job placed: its GPUs per node (or MIG device, MPS share),
   topology class, score and an explanation ("4 GPUs in one NVLink domain on dgx-01 (GPUs
   0-3), NUMA nodes 1 and 3 on socket 0; best fit: leaves 4 free GPUs on that node").

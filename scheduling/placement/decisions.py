@@ -46,6 +46,14 @@ class Reason(StrEnum):
     # A reservation holds the GPUs it would need before it would end (by its maximum
     # runtime), or its own reservation's window has not started.
     RESERVATION = "reservation"
+    # Too few GPUs are free, and no running job is preempted for it where stopping some
+    # would let it start: those jobs are still within the pool's preempt_exempt_s of their
+    # start (the sentence says until when), ...
+    PREEMPT_EXEMPT = "preempt_exempt"
+    # ... or the pool's order does not rank it ahead of them (or the pool does not preempt),
+    PREEMPT_ORDER = "preempt_order"
+    # ... or they are not preemptible, or of a higher priority.
+    NOT_PREEMPTIBLE = "not_preemptible"
     # Jobs are being preempted for it; it starts when their GPUs are free.
     PREEMPTING = "preempting"
     # A MIG instance is being created for it on an idle GPU.

@@ -3,7 +3,10 @@
 A shape is checked against ever looser facts, and the first that fails names the reason:
 the hardware (model, memory, node size, topology, host CPUs and memory), then which of it is
 up, then what is free now (GPUs, then the host CPUs and memory of the nodes with those GPUs
-free). The estimated start walks the expected ends of the jobs holding GPUs (those placed in
+free). The hardware step alone (`Diagnosis.never`, over every node and GPU whatever its
+state) is what the fleet could never run: submission refuses such a job (see
+`scheduling.services.FleetShape`), and a waiting job that no longer fits says so before its
+quota. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
 this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
 ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
 as `squeue --start` reports without reservations.
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
 from scheduling.placement.hosts import ask_phrase, most_phrase
-from scheduling.placement.snapshot import GpuSlot, JobRequest
+from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.text import (
     gigabytes,
     gpu_noun,
@@ -32,7 +36,7 @@ from scheduling.placement.text import (
     memory_phrase,
     plural,
 )
-from scheduling.placement.topology import REQUIREMENT_GROUPING, grouped
+from scheduling.placement.topology import REQUIREMENT_GROUPING, GroupKey, grouped
 
 UNITS = {"numa": "NUMA node", "nvlink": "NVLink domain"}
 REQUIREMENT_NAMES = {"numa": "NUMA", "nvlink": "NVLink"}
@@ -132,6 +136,7 @@ class Diagnosis:
         self._memory_levels = sorted(sizes)
         self._views: dict[ViewKey, View] = {}
         self._shapes: dict[Shape, tuple[Reason, str, float | None, str | None]] = {}
+        self._never: dict[Shape, tuple[Reason, str] | None] = {}
         # Each node with its GPU models and the least total memory of its GPUs, in hostname
         # order, and per model the nodes that have one; the groups and blocks of nodes all
         # of whose GPUs match a view, per (node, requirement) and (..., memory).
@@ -147,6 +152,17 @@ class Diagnosis:
                 self._with_model.setdefault(model, []).append((node, models, least))
         self._groups: dict[tuple[int, str], list[Group]] = {}
         self._whole_nodes: dict[tuple[int, str, int], Blocks] = {}
+        # What `never` reads: per view, the largest group of each node's matching GPUs, and
+        # that size per (node, requirement) for nodes all of whose GPUs match.
+        self._hardware_views: dict[ViewKey, View] = {}
+        self._largest: dict[tuple[int, str], int] = {}
+
+    @classmethod
+    def of_hardware(
+        cls, nodes: Iterable[NodeInfo], gpus: Iterable[GpuSlot], scope: str
+    ) -> Diagnosis:
+        """A diagnosis of bare hardware (no jobs), to ask what it could `never` run."""
+        return cls(Fleet(Snapshot(0.0, tuple(nodes), tuple(gpus))), 0.0, scope)
 
     def explain(self, job: JobRequest, position: int) -> Pending:
         shape = Shape.of(job)
@@ -155,39 +171,29 @@ class Diagnosis:
         reason, message, estimated_start, what_if = self._shapes[shape]
         return Pending(job.id, position, reason, message, estimated_start, what_if)
 
-    def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
+    def never(self, shape: Shape) -> tuple[Reason, str] | None:
+        """Why no state of this fleet could ever run `shape`, whatever its nodes' and GPUs'
+        states (drained, fenced and broken hardware counts): no GPU of its model or memory,
+        no node (or too few) with enough such GPUs, in one NUMA node or NVLink domain where it
+        asks for one, and with its host CPUs and memory. None when its hardware could. The
+        one rule: a waiting job's reason starts with it, and submission refuses by it."""
+        if shape not in self._never:
+            self._never[shape] = self._hardware_refusal(shape)
+        return self._never[shape]
+
+    def _hardware_refusal(self, shape: Shape) -> tuple[Reason, str] | None:
         count, wanted, min_memory, model, requirement, *_ = shape
-        host = shape.host
         if model not in self._largest_memory:
-            return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}", None, None
+            return Reason.MODEL, f"no {gpu_noun(model)} in {self.scope}"
         largest = self._largest_memory[model]
         if min_memory > largest:
             message = (
                 f"no {gpu_noun(model)}{memory_phrase(min_memory)} in {self.scope}; "
                 f"the largest has {gigabytes(largest)}"
             )
-            return Reason.MEMORY, message, None, None
-        # Views depend on the memory asked for only through which GPUs have that much, so
-        # requests between the same two memory sizes in the fleet share them.
-        level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
-        whole = self._view((model, level, "any"))
-        view = self._view((model, level, requirement))
-        reason, message = self._reason(shape, whole, view)
-        host_bound = reason == Reason.TOO_LARGE and (host.cpus or host.memory_mib)
-        if reason == Reason.HOST_RESOURCES or host_bound:
-            # Neither the start (when GPUs free up) nor fewer GPUs answers for the host.
-            return reason, message, None, None
-        return (
-            reason,
-            message,
-            self._estimated_start(view, count, wanted),
-            _what_if(shape, whole, view),
-        )
-
-    def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
-        count, wanted, min_memory, model, requirement, *_ = shape
+            return Reason.MEMORY, message
+        whole, view = self._views_of(shape, self._hardware_view)
         host = shape.host
-        asks_host = bool(host.cpus or host.memory_mib)
         gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
         unit = UNITS.get(requirement)
         in_unit = "" if unit is None else f" in one {unit}"
@@ -207,7 +213,7 @@ class Diagnosis:
             else:
                 found = f"{self.scope} has {view.at_least('hardware', count)} such nodes"
             return Reason.TOPOLOGY, f"needs {_per_node(gpus, wanted, in_unit)}; {found}"
-        if asks_host:
+        if host.cpus or host.memory_mib:
             sized = [b.node.host.info for b in view.blocks if b.hardware >= count]
             able = sum(b.node.host.could_fit(host) for b in view.blocks if b.hardware >= count)
             if able < wanted:
@@ -219,6 +225,47 @@ class Diagnosis:
                 capacity = most_phrase(host, ((i.cpus, i.memory_mib) for i in sized))
                 found = f"no node with {gpus}{in_unit} has that much (at most {capacity})"
                 return Reason.TOO_LARGE, f"{asked}; {found}"
+        return None
+
+    def _views_of(
+        self, shape: Shape, view: Callable[[ViewKey], View] | None = None
+    ) -> tuple[View, View]:
+        """The views of `shape` (by `view`: default, the full ones) without its requirement
+        ("any") and with it. Views depend on the memory asked for only through which GPUs
+        have that much, so requests between the same two memory sizes in the fleet share
+        them."""
+        _, _, min_memory, model, requirement, *_ = shape
+        view = view or self._view
+        level = self._memory_levels[bisect_left(self._memory_levels, min_memory)]
+        return view((model, level, "any")), view((model, level, requirement))
+
+    def _explain(self, shape: Shape) -> tuple[Reason, str, float | None, str | None]:
+        count, wanted, *_ = shape
+        never = self.never(shape)
+        if never is not None and never[0] in (Reason.MODEL, Reason.MEMORY):
+            return *never, None, None
+        whole, view = self._views_of(shape)
+        reason, message = never or self._reason(shape, whole, view)
+        host_bound = reason == Reason.TOO_LARGE and (shape.cpus or shape.host_memory_mib)
+        if reason == Reason.HOST_RESOURCES or host_bound:
+            # Neither the start (when GPUs free up) nor fewer GPUs answers for the host.
+            return reason, message, None, None
+        return (
+            reason,
+            message,
+            self._estimated_start(view, count, wanted),
+            _what_if(shape, whole, view),
+        )
+
+    def _reason(self, shape: Shape, whole: View, view: View) -> tuple[Reason, str]:
+        """Why `shape`, which its hardware could hold (`never`), waits now: which of that
+        hardware is up, then what is free."""
+        count, wanted, min_memory, model, requirement, *_ = shape
+        host = shape.host
+        asks_host = bool(host.cpus or host.memory_mib)
+        gpus = gpus_phrase(count, model=model, min_memory_mib=min_memory)
+        unit = UNITS.get(requirement)
+        in_unit = "" if unit is None else f" in one {unit}"
         if not _enough(view, "available", count, wanted):
             down = [b.node for b in view.blocks if b.hardware >= count > b.available]
             sentence = _unavailable(down)
@@ -264,6 +311,31 @@ class Diagnosis:
             self._views[key] = View(self._blocks(*key))
         return self._views[key]
 
+    def _hardware_view(self, key: ViewKey) -> View:
+        """A view of the hardware alone (`Blocks.hardware`; the rest 0), whatever its state:
+        all that `never` reads, without the free memory and release times of every group."""
+        if key not in self._hardware_views:
+            model, min_memory, requirement = key
+            grouping = REQUIREMENT_GROUPING[requirement]
+            blocks = []
+            nodes = self._hardware if model is None else self._with_model.get(model, [])
+            for node, models, least_memory in nodes:
+                if (model is None or len(models) == 1) and least_memory >= min_memory:
+                    # Every GPU of the node matches: the same size in every such view.
+                    size = self._largest.get((node.index, requirement))
+                    if size is None:
+                        size = self._largest[node.index, requirement] = _largest(
+                            node.gpus, grouping
+                        )
+                else:
+                    gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
+                    if not gpus:
+                        continue
+                    size = _largest(gpus, grouping)
+                blocks.append(Blocks(node, size, 0, 0, 0, ()))
+            self._hardware_views[key] = View(blocks)
+        return self._hardware_views[key]
+
     def _blocks(self, model: str | None, min_memory: int, requirement: str) -> list[Blocks]:
         """Blocks of every node with a matching GPU, in hostname order."""
         views = []
@@ -305,6 +377,13 @@ class Diagnosis:
         if len(starts) < wanted or starts[wanted - 1] == math.inf:
             return None
         return max(self.now, starts[wanted - 1])
+
+
+def _largest(gpus: list[GpuSlot], grouping: GroupKey | None) -> int:
+    """The most of `gpus` (one node's) that one group of `grouping` holds (None: the node)."""
+    if grouping is None:
+        return len(gpus)
+    return max(len(group) for group in grouped(gpus, grouping))
 
 
 def _blocks_of(node: FleetNode, groups: list[Group], min_memory: int) -> Blocks:

@@ -31,13 +31,12 @@ class Shape(NamedTuple):
 
     @classmethod
     def of(cls, job: JobRequest) -> Shape:
-        topology = "any" if job.topology == "node" else job.topology
         return cls(
             job.gpus_per_node,
             job.node_count,
             job.min_memory_mib,
             job.gpu_model,
-            topology,
+            grouping(job.topology),
             job.cpus,
             job.host_memory_mib,
         )
@@ -45,6 +44,11 @@ class Shape(NamedTuple):
     @property
     def host(self) -> HostAsk:
         return HostAsk(self.cpus, self.host_memory_mib)
+
+
+def grouping(topology: str) -> str:
+    """What a topology requirement keeps a node's part in: "node" adds nothing to "any"."""
+    return "any" if topology == "node" else topology
 
 
 class FleetNode:

@@ -19,6 +19,7 @@ from scheduling.placement.decisions import (
     Preemption,
     Reason,
 )
+from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.engine import EVERYWHERE, PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import Shape, gpus_by_host, matches
@@ -83,6 +84,8 @@ class _Partition:
         self._views: dict[tuple[int, bool], View] = {}
         self._never: set[tuple[Shape, int]] = set()
         self._victims: Victims | None = None
+        # Why no job was preempted for a waiting job, by its id (`Victims.refusal`).
+        self.refused: dict[int, tuple[Reason, str]] = {}
 
     def closing(self, job: JobRequest) -> int:
         """How many upcoming windows `job` would still run into (by its maximum runtime)."""
@@ -131,6 +134,7 @@ class _Partition:
                 self.shares,
                 policy,
                 self.config.preempt_exempt_s,
+                self.config.preemption,
             )
         return self._victims
 
@@ -152,6 +156,10 @@ class _Partition:
             phrase = self._held_phrase(job)
             if phrase:
                 pending = replace(pending, message=f"{pending.message}; {phrase}")
+        if job.id in self.refused:
+            code, words = self.refused[job.id]
+            message = f"{pending.message}; no job is preempted for it: {words}"
+            pending = replace(pending, reason=code, message=message)
         return pending
 
     def _kept_for(self, head: Shadow) -> str:
@@ -230,6 +238,7 @@ class _Planner:
         self.partitions: dict[PartitionKey, _Partition] = {}
         self.shares: dict[str | None, FairShareTable] = {}
         self._sharing: SharingPass | None = None
+        self._hardware: dict[str | None, Diagnosis] = {}  # what each pool could ever run
         self.placements: list[Placement] = []
         self.pending: list[Pending] = []
         self.preemptions: list[Preemption] = []
@@ -260,7 +269,16 @@ class _Planner:
         for job in policy.order(jobs, self.snapshot.now):
             admit = job.array is not None or job.reservation is not None
             hold = self._admit(job) if admit else None
-            if hold is None and limited and (over := self.quotas.refusal(job)) is not None:
+            # A job in its own reservation runs on GPUs the reservation holds, which the
+            # quotas admitted when it was approved: never over quota, never borrowed.
+            quota_bound = limited and job.reservation is None
+            over = self.quotas.refusal(job) if hold is None and quota_bound else None
+            never = None if over is None else self._never(job, config)
+            if never is not None:
+                # It could never run here: it says so, not that it is over quota (nor what
+                # would start now: nothing over quota would).
+                hold, over = _Hold(*never), None
+            if over is not None:
                 if config.allow_borrowing:
                     borrowers.append((job, over))
                     continue
@@ -302,6 +320,23 @@ class _Planner:
         if not placed:
             waiting.append((job, partition, hold))
 
+    def _never(self, job: JobRequest, config: PoolConfig) -> tuple[Reason, str] | None:
+        """Why no state of its pool's hardware could ever run `job` (whole GPUs; its
+        reservations' GPUs count: they are the pool's for a while); None when it could."""
+        if is_sharing(job):
+            return None
+        pool = job.pool
+        if pool not in self._hardware:
+            scope = self._scope(pool, None)
+            if [key for key in self.gpus if key[0] == pool] == [(pool, None)]:
+                # No window holds any of its GPUs: the pool's partition has them all.
+                fleet = self._partition(pool, None, config).placement_pass.fleet
+                self._hardware[pool] = Diagnosis(fleet, self.snapshot.now, scope)
+            else:
+                gpus = [gpu for gpu in self.snapshot.gpus if gpu.pool == pool]
+                self._hardware[pool] = Diagnosis.of_hardware(self.snapshot.nodes, gpus, scope)
+        return self._hardware[pool].never(Shape.of(job))
+
     def _admit(self, job: JobRequest) -> _Hold | None:
         """What keeps `job` from running whatever is free: its array's cap, its reservation."""
         capped = self.arrays.refusal(job)
@@ -327,16 +362,18 @@ class _Planner:
         if borrowing is not None:
             # Over-quota work only borrows idle GPUs: it preempts nothing and holds nothing.
             return False, _Hold(Reason.QUOTA, f"{borrowing}; no idle GPUs it could borrow fit it")
-        if partition.config.preemption:
-            victims = partition.victims(policy)
-            if victims.candidates:
-                found = victims.preempt(job, view)
-                if found is not None:
-                    preemption, _ = found
-                    self.preemptions.append(preemption)
-                    self._charge(job)
-                    message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
-                    return False, _Hold(Reason.PREEMPTING, message)
+        victims = partition.victims(policy)
+        if victims.candidates:
+            found = victims.preempt(job, view) if partition.config.preemption else None
+            if found is not None:
+                preemption, _ = found
+                self.preemptions.append(preemption)
+                self._charge(job)
+                message = f"{stopping_phrase(preemption.victims)} for it: {preemption.reason}"
+                return False, _Hold(Reason.PREEMPTING, message)
+            refused = victims.refusal(job, view)
+            if refused is not None:
+                partition.refused[job.id] = refused
         if partition.head is None:
             partition.become_head(job)
         return False, None

@@ -227,7 +227,7 @@ class PoolConfig:
     # A job is not preempted for priority, share or attained service before it has run this
     # long since its latest start (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed
     # at once.
-    preempt_exempt_s: float = 600.0
+    preempt_exempt_s: float = 0.0
     dynamic_mig: bool = False
     # qssf: points (aging intervals) a job gains per halving of its likely GPU-service.
     qssf_points_per_halving: float = 250.0

@@ -85,7 +85,7 @@ POLICY_FORM = {
     "qssf_points_per_halving": "250",
     "prediction_trust_intervals": "360",
     "allow_borrowing": "on",
-    "preempt_exempt_s": "600",
+    "preempt_exempt_s": "0",
     "preempt_signal": "SIGTERM",
     "preempt_grace_s": "30",
     "reservation_release_after_s": "900",

@@ -26,6 +26,7 @@ from inventory.nvml.scanner import scan, throttle_reason_mask, throttle_reason_n
 from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.services import set_gpu_state
 from scheduling import admin_services, services
+from scheduling.models import Allocation, Job
 from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.scheduling.conftest import add_sim_node, broker  # noqa: F401 - a fixture
 
@@ -309,6 +310,21 @@ def test_allocations_queue_length_and_waits(client, sim_node, broker):  # noqa: 
         for s in families["gpuadmin_allocated_gpus"].samples
     }
     assert held == {("alice", "vision"): 2, ("alice", "nlp"): 1, ("bob", ""): 1}
+    # Two MPS shares of one GPU: one GPU held.
+    shared = next(free)
+    Gpu.objects.filter(pk=shared.pk).update(mps_shared=True)
+    for percent in (30, 50):
+        job = Job.objects.create(
+            owner=bob, command=["x"], state="running", mps_percent=percent, project="mps"
+        )
+        Allocation.objects.create(
+            job=job, gpu=shared, node=node, kind="mps", mps_percent=percent, attempt=1
+        )
+    held = {
+        (s.labels["user"], s.labels["project"]): s.value
+        for s in scrape(client)["gpuadmin_allocated_gpus"].samples
+    }
+    assert held[("bob", "mps")] == 1
     jobs = {s.labels["state"]: s.value for s in families["gpuadmin_jobs"].samples}
     assert jobs["queued"] == 3 and jobs["scheduled"] == 3 and "completed" not in jobs
     oldest = value(families, "gpuadmin_queue_oldest_wait_seconds")

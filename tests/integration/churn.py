@@ -86,7 +86,9 @@ def main() -> None:
         try:
             action()
             done[action.__name__] += 1
-        except (services.IllegalTransition, services.AllocationRefused):
+        # Refusals are answers: a shape the fleet could never run (8 GPUs in one NUMA node),
+        # a job that moved on, GPUs taken meanwhile.
+        except (services.JobRejected, services.IllegalTransition, services.AllocationRefused):
             done[f"{action.__name__}-refused"] += 1
     sys.stdout.write(" ".join(f"{name}={count}" for name, count in sorted(done.items())) + "\n")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -161,3 +162,26 @@ def test_a_job_submitted_through_the_api_runs_as_its_owners_unix_account(open_da
         assert (int(uid), int(gid)) == (account.pw_uid, account.pw_gid)
         assert {int(g) for g in groups.split()} == set(os.getgrouplist(name, account.pw_gid))
         assert (log.stat().st_uid, Path(cwd).stat().st_uid) == (account.pw_uid, account.pw_uid)
+
+
+def test_a_job_is_confined_to_its_memory_and_the_node_says_what_confines_it(sim_node, tmp_path):
+    # The agent runs as root (as CI does): its jobs get cgroups of the session's own subtree.
+    from inventory.models import Node
+
+    owner = get_user_model().objects.create_user("erin")
+    runs_as_this_account(owner)
+    greedy = services.submit_job(
+        owner,
+        command=[sys.executable, "-c", "data = b'x' * (512 << 20); print('allocated')"],
+        gpu_count=1,
+        host_memory_mib=64,
+        working_dir=str(tmp_path),
+    )
+    wait_for(lambda: state_of(greedy) in TERMINAL_STATES, 60, "the greedy job to end")
+    greedy.refresh_from_db()
+    assert greedy.state == JobState.FAILED
+    assert greedy.message == "stopped: it used more than its 64 MiB of host memory"
+    assert greedy.max_memory_bytes is not None and greedy.max_memory_bytes <= 64 << 20
+    assert greedy.cpu_seconds is not None and greedy.cpu_seconds > 0
+    node = Node.objects.get(hostname=sim_node)
+    assert node.isolation.startswith("cgroup v"), node.isolation

@@ -218,7 +218,8 @@ while args[i].startswith("-"):
         workdir = value
     elif flag == "--user":
         user = value
-    elif flag not in ("--rm", "--init", "--name", "--gpus", "--device"):
+    elif flag not in ("--rm", "--init", "--name", "--gpus", "--device", "--cpuset-cpus",
+                      "--memory", "--pids-limit", "--cgroup-parent"):
         sys.exit(f"fake docker: unknown option {{args[i - 1]}}")
 if user:  # as docker does: only the uid and gid, no supplementary groups
     uid, gid = (int(part) for part in user.split(":"))
@@ -542,6 +543,7 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
                 allow_root=True,
                 shell_command=command,
                 gpu_uuids=["GPU-aaaa"],
+                gpu_minors=[0],  # /dev/nvidia0: the device its cgroup lets it open
                 container_image="alpine:3.20",
                 container_workdir=str(in_image),
             ).to_dict()
@@ -554,6 +556,8 @@ def test_the_agent_runs_a_placed_job_with_an_image_in_its_container(
     run, _ = runtime.calls()
     assert run[:4] == ["run", "--rm", "--init", "--name=gpuadmin-job-5-1"]
     assert run[-5:] == [f"--workdir={in_image}", "alpine:3.20", "/bin/sh", "-c", command]
+    if os.geteuid() == 0:  # a root agent confines the job: the container gets its limits
+        assert "--pids-limit=4096" in run[: run.index("alpine:3.20")]
     assert agent.tail_log(5, 1, 10)["text"] == f"5.1 GPU-aaaa\n{in_image}\n"
     # Its client started in the agent's scratch directory, not in the image's workdir.
     assert (agent.agent_dir("dgx-01") / "work" / "5.1").is_dir()

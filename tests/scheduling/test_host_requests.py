@@ -131,6 +131,23 @@ def test_a_request_no_node_could_ever_hold_is_refused_naming_the_field(alice, br
     assert services.submit_job(alice, command=["x"], cpus=60, host_memory_mib=500 * GIB).cpus == 60
 
 
+def test_host_figures_no_node_with_the_gpus_asked_for_has_are_refused(alice, broker):
+    """The H100 node has the CPUs, but only the A100 node has A100s: refused on ``cpus``."""
+    host("dgx-01", 64, 512 * GIB)
+    add_sim_node("h100-01", "dgx-h100")
+    Node.objects.filter(hostname="h100-01").update(cpu_count=256, memory_total_mib=512 * GIB)
+    services.FleetShape.forget()
+
+    with pytest.raises(services.JobRejected) as cpus:
+        services.submit_job(alice, command=["x"], cpus=100, gpu_model="NVIDIA A100-SXM4-80GB")
+    assert (cpus.value.field, cpus.value.message) == (
+        "cpus",
+        "needs 100 CPUs per node; no node with 1 NVIDIA A100-SXM4-80GB GPU has that much "
+        "(at most 64 CPUs)",
+    )
+    assert services.submit_job(alice, command=["x"], cpus=100).cpus == 100
+
+
 def test_a_node_of_unknown_size_may_hold_any_request(alice, broker):
     host("dgx-01", 64, 512 * GIB)
     host("dgx-02", None, None)

@@ -11,11 +11,11 @@ from django.utils import timezone
 from psycopg.errors import UniqueViolation
 
 from gpuadmin.audit.models import AuditEvent
-from inventory.choices import NodeState
+from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from scheduling import loop, services
 from scheduling.executor import ExecutorEvent, FinalState, JobFinished, JobSpec, JobStarted
-from scheduling.models import Allocation, Job, JobState, SchedulerSettings
+from scheduling.models import Allocation, Job, JobState, Quota, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -91,6 +91,22 @@ def test_submission_is_queued_and_audited(alice, fleet):
         ({"command": ["x"] * 4097}, "command", "at most 4096 arguments"),
         ({"command": ""}, "command", "empty command"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env", "CUDA_VISIBLE_DEVICES is reserved"),
+        (
+            {"gpu_count": 8, "topology": "numa"},
+            "topology",
+            "needs 8 GPUs in one NUMA node; the largest NUMA node has 4",
+        ),
+        (
+            {"gpu_count": 3, "topology": "numa", "gpu_model": "NVIDIA A100-SXM4-80GB"},
+            "topology",
+            "needs 3 NVIDIA A100-SXM4-80GB GPUs in one NUMA node; the largest NUMA node has 2",
+        ),
+        ({"topology": "ring"}, "topology", "must be one of any, numa, nvlink, node"),
+        (
+            {"gpu_count": 4, "node_count": 2, "topology": "numa"},
+            "topology",
+            "needs 2 nodes with 4 GPUs in one NUMA node each; the fleet has 1 such nodes",
+        ),
     ],
 )
 def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, field, message):
@@ -99,6 +115,42 @@ def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, 
     assert caught.value.field == field
     assert caught.value.message.startswith(message), caught.value.message
     assert not Job.objects.exists()
+
+
+def test_what_the_fleet_could_never_run_is_read_from_the_catalog_not_the_state(alice, fleet):
+    """Drained, fenced and offline hardware still counts: only what no node has is refused."""
+    add_sim_node("pcie-01", "pcie-l40s-4x")
+    Node.objects.filter(hostname="h100-01").update(state=NodeState.DRAINING)
+    Gpu.objects.filter(node__hostname="h100-01", index__lt=2).update(state=GpuState.DEGRADED)
+    Gpu.objects.filter(node__hostname="dgx-01").update(state=GpuState.OFFLINE)
+    services.FleetShape.forget()
+
+    assert submit(alice, gpu_count=4, topology="numa").topology == "numa"  # h100-01's halves
+    assert submit(alice, gpu_count=8, topology="nvlink").state == JobState.QUEUED
+    with pytest.raises(services.JobRejected) as caught:
+        submit(alice, gpu_count=2, topology="nvlink", gpu_model="NVIDIA L40S")
+    assert (caught.value.field, caught.value.message) == (
+        "topology",
+        "needs 2 NVIDIA L40S GPUs in one NVLink domain; no matching GPU has NVLink",
+    )
+    # The same count anywhere on the node is fine.
+    assert submit(alice, gpu_count=2, topology="node", gpu_model="NVIDIA L40S").gpu_count == 2
+
+
+def test_a_queued_job_the_shrunk_fleet_can_never_run_says_so_not_quota(alice, fleet):
+    """Queued when the fleet had two A100 nodes; one is gone (its GPUs missing) and alice is
+    at her quota: the job's reason is that it can never run, not the quota."""
+    gang = submit(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
+    Quota.objects.create(user=alice, max_gpus=8)
+    Gpu.objects.filter(node__hostname="dgx-02").update(missing_since=timezone.now())
+
+    loop.run_pass()
+
+    gang.refresh_from_db()
+    assert (gang.state, gang.pending_code) == (JobState.QUEUED, "too_large")
+    assert gang.pending_reason == (
+        "needs 2 nodes with 8 NVIDIA A100-SXM4-80GB GPUs each; the fleet has 1"
+    )
 
 
 # --------------------------------------------------------------------------- state machine
@@ -268,6 +320,60 @@ def test_started_then_completed_releases_the_gpus(alice, fleet):
     assert events(job) == ["job.submitted", "job.scheduled", "job.running", "job.completed"]
     completed = AuditEvent.objects.get(event_type="job.completed", target_id=str(job.pk))
     assert len(completed.after["released_gpus"]) == 2
+
+
+MEMORY_KILL = "stopped: it used more than its 64 MiB of host memory"
+
+
+def test_an_end_records_the_runs_cpu_time_and_peak_memory_from_its_cgroup(alice, fleet):
+    job = place(alice, host_memory_mib=64)
+    ended = JobFinished(
+        f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), MEMORY_KILL, 83.25, 67_108_864
+    )
+    assert services.job_events([ended]).reached == {job.pk: JobState.FAILED}
+    job.refresh_from_db()
+    assert (job.cpu_seconds, job.max_memory_bytes, job.message) == (83.25, 2**26, MEMORY_KILL)
+    failed = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
+    assert (failed.after["cpu_seconds"], failed.after["max_memory_bytes"]) == (83.25, 2**26)
+
+
+def test_a_jobs_usage_adds_up_its_runs_retried_and_preempted_ones_too(alice, fleet):
+    """sacct counts what every run used: a retried run's CPU time is not lost to the next."""
+    job = place(alice, max_retries=1, preemptible=True)
+    first = JobFinished(f"{job.pk}.1", FinalState.FAILED, 1, timezone.now(), "", 30.0, 2**20)
+    assert services.job_events([first]).reached == {job.pk: JobState.QUEUED}
+    loop.run_pass()
+    job.refresh_from_db()
+    second = JobFinished(f"{job.pk}.2", FinalState.COMPLETED, 0, timezone.now(), "", 12.5, 2**10)
+    services.job_events([second])
+    job.refresh_from_db()
+    assert (job.state, job.cpu_seconds, job.max_memory_bytes) == ("completed", 42.5, 2**20)
+
+
+def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
+    """Each node of a multi-node gang reports its part: CPU seconds summed, the largest peak
+    memory kept; the first part ends the job, a repeated report counts nothing."""
+    gang = place(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
+    gang.cpu_seconds, gang.max_memory_bytes = 999.0, 200  # a previous run's: added to
+    gang.save(update_fields=["cpu_seconds", "max_memory_bytes"])
+    now = timezone.now()
+
+    def part(cpu: float, memory: int) -> JobFinished:
+        return JobFinished(f"{gang.pk}.1", FinalState.COMPLETED, 0, now, "", cpu, memory)
+
+    assert services.job_events([part(10.5, 300)], sender="dgx-01").reached == {
+        gang.pk: JobState.COMPLETED
+    }
+    services.job_events([part(4.5, 200)], sender="dgx-02")
+    services.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
+    services.job_events([part(10.5, 300)], sender="dgx-01")
+    gang.refresh_from_db()
+    assert (gang.state, gang.cpu_seconds, gang.max_memory_bytes) == ("completed", 1014.0, 300)
+    parts = AuditEvent.objects.filter(event_type="job.part_usage", target_id=str(gang.pk))
+    assert sorted(parts.values_list("after__node", "after__cpu_seconds")) == [
+        ("dgx-01", 10.5),
+        ("dgx-02", 4.5),
+    ]
 
 
 def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_statements(

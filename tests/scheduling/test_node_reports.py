@@ -19,6 +19,7 @@ from gpuadmin.access.node_signing import HEADER, parse_token, send_as_central, s
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
 from inventory import tasks as inventory_tasks
+from inventory.agent import AgentLoop
 from inventory.models import Node
 from inventory.nvml import open_backend
 from inventory.nvml.scanner import scan
@@ -198,6 +199,46 @@ def test_a_revoked_credential_is_refused(signed):
     [why] = refusals()
     assert why.endswith("is revoked")
     assert AuditEvent.objects.filter(event_type="node_credential.revoked").count() == 1
+
+
+def test_an_agents_scan_says_what_confines_its_jobs(signed, settings, tmp_path):
+    """``inventory.sync_node``'s ``isolation``: what the agent says confines the node's jobs
+    and why not, stored with its registration (so a first start is never lost) and audited
+    once per change; an older agent's scan (without it) leaves it alone."""
+    why = "not root, and /sys/fs/cgroup/gpuadmin is not delegated to this agent"
+    said = {"isolation": "none", "reason": why}
+    settings.GPUADMIN_NVML, settings.GPUADMIN_SIM_MODEL = "sim", "pcie-l40s-4x"
+    settings.GPUADMIN_SIM_STATE_DIR = tmp_path / "sim"
+
+    def scan_report(node: str, isolation: dict[str, str] | None) -> tuple:
+        sent: list[tuple] = []
+        loop = AgentLoop(node, lambda name, args, **_: sent.append(args), isolation=isolation)
+        loop.sync()
+        return sent[0]
+
+    token = token_of("dgx-01")
+    for isolation in [said, said, None]:
+        args = scan_report("dgx-01", isolation)
+        deliver(inventory_tasks.sync_node, signed(token, "dgx-01", "inventory.sync_node", args))
+    node = Node.objects.get(hostname="dgx-01")
+    assert (node.isolation, node.isolation_reason) == ("none", why)
+    [changed] = AuditEvent.objects.filter(event_type="node.isolation_changed")
+    assert (changed.actor_name, changed.after) == (
+        "agent",
+        {"isolation": "none", "isolation_reason": why},
+    )
+    confined = {"isolation": "cgroup v2 (devices, kill, cpu_time)", "reason": ""}
+    args = scan_report("dgx-01", confined)
+    deliver(inventory_tasks.sync_node, signed(token, "dgx-01", "inventory.sync_node", args))
+    node.refresh_from_db()
+    assert (node.isolation, node.isolation_reason) == (confined["isolation"], "")
+    # Another node's word about it is refused.
+    forged = scan_report("dgx-01", said)
+    deliver(
+        inventory_tasks.sync_node,
+        signed(token_of("dgx-02"), "dgx-02", "inventory.sync_node", forged),
+    )
+    assert Node.objects.get(hostname="dgx-01").isolation == confined["isolation"]
 
 
 def test_unsigned_tampered_stale_and_borrowed_reports_are_refused(signed, settings):

@@ -312,3 +312,41 @@ def test_the_loop_preempts_with_its_pools_signal_and_grace_or_not_at_all(
     [((job_id, attempt, message, signal_name, grace_s), queue)] = cancels
     assert (job_id, signal_name, grace_s, queue) == (victim.pk, "SIGUSR1", 45, "node.dgx-01")
     assert message == f"preempted by job {urgent.pk}: higher priority (critical over low)"
+
+
+def test_by_default_the_loop_preempts_work_that_just_started(
+    alice, gpus, django_capture_on_commit_callbacks
+):
+    """No policy row: `preempt_exempt_s` is 0 (the model's default, as Slurm's), so a critical
+    job stops low-priority preemptible work at once."""
+    from scheduling import loop
+
+    low = [running(alice, gpu, priority="low", preemptible=True) for gpu in gpus]
+    urgent = services.submit_job(alice, command=["train"], priority="critical")
+    with django_capture_on_commit_callbacks(execute=True):
+        summary = loop.run_pass()
+    assert summary.preempting == 1
+    assert Job.objects.get(preempted_by=urgent) in low
+
+
+def test_a_job_kept_from_preempting_by_the_exemption_says_until_when(
+    alice, gpus, client, django_capture_on_commit_callbacks
+):
+    """Through the API: the waiting job's code and sentence name the exempt victim and the
+    end of its exemption."""
+    from scheduling import admin_services, loop
+
+    admin_services.set_pool_policy(None, actor=alice, preempt_exempt_s=600)
+    low = [running(alice, gpu, priority="low", preemptible=True) for gpu in gpus]
+    urgent = services.submit_job(alice, command=["train"], priority="critical")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert loop.run_pass().preempting == 0
+    first = min(low, key=lambda job: (job.started_at, job.pk))
+    until = (first.started_at + timedelta(seconds=600)).strftime("%Y-%m-%d %H:%M UTC")
+    client.force_login(alice)
+    body = client.get(f"/api/v1/jobs/{urgent.pk}/").json()
+    assert body["pending_code"] == "preempt_exempt"
+    assert (
+        f"no job is preempted for it: low-priority job {first.pk} is exempt from preemption "
+        f"until {until} (preempt_exempt_s 600)"
+    ) in body["pending_reason"]

@@ -25,7 +25,7 @@ def policy_form(**changes: str) -> dict[str, str]:
         "prediction_trust_intervals": "360",
         "allow_borrowing": "on",
         "preemption": "on",
-        "preempt_exempt_s": "600",
+        "preempt_exempt_s": "0",
         "preempt_signal": "SIGTERM",
         "preempt_grace_s": "30",
         "reservation_auto_approve": "on",

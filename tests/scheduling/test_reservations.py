@@ -592,3 +592,29 @@ def test_an_approval_leaves_the_jobs_queued(fleet, alice, root):
     reservations.approve(reservation, root)
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
+
+
+def test_work_in_its_owners_reservation_is_not_borrowed_and_counts_in_the_quota(
+    fleet, alice, django_capture_on_commit_callbacks
+):
+    """Alice at her quota (1 GPU, held outside her reservation): her job in her running
+    reservation is placed on it, not borrowed (so never reclaimed as borrowed), and its
+    allocation counts as her use."""
+    from scheduling.quotas import limits_of
+
+    reservation = reservations.request(alice, 1, soon(0), soon(2))
+    outside = Gpu.objects.schedulable().exclude(reservation_holds__reservation=reservation)[0]
+    elsewhere = Job.objects.create(owner=alice, command=["train"], state=JobState.QUEUED)
+    services.allocate(elsewhere, [outside.pk], actor=alice)
+    quota = Quota.objects.create(user=alice, max_gpus=1)
+    inside = naming(reservation)
+    with django_capture_on_commit_callbacks(execute=True):
+        loop.run_pass()
+    inside.refresh_from_db()
+    assert inside.state == JobState.SCHEDULED
+    assert not inside.borrowed
+    assert "borrowed" not in inside.placement["explanation"]
+    [allocation] = inside.allocations.all()
+    assert not allocation.borrowed
+    assert held(reservation) == [f"{allocation.gpu.node.hostname}:{allocation.gpu.index}"]
+    assert limits_of([quota], timezone.now())[quota.pk].gpus_in_use == 2

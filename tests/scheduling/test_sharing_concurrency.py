@@ -109,6 +109,30 @@ def test_mps_shares_never_pass_100_percent(owner, gpus):
     assert sum(active.values_list("mps_percent", flat=True)) == 100
 
 
+def test_mps_memory_limits_never_pass_the_gpus_memory(owner, gpus):
+    """The engine's other MPS rule, in the database too: a manual allocation racing the loop
+    cannot over-book a GPU's memory with shares that each fit their percent."""
+    gpu = gpus[2]
+    Gpu.objects.filter(pk=gpu.pk).update(mps_shared=True, memory_total_mib=81920)
+    quarter = 81920 // 4
+    contenders = jobs(owner, ATTEMPTS)
+    won = race(
+        [
+            lambda job=job, n=n: insert(
+                job, gpu, raw=n % 2 == 1, kind="mps", mps_percent=10, mps_memory_mib=quarter
+            )
+            for n, job in enumerate(contenders)
+        ]
+    )
+    assert sum(won) == 4  # 4 x 20480 MiB fill 80 GiB; 40 % of the SMs leave room to spare
+    active = Allocation.objects.active().filter(gpu=gpu)
+    assert sum(active.values_list("mps_memory_mib", flat=True)) == 81920
+    with pytest.raises(IntegrityError, match="would pass its 81920 MiB"):
+        insert(jobs(owner, 1)[0], gpu, raw=True, kind="mps", mps_percent=1, mps_memory_mib=1)
+    # A share without a limit takes none.
+    insert(jobs(owner, 1)[0], gpu, raw=False, kind="mps", mps_percent=10)
+
+
 def test_a_mig_device_is_never_given_twice(owner, gpus):
     gpu = gpus[0]
     device = MigInstance.objects.filter(gpu=gpu).order_by("gi_id").first()

@@ -155,6 +155,8 @@ def test_an_mps_share(alice, pools):
         ),
         ({"mig_profile": "\u0000"}, "mig_profile", "Null characters are not allowed."),
         ({"mig_profile": "x" * 33}, "mig_profile", "no more than 32 characters"),
+        # GPU 7, MIG-capable, is MPS-shared: never in MIG mode
+        ({"mig_profile": "1g.10gb", "pool": "shared"}, "mig_profile", "no MIG-capable GPU in"),
         ({"mps_percent": 25}, "mps_percent", "no MPS-shared GPU outside the pools"),
         ({"mps_percent": 25, "pool": "a100"}, "mps_percent", "no MPS-shared GPU in pool a100"),
         ({"mps_percent": 0, "pool": "shared"}, "mps_percent", "greater than or equal to 1"),
@@ -177,6 +179,18 @@ def test_an_mps_share(alice, pools):
 )
 def test_bad_sharing_requests_name_the_field(alice, pools, body, field, message):
     assert_refused(post(alice, body), field, message)
+
+
+@pytest.mark.parametrize("array", ["", "0-99%10"], ids=["job", "array"])
+def test_a_topology_no_node_of_the_pool_has_is_refused(alice, pools, array):
+    """The API, for a job or an array (checked once for all its tasks), refuses what no NUMA
+    node or NVLink domain of the pool could hold: a DGX A100 has 2 GPUs per NUMA node."""
+    numa = {"gpu_count": 3, "topology": "numa", "array": array}
+    message = "needs 3 GPUs in one NUMA node; the largest NUMA node has 2"
+    assert_refused(post(alice, numa), "topology", message)
+    # Pool a100's NVLink domain has the 7 GPUs of dgx-01 that are not MPS-shared.
+    nvlink = {"gpu_count": 7, "topology": "nvlink", "pool": "a100", "array": array}
+    assert post(alice, nvlink).status_code == 201
 
 
 def test_the_service_refuses_them_whoever_calls_it(alice, pools):
@@ -325,6 +339,11 @@ def test_form_takes_the_new_fields(alice, pools, client):
         ({"mps_percent": "20", "pool": "a100"}, "mps_percent", "no MPS-shared GPU in pool a100"),
         ({"dependency": "afterok:999999"}, "dependency", "no job 999999"),
         ({"reservation": "999999"}, "reservation", "Select a valid choice."),
+        (
+            {"gpu_count": "4", "topology": "numa"},
+            "topology",
+            "needs 4 GPUs in one NUMA node; the largest NUMA node has 2",
+        ),
     ],
 )
 def test_form_shows_refusals_on_their_field(alice, pools, client, fields, field, message):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 __all__ = [
     "ParseError",
@@ -203,3 +204,14 @@ def parse_cpu_list(value: str | None) -> tuple[int, ...] | None:
             return None
         cpus.update(range(start, end + 1))
     return tuple(sorted(cpus))
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``: a Linux cpulist, as ``topo -m`` and cgroups print it."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in ranges)

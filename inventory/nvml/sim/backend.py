@@ -20,6 +20,7 @@ import pynvml
 
 from ..host import HostResources
 from ..mig_catalog import CiProfile, MigProfile, MigTable
+from ..parsers.common import format_cpu_list
 from . import metrics
 from . import mig as migmod
 from . import state as statemod
@@ -922,8 +923,8 @@ class SimulatedNvml:
             cells = [name, *(cell(i, j) for j in range(len(names)))]
             if i < len(gpus):
                 cpus = self._node_cpus(gpus[i])
-                numa = _cpulist(gpus[i].memory_nodes) or "N/A"
-                cells += [_cpulist(cpus) if cpus else "N/A", numa, "", "N/A"]
+                numa = format_cpu_list(gpus[i].memory_nodes) or "N/A"
+                cells += [format_cpu_list(cpus) if cpus else "N/A", numa, "", "N/A"]
             lines.append("\t".join(cells))
         if nics:
             lines += ["", "NIC Legend:", ""]
@@ -1529,17 +1530,6 @@ def _common_ancestor(a: GpuSlot | NicSlot, b: GpuSlot | NicSlot) -> int:
     if common == len(pa) == len(pb):
         return pynvml.NVML_TOPOLOGY_SINGLE  # both hang off the same switch
     return pynvml.NVML_TOPOLOGY_MULTIPLE
-
-
-def _cpulist(cpus: tuple[int, ...]) -> str:
-    """``(0, 1, 2, 5)`` -> ``"0-2,5"``, the way ``topo -m`` prints CPU affinity."""
-    ranges: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if ranges and cpu == ranges[-1][1] + 1:
-            ranges[-1][1] = cpu
-        else:
-            ranges.append([cpu, cpu])
-    return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in ranges)
 
 
 def _pci_info(domain: int, bus: int, device: int, dev_id: int, subsys: int) -> Any:

@@ -191,6 +191,15 @@ def test_submit_refused_names_the_field(gpuadmin, fleet):
         "gpuadmin jobs submit: HTTP 400: gpu_count: 9 GPUs per node, but no node has more "
         "than 8 GPUs\n"
     )
+    for array in ((), ("--array", "0-9")):
+        status, out, err = gpuadmin(
+            "jobs", "submit", "--gpus", "8", "--topology", "numa", *array, "--", "true"
+        )
+        assert (status, out) == (1, "")
+        assert err == (
+            "gpuadmin jobs submit: HTTP 400: topology: needs 8 GPUs in one NUMA node; the "
+            "largest NUMA node has 2\n"
+        )
     assert not Job.objects.exists()
 
 

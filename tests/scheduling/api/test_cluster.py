@@ -137,6 +137,40 @@ def test_gpu_status_shows_allocations(operator, fleet):
     assert {row["node"] for row in one["gpus"]} == {"dgx-02"}
 
 
+def test_an_mps_gpu_with_two_shares_is_one_gpu_in_use_listing_both(operator, fleet):
+    """/orchestrator/status and /cluster/gpu-status count a GPU in use once, however many
+    shares it has, and gpu-status lists every job on it."""
+    whole = submit(operator.user, gpu_count=1)
+    assert allocate(operator, whole, uuids("dgx-01", 0)).status_code == 201
+    shared = Gpu.objects.get(node__hostname="dgx-02", index=3)
+    Gpu.objects.filter(pk=shared.pk).update(mps_shared=True)
+    shares = []
+    for percent in (30, 50):
+        job = Job.objects.create(
+            owner=operator.user, command=["x"], state="running", mps_percent=percent
+        )
+        Allocation.objects.create(
+            job=job, gpu=shared, node=shared.node, kind="mps", mps_percent=percent, attempt=1
+        )
+        shares.append(job)
+
+    status = operator.get("/orchestrator/status").json()
+    assert status["gpus_allocated"] == 2
+    body = operator.get("/cluster/gpu-status").json()
+    assert body["allocated"] == 2
+    row = next(row for row in body["gpus"] if (row["node"], row["index"]) == ("dgx-02", 3))
+    assert (row["in_use"], row["free"], row["job_id"]) == (True, False, shares[0].pk)
+    assert [
+        (a["job_id"], a["job_owner"], a["kind"], a["mps_percent"]) for a in row["allocations"]
+    ] == [
+        (shares[0].pk, "olga", "mps", 30),
+        (shares[1].pk, "olga", "mps", 50),
+    ]
+    row = next(row for row in body["gpus"] if (row["node"], row["index"]) == ("dgx-01", 0))
+    assert [(a["job_id"], a["kind"]) for a in row["allocations"]] == [(whole.pk, "gpu")]
+    assert sum(row["in_use"] for row in body["gpus"]) == 2
+
+
 def test_release_cancels_through_the_agent(
     operator, fleet, broker, django_capture_on_commit_callbacks
 ):

@@ -13,6 +13,7 @@ from django.utils.html import escape
 
 from inventory.models import Node
 from scheduling import services
+from scheduling.executor import FinalState, JobFinished
 from scheduling.models import Job, JobState
 from tests.scheduling.pages.helpers import LOG_TEXT, add_fleet, place, submit
 
@@ -237,3 +238,20 @@ def test_query_count_does_not_grow_with_jobs_or_nodes(
         response = client.get(f"/jobs/{gang.pk}/?shown=scheduled", **headers)
     if not htmx:
         assert response.content.decode().count('<section class="panel job-topology"') == 2
+
+
+def test_a_run_stopped_by_its_memory_limit_says_why_and_what_it_used(client, alice, agents):
+    add_fleet()
+    job = submit(alice, host_memory_mib=64)
+    place(job)
+    memory_kill = "stopped: it used more than its 64 MiB of host memory"
+    ended = JobFinished(
+        f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), memory_kill, 83.4, 64 * 2**20
+    )
+    services.job_events([ended])
+    client.force_login(alice)
+
+    status = panel(client.get(f"/jobs/{job.pk}/").content.decode(), "status")
+
+    assert f"<dt>Message</dt><dd>{memory_kill}</dd>" in status
+    assert '<dd id="job-usage">CPU time 00:01:23, peak memory 64 MiB <span' in status

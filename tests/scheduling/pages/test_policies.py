@@ -47,6 +47,8 @@ def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client,
         r'<tr id="policy-a100" data-policy="las">.*?<td class="num">60</td>', html, re.S
     )
     assert "/policies/~/" not in html  # no edit link for users
+    # preempt_exempt_s 0 by default: preemptible work is stopped at once.
+    assert re.search(r'<tr id="policy-~".*?at once; SIGTERM, 30 s to checkpoint', html, re.S)
     # Each pool's qssf weight and trust in predicted runtimes, as set.
     assert re.search(
         r'<tr id="policy-~".*?250 points per halving.*?under 360 aging intervals', html, re.S

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import date, datetime, timedelta
 
 import pytest
@@ -117,6 +118,43 @@ def test_shares_count_as_their_fraction_of_a_gpu(alice, gpus):
     # Only the MPS share's part of its GPU's utilization and energy; none of the MIG GPU's.
     assert row.used_gpu_s == pytest.approx(600 * 60 * 0.8 * 0.25)
     assert row.energy_j == pytest.approx(600 * 4000 * 0.25)
+
+
+def test_cpu_hours_count_the_jobs_that_ended_that_day_beside_their_gpu_hours(
+    client, alice, bob, gpus
+):
+    """A job's CPU time (its last run's, from its cgroup) counts whole on the day it ended, as
+    sacct's TotalCPU; a job still running or ended another day adds none."""
+    ended = finished_job(alice, project="vision")
+    Job.objects.filter(pk=ended.pk).update(finished_at=at(3), cpu_seconds=5400.0)
+    held(ended, gpus[0], at(1), at(3))
+    later = finished_job(alice, project="vision")  # ended the next day
+    next_day = DAY + timedelta(days=1)
+    Job.objects.filter(pk=later.pk).update(finished_at=at(1, next_day), cpu_seconds=7200.0)
+    held(later, gpus[1], at(23), at(1, next_day))
+    running = Job.objects.create(owner=bob, command=["true"], state=JobState.RUNNING)
+    held(running, gpus[2], at(2), None)
+    unmeasured = finished_job(bob)
+    Job.objects.filter(pk=unmeasured.pk).update(finished_at=at(4))
+
+    accounting.roll_up(DAY, now=at(30))
+
+    mine = UsageDay.objects.get(user=alice)
+    assert (mine.allocated_gpu_s, mine.cpu_s) == (pytest.approx(3 * 3600), 5400.0)
+    assert UsageDay.objects.get(user=bob).cpu_s == 0
+    client.force_login(alice)
+    query = {"start": "2026-11-01", "end": "2026-11-02"}
+    page = client.get("/usage/", query).content.decode()
+    assert '<th title="CPU time of the jobs that ended in the period' in page
+    alice_row = r'<tr data-name="alice">.*<td class="num">0.00</td><td class="num">1.5</td></tr>'
+    assert re.search(alice_row, page)
+    rows = csv.DictReader(io.StringIO(client.get("/usage.csv", query).content.decode()))
+    assert {row["user"]: float(row["cpu_hours"]) for row in rows} == {"alice": 1.5, "bob": 0}
+    api = APIClient()
+    api.force_authenticate(bob)
+    body = api.get("/api/v1/usage/", query).json()
+    assert {r["name"]: r["cpu_hours"] for r in body["rows"]} == {"alice": 1.5, "bob": 0.0}
+    assert body["total"]["cpu_hours"] == pytest.approx(1.5)
 
 
 def test_a_day_is_recomputed_whole(alice, bob, gpus):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from scheduling.placement import Fcfs, PoolConfig, QuotaLimit, Reason, plan
 from scheduling.placement.quotas import gpu_equivalents
 from tests.scheduling.placement.builders import Fleet, job, pending, placed
@@ -121,6 +123,35 @@ def test_over_quota_work_borrows_idle_gpus_where_the_pool_lends_them() -> None:
         Reason.QUOTA,
         "user alice uses 8 of 8 GPUs in pool a100; no idle GPUs it could borrow fit it",
     )
+
+
+@pytest.mark.parametrize("pools", [A100, LENDING], ids=["strict", "lending"])
+def test_a_job_its_pool_could_never_run_says_so_before_its_quota(pools) -> None:
+    """Queued before its pool shrank to one DGX (drained, with a broken GPU: they still count),
+    at its quota: it says that it can never run, not that it waits for quota (nor, where the
+    pool lends, for idle GPUs to borrow)."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01", pool="a100", state="draining", broken=[0])
+    at_quota = (quota("user:alice", max_gpus=8, gpus_in_use=8),)
+
+    result = fleet.plan(
+        job(1, gpus=8, nodes=2, pool="a100"),
+        job(2, gpus=4, pool="a100", topology="numa"),
+        job(3, gpus=8, pool="a100"),
+        pools=pools,
+        quotas=at_quota,
+    )
+
+    assert (pending(result, 1).reason, pending(result, 1).message) == (
+        Reason.TOO_LARGE,
+        "needs 2 nodes with 8 GPUs each; pool a100 has 1",
+    )
+    assert (pending(result, 2).reason, pending(result, 2).message) == (
+        Reason.TOPOLOGY,
+        "needs 4 GPUs in one NUMA node; the largest NUMA node has 2",
+    )
+    # Its hardware could run it: the quota is what holds it.
+    assert pending(result, 3).reason == Reason.QUOTA
 
 
 def test_work_within_quota_comes_before_older_work_that_would_borrow() -> None:

@@ -87,7 +87,13 @@ def test_never_a_higher_priority_job_nor_one_already_stopping() -> None:
     result = fleet.plan(job(1, gpus=4, priority="normal"), job(2, gpus=8, priority="critical"))
 
     assert result.preemptions == ()
-    assert pending(result, 1).reason == Reason.RESOURCES_BUSY
+    assert pending(result, 1).reason == Reason.NOT_PREEMPTIBLE
+    assert pending(result, 1).message.endswith(
+        "no job is preempted for it: job 901 is of a higher priority (high over normal), "
+        "and 1 more job likewise"
+    )
+    # The stopping job frees its GPUs anyway: the critical job is told nothing of preemption.
+    assert pending(result, 2).reason == Reason.RESOURCES_BUSY
 
 
 def test_an_under_share_job_preempts_an_over_share_owners_work_of_equal_priority() -> None:
@@ -115,7 +121,7 @@ def test_the_victims_gpus_go_to_no_one_else_in_the_pass() -> None:
 
     assert [p.job_id for p in result.preemptions] == [1]
     assert result.placements == ()
-    assert pending(result, 2).reason == Reason.RESOURCES_BUSY
+    assert pending(result, 2).reason == Reason.NOT_PREEMPTIBLE  # carol's job, not job 1's
 
 
 def test_a_gang_preempts_whole_nodes_for_its_missing_part() -> None:
@@ -323,3 +329,89 @@ def test_fair_share_needs_a_margin() -> None:
     assert fleet.plan(job(1, gpus=8), pools=fair, usage=usage(45, 55)).preemptions == ()
     [preemption] = fleet.plan(job(1, gpus=8), pools=fair, usage=usage(30, 70)).preemptions
     assert preemption.reason == "under its fair share (factor 0.66 over 0.38)"
+
+
+def test_by_default_a_job_is_preempted_the_moment_it_starts() -> None:
+    """`preempt_exempt_s` defaults to 0 (Slurm's PreemptExemptTime): a critical job does not
+    wait behind low-priority preemptible work that started a second ago."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fresh = fleet.run("dgx-01", range(8), None, started_at=NOW - 1, **LOW)
+
+    result = fleet.plan(job(1, gpus=8, priority="critical"), pools={None: PoolConfig()})
+
+    [preemption] = result.preemptions
+    assert preemption.victims == (fresh.id,)
+
+
+def test_a_waiting_job_is_told_until_when_its_victims_are_exempt() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(4), None, started_at=NOW - 100, **LOW)
+    fleet.run("dgx-01", range(4, 8), None, started_at=NOW - 300, **LOW)
+    exempt = {None: PoolConfig(policy="priority", preempt_exempt_s=600)}
+
+    result = fleet.plan(job(1, gpus=8, priority="critical"), pools=exempt)
+
+    assert result.preemptions == ()
+    waiting = pending(result, 1)
+    assert waiting.reason == Reason.PREEMPT_EXEMPT
+    # The one whose exemption ends first is named (NOW is 2023-11-14 22:13:20 UTC).
+    assert waiting.message == (
+        "needs 8 free GPUs on one node; none is free; no job is preempted for it: "
+        "low-priority job 901 is exempt from preemption until 2023-11-14 22:18 UTC "
+        "(preempt_exempt_s 600), and 1 more job likewise"
+    )
+    # One victim: its own sentence.
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(8), None, started_at=NOW - 300, **LOW)
+    waiting = pending(fleet.plan(job(1, gpus=8, priority="critical"), pools=exempt), 1)
+    assert waiting.message.endswith(
+        "no job is preempted for it: low-priority job 900 is exempt from preemption until "
+        "2023-11-14 22:18 UTC (preempt_exempt_s 600)"
+    )
+
+
+def test_a_gang_is_told_of_the_exempt_job_on_the_node_it_lacks() -> None:
+    """A 2-node gang: dgx-01 is free, dgx-02 held by a low job still exempt."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.dgx("dgx-02")
+    fleet.run("dgx-02", range(8), None, started_at=NOW - 300, **LOW)
+    exempt = {None: PoolConfig(policy="priority", preempt_exempt_s=600)}
+
+    waiting = pending(fleet.plan(job(1, gpus=8, nodes=2, priority="high"), pools=exempt), 1)
+
+    assert waiting.reason == Reason.PREEMPT_EXEMPT
+    assert waiting.message.endswith(
+        "no job is preempted for it: low-priority job 900 is exempt from preemption until "
+        "2023-11-14 22:18 UTC (preempt_exempt_s 600)"
+    )
+
+
+def test_a_waiting_job_is_told_the_pools_order_or_policy_keeps_it_from_preempting() -> None:
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    fleet.run("dgx-01", range(8), None, submitted_at=NOW - HOUR, **LOW)
+    high = job(1, gpus=8, priority="high", submitted_at=NOW - 60)
+
+    # FCFS ignores priorities: the running job came first.
+    waiting = pending(fleet.plan(high, pools={None: PoolConfig(policy="fcfs")}), 1)
+    assert waiting.reason == Reason.PREEMPT_ORDER
+    assert waiting.message.endswith(
+        "no job is preempted for it: the pool's order does not rank it ahead of job 900 "
+        "(low priority)"
+    )
+    # The pool does not preempt at all.
+    waiting = pending(fleet.plan(high, pools=NO_PREEMPTION), 1)
+    assert waiting.reason == Reason.PREEMPT_ORDER
+    assert waiting.message.endswith(
+        "no job is preempted for it: its pool's policy does not preempt"
+    )
+
+    # Preemption is named only where stopping running jobs would let the job start: one
+    # asking for more memory than any GPU has waits for the hardware, whatever runs.
+    waiting = pending(fleet.plan(job(1, gpus=8, priority="critical", min_memory_mib=10**7)), 1)
+    assert waiting.reason == Reason.MEMORY
+    assert "preempted" not in waiting.message

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduling.placement import JobRequest, Reason, ReservationWindow
+from scheduling.placement import JobRequest, PoolConfig, QuotaLimit, Reason, ReservationWindow
 from scheduling.placement.reservations import ReservationBook
 from tests.scheduling.placement.builders import NOW, Fleet, job, pending, placed
 
@@ -105,3 +105,29 @@ def test_the_rule_one_gpu_at_a_time() -> None:
     assert not inside.closed(1, job(4, reservation=5, max_runtime_s=60))
     assert inside.closed(3, job(4, reservation=5, max_runtime_s=60))
     assert inside.closed(2, job(5, max_runtime_s=60))
+
+
+def test_work_in_its_owners_reservation_is_neither_over_quota_nor_borrowed() -> None:
+    """Alice uses all 4 GPUs of her quota; her job in her own reservation runs on the
+    reservation, which the quota admitted when it was approved: not borrowed, not labelled
+    so, and counted against her quota for the rest of the pass."""
+    fleet, window = reserved_fleet(NOW - HOUR, NOW + 2 * HOUR)
+    fleet.dgx("dgx-03")
+    at_quota = QuotaLimit(None, ("user", "alice"), max_gpus=4, gpus_in_use=4)
+
+    result = fleet.plan(
+        job(1, gpus=4, reservation=5, max_runtime_s=HOUR),
+        job(2, gpus=4),
+        quotas=(at_quota,),
+        reservations=(window,),
+        pools={None: PoolConfig(policy="fcfs")},
+    )
+
+    inside = placed(result, 1)
+    assert inside.nodes == ("dgx-01",)
+    assert not inside.borrowed
+    assert "borrowed" not in inside.explanation
+    # With the 4 in the reservation: her next job is over quota and borrows idle GPUs.
+    outside = placed(result, 2)
+    assert outside.borrowed
+    assert outside.explanation.endswith("borrowed, preemptible: user alice uses 8 of 4 GPUs")
