@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from celery import Task
+from celery import Celery, Task
 from celery.exceptions import Ignore
 from django.conf import settings
 
@@ -154,3 +154,14 @@ class NodeOrder(Task):
                 log.warning("refused order %s[%s] from %s: %s", self.name, request.id, sender, exc)
                 raise Ignore() from None
         return super().__call__(*args, **kwargs)
+
+
+def serve_orders_only(app: Celery) -> None:
+    """Keep only the orders (and Celery's own tasks) in this agent's registry: a message on
+    its queue naming any other task (a central one, which has no database here) is discarded
+    by the worker as unregistered, never run."""
+    app.loader.import_default_modules()
+    app.finalize()
+    for name, task in list(app.tasks.items()):
+        if not isinstance(task, NodeOrder) and not name.startswith("celery."):
+            app.tasks.unregister(name)

@@ -41,6 +41,8 @@ forger.send_task("scheduling.run_jobs", args=([spec],), queue=queue)
 header = {"node": queue.removeprefix("node."), "at": time.time(), "sigs": {"1": "0" * 64}}
 forger.send_task("scheduling.run_jobs", args=([spec],), queue=queue,
                  headers={"gpuadmin_order": header})
+# A central task on the agent's queue (it reads and acknowledges the central samples stream).
+forger.send_task("health.ingest_samples", queue=queue)
 # And Celery's remote control: stop the agent.
 forger.control.shutdown(destination=[f"agent.{header['node']}@{socket.gethostname()}"])
 """
@@ -81,3 +83,6 @@ def test_a_forged_order_runs_nothing_and_a_placed_job_still_runs(sim_node, gpuad
     assert "refused order scheduling.run_jobs[" in unsigned
     assert unsigned.endswith(": unsigned order")
     assert bad.endswith(": bad signature")
+    log = agent_log.read_text()
+    assert "unregistered task of type 'health.ingest_samples'" in log
+    assert "Task health.ingest_samples" not in log  # never run there
