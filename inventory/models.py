@@ -21,7 +21,7 @@ from django.utils import timezone
 from inventory.choices import ISOLATION_NONE, JOBS_RUN_AS_OWNER, GpuState, NodeState, NvmlBackend
 from inventory.discovery import GPU_FIELDS, HOST_FIELDS
 from inventory.querysets import GpuQuerySet, NodeQuerySet
-from inventory.usability import Unusable, why_unusable
+from inventory.usability import Unusable, refuses_unconfined_jobs, why_unusable
 
 
 class Pool(models.Model):
@@ -184,6 +184,15 @@ class Node(CatalogFields, StateFields):
         """Its agent said it confines none of a job's resources (``ISOLATION_NONE``)."""
         return self.isolation == ISOLATION_NONE
 
+    @property
+    def refuses_unconfined(self) -> bool:
+        """Its agent refuses every job: the one rule's ``refuses_unconfined_jobs``."""
+        return refuses_unconfined_jobs(
+            nvml_backend=self.nvml_backend,
+            isolation=self.isolation,
+            allow_unconfined=self.allow_unconfined,
+        )
+
     def is_reachable(self, now: datetime | None = None) -> bool:
         """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""
         if self.last_heartbeat_at is None:
@@ -272,6 +281,9 @@ class Gpu(CatalogFields, StateFields):
         "node__pool",
         "node__state",
         "node__last_heartbeat_at",
+        "node__nvml_backend",
+        "node__isolation",
+        "node__allow_unconfined",
     )
 
     def __str__(self) -> str:
@@ -304,6 +316,7 @@ class Gpu(CatalogFields, StateFields):
             error_message=self.error_message,
             mig_enabled=self.mig_enabled,
             mps_shared=self.mps_shared,
+            refuses_unconfined=self.node.refuses_unconfined,
             sample=sample,
             allocated=allocated,
         )

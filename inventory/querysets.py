@@ -59,13 +59,21 @@ class GpuQuerySet(models.QuerySet):
         (``usability.stored_unusable``): present, available, error-free, neither in MIG mode
         nor shared through MPS, on online nodes whose agent is reachable. The live sample may
         still refuse them (``free``, ``usability.sample_unusable``)."""
-        return self.present().filter(
-            state=GpuState.AVAILABLE,
-            error_message="",
-            mig_enabled=False,
-            mps_shared=False,
-            node__state=NodeState.ONLINE,
-            node__last_heartbeat_at__gte=heartbeat_cutoff(now),
+        return (
+            self.present()
+            .filter(
+                state=GpuState.AVAILABLE,
+                error_message="",
+                mig_enabled=False,
+                mps_shared=False,
+                node__state=NodeState.ONLINE,
+                node__last_heartbeat_at__gte=heartbeat_cutoff(now),
+            )
+            .exclude(  # usability.refuses_unconfined_jobs
+                node__nvml_backend=usability.REAL_NVML,
+                node__isolation=usability.ISOLATION_NONE,
+                node__allow_unconfined=False,
+            )
         )
 
     def free(

@@ -21,6 +21,8 @@ AVAILABLE = "available"
 OFFLINE = "offline"
 DEGRADED = "degraded"
 RESETTING = "resetting"
+REAL_NVML = "real"  # inventory.choices.NvmlBackend.REAL
+ISOLATION_NONE = "none"  # inventory.choices.ISOLATION_NONE
 
 
 class Reason(StrEnum):
@@ -33,6 +35,7 @@ class Reason(StrEnum):
     RESETTING = "resetting"  # a GPU reset is under way
     DEGRADED = "degraded"  # fenced by a health policy (a fault, heat, an ECC rate)
     DRAINING = "draining"  # the node or the GPU
+    UNCONFINED = "unconfined"  # its real node confines no job, and none may run unconfined
     MIG = "mig"  # MIG mode: only slices can be given, never the whole GPU
     MPS = "mps"  # shared through MPS: only shares can be given, never the whole GPU
     FOREIGN_PROCESS = "foreign-process"  # work that no allocation accounts for
@@ -53,9 +56,11 @@ def stored_unusable(
     error_message: str,
     mig_enabled: bool,
     mps_shared: bool = False,
+    refuses_unconfined: bool = False,
 ) -> Unusable | None:
     """The reason the stored rows give (``Gpu.objects.schedulable()`` is exactly these GPUs
-    minus the ones with a reason), first match wins."""
+    minus the ones with a reason), first match wins. ``refuses_unconfined``: its node's agent
+    refuses every job (``refuses_unconfined_jobs``)."""
     if node_state == OFFLINE:
         return Unusable(Reason.OFFLINE, "its node is offline")
     if gpu_state == OFFLINE:
@@ -74,11 +79,23 @@ def stored_unusable(
         return Unusable(Reason.DRAINING, f"its node is {node_state}")
     if gpu_state != AVAILABLE:
         return Unusable(Reason.DRAINING, f"the GPU is {gpu_state}")
+    if refuses_unconfined:
+        return Unusable(
+            Reason.UNCONFINED,
+            "its node confines no job and an admin has not allowed unconfined jobs there",
+        )
     if mig_enabled:
         return Unusable(Reason.MIG, "it is in MIG mode: only its MIG slices can be given")
     if mps_shared:
         return Unusable(Reason.MPS, "it is shared through MPS: only shares of it can be given")
     return None
+
+
+def refuses_unconfined_jobs(*, nvml_backend: str, isolation: str, allow_unconfined: bool) -> bool:
+    """Whether a node's agent refuses every job: it drives real GPUs (other people's, at
+    stake), its agent said it confines none of a job's resources, and no admin allowed
+    unconfined jobs on it."""
+    return nvml_backend == REAL_NVML and isolation == ISOLATION_NONE and not allow_unconfined
 
 
 def sample_unusable(sample: Mapping[str, Any] | None, *, allocated: bool) -> Unusable | None:
@@ -106,6 +123,7 @@ def why_unusable(
     sample: Mapping[str, Any] | None,
     allocated: bool,
     mps_shared: bool = False,
+    refuses_unconfined: bool = False,
 ) -> Unusable | None:
     """Why the GPU cannot take a whole-GPU job now, or ``None`` when it can: of the stored
     and the live reason, the one first in ``Reason``'s order. ``allocated``: an active
@@ -118,6 +136,7 @@ def why_unusable(
         error_message=error_message,
         mig_enabled=mig_enabled,
         mps_shared=mps_shared,
+        refuses_unconfined=refuses_unconfined,
     )
     found = [why for why in (stored, sample_unusable(sample, allocated=allocated)) if why]
     return min(found, key=lambda why: _RANK[why.code], default=None)

@@ -71,7 +71,9 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     node = gpu.node
     sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid)
     # Its occupant too, so a job's own processes are not taken for foreign ones.
-    row = fleet.GpuRow(gpu, node.is_reachable(), sample, node.state, Occupancy([gpu.pk]))
+    row = fleet.GpuRow(
+        gpu, node.is_reachable(), sample, node.state, Occupancy([gpu.pk]), node.refuses_unconfined
+    )
     context = {"gpu": gpu, "row": row}
     if htmx_partial(request):
         if gpu.is_missing:

@@ -37,7 +37,7 @@ from inventory.models import Gpu, Node
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import heartbeat_cutoff, pool_name
-from inventory.usability import why_unusable
+from inventory.usability import refuses_unconfined_jobs, why_unusable
 from scheduling import (
     dependencies,
     history,
@@ -267,6 +267,9 @@ class NodeRow(NamedTuple):
     memory_total_mib: int | None
     cpus_reserved: int
     memory_reserved_mib: int
+    nvml_backend: str
+    isolation: str
+    allow_unconfined: bool
 
 
 class GpuRow(NamedTuple):
@@ -781,6 +784,11 @@ def _unavailable(
         error_message=gpu.error_message,
         mig_enabled=gpu.mig_enabled,
         mps_shared=gpu.mps_shared,
+        refuses_unconfined=refuses_unconfined_jobs(
+            nvml_backend=node.nvml_backend,
+            isolation=node.isolation,
+            allow_unconfined=node.allow_unconfined,
+        ),
         sample=sample,
         allocated=allocated,
     )

@@ -154,6 +154,7 @@ class GpuRow:
     sample: Mapping[str, Any] | None
     node_state: str = NodeState.ONLINE
     occupancy: Occupancy | None = None
+    refuses_unconfined: bool = False  # its node's (``Node.refuses_unconfined``)
     utilization_pct: float | None = dataclasses.field(init=False)
     memory_used_mib: float | None = dataclasses.field(init=False)
     memory_total_mib: float = dataclasses.field(init=False)
@@ -252,6 +253,7 @@ class GpuRow:
             error_message=gpu.error_message,
             mig_enabled=gpu.mig_enabled,
             mps_shared=gpu.mps_shared,
+            refuses_unconfined=self.refuses_unconfined,
             sample=self.sample,
             allocated=self.occupant is not None,
         )
@@ -402,8 +404,9 @@ def node_rows(
     for node, gpus in nodes:
         reachable = node.is_reachable(now)
         node_samples = samples.get(node.hostname, {})
+        refuses = node.refuses_unconfined
         rows = [
-            GpuRow(gpu, reachable, node_samples.get(gpu.uuid), node.state, occupancy)
+            GpuRow(gpu, reachable, node_samples.get(gpu.uuid), node.state, occupancy, refuses)
             for gpu in gpus
         ]
         result.append(NodeRows(node, reachable, rows))
@@ -426,7 +429,15 @@ DASHBOARD_GPU_FIELDS = (
     "missing_since",
 )
 # What the 2 s poll reads of a node (the full page reads every field).
-_LIVE_NODE_FIELDS = ("hostname", "state", "last_heartbeat_at")
+# What the live rows read of a node: the one rule's node facts (``Node.refuses_unconfined``).
+_LIVE_NODE_FIELDS = (
+    "hostname",
+    "state",
+    "last_heartbeat_at",
+    "nvml_backend",
+    "isolation",
+    "allow_unconfined",
+)
 
 
 def has_mig() -> Exists:

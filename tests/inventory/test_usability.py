@@ -62,6 +62,10 @@ LOST = {"error_message": "NVML_ERROR_GPU_IS_LOST: GPU is lost", "sampled_at": 1.
         ({"mig_enabled": True, "sample": LOST}, Reason.ERROR),
         ({"mig_enabled": True, "sample": {"processes": 3}}, Reason.MIG),
         ({"gpu_state": "draining", "sample": {"processes": 3}}, Reason.DRAINING),
+        # A real node that confines no job (its agent refuses them), after the states.
+        ({"refuses_unconfined": True}, Reason.UNCONFINED),
+        ({"refuses_unconfined": True, "mig_enabled": True}, Reason.UNCONFINED),
+        ({"refuses_unconfined": True, "gpu_state": "draining"}, Reason.DRAINING),
     ],
 )
 def test_why_unusable(changes, code):
@@ -97,7 +101,7 @@ def test_the_rule_is_pure_python():
 
 @pytest.mark.django_db
 def test_schedulable_queryset_is_exactly_the_stored_rule():
-    """Every combination of the stored reasons (960, every GPU state of the state machine):
+    """Every combination of the stored reasons (1,920, every GPU state of the state machine):
     the queryset keeps a GPU exactly when ``stored_unusable`` finds nothing."""
     now = timezone.now()
     stale = now - timezone.timedelta(hours=1)
@@ -110,10 +114,16 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
         ("", "Unknown Error"),  # error
         (False, True),  # MIG mode
         (False, True),  # shared through MPS
+        (False, True),  # a real node that confines no job, unconfined jobs not allowed
     )
-    for n, (node_state, reachable, gpu_state, missing, error, mig, mps) in enumerate(combos):
+    for n, combo in enumerate(combos):
+        node_state, reachable, gpu_state, missing, error, mig, mps, refusing = combo
         node = Node.objects.create(
-            hostname=f"rule-{n}", state=node_state, last_heartbeat_at=now if reachable else stale
+            hostname=f"rule-{n}",
+            state=node_state,
+            last_heartbeat_at=now if reachable else stale,
+            nvml_backend="real",
+            isolation="none" if refusing else "cgroup v2 (devices, kill, cpu_time)",
         )
         gpu = Gpu.objects.create(
             uuid=f"GPU-rule-{n}",
@@ -135,6 +145,7 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
             error_message=error,
             mig_enabled=mig,
             mps_shared=mps,
+            refuses_unconfined=node.refuses_unconfined,
         )
         expected[gpu.pk] = why is None
     found = set(Gpu.objects.schedulable(now).values_list("pk", flat=True))
@@ -148,3 +159,27 @@ def test_the_rule_reads_the_states_inventory_defines():
     assert usability.ONLINE == NodeState.ONLINE and usability.AVAILABLE == GpuState.AVAILABLE
     assert usability.OFFLINE == NodeState.OFFLINE == GpuState.OFFLINE
     assert usability.DEGRADED == GpuState.DEGRADED and usability.RESETTING == GpuState.RESETTING
+    from inventory.choices import ISOLATION_NONE, NvmlBackend
+
+    assert usability.REAL_NVML == NvmlBackend.REAL and usability.ISOLATION_NONE == ISOLATION_NONE
+
+
+@pytest.mark.parametrize(
+    ("backend", "isolation", "allowed", "refuses"),
+    [
+        ("real", "none", False, True),
+        ("real", "none", True, False),  # an admin allowed unconfined jobs
+        ("sim", "none", False, False),  # simulated GPUs: nobody else's at stake
+        ("real", "cgroup v2 (devices, kill, cpu_time)", False, False),
+        ("real", "", False, False),  # not said yet (an older agent)
+    ],
+)
+def test_a_real_node_whose_agent_confines_nothing_takes_no_job_unless_allowed(
+    backend, isolation, allowed, refuses
+):
+    assert (
+        usability.refuses_unconfined_jobs(
+            nvml_backend=backend, isolation=isolation, allow_unconfined=allowed
+        )
+        == refuses
+    )

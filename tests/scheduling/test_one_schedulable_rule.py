@@ -160,3 +160,36 @@ def test_a_foreign_process_makes_a_gpu_unusable_but_a_jobs_own_do_not(operator, 
     _, refused = allocate_by_hand(operator, [node.uuid(BUSY)])
     assert refused.status_code == 409
     assert "outside any allocation" in refused.json()["detail"]
+
+
+def test_a_real_node_that_confines_no_job_takes_none_until_an_admin_allows_it(
+    operator, sim_node, broker
+):
+    # Its agent would refuse every job (README "Isolation"): the loop places none there, every
+    # count and the manual allocation agree, until its admin allows unconfined jobs.
+    node = sim_node()
+    why = "not root, and /sys/fs/cgroup/gpuadmin is not delegated to this agent"
+    Node.objects.filter(hostname=node.host).update(
+        nvml_backend="real", isolation="none", isolation_reason=why
+    )
+
+    rows = status_rows(operator, node)
+    assert {(row["schedulable"], row["unusable"]) for row in rows.values()} == {
+        (False, "unconfined")
+    }
+    assert "confines no job" in rows[0]["unusable_reason"]
+    assert gpus_free(operator) == 0
+    assert free_indexes(operator, node) == []
+    assert set(unavailable(node).values()) == {"unconfined"}
+    waiting = submit(operator.user, gpu_count=1)
+    loop.run_pass()
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.QUEUED
+    _, refused = allocate_by_hand(operator, [node.uuid(0)])
+    assert refused.status_code == 409
+    assert "confines no job" in refused.json()["detail"]
+
+    Node.objects.filter(hostname=node.host).update(allow_unconfined=True)
+    loop.run_pass()
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.SCHEDULED
