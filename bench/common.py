@@ -79,11 +79,13 @@ def throwaway_database(prefix: str) -> Iterator[str]:
 
 
 def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
-    """``nodes`` simulated 8-GPU nodes (the models in turn), heartbeating for the next hour;
-    with ``publish_samples`` their live samples go to Redis too, as their agents publish them
+    """``nodes`` simulated 8-GPU nodes (the models in turn), heartbeating for the next hour,
+    each with its credential (as a registered node has: orders are signed for it); with
+    ``publish_samples`` their live samples go to Redis too, as their agents publish them
     (every sampled section; delete the keys after). The hostnames."""
     from django.utils import timezone
 
+    from gpuadmin.access.nodes import node_token
     from inventory import live
     from inventory.agent import SAMPLE_SECTIONS
     from inventory.models import Node
@@ -97,6 +99,7 @@ def load_sim_fleet(nodes: int, *, publish_samples: bool = False) -> list[str]:
         hostnames.append(hostname)
         nvml = SimulatedNvml.from_model(MODELS[number % len(MODELS)], node_name=hostname)
         apply_discovery(hostname, scan(nvml))
+        node_token(hostname, actor_name="bench")
         if publish_samples:
             live.publish(hostname, scan(nvml, include=SAMPLE_SECTIONS), ttl_s=3600)
     Node.objects.update(last_heartbeat_at=timezone.now() + timedelta(hours=1))

@@ -221,9 +221,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     def run(_: argparse.Namespace) -> int:
         from django.conf import settings
 
+        from gpuadmin.access.node_orders import node_queue, serve_orders_only
         from gpuadmin.access.node_signing import parse_token, send_as_node
+        from gpuadmin.celery import app
         from health import agent as health_agent
-        from inventory.agent import AgentLoop, node_backend, node_queue, scan_this_node
+        from inventory.agent import AgentLoop, node_backend, scan_this_node
         from scheduling.agent import executor, flush_reports, isolation_report, stop_jobs
 
         try:
@@ -244,6 +246,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         loop = AgentLoop(args.node, send_as_node, isolation=isolation_report())
         loop.start()
         jobs = executor()  # re-adopts or reports the jobs a previous agent left
+        serve_orders_only(app)
         try:
             return _celery(
                 [

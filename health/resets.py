@@ -17,6 +17,7 @@ import pynvml
 from django.conf import settings
 from django.db import transaction
 
+from gpuadmin.access.nodes import NoCredential, send_order
 from health import quarantine
 from health.models import HealthEvent
 from inventory.agent import node_backend
@@ -94,8 +95,18 @@ def _nvidia_smi_reset(index: int) -> str | None:
 
 def start_reset(gpu: Gpu, *, reason: str) -> None:
     """Mark ``gpu`` ``resetting`` (inside the policy's transaction; the caller sends the
-    agent its ``health.reset_gpu`` on commit). A quarantine follows health's own change."""
+    agent its ``health.reset_gpu`` on commit: ``ask_agent``). A quarantine follows health's
+    own change."""
     set_gpu_state(gpu, GpuState.RESETTING, actor_name=ACTOR, reason=reason)
+
+
+def ask_agent(hostname: str, gpu_index: int, gpu_uuid: str, event_id: int | None) -> None:
+    """Ask the node's agent to reset the GPU; a node without a credential cannot be asked,
+    and the reset fails saying so."""
+    try:
+        send_order(hostname, "health.reset_gpu", (gpu_index, gpu_uuid, event_id))
+    except NoCredential as exc:
+        finish_reset(hostname, gpu_uuid, str(exc), event_id)
 
 
 def finish_reset(hostname: str, gpu_uuid: str, error: str | None, event_id: int | None) -> bool:

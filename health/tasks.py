@@ -11,6 +11,7 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 
+from gpuadmin.access.node_orders import NodeOrder
 from gpuadmin.access.node_signing import send_as_node
 from gpuadmin.access.nodes import speaks_for
 from health import quarantine, resets, rules, services, telemetry, webhooks
@@ -69,7 +70,7 @@ def watch_heartbeats() -> None:
     services.watch_heartbeats()
 
 
-@shared_task(name="health.reset_gpu")
+@shared_task(name="health.reset_gpu", base=NodeOrder)
 def reset_gpu(gpu_index: int, gpu_uuid: str, event_id: int | None = None) -> None:
     """Reset one of this node's GPUs for a recovery policy (runs on the node's agent) and
     report how it went."""

@@ -34,11 +34,6 @@ log = logging.getLogger("gpuadmin.agent")
 _sampling = threading.Lock()
 
 
-def node_queue(node_name: str) -> str:
-    """The Celery queue only that node's agent consumes."""
-    return f"node.{node_name}"
-
-
 def jobs_run_as_owner() -> bool:
     """Whether this agent starts each job as its owner's Unix account: only as root (nothing
     else can switch accounts), unless ``GPUADMIN_JOBS_AS_OWNER`` is off."""

@@ -9,7 +9,6 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -18,9 +17,9 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gpuadmin.access.nodes import NoCredential, send_order
 from gpuadmin.audit.services import changed_values, record
 from inventory import live
-from inventory.agent import node_queue
 from inventory.choices import GpuState, NvmlBackend
 from inventory.discovery import (
     GPU_FIELDS,
@@ -612,7 +611,8 @@ class MigChangeRefused(ValueError):
 
 
 class AgentTimedOut(TimeoutError):
-    """The node's agent did not answer in time; the catalog was left as it was."""
+    """The node's agent did not answer in time, or could not be asked (its node has no
+    credential to sign the order with); the catalog was left as it was."""
 
 
 def create_mig_instance(
@@ -748,9 +748,10 @@ def run_on_node(
     """Run a task on the node's agent queue and wait for its outcome; ``AgentTimedOut`` (whose
     message ends with ``unanswered``) when it does not answer within ``timeout`` seconds. The
     task expires too, so a node that comes back later never runs work nobody waits for."""
-    result = current_app.send_task(
-        task_name, args=args, queue=node_queue(hostname), expires=timeout, ignore_result=False
-    )
+    try:
+        result = send_order(hostname, task_name, args, expires=timeout, ignore_result=False)
+    except NoCredential as exc:
+        raise AgentTimedOut(str(exc)) from None
     try:
         # A node queue is never the caller's own, so waiting inside a task cannot deadlock.
         return result.get(timeout=timeout, disable_sync_subtasks=False)

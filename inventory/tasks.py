@@ -1,9 +1,9 @@
 """Celery tasks of the inventory app: thin wrappers around inventory.agent and services.
 
 ``scan_node``, ``mig_create`` and ``mig_destroy`` run on a node agent's own queue
-(``node.<name>``); the others run centrally and are what agents send: scans to sync (which
-register the node) and heartbeats, believed only from the node they are about
-(``gpuadmin.access.nodes.speaks_for``).
+(``node.<name>``), as orders signed for it (``gpuadmin.access.node_orders.NodeOrder``); the
+others run centrally and are what agents send: scans to sync (which register the node) and
+heartbeats, believed only from the node they are about (``gpuadmin.access.nodes.speaks_for``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from celery import Task, shared_task
 from django.utils.dateparse import parse_datetime
 
+from gpuadmin.access.node_orders import NodeOrder
 from gpuadmin.access.nodes import speaks_for
 from inventory import services
 from inventory.agent import node_backend, scan_this_node
@@ -24,7 +25,7 @@ from inventory.nvml.scanner import NodeScan, scan
 log = logging.getLogger("gpuadmin.inventory")
 
 
-@shared_task(name="inventory.scan_node", ignore_result=False)
+@shared_task(name="inventory.scan_node", base=NodeOrder, ignore_result=False)
 def scan_node() -> dict[str, Any]:
     """The node's full NVML scan as JSON (runs on the node's agent)."""
     return scan_this_node().to_dict()
@@ -72,7 +73,7 @@ def sync_node(
     return {"changes": len(plan.changes)}
 
 
-@shared_task(name="inventory.mig_create", ignore_result=False)
+@shared_task(name="inventory.mig_create", base=NodeOrder, ignore_result=False)
 def mig_create(
     gpu_index: int, profile_name: str, placement_start: int | None = None
 ) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def mig_create(
     return _mig_operation(create)
 
 
-@shared_task(name="inventory.mig_destroy", ignore_result=False)
+@shared_task(name="inventory.mig_destroy", base=NodeOrder, ignore_result=False)
 def mig_destroy(gpu_index: int, gi_id: int) -> dict[str, Any]:
     """Destroy a MIG GPU instance (its compute instances first) on this node (runs on the
     node's agent). Returns ``{"error": None | {"message", "code"}, "scan"}``."""

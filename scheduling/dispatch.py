@@ -23,9 +23,9 @@ from kombu import Producer
 from redis.exceptions import RedisError
 
 from gpuadmin.access.node_signing import send_as_central
+from gpuadmin.access.nodes import NoCredential, order_keys, send_order
 from gpuadmin.access.services import unix_account_of
 from inventory import live
-from inventory.agent import node_queue
 from inventory.models import Gpu, MigInstance
 from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
 from scheduling.executor import FinalState, JobFinished, JobSpec, executor_id
@@ -119,26 +119,34 @@ def send_placed(
     node with the specs of all its jobs (``job_spec``, in the order given), through one
     broker producer whose messages go out together (a Redis pipeline: the loop places
     hundreds at once, and a message or a round trip each would cost more than their commit;
-    the agent starts a message's jobs one after the other). A job whose spec is invalid (a
-    row stored before today's submission checks) is reported failed, as an agent reports a
-    job it cannot start."""
+    the agent starts a message's jobs one after the other), each signed for its node
+    (``send_order``). A job whose spec is invalid (a row stored before today's submission
+    checks), or placed on a node that has no credential to sign its orders with, is reported
+    failed, as an agent reports a job it cannot start."""
     placed = [(job, list(allocations)) for job, allocations in placed]
     facts = _catalog_facts(allocation for _, allocations in placed for allocation in allocations)
+    jobs = [(job, _node_specs(job, allocations, facts)) for job, allocations in placed]
+    keys = order_keys({hostname for _, specs in jobs for hostname, _ in specs})
     by_node: dict[str, list[JobSpec]] = defaultdict(list)
-    for job, allocations in placed:
-        for hostname, spec in _node_specs(job, allocations, facts):
+    for job, specs in jobs:
+        if unsigned := sorted({hostname for hostname, _ in specs if not keys[hostname]}):
+            _report_failed(job, f"cannot reach the agent of {', '.join(unsigned)}: the node "
+                           "has no credential")  # fmt: skip
+            continue
+        for hostname, spec in specs:
             by_node[hostname].append(spec)
     if not by_node:
         return
     with current_app.producer_or_acquire(producer) as sender, sender.batch():
-        for hostname, specs in by_node.items():
-            current_app.send_task(
+        for hostname, node_specs in by_node.items():
+            send_order(
+                hostname,
                 "scheduling.run_jobs",
-                args=([spec.to_dict() for spec in specs],),
+                ([spec.to_dict() for spec in node_specs],),
+                keys=keys[hostname],
                 # What logs and events show of the message: its jobs, not their commands
                 # and environments (nor the time Celery takes to print them).
-                argsrepr=f"({[spec.job_id for spec in specs]!r},)",
-                queue=node_queue(hostname),
+                argsrepr=f"({[spec.job_id for spec in node_specs]!r},)",
                 producer=sender,
             )
 
@@ -234,15 +242,17 @@ def _node_specs(
             for rank, host in enumerate(hostnames)
         ]
     except ValueError as exc:
-        failed = JobFinished(
-            executor_id(job.pk, job.attempt),
-            FinalState.FAILED,
-            None,
-            timezone.now(),
-            f"cannot start: {exc}",
-        )
-        send_as_central("scheduling.job_event", args=(failed.to_dict(),))
+        _report_failed(job, f"cannot start: {exc}")
         return []
+
+
+def _report_failed(job: Job, message: str) -> None:
+    """Report the job's attempt failed with ``message``, as an agent reports a job it
+    cannot start."""
+    failed = JobFinished(
+        executor_id(job.pk, job.attempt), FinalState.FAILED, None, timezone.now(), message
+    )
+    send_as_central("scheduling.job_event", args=(failed.to_dict(),))
 
 
 def send_cancel(
@@ -255,14 +265,11 @@ def send_cancel(
 ) -> None:
     """Ask the agents of ``hostnames`` to stop the job's current attempt (``signal``, then
     SIGKILL after ``grace_s``, by default the agent's grace); each reports the end as a
-    ``JobFinished``."""
+    ``JobFinished``. A node without a credential is skipped (``send_order`` logs it)."""
     chosen = () if (signal, grace_s) == ("SIGTERM", None) else (signal, grace_s)
     for hostname in hostnames:
-        current_app.send_task(
-            "scheduling.cancel_job",
-            args=(job.pk, job.attempt, message, *chosen),
-            queue=node_queue(hostname),
-        )
+        with suppress(NoCredential):
+            send_order(hostname, "scheduling.cancel_job", (job.pk, job.attempt, message, *chosen))
 
 
 def job_spec(

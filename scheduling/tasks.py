@@ -5,7 +5,8 @@ Central (default queue): ``placement_pass``, ``sweep_reservations`` (beat, every
 ``requeue_unconfirmed`` (beat),
 ``job_events`` (``job_event``: one) and ``agent_jobs`` (what agents report, believed only from
 the node a report is about: ``gpuadmin.access.nodes``). Node queues (``node.<name>``):
-``run_jobs`` (``run_job``: one), ``cancel_job`` and ``tail_log``. A job travels as
+``run_jobs`` (``run_job``: one), ``cancel_job`` and ``tail_log``, carried out only as orders
+the central side signed for the node (``gpuadmin.access.node_orders.NodeOrder``). A job travels as
 ``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
 (``scheduling.executor``).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
+from gpuadmin.access.node_orders import NodeOrder
 from gpuadmin.access.nodes import CENTRAL, refuse, reporting_node, speaks_for
 from scheduling import accounting, agent, loop, relayout, reservations, services, sharing
 from scheduling.executor import JobFinished, event_from_dict
@@ -85,19 +87,19 @@ def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
     services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 
-@shared_task(name="scheduling.run_job")
+@shared_task(name="scheduling.run_job", base=NodeOrder)
 def run_job(spec: dict[str, Any]) -> None:
     """One job (what central workers sent before ``run_jobs``)."""
     agent.run_job(spec)
 
 
-@shared_task(name="scheduling.run_jobs")
+@shared_task(name="scheduling.run_jobs", base=NodeOrder)
 def run_jobs(specs: list[dict[str, Any]]) -> None:
     """The jobs placed on this node together, in order."""
     agent.run_jobs(specs)
 
 
-@shared_task(name="scheduling.cancel_job")
+@shared_task(name="scheduling.cancel_job", base=NodeOrder)
 def cancel_job(
     job_id: int,
     attempt: int,
@@ -120,6 +122,6 @@ def create_mig_instance(gpu_id: int, profile: str, placement_start: int, job_id:
     sharing.create_requested_instance(gpu_id, profile, placement_start, job_id)
 
 
-@shared_task(name="scheduling.tail_log", ignore_result=False)
+@shared_task(name="scheduling.tail_log", base=NodeOrder, ignore_result=False)
 def tail_log(job_id: int, attempt: int, lines: int) -> dict[str, Any]:
     return agent.tail_log(job_id, attempt, lines)

@@ -72,10 +72,32 @@ def fresh_fleet_shape() -> None:
 
 @pytest.fixture(autouse=True)
 def no_cached_tokens() -> None:
-    """API tokens resolved by an earlier test are not trusted by this one."""
+    """API tokens resolved and node credentials loaded by an earlier test are not trusted by
+    this one."""
+    from gpuadmin.access.nodes import ORDER_KEYS
     from gpuadmin.access.tokens import TOKENS
 
     TOKENS.clear()
+    ORDER_KEYS.clear()
+
+
+@pytest.fixture(autouse=True)
+def nodes_have_credentials() -> Iterator[None]:
+    """Every node added to the catalog has a credential, as a registered one does (its agent
+    registers through signed reports), so that orders can be signed for it; a test of a node
+    without one revokes it (``revoke_credentials``)."""
+    from django.db.models.signals import post_save
+
+    from gpuadmin.access.models import NodeCredential
+    from inventory.models import Node
+
+    def issue(sender: type, instance: Node, created: bool, **kwargs: object) -> None:
+        if created and not NodeCredential.objects.filter(node=instance.hostname).exists():
+            NodeCredential.objects.create(node=instance.hostname, salt=NodeCredential.new_salt())
+
+    post_save.connect(issue, sender=Node, dispatch_uid="tests.nodes_have_credentials")
+    yield
+    post_save.disconnect(sender=Node, dispatch_uid="tests.nodes_have_credentials")
 
 
 @pytest.fixture

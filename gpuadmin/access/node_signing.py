@@ -64,7 +64,13 @@ def signature(
     kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The HMAC of a report as the JSON wire gives it back (tuples as lists, keys as text)."""
-    body = json.loads(json.dumps([task, sender, sent_at, list(args), dict(kwargs or {})]))
+    return digest(secret, [task, sender, sent_at, list(args), dict(kwargs or {})])
+
+
+def digest(secret: str, fields: list[Any]) -> str:
+    """The HMAC-SHA256 of ``fields`` as the JSON wire gives them back: what reports and
+    orders (``node_orders``) are signed with."""
+    body = json.loads(json.dumps(fields))
     return hmac.new(
         secret.encode(),
         json.dumps(body, sort_keys=True, separators=(",", ":")).encode(),

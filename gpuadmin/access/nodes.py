@@ -1,5 +1,6 @@
-"""Node credentials on the central side: issuing and revoking them (audited), and checking that
-a report an agent sent through the broker comes from the node it is about.
+"""Node credentials on the central side: issuing and revoking them (audited), checking that
+a report an agent sent through the broker comes from the node it is about, and signing the
+orders sent to an agent (``send_order``; the agent checks them: ``node_orders``).
 
 A report is believed only when it carries a valid signature (``node_signing``) made with an
 unrevoked credential of the node it is about, no more than ``GPUADMIN_NODE_REPORT_MAX_AGE_S``
@@ -10,16 +11,22 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from celery import Task
+from celery import Task, current_app
+from celery.result import AsyncResult
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from gpuadmin import redis_client
 from gpuadmin.access.models import NodeCredential
+from gpuadmin.access.node_orders import ORDER_HEADER, node_queue, order_header
 from gpuadmin.access.node_signing import (
     CENTRAL,
     CENTRAL_KEY_ID,
@@ -33,6 +40,10 @@ from gpuadmin.audit.services import record
 
 log = logging.getLogger("gpuadmin.access")
 
+# Bumped whenever a node credential is issued or revoked: the keys each process signs orders
+# with are looked up again.
+NODE_KEYS_EPOCH_KEY = "gpuadmin:node-credentials:epoch"
+
 
 class ReportRefused(Exception):
     """Why a report is not believed."""
@@ -44,6 +55,7 @@ def create_credential(node: str, *, actor_name: str) -> tuple[NodeCredential, st
         credential = NodeCredential.objects.create(node=node, salt=NodeCredential.new_salt())
         record("node_credential.created", actor_name=actor_name, target=credential,
                after={"node": node})  # fmt: skip
+        forget_order_keys()
     return credential, make_token(credential.pk, credential.salt)
 
 
@@ -78,6 +90,7 @@ def revoke_credential(
         if updated:
             record("node_credential.revoked", actor=actor, actor_name=actor_name,
                    target=credential, before={"node": credential.node})  # fmt: skip
+            forget_order_keys()
     return bool(updated)
 
 
@@ -159,3 +172,106 @@ def refuse(task: str, sender: object, why: str) -> None:
             after={"task": task},
             message=why,
         )
+
+
+# --------------------------------------------------------------------------- orders
+
+
+class NoCredential(Exception):
+    """The node has no unrevoked credential: no order can be signed for its agent."""
+
+
+Keys = tuple[tuple[int, str], ...]  # (credential id, secret) of each unrevoked credential
+
+
+def forget_order_keys() -> None:
+    """Make every process look the credentials it signs orders with up again."""
+    redis_client.bump_epoch(NODE_KEYS_EPOCH_KEY, "node credentials")
+
+
+class OrderKeys:
+    """Each node's unrevoked credentials' keys, per process: the placement loop signs an
+    order per node per pass. Trusted while the epoch in Redis is the one they were loaded
+    under (issuing or revoking a credential bumps it) and for at most
+    ``GPUADMIN_TOKEN_CACHE_S``; without Redis, looked up every time."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, Keys] = {}
+        self._epoch: bytes | None = None
+        self._loaded_at = 0.0
+        self._lock = threading.Lock()
+
+    def of(self, nodes: Iterable[str]) -> dict[str, Keys]:
+        """The keys of each of ``nodes`` (empty: it has no credential); one query at most."""
+        wanted = set(nodes)
+        if not wanted:
+            return {}
+        try:
+            # Read before the database: a change committed meanwhile bumps past this epoch.
+            epoch: bytes | None = redis_client.client().get(NODE_KEYS_EPOCH_KEY) or b"0"  # type: ignore[assignment]
+        except RedisError:
+            epoch = None
+        now = time.monotonic()
+        with self._lock:
+            if (
+                epoch is None
+                or epoch != self._epoch
+                or now - self._loaded_at >= settings.GPUADMIN_TOKEN_CACHE_S
+            ):
+                self._keys, self._epoch, self._loaded_at = {}, epoch, now
+            known = {node: self._keys[node] for node in wanted if node in self._keys}
+        missing = wanted - known.keys()
+        if missing:
+            loaded: dict[str, list[tuple[int, str]]] = {node: [] for node in missing}
+            credentials = NodeCredential.objects.filter(node__in=missing, revoked_at__isnull=True)
+            for pk, node, salt in credentials.order_by("pk").values_list("pk", "node", "salt"):
+                loaded[node].append((pk, derive_secret(pk, salt)))
+            fresh = {node: tuple(keys) for node, keys in loaded.items()}
+            with self._lock:
+                if epoch is not None and self._epoch == epoch:
+                    self._keys.update(fresh)
+            known.update(fresh)
+        return known
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys, self._epoch = {}, None
+
+
+ORDER_KEYS = OrderKeys()
+
+
+def order_keys(nodes: Iterable[str]) -> dict[str, Keys]:
+    """The keys orders to each of ``nodes`` are signed with (empty: none can be)."""
+    return ORDER_KEYS.of(nodes)
+
+
+def send_order(
+    node: str,
+    name: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    keys: Keys | None = None,
+    **options: Any,
+) -> AsyncResult:
+    """Send the task ``name`` to ``node``'s agent (its queue), signed for it with its
+    credentials (``keys``, when the caller looked them up for several nodes at once);
+    ``NoCredential`` (logged) when it has none. Every order to an agent goes through here."""
+    if keys is None:
+        keys = ORDER_KEYS.of([node])[node]
+    if not keys:
+        log.warning("no %s sent to node %s: the node has no credential", name, node)
+        raise NoCredential(
+            f"cannot reach the agent of {node}: the node has no credential "
+            f"(gpuadmin node credential create {node})"
+        )
+    header = order_header(keys, name, node, args, kwargs)
+    return current_app.send_task(
+        name,
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        headers={ORDER_HEADER: header},
+        queue=node_queue(node),
+        **options,
+    )

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -34,21 +33,8 @@ TOKEN_CACHE_ENTRIES = 4096
 
 
 def forget_cached_tokens() -> None:
-    """Make every process look its cached tokens up again: now, and once the caller's
-    transaction commits (a lookup between the two could cache the state being replaced)."""
-
-    def bump() -> None:
-        try:
-            redis_client.client().incr(AUTH_EPOCH_KEY)
-        except RedisError as exc:
-            log.warning(
-                "cannot invalidate cached API tokens (%s): they expire within %s s",
-                exc,
-                settings.GPUADMIN_TOKEN_CACHE_S,
-            )
-
-    bump()
-    transaction.on_commit(bump)
+    """Make every process look its cached tokens up again."""
+    redis_client.bump_epoch(AUTH_EPOCH_KEY, "API tokens")
 
 
 def forget_cached_tokens_on_change(sender: type, **kwargs: Any) -> None:

@@ -452,8 +452,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, *argv: str) -> list[AuditEvent]:
     ids=lambda value: " ".join(value[:3]) if isinstance(value, tuple) else None,
 )
 def test_a_cli_verb_leaves_its_rows_under_one_request_id(world, monkeypatch, capsys, argv, events):
-    create_credential("dgx-01", actor_name="tests")
-    create_credential("dgx-01", actor_name="tests")
+    create_credential("dgx-01", actor_name="tests")  # its second: one came with the node
     rows = run_cli(monkeypatch, *argv)
     assert [row.event_type for row in rows] == events
     assert {(row.actor_id, row.actor_name) for row in rows} == {(None, cli.CLI_ACTOR)}

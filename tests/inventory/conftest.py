@@ -70,7 +70,15 @@ class FakeBroker:
     revoked: int = 0
 
     def send_task(
-        self, name: str, *, args: tuple, queue: str, expires: float, ignore_result: bool
+        self,
+        name: str,
+        *,
+        args: tuple,
+        kwargs: dict[str, Any],
+        headers: dict[str, Any],
+        queue: str,
+        expires: float,
+        ignore_result: bool,
     ) -> Any:
         # A caller that waits for the answer asks for it (results are ignored by default).
         assert ignore_result is False, f"{name} was sent without asking for its result"
@@ -80,7 +88,7 @@ class FakeBroker:
             return self.Silent(self)
         task = app.tasks[name]
         assert task.__module__ == tasks.__name__, f"{name} is not a node task"
-        return EagerResult(uuid.uuid4().hex, task(*args), "SUCCESS")
+        return EagerResult(uuid.uuid4().hex, task(*args, **kwargs), "SUCCESS")
 
     @dataclass
     class Silent:

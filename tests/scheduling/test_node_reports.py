@@ -65,7 +65,7 @@ def refusals() -> list[str]:
 
 
 def token_of(node: str) -> str:
-    return nodes.create_credential(node, actor_name="tests")[1]
+    return nodes.node_token(node, actor_name="tests")
 
 
 @pytest.fixture
