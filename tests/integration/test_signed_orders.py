@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
+from gpuadmin.access.node_signing import parse_token
+from gpuadmin.access.nodes import node_token
 from inventory.models import Gpu
 from scheduling import services
 from scheduling.models import Job, JobState
@@ -32,13 +34,14 @@ import time
 
 from celery import Celery
 
-url, queue, touched, gpu = sys.argv[1:]
+url, queue, touched, gpu, key_id = sys.argv[1:]
 spec = {"job_id": "999999.1", "argv": ["touch", touched], "gpu_uuids": [gpu], "cwd": "/",
         "unix_user": "root", "allow_root": True}
 forger = Celery(broker=url)
 forger.send_task("scheduling.run_jobs", args=([spec],), queue=queue)
-# And one under a made-up signature header for that node.
-header = {"node": queue.removeprefix("node."), "at": time.time(), "sigs": {"1": "0" * 64}}
+# And one under a made-up signature for that node's credential (its id is no secret: it
+# starts every token of the node).
+header = {"node": queue.removeprefix("node."), "at": time.time(), "sigs": {key_id: "0" * 64}}
 forger.send_task("scheduling.run_jobs", args=([spec],), queue=queue,
                  headers={"gpuadmin_order": header})
 # A central task on the agent's queue (it reads and acknowledges the central samples stream).
@@ -61,9 +64,10 @@ def test_a_forged_order_runs_nothing_and_a_placed_job_still_runs(sim_node, gpuad
     forged, placed = tmp_path / "forged-as-root", tmp_path / "placed"
     gpu = Gpu.objects.filter(node__hostname=hostname).order_by("index").first()
     assert gpu is not None
+    key_id, _ = parse_token(node_token(hostname, actor_name="tests"))  # the agent's
     subprocess.run(
         [sys.executable, "-c", FORGE, gpuadmin_env["REDIS_URL"], f"node.{hostname}",
-         str(forged), gpu.uuid],
+         str(forged), gpu.uuid, str(key_id)],
         cwd=REPO_DIR,
         check=True,
         timeout=60,
