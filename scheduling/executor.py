@@ -1251,8 +1251,7 @@ def _confine(pid: int, cgroup: JobCgroup | None, cpus: tuple[int, ...]) -> None:
 def _end_cgroup(cgroup: JobCgroup) -> None:
     """Kill whatever still runs in a job's cgroup and remove it."""
     try:
-        cgroup.kill()
-        cgroup.remove()
+        cgroup.destroy()
     except OSError as exc:
         logger.warning("cannot remove the job cgroup %s: %s", cgroup.procs_files()[0].parent, exc)
 

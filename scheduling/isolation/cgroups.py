@@ -319,6 +319,11 @@ class JobCgroup:
             with contextlib.suppress(FileNotFoundError):
                 _rmdir(path)
 
+    def destroy(self) -> None:
+        """Kill whatever still runs in it, then remove it."""
+        self.kill()
+        self.remove()
+
     def to_record(self) -> dict[str, Any]:
         return {
             "directories": {key: str(path) for key, path in self.directories.items()},
@@ -374,11 +379,11 @@ class JobCgroup:
 def stale_job_directories(host: HostCgroups, node: str, keep: Iterable[str]) -> list[JobCgroup]:
     """Job cgroups of ``node`` left behind by a job no record names (an agent that died
     between creating one and recording its job): to be killed and removed."""
+    subtrees = host.directories(node)
     names: set[str] = set()
-    for subtree in host.directories(node).values():
+    for subtree in subtrees.values():
         with contextlib.suppress(FileNotFoundError):
             names.update(entry.name for entry in subtree.iterdir() if entry.is_dir())
-    subtrees = host.directories(node)
     return [
         JobCgroup({key: path / name for key, path in subtrees.items()}, dict(host.backends))
         for name in sorted(names - set(keep))
@@ -392,19 +397,13 @@ def remove_tree(host: HostCgroups) -> None:
         assert mount is not None
         # Deepest first; one that goes meanwhile (its job's end) is passed over.
         for directory, _, _ in os.walk(mount / host.root, topdown=False):
-            _end(JobCgroup({"any": Path(directory)}, {}))
-
-
-def _end(cgroup: JobCgroup) -> None:
-    cgroup.kill()
-    with contextlib.suppress(OSError):
-        cgroup.remove()
+            with contextlib.suppress(OSError):
+                JobCgroup({"any": Path(directory)}, {}).destroy()
 
 
 def _ensure_subtree(subtree: Path, unified: Path | None) -> None:
     """Create the node's subtree (and the agent's root above it); on v2 hand the enabled
     controllers down each level, on v1 give cpuset directories their parent's CPUs."""
-    top = unified if unified is not None else None
     chain: list[Path] = []
     path = subtree
     while not path.exists():
@@ -412,14 +411,14 @@ def _ensure_subtree(subtree: Path, unified: Path | None) -> None:
         path = path.parent
     for directory in reversed(chain):
         directory.mkdir(exist_ok=True)
-        if top is None and (directory.parent / "cpuset.cpus").exists():
+        if unified is None and (directory.parent / "cpuset.cpus").exists():
             for name in ("cpuset.mems", "cpuset.cpus"):
                 if not _read(directory / name):
                     _write(directory / name, _read(directory.parent / name))
-    if top is not None:
+    if unified is not None:
         path = subtree
         levels = []
-        while path != top:
+        while path != unified:
             levels.append(path.parent)
             path = path.parent
         for directory in reversed(levels):

@@ -79,6 +79,11 @@ def python_job(job_id: str, code: str, *args: str, **fields: object) -> JobSpec:
     return JobSpec(job_id=job_id, argv=[sys.executable, "-c", code, *args], cwd="/", **fields)
 
 
+def escaping(pid_file: Path, *, then: str) -> str:
+    """A shell command that leaves a ``setsid`` child (its pid in ``pid_file``), then ``then``."""
+    return f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & {then}"
+
+
 def lines(executor: object, job_id: str) -> list[str]:
     return executor.tail(job_id).splitlines()  # type: ignore[attr-defined]
 
@@ -172,7 +177,7 @@ def test_nothing_a_job_started_outlives_it(
 ) -> None:
     executor, events = confined_executor(make_executor, cgroup_root, version)
     pid_file = tmp_path / "escaped.pid"
-    escape = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & sleep 0.3; exit 0"
+    escape = escaping(pid_file, then="sleep 0.3; exit 0")
 
     executor.launch(JobSpec(job_id="5.0", shell_command=escape, cwd="/"))
 
@@ -192,7 +197,7 @@ def test_a_restarted_agent_readopts_a_job_and_its_end_still_kills_everything(
 ) -> None:
     first, first_events = confined_executor(make_executor, cgroup_root, version)
     pid_file = tmp_path / "escaped.pid"
-    job = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' & exec sleep 300"
+    job = escaping(pid_file, then="exec sleep 300")
     first.launch(JobSpec(job_id="6.0", shell_command=job, cwd="/"))
     first_events.started("6.0")
     first.shutdown(kill=False)  # the agent stops; the job runs on
