@@ -165,8 +165,8 @@ def test_a_foreign_process_makes_a_gpu_unusable_but_a_jobs_own_do_not(operator, 
 def test_a_real_node_that_confines_no_job_takes_none_until_an_admin_allows_it(
     operator, sim_node, broker
 ):
-    # Its agent would refuse every job (docs/administration/isolation.md): the loop places none there, every
-    # count and the manual allocation agree, until its admin allows unconfined jobs.
+    # Its agent would refuse every job (docs/administration/isolation.md): the loop places
+    # none there, every count and the manual allocation agree, until an admin allows them.
     node = sim_node()
     why = "not root, and /sys/fs/cgroup/gpuadmin is not delegated to this agent"
     Node.objects.filter(hostname=node.host).update(
