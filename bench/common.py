@@ -182,14 +182,15 @@ def start_worker_and_agent(
     """A central worker and one simulated node agent (with its credential) as real processes,
     logging to ``scratch``; returns once the agent has registered its node's GPUs."""
     from gpuadmin.access.nodes import node_token
+    from gpuadmin.env import node_environment
     from inventory.models import Node
 
     processes = [
         start_gpuadmin(["worker", "--concurrency", "2"], env, scratch / "worker.log"),
         start_gpuadmin(
             ["agent", "--node", hostname, "--sim", model, *agent_args],
-            {
-                **env,
+            {  # what a real node gets, as gpuadmin up's agents
+                **node_environment(env),
                 "GPUADMIN_NODE_TOKEN": node_token(hostname, actor_name="bench"),
                 **(agent_env or {}),
             },

@@ -12,7 +12,6 @@ import argparse
 import json
 import logging
 import os
-import pwd
 import secrets
 import signal
 import subprocess
@@ -449,17 +448,18 @@ def _isolate_demo_jobs(nodes: list[str]) -> bool:
     protect_data_dir(data_dir_from_env(), nodes)
     if not nodes:  # --no-agents: no demo jobs (agents started by hand run theirs as set up)
         return True
-    if (uid := os.geteuid()) != 0:
-        me = str(uid)
-        with suppress(KeyError):  # a uid without a passwd entry (a container's arbitrary user)
-            me = pwd.getpwuid(uid).pw_name
+    if os.geteuid() != 0:
+        from inventory.agent import job_account  # not root: the agents' own account
+
         print(
-            f"demo jobs run as {me}, the account the agents run as: nothing "
+            f"demo jobs run as {job_account()}, the account the agents run as: nothing "
             "keeps a job from their credentials and the data folder (start gpuadmin up as "
             "root to give jobs an account of their own)"
         )
         return True
-    name = os.environ.get("GPUADMIN_DEFAULT_UNIX_ACCOUNT") or JOB_ACCOUNT
+    from django.conf import settings  # validated there (env_unix_user)
+
+    name = settings.GPUADMIN_DEFAULT_UNIX_ACCOUNT or JOB_ACCOUNT
     os.environ["GPUADMIN_DEFAULT_UNIX_ACCOUNT"] = name
     try:
         account = ensure_account(name)
