@@ -271,6 +271,15 @@ class NodeRow(NamedTuple):
     isolation: str
     allow_unconfined: bool
 
+    @property
+    def refuses_unconfined(self) -> bool:
+        """Its agent refuses every job (``inventory.usability.refuses_unconfined_jobs``)."""
+        return refuses_unconfined_jobs(
+            nvml_backend=self.nvml_backend,
+            isolation=self.isolation,
+            allow_unconfined=self.allow_unconfined,
+        )
+
 
 class GpuRow(NamedTuple):
     """What a pass reads of a GPU."""
@@ -784,11 +793,7 @@ def _unavailable(
         error_message=gpu.error_message,
         mig_enabled=gpu.mig_enabled,
         mps_shared=gpu.mps_shared,
-        refuses_unconfined=refuses_unconfined_jobs(
-            nvml_backend=node.nvml_backend,
-            isolation=node.isolation,
-            allow_unconfined=node.allow_unconfined,
-        ),
+        refuses_unconfined=node.refuses_unconfined,
         sample=sample,
         allocated=allocated,
     )

@@ -159,13 +159,13 @@ class Job(models.Model):
     message = models.TextField(blank=True, help_text="Why it failed or was canceled.")
     # Read from its cgroup at its end (sacct's TotalCPU and MaxRSS); a gang's summed / largest.
     cpu_seconds = models.FloatField(
-        "CPU time (s)", null=True, blank=True, help_text="User and system CPU time of its last run."
+        "CPU time (s)", null=True, blank=True, help_text="User and system CPU time of all its runs."
     )
     max_memory_bytes = models.PositiveBigIntegerField(
         "peak memory (bytes)",
         null=True,
         blank=True,
-        help_text="Largest host memory of its last run on any one node.",
+        help_text="Largest host memory of any of its runs on any one node.",
     )
 
     # The placement loop's latest word on a waiting job (not state changes: not audited)

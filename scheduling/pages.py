@@ -158,7 +158,7 @@ class JobView:
 
     @property
     def usage(self) -> str:
-        """What its last run used, as sacct's TotalCPU and MaxRSS: ``CPU time 00:01:23, peak
+        """What its runs used, as sacct's TotalCPU and MaxRSS: ``CPU time 00:01:23, peak
         memory 64 MiB``; empty when its node did not measure it."""
         parts = []
         if self.job.cpu_seconds is not None:

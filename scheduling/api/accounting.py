@@ -60,8 +60,8 @@ class UsageRowSerializer(api.Serializer):
     energy_kwh = serializers.FloatField()
     cpu_hours = serializers.FloatField(
         source="cpu_h",
-        help_text="CPU-hours of the jobs that ended in the period (their last run's, from its "
-        "cgroup, as sacct's TotalCPU).",
+        help_text="CPU-hours of the jobs that ended in the period (all their runs', from their "
+        "cgroups, as sacct's TotalCPU).",
     )
 
 

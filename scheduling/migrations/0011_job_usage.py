@@ -13,12 +13,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='cpu_seconds',
-            field=models.FloatField(blank=True, help_text='User and system CPU time of its last run.', null=True, verbose_name='CPU time (s)'),
+            field=models.FloatField(blank=True, help_text='User and system CPU time of all its runs.', null=True, verbose_name='CPU time (s)'),
         ),
         migrations.AddField(
             model_name='job',
             name='max_memory_bytes',
-            field=models.PositiveBigIntegerField(blank=True, help_text='Largest host memory of its last run on any one node.', null=True, verbose_name='peak memory (bytes)'),
+            field=models.PositiveBigIntegerField(blank=True, help_text='Largest host memory of any of its runs on any one node.', null=True, verbose_name='peak memory (bytes)'),
         ),
         migrations.AddField(
             model_name='usageday',

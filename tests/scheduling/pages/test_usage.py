@@ -123,7 +123,7 @@ def test_shares_count_as_their_fraction_of_a_gpu(alice, gpus):
 def test_cpu_hours_count_the_jobs_that_ended_that_day_beside_their_gpu_hours(
     client, alice, bob, gpus
 ):
-    """A job's CPU time (its last run's, from its cgroup) counts whole on the day it ended, as
+    """A job's CPU time (all its runs', from their cgroups) counts whole on the day it ended, as
     sacct's TotalCPU; a job still running or ended another day adds none."""
     ended = finished_job(alice, project="vision")
     Job.objects.filter(pk=ended.pk).update(finished_at=at(3), cpu_seconds=5400.0)
