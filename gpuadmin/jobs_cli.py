@@ -425,7 +425,7 @@ def _host(job: dict[str, Any]) -> str:
 
 
 def _usage(job: dict[str, Any], name: str, text: Callable[[Any], str]) -> str:
-    """What its last run used, as sacct shows it, or empty (not measured; an older server)."""
+    """What its runs used, as sacct shows it, or empty (not measured; an older server)."""
     value = job.get(name)
     return "" if value is None else text(value)
 
