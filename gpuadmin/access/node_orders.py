@@ -8,7 +8,6 @@ half runs on agents.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -20,7 +19,7 @@ from celery import Celery, Task
 from celery.exceptions import Ignore
 from django.conf import settings
 
-from gpuadmin.access.node_signing import digest, parse_token
+from gpuadmin.access.node_signing import digest, parse_token, same_signature, too_old
 
 ORDER_HEADER = "gpuadmin_order"
 
@@ -110,11 +109,8 @@ def check_order(
     if recipient != node:
         raise OrderRefused(f"signed for node {recipient!r}, not {node!r}")
     now = time.time() if now is None else now
-    max_age = settings.GPUADMIN_NODE_REPORT_MAX_AGE_S
-    if abs(now - sent_at) > max_age:
-        raise OrderRefused(
-            f"signed {now - sent_at:.0f} s ago, beyond GPUADMIN_NODE_REPORT_MAX_AGE_S={max_age}"
-        )
+    if stale := too_old(sent_at, now):
+        raise OrderRefused(stale)
     try:
         key_id, secret = parse_token(token)
     except ValueError as exc:
@@ -123,10 +119,9 @@ def check_order(
     if not isinstance(sig, str):
         raise OrderRefused(f"not signed with this agent's credential #{key_id}")
     expected = order_signature(secret, task, node, sent_at, args or (), kwargs or {})
-    # As bytes: compare_digest() raises on a str with non-ASCII characters.
-    if not hmac.compare_digest(expected.encode(), sig.encode()):
+    if not same_signature(expected, sig):
         raise OrderRefused("bad signature")
-    if not seen.first_time(sig, sent_at, now, max_age):
+    if not seen.first_time(sig, sent_at, now, settings.GPUADMIN_NODE_REPORT_MAX_AGE_S):
         raise OrderRefused("replayed: this order was already carried out")
 
 

@@ -55,6 +55,21 @@ def parse_token(token: str) -> tuple[int, str]:
     return int(ident), secret
 
 
+def too_old(sent_at: float, now: float) -> str | None:
+    """Why a report or an order signed at ``sent_at`` is no longer believed at ``now`` (older,
+    or newer, than ``GPUADMIN_NODE_REPORT_MAX_AGE_S``), or None."""
+    age, most = now - sent_at, settings.GPUADMIN_NODE_REPORT_MAX_AGE_S
+    if abs(age) > most:
+        return f"signed {age:.0f} s ago, beyond GPUADMIN_NODE_REPORT_MAX_AGE_S={most}"
+    return None
+
+
+def same_signature(expected: str, given: str) -> bool:
+    """A constant-time comparison; as bytes: compare_digest() raises on a str with non-ASCII
+    characters."""
+    return hmac.compare_digest(expected.encode(), given.encode())
+
+
 def signature(
     secret: str,
     task: str,

@@ -9,7 +9,6 @@ ago; anything else is refused, logged and audited (``node.report_refused``).
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -34,7 +33,9 @@ from gpuadmin.access.node_signing import (
     central_secret,
     derive_secret,
     make_token,
+    same_signature,
     signature,
+    too_old,
 )
 from gpuadmin.audit.services import record
 
@@ -107,12 +108,8 @@ def verify(header: Any, task: str, args: Any, kwargs: Any, *, now: float | None 
         and isinstance(sig, str)
     ):
         raise ReportRefused("malformed signature header")
-    age = (time.time() if now is None else now) - sent_at
-    if abs(age) > settings.GPUADMIN_NODE_REPORT_MAX_AGE_S:
-        raise ReportRefused(
-            f"signed {age:.0f} s ago, beyond GPUADMIN_NODE_REPORT_MAX_AGE_S="
-            f"{settings.GPUADMIN_NODE_REPORT_MAX_AGE_S}"
-        )
+    if stale := too_old(sent_at, time.time() if now is None else now):
+        raise ReportRefused(stale)
     if key_id == CENTRAL_KEY_ID and sender == CENTRAL:
         secret = central_secret()
     else:
@@ -125,8 +122,7 @@ def verify(header: Any, task: str, args: Any, kwargs: Any, *, now: float | None 
             raise ReportRefused(f"node credential #{key_id} is revoked")
         secret = derive_secret(credential.pk, credential.salt)
     expected = signature(secret, task, sender, sent_at, args or (), kwargs or {})
-    # As bytes: compare_digest() raises on a str with non-ASCII characters.
-    if not hmac.compare_digest(expected.encode(), sig.encode()):
+    if not same_signature(expected, sig):
         raise ReportRefused("bad signature")
     return sender
 
