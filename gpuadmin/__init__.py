@@ -1,7 +1,8 @@
-"""gpuadmin: run an NVIDIA GPU fleet."""
+"""gpuadmin: run an NVIDIA GPU fleet.
 
-# The Celery app must be loaded whenever Django is, so @shared_task binds to it.
-from gpuadmin.celery import app as celery_app
+Importing the package loads nothing else, so that the CLI's API verbs start fast: the Celery app
+is loaded with Django (``gpuadmin.admin_site.AdminConfig.ready``), so that ``@shared_task``
+binds to it.
+"""
 
-__all__ = ("celery_app",)
 __version__ = "0.1.0"

@@ -49,3 +49,9 @@ class AdminSite(admin.AdminSite):
 
 class AdminConfig(DjangoAdminConfig):
     default_site = "gpuadmin.admin_site.AdminSite"
+
+    def ready(self) -> None:
+        super().ready()
+        # The Celery app must be loaded whenever Django is, so @shared_task binds to it; here
+        # rather than in the package, which the CLI's API verbs import without Django.
+        import gpuadmin.celery  # noqa: F401

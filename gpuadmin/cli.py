@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuadmin import jobs_cli
+from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
     PRIVATE_FILE_MODE,
@@ -87,7 +88,8 @@ def _with_django(
         from gpuadmin import request_id
 
         try:
-            with request_id.bound():  # the audit rows of one command share an id
+            # The audit rows of one command share an id, and name the verb as their channel.
+            with request_id.bound(channel=f"cli {verb_name(args)}"):
                 return run(args)
         finally:
             if services is not None:
@@ -684,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in PASS_THROUGH_VERBS:
         # Their arguments (options included) belong to Django's and the simulator's own CLIs.
-        return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(rest=argv[1:]))
+        return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(verb=argv[0], rest=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.run(args)
 

@@ -1,32 +1,21 @@
 """``gpuadmin jobs ...``: submit, list, explain, release, cancel and read the log of jobs
-through the HTTP API, so it works from any machine that reaches the web server (standard
-library only, and the pure-Python ``scheduling.slurm`` for Slurm's request syntax).
-
-``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token:
-``gpuadmin token create NAME --user USERNAME`` on the server, or ``POST /api/v1/tokens/``) come
-from the environment.
+through the HTTP API (``gpuadmin.client``), so it works from any machine that reaches the web
+server (standard library only, and the pure-Python ``scheduling.slurm`` for Slurm's request
+syntax).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import os
-import re
 import shlex
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TextIO
-from urllib.parse import urlencode
 
+from gpuadmin.client import Api, ApiError, run_verb
 from scheduling import slurm
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 FOLLOW_INTERVAL_S = 2.0
 FOLLOW_WINDOW = 1000  # lines read per poll while following a log
 STATES = (
@@ -41,113 +30,6 @@ STATES = (
 )
 ACTIVE_STATES = ("pending", "queued", "scheduled", "running", "preempted")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled"})
-
-
-class ApiError(Exception):
-    """The server refused the request (``status``), or could not be reached (``None``)."""
-
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Api:
-    url: str
-    token: str
-    timeout_s: float = 30.0
-
-    @classmethod
-    def from_env(cls) -> Api:
-        return cls(
-            os.environ.get("GPUADMIN_URL") or DEFAULT_URL, os.environ.get("GPUADMIN_TOKEN", "")
-        )
-
-    def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        """One JSON request; ``ApiError`` with the server's reason on anything but 2xx, and
-        for an answer that is not the API's. Redirects are not followed: they would turn a
-        POST into a GET and carry the token to wherever they point."""
-        if self.token and not TOKEN_TEXT.fullmatch(self.token):
-            raise ApiError(None, "GPUADMIN_TOKEN is not a token (printable ASCII, no spaces)")
-        query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
-        try:
-            request = urllib.request.Request(
-                self.url.rstrip("/") + path + (f"?{query}" if query else ""),
-                data=None if body is None else json.dumps(body).encode(),
-                method=method,
-                headers={"Accept": "application/json", "Content-Type": "application/json"},
-            )
-            if self.token:
-                request.add_header("Authorization", f"Bearer {self.token}")
-            with _OPENER.open(request, timeout=self.timeout_s) as response:
-                raw, headers = response.read(), response.headers
-        except urllib.error.HTTPError as exc:
-            raise ApiError(exc.code, _reason(exc.code, exc.read(), exc.headers)) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise ApiError(None, f"cannot reach {self.url}: {_one_line(str(reason))}") from None
-        kind = headers.get_content_type()
-        if SERVER_HEADER not in headers or (raw and kind != "application/json"):
-            raise ApiError(None, f"{self.url} answered {kind}, not as gpuadmin's API: {NOT_API}")
-        return json.loads(raw) if raw else None
-
-
-# An API token as gpuadmin issues them, and what any HTTP header may carry.
-TOKEN_TEXT = re.compile(r"[!-~]+")
-# Every answer of gpuadmin's server carries it (gpuadmin.request_id.HEADER; this module stays
-# free of Django): an answer without it is some other server's.
-SERVER_HEADER = "X-Request-ID"
-NOT_API = "is GPUADMIN_URL the gpuadmin server's address?"
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # the 3xx is raised as an HTTPError, and reported with its Location
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
-def _reason(status: int, raw: bytes, headers: Any = None) -> str:
-    """The error body as one line: ``detail``, or ``field: message`` for each field (a nested
-    field as ``env.A``); a redirect with where it points; anything else its first words."""
-    location = headers.get("Location") if headers is not None else None
-    if 300 <= status < 400:
-        return f"HTTP {status}: redirected to {location or '?'} ({NOT_API})"
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        text = re.sub(r"<[^>]*>", " ", raw[:2000].decode(errors="replace"))
-        return f"HTTP {status}: {_one_line(text)[:200] or 'no reason given'} ({NOT_API})"
-    if isinstance(body, dict) and set(body) == {"detail"}:
-        message = _one_line(str(body["detail"]))
-    elif isinstance(body, dict):
-        message = "; ".join(_field_errors(body))
-    else:
-        message = _one_line(str(body))
-    if status == 401:
-        message += " (set GPUADMIN_TOKEN to an API token: gpuadmin token create NAME --user U)"
-    return f"HTTP {status}: {message}"
-
-
-def _field_errors(errors: Any, prefix: str = "") -> list[str]:
-    """``field: message`` for each field of a 400's body; a nested field's parts named
-    ``field.part`` (``env.A``, ``gpus.0``)."""
-    if isinstance(errors, dict):
-        return [
-            line
-            for field, inner in errors.items()
-            for line in _field_errors(
-                inner, f"{prefix}{field}" if not prefix else f"{prefix}.{field}"
-            )
-        ]
-    if isinstance(errors, list) and all(isinstance(item, str) for item in errors):
-        return [f"{prefix}: {_one_line(' '.join(errors))}"]
-    return [f"{prefix}: {_one_line(str(errors))}"]
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 # --------------------------------------------------------------------------- verbs
@@ -503,31 +385,31 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--shell", action="store_true", help="run CMD through /bin/sh -c")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
-    submit.set_defaults(run=_run(cmd_submit))
+    submit.set_defaults(run=run_verb(cmd_submit))
 
     listing = actions.add_parser("list", help="your jobs (everyone's for viewers and operators)")
     listing.add_argument("--state", action="append", choices=STATES, help="repeatable")
     listing.add_argument("--all", action="store_true", help="finished jobs too")
     listing.add_argument("--limit", type=int, default=100)
     listing.add_argument("--array", type=int, metavar="ID", help="the tasks of this job array")
-    listing.set_defaults(run=_run(cmd_list))
+    listing.set_defaults(run=run_verb(cmd_list))
 
     show = actions.add_parser("show", help="a job: where it runs, or why it is pending")
     show.add_argument("job_id", type=int)
-    show.set_defaults(run=_run(cmd_show))
+    show.set_defaults(run=run_verb(cmd_show))
 
     array = actions.add_parser("array", help="a job array's tasks by state (or --cancel it)")
     array.add_argument("array_id", type=int)
     array.add_argument("--cancel", action="store_true", help="cancel its unfinished tasks")
-    array.set_defaults(run=_run(cmd_array))
+    array.set_defaults(run=run_verb(cmd_array))
 
     cancel = actions.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
-    cancel.set_defaults(run=_run(cmd_cancel))
+    cancel.set_defaults(run=run_verb(cmd_cancel))
 
     release = actions.add_parser("release", help="let a held job into the queue")
     release.add_argument("job_id", type=int)
-    release.set_defaults(run=_run(cmd_release))
+    release.set_defaults(run=run_verb(cmd_release))
 
     log = actions.add_parser("log", help="a job's log, read through its node's agent")
     log.add_argument("job_id", type=int)
@@ -536,7 +418,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     log.add_argument("--node", help="node of a multi-node job (default its first)")
     log.add_argument("-f", "--follow", action="store_true", help="print new lines every 2 s")
-    log.set_defaults(run=_run(cmd_log))
+    log.set_defaults(run=run_verb(cmd_log))
 
 
 def _env_pair(value: str) -> str:
@@ -552,26 +434,8 @@ def _memory(value: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-Verb = Callable[[Api, argparse.Namespace, TextIO], int]
-
-
 def _line_count(text: str) -> int:
     count = int(text)
     if count < 0:
         raise argparse.ArgumentTypeError(f"{count}: a number of lines, 0 or more")
     return count
-
-
-def _run(verb: Verb) -> Callable[[argparse.Namespace], int]:
-    """A verb with the API from the environment; API errors become one line and status 1."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return verb(Api.from_env(), args, sys.stdout)
-        except ApiError as exc:
-            sys.stderr.write(f"gpuadmin jobs {args.action}: {exc}\n")
-            return 1
-        except KeyboardInterrupt:
-            return 130
-
-    return run

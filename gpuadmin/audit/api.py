@@ -40,6 +40,7 @@ CSV_COLUMNS = (
     "after",
     "message",
     "request_id",
+    "channel",
 )
 # The model field behind each column (the ``actor`` column is who acted, by name).
 CSV_SOURCES = tuple("actor_name" if column == "actor" else column for column in CSV_COLUMNS)

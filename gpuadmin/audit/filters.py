@@ -39,6 +39,11 @@ class AuditEventFilterSet(django_filters.FilterSet):
     request_id = django_filters.UUIDFilter(
         label="Request id", help_text="Every row one request, task or command wrote."
     )
+    channel = django_filters.CharFilter(
+        label="Channel",
+        help_text="web, api, or a CLI verb such as cli drain.",
+        widget=SuggestInput(lambda: distinct_values(AuditEvent, "channel")),
+    )
     since = django_filters.IsoDateTimeFilter(
         field_name="time",
         lookup_expr="gte",
@@ -56,7 +61,7 @@ class AuditEventFilterSet(django_filters.FilterSet):
 
     class Meta:
         model = AuditEvent
-        fields = ["actor", "event_type", "target_type", "target_id", "request_id"]
+        fields = ["actor", "event_type", "target_type", "target_id", "request_id", "channel"]
 
     def filter_event_type(
         self, queryset: QuerySet[AuditEvent], name: str, value: str

@@ -38,6 +38,13 @@ class AuditEvent(models.Model):
     after = models.JSONField(null=True, blank=True)
     message = models.TextField(blank=True)
     request_id = models.UUIDField(null=True, blank=True, db_index=True)
+    channel = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="Through what the change came: web, api, or the CLI verb (cli drain); "
+        "empty for the background processes.",
+    )
 
     class Meta:
         ordering = ["-time", "-id"]

@@ -85,6 +85,7 @@ def audit_event(
         after=_json_safe(after),
         message=message,
         request_id=request_id or request_ids.current(),
+        channel=request_ids.current_channel(),
     )
 
 

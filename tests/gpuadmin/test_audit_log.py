@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.test import Client
+from django.test import Client, RequestFactory
 from rest_framework.test import APIClient
 
 from gpuadmin import request_id
@@ -162,6 +162,7 @@ def test_csv_export_streams_every_filtered_row_with_a_header(log):
         "after",
         "message",
         "request_id",
+        "channel",
     ]
     canceled = rows[0]
     assert canceled["time"] == "2026-03-01T13:00:00Z"
@@ -273,25 +274,50 @@ def test_no_request_id_outside_a_request_task_or_command():
     assert row.request_id is None
 
 
-def test_a_task_carries_the_request_id_of_what_sent_it():
+def test_a_task_carries_the_request_id_and_channel_of_what_sent_it():
     rid = uuid.uuid4()
     headers: dict[str, str] = {}
-    with request_id.bound(rid):
+    with request_id.bound(rid, "cli drain"):
         request_id._send_request_id(headers=headers)
-    assert headers == {request_id.TASK_HEADER: str(rid)}
+    assert headers == {
+        request_id.TASK_HEADER: str(rid),
+        request_id.TASK_CHANNEL_HEADER: "cli drain",
+    }
 
-    def run_task(task_id: str, **request: object) -> uuid.UUID | None:
+    def run_task(task_id: str, **request: object) -> tuple[uuid.UUID | None, str]:
         task = SimpleNamespace(request=SimpleNamespace(is_eager=False, **request))
         request_id._bind_task(task_id=task_id, task=task)
         try:
-            return request_id.current()
+            return request_id.current(), request_id.current_channel()
         finally:
             request_id._unbind_task(task_id=task_id)
 
     own = str(uuid.uuid4())
-    assert run_task(own, **headers) == rid  # sent by a request
-    assert run_task(own) == uuid.UUID(own)  # beat, an agent: its own id
-    assert request_id.current() is None  # unbound after the task
+    assert run_task(own, **headers) == (rid, "cli drain")  # sent by a CLI verb's request
+    assert run_task(own) == (uuid.UUID(own), "")  # beat, an agent: its own id, no channel
+    assert (request_id.current(), request_id.current_channel()) == (None, "")  # unbound after
+
+
+def test_a_request_names_its_channel_in_its_audit_rows():
+    """The CLI's verb when its header names one, else api or web; a header claiming anything
+    else is not believed."""
+    seen = []
+    for path, header in (
+        ("/api/v1/tokens/", "cli token create"),
+        ("/api/v1/tokens/", "admin; DROP"),
+        ("/api/v1/tokens/", None),
+    ):
+        channel = request_id.request_channel(_request(path, header))
+        with request_id.bound(channel=channel), transaction.atomic():
+            seen.append(record("x.y", actor_name="test").channel)
+    assert seen == ["cli token create", "api", "api"]
+    assert AuditEvent.objects.filter(channel="cli token create").count() == 1
+    assert request_id.request_channel(_request("/jobs/", None)) == "web"
+
+
+def _request(path: str, channel: str | None):
+    headers = {request_id.CHANNEL_HEADER: channel} if channel else {}
+    return RequestFactory().get(path, headers=headers)
 
 
 def test_an_eager_task_runs_under_its_callers_id(settings):

@@ -376,10 +376,11 @@ def test_a_log_tail_is_a_count_of_lines(gpuadmin, capsys):
     assert "argument --tail: -1: a number of lines, 0 or more" in capsys.readouterr().err
 
 
-def test_the_cli_knows_the_server_by_the_header_it_always_sends():
-    from gpuadmin import request_id
+def test_the_cli_and_the_server_agree_on_their_headers():
+    from gpuadmin import client, request_id
 
-    assert jobs_cli.SERVER_HEADER == request_id.HEADER
+    assert client.SERVER_HEADER == request_id.HEADER  # the server always sends it
+    assert client.CHANNEL_HEADER == request_id.CHANNEL_HEADER  # the CLI names its verb
 
 
 def test_following_a_job_that_has_not_run_says_why_nothing_shows(gpuadmin, fleet, monkeypatch):
