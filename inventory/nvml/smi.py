@@ -11,6 +11,7 @@ only the devices a job's cgroup allows; otherwise every GPU of the node. Plain P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -22,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pynvml
 
 from inventory.nvml import open_backend
 from inventory.nvml.parsers.common import normalize_bus_id
@@ -57,6 +60,7 @@ class View:
     gpus: tuple[GpuScan, ...]
     topo: str
     now: float
+    process_names: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def _visible(node: NodeScan, visible: str | None) -> tuple[GpuScan, ...]:
@@ -223,6 +227,81 @@ def topo_matrix(view: View) -> str:
     return text
 
 
+# --------------------------------------------------------------------------- the table
+
+_RULE = "+" + "-" * 89 + "+"
+_GPU_RULE = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
+_TABLE_HEAD = """\
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |
+|                                         |                        |               MIG M. |
+|=========================================+========================+======================|"""
+_PROCESSES_HEAD = """\
+| Processes:                                                                              |
+|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |
+|        ID   ID                                                               Usage      |
+|=========================================================================================|"""
+
+
+def _or_na(value: object, unit: str = "") -> str:
+    return "N/A" if value is None else f"{value}{unit}"
+
+
+def summary(view: View) -> str:
+    """A bare ``nvidia-smi``: the GPU table and the processes, as drivers since 520 draw
+    them."""
+    system = view.node.system
+    stamp = time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(view.now))
+    driver, cuda = _or_na(system.driver_version), _or_na(system.cuda_driver_version)
+    lines = [
+        f"{stamp}       ",
+        _RULE,
+        f"| NVIDIA-SMI {driver:<23}Driver Version: {driver:<15}CUDA Version: {cuda:<9}|",
+        _GPU_RULE,
+        _TABLE_HEAD,
+    ]
+    processes = []
+    for gpu in view.gpus:
+        facts, metrics, health = gpu.facts, gpu.metrics, gpu.health
+        power = None if metrics is None or metrics.power_w is None else round(metrics.power_w)
+        cap = facts.power_limit_enforced_w
+        if facts.mig_enabled:
+            ecc = "On"
+        elif facts.ecc_enabled:
+            ecc = _or_na(health and health.ecc_volatile_uncorrected)
+        else:
+            ecc = "N/A" if facts.ecc_enabled is None else "Off"
+        persistence = {"Enabled": "On", "Disabled": "Off"}.get(facts.persistence_mode or "", "N/A")
+        mig = _enabled(facts.mig_enabled) if gpu.mig is not None else None
+        fan, temp = _or_na(_metric(gpu, "fan_pct"), "%"), _or_na(_metric(gpu, "temperature_c"), "C")
+        perf, usage = _or_na(_metric(gpu, "pstate")), _or_na(power, "W")
+        limit = _or_na(None if cap is None else round(cap), "W")
+        used, total = _or_na(facts.memory_used_mib, "MiB"), _or_na(facts.memory_total_mib, "MiB")
+        util, mode = _or_na(_metric(gpu, "utilization_gpu_pct"), "%"), _or_na(facts.compute_mode)
+        lines += [
+            f"| {facts.index:>3}  {(facts.name or ''):<29}{persistence:>4}  "
+            f"| {(facts.pci_bus_id or ''):>18} Off | {ecc:>20} |",
+            f"| {fan:>3}{temp:>6}{perf:>6}{usage:>16} / {limit:>5} "
+            f"| {used:>10} / {total:>9} | {util:>7}{mode:>13} |",
+            f"|{'':41}|{'':24}| {_or_na(mig):>20} |",
+            _GPU_RULE,
+        ]
+        processes += [(facts.index, p) for p in (metrics.processes if metrics else ())]
+    lines += ["", _RULE, _PROCESSES_HEAD]
+    for index, process in processes:
+        name = view.process_names.get(process.pid, "")
+        name = name if len(name) <= 37 else "..." + name[-34:]
+        lines.append(
+            f"|{index:>5}{_or_na(process.gpu_instance_id):>6}{_or_na(process.compute_instance_id):>5}"
+            f"{process.pid:>16}{process.kind:>7}   {name:<37}"
+            f"{_or_na(process.used_memory_mib, 'MiB'):>9} |"
+        )
+    if not processes:
+        lines.append(f"|{'  No running processes found':<89}|")
+    lines.append(_RULE)
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- -q and -q -x
 
 # A -q section: (text label, XML tag, value or sub-sections); None values print N/A.
@@ -264,7 +343,7 @@ def _gpu_entries(gpu: GpuScan) -> list[Entry]:
                 ("GPU instance ID", "gpu_instance_id", _number(p.gpu_instance_id)),
                 ("Compute instance ID", "compute_instance_id", _number(p.compute_instance_id)),
                 ("Process ID", "pid", str(p.pid)),
-                ("Type", "type", "C" if p.kind == "compute" else "G"),
+                ("Type", "type", p.kind),
                 ("Used GPU Memory", "used_memory", _unit(p.used_memory_mib, "MiB")),
             ],
         )
@@ -477,9 +556,13 @@ def run(backend: Any, argv: Sequence[str], visible: str | None, now: float) -> s
     if topo and argv[1:] not in (["-m"], ["--matrix"]):
         raise UsageError("topo: only -m (--matrix) is simulated")
     args = _parser().parse_args([] if topo else argv)
-    node = scan(backend, include=("facts", "metrics", "mig"))
-    gpus = _visible(node, visible)
-    view = View(node, _select(gpus, args.id), backend.topo_matrix_text() if topo else "", now)
+    node = scan(backend, include=("facts", "metrics", "mig", "health"))
+    gpus = _select(_visible(node, visible), args.id)
+    names = {}
+    for process in (p for gpu in gpus if gpu.metrics for p in gpu.metrics.processes):
+        with contextlib.suppress(pynvml.NVMLError):
+            names[process.pid] = backend.nvmlSystemGetProcessName(process.pid)
+    view = View(node, gpus, backend.topo_matrix_text() if topo else "", now, names)
     if topo:
         return topo_matrix(view)
     if args.list_gpus:
@@ -488,7 +571,7 @@ def run(backend: Any, argv: Sequence[str], visible: str | None, now: float) -> s
         return query_gpu(view, args.query_gpu.split(","), args.format.split(","))
     if args.query:
         return query_xml(view) if args.xml_format else query_text(view)
-    return gpu_list(view)  # the summary table is not simulated: the list says what there is
+    return summary(view)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from inventory.nvml.parsers.smi_text import parse_smi_text
 from inventory.nvml.parsers.smi_xml import parse_smi_xml
 from inventory.nvml.parsers.topo import parse_topo_matrix
 from inventory.nvml.scanner import scan
-from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim import SimulatedNvml, faults
 from tests.nvml.captures import REAL, needs_real_captures
 
 NOW = 1_700_000_000.0
@@ -70,6 +70,34 @@ def test_list_matches_the_h100_mig_capture_line_by_line() -> None:
     assert ours.splitlines() == real.splitlines()
 
 
+def bars(line: str) -> list[int]:
+    return [i for i, c in enumerate(line) if c in "|+"]
+
+
+@needs_real_captures
+def test_the_table_lines_up_with_the_h100_capture() -> None:
+    """A bare ``nvidia-smi`` against the H100 capture under load: every line as long, its
+    columns where the capture has them, the fixed lines and every value's shape the same."""
+    bundle = (REAL / H100_BUNDLE).read_text()
+    real = bundle.split("# load :: nvidia-smi (default table)\n# $ nvidia-smi \n")[1]
+    real_lines = real.split("#" * 80 + "\n")[1].rstrip("\n").split("\n")
+    backend = sim()
+    faults.start_process(backend, None, 0, 11327, used_mib=2566, name="/root/tools/memhog")
+    ours = run(backend, "-i", "0").rstrip("\n").split("\n")
+    assert len(ours) == len(real_lines) - 2  # the capture has three processes, this one
+    pairs = list(zip(ours[:19], real_lines[:19], strict=True)) + [(ours[19], real_lines[21])]
+    for mine, theirs in pairs:
+        assert (len(mine), bars(mine)) == (len(theirs), bars(theirs)), (mine, theirs)
+        if mine is ours[0]:  # the time
+            continue
+        assert shape(mine).split() == shape(theirs).split(), (mine, theirs)
+    assert ours[8].startswith("|   0  NVIDIA H100 80GB HBM3          On  |")
+    assert ours[18] == real_lines[18]  # the process, as the capture shows it
+    assert run(sim("dgx-a100-40gb"), "-i", "2").split("\n")[-3] == (
+        "|  No running processes found" + " " * 61 + "|"
+    )
+
+
 def test_list_reads_back_as_the_scan_has_it() -> None:
     backend = sim("dgx-a100-40gb")
     listed = parse_gpu_list(run(backend, "-L"))
@@ -81,7 +109,6 @@ def test_list_reads_back_as_the_scan_has_it() -> None:
         [(f"MIG {d.profile}", d.uuid) for d in (g.metrics.mig_devices if g.metrics else ())]
         for g in scanned.gpus
     ]
-    assert run(backend) == run(backend, "-L")  # the summary table is not simulated
 
 
 @needs_real_captures
