@@ -172,8 +172,28 @@ QUERY_ALIASES = {
 }
 
 
-class UsageError(Exception):
-    """A command line nvidia-smi refuses: the message, exit status 2."""
+class Refusal(Exception):
+    """What nvidia-smi says instead of an answer (on stderr), and its exit status."""
+
+    status = 1
+
+
+class UsageError(Refusal):
+    """A command line nvidia-smi refuses."""
+
+    status = 2
+
+
+class NoDevices(Refusal):
+    """No GPU to show (a job confined to none, an ``-i`` of none)."""
+
+    status = 6
+
+
+NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure "
+    "that the latest NVIDIA driver is installed and running."
+)
 
 
 def query_gpu(view: View, fields: Sequence[str], options: Sequence[str]) -> str:
@@ -543,14 +563,14 @@ def _select(gpus: tuple[GpuScan, ...], ids: str | None) -> tuple[GpuScan, ...]:
             or (bus_id is not None and g.facts.pci_bus_id == bus_id)
         ]
         if not found:
-            raise UsageError(f"No devices were found matching {wanted!r}")
+            raise NoDevices("No devices were found")
         chosen += found
     return tuple(chosen)
 
 
 def run(backend: Any, argv: Sequence[str], visible: str | None, now: float) -> str:
     """What ``nvidia-smi ARGV`` prints on ``backend``'s machine for a job that sees ``visible``
-    (None: every GPU). ``UsageError`` for a command line it refuses."""
+    (None: every GPU). ``Refusal`` (its message and exit status) where it prints none."""
     argv = list(argv)
     topo = argv[:1] == ["topo"]
     if topo and argv[1:] not in (["-m"], ["--matrix"]):
@@ -562,6 +582,8 @@ def run(backend: Any, argv: Sequence[str], visible: str | None, now: float) -> s
     for process in (p for gpu in gpus if gpu.metrics for p in gpu.metrics.processes):
         with contextlib.suppress(pynvml.NVMLError):
             names[process.pid] = backend.nvmlSystemGetProcessName(process.pid)
+    if not gpus:
+        raise NoDevices("No devices were found")
     view = View(node, gpus, backend.topo_matrix_text() if topo else "", now, names)
     if topo:
         return topo_matrix(view)
@@ -584,14 +606,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_name=env.get(NODE_ENV) or None,
         state_dir=env.get(STATE_DIR_ENV) or None,
     )
-    backend.nvmlInit()
+    try:
+        backend.nvmlInit()
+    except pynvml.NVMLError:
+        sys.stderr.write(NO_DRIVER + "\n")
+        return 9
     try:
         output = run(
             backend, sys.argv[1:] if argv is None else argv, env.get(VISIBLE_ENV), time.time()
         )
-    except UsageError as exc:
+    except Refusal as exc:
         sys.stderr.write(f"{exc}\n")
-        return 2
+        return exc.status
     sys.stdout.write(output)
     return 0
 

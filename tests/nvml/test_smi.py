@@ -235,7 +235,8 @@ def test_a_confined_job_sees_its_own_devices_only() -> None:
     topo = run(backend, "topo", "-m", visible=f"{whole},{device.uuid}").splitlines()
     assert topo[0].split("\t")[1:3] == ["GPU0", "GPU3"]
     assert [line.split("\t")[0] for line in topo[1:3]] == ["GPU0", "GPU3"]
-    assert run(backend, "-L", visible="") == "\n"  # confined to no GPU
+    with pytest.raises(smi.NoDevices, match="No devices were found"):
+        run(backend, "-L", visible="")  # confined to no GPU
 
 
 def test_the_shim_runs_the_simulator_of_its_node(tmp_path: Path) -> None:
