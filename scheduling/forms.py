@@ -164,6 +164,22 @@ class SubmitJobForm(forms.Form):
             ),
         )
 
+    def mig_profiles_by_pool(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """Per choice of the pool field (``""``: the GPUs in no pool), the MIG profiles its
+        GPUs have, with their models: the page offers those of the pool chosen."""
+        shape = FleetShape.now()
+        return [
+            (
+                pool or "",
+                [
+                    (profile, ", ".join(short_gpu_name(model) for model in models))
+                    for profile, models in pool_shape.mig_profiles().items()
+                ],
+            )
+            for pool, pool_shape in shape.pools.items()
+            if pool_shape.mig_models
+        ]
+
     def _choices(self, name: str, first: list[tuple[Any, str]], rest: Any) -> None:
         field = self.fields[name]
         assert isinstance(field, forms.ChoiceField)
