@@ -89,7 +89,9 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     ]
     admin = is_admin(request.user)
     context.update(
-        mig=mig.mig_layout(gpu, gpu.mig_instances.all()) if gpu.mig_capable else None,
+        mig=mig.mig_layout(gpu, gpu.mig_instances.all(), row.occupancy)
+        if gpu.mig_capable
+        else None,
         mig_history=mig.mig_history(gpu) if gpu.mig_capable else None,
         peers=peers,
         nvlink_peers=sum(1 for _, cell in peers if cell.css == "nv"),
@@ -137,7 +139,9 @@ def node_mig(request: HttpRequest, hostname: str) -> HttpResponse:
     """The node's MIG-capable GPUs: instances drawn on the slices, and what still fits; the
     outcome of an admin's change shows on the card of the GPU it concerns."""
     node = get_object_or_404(Node, hostname=hostname)
-    layouts = [mig.mig_layout(gpu, gpu.mig_instances.all()) for gpu in mig.mig_gpus(node)]
+    gpus = list(mig.mig_gpus(node))
+    occupancy = Occupancy([gpu.pk for gpu in gpus])  # asked once for the page
+    layouts = [mig.mig_layout(gpu, gpu.mig_instances.all(), occupancy) for gpu in gpus]
     about_gpu: dict[str, list[Message]] = defaultdict(list)
     elsewhere = []
     for message in messages.get_messages(request):

@@ -69,9 +69,10 @@ TOPOLOGY_CLASS_TEXT: dict[str, str] = {
 }
 
 
-def gpu_occupants(gpu_ids: Collection[int]) -> dict[int, Occupant]:
-    """The job and user on each of ``gpu_ids`` that has an active allocation: scheduling's
-    answer to ``inventory.signals.gpu_occupants_requested`` (the fleet dashboard, ``?free=``).
+def gpu_occupants(gpu_ids: Collection[int]) -> list[Occupant]:
+    """The job and user of each active allocation of ``gpu_ids`` (a whole GPU, a MIG device, an
+    MPS share): scheduling's answer to ``inventory.signals.gpu_occupants_requested`` (the fleet
+    dashboard, ``?free=``, the MIG layouts).
 
     One query reads every active allocation (at most one per GPU of the fleet) and the ids are
     picked here: for a 1,024-GPU page that takes under 2 ms, where an ``IN`` list of 1,024 ids
@@ -79,13 +80,13 @@ def gpu_occupants(gpu_ids: Collection[int]) -> dict[int, Occupant]:
     """
     wanted = set(gpu_ids)
     url = url_format("scheduling:job-detail")
-    return {
-        gpu_id: Occupant(job_id, url.format(job_id), username)
-        for gpu_id, job_id, username in Allocation.objects.active().values_list(
-            "gpu_id", "job_id", "job__owner__username"
-        )
+    return [
+        Occupant(job_id, url.format(job_id), username, gpu_id, name, mig_instance_id)
+        for gpu_id, job_id, username, name, mig_instance_id in Allocation.objects.active()
+        .values_list("gpu_id", "job_id", "job__owner__username", "job__name", "mig_instance_id")
+        .iterator()
         if gpu_id in wanted
-    }
+    ]
 
 
 def state_colour(state: str) -> str:

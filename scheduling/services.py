@@ -54,6 +54,7 @@ from inventory import live
 from inventory.models import Gpu, MigInstance, Node, Pool
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
+from inventory.pages.common import short_gpu_name
 from inventory.querysets import pool_name
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, placement, slurm
@@ -436,6 +437,17 @@ class PoolShape:
         self.cpus = _most(self.cpus, cpus)
         self.memory_mib = _most(self.memory_mib, memory_mib)
 
+    def mig_profiles(self, gpu_model: str = "") -> dict[str, list[str]]:
+        """The MIG profiles its MIG-capable GPUs (of ``gpu_model`` only, when given) have, in
+        their tables' order: profile name -> the models that have it."""
+        models = sorted({gpu_model} & self.mig_models if gpu_model else self.mig_models)
+        profiles: dict[str, list[str]] = {}
+        for model in models:
+            table = table_for_gpu(model)
+            for profile in table.profiles if table is not None else ():
+                profiles.setdefault(profile.name, []).append(model)
+        return profiles
+
 
 def _most(known: int | None, other: int | None) -> int | None:
     """The larger, where None (unknown) is larger than any."""
@@ -534,6 +546,16 @@ class FleetShape:
                 [infos[hostname] for hostname in hostnames], pool_slots, scope
             )
         return cls(pools, names, hardware)
+
+    def mig_profile_offers(self) -> list[tuple[str, str]]:
+        """Every MIG profile some GPU has, with where: (``1g.10gb``, ``A100-SXM4-80GB in pool
+        a100; H100 80GB HBM3 outside the pools``), for a form to offer (``check`` decides)."""
+        where: dict[str, list[str]] = {}
+        for pool in sorted(self.pools, key=lambda name: (name is None, name or "")):
+            for profile, models in self.pools[pool].mig_profiles().items():
+                names = ", ".join(short_gpu_name(model) for model in models)
+                where.setdefault(profile, []).append(f"{names} {self.where(pool)}")
+        return [(profile, "; ".join(places)) for profile, places in where.items()]
 
     def where(self, pool: str | None) -> str:
         """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
@@ -666,11 +688,9 @@ class FleetShape:
         where = self.where(pool)
         if gpu_model and gpu_model not in shape.mig_models:
             raise JobRejected("gpu_model", f"no MIG-capable {gpu_model} {where}")
-        models = sorted({gpu_model} if gpu_model else shape.mig_models)
-        if not models:
+        if not shape.mig_models:
             raise JobRejected("mig_profile", f"no MIG-capable GPU {where}")
-        tables = [table for model in models if (table := table_for_gpu(model)) is not None]
-        known = dict.fromkeys(p.name for table in tables for p in table.profiles)
+        known = shape.mig_profiles(gpu_model)
         if profile not in known:
             raise JobRejected(
                 "mig_profile",

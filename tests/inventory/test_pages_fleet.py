@@ -191,9 +191,9 @@ def test_the_job_on_a_gpu_is_asked_of_the_apps_above_through_a_signal(client, mo
     held = Gpu.objects.get(uuid=scanned.gpus[3].facts.uuid)
     asked: list[set[int]] = []
 
-    def occupants(sender: type, gpu_ids, **kwargs) -> dict[int, Occupant]:
+    def occupants(sender: type, gpu_ids, **kwargs) -> list[Occupant]:
         asked.append(set(gpu_ids))
-        return {held.pk: Occupant(7, "/jobs/7/", "alice")}
+        return [Occupant(7, "/jobs/7/", "alice", held.pk)]
 
     # Heard by this test alone: scheduling's own receiver is not called here.
     monkeypatch.setattr(gpu_occupants_requested, "receivers", [])
