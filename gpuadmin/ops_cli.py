@@ -103,6 +103,9 @@ def _page(api: Api, path: str, limit: int, **filters: Any) -> list[dict[str, Any
     return page["results"]
 
 
+LIST_PAGE = 1000  # the API's largest page (gpuadmin.api.Pagination.max_limit)
+
+
 def _every(api: Api, path: str, **filters: Any) -> Iterator[dict[str, Any]]:
     """Every result of a list endpoint, page after page."""
     offset = 0
@@ -112,9 +115,6 @@ def _every(api: Api, path: str, **filters: Any) -> Iterator[dict[str, Any]]:
         offset += len(page["results"])
         if not page["results"] or offset >= page["count"]:
             return
-
-
-LIST_PAGE = 1000  # the API's largest page (gpuadmin.api.Pagination.max_limit)
 
 
 def _gpus(count: int) -> str:
@@ -273,7 +273,7 @@ def _own_quotas(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 def cmd_quota_set(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     """Change the holder's quota in the pool, or add one (admins)."""
     pool = None if args.pool in (None, NO_POOL) else args.pool
-    changes = {
+    limits = {
         name: getattr(args, name) for name in QUOTA_LIMITS if getattr(args, name) is not UNCHANGED
     }
     existing = next(
@@ -287,11 +287,11 @@ def cmd_quota_set(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         None,
     )
     if existing is not None:
-        quota = api.call("PATCH", f"/api/v1/quotas/{existing['id']}/", changes)
+        quota = api.call("PATCH", f"/api/v1/quotas/{existing['id']}/", limits)
         done = "changed"
     else:
         holder = {"user": args.user} if args.user else {"project": args.project}
-        quota = api.call("POST", "/api/v1/quotas/", {"pool": pool, **holder, **changes})
+        quota = api.call("POST", "/api/v1/quotas/", {"pool": pool, **holder, **limits})
         done = "added"
     if args.json:
         print_json(out, quota)

@@ -7,6 +7,7 @@ import io
 import json
 import stat
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -14,7 +15,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.utils import timezone
 
-from gpuadmin import cli
+from gpuadmin import cli, throttling
 from gpuadmin.access.models import ApiToken, Role
 from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
@@ -404,3 +405,19 @@ def test_login_with_a_wrong_password(gpuadmin, monkeypatch, live_server, alice_w
     assert Credentials.load() is None
     status, _, err = login(gpuadmin, monkeypatch, "x\n", "--password-stdin")
     assert (status, err) == (2, "gpuadmin login: --password-stdin needs --username\n")
+
+
+def test_login_is_limited_as_token_creation_is(
+    gpuadmin, monkeypatch, settings, live_server, alice_with_password
+):
+    # A window of its own, whatever earlier runs counted in the shared Redis.
+    hour = 1_000_000 + uuid.uuid4().int % 10**6
+    monkeypatch.setattr(throttling.time, "time", lambda: hour * 3600 + 1800.0)
+    settings.GPUADMIN_TOKEN_RATE = (1, 3600)
+    argv = ("--username", "alice", "--password-stdin")
+    assert login(gpuadmin, monkeypatch, f"{PASSWORD}\n", *argv)[0] == 0
+    status, _, err = login(gpuadmin, monkeypatch, f"{PASSWORD}\n", *argv)
+    assert (status, err) == (
+        1,
+        "gpuadmin login: HTTP 429: Request was throttled. Expected available in 1800 seconds.\n",
+    )
