@@ -37,6 +37,7 @@ _DURATION_PART = re.compile(r"(\d{1,6})(w|d|h|min|m|s)")
 _UNIT_SECONDS = {"w": 604800, "d": 86400, "h": 3600, "min": 60, "m": 60, "s": 1}
 _RELATIVE = re.compile(r"(?:now)?(?P<sign>[+-]?)(?P<duration>.+)")
 TIME_HELP = "ISO 8601 (no offset: your local time), now, +2h, now+30m"
+MAX_DURATION = timedelta(days=10000)  # far past any window the server takes, and in range
 
 
 def duration(text: str) -> timedelta:
@@ -46,7 +47,10 @@ def duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration: a number and a unit (s, m, h, d, w), e.g. 2h or 1h30m"
         )
-    return timedelta(seconds=sum(int(number) * _UNIT_SECONDS[unit] for number, unit in parts))
+    total = timedelta(seconds=sum(int(number) * _UNIT_SECONDS[unit] for number, unit in parts))
+    if total > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_DURATION.days} days")
+    return total
 
 
 def moment(text: str, now: datetime, *, ago: bool = False) -> datetime:
@@ -57,10 +61,11 @@ def moment(text: str, now: datetime, *, ago: bool = False) -> datetime:
         return now
     try:
         when = datetime.fromisoformat(text)
+        return when if when.tzinfo else when.astimezone()  # naive: this machine's zone
     except ValueError:
         pass
-    else:
-        return when if when.tzinfo else when.astimezone()  # naive: this machine's zone
+    except (OverflowError, OSError):  # a naive time this machine's clock cannot place
+        raise argparse.ArgumentTypeError(f"{text!r}: out of range") from None
     relative = _RELATIVE.fullmatch(text)
     try:
         if relative is None:
@@ -162,7 +167,10 @@ def _said(reservation: Mapping[str, Any]) -> str:
 def cmd_reserve_create(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     now = datetime.now(UTC)
     start = moment(args.start, now) if args.start else now
-    end = moment(args.end, now) if args.end else start + args.duration
+    try:
+        end = moment(args.end, now) if args.end else start + args.duration
+    except OverflowError:
+        raise ApiError(None, "the end would be past the year 9999") from None
     body = {
         "start": start.isoformat(),
         "end": end.isoformat(),
