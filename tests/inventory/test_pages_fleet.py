@@ -32,8 +32,9 @@ LIVE_COLUMNS = ("status", "util", "mem", "temp", "power", "procs")
 
 def live_row(html: str, uuid: str) -> tuple[str, dict[str, str]]:
     """The GPU's row in its card's live table (same position as its static row): the row's
-    markup and its cells by column."""
-    node = next(c for c in html.split("<article ")[1:] if f'data-uuid="{uuid}"' in c)
+    markup and its cells by column, in the full page or in the poll's pieces."""
+    cards = html.split("<article " if "<article " in html else '<tbody id="gpus-')[1:]
+    node = next(c for c in cards if f'data-uuid="{uuid}"' in c)
     position = re.findall(r'data-uuid="([^"]+)"', node).index(uuid)
     tbody = re.search(r'<tbody id="live-\d+"[^>]*>(.*?)</tbody>', node, re.S)[1]
     row = re.findall(r'<tr class="s-[^"]+">.*?</tr>', tbody, re.S)[position]
@@ -83,11 +84,11 @@ def test_htmx_request_gets_only_the_live_region(client):
     assert "<time/>" in partial
     assert partial.lstrip().startswith('<section id="fleet-live" hx-get="/fleet/?state=available"')
     assert "<html" not in partial and "<form" not in partial
-    # The live region: the summary bar (the poller's target) and each node's live rows,
-    # swapped out of band; every piece exactly as the full page has it.
+    # The live region: the summary bar (the poller's target) and each node's catalog and live
+    # rows, swapped out of band; every piece as the full page has it, less the swap's mark.
     piece = re.compile(
         r'<section id="fleet-live".*?</section>'
-        r'|<template>(<tbody id="live-\d+".*?</tbody>)</template>',
+        r'|<template>(<tbody id="(?:gpus|live)-\d+".*?</tbody>)</template>',
         re.S,
     )
     pieces = [
@@ -95,9 +96,10 @@ def test_htmx_request_gets_only_the_live_region(client):
         for found in piece.finditer(partial)
     ]
     assert not piece.sub("", partial).strip()
-    assert len(pieces) == 1 + full.count("<article ")
-    assert all('hx-swap-oob="true"' in tbody for tbody in pieces[1:])
-    assert "<html" in full and all(piece in full for piece in pieces)
+    assert len(pieces) == 1 + 2 * full.count("<article ")
+    assert all(' hx-swap-oob="true">' in tbody for tbody in pieces[1:])
+    assert "<html" in full and "hx-swap-oob" not in full
+    assert all(piece.replace(' hx-swap-oob="true"', "") in full for piece in pieces)
     boosted = client.get("/fleet/", HTTP_HX_REQUEST="true", HTTP_HX_BOOSTED="true")
     assert "<html" in boosted.content.decode()
 

@@ -10,7 +10,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from inventory.models import Gpu
-from tests.inventory.test_pages_fleet import live_row
+from inventory.services import set_gpu_state
+from tests.inventory.test_pages_fleet import count, gpu_row, live_row
 from tests.scheduling.pages.helpers import add_fleet, place, submit
 
 pytestmark = pytest.mark.django_db
@@ -60,3 +61,21 @@ def test_one_query_names_every_gpus_job(client, alice, agents, django_assert_num
     assert len(re.findall(r'<a href="/jobs/\d+/">', response.content.decode())) == 21
     sql = [query["sql"] for query in many.captured_queries]
     assert sum("scheduling_allocation" in statement for statement in sql) == 1
+
+
+def test_a_draining_gpu_that_still_runs_its_job_counts_as_draining(client, alice, agents):
+    """Issue 26: the "draining" tile counted 0 (the GPU read "busy") while a draining GPU ran
+    its job; the poll's catalog rows carry the new state badge beside it."""
+    add_fleet(live=True)
+    job = submit(alice)
+    place(job)
+    [gpu] = Gpu.objects.filter(allocations__job=job)
+    set_gpu_state(gpu, "draining", actor_name="ops", reason="reboot for a new driver")
+
+    for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+        html = client.get("/fleet/", **headers).content.decode()
+        row, cells = live_row(html, gpu.uuid)
+        assert row.startswith('<tr class="s-draining">')
+        assert cells["procs"] == f'<a href="/jobs/{job.pk}/">#{job.pk}</a> alice'  # still runs
+        assert (count(html, "draining"), count(html, "busy")) == (1, 0)
+        assert 'title="reboot for a new driver">Draining</span>' in gpu_row(html, gpu.uuid)
