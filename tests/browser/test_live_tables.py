@@ -190,3 +190,37 @@ def test_a_gpu_drained_through_the_api_changes_its_badge_without_reload(page, li
     expect(page.locator("[data-count=busy]")).to_have_text("0")
     assert page.evaluate("window.__marker") == 1  # no reload
     assert errors == []
+
+
+@pytest.mark.parametrize("page_of", ["node", "gpu"])
+def test_the_node_and_gpu_pages_show_a_drain_without_reload(page_of, page, live_server):
+    """Their head's state badge and their service state follow the catalog through the poll,
+    out of band, while the polled region keeps its rows."""
+    from inventory.services import set_gpu_state, set_node_state
+
+    host = unique_host("pcie")
+    add_node(host, "pcie-l40s-4x")
+    gpu = Gpu.objects.get(node__hostname=host, index=1)
+    path, rows = {
+        "node": (f"/nodes/{host}/", "#node-live .gpu-live tbody tr"),
+        "gpu": (f"/gpus/{gpu.uuid}/", "#gpu-live dl.live-sample dd"),
+    }[page_of]
+    errors = console_errors(page)
+    page.goto(live_server.url + path)
+    badge, service = page.locator(f"#{page_of}-state"), page.locator(f"#{page_of}-service-state")
+    expect(badge).to_have_text("Available" if page_of == "gpu" else "Online")
+    count = page.locator(rows).count()
+    page.evaluate("window.__marker = 1")
+
+    if page_of == "node":
+        set_node_state(Node.objects.get(hostname=host), "draining", actor_name="ops", reason="BIOS")
+    else:
+        set_gpu_state(gpu, "draining", actor_name="ops", reason="BIOS")
+
+    expect(badge).to_have_text("Draining", timeout=10_000)
+    expect(badge).to_have_attribute("title", "BIOS")
+    expect(service).to_contain_text("Draining")
+    expect(service).to_contain_text(": BIOS")
+    expect(page.locator(rows)).to_have_count(count)
+    assert page.evaluate("window.__marker") == 1
+    assert errors == []
