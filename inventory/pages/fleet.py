@@ -350,7 +350,7 @@ class NodeRows:
 
     @property
     def static_rows_html(self) -> SafeString:
-        return static_rows_html(self)
+        return static_rows_html(self.gpus)
 
     @property
     def live_rows_html(self) -> SafeString:
@@ -449,7 +449,7 @@ def has_mig() -> Exists:
 
 def dashboard_gpus(gpus: QuerySet[Gpu]) -> dict[int, list[DashboardGpu]]:
     """``gpus`` as ``DashboardGpu`` values by node id, missing GPUs last, with their
-    ``mig_count`` (the catalog rows show it, the poll's too). One query."""
+    ``mig_count`` (the live rows' state cell shows it). One query."""
     ordered = gpus.order_by("node_id", F("missing_since").asc(nulls_first=True), "index")
     ordered = ordered.annotate(mig_count=Count("mig_instances"))
     by_node: dict[int, list[DashboardGpu]] = {}
@@ -463,7 +463,7 @@ def dashboard_nodes(
 ) -> list[tuple[Node, list[DashboardGpu]]]:
     """The dashboard's nodes, each with its GPUs in view (``gpus``: what the GPU FilterSet
     kept); with ``filtered``, only the nodes that keep a GPU. The full page's nodes have
-    ``has_mig``; ``live_only`` (the poll) reads only the node fields the rows show. Two
+    ``has_mig``; ``live_only`` (the poll) reads only the node fields the live rows show. Two
     queries."""
     nodes = Node.objects.all()
     if live_only:
@@ -492,26 +492,12 @@ def _node_url(viewname: str) -> str:
     return url_format(viewname)
 
 
-def _tbody(tbody_id: str, css: str, rows: str, *, oob: bool) -> SafeString:
-    """A node card's table body; ``oob``: marked for an out-of-band swap, in the fleet poll's
-    pieces alone (a page whose poll swaps a region holding the table would lose it)."""
-    swap = ' hx-swap-oob="true"' if oob else ""
-    return mark_safe(f'<tbody id="{tbody_id}" class="{css}"{swap}>\n{rows}</tbody>')
-
-
-@functools.lru_cache(maxsize=64)
-def _model_cell(name: str) -> str:
-    """A GPU's model cell: a fleet has a few models, and the poll writes 4,000 of them."""
-    return f'<td class="muted">{escape(name.replace("NVIDIA ", ""))}</td>'
-
-
-def static_rows_html(card: NodeRows, *, oob: bool = False) -> SafeString:
-    """A node card's catalog table body, refreshed by the dashboard's poll too (``oob``):
-    each GPU's link, model, state (with its reason), missing and MIG badges (``mig_count``:
-    annotated by ``dashboard_gpus``)."""
+def static_rows_html(rows: Iterable[GpuRow]) -> SafeString:
+    """A node card's static table body: each GPU's link (with its missing badge) and model;
+    its state is a live column (``_state_cell``)."""
     url = _gpu_url()
     parts = []
-    for row in card.gpus:
+    for row in rows:
         gpu = row.gpu
         missing = (
             f' <span class="badge badge-red" title="Missing since '
@@ -519,25 +505,32 @@ def static_rows_html(card: NodeRows, *, oob: bool = False) -> SafeString:
             if gpu.missing_since
             else ""
         )
-        reason = f' title="{escape(gpu.state_reason)}"' if gpu.state_reason else ""
-        mig_count = getattr(gpu, "mig_count", 0)
-        mig = (
-            f' <span class="badge badge-blue" title="{mig_count} MIG instances">'
-            f"MIG {mig_count}</span>"
-            if gpu.mig_enabled
-            else ""
-        )
-        uuid = escape(gpu.uuid)
         parts.append(
-            f'<tr class="gpu-row" data-uuid="{uuid}">'
-            f'<td><a href="{url.format(uuid)}">GPU{gpu.index}</a>{missing}</td>'
-            f"{_model_cell(gpu.name)}"
-            f'<td><span class="badge badge-{row.state_colour}"{reason}>'
-            f"{_STATE_LABELS.get(gpu.state, gpu.state)}</span>{mig}</td></tr>\n"
+            f'<tr class="gpu-row" data-uuid="{escape(gpu.uuid)}">'
+            f'<td><a href="{url.format(escape(gpu.uuid))}">GPU{gpu.index}</a>{missing}</td>'
+            f'<td class="muted">{escape(gpu.name.replace("NVIDIA ", ""))}</td></tr>\n'
         )
     if not parts:
-        parts.append('<tr><td colspan="3" class="empty">No GPUs.</td></tr>\n')
-    return _tbody(f"gpus-{card.node.pk}", "gpus", "".join(parts), oob=oob)  # values escaped
+        parts.append('<tr><td colspan="2" class="empty">No GPUs.</td></tr>\n')
+    return mark_safe("".join(parts))  # every value above is escaped
+
+
+def _state_cell(row: GpuRow) -> str:
+    """The GPU's catalog state (its reason in the tooltip) and MIG badges: a live column, so
+    that a GPU drained or fenced reads so without a reload (``mig_count``: annotated by
+    ``dashboard_gpus``)."""
+    gpu = row.gpu
+    reason = f' title="{escape(gpu.state_reason)}"' if gpu.state_reason else ""
+    mig_count = getattr(gpu, "mig_count", 0)
+    mig = (
+        f' <span class="badge badge-blue" title="{mig_count} MIG instances">MIG {mig_count}</span>'
+        if gpu.mig_enabled
+        else ""
+    )
+    return (
+        f'<td><span class="badge badge-{row.state_colour}"{reason}>'
+        f"{_STATE_LABELS.get(gpu.state, gpu.state)}</span>{mig}</td>"
+    )
 
 
 def _live_row_html(row: GpuRow) -> str:
@@ -556,31 +549,31 @@ def _live_row_html(row: GpuRow) -> str:
         else row.processes_text
     )
     return (
-        f'<tr class="s-{status}"><td>{status}{marks}</td><td>{row.utilization_text}</td>'
+        f'<tr class="s-{status}"><td>{status}{marks}</td>{_state_cell(row)}'
+        f"<td>{row.utilization_text}</td>"
         f"<td{memory}>{row.memory_text}</td><td>{row.temperature_text}</td>"
         f"<td>{row.power_text}</td><td>{work}</td></tr>\n"
     )
 
 
 def live_rows_html(card: NodeRows, *, oob: bool = False) -> SafeString:
-    """A node card's live table body, refreshed by the dashboard's 2 s poll (``oob``): each
-    GPU's status (with error and hot marks), utilization, memory, temperature, power, and
-    the job holding it (else how many processes run on it)."""
+    """A node card's live table body, refreshed by the dashboard's 2 s poll (``oob``: marked
+    for its out-of-band swap; never on a page, whose own poll would lose the rows to it):
+    each GPU's status (with error and hot marks), state, utilization, memory, temperature,
+    power, and the job holding it (else how many processes run on it)."""
     unreachable = "" if card.reachable else " unreachable"
+    swap = ' hx-swap-oob="true"' if oob else ""
     rows = "".join(_live_row_html(row) for row in card.gpus) or (
-        '<tr><td colspan="6" class="empty">&nbsp;</td></tr>\n'
+        '<tr><td colspan="7" class="empty">&nbsp;</td></tr>\n'
     )
-    return _tbody(f"live-{card.node.pk}", f"live{unreachable}", rows, oob=oob)  # escaped
+    return mark_safe(  # every value in the rows is escaped
+        f'<tbody id="live-{card.node.pk}" class="live{unreachable}"{swap}>\n{rows}</tbody>'
+    )
 
 
 def poll_rows_html(cards: Iterable[NodeRows]) -> SafeString:
-    """The dashboard poll's out-of-band swaps: every card's catalog and live rows, the same
-    markup as the page's, each tbody in a template element so that the HTML parser keeps it
-    outside a table."""
+    """The dashboard poll's out-of-band swaps: every card's live rows, as the page has them,
+    each in a template element so that the HTML parser keeps the tbody outside a table."""
     return mark_safe(
-        "".join(
-            f"<template>{static_rows_html(card, oob=True)}</template>"
-            f"<template>{live_rows_html(card, oob=True)}</template>"
-            for card in cards
-        )
+        "".join(f"<template>{live_rows_html(card, oob=True)}</template>" for card in cards)
     )

@@ -167,8 +167,9 @@ def test_a_gpu_drained_through_the_api_changes_its_badge_without_reload(page, li
     errors = console_errors(page)
     page.goto(live_server.url + "/fleet/")
     card = page.locator(f'[id="node-{host}"]')
-    badge = card.locator(f'tr.gpu-row[data-uuid="{gpu.uuid}"] .badge').first
-    live_row = card.locator("tbody.live tr").nth(gpu.index)
+    live_row = card.locator("tbody.live tr").nth(gpu.index)  # beside its static row
+    badge = live_row.locator("td").nth(1).locator(".badge").first
+    expect(card.locator("tr.gpu-row").nth(gpu.index)).to_have_attribute("data-uuid", gpu.uuid)
     expect(badge).to_have_text("Available")
     expect(live_row).to_have_class("s-busy")
     expect(page.locator("[data-count=draining]")).to_have_text("0")
@@ -185,7 +186,7 @@ def test_a_gpu_drained_through_the_api_changes_its_badge_without_reload(page, li
     expect(badge).to_have_text("Draining", timeout=10_000)
     expect(badge).to_have_attribute("title", "new driver")
     expect(live_row).to_have_class("s-draining")
-    expect(live_row.locator("td").nth(5)).to_have_text(f"#{job.pk} alice")  # it still runs
+    expect(live_row.locator("td").nth(6)).to_have_text(f"#{job.pk} alice")  # it still runs
     expect(page.locator("[data-count=draining]")).to_have_text("1")
     expect(page.locator("[data-count=busy]")).to_have_text("0")
     assert page.evaluate("window.__marker") == 1  # no reload
