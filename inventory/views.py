@@ -3,7 +3,8 @@ topology pages. The apps above inventory add sections to the first three
 (``inventory.pages.sections``).
 
 Each page is one template; the live regions are ``{% partialdef %}`` blocks that the same view
-renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab is visible.
+renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab is visible;
+the poll brings what the catalog says of the page's GPUs (state badges) out of band.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     if htmx_partial(request):
         if gpu.is_missing:
             return HttpResponseStopPolling()  # a GPU gone from its node publishes no samples
-        return render(request, "inventory/gpu_detail.html#gpu-live", context)
+        return render(request, "inventory/gpu_detail.html#gpu-poll", context)
     links = {
         link.gpu_b_id if link.gpu_a_id == gpu.pk else link.gpu_a_id: link
         for link in GpuLink.objects.filter(Q(gpu_a=gpu) | Q(gpu_b=gpu))
@@ -120,7 +121,7 @@ def node_detail(request: HtmxHttpRequest, hostname: str) -> HttpResponse:
     [card], summary = fleet.node_rows([(node, gpus)], live.latest([node.hostname]))
     context = {"node": node, "card": card, "summary": summary}
     if htmx_partial(request):
-        return render(request, "inventory/node_detail.html#node-live", context)
+        return render(request, "inventory/node_detail.html#node-poll", context)
     admin = is_admin(request.user)
     context.update(
         legend=fleet.STATUS_MEANINGS,
