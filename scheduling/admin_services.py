@@ -49,7 +49,8 @@ def _locked_settings() -> SchedulerSettings:
 
 def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
     """Start or stop placing jobs (audited ``scheduler.started``/``scheduler.stopped``; a
-    no-op when it already is). Starting wakes the loop."""
+    no-op when it already is). Either wakes the loop: a pass of a started scheduler places
+    jobs, one of a stopped scheduler tells every waiting job so (``loop.explain_stopped``)."""
     with transaction.atomic():
         config = _locked_settings()
         if config.enabled != enabled:
@@ -62,8 +63,7 @@ def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
                 before={"enabled": not enabled},
                 after={"enabled": enabled},
             )
-            if enabled:
-                services.request_placement_pass()
+            services.request_placement_pass()
     return config
 
 

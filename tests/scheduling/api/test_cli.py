@@ -184,6 +184,26 @@ def test_arrays_and_dependencies(gpuadmin, fleet):
     assert out.startswith(f"job {Job.objects.latest('pk').pk} submitted: queued")
 
 
+def test_show_says_what_a_waiting_job_waits_for(gpuadmin, fleet):
+    """A job held back by its dependency, then by a stopped scheduler: never "the scheduler
+    has not looked at it yet" once a pass has run."""
+    first = Job.objects.get(pk=submit_job(gpuadmin, "--gpus", "8"))
+    dependent = submit_job(gpuadmin, "--dependency", f"afterok:{first.pk}")
+    loop.run_pass()
+    out = gpuadmin("jobs", "show", str(dependent))[1]
+    assert f"  why pending: waiting for job {first.pk} to complete (afterok) (dependency)\n" in out
+    admin_services.set_scheduler_enabled(False, actor=first.owner)
+    loop.run_pass()
+    out = gpuadmin("jobs", "show", str(dependent))[1]
+    assert "  why pending: the scheduler is stopped: nothing is placed until an admin" in out
+
+
+def submit_job(gpuadmin, *options: str) -> int:
+    status, _, err = gpuadmin("jobs", "submit", *options, "--", "true")
+    assert status == 0, err
+    return Job.objects.latest("pk").pk
+
+
 def test_submit_refused_names_the_field(gpuadmin, fleet):
     status, out, err = gpuadmin("jobs", "submit", "--gpus", "9", "--", "true")
     assert (status, out) == (1, "")
