@@ -84,7 +84,8 @@ def check(owner: User, dependency: str | Sequence[tuple[str, int]]) -> list[tupl
     for kind, job_id in pairs:
         job = found.get(job_id)
         if job is None:
-            raise services.JobRejected("dependency", f"{kind}:{job_id}: no job {job_id}")
+            no_job = queries.no_job_text(owner, job_id)
+            raise services.JobRejected("dependency", f"{kind}:{job_id}: {no_job}")
         if outcome(kind, job.state) is False:
             raise services.JobRejected(
                 "dependency", f"{kind}:{job_id}: job {job_id} {job.state}, so it can never hold"

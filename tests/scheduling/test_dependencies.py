@@ -104,11 +104,15 @@ def test_a_job_without_dependencies_shows_none(alice, blank):
     assert (response.status_code, response.json()["dependencies"]) == (201, [])
 
 
+# Why alice (a user) may not depend on a job she does not see: another's, or none at all.
+OF_YOURS = " of yours (a user sees only their own jobs)"
+
+
 @pytest.mark.parametrize(
     ("dependency", "message"),
     [
-        ("afterok:{missing}", "afterok:{missing}: no job {missing}"),
-        ("afterok:{theirs}", "afterok:{theirs}: no job {theirs}"),  # bob's: alice cannot see it
+        ("afterok:{missing}", "afterok:{missing}: no job {missing}" + OF_YOURS),
+        ("afterok:{theirs}", "afterok:{theirs}: no job {theirs}" + OF_YOURS),  # bob's
         ("afterok:{mine},afterany:{mine}", "job {mine} is named twice"),
         ("after:{mine}", "'after' is not one of afterok, afterany, afternotok"),
         ("singleton", "is not kind:job"),

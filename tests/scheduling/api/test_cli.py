@@ -56,7 +56,7 @@ def test_submit_list_show_cancel(gpuadmin, fleet):
         {"A": "1"},
         "alice",
     )
-    assert out.splitlines()[0] == f"job {job.pk} submitted: queued (8 GPU(s) x 1 node(s))"
+    assert out.splitlines()[0] == f"job {job.pk} submitted: queued (8 GPUs x 1 node)"
     for _ in range(2):
         submit(job.owner, gpu_count=8)
     loop.run_pass()  # two jobs placed; the third (the newest) waits
@@ -90,7 +90,7 @@ def test_submit_list_show_cancel(gpuadmin, fleet):
     status, _, err = gpuadmin("jobs", "cancel", str(waiting.pk))
     assert (status, err) == (
         1,
-        f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} cannot go from canceled to canceled\n",
+        f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} is already canceled\n",
     )
 
 
@@ -279,6 +279,11 @@ def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, flee
     assert "  preemptible: yes\n" in out
     assert "  preempted:   2 times, re-queued each time\n" in out
     assert "  failed runs: 1 (it is run again at most 3 times)\n" in out
+    Job.objects.filter(pk=job.pk).update(preemptions=1, max_retries=1)
+    out = gpuadmin("jobs", "show", str(job.pk))[1]
+    assert "  needs:       1 GPU x 1 node\n" in out  # not "1 GPU(s) x 1 node(s)"
+    assert "  preempted:   1 time, re-queued each time\n" in out  # not "1 times"
+    assert "  failed runs: 1 (it is run again at most 1 time)\n" in out
 
 
 class OtherServer:
