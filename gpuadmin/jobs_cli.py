@@ -464,7 +464,9 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--gpus", type=int, help="GPUs per node (default 1)")
     submit.add_argument("--nodes", type=int, help="nodes of a multi-node job (default 1)")
-    submit.add_argument("--model", help="exact GPU product name, e.g. 'NVIDIA H100 80GB HBM3'")
+    submit.add_argument(
+        "--model", help="GPU product name or an unambiguous part of it, e.g. 'H100'"
+    )
     submit.add_argument("--min-memory-mib", type=int, help="memory each GPU must have")
     submit.add_argument("--cpus", type=int, metavar="N", help="host CPUs on each node")
     submit.add_argument(

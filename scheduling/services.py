@@ -55,6 +55,7 @@ from inventory.models import Gpu, MigInstance, Node, Pool
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import pool_name
+from inventory.services import resolve_gpu_model
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, placement, slurm
 from scheduling.executor import (
@@ -547,6 +548,15 @@ class FleetShape:
             )
         return cls(pools, names, hardware)
 
+    @property
+    def model_names(self) -> set[str]:
+        """Every GPU model of the fleet, in any pool, whole, MIG-capable or MPS-shared."""
+        return {
+            name
+            for shape in self.pools.values()
+            for name in (*shape.models, *shape.mig_models, *shape.mps_models)
+        }
+
     def where(self, pool: str | None) -> str:
         """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
         pool."""
@@ -835,9 +845,13 @@ def check_submission(
     if topology not in Topology.values:
         raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
+    shape = FleetShape.cached()
+    if fields.get("gpu_model"):
+        fields["gpu_model"] = resolve_gpu_model(
+            fields["gpu_model"], shape.model_names, refusal=JobRejected
+        )
     if reservation is not None:
         fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
-    shape = FleetShape.cached()
     shape.check(
         pool=pool,
         gpu_count=fields.get("gpu_count", 1),

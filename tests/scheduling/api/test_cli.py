@@ -12,6 +12,7 @@ from scheduling import admin_services, dispatch, loop
 from scheduling.api.serializers import JobSubmitSerializer
 from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.api.conftest import submit, write_log
+from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -202,6 +203,21 @@ def submit_job(gpuadmin, *options: str) -> int:
     status, _, err = gpuadmin("jobs", "submit", *options, "--", "true")
     assert status == 0, err
     return Job.objects.latest("pk").pk
+
+
+def test_model_by_a_part_of_its_name(gpuadmin, fleet):
+    """``--model H100`` is the fleet's "NVIDIA H100 80GB HBM3" (as the GPU filter matches);
+    a part that several models share is refused with the candidates."""
+    add_sim_node("dgx-h100-01", "dgx-h100")
+    add_sim_node("dgx-a100-40", "dgx-a100-40gb")
+    job = Job.objects.get(pk=submit_job(gpuadmin, "--model", "H100"))
+    assert job.gpu_model == "NVIDIA H100 80GB HBM3"
+    status, _, err = gpuadmin("jobs", "submit", "--model", "A100", "--", "true")
+    assert (status, err) == (
+        1,
+        "gpuadmin jobs submit: HTTP 400: gpu_model: 'A100' matches NVIDIA A100-SXM4-40GB, "
+        "NVIDIA A100-SXM4-80GB\n",
+    )
 
 
 def test_submit_refused_names_the_field(gpuadmin, fleet):
