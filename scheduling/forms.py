@@ -16,6 +16,7 @@ from gpuadmin.filters import SuggestInput
 from inventory.models import Gpu, Pool
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name
 from scheduling.models import Job, Priority, Reservation, ReservationState, Topology
+from scheduling.placement.text import plural
 from scheduling.services import (
     ENV_NAME,
     MAX_DEPENDENCY_CHARS,
@@ -159,7 +160,11 @@ class SubmitJobForm(forms.Form):
             "reservation",
             [("", "none")],
             (
-                (r.pk, f"#{r.pk}: {r.gpu_count} GPUs, {r.start:%Y-%m-%d %H:%M} to {r.end:%H:%M}")
+                (
+                    r.pk,
+                    f"#{r.pk}: {plural(r.gpu_count, 'GPU')}, "
+                    f"{r.start:%Y-%m-%d %H:%M} to {r.end:%H:%M}",
+                )
                 for r in reservations
             ),
         )

@@ -35,7 +35,7 @@ from scheduling.models import (
     Topology,
 )
 from scheduling.placement import TopologyClass
-from scheduling.placement.text import indexes_phrase
+from scheduling.placement.text import indexes_phrase, plural
 from scheduling.slurm import (
     compact_indexes,
     cpu_time_text,
@@ -107,7 +107,7 @@ def sharing_text(job: Job) -> str:
 def resources_text(job: Job) -> str:
     """``8 GPUs × 2 nodes · A100-SXM4-80GB · ≥ 40 GiB · one NVLink/NVSwitch domain``, or
     ``MIG device 1g.10gb``."""
-    parts = [sharing_text(job) or f"{job.gpu_count} GPU{'s' if job.gpu_count != 1 else ''}"]
+    parts = [sharing_text(job) or plural(job.gpu_count, "GPU")]
     if job.node_count > 1:
         parts[0] += f" × {job.node_count} nodes"
     if job.gpu_model:

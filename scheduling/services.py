@@ -56,6 +56,7 @@ from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.pages.common import short_gpu_name
 from inventory.querysets import pool_name
+from inventory.services import resolve_gpu_model
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, placement, slurm
 from scheduling.executor import (
@@ -85,6 +86,7 @@ from scheduling.placement.decisions import Reason
 from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.fleet import Shape, grouping
 from scheduling.placement.reservations import ReservationBook
+from scheduling.placement.text import plural
 
 S = JobState
 log = logging.getLogger("gpuadmin.jobs")
@@ -145,6 +147,17 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
 
 class IllegalTransition(ValueError):
     """A state change the state machine does not allow; nothing was written."""
+
+
+def transition_refusal(job_id: int, state: str, to: str) -> str:
+    """Why job ``job_id`` cannot go from ``state`` to ``to`` (the state machine refuses it):
+    ``job 12 is already canceled``, ``job 12 already ended: it is completed``, ``job 12
+    cannot go from running to pending``."""
+    if state == to:
+        return f"job {job_id} is already {state}"
+    if state in TERMINAL_STATES:
+        return f"job {job_id} already ended: it is {state}"
+    return f"job {job_id} cannot go from {state} to {to}"
 
 
 class JobRejected(FieldRefusal):
@@ -351,7 +364,7 @@ def _change(
         wanted = " or ".join(sorted(expect))
         raise IllegalTransition(f"job {locked.pk} is {locked.state}, not {wanted}")
     if to not in TRANSITIONS[locked.state]:
-        raise IllegalTransition(f"job {locked.pk} cannot go from {locked.state} to {to}")
+        raise IllegalTransition(transition_refusal(locked.pk, locked.state, to))
     before = {"state": locked.state}
     if to in TERMINAL_STATES:
         fields.setdefault("finished_at", timezone.now())
@@ -557,6 +570,15 @@ class FleetShape:
                 where.setdefault(profile, []).append(f"{names} {self.where(pool)}")
         return [(profile, "; ".join(places)) for profile, places in where.items()]
 
+    @property
+    def model_names(self) -> set[str]:
+        """Every GPU model of the fleet, in any pool, whole, MIG-capable or MPS-shared."""
+        return {
+            name
+            for shape in self.pools.values()
+            for name in (*shape.models, *shape.mig_models, *shape.mps_models)
+        }
+
     def where(self, pool: str | None) -> str:
         """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
         pool."""
@@ -668,7 +690,8 @@ class FleetShape:
             what = f"{gpu_model} " if gpu_model else ""
             raise JobRejected(
                 "gpu_count",
-                f"{gpu_count} GPUs per node, but no node has more than {largest} {what}GPUs",
+                f"{plural(gpu_count, 'GPU')} per node, but no node has more than {largest} "
+                f"{what}GPUs",
             )
         memory = max(mib for _, _, mib in candidates)
         if min_mib > memory:
@@ -680,8 +703,8 @@ class FleetShape:
         if node_count > nodes:
             raise JobRejected(
                 "node_count",
-                f"{node_count} nodes with {gpu_count} GPUs each, but only {nodes} nodes have "
-                f"that many",
+                f"{plural(node_count, 'node')} with {plural(gpu_count, 'GPU')} each, but only "
+                f"{plural(nodes, 'node')} {'has' if nodes == 1 else 'have'} that many",
             )
 
     def _check_mig(self, pool: str | None, shape: PoolShape, gpu_model: str, profile: str) -> None:
@@ -842,9 +865,13 @@ def check_submission(
     if topology not in Topology.values:
         raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
+    shape = FleetShape.cached()
+    if fields.get("gpu_model"):
+        fields["gpu_model"] = resolve_gpu_model(
+            fields["gpu_model"], shape.model_names, refusal=JobRejected
+        )
     if reservation is not None:
         fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
-    shape = FleetShape.cached()
     shape.check(
         pool=pool,
         gpu_count=fields.get("gpu_count", 1),
@@ -917,7 +944,8 @@ def _reservation(
     if needed > found.gpu_count:
         raise JobRejected(
             "reservation",
-            f"the job needs {needed} GPUs; reservation {found.pk} holds {found.gpu_count}",
+            f"the job needs {plural(needed, 'GPU')}; reservation {found.pk} holds "
+            f"{found.gpu_count}",
         )
     model = fields.get("gpu_model", "")
     if model and found.gpu_model and model != found.gpu_model:
@@ -1015,8 +1043,8 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
     if len(parsed.indexes) * len(submission.needs) > most:
         raise JobRejected(
             "dependency",
-            f"{len(parsed.indexes)} tasks each depending on {len(submission.needs)} jobs: at "
-            f"most {most} dependencies in one array",
+            f"{len(parsed.indexes)} tasks each depending on "
+            f"{plural(len(submission.needs), 'job')}: at most {most} dependencies in one array",
         )
     state = S.PENDING if hold else S.QUEUED
     with transaction.atomic():
@@ -1553,7 +1581,7 @@ def _refusal(
     if job is None:
         return f"job {grant.job_id} no longer exists"
     if job.state != S.QUEUED:
-        return str(IllegalTransition(f"job {job.pk} cannot go from {job.state} to {S.SCHEDULED}"))
+        return transition_refusal(job.pk, job.state, S.SCHEDULED)
     missing = sorted(set(grant.gpu_ids) - set(gpus))
     if missing:
         return f"no GPU with id {', '.join(map(str, missing))}"

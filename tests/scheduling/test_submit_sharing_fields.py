@@ -87,7 +87,7 @@ def test_a_pool_is_named_and_stored(alice, pools):
         # 7 whole GPUs in a100: GPU 7 is in another pool (and MPS-shared)
         ({"pool": "a100", "gpu_count": 8}, "gpu_count", "no node has more than 7 GPUs"),
         ({"pool": "shared"}, "gpu_count", "every GPU in pool shared is MPS-shared"),
-        ({"gpu_count": 8, "node_count": 2}, "node_count", "only 1 nodes have that many"),
+        ({"gpu_count": 8, "node_count": 2}, "node_count", "only 1 node has that many"),
         ({"pool": "a100", "gpu_model": "Tesla K80"}, "gpu_model", "pool a100 has: " + A100),
         ({"gpu_model": "Tesla K80"}, "gpu_model", "the GPUs in no pool are: " + A100),
         ({"pool": "\ud800"}, "pool", "Surrogate characters are not allowed"),
