@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuadmin import jobs_cli
+from gpuadmin import fleet_cli, jobs_cli
 from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
@@ -648,6 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.set_defaults(run=cmd_scan)
 
     jobs_cli.add_verbs(verbs)
+    fleet_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")
     token_actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     token_create = token_actions.add_parser("create", help="create a token; prints its key once")
