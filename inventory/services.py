@@ -472,9 +472,10 @@ def _set_state(
         if state == GpuState.OFFLINE and not requeue:
             held = jobs_holding(gpus.exclude(state=GpuState.OFFLINE))
             if held:
+                runs = "runs" if len(held) == 1 else "run"
                 raise WorkStillRunning(
-                    f"{label}: {jobs_text(held)} still run there; drain it to let them finish, "
-                    "or force offline to requeue them"
+                    f"{label}: {jobs_text(held)} still {runs} there; drain it to let them "
+                    "finish, or force offline to requeue them"
                 )
         now = timezone.now()
         if state == GpuState.OFFLINE:  # == NodeState.OFFLINE: a node's GPUs go with it

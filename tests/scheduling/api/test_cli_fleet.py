@@ -180,7 +180,9 @@ def test_nodes(gpuadmin, fleet_with_samples):
 
 def test_health_of_a_fenced_gpu_names_the_xid_and_its_counters(gpuadmin, fleet_with_samples):
     gpu = Gpu.objects.get(node__hostname="dgx-02", index=3)
-    policy = RecoveryPolicy.objects.get(kind=EventKind.XID, xid=79)  # a shipped one
+    policy, _ = RecoveryPolicy.objects.get_or_create(  # a shipped one, unless a test flushed it
+        kind=EventKind.XID, xid=79, defaults={"name": "cli test XID 79", "probation_s": 60}
+    )
     quarantine_tests.fence(gpu, policy, xid=79, message="fell off")
 
     status, out, err = gpuadmin("health", "--gpu", gpu.uuid)
@@ -224,8 +226,8 @@ def test_drain_offline_online_a_node_as_scontrol(gpuadmin, fleet_with_samples):
     status, out, err = gpuadmin("offline", held, "--reason", "RMA")
     assert (status, out) == (1, "")
     assert err == (
-        f"gpuadmin offline: HTTP 409: node {held}: job {job.pk} still run there; drain it to "
-        "let them finish, or force offline to requeue them\n"
+        f"gpuadmin offline: HTTP 409: node {held}: job {job.pk} still runs there; drain it "
+        "to let them finish, or force offline to requeue them\n"
     )
     assert Node.objects.get(hostname=held).state == "draining"
 
