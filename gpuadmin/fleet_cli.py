@@ -45,6 +45,8 @@ WATCH_CHROME_LINES = 3
 def cmd_status(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     """Each node's GPUs counted by status as the fleet page counts them, then the totals."""
     fleet = api.call("GET", "/api/v1/fleet/", node=args.node)
+    if args.node and not fleet["nodes"]:
+        raise ApiError(None, f"no node {args.node!r}")
     if args.json:
         print_json(out, fleet)
         return 0

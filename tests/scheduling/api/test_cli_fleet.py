@@ -128,6 +128,10 @@ def test_status_counts_as_the_fleet_page(gpuadmin, fleet_with_samples):
     free = summary.counts["free"]
     assert out.splitlines()[-1].startswith(f"16 GPUs on 2 nodes: {free} free, 8 busy, 0 draining")
 
+    one = table(gpuadmin("status", "--node", held)[1])
+    assert [line[0] for line in one[1:-1]] == [held, "total"]
+    assert gpuadmin("status", "--node", "dgx-99") == (1, "", "gpuadmin status: no node 'dgx-99'\n")
+
 
 # --------------------------------------------------------------------------- gpus, nodes
 
@@ -173,6 +177,7 @@ def test_nodes(gpuadmin, fleet_with_samples):
     ]
     status, out, _ = gpuadmin("nodes", "--json")
     assert [node["hostname"] for node in json.loads(out)] == ["dgx-01", "dgx-02"]
+    assert gpuadmin("nodes", "--state", "draining")[1].splitlines()[1:] == []
 
 
 # --------------------------------------------------------------------------- health
