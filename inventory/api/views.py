@@ -121,6 +121,8 @@ class GpuViewSet(CatalogViewSet):
     filterset_class = GpuFilterSet
     lookup_field = "uuid"
     lookup_value_regex = r"[^/]+"
+    # The fleet page's rows of the GPUs this request shows (``list``, ``retrieve``).
+    _live_rows: dict[int, fleet.GpuRow] = {}  # noqa: RUF012 - replaced per request, never mutated
 
     @extend_schema(
         request=s.GpuStateChangeSerializer,
@@ -147,8 +149,6 @@ class GpuViewSet(CatalogViewSet):
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "live_rows": self._live_rows}
-
-    _live_rows: dict[int, fleet.GpuRow] = {}  # noqa: RUF012 - replaced, never mutated
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """GPUs with their catalog facts and ``live``: each as the fleet page shows it now."""
