@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuadmin import jobs_cli, ops_cli
+from gpuadmin import fleet_cli, jobs_cli, ops_cli
 from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
@@ -651,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("-v", "--verbose", action="store_true", help="log what NVML answers")
     scan.set_defaults(run=cmd_scan)
 
+    fleet_cli.add_verbs(verbs)
     jobs_cli.add_verbs(verbs)
     ops_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")

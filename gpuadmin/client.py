@@ -98,7 +98,18 @@ class Api:
             raise ApiError(None, f"{self.url} answered {kind}, not as gpuadmin's API: {NOT_API}")
         return json.loads(raw) if raw else None
 
+    def every(self, path: str, **params: Any) -> list[Any]:
+        """Every item of a paginated list (``?limit=``/``?offset=``), page after page."""
+        found: list[Any] = []
+        while True:
+            page = self.call("GET", path, limit=PAGE_LIMIT, offset=len(found), **params)
+            found += page["results"]
+            if not page["next"] or not page["results"]:
+                return found
 
+
+# The most items one page of a list holds (gpuadmin.api.Pagination.max_limit).
+PAGE_LIMIT = 1000
 # An API token as gpuadmin issues them, and what any HTTP header may carry.
 TOKEN_TEXT = re.compile(r"[!-~]+")
 # Every answer of gpuadmin's server carries it (gpuadmin.request_id.HEADER; this module stays

@@ -296,6 +296,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "GpuStateEnum": "inventory.choices.GpuState",
         "GpuMaintenanceStateEnum": "inventory.api.serializers.GPU_MAINTENANCE_STATES",
+        "NodeStateEnum": "inventory.choices.NodeState",
+        "GpuStatusEnum": "inventory.api.serializers.STATUS_CHOICES",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",  # the default

@@ -28,6 +28,10 @@ STATE_STYLES = {
 }
 
 
+# Between two columns of a drawn table: each cell's one space of padding on either side.
+COLUMN_GAP = 2
+
+
 @dataclass(frozen=True)
 class Column:
     """One column of a table: its header and how a row (an API object) gives its cell."""
@@ -36,6 +40,9 @@ class Column:
     value: Callable[[Mapping[str, Any]], object]
     align: Literal["left", "right"] = "left"
     coloured: bool = False  # coloured on a terminal by the cell's word (STATE_STYLES)
+    # Where a drawn table must fit a narrow terminal (``fit_columns``), the columns with the
+    # highest ``drop`` are left out first; 0: always shown.
+    drop: int = 0
 
 
 def add_json_flag(verb: argparse.ArgumentParser) -> None:
@@ -63,8 +70,12 @@ def cell_text(value: object) -> str:
     return str(value)
 
 
+def table_cells(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> list[list[str]]:
+    return [[cell_text(column.value(row)) for column in columns] for row in rows]
+
+
 def print_table(out: TextIO, columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> None:
-    cells = [[cell_text(column.value(row)) for column in columns] for row in rows]
+    cells = table_cells(columns, rows)
     if draws(out):
         _draw_table(out, columns, cells)
         return
@@ -80,12 +91,24 @@ def print_table(out: TextIO, columns: Sequence[Column], rows: Iterable[Mapping[s
 
 def _draw_table(out: TextIO, columns: Sequence[Column], cells: list[list[str]]) -> None:
     from rich.console import Console
+
+    Console(file=out, highlight=False).print(rich_table(columns, cells))
+
+
+def rich_table(columns: Sequence[Column], cells: list[list[str]], *, fit: bool = False) -> Any:
+    """The rich ``Table`` of ``cells`` (rows of ``cell_text``); with ``fit``, one line per row
+    (a cell too long for the width ends in an ellipsis), else cells wrap."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(box=None, pad_edge=False, header_style="bold")
+    table = Table(box=None, pad_edge=False, padding=(0, COLUMN_GAP // 2), header_style="bold")
     for column in columns:
-        table.add_column(column.header, justify=column.align, overflow="fold")
+        table.add_column(
+            column.header,
+            justify=column.align,
+            overflow="ellipsis" if fit else "fold",
+            no_wrap=fit,
+        )
     for line in cells:
         table.add_row(
             *(
@@ -93,7 +116,22 @@ def _draw_table(out: TextIO, columns: Sequence[Column], cells: list[list[str]]) 
                 for cell, column in zip(line, columns, strict=True)
             )
         )
-    Console(file=out, highlight=False).print(table)
+    return table
+
+
+def fit_columns(columns: Sequence[Column], cells: list[list[str]], width: int) -> list[int]:
+    """The indexes of the columns to draw in ``width`` characters: every column while they
+    fit (each as wide as its widest cell, ``COLUMN_GAP`` apart), else without those of highest
+    ``drop`` first (never those of ``drop`` 0)."""
+    widths = [
+        max([len(column.header), *(len(line[i]) for line in cells)])
+        for i, column in enumerate(columns)
+    ]
+    kept = list(range(len(columns)))
+    droppable = sorted((i for i in kept if columns[i].drop), key=lambda i: -columns[i].drop)
+    while droppable and sum(widths[i] for i in kept) + COLUMN_GAP * (len(kept) - 1) > width:
+        kept.remove(droppable.pop(0))
+    return kept
 
 
 def print_facts(out: TextIO, facts: Iterable[tuple[str, object]]) -> None:

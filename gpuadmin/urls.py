@@ -30,6 +30,7 @@ urlpatterns = [
     path("api/v1/", include("health.api.history")),
     path("", include("health.api.alerts")),
     path("", include("health.api.quarantine")),
+    path("", include("health.api.report")),
     path("", include("health.urls")),
     path("", include("scheduling.urls")),
     path("", include("scheduling.reservation_urls")),

@@ -80,6 +80,14 @@ class EventRow:
     event: HealthEvent
     xid_info: xids.XidInfo | None
 
+    @property
+    def what(self) -> str:
+        """``XID 79 (GPU has fallen off the bus)``, ``XID 999``, ``Retired pages``."""
+        if self.xid_info is not None:
+            return self.xid_info.title
+        xid = self.event.xid
+        return f"XID {xid}" if xid is not None else self.event.get_kind_display()
+
 
 def event_trend(events: QuerySet[HealthEvent], today: date, days: int = TREND_DAYS) -> Trend:
     """Events per day (in the current time zone) over the ``days`` up to ``today``, split
@@ -106,7 +114,8 @@ def event_trend(events: QuerySet[HealthEvent], today: date, days: int = TREND_DA
     )
 
 
-def _rows(events: Iterable[HealthEvent]) -> list[EventRow]:
+def event_rows(events: Iterable[HealthEvent]) -> list[EventRow]:
+    """Each event with the XID catalog's entry of its XID (``None``: not an XID, or unknown)."""
     return [
         EventRow(event, xids.lookup(event.xid) if event.xid is not None else None)
         for event in events
@@ -134,7 +143,7 @@ def health_section(
     today = timezone.localdate()
     context = {
         "page": page,
-        "events": _rows(events.select_related("gpu", "policy")[:EVENT_HISTORY]),
+        "events": event_rows(events.select_related("gpu", "policy")[:EVENT_HISTORY]),
         "limit": EVENT_HISTORY,
         "trend": event_trend(events, today),
         "trend_days": TREND_DAYS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -44,6 +45,7 @@ from inventory.models import (
     Pool,
 )
 from inventory.nvml.scanner import NodeScan
+from inventory.occupancy import Occupancy
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
 from inventory.signals import gpus_became_schedulable, gpus_went_offline, mig_change_requested
 
@@ -322,6 +324,10 @@ class IllegalGpuTransition(ValueError):
     """A GPU state change ``GPU_TRANSITIONS`` does not allow; the message says which are."""
 
 
+class WorkStillRunning(IllegalGpuTransition):
+    """Offline without ``requeue`` while jobs hold the GPUs; the message names them."""
+
+
 _G = GpuState
 # Which service states a GPU may go to from each (a change to the same state is a no-op).
 # A reset ends in available, degraded (it did not help) or offline; nothing else interrupts
@@ -343,13 +349,15 @@ def set_gpu_state(
     actor_name: str = "",
     reason: str = "",
     expect: Iterable[str] | None = None,
+    requeue: bool = True,
 ) -> bool:
     """The GPU state machine: move a GPU to ``state`` (audited ``gpu.state_changed``, with
     ``reason``), ``False`` when it already was in ``state``. Raises ``IllegalGpuTransition``
     for a change ``GPU_TRANSITIONS`` refuses, or when ``expect`` is given and the GPU's state
     (read under its row lock) is not one of them: a health policy that fenced a GPU only
     returns it if an admin did not take it over meanwhile. ``actor_name`` names a system
-    actor (``health``) where there is no user."""
+    actor (``health``) where there is no user. Offline requeues the jobs holding it, or with
+    ``requeue=False`` is refused while any does (``WorkStillRunning``)."""
     return _set_state(
         Gpu,
         gpu,
@@ -361,13 +369,21 @@ def set_gpu_state(
         event_type="gpu.state_changed",
         transitions=GPU_TRANSITIONS,
         expect=None if expect is None else frozenset(expect),
+        requeue=requeue,
     )
 
 
 def set_node_state(
-    node: Node, state: str, *, actor: User | None = None, actor_name: str = "", reason: str = ""
+    node: Node,
+    state: str,
+    *,
+    actor: User | None = None,
+    actor_name: str = "",
+    reason: str = "",
+    requeue: bool = True,
 ) -> bool:
-    """Drain, offline or bring a node back online; ``False`` when it already was in ``state``."""
+    """Drain, offline or bring a node back online; ``False`` when it already was in ``state``.
+    ``requeue`` as for ``set_gpu_state``, for every GPU of the node."""
     return _set_state(
         Node,
         node,
@@ -377,7 +393,50 @@ def set_node_state(
         actor_name=actor_name,
         reason=reason,
         event_type="node.state_changed",
+        requeue=requeue,
     )
+
+
+def jobs_holding(gpus: GpuQuerySet) -> list[int]:
+    """The jobs holding any of ``gpus`` (as the fleet page names them), each once, in order."""
+    ids = list(gpus.values_list("pk", flat=True))
+    occupancy = Occupancy(ids)
+    return sorted({occupant.job_id for pk in ids if (occupant := occupancy.get(pk))})
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """What a maintenance change did: ``changed`` (``False``: it was in that state already),
+    the jobs still holding the GPUs (draining: they finish there) and those that held them
+    before and no longer do (offline: requeued)."""
+
+    changed: bool
+    running: list[int]
+    stopped: list[int]
+
+
+def change_state(
+    row: Gpu | Node, state: str, *, actor: User, reason: str, force: bool = False
+) -> StateChange:
+    """A person's maintenance change (the API, ``gpuadmin drain|offline|online``) of a GPU or a
+    node: offline is refused while jobs hold its GPUs unless ``force`` (then they are
+    requeued); what the change left running and what it stopped."""
+    gpus = Gpu.objects.filter(pk=row.pk) if isinstance(row, Gpu) else Gpu.objects.filter(node=row)
+    before = jobs_holding(gpus)
+    if isinstance(row, Gpu):
+        changed = set_gpu_state(row, state, actor=actor, reason=reason, requeue=force)
+    else:
+        changed = set_node_state(row, state, actor=actor, reason=reason, requeue=force)
+    running = jobs_holding(gpus)
+    return StateChange(changed, running, [job for job in before if job not in running])
+
+
+def jobs_text(job_ids: Collection[int]) -> str:
+    """``job 4``, ``jobs 4, 5 and 6``."""
+    if len(job_ids) == 1:
+        return f"job {next(iter(job_ids))}"
+    *most, last = map(str, job_ids)
+    return f"jobs {', '.join(most)} and {last}"
 
 
 def _set_state(
@@ -392,6 +451,7 @@ def _set_state(
     actor_name: str = "",
     transitions: Mapping[str, frozenset[str]] | None = None,
     expect: frozenset[str] | None = None,
+    requeue: bool = True,
 ) -> bool:
     """Set ``row``'s state (audited); ``gpus`` are those whose schedulability it decides."""
     if state not in {value for value, _ in model._meta.get_field("state").flatchoices}:
@@ -410,6 +470,14 @@ def _set_state(
             raise IllegalGpuTransition(
                 f"{label} is {locked.state}: it can go to {allowed}, not {state}"
             )
+        if state == GpuState.OFFLINE and not requeue:
+            held = jobs_holding(gpus.exclude(state=GpuState.OFFLINE))
+            if held:
+                runs = "runs" if len(held) == 1 else "run"
+                raise WorkStillRunning(
+                    f"{label}: {jobs_text(held)} still {runs} there; drain it to let them "
+                    "finish, or force offline to requeue them"
+                )
         now = timezone.now()
         if state == GpuState.OFFLINE:  # == NodeState.OFFLINE: a node's GPUs go with it
             said = f"{label} went offline" + (f": {reason}" if reason else "")

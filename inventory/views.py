@@ -45,12 +45,10 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     # The API's FilterSet: a query string selects the same GPUs here and in /api/v1/gpus/.
     filterset = GpuFilterSet(request.GET, queryset=Gpu.objects.all())
     poll = htmx_partial(request)
-    nodes = fleet.dashboard_nodes(filterset.qs, filtered=filterset.active, live_only=poll)
-    samples = live.latest(node.hostname for node, _ in nodes)
-    rows, summary = fleet.node_rows(nodes, samples)
+    rows, summary = fleet.fleet_view(filterset.qs, filtered=filterset.active, live_only=poll)
     context = {"nodes": rows, "summary": summary, "filterset": filterset}
     if poll:
-        if not nodes:
+        if not rows:
             return HttpResponseStopPolling()  # nothing in view to refresh
         context.update(poll_rows=fleet.poll_rows_html(rows))
         return render(request, "inventory/dashboard.html#refresh", context)

@@ -63,10 +63,14 @@ def stop_jobs_for_health(
 
 
 def requeue_jobs_on_offline_gpus(
-    sender: type, gpu_ids: Collection[int], reason: str = "", **kwargs: Any
+    sender: type, gpu_ids: Collection[int], reason: str = "", actor_name: str = "", **kwargs: Any
 ) -> list[int]:
     """GPUs went offline (an admin, or a policy): their running work is requeued now, with
-    inventory's sentence ("GPU 3 of dgx-01 went offline: <why>")."""
+    inventory's sentence ("GPU 3 of dgx-01 went offline: <why>"), audited as who took them
+    offline."""
     return services.stop_jobs_on_gpus(
-        gpu_ids, requeue=True, reason=reason or "its GPU went offline"
+        gpu_ids,
+        requeue=True,
+        reason=reason or "its GPU went offline",
+        actor_name=actor_name or services.HEALTH_ACTOR,
     )

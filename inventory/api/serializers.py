@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -21,7 +22,7 @@ from inventory.models import (
     Pool,
 )
 from inventory.nvml.scanner import GpuScan
-from inventory.pages.fleet import GpuRow
+from inventory.pages.fleet import STATUS_MEANINGS, GpuRow, NodeRows
 from inventory.services import (
     HOST_RESERVED_FIELDS,
     NODE_EDITABLE_FIELDS,
@@ -94,10 +95,56 @@ class NodeSerializer(CatalogSerializer):
         return attrs
 
 
+STATUS_CHOICES = list(STATUS_MEANINGS)
+STATUS_HELP = "; ".join(f"{status}: {meaning}" for status, meaning in STATUS_MEANINGS.items())
+
+
+class GpuLiveTextSerializer(api.Serializer):
+    """The live cells as the fleet page writes them."""
+
+    utilization = serializers.CharField(source="utilization_text", help_text="``57%``, MIG, ERR")
+    memory = serializers.CharField(source="memory_text", help_text="GiB used/total: ``30.1/80``")
+    temperature = serializers.CharField(source="temperature_text", help_text="°C")
+    power = serializers.CharField(source="power_text", help_text="W")
+
+
+class GpuLiveSerializer(api.Serializer):
+    """A GPU as the fleet page shows it now (a ``GpuRow``): its status, its latest live sample
+    (``null`` values: not sampled, or not measurable) and the job holding it."""
+
+    status = serializers.ChoiceField(choices=STATUS_CHOICES, help_text=STATUS_HELP)
+    unusable = serializers.CharField(
+        source="unusable.message",
+        allow_null=True,
+        default=None,
+        help_text="Why it cannot take a whole-GPU job now (null: it can).",
+    )
+    sampled_at = serializers.DateTimeField(allow_null=True)
+    utilization_pct = serializers.FloatField(allow_null=True)
+    memory_used_mib = serializers.FloatField(allow_null=True)
+    memory_total_mib = serializers.FloatField()
+    temperature_c = serializers.FloatField(allow_null=True)
+    power_w = serializers.FloatField(allow_null=True)
+    processes = serializers.IntegerField(allow_null=True)
+    hot = serializers.BooleanField(help_text="Slowed down by heat now.")
+    error = serializers.CharField(help_text="NVML's error for it now (empty: none).")
+    job = serializers.IntegerField(source="occupant.job_id", allow_null=True, default=None)
+    user = serializers.CharField(source="occupant.user", allow_null=True, default=None)
+    text = GpuLiveTextSerializer(source="*")
+
+
 class GpuSerializer(CatalogSerializer):
     node: serializers.SlugRelatedField[Node] = serializers.SlugRelatedField(
         slug_field="hostname", read_only=True
     )
+    live = serializers.SerializerMethodField(
+        help_text="Now, as the fleet page shows it (in lists and single GPUs; null elsewhere)."
+    )
+
+    @extend_schema_field(GpuLiveSerializer(allow_null=True))
+    def get_live(self, gpu: Gpu) -> dict[str, Any] | None:
+        row = self.context.get("live_rows", {}).get(gpu.pk)
+        return None if row is None else GpuLiveSerializer(row).data
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if self.instance is not None and (errors := gpu_catalog_errors(self.instance, attrs)):
@@ -118,6 +165,7 @@ class GpuSerializer(CatalogSerializer):
             *Gpu.DISCOVERED_FIELDS,
             "mig_instance_count",
             *GPU_CATALOG_FIELDS,
+            "live",
         ]
         read_only_fields = [name for name in fields if name not in GPU_CATALOG_FIELDS]
 
@@ -127,6 +175,28 @@ class StateChangeSerializer(api.Serializer):
 
     reason = serializers.CharField(
         max_length=STATE_REASON_CHARS, help_text="Why: shown with the state and audited."
+    )
+    force = serializers.BooleanField(
+        default=False,
+        help_text="Offline only: requeue the jobs running there. Without it, offline is "
+        "refused (409, naming them) while jobs hold its GPUs.",
+    )
+
+
+class StateChangeResultSerializer(api.Serializer):
+    """What a maintenance change did (an ``inventory.services.StateChange``)."""
+
+    changed = serializers.BooleanField(help_text="False: it was in that state already.")
+    running_jobs = serializers.ListField(
+        source="running",
+        child=serializers.IntegerField(),
+        help_text="Jobs holding its GPUs now (draining: they finish there).",
+    )
+    stopped_jobs = serializers.ListField(
+        source="stopped",
+        child=serializers.IntegerField(),
+        help_text="Jobs that held its GPUs before the change and no longer do (offline with "
+        "force: requeued).",
     )
 
 
@@ -139,15 +209,79 @@ class GpuStateChangeSerializer(StateChangeSerializer):
     state = serializers.ChoiceField(
         choices=GPU_MAINTENANCE_STATES,
         help_text="available (online), draining (no new work; running work finishes) or "
-        "offline (now: running work is requeued).",
+        "offline (now: with force, running work is requeued).",
     )
+
+
+class NodeStatusSerializer(api.Serializer):
+    """A node card of the fleet page (a ``NodeRows``): its GPUs counted by status."""
+
+    hostname = serializers.CharField(source="node.hostname")
+    state = serializers.CharField(source="node.state")
+    state_reason = serializers.CharField(source="node.state_reason")
+    reachable = serializers.BooleanField()
+    model = serializers.CharField(source="node.model")
+    gpu_models = serializers.SerializerMethodField(help_text="Its GPUs' models, most first.")
+    gpus = serializers.IntegerField(source="summary.total")
+    counts = serializers.DictField(
+        source="summary.counts", child=serializers.IntegerField(), help_text=STATUS_HELP
+    )
+    hot = serializers.IntegerField(source="summary.hot")
+
+    def get_gpu_models(self, card: NodeRows) -> list[str]:
+        counted = Counter(row.gpu.name for row in card.gpus)
+        return [name for name, _ in counted.most_common()]
+
+
+class SummarySerializer(api.Serializer):
+    """The fleet page's summary bar (a ``Summary``)."""
+
+    gpus = serializers.IntegerField(source="total")
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text=STATUS_HELP)
+    hot = serializers.IntegerField(help_text="GPUs slowed down by heat now.")
+
+
+class FleetStatusSerializer(api.Serializer):
+    """``/api/v1/fleet/``: the fleet page's node cards and summary bar, counted as it counts."""
+
+    statuses = serializers.ListField(
+        child=serializers.ChoiceField(choices=STATUS_CHOICES), help_text="In the page's order."
+    )
+    nodes = NodeStatusSerializer(many=True)
+    total = SummarySerializer()
+
+
+class NodeStateResultSerializer(NodeSerializer):
+    """The node after a maintenance change (``change``: what the change did)."""
+
+    change = serializers.SerializerMethodField()
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "change"]
+
+    @extend_schema_field(StateChangeResultSerializer)
+    def get_change(self, node: Node) -> dict[str, Any]:
+        return StateChangeResultSerializer(self.context["change"]).data
+
+
+class GpuStateResultSerializer(GpuSerializer):
+    """The GPU after a maintenance change (``change``: what the change did)."""
+
+    change = serializers.SerializerMethodField()
+
+    class Meta(GpuSerializer.Meta):
+        fields = [*GpuSerializer.Meta.fields, "change"]
+
+    @extend_schema_field(StateChangeResultSerializer)
+    def get_change(self, gpu: Gpu) -> dict[str, Any]:
+        return StateChangeResultSerializer(self.context["change"]).data
 
 
 class NodeStateChangeSerializer(StateChangeSerializer):
     state = serializers.ChoiceField(
         choices=list(MAINTENANCE_NODE_STATES),
         help_text="online, draining (no new work; running work finishes) or offline (now: "
-        "running work on its GPUs is requeued).",
+        "with force, running work on its GPUs is requeued).",
     )
 
 

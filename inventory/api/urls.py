@@ -12,6 +12,7 @@ router.register("mig-instances", views.MigInstanceViewSet, basename="mig-instanc
 
 urlpatterns = [
     path("api/v1/", include((router.urls, "api"), namespace="api-v1")),
+    path("api/v1/fleet/", views.FleetStatusView.as_view(), name="api-fleet-status"),
     path("api/gpu/devices", views.DeviceListView.as_view(), name="api-gpu-devices"),
     path("api/gpu/driver", views.DriverView.as_view(), name="api-gpu-driver"),
     path("gpu/mig/summary", views.MigSummaryView.as_view(), name="api-mig-summary"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -10,7 +9,7 @@ from django.db.models import Count, Prefetch, Q, QuerySet
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import generics, mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
@@ -53,25 +52,20 @@ STATE_ERRORS = {
 
 
 def apply_state_change(
-    request: Request,
-    row: Gpu | Node,
-    setter: Callable[..., bool],
-    serializer_class: type[s.StateChangeSerializer],
-) -> dict[str, Any]:
-    """Validate ``{state, reason}`` (400 naming the field) and apply it as the requester,
-    audited; 409 when the state machine refuses."""
+    request: Request, row: Gpu | Node, serializer_class: type[s.StateChangeSerializer]
+) -> services.StateChange:
+    """Validate ``{state, reason, force}`` (400 naming the field) and apply it as the
+    requester, audited; 409 when the state machine refuses, or offline without force while
+    jobs run there."""
     change = serializer_class(data=request.data)
     change.is_valid(raise_exception=True)
+    data = change.validated_data
     try:
-        setter(
-            row,
-            change.validated_data["state"],
-            actor=signed_in(request),
-            reason=change.validated_data["reason"],
+        return services.change_state(
+            row, data["state"], actor=signed_in(request), reason=data["reason"], force=data["force"]
         )
     except services.IllegalGpuTransition as exc:
         raise Conflict(str(exc)) from None
-    return change.validated_data
 
 
 class NodeViewSet(CatalogViewSet):
@@ -95,7 +89,10 @@ class NodeViewSet(CatalogViewSet):
         """The node's ``nvidia-smi topo -m`` matrix with NUMA and CPU affinity."""
         return Response(s.TopologySerializer(topology.topology_matrix(self.get_object())).data)
 
-    @extend_schema(request=s.NodeStateChangeSerializer, responses={200: s.NodeSerializer})
+    @extend_schema(
+        request=s.NodeStateChangeSerializer,
+        responses={200: s.NodeStateResultSerializer, **STATE_ERRORS},
+    )
     @action(
         detail=True,
         methods=["post"],
@@ -105,11 +102,13 @@ class NodeViewSet(CatalogViewSet):
         pagination_class=None,
     )
     def change_state(self, request: Request, hostname: str) -> Response:
-        """Maintenance (operators and admins): drain the node, take it offline (the jobs on
-        its GPUs are requeued) or bring it online, with a reason (audited)."""
+        """Maintenance (operators and admins): drain the node, take it offline (with force,
+        the jobs on its GPUs are requeued; without, refused while any runs) or bring it
+        online, with a reason (audited)."""
         node = self.get_object()
-        apply_state_change(request, node, services.set_node_state, s.NodeStateChangeSerializer)
-        return Response(s.NodeSerializer(node, context={"request": request}).data)
+        change = apply_state_change(request, node, s.NodeStateChangeSerializer)
+        context = {"request": request, "change": change}
+        return Response(s.NodeStateResultSerializer(node, context=context).data)
 
 
 class GpuViewSet(CatalogViewSet):
@@ -122,9 +121,12 @@ class GpuViewSet(CatalogViewSet):
     filterset_class = GpuFilterSet
     lookup_field = "uuid"
     lookup_value_regex = r"[^/]+"
+    # The fleet page's rows of the GPUs this request shows (``list``, ``retrieve``).
+    _live_rows: dict[int, fleet.GpuRow] = {}  # noqa: RUF012 - replaced per request, never mutated
 
     @extend_schema(
-        request=s.GpuStateChangeSerializer, responses={200: s.GpuSerializer, **STATE_ERRORS}
+        request=s.GpuStateChangeSerializer,
+        responses={200: s.GpuStateResultSerializer, **STATE_ERRORS},
     )
     @action(
         detail=True,
@@ -136,12 +138,48 @@ class GpuViewSet(CatalogViewSet):
     )
     def change_state(self, request: Request, uuid: str) -> Response:
         """Maintenance (operators and admins): drain the GPU (running work finishes), take it
-        offline (its jobs are requeued) or bring it online, with a reason (audited). A change
-        the GPU state machine refuses (e.g. while a reset runs) is a 409 naming the states;
-        an admin's change of a quarantined GPU releases its quarantine."""
+        offline (with force, its jobs are requeued; without, refused while any runs) or bring
+        it online, with a reason (audited). A change the GPU state machine refuses (e.g. while
+        a reset runs) is a 409 naming the states; an admin's change of a quarantined GPU
+        releases its quarantine."""
         gpu = self.get_object()
-        apply_state_change(request, gpu, services.set_gpu_state, s.GpuStateChangeSerializer)
-        return Response(s.GpuSerializer(gpu, context={"request": request}).data)
+        change = apply_state_change(request, gpu, s.GpuStateChangeSerializer)
+        context = {"request": request, "change": change, "live_rows": fleet.gpu_rows([gpu])}
+        return Response(s.GpuStateResultSerializer(gpu, context=context).data)
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "live_rows": self._live_rows}
+
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """GPUs with their catalog facts and ``live``: each as the fleet page shows it now."""
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        assert page is not None  # always paginated
+        self._live_rows = fleet.gpu_rows(page)
+        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        gpu = self.get_object()
+        self._live_rows = fleet.gpu_rows([gpu])
+        return Response(self.get_serializer(gpu).data)
+
+
+class FleetStatusView(generics.GenericAPIView):
+    queryset = Gpu.objects.all()
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = GpuFilterSet
+    pagination_class = None
+
+    @extend_schema(responses={200: s.FleetStatusSerializer})
+    def get(self, request: Request) -> Response:
+        """The fleet page's node cards and summary bar: each node's GPUs counted by status
+        (free, busy, draining, MIG, MPS, degraded...) and the totals, as the page counts them;
+        the GPU list's filters (``?node=``, ``?model=``, ``?pool=``...) apply (only the nodes
+        keeping a GPU are listed then)."""
+        gpus = self.filter_queryset(self.get_queryset())
+        filtered = GpuFilterSet(request.query_params).active
+        cards, summary = fleet.fleet_view(gpus, filtered=filtered)
+        body = {"statuses": s.STATUS_CHOICES, "nodes": cards, "total": summary}
+        return Response(s.FleetStatusSerializer(body).data)
 
 
 class MigInstanceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

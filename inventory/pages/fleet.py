@@ -21,6 +21,7 @@ from django.db.models import Count, Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import THERMAL_REASONS
@@ -297,13 +298,18 @@ class GpuRow:
     def health_counters(self) -> list[tuple[str, str]]:
         """The live sample's ECC, retired-page, remapped-row and NVLink error counters that
         the GPU reports, as (label, value) in words."""
+        return [(label, text) for label, _, text in self.health_counter_values]
+
+    @property
+    def health_counter_values(self) -> list[tuple[str, dict[str, Any], str]]:
+        """``health_counters`` with their values by sample field: (label, values, text)."""
         sample = self.sample or {}
         found = []
         for label, names in HEALTH_COUNTERS:
-            values = [sample.get(name) for name in names]
-            if any(value is not None for value in values):
-                text = " / ".join(_DASH if value is None else str(value) for value in values)
-                found.append((label, text))
+            values = {name: sample.get(name) for name in names}
+            if any(value is not None for value in values.values()):
+                text = " / ".join(_DASH if v is None else str(v) for v in values.values())
+                found.append((label, values, text))
         return found
 
     @property
@@ -355,6 +361,11 @@ class NodeRows:
     @property
     def live_rows_html(self) -> SafeString:
         return live_rows_html(self)
+
+    @property
+    def summary(self) -> Summary:
+        """The summary bar's counts of this node's GPUs alone."""
+        return Summary(self.gpus)
 
 
 def _with_reserved(total: int | None, reserved: int, text: Callable[[int], str]) -> str:
@@ -413,6 +424,28 @@ def node_rows(
         ]
         result.append(NodeRows(node, reachable, rows))
     return result, Summary([row for node in result for row in node.gpus])
+
+
+def fleet_view(
+    gpus: QuerySet[Gpu], *, filtered: bool, live_only: bool = False
+) -> tuple[list[NodeRows], Summary]:
+    """The fleet page's node cards and summary bar (and ``gpuadmin status``'s, through
+    ``/api/v1/fleet/``): ``dashboard_nodes`` joined to their live samples. Three queries and
+    one round trip to Redis (the occupants: one more query, on first use)."""
+    nodes = dashboard_nodes(gpus, filtered=filtered, live_only=live_only)
+    return node_rows(nodes, live.latest(node.hostname for node, _ in nodes))
+
+
+def gpu_rows(gpus: Iterable[Gpu]) -> dict[int, GpuRow]:
+    """Each GPU (its ``node`` selected) as the fleet page's row, by primary key: the live
+    values of ``/api/v1/gpus/``. One round trip to Redis (the occupants: one query, on first
+    use)."""
+    by_node: dict[int, tuple[Node, list[Gpu]]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.node_id, (gpu.node, []))[1].append(gpu)
+    samples = live.latest(node.hostname for node, _ in by_node.values())
+    cards, _ = node_rows(by_node.values(), samples)
+    return {row.gpu.pk: row for card in cards for row in card.gpus}
 
 
 # The GPU fields the dashboard reads, in ``DashboardGpu``'s order.

@@ -170,6 +170,8 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/gpus/{gpu}/", ADMINS, {"label": "patched"}
     ),
     ("api/v1/^mig-instances/$", "GET"): Entry("/api/v1/mig-instances/", API_READ),
+    ("api/v1/fleet/", "GET"): Entry("/api/v1/fleet/", API_READ),
+    ("api/v1/health/", "GET"): Entry("/api/v1/health/?node={node}", API_READ),
     # Maintenance (drain, offline, online with a reason): operators and admins
     ("api/v1/^nodes/(?P<hostname>[^/]+)/state/$", "POST"): Entry(
         "/api/v1/nodes/{node}/state/", OPERATORS, {"state": "draining", "reason": "tests"}
