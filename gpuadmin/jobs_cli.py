@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from gpuadmin.client import Api, ApiError, run_verb
+from gpuadmin.english import plural
 from scheduling import slurm
-from scheduling.placement.text import plural
 
 FOLLOW_INTERVAL_S = 2.0
 FOLLOW_WINDOW = 1000  # lines read per poll while following a log

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuadmin.english import plural
 from scheduling.placement.snapshot import GpuSlot
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def gigabytes(mib: int) -> str:
