@@ -374,7 +374,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.add_argument("--hold", action="store_true", help="store it held (pending)")
     submit.add_argument("--pool", help="run on this pool's GPUs (default: the GPUs in no pool)")
     submit.add_argument("--mig", metavar="PROFILE", help="one MIG device, e.g. 1g.10gb")
-    submit.add_argument("--mps", type=int, metavar="PERCENT", help="an MPS share: % of SMs")
+    submit.add_argument("--mps", type=int, metavar="PERCENT", help="an MPS share: %% of the SMs")
     submit.add_argument("--mps-memory", type=int, metavar="MIB", help="its memory limit")
     submit.add_argument("--reservation", type=int, metavar="ID", help="run in your reservation")
     submit.add_argument(
