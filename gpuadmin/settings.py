@@ -291,6 +291,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "GpuStateEnum": "inventory.choices.GpuState",
         "GpuMaintenanceStateEnum": "inventory.api.serializers.GPU_MAINTENANCE_STATES",
+        "JobStateEnum": "scheduling.models.JobState",  # a job's and a job detail's
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",  # the default
