@@ -187,6 +187,9 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     # again has none (its earlier runs are listed apart).
     attempts = job.get("attempts") or []
     current = next((attempt for attempt in attempts if attempt["current"]), None)
+    previous = [attempt for attempt in attempts if not attempt["current"]]
+    # The end of an earlier attempt is its row's, below, not the job's message now.
+    said_below = bool(previous) and job["message"] == previous[-1]["reason"]
     if current is not None:
         if job["placement"]:
             facts.append(("placement", job["placement"]["explanation"]))
@@ -197,7 +200,7 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("started", current and current["started_at"]),
         ("finished", job["finished_at"]),
         ("exit code", current and current["exit_code"]),
-        ("message", job["message"]),
+        ("message", "" if said_below else job["message"]),
         ("CPU time", _usage(job, "cpu_seconds", slurm.cpu_time_text)),
         ("peak memory", _usage(job, "max_memory_bytes", slurm.peak_memory_text)),
         (
@@ -220,7 +223,6 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     for label, value in facts:
         if value not in (None, ""):
             print(f"  {label + ':':<13}{value}", file=out)
-    previous = [attempt for attempt in attempts if not attempt["current"]]
     if previous:
         print("previous attempts:", file=out)
         print_table(out, ATTEMPT_COLUMNS, previous)

@@ -205,6 +205,7 @@ def test_a_requeued_job_shows_its_attempts_apart(
     facts, _, table = out.partition("previous attempts:\n")
     assert f"  GPUs:        dgx-02/GPU0 {gpu.uuid} (attempt 2)\n" in facts
     assert "  exit code:" not in facts and "  started:" in facts
+    assert "  message:" not in facts  # attempt 1's end, said in its row
     assert len(table.splitlines()) == 2 and table.splitlines()[1].startswith("      1  dgx-01:0")
 
     client.force_login(owner)
@@ -215,3 +216,9 @@ def test_a_requeued_job_shows_its_attempts_apart(
     attempts = attempts[: attempts.index("</table>")]
     assert 'data-attempt="1"' in attempts and requeued in attempts and "dgx-01: GPU 0" in attempts
     assert 'data-attempt="2" class="active"' in attempts and "dgx-02: GPU 0" in attempts
+
+
+def test_collapse_arrays_must_be_a_boolean(api_as):
+    response = api_as("bob").get("/api/v1/jobs/", {"collapse_arrays": "maybe"})
+    assert response.status_code == 400
+    assert list(response.json()) == ["collapse_arrays"]
