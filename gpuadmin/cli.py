@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuadmin import jobs_cli
+from gpuadmin import jobs_cli, ops_cli
 from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
@@ -32,13 +32,18 @@ from gpuadmin.demo_isolation import (
     protect_data_dir,
 )
 from gpuadmin.embedded import EmbeddedServices, data_dir_from_env, ensure_service_urls
-from gpuadmin.env import env_int, node_environment
+from gpuadmin.env import (
+    DEFAULT_BIND,
+    env_int,
+    export_public_url,
+    node_environment,
+    split_bind,
+)
 from gpuadmin.supervisor import CrashLoop, Supervisor
 
 if TYPE_CHECKING:
     from inventory.nvml.scanner import NodeScan
 
-DEFAULT_BIND = "127.0.0.1:8000"
 CHILD_STOP_GRACE_S = 10.0
 # How long the web server lets requests in flight finish when it stops, within `up`'s grace.
 WEB_STOP_GRACE_S = 8
@@ -125,11 +130,10 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 def bind_address(bind: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:8000`` for IPv6) as the address and port to listen on."""
-    host, sep, port = bind.rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    if not (sep and host and port.isdecimal() and 0 < int(port) < 65536):
+    address = split_bind(bind)
+    if address is None:
         raise argparse.ArgumentTypeError(f"{bind!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
-    return host, int(port)
+    return address
 
 
 def positive_int(text: str) -> int:
@@ -648,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.set_defaults(run=cmd_scan)
 
     jobs_cli.add_verbs(verbs)
+    ops_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")
     token_actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     token_create = token_actions.add_parser("create", help="create a token; prints its key once")
@@ -688,6 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Their arguments (options included) belong to Django's and the simulator's own CLIs.
         return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(verb=argv[0], rest=argv[1:]))
     args = build_parser().parse_args(argv)
+    if args.verb in ("up", "serve"):
+        export_public_url(args.bind)  # before Django reads it, here and in their children
     return args.run(args)
 
 

@@ -4,21 +4,24 @@ one line, and the frame every API verb runs in (exit status, Ctrl-C, a closed pi
 Standard library only, and no Django: the API verbs (``gpuadmin status``, ``gpuadmin jobs``
 ...) run on any machine that reaches the web server and start in a tenth of a second.
 ``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token) come
-from the environment.
+from the environment, else from the credentials ``gpuadmin login`` keeps (docs/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
 import re
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import urlencode
 
@@ -48,14 +51,19 @@ class Api:
     token: str
     timeout_s: float = 30.0
     channel: str = ""  # what the audit rows of its requests name as their channel
+    # (user name, password): HTTP basic auth instead of the token (gpuadmin login)
+    password: tuple[str, str] | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, channel: str = "") -> Api:
-        return cls(
-            os.environ.get("GPUADMIN_URL") or DEFAULT_URL,
-            os.environ.get("GPUADMIN_TOKEN", ""),
-            channel=channel,
-        )
+        """``GPUADMIN_URL`` and ``GPUADMIN_TOKEN``; where one is unset, what ``gpuadmin login``
+        kept. The kept token goes only to the server it came from."""
+        url, token = os.environ.get("GPUADMIN_URL", ""), os.environ.get("GPUADMIN_TOKEN", "")
+        saved = None if url and token else Credentials.load()
+        url = url or (saved.url if saved else DEFAULT_URL)
+        if not token and saved and same_server(saved.url, url):
+            token = saved.token
+        return cls(url, token, channel=channel)
 
     def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         """One JSON request; ``ApiError`` with the server's reason on anything but 2xx, and
@@ -71,7 +79,10 @@ class Api:
                 method=method,
                 headers={"Accept": "application/json", "Content-Type": "application/json"},
             )
-            if self.token:
+            if self.password:
+                pair = ":".join(self.password).encode()
+                request.add_header("Authorization", f"Basic {base64.b64encode(pair).decode()}")
+            elif self.token:
                 request.add_header("Authorization", f"Bearer {self.token}")
             if self.channel:
                 request.add_header(CHANNEL_HEADER, self.channel)
@@ -122,7 +133,7 @@ def _reason(status: int, raw: bytes, headers: Any = None) -> str:
     else:
         message = one_line(str(body))
     if status == 401:
-        message += " (set GPUADMIN_TOKEN to an API token: gpuadmin token create NAME --user U)"
+        message += " (gpuadmin login, or set GPUADMIN_TOKEN to an API token)"
     return f"HTTP {status}: {message}"
 
 
@@ -149,15 +160,17 @@ def one_line(text: str) -> str:
 Verb = Callable[["Api", argparse.Namespace, TextIO], int]
 
 
-def run_verb(verb: Verb) -> Callable[[argparse.Namespace], int]:
-    """``verb`` with the API from the environment, its requests naming the verb (``cli jobs
+def run_verb(verb: Verb, *, from_env: bool = True) -> Callable[[argparse.Namespace], int]:
+    """``verb`` with the API from the environment (``from_env``; else with no address nor
+    token: ``gpuadmin login`` finds its own), its requests naming the verb (``cli jobs
     cancel``) as their channel. A refusal or an unreachable server is one line on stderr and
     status 1; Ctrl-C is 130; a reader that went away (``| head``) ends it quietly (141)."""
 
     def run(args: argparse.Namespace) -> int:
         name = verb_name(args)
-        api = Api.from_env(channel=f"cli {name}")
+        channel = f"cli {name}"
         try:
+            api = Api.from_env(channel) if from_env else Api("", "", channel=channel)
             status = verb(api, args, sys.stdout)
             sys.stdout.flush()  # a closed pipe shows here, not at exit
             return status
@@ -179,3 +192,73 @@ def verb_name(args: argparse.Namespace) -> str:
     verb group, ``action``)."""
     words = (getattr(args, "verb", None), getattr(args, "action", None))
     return " ".join(word for word in words if word)
+
+
+# --------------------------------------------------------------------------- gpuadmin login
+
+CREDENTIALS_FILE = "credentials"
+
+
+def config_dir() -> Path:
+    """``$XDG_CONFIG_HOME/gpuadmin``, else ``~/.config/gpuadmin`` (a relative
+    ``XDG_CONFIG_HOME`` is ignored, as the XDG Base Directory specification says)."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".config"
+    return root / "gpuadmin"
+
+
+def same_server(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What ``gpuadmin login`` keeps: the server, whose token it is, the token and its id
+    (``gpuadmin logout`` revokes it by its id)."""
+
+    url: str
+    username: str
+    token: str
+    token_id: int
+
+    @staticmethod
+    def path() -> Path:
+        return config_dir() / CREDENTIALS_FILE
+
+    @classmethod
+    def load(cls) -> Credentials | None:
+        """The kept credentials, None when there are none; ``ApiError`` for a file that is
+        not theirs."""
+        path = cls.path()
+        try:
+            data = json.loads(path.read_bytes())
+            return cls(
+                str(data["url"]), str(data["username"]), str(data["token"]), int(data["token_id"])
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise ApiError(
+                None, f"{path}: unreadable ({one_line(str(exc))}); gpuadmin login replaces it"
+            ) from None
+
+    def save(self) -> Path:
+        """Write them where ``load`` reads them: the folder mode 0700, the file 0600 from its
+        first byte (written aside, then renamed over the old one)."""
+        path = self.path()
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.chmod(0o700)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".credentials-")
+        try:
+            with os.fdopen(handle, "w") as file:  # mkstemp creates it 0600
+                json.dump(asdict(self), file, indent=2)
+                file.write("\n")
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def forget(cls) -> None:
+        cls.path().unlink(missing_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,41 @@ def node_environment(environ: Mapping[str, str]) -> dict[str, str]:
         or name in PROCESS_VARIABLES
         or name.startswith(PROCESS_PREFIXES)
     }
+
+
+# Where `gpuadmin up` and `gpuadmin serve` listen unless told (--bind, GPUADMIN_BIND).
+DEFAULT_BIND = "127.0.0.1:8000"
+
+
+def split_bind(bind: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[::1]:8000`` for IPv6) as the address and port to listen on; None
+    when it is not one."""
+    host, sep, port = bind.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not (sep and host and port.isdecimal() and 0 < int(port) < 65536):
+        return None
+    return host, int(port)
+
+
+def public_url(bind: str) -> str:
+    """The address people reach a web server listening on ``bind`` at, GPUADMIN_PUBLIC_URL's
+    default: ``http://HOST:PORT``, the machine's host name for every address (``0.0.0.0``,
+    ``::``), IPv6 addresses in brackets."""
+    address = split_bind(bind)
+    if address is None:
+        raise ImproperlyConfigured(f"GPUADMIN_BIND={bind!r} is not HOST:PORT")
+    host, port = address
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def export_public_url(bind: str) -> None:
+    """Set GPUADMIN_PUBLIC_URL, unless it is set, to that of ``bind`` (``public_url``), for
+    this process's settings and the children it starts (`up`: its worker sends the webhooks
+    that link to it)."""
+    if not os.environ.get("GPUADMIN_PUBLIC_URL"):
+        os.environ["GPUADMIN_PUBLIC_URL"] = public_url(bind)
 
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})

@@ -14,9 +14,10 @@ from django.utils.safestring import SafeString
 
 class SuggestInput(forms.TextInput):
     """A text input offering the values it may take as a ``<datalist>``; ``suggestions`` is
-    read only when the field is rendered (the page's form), never when the API filters."""
+    read only when the field is rendered (the page's form), never when the API filters. A
+    suggestion is a value, or a (value, label) pair whose label says what it is."""
 
-    def __init__(self, suggestions: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, suggestions: Callable[[], Iterable[str | tuple[str, str]]]) -> None:
         super().__init__()
         self.suggestions = suggestions
 
@@ -29,7 +30,16 @@ class SuggestInput(forms.TextInput):
     ) -> SafeString:
         list_id = f"suggest-{name}"
         field = super().render(name, value, {**(attrs or {}), "list": list_id}, renderer)
-        options = format_html_join("", '<option value="{}">', ((v,) for v in self.suggestions()))
+        options = format_html_join(
+            "",
+            "{}",
+            (
+                (format_html('<option value="{}" label="{}">', *s),)
+                if isinstance(s, tuple)
+                else (format_html('<option value="{}">', s),)
+                for s in self.suggestions()
+            ),
+        )
         return format_html('{}<datalist id="{}">{}</datalist>', field, list_id, options)
 
 

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from gpuadmin.client import Api, ApiError, run_verb
 from gpuadmin.terminal import Column, add_json_flag, print_json, print_table
 from scheduling import slurm
+from scheduling.placement.text import plural
 
 FOLLOW_INTERVAL_S = 2.0
 FOLLOW_WINDOW = 1000  # lines read per poll while following a log
@@ -81,7 +82,7 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ids = submitted["task_ids"]
         cap = submitted["max_running"]
         print(
-            f"array {submitted['id']} submitted: {submitted['size']} tasks, jobs "
+            f"array {submitted['id']} submitted: {plural(submitted['size'], 'task')}, jobs "
             f"{ids[0]}-{ids[-1]}" + (f", at most {cap} at once" if cap else ""),
             file=out,
         )
@@ -102,7 +103,7 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             print_json(out, result)
             return 0
         print(
-            f"array {args.array_id}: {len(result['canceled'])} tasks canceled, "
+            f"array {args.array_id}: {plural(len(result['canceled']), 'task')} canceled, "
             f"{len(result['canceling'])} stopping through their agents",
             file=out,
         )
@@ -113,7 +114,8 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         return 0
     cap = f", at most {array['max_running']} at once" if array["max_running"] else ""
     print(
-        f"array {array['id']} [{array['spec']}] ({array['owner']}): {array['size']} tasks{cap}",
+        f"array {array['id']} [{array['spec']}] ({array['owner']}): "
+        f"{plural(array['size'], 'task')}{cap}",
         file=out,
     )
     for state, count in array["tasks"].items():
@@ -211,11 +213,13 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         ("preempted by", job["preempted_by"] and f"job {job['preempted_by']}"),
         (
             "preempted",
-            f"{job['preemptions']} times, re-queued each time" if job["preemptions"] else "",
+            f"{plural(job['preemptions'], 'time')}, re-queued each time"
+            if job["preemptions"]
+            else "",
         ),
         (
             "failed runs",
-            f"{job['failures']} (it is run again at most {job['max_retries']} times)"
+            f"{job['failures']} (it is run again at most {plural(job['max_retries'], 'time')})"
             if job["failures"]
             else "",
         ),
@@ -323,7 +327,7 @@ def _needs(job: dict[str, Any]) -> str:
     if job.get("mps_percent") is not None:
         memory = f", {job['mps_memory_mib']} MiB" if job.get("mps_memory_mib") else ""
         return f"MPS share {job['mps_percent']}% of SMs{memory}"
-    parts = [f"{job['gpu_count']} GPU(s) x {job['node_count']} node(s)"]
+    parts = [f"{plural(job['gpu_count'], 'GPU')} x {plural(job['node_count'], 'node')}"]
     if job["gpu_model"]:
         parts.append(job["gpu_model"])
     if job["min_gpu_memory_mib"]:
@@ -423,7 +427,9 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     submit.add_argument("--gpus", type=int, help="GPUs per node (default 1)")
     submit.add_argument("--nodes", type=int, help="nodes of a multi-node job (default 1)")
-    submit.add_argument("--model", help="exact GPU product name, e.g. 'NVIDIA H100 80GB HBM3'")
+    submit.add_argument(
+        "--model", help="GPU product name or an unambiguous part of it, e.g. 'H100'"
+    )
     submit.add_argument("--min-memory-mib", type=int, help="memory each GPU must have")
     submit.add_argument("--cpus", type=int, metavar="N", help="host CPUs on each node")
     submit.add_argument(

@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gpuadmin.embedded import data_dir_from_env
 from gpuadmin.env import (
+    DEFAULT_BIND,
     env_bool,
     env_choice,
     env_float,
@@ -21,6 +22,7 @@ from gpuadmin.env import (
     env_str,
     env_unix_user,
     parse_database_url,
+    public_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -85,7 +87,10 @@ GPUADMIN_ALERT_INTERVAL_S = env_int("GPUADMIN_ALERT_INTERVAL_S", 10, minimum=1)
 GPUADMIN_WEBHOOK_MAX_ATTEMPTS = env_int("GPUADMIN_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 GPUADMIN_WEBHOOK_BACKOFF_S = env_int("GPUADMIN_WEBHOOK_BACKOFF_S", 5, minimum=1)
 GPUADMIN_WEBHOOK_TIMEOUT_S = env_int("GPUADMIN_WEBHOOK_TIMEOUT_S", 10, minimum=1)
-GPUADMIN_PUBLIC_URL = env_str("GPUADMIN_PUBLIC_URL") or "http://localhost:8000"
+# Unset: the address `up`/`serve` listen on (GPUADMIN_BIND), which they export to their children.
+GPUADMIN_PUBLIC_URL = env_str("GPUADMIN_PUBLIC_URL") or public_url(
+    env_str("GPUADMIN_BIND") or DEFAULT_BIND
+)
 GPUADMIN_ALERTMANAGER_RESEND_S = env_int("GPUADMIN_ALERTMANAGER_RESEND_S", 60, minimum=5)
 # Quarantine: the circuit breaker stops automatic fencing when more GPUs than
 # max(GPUADMIN_BREAKER_MIN_GPUS, GPUADMIN_BREAKER_SHARE x the fleet) were fenced within

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -20,7 +22,7 @@ from gpuadmin import __version__
 from inventory import live, signals
 from inventory.choices import JOBS_RUN_AS_OWNER
 from inventory.models import Node
-from inventory.nvml import SECTIONS, open_backend
+from inventory.nvml import SECTIONS, open_backend, smi
 from inventory.nvml.scanner import NodeScan, scan
 
 # What a live sample needs: memory used and MIG mode are facts, the counters the health
@@ -52,18 +54,37 @@ def job_account() -> str:
         return str(uid)
 
 
+def _simulator() -> dict[str, Any]:
+    """Which simulator a simulated node's agent opens: its machine model (or its entry of the
+    fleet spec), its name, its state directory."""
+    return {
+        "sim_model": settings.GPUADMIN_SIM_MODEL or None,
+        "sim_fleet": None if settings.GPUADMIN_SIM_MODEL else settings.GPUADMIN_SIM_FLEET,
+        "node_name": settings.GPUADMIN_NODE_NAME,
+        "state_dir": str(settings.GPUADMIN_SIM_STATE_DIR),
+    }
+
+
 def node_backend() -> Any:
     """The agent's own NVML backend: real NVML, or the simulated machine model it was given
     (its state shared with the node's other processes under ``GPUADMIN_SIM_STATE_DIR``)."""
     if settings.GPUADMIN_NVML == "sim":
-        return open_backend(
-            "sim",
-            sim_model=settings.GPUADMIN_SIM_MODEL or None,
-            sim_fleet=None if settings.GPUADMIN_SIM_MODEL else settings.GPUADMIN_SIM_FLEET,
-            node_name=settings.GPUADMIN_NODE_NAME,
-            state_dir=str(settings.GPUADMIN_SIM_STATE_DIR),
-        )
+        return open_backend("sim", **_simulator())
     return open_backend("real")
+
+
+def write_sim_nvidia_smi(directory: Path) -> Path:
+    """A simulated node's ``nvidia-smi`` in ``directory`` (``inventory.nvml.smi``), answering
+    from the simulator ``node_backend`` opens: for its jobs' ``PATH``."""
+    options = _simulator()
+    return smi.write_shim(
+        directory,
+        python=sys.executable,
+        node=options["node_name"],
+        state_dir=options["state_dir"],
+        sim_model=options["sim_model"],
+        sim_fleet=str(options["sim_fleet"]) if options["sim_fleet"] else None,
+    )
 
 
 def scan_this_node(include: tuple[str, ...] = SECTIONS) -> NodeScan:

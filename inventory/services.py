@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from gpuadmin.access.nodes import NoCredential, send_order
 from gpuadmin.audit.services import changed_values, record
+from gpuadmin.refusals import FieldRefusal
 from inventory import live
 from inventory.choices import GpuState, NvmlBackend
 from inventory.discovery import (
@@ -483,6 +484,33 @@ HOST_RESERVED_FIELDS = {
 }
 # What people write on a node (admin, API): its catalog fields and its host's reserved part.
 NODE_EDITABLE_FIELDS = (*NODE_CATALOG_FIELDS, *HOST_RESERVED_FIELDS)
+
+
+def resolve_gpu_model(
+    text: str,
+    names: Iterable[str] | None = None,
+    *,
+    refusal: type[FieldRefusal] = FieldRefusal,
+    field: str = "gpu_model",
+) -> str:
+    """The full GPU model name ``text`` stands for, wherever a model is given (a job, a
+    reservation): a name of ``names`` (default: the present GPUs') that it equals in any
+    case, else the one that contains it, as the GPU filter matches (``H100`` is ``NVIDIA
+    H100 80GB HBM3``). ``refusal`` naming ``field`` when several contain it, listing them;
+    ``text`` as it is when none does (the caller refuses it in its own words)."""
+    wanted = text.strip().casefold()
+    if not wanted:
+        return text
+    if names is None:
+        names = Gpu.objects.present().values_list("name", flat=True).distinct()
+    known = sorted(set(names))
+    exact = [name for name in known if name.casefold() == wanted]
+    if exact:
+        return exact[0]
+    matching = [name for name in known if wanted in name.casefold()]
+    if len(matching) > 1:
+        raise refusal(field, f"{text!r} matches {', '.join(matching)}")
+    return matching[0] if matching else text
 
 
 def host_reserved_errors(node: Node, values: Mapping[str, Any]) -> dict[str, str]:

@@ -18,9 +18,10 @@ gpus_became_schedulable = Signal()
 mig_change_requested = Signal()
 
 # Sent (``sender=Gpu``, ``gpu_ids``: a collection of primary keys) with ``send`` by
-# ``inventory.occupancy.Occupancy`` (the fleet pages, the ``free`` filter). A receiver returns
-# ``{gpu_id: inventory.occupancy.Occupant}`` for the GPUs held by work it knows of
-# (scheduling: the job and user of each active allocation), in one query for all of them.
+# ``inventory.occupancy.Occupancy`` (the fleet pages, the ``free`` filter, the MIG layouts). A
+# receiver returns the ``inventory.occupancy.Occupant``s of the GPUs held by work it knows of,
+# each naming its GPU and, for a MIG device, its MIG instance (scheduling: the job, its name
+# and user of each active allocation), in one query for all of them.
 gpu_occupants_requested = Signal()
 
 # Sent (``sender=Gpu``, ``gpu_ids``: sorted primary keys, ``reason``: a sentence,

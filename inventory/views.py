@@ -3,7 +3,8 @@ topology pages. The apps above inventory add sections to the first three
 (``inventory.pages.sections``).
 
 Each page is one template; the live regions are ``{% partialdef %}`` blocks that the same view
-renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab is visible.
+renders alone for HTMX requests (not boosted ones), polled every 2 s while the tab is visible;
+the poll brings what the catalog says of the page's GPUs (state badges) out of band.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     if htmx_partial(request):
         if gpu.is_missing:
             return HttpResponseStopPolling()  # a GPU gone from its node publishes no samples
-        return render(request, "inventory/gpu_detail.html#gpu-live", context)
+        return render(request, "inventory/gpu_detail.html#gpu-poll", context)
     links = {
         link.gpu_b_id if link.gpu_a_id == gpu.pk else link.gpu_a_id: link
         for link in GpuLink.objects.filter(Q(gpu_a=gpu) | Q(gpu_b=gpu))
@@ -89,7 +90,9 @@ def gpu_detail(request: HtmxHttpRequest, uuid: str) -> HttpResponse:
     ]
     admin = is_admin(request.user)
     context.update(
-        mig=mig.mig_layout(gpu, gpu.mig_instances.all()) if gpu.mig_capable else None,
+        mig=mig.mig_layout(gpu, gpu.mig_instances.all(), row.occupancy)
+        if gpu.mig_capable
+        else None,
         mig_history=mig.mig_history(gpu) if gpu.mig_capable else None,
         peers=peers,
         nvlink_peers=sum(1 for _, cell in peers if cell.css == "nv"),
@@ -118,7 +121,7 @@ def node_detail(request: HtmxHttpRequest, hostname: str) -> HttpResponse:
     [card], summary = fleet.node_rows([(node, gpus)], live.latest([node.hostname]))
     context = {"node": node, "card": card, "summary": summary}
     if htmx_partial(request):
-        return render(request, "inventory/node_detail.html#node-live", context)
+        return render(request, "inventory/node_detail.html#node-poll", context)
     admin = is_admin(request.user)
     context.update(
         legend=fleet.STATUS_MEANINGS,
@@ -137,7 +140,9 @@ def node_mig(request: HttpRequest, hostname: str) -> HttpResponse:
     """The node's MIG-capable GPUs: instances drawn on the slices, and what still fits; the
     outcome of an admin's change shows on the card of the GPU it concerns."""
     node = get_object_or_404(Node, hostname=hostname)
-    layouts = [mig.mig_layout(gpu, gpu.mig_instances.all()) for gpu in mig.mig_gpus(node)]
+    gpus = list(mig.mig_gpus(node))
+    occupancy = Occupancy([gpu.pk for gpu in gpus])  # asked once for the page
+    layouts = [mig.mig_layout(gpu, gpu.mig_instances.all(), occupancy) for gpu in gpus]
     about_gpu: dict[str, list[Message]] = defaultdict(list)
     elsewhere = []
     for message in messages.get_messages(request):

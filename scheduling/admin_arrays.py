@@ -11,6 +11,7 @@ from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on
 from scheduling import queries, services
 from scheduling.models import JobArray, JobDependency, JobState
+from scheduling.placement.text import plural
 
 
 class DependencyInline(admin.TabularInline):
@@ -59,7 +60,8 @@ class JobArrayAdmin(admin.ModelAdmin):
             canceling += len(outcome.canceling)
         self.message_user(
             request,
-            f"{canceled} tasks canceled, {canceling} being stopped; {refused} arrays refused.",
+            f"{plural(canceled, 'task')} canceled, {canceling} being stopped; "
+            f"{plural(refused, 'array')} refused.",
             messages.INFO,
         )
 

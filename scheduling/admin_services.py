@@ -33,6 +33,7 @@ from scheduling.models import (
     SchedulerSettings,
 )
 from scheduling.placement.hosts import NO_ASK
+from scheduling.placement.text import indexes_phrase, plural
 
 
 class AllocationInvalid(FieldRefusal):
@@ -49,7 +50,8 @@ def _locked_settings() -> SchedulerSettings:
 
 def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
     """Start or stop placing jobs (audited ``scheduler.started``/``scheduler.stopped``; a
-    no-op when it already is). Starting wakes the loop."""
+    no-op when it already is). Either wakes the loop: a pass of a started scheduler places
+    jobs, one of a stopped scheduler tells every waiting job so (``loop.explain_stopped``)."""
     with transaction.atomic():
         config = _locked_settings()
         if config.enabled != enabled:
@@ -62,8 +64,7 @@ def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
                 before={"enabled": not enabled},
                 after={"enabled": enabled},
             )
-            if enabled:
-                services.request_placement_pass()
+            services.request_placement_pass()
     return config
 
 
@@ -254,17 +255,15 @@ class _Share:
         return nodes
 
     def what(self, job: Job) -> str:
-        """``GPUs 2, 3 on dgx-01``, ``MIG device 3g.20gb (MIG-...) of GPU 0 on dgx-01``,
-        ``an MPS share of 30 % of GPU 2 on dgx-01``."""
+        """``GPUs 2-3 on dgx-01``, ``GPU 2 on dgx-01; GPU 5 on dgx-02``, ``MIG device 3g.20gb
+        (MIG-...) of GPU 0 on dgx-01``, ``an MPS share of 30 % of GPU 2 on dgx-01``."""
         if self.device is not None or job.mps_percent is not None:
             [gpu] = self.gpus
             where = f"GPU {gpu.index} on {gpu.node.hostname}"
             if self.device is None:
                 return f"{_asks(job)} of {where}"
             return f"MIG device {self.device.profile} ({self.device.uuid}) of {where}"
-        return "; ".join(
-            f"GPUs {', '.join(map(str, idx))} on {host}" for host, idx in self.by_node().items()
-        )
+        return "; ".join(f"{indexes_phrase(idx)} on {host}" for host, idx in self.by_node().items())
 
 
 def _asks(job: Job) -> str:
@@ -339,7 +338,8 @@ def _check_shape(job: Job, gpus: list[Gpu]) -> None:
         got = ", ".join(f"{n} on {host}" for host, n in sorted(per_node.items()))
         raise AllocationInvalid(
             "gpu_uuids",
-            f"job {job.pk} needs {job.gpu_count} GPUs on each of {job.node_count} node(s); "
+            f"job {job.pk} needs {plural(job.gpu_count, 'GPU')} on each of "
+            f"{plural(job.node_count, 'node')}; "
             f"got {got}",
         )
     for gpu in gpus:

@@ -33,7 +33,12 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from gpuadmin.access.node_signing import send_as_node
-from inventory.agent import jobs_run_as_owner, publish_sample, scan_this_node
+from inventory.agent import (
+    jobs_run_as_owner,
+    publish_sample,
+    scan_this_node,
+    write_sim_nvidia_smi,
+)
 from inventory.nvml.scanner import GpuFacts
 from inventory.nvml.sim import faults
 from scheduling import mps_standin
@@ -82,10 +87,15 @@ def executor() -> Executor:
         if _executor is None:
             root = agent_dir(settings.GPUADMIN_NODE_NAME)
             cgroups = node_cgroups()
-            hooks: dict[str, Any] = {}
+            sim_options: dict[str, Any] = {}
             mps = MpsDaemons(root / "mps")
             if settings.GPUADMIN_NVML == "sim":
-                hooks = {"on_process_started": _sim_started, "on_process_ended": _sim_ended}
+                sim_options = {
+                    "on_process_started": _sim_started,
+                    "on_process_ended": _sim_ended,
+                    # Its jobs' nvidia-smi answers from the simulator.
+                    "sim_tools_dir": write_sim_nvidia_smi(root / "sim-bin").parent,
+                }
                 mps = MpsDaemons(
                     root / "mps",
                     command=(sys.executable, mps_standin.__file__),
@@ -114,7 +124,7 @@ def executor() -> Executor:
                     DeviceRule.parse(rule) for rule in settings.GPUADMIN_JOB_EXTRA_DEVICES
                 ],
                 container_cgroup_parent=settings.GPUADMIN_CONTAINER_CGROUP_PARENT,
-                **hooks,
+                **sim_options,
             )
             log.info(
                 "jobs run as %s; container runtime for jobs with an image: %s",

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
 from scheduling.models import HOLDING_STATES, Allocation, Job
+from scheduling.placement.text import plural
 from scheduling.services import unconfirmed_jobs
 
 Check = Callable[[], list[str]]
@@ -38,7 +39,8 @@ def holding_jobs_with_wrong_allocations() -> list[str]:
         .exclude(held=F("gpu_count") * F("node_count"))
     )
     return [
-        f"job {job.pk} is {job.state} with {job.held} GPUs allocated, needs {job.total_gpus}"
+        f"job {job.pk} is {job.state} with {plural(job.held, 'GPU')} allocated, "
+        f"needs {job.total_gpus}"
         for job in jobs
     ]
 

@@ -24,6 +24,7 @@ from scheduling.models import (
     JobDependency,
     JobState,
 )
+from scheduling.placement.text import listing
 
 # By the state the job depended on ended in: whether each kind of dependency holds. A job
 # that has not ended satisfies none yet; one that ended otherwise never will.
@@ -83,7 +84,8 @@ def check(owner: User, dependency: str | Sequence[tuple[str, int]]) -> list[tupl
     for kind, job_id in pairs:
         job = found.get(job_id)
         if job is None:
-            raise services.JobRejected("dependency", f"{kind}:{job_id}: no job {job_id}")
+            no_job = queries.no_job_text(owner, job_id)
+            raise services.JobRejected("dependency", f"{kind}:{job_id}: {no_job}")
         if outcome(kind, job.state) is False:
             raise services.JobRejected(
                 "dependency", f"{kind}:{job_id}: job {job_id} {job.state}, so it can never hold"
@@ -110,25 +112,48 @@ def store(job_ids: Sequence[int], needs: Sequence[tuple[str, Job]]) -> list[JobD
     )
 
 
-def resolve() -> set[int]:
-    """The QUEUED jobs whose dependencies do not all hold yet (by the jobs' states; one
-    query); those with one that can never hold are canceled (``services.cancel_waiting``,
-    audited, with a message such as ``dependency never satisfied: afterok:123 failed``) and
-    are not in the answer."""
+def resolve() -> dict[int, list[tuple[str, int]]]:
+    """The QUEUED jobs whose dependencies do not all hold yet, each with those that do not
+    (kind, job id; by the jobs' states; one query); those with one that can never hold are
+    canceled (``services.cancel_waiting``, audited, with a message such as ``dependency never
+    satisfied: afterok:123 failed``) and are not in the answer."""
     rows = JobDependency.objects.filter(job__state=JobState.QUEUED).values_list(
         "job_id", "kind", "on_id", "on__state"
     )
-    waiting: set[int] = set()
+    waiting: dict[int, list[tuple[str, int]]] = {}
     never: dict[int, str] = {}
     for job_id, kind, on_id, state in rows:
         held = outcome(kind, state)
         if held is None:
-            waiting.add(job_id)
+            waiting.setdefault(job_id, []).append((kind, on_id))
         elif held is False and job_id not in never:
             never[job_id] = f"dependency never satisfied: {kind}:{on_id} {state}"
     if never:
         services.cancel_waiting(never, actor_name=services.LOOP_ACTOR)
-    return waiting - set(never)
+    return {job_id: unmet for job_id, unmet in waiting.items() if job_id not in never}
+
+
+# What each kind of dependency waits for the job it names to do.
+AWAITED: dict[str, str] = {
+    DependencyKind.AFTEROK: "complete",
+    DependencyKind.AFTERNOTOK: "fail or be canceled",
+    DependencyKind.AFTERANY: "end",
+}
+
+
+def waiting_text(unmet: Iterable[tuple[str, int]]) -> str:
+    """Why a job waits on its dependencies, as Slurm's ``(Dependency)`` reason but in words:
+    ``waiting for job 12 to complete (afterok)``, ``waiting for jobs 12 and 13 to complete
+    (afterok) and job 14 to end (afterany)``; ``unmet``: (kind, job id) pairs not held yet."""
+    by_kind: dict[str, list[int]] = {}
+    for kind, job_id in unmet:
+        by_kind.setdefault(kind, []).append(job_id)
+    clauses = [
+        f"{'job' if len(ids) == 1 else 'jobs'} {listing([str(i) for i in sorted(ids)])} "
+        f"to {AWAITED[kind]} ({kind})"
+        for kind, ids in sorted(by_kind.items())
+    ]
+    return f"waiting for {listing(clauses, limit=len(clauses))}"
 
 
 def array_limits() -> dict[int, int]:

@@ -96,6 +96,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from inventory.nvml import smi
 from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
 from scheduling.isolation.cgroups import (
     CgroupError,
@@ -600,6 +601,9 @@ class Executor:
     job in a cgroup of its own under ``<root>/<node_name>``, with ``pids_max`` processes at
     most and the device allow-list plus ``extra_devices``; a job is refused on a node that
     confines nothing when ``require_confinement`` and its spec does not allow it.
+    ``sim_tools_dir`` (a simulated node's: its ``nvidia-smi``, ``inventory.nvml.smi``) goes
+    first on the ``PATH`` of the jobs run on the host; a job whose devices its cgroup confines
+    is told its own (``smi.VISIBLE_ENV``), as NVML shows a confined job only those.
     ``container_cgroup_parent`` puts a docker or podman container's cgroup under its job's.
     """
 
@@ -626,6 +630,7 @@ class Executor:
         pids_max: int = 0,
         extra_devices: Sequence[DeviceRule] = (),
         container_cgroup_parent: bool = False,
+        sim_tools_dir: Path | None = None,
         proc_devices: Path = PROC_DEVICES,
         mig_minors: Path = MIG_MINORS,
     ) -> None:
@@ -650,6 +655,7 @@ class Executor:
         self._pids_max = pids_max
         self._extra_devices = tuple(extra_devices)
         self._container_cgroup_parent = container_cgroup_parent
+        self._sim_tools_dir = sim_tools_dir
         self._proc_devices = proc_devices
         self._mig_minors = mig_minors
         self._log_dir = Path(log_dir)
@@ -855,6 +861,7 @@ class Executor:
             try:
                 argv, env = self._process(spec, account, self._container_limits(spec, cgroup, cpus))
                 if not spec.container_image:  # its client is found like this one's
+                    env = self._with_sim_tools(spec, env, self._confines_devices(cgroup))
                     _check_executable(argv[0], spec.cwd, env)
                 return self._popen(spec, log_path, argv, env, account, cgroup, cpus)
             except _LaunchError:
@@ -864,6 +871,22 @@ class Executor:
             if cgroup is not None:
                 cgroup.remove()
             raise
+
+    def _confines_devices(self, cgroup: JobCgroup | None) -> bool:
+        """Whether the job's cgroup (None: it has none) allows only its own devices."""
+        return (
+            cgroup is not None and self.cgroups is not None and ("devices" in self.cgroups.backends)
+        )
+
+    def _with_sim_tools(self, spec: JobSpec, env: dict[str, str], confined: bool) -> dict[str, str]:
+        """A host job's environment with the simulated node's tools (``sim_tools_dir``) first
+        on its ``PATH`` and, when ``confined``, its devices named for them."""
+        if self._sim_tools_dir is None:
+            return env
+        env = {**env, "PATH": os.pathsep.join([str(self._sim_tools_dir), env["PATH"]])}
+        if confined:
+            env[smi.VISIBLE_ENV] = ",".join(spec.gpu_uuids)
+        return env
 
     def _choose_cpus(self, spec: JobSpec) -> tuple[int, ...]:
         """The job's CPUs: near its GPUs, exclusive while this node has free ones."""

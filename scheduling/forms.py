@@ -12,13 +12,16 @@ from django import forms
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from gpuadmin.filters import SuggestInput
 from inventory.models import Gpu, Pool
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name
 from scheduling.models import Job, Priority, Reservation, ReservationState, Topology
+from scheduling.placement.text import plural
 from scheduling.services import (
     ENV_NAME,
     MAX_DEPENDENCY_CHARS,
     SUBMISSION_LIMITS,
+    FleetShape,
     JobRejected,
     limit_bounds,
     split_command,
@@ -102,7 +105,9 @@ class SubmitJobForm(forms.Form):
         max_length=32,
         required=False,
         label="MIG profile",
-        help_text="One MIG device of this profile instead of whole GPUs, e.g. 1g.10gb.",
+        help_text="One MIG device of this profile instead of whole GPUs; the list offers "
+        "the profiles of the fleet's MIG-capable GPUs, by pool.",
+        widget=SuggestInput(lambda: FleetShape.now().mig_profile_offers()),
     )
     mps_percent = forms.IntegerField(
         required=False,
@@ -155,10 +160,30 @@ class SubmitJobForm(forms.Form):
             "reservation",
             [("", "none")],
             (
-                (r.pk, f"#{r.pk}: {r.gpu_count} GPUs, {r.start:%Y-%m-%d %H:%M} to {r.end:%H:%M}")
+                (
+                    r.pk,
+                    f"#{r.pk}: {plural(r.gpu_count, 'GPU')}, "
+                    f"{r.start:%Y-%m-%d %H:%M} to {r.end:%H:%M}",
+                )
                 for r in reservations
             ),
         )
+
+    def mig_profiles_by_pool(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """Per choice of the pool field (``""``: the GPUs in no pool), the MIG profiles its
+        GPUs have, with their models: the page offers those of the pool chosen."""
+        shape = FleetShape.now()
+        return [
+            (
+                pool or "",
+                [
+                    (profile, ", ".join(short_gpu_name(model) for model in models))
+                    for profile, models in pool_shape.mig_profiles().items()
+                ],
+            )
+            for pool, pool_shape in shape.pools.items()
+            if pool_shape.mig_models
+        ]
 
     def _choices(self, name: str, first: list[tuple[Any, str]], rest: Any) -> None:
         field = self.fields[name]

@@ -152,6 +152,7 @@ def run_pass() -> PassSummary:
             summary.skipped = "the stack is stopping"
         elif not config.enabled:
             summary.skipped = "the scheduler is stopped"
+            summary.pending_saved = explain_stopped()
         else:
             _place_and_explain(summary)
     summary.duration_ms = (time.perf_counter() - started) * 1000
@@ -197,7 +198,8 @@ def _place_and_explain(summary: PassSummary) -> None:
         sharing.request_mig_instance(creation)
     summary.mig_requested = len(result.mig_creates)
     clock.lap("commit")
-    summary.pending_saved = save_pending(result.pending, read.waiting, read.snapshot.now)
+    pending = (*result.pending, *read.dependent)
+    summary.pending_saved = save_pending(pending, read.waiting, read.snapshot.now)
     clock.lap("save_pending")
     summary.waiting = len(result.pending)
 
@@ -365,12 +367,14 @@ class Reuse(Generic[InputsT, MadeT]):
 
 
 class PassInput(NamedTuple):
-    """What a pass reads: the engine's snapshot, its GPU slots by id, and the stored word on
-    each waiting job, by job id."""
+    """What a pass reads: the engine's snapshot, its GPU slots by id, the stored word on
+    each waiting job, by job id, and the word on each job kept out of the queue by its
+    dependencies (what it waits for)."""
 
     snapshot: placement.Snapshot
     slots: dict[int, placement.GpuSlot]
     waiting: dict[int, Wait]
+    dependent: tuple[placement.Pending, ...]
 
 
 def take_snapshot(
@@ -454,7 +458,7 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     slots = _slots.all(inputs)
     attained = _attained_service()
     running = tuple(_running_jobs(held, now, attained))
-    queue, waiting = _queue(now, attained)
+    queue, waiting, dependent = _queue(now, attained)
     configs = quotas.pool_configs()
     snapshot = placement.Snapshot(
         now=now.timestamp(),
@@ -468,7 +472,7 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
         reservations=services.reservation_windows(now),
         array_limits=MappingProxyType(dependencies.array_limits()),
     )
-    return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting)
+    return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting, dependent)
 
 
 # A GpuSlot is made of its GPU's row, its node's hostname, its free memory and why it is
@@ -650,12 +654,12 @@ RequestInputs = tuple[tuple, float, datetime | None, float | None]
 
 def _queue(
     now: datetime, attained: Mapping[int, Attained]
-) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait]]:
-    """The QUEUED jobs whose dependencies hold, as requests, and the stored word on each."""
+) -> tuple[tuple[placement.JobRequest, ...], dict[int, Wait], tuple[placement.Pending, ...]]:
+    """The QUEUED jobs whose dependencies hold, as requests; the stored word on every QUEUED
+    job; and for those whose dependencies do not hold yet, what they wait for."""
     blocked = dependencies.resolve()
     rows = (
         Job.objects.filter(state=JobState.QUEUED)
-        .exclude(pk__in=blocked)
         .order_by()  # every policy orders the queue, ties by id
         .values_list(*_columns(QueuedRow, ("submitted_at",)), *WAIT_COLUMNS)
     )
@@ -665,13 +669,21 @@ def _queue(
     waiting: dict[int, Wait] = {}
     for row in rows:
         pk = row[0]
+        waiting[pk] = row[width:]
+        if pk in blocked:
+            continue
         service, last_end = attained.get(pk, (0.0, None))
         predicted = None
         if row[estimate] is None:
             predicted = history.predicted_runtime(predictor, QueuedRow._make(row[:width]))
         inputs.append((pk, (row[:width], service, last_end, predicted)))
-        waiting[pk] = row[width:]
-    return tuple(_requests.all(inputs)), waiting
+    dependent = tuple(
+        placement.Pending(
+            pk, None, placement.Reason.DEPENDENCY, dependencies.waiting_text(unmet), None, None
+        )
+        for pk, unmet in blocked.items()
+    )
+    return tuple(_requests.all(inputs)), waiting, dependent
 
 
 def _job_request(inputs: RequestInputs) -> placement.JobRequest:
@@ -913,6 +925,29 @@ def save_pending(
     with connection.cursor() as cursor:
         cursor.execute(SAVE_PENDING_SQL, [*columns, JobState.QUEUED])
         return cursor.rowcount
+
+
+# What every queued job says while the scheduler is stopped (``explain_stopped``).
+STOPPED_REASON = "the scheduler is stopped: nothing is placed until an admin starts it again"
+
+
+def explain_stopped() -> int:
+    """Every queued job's word while the scheduler is stopped (``SchedulerSettings.enabled``
+    off): that reason, no position, estimate or what-if; one statement, which leaves the rows
+    that say so already. The number of rows written. The first pass after it starts again
+    gives each its own word."""
+    code = placement.Reason.SCHEDULER_STOPPED
+    return (
+        Job.objects.filter(state=JobState.QUEUED)
+        .exclude(pending_code=code, pending_reason=STOPPED_REASON)
+        .update(
+            pending_code=code,
+            pending_reason=STOPPED_REASON,
+            queue_position=None,
+            estimated_start_at=None,
+            what_if="",
+        )
+    )
 
 
 def _estimated_start(estimate: float | None, stored: float | None, now: float) -> float | None:

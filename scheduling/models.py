@@ -22,6 +22,7 @@ from django.db.models.functions import Now
 
 from inventory.models import Gpu, MigInstance, Node, Pool
 from scheduling.placement.snapshot import DEFAULT_POLICY
+from scheduling.placement.text import plural
 
 
 class JobState(models.TextChoices):
@@ -605,7 +606,7 @@ class Reservation(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"reservation {self.pk} ({self.gpu_count} GPUs)"
+        return f"reservation {self.pk} ({plural(self.gpu_count, 'GPU')})"
 
 
 def _single_gpu_range() -> Func:

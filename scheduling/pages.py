@@ -35,7 +35,7 @@ from scheduling.models import (
     Topology,
 )
 from scheduling.placement import TopologyClass
-from scheduling.placement.text import indexes_phrase
+from scheduling.placement.text import indexes_phrase, plural
 from scheduling.slurm import (
     array_label,
     compact_indexes,
@@ -70,9 +70,10 @@ TOPOLOGY_CLASS_TEXT: dict[str, str] = {
 }
 
 
-def gpu_occupants(gpu_ids: Collection[int]) -> dict[int, Occupant]:
-    """The job and user on each of ``gpu_ids`` that has an active allocation: scheduling's
-    answer to ``inventory.signals.gpu_occupants_requested`` (the fleet dashboard, ``?free=``).
+def gpu_occupants(gpu_ids: Collection[int]) -> list[Occupant]:
+    """The job and user of each active allocation of ``gpu_ids`` (a whole GPU, a MIG device, an
+    MPS share): scheduling's answer to ``inventory.signals.gpu_occupants_requested`` (the fleet
+    dashboard, ``?free=``, the MIG layouts).
 
     One query reads every active allocation (at most one per GPU of the fleet) and the ids are
     picked here: for a 1,024-GPU page that takes under 2 ms, where an ``IN`` list of 1,024 ids
@@ -80,13 +81,13 @@ def gpu_occupants(gpu_ids: Collection[int]) -> dict[int, Occupant]:
     """
     wanted = set(gpu_ids)
     url = url_format("scheduling:job-detail")
-    return {
-        gpu_id: Occupant(job_id, url.format(job_id), username)
-        for gpu_id, job_id, username in Allocation.objects.active().values_list(
-            "gpu_id", "job_id", "job__owner__username"
-        )
+    return [
+        Occupant(job_id, url.format(job_id), username, gpu_id, name, mig_instance_id)
+        for gpu_id, job_id, username, name, mig_instance_id in Allocation.objects.active()
+        .values_list("gpu_id", "job_id", "job__owner__username", "job__name", "mig_instance_id")
+        .iterator()
         if gpu_id in wanted
-    }
+    ]
 
 
 def state_colour(state: str) -> str:
@@ -107,7 +108,7 @@ def sharing_text(job: Job) -> str:
 def resources_text(job: Job) -> str:
     """``8 GPUs × 2 nodes · A100-SXM4-80GB · ≥ 40 GiB · one NVLink/NVSwitch domain``, or
     ``MIG device 1g.10gb``."""
-    parts = [sharing_text(job) or f"{job.gpu_count} GPU{'s' if job.gpu_count != 1 else ''}"]
+    parts = [sharing_text(job) or plural(job.gpu_count, "GPU")]
     if job.node_count > 1:
         parts[0] += f" × {job.node_count} nodes"
     if job.gpu_model:

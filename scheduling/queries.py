@@ -72,6 +72,15 @@ def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
     return jobs.filter(owner_id=user.pk) if role_of(user) == Role.USER else jobs
 
 
+def no_job_text(user: User | AnonymousUser, job_id: int | str) -> str:
+    """What ``user`` is told of a job ``visible_jobs`` does not give them: ``no job 12``, and
+    to a user ``no job 12 of yours (a user sees only their own jobs)``, whether it is
+    another's or none at all (the API's 404, a dependency's refusal)."""
+    if role_of(user) == Role.USER:
+        return f"no job {job_id} of yours (a user sees only their own jobs)"
+    return f"no job {job_id}"
+
+
 def visible_arrays(user: User | AnonymousUser) -> QuerySet[JobArray]:
     """The job arrays ``user`` sees: by the rule of ``visible_jobs``."""
     arrays = JobArray.objects.all()

@@ -20,8 +20,9 @@ def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) ->
     services.request_placement_pass()
 
 
-def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> dict[int, Occupant]:
-    """The job and user holding each of ``gpu_ids`` that a job holds (the fleet dashboard)."""
+def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> list[Occupant]:
+    """The job and user holding each of ``gpu_ids`` (or a MIG device or share of it) that a job
+    holds (the fleet dashboard, the MIG layouts)."""
     return pages.gpu_occupants(gpu_ids)
 
 

@@ -30,6 +30,9 @@ from scheduling.reservations import held_in, window_text
 
 SLOT = timedelta(hours=1)
 SLOTS_PER_DAY = 24
+# A bar of fewer slots is too narrow for its label at any screen width: it shows its short
+# label in a chip that may reach past its hours (its full text is the chip's tooltip).
+COMPACT_SLOTS = 6
 DAYS = 7
 LIST_LIMIT = 200
 
@@ -103,6 +106,7 @@ class Bar:
     label: str
     title: str
     url: str = ""
+    short_label: str = ""  # a short bar's label (its owner); the label when empty
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,17 @@ class Cell:
     label: str = ""
     title: str = ""
     url: str = ""
+    short_label: str = ""
+
+    @property
+    def compact(self) -> bool:
+        """Whether it is a bar too short for its label (``COMPACT_SLOTS``)."""
+        return self.kind != "free" and self.span < COMPACT_SLOTS
+
+    @property
+    def text(self) -> str:
+        """What its chip reads: the short label of a compact bar, else the label."""
+        return (self.short_label or self.label) if self.compact else self.label
 
 
 def wall(moment: datetime) -> datetime:
@@ -137,7 +152,7 @@ def lane(bars: Iterable[Bar], start: datetime, slots: int) -> list[Cell]:
             continue
         if first > at:
             cells.append(Cell(first - at))
-        cells.append(Cell(last - first, bar.kind, bar.label, bar.title, bar.url))
+        cells.append(Cell(last - first, bar.kind, bar.label, bar.title, bar.url, bar.short_label))
         at = last
     if at < slots:
         cells.append(Cell(slots - at))
@@ -220,6 +235,7 @@ def week(gpus: Sequence[Gpu], day: date, user: User, now: datetime) -> Week:
                 title=f"Reservation {reservation.pk} of {owner} ({reservation.state}): "
                 f"{window_text(reservation.start, reservation.end)}",
                 url=f"{list_url}?{query}#reservation-{reservation.pk}",
+                short_label=owner,
             )
         )
     jobs: dict[int, list[Bar]] = defaultdict(list)
@@ -243,6 +259,7 @@ def week(gpus: Sequence[Gpu], day: date, user: User, now: datetime) -> Week:
                 title=f"Job {job.pk} of {owner} since {began:%Y-%m-%d %H:%M}, "
                 + (f"expected to end {ends:%Y-%m-%d %H:%M}" if ends else "no end estimate"),
                 url=reverse("scheduling:job-detail", args=[job.pk]),
+                short_label=owner,
             )
         )
     lanes = [

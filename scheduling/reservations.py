@@ -41,6 +41,7 @@ from health.models import Alert
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node, Pool
 from inventory.querysets import GpuQuerySet, pool_is
+from inventory.services import resolve_gpu_model
 from scheduling import quotas, services
 from scheduling.models import (
     HOLDING_STATES,
@@ -379,6 +380,7 @@ def request(
     now = timezone.now()
     for name, value in (("project", project), ("note", note), ("gpu_model", gpu_model)):
         check_text(name, value)
+    gpu_model = resolve_gpu_model(gpu_model, refusal=ReservationInvalid)
     check_window(start, end, now)
     named = sorted(set(gpus), key=lambda gpu: gpu.pk)
     if gpu_count is None:

@@ -54,7 +54,9 @@ from inventory import live
 from inventory.models import Gpu, MigInstance, Node, Pool
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
+from inventory.pages.common import short_gpu_name
 from inventory.querysets import pool_name
+from inventory.services import resolve_gpu_model
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, placement, slurm
 from scheduling.executor import (
@@ -84,6 +86,7 @@ from scheduling.placement.decisions import Reason
 from scheduling.placement.diagnosis import Diagnosis
 from scheduling.placement.fleet import Shape, grouping
 from scheduling.placement.reservations import ReservationBook
+from scheduling.placement.text import plural
 
 S = JobState
 log = logging.getLogger("gpuadmin.jobs")
@@ -144,6 +147,17 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
 
 class IllegalTransition(ValueError):
     """A state change the state machine does not allow; nothing was written."""
+
+
+def transition_refusal(job_id: int, state: str, to: str) -> str:
+    """Why job ``job_id`` cannot go from ``state`` to ``to`` (the state machine refuses it):
+    ``job 12 is already canceled``, ``job 12 already ended: it is completed``, ``job 12
+    cannot go from running to pending``."""
+    if state == to:
+        return f"job {job_id} is already {state}"
+    if state in TERMINAL_STATES:
+        return f"job {job_id} already ended: it is {state}"
+    return f"job {job_id} cannot go from {state} to {to}"
 
 
 class JobRejected(FieldRefusal):
@@ -350,7 +364,7 @@ def _change(
         wanted = " or ".join(sorted(expect))
         raise IllegalTransition(f"job {locked.pk} is {locked.state}, not {wanted}")
     if to not in TRANSITIONS[locked.state]:
-        raise IllegalTransition(f"job {locked.pk} cannot go from {locked.state} to {to}")
+        raise IllegalTransition(transition_refusal(locked.pk, locked.state, to))
     before = {"state": locked.state}
     if to in TERMINAL_STATES:
         fields.setdefault("finished_at", timezone.now())
@@ -435,6 +449,17 @@ class PoolShape:
         """Count a node that gives jobs ``cpus`` and ``memory_mib`` (None: unknown)."""
         self.cpus = _most(self.cpus, cpus)
         self.memory_mib = _most(self.memory_mib, memory_mib)
+
+    def mig_profiles(self, gpu_model: str = "") -> dict[str, list[str]]:
+        """The MIG profiles its MIG-capable GPUs (of ``gpu_model`` only, when given) have, in
+        their tables' order: profile name -> the models that have it."""
+        models = sorted({gpu_model} & self.mig_models if gpu_model else self.mig_models)
+        profiles: dict[str, list[str]] = {}
+        for model in models:
+            table = table_for_gpu(model)
+            for profile in table.profiles if table is not None else ():
+                profiles.setdefault(profile.name, []).append(model)
+        return profiles
 
 
 def _most(known: int | None, other: int | None) -> int | None:
@@ -534,6 +559,25 @@ class FleetShape:
                 [infos[hostname] for hostname in hostnames], pool_slots, scope
             )
         return cls(pools, names, hardware)
+
+    def mig_profile_offers(self) -> list[tuple[str, str]]:
+        """Every MIG profile some GPU has, with where: (``1g.10gb``, ``A100-SXM4-80GB in pool
+        a100; H100 80GB HBM3 outside the pools``), for a form to offer (``check`` decides)."""
+        where: dict[str, list[str]] = {}
+        for pool in sorted(self.pools, key=lambda name: (name is None, name or "")):
+            for profile, models in self.pools[pool].mig_profiles().items():
+                names = ", ".join(short_gpu_name(model) for model in models)
+                where.setdefault(profile, []).append(f"{names} {self.where(pool)}")
+        return [(profile, "; ".join(places)) for profile, places in where.items()]
+
+    @property
+    def model_names(self) -> set[str]:
+        """Every GPU model of the fleet, in any pool, whole, MIG-capable or MPS-shared."""
+        return {
+            name
+            for shape in self.pools.values()
+            for name in (*shape.models, *shape.mig_models, *shape.mps_models)
+        }
 
     def where(self, pool: str | None) -> str:
         """``in pool a100``, ``outside the pools``, or ``in the fleet`` when no GPU is in a
@@ -646,7 +690,8 @@ class FleetShape:
             what = f"{gpu_model} " if gpu_model else ""
             raise JobRejected(
                 "gpu_count",
-                f"{gpu_count} GPUs per node, but no node has more than {largest} {what}GPUs",
+                f"{plural(gpu_count, 'GPU')} per node, but no node has more than {largest} "
+                f"{what}GPUs",
             )
         memory = max(mib for _, _, mib in candidates)
         if min_mib > memory:
@@ -658,19 +703,17 @@ class FleetShape:
         if node_count > nodes:
             raise JobRejected(
                 "node_count",
-                f"{node_count} nodes with {gpu_count} GPUs each, but only {nodes} nodes have "
-                f"that many",
+                f"{plural(node_count, 'node')} with {plural(gpu_count, 'GPU')} each, but only "
+                f"{plural(nodes, 'node')} {'has' if nodes == 1 else 'have'} that many",
             )
 
     def _check_mig(self, pool: str | None, shape: PoolShape, gpu_model: str, profile: str) -> None:
         where = self.where(pool)
         if gpu_model and gpu_model not in shape.mig_models:
             raise JobRejected("gpu_model", f"no MIG-capable {gpu_model} {where}")
-        models = sorted({gpu_model} if gpu_model else shape.mig_models)
-        if not models:
+        if not shape.mig_models:
             raise JobRejected("mig_profile", f"no MIG-capable GPU {where}")
-        tables = [table for model in models if (table := table_for_gpu(model)) is not None]
-        known = dict.fromkeys(p.name for table in tables for p in table.profiles)
+        known = shape.mig_profiles(gpu_model)
         if profile not in known:
             raise JobRejected(
                 "mig_profile",
@@ -822,9 +865,13 @@ def check_submission(
     if topology not in Topology.values:
         raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
+    shape = FleetShape.cached()
+    if fields.get("gpu_model"):
+        fields["gpu_model"] = resolve_gpu_model(
+            fields["gpu_model"], shape.model_names, refusal=JobRejected
+        )
     if reservation is not None:
         fields["reservation"], pool = _reservation(owner, reservation, pool, fields)
-    shape = FleetShape.cached()
     shape.check(
         pool=pool,
         gpu_count=fields.get("gpu_count", 1),
@@ -897,7 +944,8 @@ def _reservation(
     if needed > found.gpu_count:
         raise JobRejected(
             "reservation",
-            f"the job needs {needed} GPUs; reservation {found.pk} holds {found.gpu_count}",
+            f"the job needs {plural(needed, 'GPU')}; reservation {found.pk} holds "
+            f"{found.gpu_count}",
         )
     model = fields.get("gpu_model", "")
     if model and found.gpu_model and model != found.gpu_model:
@@ -995,8 +1043,8 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
     if len(parsed.indexes) * len(submission.needs) > most:
         raise JobRejected(
             "dependency",
-            f"{len(parsed.indexes)} tasks each depending on {len(submission.needs)} jobs: at "
-            f"most {most} dependencies in one array",
+            f"{len(parsed.indexes)} tasks each depending on "
+            f"{plural(len(submission.needs), 'job')}: at most {most} dependencies in one array",
         )
     state = S.PENDING if hold else S.QUEUED
     with transaction.atomic():
@@ -1537,7 +1585,7 @@ def _refusal(
     if job is None:
         return f"job {grant.job_id} no longer exists"
     if job.state != S.QUEUED:
-        return str(IllegalTransition(f"job {job.pk} cannot go from {job.state} to {S.SCHEDULED}"))
+        return transition_refusal(job.pk, job.state, S.SCHEDULED)
     missing = sorted(set(grant.gpu_ids) - set(gpus))
     if missing:
         return f"no GPU with id {', '.join(map(str, missing))}"

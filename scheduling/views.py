@@ -30,6 +30,7 @@ from scheduling import pages, queries, services
 from scheduling.filters import JobFilterSet
 from scheduling.forms import SubmitJobForm
 from scheduling.models import Job
+from scheduling.placement.text import plural
 
 
 def _job(request: HttpRequest, pk: int) -> Job:
@@ -140,7 +141,7 @@ def array_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     outcome = services.cancel_array(array, actor=signed_in(request))
     messages.success(
         request,
-        f"Array {array.pk}: {len(outcome.canceled)} tasks canceled, "
+        f"Array {array.pk}: {plural(len(outcome.canceled), 'task')} canceled, "
         f"{len(outcome.canceling)} being stopped by their agents.",
     )
     return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
@@ -171,7 +172,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
         else:
             if isinstance(submitted, services.SubmittedArray):
                 array = submitted.array
-                messages.success(request, f"Array {array.pk} submitted: {array.size} tasks.")
+                messages.success(
+                    request, f"Array {array.pk} submitted: {plural(array.size, 'task')}."
+                )
                 return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
             messages.success(request, f"Job {submitted.pk} submitted.")
             return redirect("scheduling:job-detail", pk=submitted.pk)

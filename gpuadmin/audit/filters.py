@@ -31,8 +31,9 @@ class AuditEventFilterSet(django_filters.FilterSet):
         widget=SuggestInput(lambda: distinct_values(AuditEvent, "event_type")),
     )
     target_type = django_filters.CharFilter(
+        method="filter_target_type",
         label="Target type",
-        help_text="app_label.model, e.g. scheduling.job.",
+        help_text="app_label.model, e.g. scheduling.job, or the model alone (job).",
         widget=SuggestInput(lambda: distinct_values(AuditEvent, "target_type")),
     )
     target_id = django_filters.CharFilter(label="Target id", help_text="The target's key.")
@@ -69,3 +70,10 @@ class AuditEventFilterSet(django_filters.FilterSet):
         if value.endswith(ANY_SUFFIX):
             return queryset.filter(event_type__startswith=value.removesuffix("*"))
         return queryset.filter(event_type=value)
+
+    def filter_target_type(
+        self, queryset: QuerySet[AuditEvent], name: str, value: str
+    ) -> QuerySet[AuditEvent]:
+        if "." in value:
+            return queryset.filter(target_type=value)
+        return queryset.filter(target_type__endswith=f".{value}")

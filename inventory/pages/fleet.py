@@ -260,14 +260,16 @@ class GpuRow:
 
     @property
     def status(self) -> Status:
-        """As ``unusable`` says; a GPU free, draining or in MIG mode is busy while a job
-        holds it, and foreign while processes run on it that no job accounts for."""
+        """As ``unusable`` says; a GPU free, in MIG mode or shared through MPS is busy while
+        a job holds it (a draining one stays draining: its job finishes there), and each is
+        foreign while processes run on it that no job accounts for."""
         if self._status is None:
             why = self.unusable
             status = Status.FREE if why is None else _STATUS_OF[why.code]
             if status in (Status.FREE, Status.DRAINING, Status.MIG, Status.MPS):
                 if self.occupant:
-                    status = Status.BUSY
+                    if status is not Status.DRAINING:  # its job finishes there: draining
+                        status = Status.BUSY
                 elif self.processes:
                     status = Status.FOREIGN
             self._status = status
@@ -445,17 +447,13 @@ def has_mig() -> Exists:
     return Exists(Gpu.objects.present().filter(node=OuterRef("pk"), mig_capable=True))
 
 
-def dashboard_gpus(
-    gpus: QuerySet[Gpu], *, live_only: bool = False
-) -> dict[int, list[DashboardGpu]]:
+def dashboard_gpus(gpus: QuerySet[Gpu]) -> dict[int, list[DashboardGpu]]:
     """``gpus`` as ``DashboardGpu`` values by node id, missing GPUs last, with their
-    ``mig_count`` unless ``live_only`` (the poll's rows do not show it). One query."""
+    ``mig_count`` (the live rows' state cell shows it). One query."""
     ordered = gpus.order_by("node_id", F("missing_since").asc(nulls_first=True), "index")
-    fields: tuple[str, ...] = DASHBOARD_GPU_FIELDS
-    if not live_only:
-        ordered, fields = ordered.annotate(mig_count=Count("mig_instances")), (*fields, "mig_count")
+    ordered = ordered.annotate(mig_count=Count("mig_instances"))
     by_node: dict[int, list[DashboardGpu]] = {}
-    for values in ordered.values_list(*fields):
+    for values in ordered.values_list(*DASHBOARD_GPU_FIELDS, "mig_count"):
         by_node.setdefault(values[2], []).append(DashboardGpu(*values))
     return by_node
 
@@ -465,7 +463,8 @@ def dashboard_nodes(
 ) -> list[tuple[Node, list[DashboardGpu]]]:
     """The dashboard's nodes, each with its GPUs in view (``gpus``: what the GPU FilterSet
     kept); with ``filtered``, only the nodes that keep a GPU. The full page's nodes have
-    ``has_mig``; ``live_only`` (the poll) reads only what the live rows show. Two queries."""
+    ``has_mig``; ``live_only`` (the poll) reads only the node fields the live rows show. Two
+    queries."""
     nodes = Node.objects.all()
     if live_only:
         nodes = nodes.only(*_LIVE_NODE_FIELDS)
@@ -473,7 +472,7 @@ def dashboard_nodes(
         nodes = nodes.annotate(has_mig=has_mig())
     if filtered:
         nodes = nodes.filter(Exists(gpus.filter(node=OuterRef("pk"))))
-    by_node = dashboard_gpus(gpus, live_only=live_only)
+    by_node = dashboard_gpus(gpus)
     return [(node, by_node.get(node.pk, [])) for node in nodes]
 
 
@@ -494,8 +493,8 @@ def _node_url(viewname: str) -> str:
 
 
 def static_rows_html(rows: Iterable[GpuRow]) -> SafeString:
-    """A node card's static table body: each GPU's link, model, state (with its reason) and
-    MIG badges (``mig_count``: annotated by ``nodes_in_view``)."""
+    """A node card's static table body: each GPU's link (with its missing badge) and model;
+    its state is a live column (``_state_cell``)."""
     url = _gpu_url()
     parts = []
     for row in rows:
@@ -506,24 +505,32 @@ def static_rows_html(rows: Iterable[GpuRow]) -> SafeString:
             if gpu.missing_since
             else ""
         )
-        reason = f' title="{escape(gpu.state_reason)}"' if gpu.state_reason else ""
-        mig_count = getattr(gpu, "mig_count", 0)
-        mig = (
-            f' <span class="badge badge-blue" title="{mig_count} MIG instances">'
-            f"MIG {mig_count}</span>"
-            if gpu.mig_enabled
-            else ""
-        )
         parts.append(
             f'<tr class="gpu-row" data-uuid="{escape(gpu.uuid)}">'
             f'<td><a href="{url.format(escape(gpu.uuid))}">GPU{gpu.index}</a>{missing}</td>'
-            f'<td class="muted">{escape(gpu.name.replace("NVIDIA ", ""))}</td>'
-            f'<td><span class="badge badge-{row.state_colour}"{reason}>'
-            f"{_STATE_LABELS.get(gpu.state, gpu.state)}</span>{mig}</td></tr>\n"
+            f'<td class="muted">{escape(gpu.name.replace("NVIDIA ", ""))}</td></tr>\n'
         )
     if not parts:
-        parts.append('<tr><td colspan="3" class="empty">No GPUs.</td></tr>\n')
+        parts.append('<tr><td colspan="2" class="empty">No GPUs.</td></tr>\n')
     return mark_safe("".join(parts))  # every value above is escaped
+
+
+def _state_cell(row: GpuRow) -> str:
+    """The GPU's catalog state (its reason in the tooltip) and MIG badges: a live column, so
+    that a GPU drained or fenced reads so without a reload (``mig_count``: annotated by
+    ``dashboard_gpus``)."""
+    gpu = row.gpu
+    reason = f' title="{escape(gpu.state_reason)}"' if gpu.state_reason else ""
+    mig_count = getattr(gpu, "mig_count", 0)
+    mig = (
+        f' <span class="badge badge-blue" title="{mig_count} MIG instances">MIG {mig_count}</span>'
+        if gpu.mig_enabled
+        else ""
+    )
+    return (
+        f'<td><span class="badge badge-{row.state_colour}"{reason}>'
+        f"{_STATE_LABELS.get(gpu.state, gpu.state)}</span>{mig}</td>"
+    )
 
 
 def _live_row_html(row: GpuRow) -> str:
@@ -542,27 +549,31 @@ def _live_row_html(row: GpuRow) -> str:
         else row.processes_text
     )
     return (
-        f'<tr class="s-{status}"><td>{status}{marks}</td><td>{row.utilization_text}</td>'
+        f'<tr class="s-{status}"><td>{status}{marks}</td>{_state_cell(row)}'
+        f"<td>{row.utilization_text}</td>"
         f"<td{memory}>{row.memory_text}</td><td>{row.temperature_text}</td>"
         f"<td>{row.power_text}</td><td>{work}</td></tr>\n"
     )
 
 
-def live_rows_html(card: NodeRows) -> SafeString:
-    """A node card's live table body, swapped out of band by the dashboard's 2 s poll: each
-    GPU's status (with error and hot marks), utilization, memory, temperature, power, and the
-    job holding it (else how many processes run on it)."""
+def live_rows_html(card: NodeRows, *, oob: bool = False) -> SafeString:
+    """A node card's live table body, refreshed by the dashboard's 2 s poll (``oob``: marked
+    for its out-of-band swap; never on a page, whose own poll would lose the rows to it):
+    each GPU's status (with error and hot marks), state, utilization, memory, temperature,
+    power, and the job holding it (else how many processes run on it)."""
     unreachable = "" if card.reachable else " unreachable"
+    swap = ' hx-swap-oob="true"' if oob else ""
     rows = "".join(_live_row_html(row) for row in card.gpus) or (
-        '<tr><td colspan="6" class="empty">&nbsp;</td></tr>\n'
+        '<tr><td colspan="7" class="empty">&nbsp;</td></tr>\n'
     )
     return mark_safe(  # every value in the rows is escaped
-        f'<tbody id="live-{card.node.pk}" class="live{unreachable}" hx-swap-oob="true">\n'
-        f"{rows}</tbody>"
+        f'<tbody id="live-{card.node.pk}" class="live{unreachable}"{swap}>\n{rows}</tbody>'
     )
 
 
 def poll_rows_html(cards: Iterable[NodeRows]) -> SafeString:
-    """The dashboard poll's out-of-band swaps: every card's live rows, each in a template
-    element so that the HTML parser keeps the tbody outside a table."""
-    return mark_safe("".join(f"<template>{card.live_rows_html}</template>" for card in cards))
+    """The dashboard poll's out-of-band swaps: every card's live rows, as the page has them,
+    each in a template element so that the HTML parser keeps the tbody outside a table."""
+    return mark_safe(
+        "".join(f"<template>{live_rows_html(card, oob=True)}</template>" for card in cards)
+    )

@@ -16,7 +16,16 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, MigInstance, Node
 from inventory.nvml import mig_catalog, mig_fit
 from inventory.nvml.mig_catalog import MigProfile, MigTable
+from inventory.occupancy import Occupancy, Occupant
 from inventory.pages.common import MIB_PER_GIB
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeInstanceRow:
+    """A MIG device (a compute instance) and the job holding it, if any."""
+
+    instance: MigInstance
+    holder: Occupant | None
 
 
 @dataclasses.dataclass
@@ -29,7 +38,7 @@ class GpuInstanceCard:
     placement_size: int
     memory_mib: int
     compute_slices: int
-    compute_instances: list[MigInstance]
+    compute_instances: list[ComputeInstanceRow]
 
     @property
     def memory_gib(self) -> str:
@@ -86,9 +95,12 @@ def _compute_slices(profile_name: str, table_profiles: Mapping[str, MigProfile])
     return int(found.group(1)) if found else 0
 
 
-def mig_layout(gpu: Gpu, instances: Iterable[MigInstance]) -> MigLayout:
-    """The GPU's instances on its slices and, while MIG is on, the room its profile table
-    still leaves per profile (with MIG off no instance can be made: no room is listed)."""
+def mig_layout(
+    gpu: Gpu, instances: Iterable[MigInstance], occupancy: Occupancy | None = None
+) -> MigLayout:
+    """The GPU's instances on its slices, each MIG device with the job holding it (asked of
+    ``occupancy``; None: not named) and, while MIG is on, the room its profile table still
+    leaves per profile (with MIG off no instance can be made: no room is listed)."""
     table = mig_catalog.table_for_gpu(gpu.name)
     profiles = {p.name: p for p in table.profiles} if table else {}
     memory_total = table.memory_slices if table else 8
@@ -104,7 +116,10 @@ def mig_layout(gpu: Gpu, instances: Iterable[MigInstance]) -> MigLayout:
             placement_size=rows[0].placement_size,
             memory_mib=rows[0].memory_mib,
             compute_slices=_compute_slices(rows[0].profile_name, profiles),
-            compute_instances=sorted(rows, key=lambda row: row.ci_id),
+            compute_instances=[
+                ComputeInstanceRow(row, occupancy.of_mig_instance(row.pk) if occupancy else None)
+                for row in sorted(rows, key=lambda row: row.ci_id)
+            ],
         )
         for gi_id, rows in by_gi.items()
     ]

@@ -96,7 +96,11 @@ class ReservationRequestSerializer(api.Serializer):
         help_text="Pool name; none or ~: the GPUs in no pool.",
     )
     gpu_model = serializers.CharField(
-        max_length=100, required=False, allow_blank=True, default="", help_text="Exact name."
+        max_length=100,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="GPU product name, or an unambiguous part of it (H100).",
     )
     node = serializers.SlugRelatedField(
         slug_field="hostname",

@@ -142,7 +142,10 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
         default=0, **services.limit_bounds("min_gpu_memory_mib")
     )
     gpu_model = serializers.CharField(
-        max_length=100, required=False, allow_blank=True, help_text="Exact GPU product name."
+        max_length=100,
+        required=False,
+        allow_blank=True,
+        help_text="GPU product name, or an unambiguous part of it (H100).",
     )
     topology = serializers.ChoiceField(choices=Topology.choices, default=Topology.ANY)
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)

@@ -10,6 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import Http404
+from django.utils.text import capfirst
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -75,8 +77,13 @@ def visible_job(request: Request, job_id: int) -> Job:
     """A job the requester sees, with its details; 404 otherwise (users see only theirs)."""
     job = queries.with_details(queries.visible_jobs(signed_in(request))).filter(pk=job_id).first()
     if job is None:
-        raise NotFound(f"No job {job_id}.")
+        raise no_job(request, job_id)
     return job
+
+
+def no_job(request: Request, job_id: int | str) -> NotFound:
+    """The 404 of a job the requester does not see (``queries.no_job_text``)."""
+    return NotFound(capfirst(queries.no_job_text(request.user, job_id)) + ".")
 
 
 def check_can_act(request: Request, job: Job) -> None:
@@ -160,6 +167,13 @@ class JobViewSet(
 
     def get_queryset(self) -> QuerySet[Job]:
         return queries.with_details(queries.visible_jobs(self.request.user))
+
+    def get_object(self) -> Job:
+        """The job of the URL; a 404 that says why when the requester does not see it."""
+        try:
+            return super().get_object()
+        except Http404:
+            raise no_job(self.request, self.kwargs["pk"]) from None
 
     def get_serializer_class(self) -> type[Serializer]:
         if self.action == "create":

@@ -50,7 +50,7 @@ one. Then, job by job in that order:
   (`PREEMPT_EXEMPT`, `PREEMPT_ORDER`, `NOT_PREEMPTIBLE`; `preemption.Victims.refusal`).
 - `placements`: a `Placement` per job placed: its GPUs per node (or MIG device, MPS share),
   topology class, score and an explanation ("4 GPUs in one NVLink domain on dgx-01 (GPUs
-  0-3), NUMA nodes 1 and 3 on socket 0; best fit: leaves 4 free GPUs on that node").
+  0-3), NUMA nodes 1 and 3 on one socket; best fit: leaves 4 free GPUs on that node").
 - `pending`: a `Pending` per job left waiting, pool by pool in queue order (positions count
   per pool): a `Reason` code, a message ("needs 4 GPUs in one NVLink domain; the largest free
   block is 3 on dgx-02"), the estimated start from running jobs' expected ends, and a what-if

@@ -60,6 +60,11 @@ class Reason(StrEnum):
     MIG_RECONFIGURING = "mig_reconfiguring"
     # No MIG device of its profile is free, or no MPS GPU has room for its share.
     SHARE_UNAVAILABLE = "share_unavailable"
+    # The loop's own words, for jobs it keeps out of the engine's queue: the jobs it depends
+    # on have not ended as it asks (Slurm's "Dependency"), ...
+    DEPENDENCY = "dependency"
+    # ... or the scheduler is stopped (an admin's POST /orchestrator/stop): nothing is placed.
+    SCHEDULER_STOPPED = "scheduler_stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +102,8 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A job left waiting. `position` is 1-based among waiting jobs in policy order.
+    """A job left waiting. `position` is 1-based among waiting jobs in policy order (None
+    for a job kept out of the queue: `Reason.DEPENDENCY`).
 
     `estimated_start` (epoch seconds) is the earliest time running jobs' expected ends free
     enough GPUs of the job's shape, like `squeue --start`; None when unknown. `what_if` names
@@ -105,7 +111,7 @@ class Pending:
     """
 
     job_id: int
-    position: int
+    position: int | None
     reason: Reason
     message: str
     estimated_start: float | None

@@ -279,16 +279,20 @@ _WHERE = {
     TopologyClass.SOCKET: " on one socket",
     TopologyClass.NODE: " across sockets",
 }
+_SOCKETS_SAID = frozenset({TopologyClass.SOCKET, TopologyClass.NODE})
 
 
 def _explain_one(candidate: Candidate) -> str:
-    """E.g. "4 GPUs in one NVLink domain on dgx-01 (GPUs 0-3), NUMA nodes 1 and 3 on socket 0;
-    best fit: leaves 4 free GPUs on that node"."""
+    """E.g. "4 GPUs in one NVLink domain on dgx-01 (GPUs 0-3), NUMA nodes 1 and 3 on one
+    socket; best fit: leaves 4 free GPUs on that node" (the sockets once: not again after
+    "on one socket" or "across sockets")."""
     gpus: tuple[GpuSlot, ...] = candidate.choice.gpus
-    where = _WHERE[candidate.choice.topology_class]
+    topology_class = candidate.choice.topology_class
+    where = _WHERE[topology_class]
+    numa = numa_phrase(gpus, with_sockets=topology_class not in _SOCKETS_SAID)
     return (
         f"{gpus_phrase(len(gpus))}{where} on {candidate.node.hostname} "
-        f"({indexes_phrase([gpu.index for gpu in gpus])}){numa_phrase(gpus)}; "
+        f"({indexes_phrase([gpu.index for gpu in gpus])}){numa}; "
         f"best fit: leaves {gpus_phrase(candidate.key[1], 'free ')} on that node"
     )
 

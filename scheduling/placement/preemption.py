@@ -48,7 +48,7 @@ from scheduling.placement.hosts import HostAsk, fits_free
 from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy
 from scheduling.placement.reservations import moment
 from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
-from scheduling.placement.text import listing
+from scheduling.placement.text import listing, plural
 from scheduling.placement.topology import choose
 
 NODE_VICTIMS = 8
@@ -245,7 +245,7 @@ class Victims:
         words = self.words(code, named[0], job)
         if len(named) > 1:
             more = len(named) - 1
-            words += f", and {more} more job{'s' if more > 1 else ''} likewise"
+            words += f", and {plural(more, 'more job')} likewise"
         return code, words
 
     def _reason(self, victim: RunningJob, job: JobRequest) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from inventory.nvml.mig_catalog import compute_share
 from scheduling.placement.snapshot import JobRequest, QuotaLimit, RunningJob
+from scheduling.placement.text import plural
 
 PERIOD_PHRASES = {"day": "today", "week": "this week", "month": "this month"}
 
@@ -99,7 +100,8 @@ class ArrayCaps:
         if self._running[job.array] < limit:
             return None
         return (
-            f"array {job.array} runs {self._running[job.array]} tasks at once, its cap (%{limit})"
+            f"array {job.array} runs {plural(self._running[job.array], 'task')} at once, its "
+            f"cap (%{limit})"
         )
 
     def charge(self, job: JobRequest) -> None:

@@ -48,14 +48,18 @@ def indexes_phrase(indexes: Sequence[int]) -> str:
     return f"GPUs {listing([str(i) for i in indexes], limit=len(indexes))}"
 
 
-def numa_phrase(gpus: Sequence[GpuSlot]) -> str:
-    """ ", NUMA node 3", ", NUMA nodes 1 and 3 on socket 0"; empty when unknown."""
+def numa_phrase(gpus: Sequence[GpuSlot], with_sockets: bool = True) -> str:
+    """ ", NUMA node 3", ", NUMA nodes 1 and 3 on one socket", ", NUMA nodes 1, 3, 5 and 7
+    across 2 sockets" (``with_sockets`` off: without the sockets); empty when unknown. Sockets
+    are counted, never numbered: a GPU's socket is named by its lowest NUMA node (NVML names
+    none), so its number is a NUMA node's ("sockets 0 and 4" on a two-socket DGX A100)."""
     numa = sorted({gpu.numa_node for gpu in gpus if gpu.numa_node is not None})
     if not numa:
         return ""
     text = f", NUMA {'node' if len(numa) == 1 else 'nodes'} {listing([str(n) for n in numa], 8)}"
-    sockets = sorted({gpu.socket for gpu in gpus if gpu.socket is not None})
-    if len(numa) > 1 and sockets:
-        text += f" on {'socket' if len(sockets) == 1 else 'sockets'} "
-        text += listing([str(s) for s in sockets], 8)
+    sockets = {gpu.socket for gpu in gpus if gpu.socket is not None}
+    if with_sockets and len(numa) > 1 and sockets:
+        text += (
+            " on one socket" if len(sockets) == 1 else f" across {plural(len(sockets), 'socket')}"
+        )
     return text

@@ -32,7 +32,7 @@ def test_dashboard_values_change_without_reload(page, live_server):
     uuid = scanned.gpus[5].facts.uuid
     card = page.locator(f'[id="node-{host}"]')
     row = card.locator("tbody.live tr").nth(5)  # the live row beside GPU5's static row
-    util, procs = row.locator("td").nth(1), row.locator("td").nth(5)
+    util, procs = row.locator("td").nth(2), row.locator("td").nth(6)
     page.goto(live_server.url + "/fleet/")
     static = card.locator("tr.gpu-row").nth(5)
     assert static.get_attribute("data-uuid") == uuid

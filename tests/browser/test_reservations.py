@@ -30,15 +30,15 @@ def test_the_week_changes_in_place(page, live_server):
     add_node(host)
     alice = person("alice")
     start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    reservation = reservations.request(alice, 2, start, start + timedelta(hours=5))
+    reservation = reservations.request(alice, 2, start, start + timedelta(hours=8))
     log_in(page.context, live_server, alice)
     page.goto(f"{live_server.url}/nodes/{host}/calendar/")
     bar = page.locator("td.cal-mine").first
     assert bar.inner_text() == f"#{reservation.pk} alice"
-    assert bar.get_attribute("colspan") == "5"
+    assert bar.get_attribute("colspan") == "8"
     width = bar.bounding_box()["width"]
     hour = page.locator("table.calendar col.cal-slot").first.bounding_box()["width"]
-    assert width == pytest.approx(5 * hour, abs=2)
+    assert width == pytest.approx(8 * hour, abs=2)
     page.evaluate("window.__same_page = true")
     heading = page.locator("#week-title").inner_text()
     page.get_by_role("link", name="next week").click()
@@ -46,3 +46,30 @@ def test_the_week_changes_in_place(page, live_server):
     assert page.evaluate("window.__same_page") is True  # swapped, not reloaded
     assert "?week=" in page.url
     assert page.locator("td.cal-mine").count() == 0  # next week holds nothing
+
+
+def test_a_half_hour_reservation_is_readable(page, live_server):
+    """A 30-minute reservation takes one hour column (a few pixels wide at 1440 px): its chip
+    still shows a readable label, whole, at a readable height, with the full text as its
+    tooltip."""
+    host = unique_host()
+    add_node(host)
+    alice = person("alice")
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    reservation = reservations.request(alice, 1, start, start + timedelta(minutes=30))
+    log_in(page.context, live_server, alice)
+    page.goto(f"{live_server.url}/nodes/{host}/calendar/")
+    bar = page.locator("td.cal-mine").first
+    assert bar.get_attribute("colspan") == "1"
+    chip = bar.locator(".cal-chip")
+    expect(chip).to_be_visible()
+    box = chip.bounding_box()
+    assert box["height"] >= 20
+    text = chip.inner_text()
+    assert text and text in f"#{reservation.pk} alice"
+    # The whole label is drawn: nothing cut off by the chip's box or an ellipsis.
+    assert chip.evaluate("e => e.scrollWidth <= e.clientWidth && e.scrollHeight <= e.clientHeight")
+    size = chip.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+    assert size >= 11
+    assert box["width"] >= len(text) * size * 0.5  # room for its characters
+    assert f"Reservation {reservation.pk} of alice" in chip.get_attribute("title")

@@ -91,6 +91,31 @@ def test_a_form_error_shows_on_its_field(page, live_server):
     assert not Job.objects.exists()
 
 
+def test_the_mig_profile_offers_the_profiles_of_the_pool_chosen(page, live_server):
+    from inventory.models import Node, Pool
+    from tests.inventory.pages import add_node, unique_host
+
+    a100, h100 = unique_host(), unique_host()
+    add_node(a100, "dgx-a100-40gb")
+    add_node(h100, "dgx-h100")
+    Node.objects.filter(hostname=h100).update(pool=Pool.objects.create(name="hopper"))
+    services.FleetShape.forget()
+    log_in(page.context, live_server, person("alice"))
+    page.goto(live_server.url + "/jobs/new/")
+
+    def offered() -> list[str]:
+        return page.evaluate(
+            "() => { const list = document.getElementById('id_mig_profile').list;"
+            " return list ? [...list.options].map(o => o.value) : []; }"
+        )
+
+    assert offered()[:2] == ["1g.5gb", "1g.5gb+me"]  # the A100 40GB's, in no pool
+    assert "7g.40gb" in offered() and "7g.80gb" not in offered()
+    page.select_option("#id_pool", "hopper")
+    assert offered()[:2] == ["1g.10gb", "1g.10gb+me"]  # the H100's
+    assert "7g.80gb" in offered() and "7g.40gb" not in offered()
+
+
 def test_the_queue_says_why_a_job_waits_and_refreshes_live(page, live_server):
     running, waiting = busy_queue()
     log_in(page.context, live_server, running.owner)

@@ -1,5 +1,6 @@
 """The settings module refuses to start on unsafe or unusable configuration."""
 
+import socket
 import subprocess
 import sys
 
@@ -80,3 +81,28 @@ def test_a_node_agent_needs_no_secret_key_and_never_holds_the_one_it_is_given():
     assert given.returncode == 0, given.stderr
     assert GOOD_KEY not in given.stdout
     assert len(given.stdout.strip()) >= 32
+
+
+@pytest.mark.parametrize(
+    ("env", "url"),
+    [
+        ({}, "http://127.0.0.1:8000"),  # was http://localhost:8000 whatever the bind
+        ({"GPUADMIN_BIND": "127.0.0.1:8101"}, "http://127.0.0.1:8101"),
+        ({"GPUADMIN_BIND": "0.0.0.0:8000"}, f"http://{socket.gethostname()}:8000"),
+        ({"GPUADMIN_BIND": "[::1]:8000"}, "http://[::1]:8000"),
+        (
+            {"GPUADMIN_BIND": "0.0.0.0:8000", "GPUADMIN_PUBLIC_URL": "https://gpus.example.org"},
+            "https://gpus.example.org",
+        ),
+    ],
+)
+def test_the_public_url_follows_the_bind_address_unless_set(env, url):
+    code = "from gpuadmin import settings; print(settings.GPUADMIN_PUBLIC_URL)"
+    result = import_settings({"SECRET_KEY": GOOD_KEY, **env}, code)
+    assert (result.returncode, result.stdout.strip()) == (0, url), result.stderr
+
+
+def test_a_bad_bind_address_fails_loudly():
+    result = import_settings({"SECRET_KEY": GOOD_KEY, "GPUADMIN_BIND": "8000"})
+    assert result.returncode == 1
+    assert "GPUADMIN_BIND='8000' is not HOST:PORT" in result.stderr

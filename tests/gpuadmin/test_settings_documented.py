@@ -69,15 +69,21 @@ def variables_read(source: str) -> set[str]:
 # Read by the simulator's stand-in for nvidia-cuda-mps-control (scheduling/mps_standin.py) as
 # NVIDIA's daemon reads them: the agent sets them per GPU; they are not gpuadmin settings.
 NVIDIA_TOOLS_VARIABLES = {"CUDA_MPS_PIPE_DIRECTORY"}
+# Read by the CLI as every terminal program reads them (docs/cli.md): not gpuadmin settings.
+TERMINAL_VARIABLES = {"TERM", "XDG_CONFIG_HOME"}
 
 
 def read_by_the_code() -> set[str]:
-    return {
-        name
-        for package in PACKAGES
-        for path in (REPO_DIR / package).rglob("*.py")
-        for name in variables_read(path.read_text())
-    } - NVIDIA_TOOLS_VARIABLES
+    return (
+        {
+            name
+            for package in PACKAGES
+            for path in (REPO_DIR / package).rglob("*.py")
+            for name in variables_read(path.read_text())
+        }
+        - NVIDIA_TOOLS_VARIABLES
+        - TERMINAL_VARIABLES
+    )
 
 
 def readme_settings() -> set[str]:

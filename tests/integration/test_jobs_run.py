@@ -97,6 +97,32 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     [{"GPUADMIN_SAMPLE_INTERVAL_S": "30", "GPUADMIN_HEARTBEAT_GRACE_S": "120"}],
     indirect=True,
 )
+def test_a_jobs_nvidia_smi_answers_from_the_simulator(sim_node, gpuadmin_env, tmp_path):
+    """Real job scripts run in the demo: ``nvidia-smi`` on a simulated node lists the job's
+    own GPUs (its cgroup confines its devices) from the node's simulator."""
+    owner = get_user_model().objects.create_user("frank")
+    runs_as_this_account(owner)
+    job = services.submit_job(
+        owner,
+        command="nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total --format=csv",
+        use_shell=True,
+        gpu_count=2,
+        working_dir=str(tmp_path),
+    )
+    wait_for(lambda: state_of(job) in TERMINAL_STATES, 60, "the job to end")
+    job.refresh_from_db()
+    agent = Path(gpuadmin_env["GPUADMIN_DATA_DIR"]) / "agent" / sim_node
+    log = (agent / "logs" / f"{job.pk}.1.log").read_text()
+    assert job.state == JobState.COMPLETED, log
+    held = dict(job.allocations.values_list("gpu__index", "gpu__uuid"))
+    assert log.splitlines() == [
+        *(f"GPU {i}: NVIDIA A100-SXM4-80GB (UUID: {uuid})" for i, uuid in sorted(held.items())),
+        "name, memory.total [MiB]",
+        "NVIDIA A100-SXM4-80GB, 81920 MiB",
+        "NVIDIA A100-SXM4-80GB, 81920 MiB",
+    ]
+
+
 def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_env, tmp_path):
     owner = get_user_model().objects.create_user("dave")
     runs_as_this_account(owner)

@@ -4,6 +4,7 @@ answers 500 twice gets it on the third attempt (the task's backoff); resolving s
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from django.test import override_settings
 
 from health import alerts
 from health.choices import DeliveryState, WebhookKind
@@ -119,3 +121,38 @@ def test_a_receiver_that_never_answers_is_given_up_after_the_last_attempt(centra
         )
     assert states(alert.pk)["down"] == (DeliveryState.FAILED, 4)
     assert len(down.requests) == 4
+
+
+def test_up_links_webhook_bodies_to_the_address_it_serves(gpuadmin_env, tmp_path, free_port):
+    """Without GPUADMIN_PUBLIC_URL, `gpuadmin up --bind` tells its worker (which sends the
+    webhooks) the address it serves, not http://localhost:8000."""
+    queue = f"hooks-{uuid.uuid4().hex[:6]}"
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_CENTRAL_QUEUE": queue,
+    }
+    for name in ("GPUADMIN_PUBLIC_URL", "GPUADMIN_BIND"):
+        env.pop(name, None)
+    log, bind = tmp_path / "up.log", f"127.0.0.1:{free_port}"
+    with log.open("w") as out:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", "up", "--no-agents", "--bind", bind],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "gpuadmin is up" in log.read_text(), 120, "the stack to start")
+        with receiver() as got, override_settings(GPUADMIN_CENTRAL_QUEUE=queue):
+            hook("generic", got)
+            alerts.open_alert(fingerprint="it:url", severity="warning", summary="x")
+            [delivered] = got.wait_for(1, timeout=60)
+        urls = delivered.body["urls"]
+        assert urls["alerts"] == f"http://127.0.0.1:{free_port}/alerts/"
+        assert all(url.startswith(f"http://127.0.0.1:{free_port}/") for url in urls.values())
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=90)
+        print(log.read_text()[-3000:])  # noqa: T201 (shown when a test fails)

@@ -69,7 +69,7 @@ def test_the_service_state_shows_with_its_reason_and_since(client):
 
     html = client.get(f"/gpus/{gpu.uuid}/").content.decode()
 
-    state = re.search(r'<dd class="service-state">(.*?)</dd>', html, re.S)[1]
+    state = re.search(r'<dd class="service-state"[^>]*>(.*?)</dd>', html, re.S)[1]
     assert '<span class="badge badge-red">Degraded</span>' in state
     assert f"since {timezone.localtime(gpu.state_changed_at):%Y-%m-%d %H:%M:%S}" in state
     assert state.endswith(": XID 48: double-bit ECC error")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.utils import timezone
 
 from inventory import live
 from inventory.models import Gpu, Node, Pool
+from inventory.services import set_gpu_state, set_node_state
 from tests.inventory.pages import add_node, unique_host
 
 pytestmark = pytest.mark.django_db
@@ -60,3 +63,29 @@ def test_a_gpu_without_a_pool_is_in_its_node_pool(client):
     [node] = response.context["nodes"]
     assert [row.gpu.index for row in node.gpus] == list(range(1, 8))
     assert f'name="pool" value="{team.name}"' in response.content.decode()
+
+
+@pytest.mark.parametrize("page", ["node", "gpu"])
+def test_node_and_gpu_page_polls_keep_their_rows_and_bring_the_state(client, page):
+    """Issue 26: the node page's poll carried the fleet poll's out-of-band mark on its live rows
+    (htmx took them out of the table); neither page's poll brought the state badges. The page
+    holds no out-of-band mark; its poll swaps its region in place and the state out of band."""
+    host = unique_host()
+    add_node(host)
+    gpu = Gpu.objects.get(node__hostname=host, index=2)
+    if page == "node":
+        path, region, state = f"/nodes/{host}/", "node-live", "node-state"
+        set_node_state(Node.objects.get(hostname=host), "draining", actor_name="ops", reason="x")
+    else:
+        path, region, state = f"/gpus/{gpu.uuid}/", "gpu-live", "gpu-state"
+        set_gpu_state(gpu, "draining", actor_name="ops", reason="x")
+    full = client.get(path).content.decode()
+    poll = client.get(path, headers=HTMX).content.decode()
+
+    assert "hx-swap-oob" not in full
+    assert poll.lstrip().startswith(f'<div id="{region}"')
+    region_html = poll[: poll.index(f'<span class="badge badge-amber" id="{state}"')]
+    assert "hx-swap-oob" not in region_html  # the rows stay in the region swapped in place
+    assert f'id="{state}" title="x" hx-swap-oob="true">Draining</span>' in poll
+    service = re.search(r'<dd class="service-state" id="[^"]+" hx-swap-oob="true">.*?</dd>', poll)
+    assert service and ">Draining</span>" in service[0] and service[0].endswith(": x</dd>")

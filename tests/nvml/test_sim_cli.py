@@ -57,6 +57,26 @@ def test_inject_commands_change_the_running_agent(agent: SimulatedNvml, tmp_path
     assert agent.nvmlDeviceGetTotalEccErrors(gpu4, 1, 1) == 0
 
 
+def test_inject_temp_over_ramps_from_the_current_temperature(
+    agent: SimulatedNvml, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = ["--state-dir", str(tmp_path)]
+    gpu = agent.nvmlDeviceGetHandleByIndex(2)
+    before = agent.nvmlDeviceGetTemperature(gpu, 0)
+
+    assert main(["inject", "temp", "dgx-01", "2", "95", "--over", "2m", *d]) == 0
+
+    assert capsys.readouterr().out == "dgx-01: GPU 2 ramping to 95 °C over 120 s\n"
+    ramp = json.loads((tmp_path / "dgx-01.json").read_text())["gpus"][2]["temperature_ramp"]
+    assert (ramp["from_c"], ramp["to_c"], ramp["over_s"]) == (before, 95, 120)
+    assert before <= agent.nvmlDeviceGetTemperature(gpu, 0) < 95  # seconds into two minutes
+    for bad in ("0s", "soon", "5d", "-1m"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["inject", "temp", "dgx-01", "2", "95", "--over", bad, *d])
+        assert exit_.value.code == 2
+        assert "--over" in capsys.readouterr().err
+
+
 def test_proc_reset_and_reboot(agent: SimulatedNvml, tmp_path: Path) -> None:
     d = ["--state-dir", str(tmp_path)]
     gpu2 = agent.nvmlDeviceGetHandleByIndex(2)

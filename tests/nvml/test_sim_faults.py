@@ -215,6 +215,37 @@ def test_temperature_fault_raises_throttle_reasons(nvml: SimulatedNvml) -> None:
     assert nvml.nvmlDeviceGetCurrentClocksEventReasons(h) == pynvml.nvmlClocksEventReasonGpuIdle
 
 
+def test_a_temperature_ramp_is_worked_out_from_the_clock(nvml: SimulatedNvml, clock: Clock) -> None:
+    """From what the GPU reads now to the target in a straight line, then held; the reasons
+    follow the ramped value; nothing runs in between (only the clock moves)."""
+    h = nvml.nvmlDeviceGetHandleByIndex(2)
+    before = nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+
+    faults.set_temperature(nvml, None, 2, 95, over_s=60)
+
+    readings = []
+    for _ in range(5):
+        readings.append(nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))
+        clock.now += 15
+    assert readings == [round(before + (95 - before) * q) for q in (0, 0.25, 0.5, 0.75, 1)]
+    clock.now += 3600
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 95
+    assert nvml.nvmlDeviceGetCurrentClocksEventReasons(h) & pynvml.nvmlClocksEventReasonHwSlowdown
+    # A new ramp starts where the GPU is; a pin or a clear ends it.
+    faults.set_temperature(nvml, None, 2, 55, over_s=40)
+    clock.now += 20
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 75
+    faults.set_temperature(nvml, None, 2, 70)
+    clock.now += 20
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) == 70
+    faults.set_temperature(nvml, None, 2, 90, over_s=10)
+    faults.clear(nvml, None, 2)
+    clock.now += 20
+    assert nvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU) <= 23
+    with pytest.raises(ValueError, match="a ramp needs"):
+        faults.set_temperature(nvml, None, 2, 90, over_s=0)
+
+
 def test_processes_drive_utilization_memory_power_and_temperature(
     nvml: SimulatedNvml, clock: Clock
 ) -> None:

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling import dependencies, services
+from scheduling import dependencies, loop, services
 from scheduling.models import Job, JobDependency, JobState
 from scheduling.slurm import SpecError, parse_dependency
 from tests.scheduling.api.conftest import api_as, fleet, make_user, submit  # noqa: F401 - fixtures
@@ -104,11 +104,15 @@ def test_a_job_without_dependencies_shows_none(alice, blank):
     assert (response.status_code, response.json()["dependencies"]) == (201, [])
 
 
+# Why alice (a user) may not depend on a job she does not see: another's, or none at all.
+OF_YOURS = " of yours (a user sees only their own jobs)"
+
+
 @pytest.mark.parametrize(
     ("dependency", "message"),
     [
-        ("afterok:{missing}", "afterok:{missing}: no job {missing}"),
-        ("afterok:{theirs}", "afterok:{theirs}: no job {theirs}"),  # bob's: alice cannot see it
+        ("afterok:{missing}", "afterok:{missing}: no job {missing}" + OF_YOURS),
+        ("afterok:{theirs}", "afterok:{theirs}: no job {theirs}" + OF_YOURS),  # bob's
         ("afterok:{mine},afterany:{mine}", "job {mine} is named twice"),
         ("after:{mine}", "'after' is not one of afterok, afterany, afternotok"),
         ("singleton", "is not kind:job"),
@@ -207,12 +211,19 @@ def test_resolve_holds_back_jobs_until_their_dependencies_hold(alice):
         alice.user, command="true", dependency=f"afterok:{first.pk},afterany:{second.pk}"
     )
     with CaptureQueriesContext(connection) as captured:
-        assert dependencies.resolve() == {ok.pk, anyway.pk, both.pk}
+        assert dependencies.resolve() == {
+            ok.pk: [("afterok", first.pk)],
+            anyway.pk: [("afterany", second.pk)],
+            both.pk: [("afterok", first.pk), ("afterany", second.pk)],
+        }
     assert len(captured) == 1
     ended(first, JobState.COMPLETED)
-    assert dependencies.resolve() == {anyway.pk, both.pk}
+    assert dependencies.resolve() == {
+        anyway.pk: [("afterany", second.pk)],
+        both.pk: [("afterany", second.pk)],
+    }
     ended(second, JobState.CANCELED)  # afterany: any end
-    assert dependencies.resolve() == set()
+    assert dependencies.resolve() == {}
 
 
 def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
@@ -223,7 +234,7 @@ def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
         alice.user, command="true", dependency=f"afterany:{second.pk},afternotok:{first.pk}"
     )
     ended(first, JobState.FAILED)
-    assert dependencies.resolve() == {also.pk}  # its afterany still pending
+    assert set(dependencies.resolve()) == {also.pk}  # its afterany still pending
     doomed.refresh_from_db()
     assert doomed.state == JobState.CANCELED
     assert doomed.message == f"dependency never satisfied: afterok:{first.pk} failed"
@@ -236,14 +247,14 @@ def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
     )
     assert Job.objects.get(pk=spared.pk).state == JobState.QUEUED  # it may start
     ended(second, JobState.COMPLETED)
-    assert dependencies.resolve() == set()
+    assert dependencies.resolve() == {}
 
 
 def test_afternotok_on_a_completed_job_cancels(alice):
     first = submit(alice.user)
     job = services.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
     ended(first, JobState.COMPLETED)
-    assert dependencies.resolve() == set()
+    assert dependencies.resolve() == {}
     job.refresh_from_db()
     assert (job.state, job.message) == (
         JobState.CANCELED,
@@ -257,7 +268,7 @@ def test_held_jobs_are_not_resolved_or_canceled(alice):
         alice.user, command="true", hold=True, dependency=f"afterok:{first.pk}"
     )
     ended(first, JobState.FAILED)
-    assert dependencies.resolve() == set()
+    assert dependencies.resolve() == {}
     assert Job.objects.get(pk=held.pk).state == JobState.PENDING
 
 
@@ -268,3 +279,36 @@ def test_cancel_waiting_leaves_jobs_that_moved_on(alice):
     assert canceled == [waiting.pk]
     assert Job.objects.get(pk=placed.pk).state == JobState.SCHEDULED
     assert AuditEvent.objects.filter(event_type="job.canceled").count() == 1
+
+
+def test_waiting_text_names_what_a_job_waits_for():
+    assert dependencies.waiting_text([("afterok", 1)]) == "waiting for job 1 to complete (afterok)"
+    assert dependencies.waiting_text([("afterok", 13), ("afterany", 14), ("afterok", 12)]) == (
+        "waiting for job 14 to end (afterany) and jobs 12 and 13 to complete (afterok)"
+    )
+    assert dependencies.waiting_text([("afternotok", 5)]) == (
+        "waiting for job 5 to fail or be canceled (afternotok)"
+    )
+
+
+def test_a_job_waiting_on_its_dependency_says_so_everywhere(alice, client):
+    """Not "the scheduler has not looked at it yet": the API, the job page and the queue say
+    what it waits for, as Slurm's (Dependency) reason."""
+    first = submit(alice.user, gpu_count=8)
+    job = services.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
+    loop.run_pass()  # places the first; the second waits for it to complete
+    words = f"waiting for job {first.pk} to complete (afterok)"
+    body = alice.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert (body["state"], body["pending_code"], body["pending_reason"]) == (
+        "queued",
+        "dependency",
+        words,
+    )
+    assert body["queue_position"] is None
+    client.force_login(alice.user)
+    assert words in client.get(f"/jobs/{job.pk}/").content.decode()
+    assert words in client.get("/jobs/").content.decode()
+    ended(first, JobState.COMPLETED)
+    loop.run_pass()  # its dependency holds: it is placed
+    job.refresh_from_db()
+    assert (job.state, job.pending_code, job.pending_reason) == (JobState.SCHEDULED, "", "")

@@ -75,7 +75,7 @@ def test_submission_is_queued_and_audited(alice, fleet):
         (
             {"gpu_model": "NVIDIA H100 80GB HBM3", "node_count": 2, "gpu_count": 8},
             "node_count",
-            "2 nodes with 8 GPUs each, but only 1 nodes have that many",
+            "2 nodes with 8 GPUs each, but only 1 node has that many",
         ),
         (
             {"min_gpu_memory_mib": 200_000},

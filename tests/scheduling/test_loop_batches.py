@@ -123,7 +123,7 @@ def test_refusals_say_why(alice, gpus):
     )
     assert outcome.granted == []
     assert outcome.refused == {
-        canceled.pk: f"job {canceled.pk} cannot go from canceled to scheduled",
+        canceled.pk: f"job {canceled.pk} already ended: it is canceled",
         degraded.pk: f"GPUs not usable now: {gpus[3].uuid} (the GPU is degraded (fenced by a "
         "health policy))",
         elsewhere.pk: f"MIG device {mig_device.pk} is no longer a device of GPU {gpus[1].pk}",

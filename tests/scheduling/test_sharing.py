@@ -107,6 +107,23 @@ def test_the_gpu_page_shows_what_its_mps_shares_take(node, alice, client):  # no
     assert "mps-use" not in whole
 
 
+def test_the_mig_pages_name_the_job_holding_each_device(node, alice, client):  # noqa: F811
+    """The node's MIG page and the GPU page's MIG section: each MIG device with its job (link,
+    id, name, owner), the others free."""
+    gpu = node.gpu(0)
+    device = MigInstance.objects.get(gpu=gpu, gi_id=3)
+    job = holding(alice, gpu, kind="mig", mig_instance=device, device_uuid=device.uuid)
+    Job.objects.filter(pk=job.pk).update(name="train-llm")
+    client.force_login(alice)
+    holder = f'<a href="/jobs/{job.pk}/">job #{job.pk}</a> train-llm (alice)'
+    for url in (f"/nodes/{node.hostname}/mig/", f"/gpus/{gpu.uuid}/"):
+        layout = client.get(url).content.decode().split('class="mig-grid"')[1]  # GPU 0's
+        layout = layout.split("</section>")[0]
+        card = layout.split('data-profile="2g.10gb"')[1].split("</div>")[0]
+        assert f'<span class="mig-holder">{holder}</span>' in card, url
+        assert layout.count('<span class="mig-holder"><span class="muted">free</span>') == 2, url
+
+
 def create_decision(node, job: Job, start: int = 0) -> placement.MigCreate:  # noqa: F811
     gpu = node.gpu(1)
     return placement.MigCreate(

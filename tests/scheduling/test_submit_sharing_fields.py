@@ -87,7 +87,7 @@ def test_a_pool_is_named_and_stored(alice, pools):
         # 7 whole GPUs in a100: GPU 7 is in another pool (and MPS-shared)
         ({"pool": "a100", "gpu_count": 8}, "gpu_count", "no node has more than 7 GPUs"),
         ({"pool": "shared"}, "gpu_count", "every GPU in pool shared is MPS-shared"),
-        ({"gpu_count": 8, "node_count": 2}, "node_count", "only 1 nodes have that many"),
+        ({"gpu_count": 8, "node_count": 2}, "node_count", "only 1 node has that many"),
         ({"pool": "a100", "gpu_model": "Tesla K80"}, "gpu_model", "pool a100 has: " + A100),
         ({"gpu_model": "Tesla K80"}, "gpu_model", "the GPUs in no pool are: " + A100),
         ({"pool": "\ud800"}, "pool", "Surrogate characters are not allowed"),
@@ -328,6 +328,20 @@ def test_form_takes_the_new_fields(alice, pools, client):
     assert client.post("/jobs/new/", {**FORM, **share}).status_code == 302
     job = Job.objects.latest("pk")
     assert (job.pool.name, job.mps_percent, job.mps_memory_mib) == ("shared", 25, 8000)
+
+
+def test_form_offers_the_mig_profiles_the_pools_have(alice, pools, client):
+    """The MIG profile is typed with the fleet's profiles offered, by pool (the service still
+    decides: a profile no GPU has is refused on the field)."""
+    client.force_login(alice.user)
+    page = client.get("/jobs/new/").content.decode()
+    assert 'list="suggest-mig_profile"' in page
+    where = "A100-SXM4-80GB in pool a100; A100-SXM4-80GB outside the pools"
+    for profile in ("1g.10gb", "3g.40gb", "7g.80gb"):
+        assert f'<option value="{profile}" label="{where}">' in page
+    assert 'value="1g.5gb"' not in page  # the A100 40GB's, which the fleet has not
+    response = client.post("/jobs/new/", {**FORM, "mig_profile": "1g.5gb"})
+    assert "has a &#x27;1g.5gb&#x27; profile; they have: 1g.10gb" in response.content.decode()
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,6 @@ simulator maps them back by address.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -140,7 +139,7 @@ class _Gpu:
         self.index = slot.index
         self.uuid = uuid
         self.serial = serial
-        self.seed = int.from_bytes(hashlib.sha256(uuid.encode()).digest()[:8], "big")
+        self.seed = metrics.seed_of(uuid)
         self.handle = owner._new_handle(_DeviceHandle, self)
         self.fault: int | None = None
         self.gs: dict[str, Any] = {}

@@ -35,6 +35,21 @@ def _error_code(text: str) -> int:
     return code
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def _duration(text: str) -> float:
+    """``90``, ``60s``, ``1.5m`` or ``1h`` -> seconds (above 0)."""
+    number, unit = text.rstrip("smh"), text[len(text.rstrip("smh")) :]
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 60s, 5m)") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"a duration above 0 s, not {text!r}")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -68,8 +83,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--uncorrectable", type=int)
     p.add_argument("--pending", action=argparse.BooleanOptionalAction)
     p.add_argument("--failure", action=argparse.BooleanOptionalAction)
-    p = inject.add_parser("temp", parents=[node_gpu], help="pin the GPU temperature")
-    p.add_argument("celsius", type=int)
+    p = inject.add_parser(
+        "temp", parents=[node_gpu], help="pin the GPU temperature, or ramp it (--over)"
+    )
+    p.add_argument("celsius", type=int, help="the temperature (the ramp's target), °C")
+    p.add_argument(
+        "--over",
+        type=_duration,
+        metavar="DURATION",
+        help="ramp from the current temperature to CELSIUS over this long (90, 60s, 5m, 1h), "
+        "then hold it",
+    )
     p = inject.add_parser("nvlink", parents=[node_gpu], help="add NVLink errors on a link")
     p.add_argument("count", type=int)
     p.add_argument("--counter", choices=faults.NVLINK_COUNTERS, default="crc_flit")
@@ -169,7 +193,9 @@ def _run(args: argparse.Namespace) -> str:
             failure=args.failure,
         )
     elif fault == "temp":
-        faults.set_temperature(target, node, args.gpu, args.celsius)
+        faults.set_temperature(target, node, args.gpu, args.celsius, over_s=args.over)
+        if args.over:
+            return f"{node}: GPU {args.gpu} ramping to {args.celsius} °C over {args.over:g} s"
     elif fault == "nvlink":
         faults.add_nvlink_errors(
             target, node, args.gpu, count=args.count, counter=args.counter, link=args.link

@@ -18,7 +18,7 @@ import pynvml
 from . import metrics
 from . import state as statemod
 from .backend import SimulatedNvml
-from .model import MachineModel, load_model
+from .model import MachineModel, gpu_uuid, load_model
 from .state import NO_ID, FileStore
 
 Target = str | os.PathLike[str] | SimulatedNvml
@@ -179,14 +179,43 @@ def add_retired_pages(
     _edit(target, node, change, now)
 
 
-def set_temperature(target: Target, node: str | None, gpu_index: int, celsius: int | None) -> None:
-    """Pin the GPU temperature (``None`` returns to the load model). Clock-event reasons follow:
-    SW_THERMAL at the max operating temperature, HW_SLOWDOWN|HW_THERMAL at the slowdown one."""
+def set_temperature(
+    target: Target,
+    node: str | None,
+    gpu_index: int,
+    celsius: int | None,
+    *,
+    over_s: float | None = None,
+    now: float | None = None,
+) -> None:
+    """Pin the GPU temperature (``None`` returns to the load model), or with ``over_s`` ramp it
+    from what it reads now to ``celsius`` in a straight line over that many seconds, then hold
+    it there: worked out from the clock whenever the GPU is read, so nothing runs meanwhile.
+    Clock-event reasons follow: SW_THERMAL at the max operating temperature,
+    HW_SLOWDOWN|HW_THERMAL at the slowdown one."""
+    if over_s is not None and (celsius is None or not over_s > 0):
+        raise ValueError("a ramp needs a target temperature and a duration above 0 s")
 
     def change(state: dict[str, Any], t: float) -> None:
-        _gpu(state, gpu_index)["temperature_c"] = celsius
+        gpu = _gpu(state, gpu_index)
+        ramp = None
+        if over_s is not None:
+            start = _temperature_now(state, gpu_index, t)
+            ramp = {"from_c": start, "to_c": celsius, "start": t, "over_s": over_s}
+        gpu["temperature_c"] = None if ramp else celsius
+        gpu["temperature_ramp"] = ramp
 
-    _edit(target, node, change)
+    _edit(target, node, change, now)
+
+
+def _temperature_now(state: dict[str, Any], gpu_index: int, t: float) -> int:
+    """The GPU's temperature as it reads at ``t`` (the simulator's own ``metrics.snapshot``)."""
+    machine = _machine(state)
+    slot = machine.gpus[gpu_index]
+    uuid = slot.uuid or gpu_uuid(machine.name, state["node"], gpu_index, state["salt"])
+    procs = [proc for proc in state["processes"] if proc["gpu"] == gpu_index]
+    gpu = state["gpus"][gpu_index]
+    return metrics.snapshot(slot.type, gpu, procs, t, metrics.seed_of(uuid)).temperature
 
 
 def add_nvlink_errors(
@@ -270,8 +299,8 @@ def clear(target: Target, node: str | None, gpu_index: int | None = None) -> Non
         for index in indexes:
             gpu = _gpu(state, index)
             fresh = statemod.new_gpu_state(gpu["mig"] is not None)
-            for key in ("ecc", "retired_pages", "remapped_rows", "temperature_c", "lost",
-                        "fail_code", "nvlink_errors"):  # fmt: skip
+            for key in ("ecc", "retired_pages", "remapped_rows", "temperature_c",
+                        "temperature_ramp", "lost", "fail_code", "nvlink_errors"):  # fmt: skip
                 gpu[key] = fresh[key]
             reasons = gpu.get("clock_event_reasons", [])
             gpu["clock_event_reasons"] = [r for r in reasons if r != POWER_BRAKE]

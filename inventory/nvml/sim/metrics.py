@@ -4,6 +4,7 @@ a fixed clock sees fixed numbers."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,19 @@ REASON_HW_SLOWDOWN = _R.nvmlClocksEventReasonHwSlowdown
 REASON_SW_THERMAL = _R.nvmlClocksEventReasonSwThermalSlowdown
 REASON_HW_THERMAL = _R.nvmlClocksEventReasonHwThermalSlowdown
 REASON_HW_POWER_BRAKE = _R.nvmlClocksEventReasonHwPowerBrakeSlowdown
+
+
+def seed_of(uuid: str) -> int:
+    """A GPU's noise seed, from its UUID."""
+    return int.from_bytes(hashlib.sha256(uuid.encode()).digest()[:8], "big")
+
+
+def ramped(ramp: dict[str, Any], t: float) -> float:
+    """The temperature a ramp (``faults.set_temperature(..., over_s=)``) gives at ``t``: from
+    ``from_c`` at ``start`` in a straight line to ``to_c`` ``over_s`` seconds later, then
+    held there."""
+    done = min(1.0, max(0.0, (t - ramp["start"]) / ramp["over_s"]))
+    return float(ramp["from_c"] + (ramp["to_c"] - ramp["from_c"]) * done)
 
 
 def noise(seed: int, second: int, channel: int) -> float:
@@ -68,7 +82,10 @@ def snapshot(
     load = min(1.0, sum(process_load(p) for p in procs))
     second = int(t)
     temps = gpu_type.temperature
-    if gpu_state["temperature_c"] is not None:
+    ramp = gpu_state.get("temperature_ramp")  # absent in older state files
+    if ramp is not None:
+        temp = ramped(ramp, t)
+    elif gpu_state["temperature_c"] is not None:
         temp = float(gpu_state["temperature_c"])
     else:
         temp = float(temps["idle"])

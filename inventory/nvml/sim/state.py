@@ -46,6 +46,7 @@ def new_gpu_state(mig_capable: bool) -> dict[str, Any]:
         "retired_pages": {"single_bit": [], "double_bit": [], "pending": False},
         "remapped_rows": {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False},
         "temperature_c": None,
+        "temperature_ramp": None,  # {"from_c", "to_c", "start", "over_s"}: metrics.ramped
         "clock_event_reasons": [],  # imposed from outside (power brake, ...): pynvml names
         "nvlink_errors": {},  # link (str) -> {"replay"|"recovery"|"crc_flit"|"crc_data": n}
         "lost": False,

@@ -12,6 +12,7 @@ from scheduling import admin_services, dispatch, loop
 from scheduling.api.serializers import JobSubmitSerializer
 from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.api.conftest import submit, write_log
+from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +57,7 @@ def test_submit_list_show_cancel(gpuadmin, fleet):
         {"A": "1"},
         "alice",
     )
-    assert out.splitlines()[0] == f"job {job.pk} submitted: queued (8 GPU(s) x 1 node(s))"
+    assert out.splitlines()[0] == f"job {job.pk} submitted: queued (8 GPUs x 1 node)"
     for _ in range(2):
         submit(job.owner, gpu_count=8)
     loop.run_pass()  # two jobs placed; the third (the newest) waits
@@ -90,7 +91,7 @@ def test_submit_list_show_cancel(gpuadmin, fleet):
     status, _, err = gpuadmin("jobs", "cancel", str(waiting.pk))
     assert (status, err) == (
         1,
-        f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} cannot go from canceled to canceled\n",
+        f"gpuadmin jobs cancel: HTTP 409: job {waiting.pk} is already canceled\n",
     )
 
 
@@ -184,6 +185,41 @@ def test_arrays_and_dependencies(gpuadmin, fleet):
     assert out.startswith(f"job {Job.objects.latest('pk').pk} submitted: queued")
 
 
+def test_show_says_what_a_waiting_job_waits_for(gpuadmin, fleet):
+    """A job held back by its dependency, then by a stopped scheduler: never "the scheduler
+    has not looked at it yet" once a pass has run."""
+    first = Job.objects.get(pk=submit_job(gpuadmin, "--gpus", "8"))
+    dependent = submit_job(gpuadmin, "--dependency", f"afterok:{first.pk}")
+    loop.run_pass()
+    out = gpuadmin("jobs", "show", str(dependent))[1]
+    assert f"  why pending: waiting for job {first.pk} to complete (afterok) (dependency)\n" in out
+    admin_services.set_scheduler_enabled(False, actor=first.owner)
+    loop.run_pass()
+    out = gpuadmin("jobs", "show", str(dependent))[1]
+    assert "  why pending: the scheduler is stopped: nothing is placed until an admin" in out
+
+
+def submit_job(gpuadmin, *options: str) -> int:
+    status, _, err = gpuadmin("jobs", "submit", *options, "--", "true")
+    assert status == 0, err
+    return Job.objects.latest("pk").pk
+
+
+def test_model_by_a_part_of_its_name(gpuadmin, fleet):
+    """``--model H100`` is the fleet's "NVIDIA H100 80GB HBM3" (as the GPU filter matches);
+    a part that several models share is refused with the candidates."""
+    add_sim_node("dgx-h100-01", "dgx-h100")
+    add_sim_node("dgx-a100-40", "dgx-a100-40gb")
+    job = Job.objects.get(pk=submit_job(gpuadmin, "--model", "H100"))
+    assert job.gpu_model == "NVIDIA H100 80GB HBM3"
+    status, _, err = gpuadmin("jobs", "submit", "--model", "A100", "--", "true")
+    assert (status, err) == (
+        1,
+        "gpuadmin jobs submit: HTTP 400: gpu_model: 'A100' matches NVIDIA A100-SXM4-40GB, "
+        "NVIDIA A100-SXM4-80GB\n",
+    )
+
+
 def test_submit_refused_names_the_field(gpuadmin, fleet):
     status, out, err = gpuadmin("jobs", "submit", "--gpus", "9", "--", "true")
     assert (status, out) == (1, "")
@@ -259,6 +295,11 @@ def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, flee
     assert "  preemptible: yes\n" in out
     assert "  preempted:   2 times, re-queued each time\n" in out
     assert "  failed runs: 1 (it is run again at most 3 times)\n" in out
+    Job.objects.filter(pk=job.pk).update(preemptions=1, max_retries=1)
+    out = gpuadmin("jobs", "show", str(job.pk))[1]
+    assert "  needs:       1 GPU x 1 node\n" in out  # not "1 GPU(s) x 1 node(s)"
+    assert "  preempted:   1 time, re-queued each time\n" in out  # not "1 times"
+    assert "  failed runs: 1 (it is run again at most 1 time)\n" in out
 
 
 class OtherServer:

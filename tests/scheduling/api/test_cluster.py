@@ -45,7 +45,7 @@ def test_manual_allocation_schedules_and_dispatches_the_job(
     assert (body["state"], body["attempt"]) == ("scheduled", 1)
     assert body["placement"]["topology_class"] == "manual"
     assert body["placement"]["nodes"] == {"dgx-01": [2, 3]}
-    assert body["placement"]["explanation"] == "allocated by hand by olga: GPUs 2, 3 on dgx-01"
+    assert body["placement"]["explanation"] == "allocated by hand by olga: GPUs 2-3 on dgx-01"
     assert [(a["node"], a["gpu_index"], a["manual"], a["active"]) for a in body["allocations"]] == [
         ("dgx-01", 2, True, True),
         ("dgx-01", 3, True, True),
@@ -56,6 +56,16 @@ def test_manual_allocation_schedules_and_dispatches_the_job(
     assert (spec.job_id, list(spec.gpu_uuids)) == (f"{job.pk}.1", uuids("dgx-01", 2, 3))
     assert events(target_id=job.pk) == ["job.submitted", "job.scheduled"]
     assert events("scheduling.allocation") == ["allocation.created"] * 2
+
+
+def test_one_gpu_on_each_node_is_said_as_one(operator, fleet, broker):
+    """Not "GPUs 2 on dgx-01": one GPU is a GPU."""
+    job = submit(operator.user, gpu_count=1, node_count=2)
+    response = allocate(operator, job, uuids("dgx-01", 2) + uuids("dgx-02", 5))
+    assert response.status_code == 201, response.json()
+    assert response.json()["placement"]["explanation"] == (
+        "allocated by hand by olga: GPU 2 on dgx-01; GPU 5 on dgx-02"
+    )
 
 
 def test_a_gpu_is_never_given_twice_and_nothing_is_half_written(operator, fleet):
@@ -81,11 +91,11 @@ def test_a_gpu_is_never_given_twice_and_nothing_is_half_written(operator, fleet)
 @pytest.mark.parametrize(
     ("job_fields", "gpus", "message"),
     [
-        ({"gpu_count": 2}, [("dgx-01", 0)], "needs 2 GPUs on each of 1 node(s); got 1 on dgx-01"),
+        ({"gpu_count": 2}, [("dgx-01", 0)], "needs 2 GPUs on each of 1 node; got 1 on dgx-01"),
         (
             {"gpu_count": 1},
             [("dgx-01", 0), ("dgx-02", 0)],
-            "needs 1 GPUs on each of 1 node(s); got 1 on dgx-01, 1 on dgx-02",
+            "needs 1 GPU on each of 1 node; got 1 on dgx-01, 1 on dgx-02",  # not "1 GPUs"
         ),
         ({"gpu_count": 2}, [("dgx-01", 0), ("dgx-01", 0)], "named twice: "),
         ({"gpu_count": 1}, [], "no present GPU or MIG device has UUID GPU-nope"),

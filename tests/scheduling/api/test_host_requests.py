@@ -135,7 +135,7 @@ def test_cli_mem_takes_slurm_sizes(sent, capsys, mem, mib):
 
     assert (sent["cpus"], sent["host_memory_mib"]) == (16, mib)
     out = capsys.readouterr().out
-    assert out.startswith("job 1 submitted: queued (1 GPU(s) x 1 node(s), 16 CPUs, ")
+    assert out.startswith("job 1 submitted: queued (1 GPU x 1 node, 16 CPUs, ")
 
 
 @pytest.mark.parametrize("argv", [["--mem", "64GB"], ["--mem", "1.5G"], ["--cpus", "many"]])

@@ -42,6 +42,12 @@ def test_job_detail_after_a_placement_pass(api_as, fleet, broker):
     ]
     assert all(a["gpu_uuid"].startswith("GPU-") for a in body["allocations"])
     assert (body["pending_code"], body["queue_position"]) == ("", None)
+    # A DGX A100 has two sockets of four NUMA nodes: its sockets are counted, never given
+    # the numbers of their lowest NUMA nodes ("on sockets 0 and 4").
+    assert body["placement"]["explanation"] == (
+        f"8 GPUs in one NVLink domain on {node} (GPUs 0-7), NUMA nodes 1, 3, 5 and 7 across "
+        "2 sockets; best fit: leaves 0 free GPUs on that node"
+    )
     assert alice.get(f"/api/v1/jobs/{other.pk}/").json()["state"] == JobState.SCHEDULED
 
     pending = alice.get(f"/api/v1/jobs/{waiting.pk}/").json()

@@ -7,6 +7,7 @@ import pytest
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
+from scheduling import loop
 from scheduling.admin_services import POLICY_FIELDS
 from scheduling.api.policies import PoolPolicySerializer
 from scheduling.models import PoolPolicy, SchedulerSettings
@@ -174,3 +175,30 @@ def test_bad_policies_name_the_field(admin, db, body, field):
     assert list(response.json()) == [field]
     assert PoolPolicy.default().policy == DEFAULT_POLICY
     assert not AuditEvent.objects.exists()
+
+
+def test_waiting_jobs_say_the_scheduler_is_stopped_until_it_starts(admin, fleet):
+    """Not "the scheduler has not looked at it yet": a stop wakes a pass that tells every
+    queued job so; the pass after the start gives each its own reason again."""
+    first = submit(admin.user, gpu_count=8)
+    waiting = submit(admin.user, gpu_count=8, dependency=f"afterok:{first.pk}")
+    loop.run_pass()
+    assert admin.post("/orchestrator/stop").status_code == 200
+    late = submit(admin.user, gpu_count=8)  # submitted while stopped
+    loop.run_pass()  # what the stop's wake runs
+    for job in (waiting, late):
+        body = admin.get(f"/api/v1/jobs/{job.pk}/").json()
+        assert (body["state"], body["pending_code"], body["pending_reason"]) == (
+            "queued",
+            "scheduler_stopped",
+            "the scheduler is stopped: nothing is placed until an admin starts it again",
+        )
+        assert (body["queue_position"], body["estimated_start_at"]) == (None, None)
+    assert admin.post("/orchestrator/start").status_code == 200
+    loop.run_pass()
+    body = admin.get(f"/api/v1/jobs/{waiting.pk}/").json()
+    assert (body["pending_code"], body["pending_reason"]) == (
+        "dependency",
+        f"waiting for job {first.pk} to complete (afterok)",
+    )
+    assert admin.get(f"/api/v1/jobs/{late.pk}/").json()["state"] == "scheduled"

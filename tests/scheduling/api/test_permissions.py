@@ -40,11 +40,22 @@ def test_users_list_only_their_own_jobs(people, jobs):
 
 def test_users_cannot_see_another_users_job(people, jobs):
     other = jobs["operator"].pk
-    assert people["user"].get(f"/api/v1/jobs/{other}/").status_code == 404
-    assert people["user"].delete(f"/queue/{other}").status_code == 404
-    assert people["user"].post(f"/api/v1/jobs/{other}/cancel/").status_code == 404
-    response = people["user"].patch(f"/queue/{other}/priority", {"priority": "low"}, format="json")
-    assert response.status_code == 404
+    said = {"detail": f"No job {other} of yours (a user sees only their own jobs)."}
+    user = people["user"]
+    for response in (
+        user.get(f"/api/v1/jobs/{other}/"),
+        user.delete(f"/queue/{other}"),
+        user.post(f"/api/v1/jobs/{other}/cancel/"),  # not "No Job matches the given query."
+        user.patch(f"/queue/{other}/priority", {"priority": "low"}, format="json"),
+    ):
+        assert (response.status_code, response.json()) == (404, said)
+    missing = user.post(f"/api/v1/jobs/{other + 1000}/cancel/")
+    assert (
+        missing.json()["detail"]
+        == f"No job {other + 1000} of yours (a user sees only their own jobs)."
+    )
+    gone = people["admin"].post(f"/api/v1/jobs/{other + 1000}/cancel/")
+    assert (gone.status_code, gone.json()) == (404, {"detail": f"No job {other + 1000}."})
     assert Job.objects.get(pk=other).state == JobState.QUEUED
 
 

@@ -54,7 +54,7 @@ def test_cancel_a_queued_job(alice, fleet):
     assert events(target_id=job.pk) == ["job.submitted", "job.canceled"]
     again = alice.delete(f"/queue/{job.pk}")
     assert again.status_code == 409
-    assert again.json() == {"detail": f"job {job.pk} cannot go from canceled to canceled"}
+    assert again.json() == {"detail": f"job {job.pk} is already canceled"}
     assert alice.delete("/queue/999999999").status_code == 404
 
 

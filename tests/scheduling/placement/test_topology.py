@@ -39,7 +39,7 @@ def test_a_four_gpu_job_gets_both_numa_pairs_of_one_socket() -> None:
     assert placement.numa_nodes == (1, 3)
     assert placement.score == (0, 4, 1, 2)
     assert placement.explanation == (
-        "4 GPUs in one NVLink domain on dgx-01 (GPUs 0-3), NUMA nodes 1 and 3 on socket 0; "
+        "4 GPUs in one NVLink domain on dgx-01 (GPUs 0-3), NUMA nodes 1 and 3 on one socket; "
         "best fit: leaves 4 free GPUs on that node"
     )
 
@@ -108,7 +108,7 @@ def test_without_nvlink_the_class_follows_numa_then_socket_then_node() -> None:
     assert placed(result, 3).topology_class == TopologyClass.NODE
     assert placed(result, 3).score == (3, 2, 2, 3)
     assert placed(result, 2).explanation == (
-        "4 GPUs on one socket on pcie-01 (GPUs 4-7), NUMA nodes 2 and 3 on socket 1; "
+        "4 GPUs on one socket on pcie-01 (GPUs 4-7), NUMA nodes 2 and 3; "
         "best fit: leaves 2 free GPUs on that node"
     )
 
