@@ -10,11 +10,12 @@ import argparse
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from gpuadmin.client import Api, ApiError, run_verb
 from gpuadmin.english import plural
+from gpuadmin.terminal import Column, add_json_flag, print_json, print_table
 from scheduling import slurm
 
 FOLLOW_INTERVAL_S = 2.0
@@ -29,6 +30,8 @@ STATES = (
     "canceled",
     "preempted",
 )
+# How the CLI says a state (``--state`` takes either word).
+STATE_WORDS = {"pending": "held"}
 ACTIVE_STATES = ("pending", "queued", "scheduled", "running", "preempted")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled"})
 
@@ -96,6 +99,9 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     path = f"/api/v1/arrays/{args.array_id}/"
     if args.cancel:
         result = api.call("POST", path + "cancel/")
+        if args.json:
+            print_json(out, result)
+            return 0
         print(
             f"array {args.array_id}: {plural(len(result['canceled']), 'task')} canceled, "
             f"{len(result['canceling'])} stopping through their agents",
@@ -103,6 +109,9 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         )
         return 0
     array = api.call("GET", path)
+    if args.json:
+        print_json(out, array)
+        return 0
     cap = f", at most {array['max_running']} at once" if array["max_running"] else ""
     print(
         f"array {array['id']} [{array['spec']}] ({array['owner']}): "
@@ -116,25 +125,21 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    states = args.state or (None if args.all else list(ACTIVE_STATES))
-    page = api.call("GET", "/api/v1/jobs/", state=states, limit=args.limit, array=args.array)
-    rows = [("ID", "STATE", "PRIORITY", "GPUS", "OWNER", "NAME", "WHERE / WHY")]
-    rows += [
-        (
-            str(job["id"]) + (f" ({job['array']}_{job['array_index']})" if job["array"] else ""),
-            job["state"],
-            job["priority"],
-            str(job["gpu_count"] * job["node_count"]),
-            job["owner"],
-            job["name"] or "-",
-            _where_or_why(job),
-        )
-        for job in page["results"]
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        padded = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*padded, row[-1]]), file=out)
+    """Jobs as ``squeue`` lists them: an array's tasks in one state on one line
+    (``12_[3-999%50]``) unless ``--expand`` (or ``--array``: its tasks) asks for each."""
+    states = [_api_state(state) for state in args.state or ()]
+    page = api.call(
+        "GET",
+        "/api/v1/jobs/",
+        state=states or (None if args.all else list(ACTIVE_STATES)),
+        limit=args.limit,
+        array=args.array,
+        collapse_arrays=None if args.expand or args.array else "true",
+    )
+    if args.json:
+        print_json(out, page)
+        return 0
+    print_table(out, LIST_COLUMNS, page["results"])
     if page["count"] > len(page["results"]):
         print(f"({len(page['results'])} of {page['count']}; --limit N for more)", file=out)
     return 0
@@ -143,6 +148,9 @@ def cmd_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     """The job's state and, for a waiting job, why it waits: the "why is my job pending" answer."""
     job = api.call("GET", f"/api/v1/jobs/{args.job_id}/")
+    if args.json:
+        print_json(out, job)
+        return 0
     name = f' "{job["name"]}"' if job["name"] else ""
     project = f", project {job['project']}" if job["project"] else ""
     print(
@@ -177,17 +185,24 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             ("est. start", _or_dash(job["estimated_start_at"])),
             ("what if", job["what_if"]),
         ]
-    if job["placement"]:
-        facts.append(("placement", job["placement"]["explanation"]))
-    held = [a for a in job["allocations"] if a["attempt"] == job["attempt"]]
-    if held:
+    # The job's placement, start and exit code are its current run's: a requeued job waiting
+    # again has none (its earlier runs are listed apart).
+    attempts = job.get("attempts") or []
+    current = next((attempt for attempt in attempts if attempt["current"]), None)
+    previous = [attempt for attempt in attempts if not attempt["current"]]
+    # The end of an earlier attempt is its row's, below, not the job's message now.
+    said_below = bool(previous) and job["message"] == previous[-1]["reason"]
+    if current is not None:
+        if job["placement"]:
+            facts.append(("placement", job["placement"]["explanation"]))
+        held = [a for a in job["allocations"] if a["attempt"] == current["attempt"]]
         gpus = ", ".join(f"{a['node']}/GPU{a['gpu_index']} {a['gpu_uuid']}" for a in held)
-        facts.append(("GPUs", f"{gpus} (attempt {job['attempt']})"))
+        facts.append(("GPUs", f"{gpus} (attempt {current['attempt']})"))
     facts += [
-        ("started", job["started_at"]),
+        ("started", current and current["started_at"]),
         ("finished", job["finished_at"]),
-        ("exit code", job["exit_code"]),
-        ("message", job["message"]),
+        ("exit code", current and current["exit_code"]),
+        ("message", "" if said_below else job["message"]),
         ("CPU time", _usage(job, "cpu_seconds", slurm.cpu_time_text)),
         ("peak memory", _usage(job, "max_memory_bytes", slurm.peak_memory_text)),
         (
@@ -212,6 +227,9 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     for label, value in facts:
         if value not in (None, ""):
             print(f"  {label + ':':<13}{value}", file=out)
+    if previous:
+        print("previous attempts:", file=out)
+        print_table(out, ATTEMPT_COLUMNS, previous)
     return 0
 
 
@@ -225,6 +243,20 @@ def cmd_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         )
     else:
         print(f"job {args.job_id} canceled", file=out)
+    return 0
+
+
+def cmd_kill(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    """The seed's force kill: SIGKILL at once, no grace (a cancel under way is cut short)."""
+    result = api.call("POST", f"/api/v1/jobs/{args.job_id}/kill/")
+    if result["canceling"]:
+        print(
+            f"job {args.job_id}: killing; its processes get SIGKILL now and its GPUs are "
+            "released once they are gone",
+            file=out,
+        )
+    else:
+        print(f"job {args.job_id} canceled (it ran nowhere: nothing to kill)", file=out)
     return 0
 
 
@@ -316,10 +348,34 @@ def _usage(job: dict[str, Any], name: str, text: Callable[[Any], str]) -> str:
     return "" if value is None else text(value)
 
 
-def _where_or_why(job: dict[str, Any]) -> str:
+def state_word(state: str) -> str:
+    """A job's state as the CLI says it (a pending job is held: ``--hold``, or Slurm's
+    ``scontrol hold``)."""
+    return STATE_WORDS.get(state, state)
+
+
+def _api_state(word: str) -> str:
+    return next((state for state, said in STATE_WORDS.items() if said == word), word)
+
+
+def _list_id(job: Mapping[str, Any]) -> str:
+    """``57``, ``57 (12_3)`` for a task of array 12, ``12_[3-999%50]`` for several tasks."""
+    tasks = job.get("array_tasks")
+    if tasks and tasks["count"] > 1:
+        return tasks["label"]
+    return str(job["id"]) + (f" ({job['array']}_{job['array_index']})" if job["array"] else "")
+
+
+def _where_or_why(job: Mapping[str, Any]) -> str:
+    tasks = job.get("array_tasks")
+    several = f"{tasks['count']} tasks: " if tasks and tasks["count"] > 1 else ""
+    return several + _where_or_why_one(job)
+
+
+def _where_or_why_one(job: Mapping[str, Any]) -> str:
     if job["state"] in ("pending", "queued"):
         position = f"#{job['queue_position']} " if job["queue_position"] else ""
-        return position + (job["pending_reason"] or job["state"])
+        return position + (job["pending_reason"] or state_word(job["state"]))
     if job["placement"]:
         return ", ".join(
             f"{node}:{','.join(map(str, gpus))}" for node, gpus in job["placement"]["nodes"].items()
@@ -329,6 +385,31 @@ def _where_or_why(job: dict[str, Any]) -> str:
 
 def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
+
+
+def _attempt_gpus(attempt: Mapping[str, Any]) -> str:
+    """``dgx-01:0,1``: where the attempt ran."""
+    nodes = attempt["nodes"].items()
+    return " ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in nodes)
+
+
+ATTEMPT_COLUMNS = (
+    Column("ATTEMPT", lambda attempt: attempt["attempt"], align="right"),
+    Column("WHERE", _attempt_gpus),
+    Column("STARTED", lambda attempt: attempt["started_at"]),
+    Column("ENDED", lambda attempt: attempt["ended_at"]),
+    Column("EXIT", lambda attempt: attempt["exit_code"], align="right"),
+    Column("HOW IT ENDED", lambda attempt: attempt["how_it_ended"]),
+)
+LIST_COLUMNS = (
+    Column("ID", _list_id),
+    Column("STATE", lambda job: state_word(job["state"]), coloured=True),
+    Column("PRIORITY", lambda job: job["priority"]),
+    Column("GPUS", lambda job: job["gpu_count"] * job["node_count"], align="right"),
+    Column("OWNER", lambda job: job["owner"]),
+    Column("NAME", lambda job: job["name"]),
+    Column("WHERE / WHY", _where_or_why),
+)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -380,7 +461,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.add_argument("--hold", action="store_true", help="store it held (pending)")
     submit.add_argument("--pool", help="run on this pool's GPUs (default: the GPUs in no pool)")
     submit.add_argument("--mig", metavar="PROFILE", help="one MIG device, e.g. 1g.10gb")
-    submit.add_argument("--mps", type=int, metavar="PERCENT", help="an MPS share: % of SMs")
+    submit.add_argument("--mps", type=int, metavar="PERCENT", help="an MPS share: %% of the SMs")
     submit.add_argument("--mps-memory", type=int, metavar="MIB", help="its memory limit")
     submit.add_argument("--reservation", type=int, metavar="ID", help="run in your reservation")
     submit.add_argument(
@@ -394,24 +475,45 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.set_defaults(run=run_verb(cmd_submit))
 
     listing = actions.add_parser("list", help="your jobs (everyone's for viewers and operators)")
-    listing.add_argument("--state", action="append", choices=STATES, help="repeatable")
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=(*STATES, *STATE_WORDS.values()),
+        help="repeatable (held is pending)",
+    )
     listing.add_argument("--all", action="store_true", help="finished jobs too")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--limit", type=int, default=100, help="rows (default 100)")
     listing.add_argument("--array", type=int, metavar="ID", help="the tasks of this job array")
+    listing.add_argument(
+        "--expand",
+        action="store_true",
+        help="one row per array task (default: an array's tasks in one state on one row)",
+    )
+    add_json_flag(listing)
     listing.set_defaults(run=run_verb(cmd_list))
 
-    show = actions.add_parser("show", help="a job: where it runs, or why it is pending")
+    show = actions.add_parser(
+        "show", aliases=["describe"], help="a job: where it runs, or why it is pending"
+    )
     show.add_argument("job_id", type=int)
+    add_json_flag(show)
     show.set_defaults(run=run_verb(cmd_show))
 
     array = actions.add_parser("array", help="a job array's tasks by state (or --cancel it)")
     array.add_argument("array_id", type=int)
     array.add_argument("--cancel", action="store_true", help="cancel its unfinished tasks")
+    add_json_flag(array)
     array.set_defaults(run=run_verb(cmd_array))
 
     cancel = actions.add_parser("cancel", help="cancel a job")
     cancel.add_argument("job_id", type=int)
     cancel.set_defaults(run=run_verb(cmd_cancel))
+
+    kill = actions.add_parser(
+        "kill", help="kill a job: SIGKILL at once, no grace (for one that ignores a cancel)"
+    )
+    kill.add_argument("job_id", type=int)
+    kill.set_defaults(run=run_verb(cmd_kill))
 
     release = actions.add_parser("release", help="let a held job into the queue")
     release.add_argument("job_id", type=int)

@@ -298,6 +298,7 @@ SPECTACULAR_SETTINGS = {
         "GpuMaintenanceStateEnum": "inventory.api.serializers.GPU_MAINTENANCE_STATES",
         "NodeStateEnum": "inventory.choices.NodeState",
         "GpuStatusEnum": "inventory.api.serializers.STATUS_CHOICES",
+        "JobStateEnum": "scheduling.models.JobState",  # a job's and a job detail's
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",  # the default

@@ -16,8 +16,9 @@ Design and trade-offs:
   executor starts before the GPU's first share and stops after its last).
   Each job leads its own session, so its process group is what cancel and timeouts signal
   (SIGTERM, then SIGKILL after ``kill_grace_s``; a preemption's cancel chooses its first signal
-  and grace). A job ends when its main process exits (seen at once: a thread waits for the
-  executor's child and wakes its monitor; an adopted job is polled every ``poll_interval_s``);
+  and grace; a kill is SIGKILL at once, even during a cancel's grace). A job ends when its
+  main process exits (seen at once: a thread waits for the executor's child and wakes its
+  monitor; an adopted job is polled every ``poll_interval_s``);
   what it left behind is then terminated the same way, so its GPUs are free by the time
   :class:`JobFinished` is reported. On a node that confines jobs each runs in a cgroup of its
   own (:mod:`scheduling.isolation`: devices, CPUs, memory, processes), joined at a gate
@@ -527,6 +528,7 @@ class _Job:
     # What a cancel sends first, and how long it waits before SIGKILL (None: the executor's).
     stop_signal: signal.Signals = signal.SIGTERM
     stop_grace_s: float | None = None
+    kill_requested: bool = False  # a kill (SIGKILL first): no grace, even a cancel's under way
     wake: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -707,14 +709,18 @@ class Executor:
         """Stop a job: ``stop_signal`` (SIGTERM; a preemption may choose another, e.g. SIGUSR1
         for a checkpoint) to its process group, SIGKILL after ``grace_s`` (default: the
         executor's ``kill_grace_s``). False if it does not run here. Its JobFinished
-        (CANCELED, unless it ended first) follows."""
+        (CANCELED, unless it ended first) follows. The first request's signal and grace
+        stand, except that a kill (``stop_signal`` SIGKILL: ``gpuadmin jobs kill``) cuts short
+        the grace of a cancel under way."""
         with self._lock:
             job = self._jobs.get(job_id)
         if job is None:
             return False
-        if not job.cancel_requested:  # the first request's signal and grace stand
+        if not job.cancel_requested:
             job.stop_signal, job.stop_grace_s = stop_signal, grace_s
             job.cancel_requested = True
+        if stop_signal is signal.SIGKILL:
+            job.kill_requested = True
         job.wake.set()
         return True
 
@@ -1082,6 +1088,8 @@ class Executor:
                     job.signal(job.stop_signal if canceled else signal.SIGTERM)
                     grace = job.stop_grace_s if canceled else None
                     kill_at = now + (self._kill_grace_s if grace is None else grace)
+            if job.kill_requested and kill_at is not None:
+                kill_at = min(kill_at, now)
             if kill_at is not None and now >= kill_at:
                 if not killed:  # once: it can take the runtime a while
                     _container_call(job, "kill")

@@ -37,6 +37,7 @@ from scheduling.models import (
 from scheduling.placement import TopologyClass
 from scheduling.placement.text import indexes_phrase, plural
 from scheduling.slurm import (
+    array_label,
     compact_indexes,
     cpu_time_text,
     host_request_text,
@@ -181,8 +182,7 @@ class ArrayTasks:
 
     @property
     def label(self) -> str:
-        cap = f"%{self.max_running}" if self.max_running else ""
-        return f"{self.array_id}_[{self.indexes}{cap}]"
+        return array_label(self.array_id, self.indexes, self.max_running)
 
 
 @dataclasses.dataclass
@@ -467,6 +467,7 @@ class JobPage(JobView):
     can_cancel_array: bool = False  # an array's tasks share its owner: the job's rule
     private_to: str = ""  # who reads its command and log, when the viewer may not; else ""
     allocations: list[Allocation] = dataclasses.field(default_factory=list)
+    attempts: list[queries.Attempt] | None = None  # its runs; None: read when first asked
     timeline: list[TimelineEntry] = dataclasses.field(default_factory=list)
     topologies: list[NodeTopology] = dataclasses.field(default_factory=list)
     dependencies: list[DependencyRow] = dataclasses.field(default_factory=list)
@@ -496,8 +497,26 @@ class JobPage(JobView):
         return not self.job.is_terminal
 
     @property
+    def runs(self) -> list[queries.Attempt]:
+        """Its attempts, oldest first (the live status panel reads them from the audit log
+        alone: one query, and its GPUs are not shown)."""
+        if self.attempts is None:
+            self.attempts = queries.job_attempts(self.job, self.allocations)
+        return self.attempts
+
+    @property
+    def current_attempt(self) -> queries.Attempt | None:
+        """The run its state is about; None for a job waiting (again, once requeued)."""
+        return next((attempt for attempt in self.runs if attempt.current), None)
+
+    @property
+    def earlier_attempts(self) -> bool:
+        return any(not attempt.current for attempt in self.runs)
+
+    @property
     def placement(self) -> PlacementWhy | None:
-        return PlacementWhy.of(self.job.placement)
+        """Why its current run's GPUs were chosen (a requeued job's last placement is not)."""
+        return PlacementWhy.of(self.job.placement) if self.current_attempt else None
 
     @property
     def max_runtime(self) -> str:
@@ -530,8 +549,10 @@ class JobPage(JobView):
 
 
 def job_page(job: Job, user: User) -> JobPage:
-    """The job page's content (six queries, whatever the job's size)."""
+    """The job page's content (seven queries, whatever the job's size)."""
     allocations = job_allocations(job)
+    attempts = queries.job_attempts(job, allocations)
+    current = any(attempt.current for attempt in attempts)
     return JobPage(
         job,
         can_cancel=not job.is_terminal and can_act_on(user, job),
@@ -539,8 +560,9 @@ def job_page(job: Job, user: User) -> JobPage:
         can_cancel_array=job.array_id is not None and can_act_on(user, job),
         private_to="" if can_read_private(user, job) else private_to(),
         allocations=allocations,
+        attempts=attempts,
         timeline=timeline(job, allocations),
-        topologies=node_topologies(job, allocations),
+        topologies=node_topologies(job, allocations) if current else [],
         dependencies=job_dependencies(job),
     )
 

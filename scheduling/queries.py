@@ -4,11 +4,13 @@ and a job's log (read through its node's agent). Nothing here changes state."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.db.models import (
     Avg,
     Count,
@@ -22,11 +24,13 @@ from django.db.models import (
 )
 from django.db.models.query import QuerySet
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from gpuadmin.access.models import ApiToken, Role
 from gpuadmin.access.services import role_of
+from gpuadmin.audit.models import AuditEvent
 from inventory import live
 from inventory.models import Gpu, Node
 from inventory.services import AgentTimedOut, run_on_node
@@ -34,6 +38,7 @@ from inventory.usability import Unusable
 from scheduling import quotas
 from scheduling.models import (
     HOLDING_STATES,
+    TERMINAL_STATES,
     Allocation,
     Job,
     JobArray,
@@ -42,6 +47,7 @@ from scheduling.models import (
     PoolPolicy,
     SchedulerSettings,
 )
+from scheduling.slurm import array_label, compact_indexes
 
 WAITING_STATES = (JobState.PENDING, JobState.QUEUED)
 LOG_TIMEOUT_S = 5
@@ -123,6 +129,138 @@ def with_details(jobs: QuerySet[Job]) -> QuerySet[Job]:
             ),
         ),
     )
+
+
+@dataclass(frozen=True)
+class ArrayTasks:
+    """The tasks of one job array in one state that one row of ``collapsed_arrays`` stands
+    for: ``12_[3-999%50]``, as ``squeue`` lists them."""
+
+    label: str
+    indexes: str  # compacted: 3-999
+    count: int
+
+
+def collapsed_arrays(jobs: QuerySet[Job]) -> QuerySet[Job]:
+    """Of ``jobs``, one row per job array and state, as ``squeue`` lists an array: the jobs
+    in no array, each task holding GPUs (each runs somewhere else), and of each array's other
+    tasks in each state the first; ``array_tasks_of`` tells a page of rows what they stand
+    for."""
+    first = (
+        jobs.filter(array__isnull=False)
+        .exclude(state__in=HOLDING_STATES)
+        .order_by("array_id", "state", "pk")
+        .distinct("array_id", "state")
+        .values("pk")
+    )
+    return jobs.filter(Q(array__isnull=True) | Q(state__in=HOLDING_STATES) | Q(pk__in=first))
+
+
+def array_tasks_of(jobs: QuerySet[Job], rows: Iterable[Job]) -> dict[int, ArrayTasks]:
+    """The tasks of ``jobs`` that each of ``rows`` (of ``collapsed_arrays(jobs)``) stands
+    for, by row id: only the rows that stand for tasks of an array (one query)."""
+    standing = {
+        (row.array_id, row.state): row.pk
+        for row in rows
+        if row.array_id is not None and row.state not in HOLDING_STATES
+    }
+    if not standing:
+        return {}
+    tasks = (
+        jobs.prefetch_related(None)
+        .filter(array_id__in={array_id for array_id, _ in standing})
+        .exclude(state__in=HOLDING_STATES)
+        .order_by()
+        .values("array_id", "state", "array__max_running")
+        .annotate(indexes=ArrayAgg("array_index", order_by="array_index"))
+    )
+    found: dict[int, ArrayTasks] = {}
+    for group in tasks:
+        row_id = standing.get((group["array_id"], group["state"]))
+        if row_id is not None:
+            indexes = compact_indexes(group["indexes"])
+            label = array_label(group["array_id"], indexes, group["array__max_running"])
+            found[row_id] = ArrayTasks(label, indexes, len(group["indexes"]))
+    return found
+
+
+# --------------------------------------------------------------------------- attempts
+
+
+@dataclass
+class Attempt:
+    """One run of a job, from its placement to its end: where, when, and how it ended."""
+
+    number: int
+    gpus: list[Allocation]  # its allocations, by node and GPU index
+    placed_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    ended: str = ""  # the state it left the job in (queued: requeued); empty while it holds GPUs
+    exit_code: int | None = None
+    reason: str = ""  # why it ended (the end's message, or the preemption or cancel asked for)
+    current: bool = False  # the run the job's state is about (it runs, or it ended the job)
+
+    @property
+    def how_it_ended(self) -> str:
+        """``requeued: retry 1/2 after attempt 1 failed: exit code 3``; empty while it runs."""
+        ended = "requeued" if self.ended == JobState.QUEUED else self.ended
+        return ": ".join(filter(None, (ended, self.reason))) if ended else ""
+
+    @property
+    def nodes(self) -> dict[str, list[int]]:
+        """``{"dgx-01": [0, 1]}``: its GPUs' indexes by node."""
+        nodes: dict[str, list[int]] = {}
+        for allocation in self.gpus:
+            nodes.setdefault(allocation.node.hostname, []).append(allocation.gpu.index)
+        return nodes
+
+
+# Audit rows that say why a run is about to end, before its end is reported.
+STOP_REQUESTS = ("job.preempt_requested", "job.cancel_requested")
+
+
+def job_attempts(job: Job, allocations: Iterable[Allocation]) -> list[Attempt]:
+    """The job's runs, oldest first, from its ``allocations`` (every attempt's, with GPU and
+    node) and its audit rows (one query): ``job.scheduled`` places attempt N, ``job.running``
+    starts it, the first move out of scheduled or running ends it (its state, exit code and
+    message); a preemption's or a cancel's request gives the reason an end without one."""
+    attempts: dict[int, Attempt] = {}
+    for allocation in sorted(allocations, key=lambda a: (a.node.hostname, a.gpu.index)):
+        attempt = attempts.setdefault(allocation.attempt, Attempt(allocation.attempt, []))
+        attempt.gpus.append(allocation)
+        attempt.placed_at = attempt.placed_at or allocation.allocated_at
+        attempt.ended_at = allocation.released_at  # a gang's GPUs are released together
+    events = AuditEvent.objects.filter(
+        target_type=Job._meta.label_lower, target_id=str(job.pk)
+    ).order_by("pk")
+    running: Attempt | None = None
+    asked = ""
+    for event in events.only("event_type", "time", "before", "after", "message"):
+        before, after = event.before or {}, event.after or {}
+        if event.event_type == f"job.{JobState.SCHEDULED}" and "attempt" in after:
+            number = after["attempt"]
+            running = attempts.setdefault(number, Attempt(number, []))
+            running.placed_at, asked = event.time, ""
+        elif running is None:
+            continue
+        elif event.event_type == f"job.{JobState.RUNNING}":
+            started = after.get("started_at")
+            running.started_at = parse_datetime(started) if started else event.time
+        elif event.event_type in STOP_REQUESTS:
+            asked = event.message
+        elif before.get("state") in HOLDING_STATES and after.get("state") not in HOLDING_STATES:
+            running.ended, running.ended_at = after["state"], event.time
+            running.exit_code = after.get("exit_code")
+            running.reason = event.message or asked
+            running = None
+    found = sorted(attempts.values(), key=lambda attempt: attempt.number)
+    if found and (
+        job.state in HOLDING_STATES
+        or (job.state in TERMINAL_STATES and found[-1].ended == job.state)
+    ):
+        found[-1].current = True
+    return found
 
 
 # Queue order: the placement loop's position, then submission.

@@ -1117,12 +1117,15 @@ def release_job(job: Job, *, actor: User) -> Job:
     return transition(job, S.QUEUED, actor=actor, expect=[S.PENDING], message="released")
 
 
-def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
+def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -> Job:
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
     nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
     SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
-    is unreachable nothing can be signalled and the job ends at once."""
-    message = reason or f"canceled by {actor.get_username()}"
+    is unreachable nothing can be signalled and the job ends at once. With ``kill`` (the
+    seed's force kill, ``gpuadmin jobs kill``) its processes get SIGKILL at once, no grace,
+    even when a cancel is already under way (its grace is cut short)."""
+    message = reason or f"{'killed' if kill else 'canceled'} by {actor.get_username()}"
+    stop: dict[str, Any] = {"signal": "SIGKILL", "grace_s": 0} if kill else {}
     job.refresh_from_db()  # decide on the stored state and attempt, never a stale copy
     nodes = job_nodes(job) if job.state in HOLDING_STATES else []
     if nodes and all(node.is_reachable() for node in nodes):
@@ -1137,10 +1140,11 @@ def cancel_job(job: Job, *, actor: User, reason: str = "") -> Job:
                 actor=actor,
                 target=job,
                 before={"state": job.state},
+                after=stop or None,
                 message=message,
             )
             hostnames = [node.hostname for node in nodes]
-            transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message))
+            transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message, **stop))
         return job
     return transition(job, S.CANCELED, actor=actor, message=message)
 

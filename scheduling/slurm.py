@@ -106,6 +106,13 @@ def compact_indexes(indexes: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def array_label(array_id: int, indexes: str, max_running: int | None) -> str:
+    """Tasks of a job array as ``squeue`` names them together: ``12_[3-999%50]`` (``indexes``
+    compacted, ``%`` its cap on tasks running at once)."""
+    cap = f"%{max_running}" if max_running else ""
+    return f"{array_id}_[{indexes}{cap}]"
+
+
 def _run_text(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 

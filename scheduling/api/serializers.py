@@ -293,6 +293,16 @@ class DependencySerializer(api.ModelSerializer):
         return dependencies.outcome(dependency.kind, dependency.on.state)
 
 
+class ArrayTasksSerializer(api.Serializer):
+    """A ``queries.ArrayTasks``: the tasks of an array that one row of a collapsed list
+    stands for."""
+
+    # A declared field, though Field has a ``label`` attribute (the metaclass takes it out).
+    label = serializers.CharField(help_text="As squeue: 12_[3-999%50].")  # type: ignore[assignment]
+    indexes = serializers.CharField(help_text="Their indexes, compacted: 3-999.")
+    count = serializers.IntegerField()
+
+
 class JobSerializer(api.ModelSerializer):
     """A job with where it stands: for a waiting job why (``pending_code``/``pending_reason``),
     its queue position, estimated start and what-if; for a placed one, ``placement`` and its
@@ -308,6 +318,10 @@ class JobSerializer(api.ModelSerializer):
     allocations = AllocationSerializer(many=True, read_only=True)
     pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True, default=None)
     dependencies = DependencySerializer(many=True, read_only=True)
+    array_tasks = serializers.SerializerMethodField(
+        help_text="In a list with collapse_arrays: the tasks of its array in its state that "
+        "this row stands for (itself the first); else null."
+    )
 
     class Meta:
         model = Job
@@ -363,6 +377,7 @@ class JobSerializer(api.ModelSerializer):
             "borrowed",
             "preempted_by",
             "preempt_requested_at",
+            "array_tasks",
         ]
         read_only_fields = fields
 
@@ -383,6 +398,55 @@ class JobSerializer(api.ModelSerializer):
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
     def get_env(self, job: Job) -> dict[str, str]:
         return dict.fromkeys(job.env, HIDDEN) if self._private(job) else job.env
+
+    @extend_schema_field(ArrayTasksSerializer(allow_null=True))
+    def get_array_tasks(self, job: Job) -> dict[str, Any] | None:
+        tasks = self.context.get("array_tasks", {}).get(job.pk)
+        return None if tasks is None else ArrayTasksSerializer(tasks).data
+
+
+class AttemptSerializer(api.Serializer):
+    """A ``queries.Attempt``: one run of a job."""
+
+    attempt = serializers.IntegerField(source="number")
+    current = serializers.BooleanField(
+        help_text="The run the job's state is about: it holds GPUs, or its end ended the job."
+    )
+    nodes = serializers.DictField(
+        child=serializers.ListField(child=serializers.IntegerField()),
+        help_text='Its GPUs\' indexes by node: {"dgx-01": [0, 1]}.',
+    )
+    gpus = serializers.SerializerMethodField(help_text="Its GPUs' (or MIG devices') UUIDs.")
+    placed_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+    ended = serializers.CharField(
+        help_text="The state its end left the job in (queued: requeued, preempted, failed, "
+        "completed, canceled); empty while it holds GPUs."
+    )
+    exit_code = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField(help_text="Why it ended.")
+    how_it_ended = serializers.CharField(
+        help_text="Both in a sentence: requeued: retry 1/2 after attempt 1 failed: exit code 3."
+    )
+
+    def get_gpus(self, attempt: queries.Attempt) -> list[str]:
+        return [allocation.device_uuid or allocation.gpu.uuid for allocation in attempt.gpus]
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job with its runs (``attempts``, oldest first: one query more than a listed job)."""
+
+    attempts = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "attempts"]
+        read_only_fields = fields
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, job: Job) -> Any:
+        attempts = queries.job_attempts(job, job.allocations.all())
+        return AttemptSerializer(attempts, many=True).data
 
 
 class SubmittedJobSerializer(api.SharedFieldsSerializer):
@@ -621,6 +685,15 @@ class NewTokenSerializer(TokenSerializer):
 class QueueParamsSerializer(api.Serializer):
     limit = serializers.IntegerField(
         min_value=1, max_value=1000, default=100, help_text="Jobs listed of each kind."
+    )
+
+
+class JobListParamsSerializer(api.Serializer):
+    collapse_arrays = serializers.BooleanField(
+        default=False,
+        help_text="One row per job array and state, as squeue lists an array "
+        "(``array_tasks`` says which tasks it stands for); each task holding GPUs still has "
+        "its own row.",
     )
 
 

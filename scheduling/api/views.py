@@ -95,11 +95,12 @@ def job_body(request: Request, job: Job) -> dict[str, Any]:
     return s.JobSerializer(job, context={"request": request}).data
 
 
-def cancel(request: Request, job: Job) -> Response:
-    """Cancel ``job``: 200 when it ended, 202 while its agent stops its processes."""
+def cancel(request: Request, job: Job, *, kill: bool = False) -> Response:
+    """Cancel ``job`` (``kill``: SIGKILL at once, no grace): 200 when it ended, 202 while its
+    agent stops its processes."""
     check_can_act(request, job)
     with domain_errors():
-        services.cancel_job(job, actor=signed_in(request))
+        services.cancel_job(job, actor=signed_in(request), kill=kill)
     job = visible_job(request, job.pk)
     canceling = job.state in HOLDING_STATES
     body = s.CanceledSerializer(
@@ -175,10 +176,25 @@ class JobViewSet(
             raise no_job(self.request, self.kwargs["pk"]) from None
 
     def get_serializer_class(self) -> type[Serializer]:
-        return s.JobSubmitSerializer if self.action == "create" else s.JobSerializer
+        if self.action == "create":
+            return s.JobSubmitSerializer
+        return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_throttles(self) -> list[BaseThrottle]:
         return [SubmitThrottle()] if self.action == "create" else []
+
+    @extend_schema(parameters=[s.JobListParamsSerializer])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Jobs, newest first; with ``collapse_arrays`` one row per job array and state."""
+        if not valid(s.JobListParamsSerializer, request.query_params)["collapse_arrays"]:
+            return super().list(request, *args, **kwargs)
+        jobs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(queries.collapsed_arrays(jobs)) or []
+        context = {
+            **self.get_serializer_context(),
+            "array_tasks": queries.array_tasks_of(jobs, page),
+        }
+        return self.get_paginated_response(s.JobSerializer(page, many=True, context=context).data)
 
     @extend_schema(
         request=s.JobSubmitSerializer,
@@ -193,6 +209,13 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         return cancel(request, self.get_object())
+
+    @extend_schema(request=None, responses={**CANCELED, **JOB_ERRORS})
+    @action(detail=True, methods=["post"])
+    def kill(self, request: Request, pk: str) -> Response:
+        """Cancel the job with SIGKILL at once, no grace (a cancel under way is cut short):
+        the seed's force kill, for a job that ignores SIGTERM."""
+        return cancel(request, self.get_object(), kill=True)
 
     @extend_schema(request=None, responses={200: s.JobSerializer, **JOB_ERRORS})
     @action(detail=True, methods=["post"])

@@ -192,6 +192,12 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("scheduling-api-v1:job-cancel", "POST"): lambda w: Call(
         w.alice, "post", f"/api/v1/jobs/{w.job().pk}/cancel/", ["job.canceled"]
     ),
+    ("scheduling-api-v1:job-kill", "POST"): lambda w: Call(
+        w.ops,
+        "post",
+        f"/api/v1/jobs/{w.scheduled_job().pk}/kill/",
+        ["job.cancel_requested"],  # SIGKILL through its agent, whose report ends it
+    ),
     ("api-queue-job", "DELETE"): lambda w: Call(
         w.ops, "delete", f"/queue/{w.job().pk}", ["job.canceled"]
     ),

@@ -238,6 +238,7 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/^jobs/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
         "/api/v1/jobs/{job}/cancel/", ACT_ON_JOB
     ),
+    ("api/v1/^jobs/(?P<pk>[^/.]+)/kill/$", "POST"): Entry("/api/v1/jobs/{job}/kill/", ACT_ON_JOB),
     ("api/v1/^jobs/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
         "/api/v1/jobs/{job}/release/", ACT_ON_JOB
     ),

@@ -291,6 +291,43 @@ def test_cancel_kills_the_whole_process_tree(make_executor: MakeExecutor, workdi
     assert executor.cancel("tree") is False
 
 
+STUBBORN = """
+    import signal, time
+    signal.signal(signal.SIGTERM, lambda *_: print("got SIGTERM", flush=True))
+    print("ready", flush=True)
+    while True:
+        time.sleep(1)
+"""
+
+
+def test_a_kill_is_sigkill_at_once(make_executor: MakeExecutor, workdir: Path) -> None:
+    """``gpuadmin jobs kill``: no SIGTERM, no grace (the executor's own grace is 30 s here)."""
+    executor, events = make_executor(kill_grace_s=30)
+    executor.launch(job("kill", workdir, python(STUBBORN)))
+    wait_until(lambda: executor.tail("kill") == "ready\n")
+    asked = time.monotonic()
+    assert executor.cancel("kill", stop_signal=signal.SIGKILL, grace_s=0)
+    finished = events.finished("kill")
+    assert (finished.state, finished.exit_code) == (FinalState.CANCELED, -signal.SIGKILL)
+    assert time.monotonic() - asked < 5
+    assert executor.tail("kill") == "ready\n"  # it never saw a SIGTERM
+
+
+def test_a_kill_cuts_short_the_grace_of_a_cancel_under_way(
+    make_executor: MakeExecutor, workdir: Path
+) -> None:
+    executor, events = make_executor()
+    executor.launch(job("stuck", workdir, python(STUBBORN)))
+    wait_until(lambda: executor.tail("stuck") == "ready\n")
+    assert executor.cancel("stuck", grace_s=60)  # the job ignores it: 60 s to wait
+    wait_until(lambda: executor.tail("stuck") == "ready\ngot SIGTERM\n")
+    asked = time.monotonic()
+    assert executor.cancel("stuck", stop_signal=signal.SIGKILL, grace_s=0)
+    finished = events.finished("stuck")
+    assert (finished.state, finished.exit_code) == (FinalState.CANCELED, -signal.SIGKILL)
+    assert time.monotonic() - asked < 5
+
+
 def test_processes_left_behind_are_killed_when_the_job_ends(
     make_executor: MakeExecutor, workdir: Path
 ) -> None:

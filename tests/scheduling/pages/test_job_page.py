@@ -223,9 +223,9 @@ def test_query_count_does_not_grow_with_jobs_or_nodes(
     client.force_login(alice)
     single = submit(alice, gpu_count=2)
     place(single)
-    # Session, user, role (may they read it? cancel it?), job; the full page adds allocations,
-    # timeline, GPUs, links and dependencies.
-    queries = 4 if htmx else 9
+    # Session, user, role (may they read it? cancel it?), job, its attempts (audit rows); the
+    # full page adds allocations, timeline, GPUs, links and dependencies.
+    queries = 5 if htmx else 10
     with django_assert_num_queries(queries):
         client.get(f"/jobs/{single.pk}/?shown=scheduled", **headers)
     add_fleet(1)
