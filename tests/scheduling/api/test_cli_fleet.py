@@ -311,12 +311,6 @@ def test_the_bash_completion_loads():
 
 
 @pytest.mark.django_db(transaction=False)
-@pytest.mark.xfail(
-    reason="zsh's script formats every help text: `jobs submit --mps`'s bare % fails "
-    "(fixed with the jobs verbs' --help defect of issue 26)",
-    raises=subprocess.CalledProcessError,
-    strict=False,
-)
 def test_the_zsh_completion_is_a_compdef():
     zsh = subprocess.run(
         [sys.executable, "-m", "gpuadmin", "completion", "zsh"],
