@@ -54,8 +54,9 @@ NOT_PAGES = (
     "accounts/password_",
     "accounts/reset/",
 )
-# A poll every 2 s (hx-trigger="every 2s"): one cycle and its swap, where errors show late.
-POLL_WAIT_MS = 2_600
+# Live regions poll every 2 s (hx-trigger="every 2s"): wait two polls and their swaps, since the
+# second swaps into what the first left (a target the first swap lost is an error only then).
+POLL_WAIT_MS = 4_600
 
 
 # The elements that reach past the window's right edge, innermost first (the culprits).
@@ -94,10 +95,11 @@ def page_routes() -> set[str]:
 
 
 def the_site() -> dict[str, str]:
-    """Something on every page (a node with live samples, a placed job, a reservation, a
+    """Something on every page (two nodes with live samples, a placed job, a reservation, a
     quota, an alert); returns each page's route and the path visited for it."""
     host = unique_host()
     gpu = add_node(host).gpus[0].facts.uuid
+    add_node(unique_host("pcie"), "pcie-l40s-4x")  # a second node, on the fleet and in its polls
     alice = person("alice")
     job = submit(alice, gpu_count=2, name="sweep", project="vision")
     place(job)
