@@ -1,6 +1,6 @@
-"""The 403, 404 and 500 pages are the site's pages (its layout, why, a way back); the API's
-paths answer JSON instead; the 500 page renders with the database out of reach; the
-favicon; the browsable API within the Content-Security-Policy."""
+"""The 403 (a refused form's too), 404 and 500 pages are the site's pages (its layout, why, a
+way back); the API's paths answer JSON instead; the 500 page renders with the database out of
+reach; the favicon; the browsable API within the Content-Security-Policy."""
 
 from __future__ import annotations
 
@@ -45,6 +45,18 @@ def test_a_403_is_the_sites_page_saying_why(client):
     assert response.status_code == 403
     assert LAYOUT in html and "Not allowed (403)" in html
     assert "This needs the admin role; you are a user. You are signed in as vic." in html
+    assert '<a class="button" href="/">Home page</a>' in html
+
+
+@pytest.mark.django_db
+def test_a_form_without_its_csrf_token_is_refused_on_the_sites_page():
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(person("vic"))
+    response = client.post("/accounts/logout/")
+    html = response.content.decode()
+    assert response.status_code == 403
+    assert LAYOUT in html and "Form refused (403)" in html
+    assert "The form came without a valid security (CSRF) token" in html
     assert '<a class="button" href="/">Home page</a>' in html
 
 
