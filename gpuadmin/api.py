@@ -12,13 +12,21 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
 from django.forms.utils import from_current_timezone
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.urls import URLResolver, get_resolver
 from django.utils import timezone
 from django.views import defaults
+from django.views.decorators.csrf import requires_csrf_token
 from drf_spectacular import openapi
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers, views
-from rest_framework.exceptions import APIException, ParseError, ValidationError
+from rest_framework.exceptions import (
+    APIException,
+    NotFound,
+    ParseError,
+    PermissionDenied,
+    ValidationError,
+)
 from rest_framework.fields import Field, SkipField, empty
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.permissions import AllowAny
@@ -359,9 +367,41 @@ def api_prefixes() -> frozenset[str]:
     return frozenset(prefixes)
 
 
+def is_api_path(request: HttpRequest) -> bool:
+    """Whether ``request`` is for one of the API's paths, whose errors are JSON."""
+    return request.path.lstrip("/").split("/")[0] in api_prefixes()
+
+
+def _reason(exception: Exception) -> str:
+    """The message a 403 or 404 was raised with (``PermissionDenied("This needs ...")``); ''
+    when it has none, as for a URL that no route takes."""
+    message = exception.args[0] if exception.args else ""
+    return message if isinstance(message, str) else ""
+
+
+@requires_csrf_token
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """``handler404``: a URL that no route takes is ``{"detail": "Not found."}`` under the
-    API's paths (e.g. ``/queue/abc``), Django's page elsewhere."""
-    if request.path.lstrip("/").split("/")[0] in api_prefixes():
-        return JsonResponse({"detail": "Not found."}, status=404)
-    return defaults.page_not_found(request, exception)
+    API's paths (e.g. ``/queue/abc``), the site's page (``404.html``) elsewhere."""
+    if is_api_path(request):
+        return JsonResponse({"detail": NotFound.default_detail}, status=404)
+    return render(request, "404.html", {"reason": _reason(exception)}, status=404)
+
+
+@requires_csrf_token
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler403``: JSON under the API's paths, the site's page (``403.html``) saying why
+    elsewhere."""
+    reason = _reason(exception)
+    if is_api_path(request):
+        return JsonResponse({"detail": reason or PermissionDenied.default_detail}, status=403)
+    return render(request, "403.html", {"reason": reason}, status=403)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: JSON under the API's paths, ``500.html`` elsewhere, rendered without
+    the request's context (no context processor runs), so that it shows while the database
+    is down."""
+    if is_api_path(request):
+        return JsonResponse({"detail": APIException.default_detail}, status=500)
+    return defaults.server_error(request)

@@ -18,6 +18,7 @@ urlpatterns = [
     path("", include("scheduling.api.urls")),
     path("", views.home, name="home"),
     path("-/health", views.health, name="health"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("metrics", metrics.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
@@ -41,4 +42,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
 ]
 
+handler403 = "gpuadmin.api.permission_denied"
 handler404 = "gpuadmin.api.not_found"
+handler500 = "gpuadmin.api.server_error"

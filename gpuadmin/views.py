@@ -1,11 +1,12 @@
-"""Project-level pages: the home page and the health probe."""
+"""Project-level pages: the home page, the health probe and the favicon."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 
 from gpuadmin import __version__
@@ -55,3 +56,10 @@ def health(request: HttpRequest) -> JsonResponse:
         {"status": "ok" if healthy else "degraded", "version": __version__, **services},
         status=200 if healthy else 503,
     )
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``, which browsers ask for whatever a page links (the admin's, the API's
+    pages): the site's icon, ``static/gpuadmin/favicon.svg``, which ``_base.html`` links."""
+    return redirect(static("gpuadmin/favicon.svg"))

@@ -116,6 +116,8 @@ TABLE: dict[tuple[str, str], Entry] = {
     # Project pages and health
     ("", "GET"): Entry("/", PUBLIC),
     ("-/health", "GET"): Entry("/-/health", PUBLIC),
+    # To the site's icon under static/ (browsers ask for it whatever a page links).
+    ("favicon.ico", "GET"): Entry("/favicon.ico", by_role(302, 302, 302, 302, 302)),
     # Prometheus scrapes it (GPUADMIN_METRICS_TOKEN, when set, guards it: tests/health/)
     ("metrics", "GET"): Entry("/metrics", PUBLIC),
     ("api/schema/", "GET"): Entry("/api/schema/", PUBLIC),
