@@ -252,7 +252,7 @@ def _unreachable_findings(
         if pk not in unreachable:
             continue
         last = f"last heard {heard:%Y-%m-%d %H:%M:%S}" if heard else "never heard from"
-        fingerprint = f"rule:{rule.pk}:node:{hostname}"
+        fingerprint = alerts.unreachable_fingerprint(hostname)
         findings[fingerprint] = Finding(
             fingerprint=fingerprint,
             rule=rule,
@@ -321,7 +321,7 @@ def _event_alerts(rule: AlertRule, now: float) -> int:
         alerts.open_alert(
             fingerprint=alerts.event_fingerprint(event),
             severity=event.severity,
-            summary=f"{event}: {event.message}" if event.message else str(event),
+            summary=event.summary(),
             node=event.node,
             gpu=event.gpu,
             event=event,
