@@ -735,4 +735,6 @@ class UsageDay(models.Model):
 
     def __str__(self) -> str:
         hours = self.allocated_gpu_s / 3600
-        return f"{self.day} user {self.user_id} {self.project or '-'}: {hours:.1f} GPU-h"
+        pool = f" in pool {self.pool}" if self.pool_id else ""
+        project = f", project {self.project}" if self.project else ""
+        return f"{self.user.get_username()} on {self.day}{pool}{project}: {hours:.1f} GPU-h"

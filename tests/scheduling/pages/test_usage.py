@@ -202,6 +202,9 @@ def test_the_admin_reads_the_day_rows_in_hours_and_edits_none(admin_client, alic
     assert listed.status_code == 200
     [row] = listed.context["cl"].result_list
     assert listed.context["cl"].model_admin.allocated_hours(row) == "3.00"
+    assert str(row) == "alice on 2026-11-02, project vision: 3.0 GPU-h"  # never "user 3"
+    change = admin_client.get(f"/admin/scheduling/usageday/{row.pk}/change/").content.decode()
+    assert "alice on 2026-11-02" in change
     assert admin_client.get("/admin/scheduling/usageday/add/").status_code == 403
     assert admin_client.post(f"/admin/scheduling/usageday/{row.pk}/delete/").status_code == 403
 
