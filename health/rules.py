@@ -36,6 +36,7 @@ from inventory import live, usability
 from inventory.choices import NodeState
 from inventory.models import Gpu, Node
 from inventory.occupancy import Occupancy
+from inventory.units import duration_text
 
 logger = logging.getLogger("gpuadmin.health.rules")
 
@@ -187,7 +188,7 @@ def _gpu_findings(
                 fingerprint=fingerprint,
                 rule=rule,
                 summary=f"GPU {gpu.index} of {gpu.hostname}: {summary} "
-                f"for {_duration(now - began)}",
+                f"for {duration_text(now - began)}",
                 node_id=gpu.node_id,
                 gpu_id=gpu.pk,
                 labels=labels,
@@ -401,14 +402,6 @@ def count_idle(seconds_by_user: dict[str, float], day: Any) -> float:
             [value for row in rows for value in row],
         )
     return sum(seconds for _user, _day, seconds in rows)
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

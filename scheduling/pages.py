@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -25,6 +25,7 @@ from inventory.models import Gpu, GpuLink, Node
 from inventory.occupancy import Occupant
 from inventory.pages.common import MIB_PER_GIB, short_gpu_name, url_format
 from inventory.pages.topology import TopologyRow, topology_rows
+from inventory.units import duration_text
 from scheduling import dependencies, queries
 from scheduling.models import (
     HOLDING_STATES,
@@ -116,11 +117,6 @@ def resources_text(job: Job) -> str:
     if job.topology != Topology.ANY:
         parts.append(Topology(job.topology).label)
     return " · ".join(parts)
-
-
-def duration_text(seconds: int | None) -> str:
-    """``2 days, 1:30:00``; a dash for none."""
-    return "–" if seconds is None else str(timedelta(seconds=seconds))
 
 
 def waiting_text(job: Job) -> str:

@@ -119,6 +119,9 @@ def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
 
     html = client.get("/fairshare/").content.decode()
 
+    assert "count half after 7 days" in html and "0:00:00" not in html
+    policies = client.get("/policies/").content.decode()
+    assert '<td class="num">7 days</td>' in policies and "604800 s" not in policies
     users = section(html, "users")
     assert users.index(f'data-holder="{bob.pk}"') < users.index(f'data-holder="{alice.pk}"')
     # Alice used 3 of the 4 GPU-hours (decayed by a week's half-life) on half the shares.
