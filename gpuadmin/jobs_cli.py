@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlencode
 
+from inventory.units import memory_text
 from scheduling import slurm
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -407,13 +408,13 @@ def _needs(job: dict[str, Any]) -> str:
     if job.get("mig_profile"):
         return f"MIG device {job['mig_profile']}"
     if job.get("mps_percent") is not None:
-        memory = f", {job['mps_memory_mib']} MiB" if job.get("mps_memory_mib") else ""
+        memory = f", {memory_text(job['mps_memory_mib'])}" if job.get("mps_memory_mib") else ""
         return f"MPS share {job['mps_percent']}% of SMs{memory}"
     parts = [f"{job['gpu_count']} GPU(s) x {job['node_count']} node(s)"]
     if job["gpu_model"]:
         parts.append(job["gpu_model"])
     if job["min_gpu_memory_mib"]:
-        parts.append(f">= {job['min_gpu_memory_mib']} MiB")
+        parts.append(f">= {memory_text(job['min_gpu_memory_mib'])}")
     if job["topology"] != "any":
         parts.append(f"topology {job['topology']}")
     return ", ".join(parts)

@@ -8,15 +8,18 @@ and ``nvidia-smi`` count it, and written in binary units only (MiB, GiB: never "
 from __future__ import annotations
 
 MIB_PER_GIB = 1024
+MIB_PER_TIB = 1024 * MIB_PER_GIB
 _EXACT_BELOW_MIB = 100 * MIB_PER_GIB  # smaller sizes are written exactly, as nvidia-smi does
 
 
 def memory_text(mib: float) -> str:
-    """``80 GiB`` for a whole number of GiB; otherwise the exact MiB below 100 GiB, as
-    ``nvidia-smi`` prints it (``8000 MiB``, ``81559 MiB``); larger sizes (a host's RAM) in
-    GiB to one decimal (``1007.5 GiB``)."""
+    """``80 GiB``, ``2 TiB`` for a whole number of them; otherwise the exact MiB below
+    100 GiB, as ``nvidia-smi`` prints it (``8000 MiB``, ``81559 MiB``); larger sizes (a
+    host's RAM) in GiB to one decimal (``1007.5 GiB``, ``1024.5 GiB``)."""
     whole = round(mib)
-    if whole % MIB_PER_GIB == 0 and whole:
+    if whole and whole % MIB_PER_TIB == 0:
+        return f"{whole // MIB_PER_TIB} TiB"
+    if whole and whole % MIB_PER_GIB == 0:
         return f"{whole // MIB_PER_GIB} GiB"
     if abs(whole) < _EXACT_BELOW_MIB:
         return f"{whole} MiB"
@@ -32,7 +35,7 @@ def duration_text(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     left = round(seconds)
-    parts = []
+    parts: list[str] = []
     for size, one, many in _UNITS:
         count, left = divmod(left, size)
         if count or parts:

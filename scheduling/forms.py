@@ -13,7 +13,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from inventory.models import Gpu, Pool
-from inventory.pages.common import MIB_PER_GIB, short_gpu_name
+from inventory.pages.common import short_gpu_name
+from inventory.units import MIB_PER_GIB
 from scheduling.models import Job, Priority, Reservation, ReservationState, Topology
 from scheduling.services import (
     ENV_NAME,

@@ -34,7 +34,9 @@ def test_a_duration_in_its_two_largest_units(seconds, text):
         (81559, "81559 MiB"),  # an H100's total, as nvidia-smi prints it
         (40960, "40 GiB"),
         (81920, "80 GiB"),
-        (1031660, "1007.5 GiB"),  # a host's RAM
+        (1031660, "1007.5 GiB"),  # a DGX A100's MemTotal
+        (2 * 1024 * 1024, "2 TiB"),
+        (1024 * 1024 + 512, "1024.5 GiB"),
     ],
 )
 def test_memory_in_binary_units_exact_as_nvidia_smi_below_100_gib(mib, text):
