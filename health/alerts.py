@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from gpuadmin.audit.services import record
 from health import webhooks, xids
-from health.choices import SEVERITY_RANK, AlertState, EventKind, Severity
+from health.choices import CONDITION_RULE_KINDS, SEVERITY_RANK, AlertState, EventKind, Severity
 from health.models import Alert, AlertRule, HealthEvent
 from inventory.models import Gpu, Node
 
@@ -93,8 +93,9 @@ def open_alert(
 ) -> Alert:
     """The firing alert of ``fingerprint``: a new one (audited, sent to the webhooks on
     commit), or the one already firing with ``last_seen_at`` moved to now (its severity
-    raised when this one is worse, its words an XID's; a rule adopting the alert a policy
-    opened, so that the rule resolves it). Safe when two workers open the same one at once."""
+    raised when this one is worse, its words an XID's; a condition rule adopting the alert a
+    policy opened for the same thing, so that it resolves when the condition clears). Safe
+    when two workers open the same one at once."""
     if node is None and gpu is not None:
         node = gpu.node
     with transaction.atomic():
@@ -113,7 +114,7 @@ def open_alert(
                 elif _names_it_better(event, found):
                     found.summary, found.event = summary[:500], event
                     fields += ["summary", "event"]
-                if rule is not None and found.rule_id is None:
+                if rule is not None and found.rule_id is None and rule.kind in CONDITION_RULE_KINDS:
                     found.rule = rule
                     fields.append("rule")
                 found.save(update_fields=fields)

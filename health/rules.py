@@ -28,7 +28,14 @@ from django.utils import timezone
 
 from gpuadmin.redis_client import client
 from health import alerts
-from health.choices import SEVERITY_RANK, AlertState, EventKind, RuleKind, Severity
+from health.choices import (
+    CONDITION_RULE_KINDS,
+    SEVERITY_RANK,
+    AlertState,
+    EventKind,
+    RuleKind,
+    Severity,
+)
 from health.models import Alert, AlertRule, HealthEvent, IdleHeldUsage, RecoveryPolicy
 from health.services import receive_reports
 from health.wire import HealthReport
@@ -54,13 +61,6 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
 }
-# Rules whose alerts resolve when the pass no longer finds their condition.
-CONDITION_KINDS = (
-    RuleKind.METRIC,
-    RuleKind.IDLE_HELD,
-    RuleKind.FOREIGN_PROCESS,
-    RuleKind.NODE_UNREACHABLE,
-)
 GPU_KINDS = (RuleKind.METRIC, RuleKind.IDLE_HELD, RuleKind.FOREIGN_PROCESS)
 
 
@@ -266,9 +266,9 @@ def _unreachable_findings(
 def _apply(findings: dict[str, Finding], unknown: set[str], result: Evaluation) -> None:
     """Open the new findings, keep the firing ones seen, resolve those that cleared."""
     firing = set(
-        Alert.objects.filter(state=AlertState.FIRING, rule__kind__in=CONDITION_KINDS).values_list(
-            "fingerprint", flat=True
-        )
+        Alert.objects.filter(
+            state=AlertState.FIRING, rule__kind__in=CONDITION_RULE_KINDS
+        ).values_list("fingerprint", flat=True)
     )
     still = firing & findings.keys()
     if still:
