@@ -11,6 +11,10 @@ from django.forms.renderers import BaseRenderer
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+# The choices of a yes/no filter on a page: blank means either (a NullBooleanSelect would
+# say "Unknown", which reads as a third state).
+ANY_YES_NO = [("", "Any"), ("true", "Yes"), ("false", "No")]
+
 
 class SuggestInput(forms.TextInput):
     """A text input offering the values it may take as a ``<datalist>``; ``suggestions`` is

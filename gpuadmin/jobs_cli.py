@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from gpuadmin.client import Api, ApiError, run_verb
 from gpuadmin.english import plural
 from gpuadmin.terminal import Column, add_json_flag, print_json, print_table
+from inventory.units import memory_text
 from scheduling import slurm
 
 FOLLOW_INTERVAL_S = 2.0
@@ -325,13 +326,13 @@ def _needs(job: dict[str, Any]) -> str:
     if job.get("mig_profile"):
         return f"MIG device {job['mig_profile']}"
     if job.get("mps_percent") is not None:
-        memory = f", {job['mps_memory_mib']} MiB" if job.get("mps_memory_mib") else ""
+        memory = f", {memory_text(job['mps_memory_mib'])}" if job.get("mps_memory_mib") else ""
         return f"MPS share {job['mps_percent']}% of SMs{memory}"
     parts = [f"{plural(job['gpu_count'], 'GPU')} x {plural(job['node_count'], 'node')}"]
     if job["gpu_model"]:
         parts.append(job["gpu_model"])
     if job["min_gpu_memory_mib"]:
-        parts.append(f">= {job['min_gpu_memory_mib']} MiB")
+        parts.append(f">= {memory_text(job['min_gpu_memory_mib'])}")
     if job["topology"] != "any":
         parts.append(f"topology {job['topology']}")
     return ", ".join(parts)

@@ -246,7 +246,7 @@ class _Changes:
                 self.add(
                     kind,
                     f"{new}:{total}",
-                    f"{kind.label}: {old} -> {new}",
+                    f"{old} -> {new}",
                     {"before": old, "after": new, "delta": delta, "aggregate": total},
                 )
 
@@ -260,7 +260,7 @@ class _Changes:
             self.add(
                 EventKind.RETIRED_PAGES,
                 f"{pages[0]}:{pages[1]}:{int(pending)}",
-                f"retired pages: single-bit {pages[0]}, double-bit {pages[1]}"
+                f"single-bit {pages[0]}, double-bit {pages[1]}"
                 + (", retirement pending a reset" if pending else ""),
                 {
                     "before": {"sbe": old[0], "dbe": old[1]},
@@ -277,7 +277,7 @@ class _Changes:
             self.add(
                 EventKind.REMAP_FAILURE,
                 rows,
-                "row remapping failed: no spare rows left in a bank",
+                "no spare rows left in a bank",
                 data,
             )
         newly_pending = now.remapped_rows_pending and not (then and then.remapped_rows_pending)
@@ -321,7 +321,7 @@ class _Changes:
             self.add(
                 EventKind.NVLINK,
                 f"{now.nvlink_errors}",
-                f"NVLink errors (CRC, replay, recovery): {old} -> {now.nvlink_errors}",
+                f"CRC, replay and recovery errors: {old} -> {now.nvlink_errors}",
                 {"before": old, "after": now.nvlink_errors, "delta": delta},
             )
 
@@ -435,7 +435,7 @@ class XidListener(threading.Thread):
         # NVML's event carries no text (the kernel log line does); the simulator tells its own.
         describe = getattr(self.nvml, "event_message", None)
         text = (describe(events) if callable(describe) else None) or ""
-        where = "" if gi is None else f" (GPU instance {gi}, compute instance {ci})"
+        where = "" if gi is None else f"GPU instance {gi}, compute instance {ci}"
         return HealthReport(
             kind=EventKind.XID.value,
             key=f"xid:{uuid or f'gpu{index}'}:{xid}:{int(at * 1_000_000)}",
@@ -443,7 +443,7 @@ class XidListener(threading.Thread):
             gpu_index=index,
             gpu_uuid=uuid,
             xid=xid,
-            message=f"XID {xid}{where}" + (f": {text}" if text else ""),
+            message=": ".join(part for part in (where, text) if part),
             data={"gpu_instance_id": gi, "compute_instance_id": ci, "text": text},
         )
 

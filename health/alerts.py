@@ -15,8 +15,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.services import record
-from health import webhooks
-from health.choices import SEVERITY_RANK, AlertState, Severity
+from health import webhooks, xids
+from health.choices import CONDITION_RULE_KINDS, SEVERITY_RANK, AlertState, EventKind, Severity
 from health.models import Alert, AlertRule, HealthEvent
 from inventory.models import Gpu, Node
 
@@ -36,12 +36,48 @@ def _audit_fields(alert: Alert) -> dict[str, Any]:
     }
 
 
+# The event kinds one fault of a GPU reports together: an uncorrectable memory error raises
+# the ECC counters and remaps a row; the XIDs of these parts join them (``XidInfo.subject``).
+FAULT_OF_KIND: dict[str, str] = {
+    EventKind.GPU_LOST: "gpu_lost",
+    EventKind.ECC_CORRECTED: "memory",
+    EventKind.ECC_UNCORRECTED: "memory",
+    EventKind.RETIRED_PAGES: "memory",
+    EventKind.REMAP_PENDING: "memory",
+    EventKind.REMAP_FAILURE: "memory",
+    EventKind.NVLINK: "nvlink",
+}
+
+
+def unreachable_fingerprint(hostname: str) -> str:
+    """The node's "unreachable" alert: the node-unreachable rule's and its heartbeat-lost
+    events' (one silent agent, one alert)."""
+    return f"node:{hostname}:unreachable"
+
+
 def event_fingerprint(event: HealthEvent) -> str:
-    """One firing alert per kind of event (per XID) and GPU (or node): the health-event rule
-    and a policy's "alert" action use it, so their alerts for one fault are one."""
-    what = f"{event.kind}:{event.xid}" if event.xid is not None else event.kind
+    """One firing alert per fault and GPU (or node): the health-event rule and a policy's
+    "alert" action use it, and a fault reported several ways (XID 79 and the GPU lost to
+    NVML; XID 48, the ECC counter and a remapped row) is one fault."""
+    if event.kind == EventKind.HEARTBEAT_LOST:
+        return unreachable_fingerprint(event.node.hostname)
+    info = xids.lookup(event.xid) if event.xid is not None else None
+    if info is not None and info.subject:
+        what = info.subject
+    elif event.xid is not None:
+        what = f"{event.kind}:{event.xid}"
+    else:
+        what = FAULT_OF_KIND.get(event.kind, event.kind)
     where = event.gpu.uuid if event.gpu_id and event.gpu else event.node.hostname
     return f"event:{what}:{where}"
+
+
+def _names_it_better(event: HealthEvent | None, found: Alert) -> bool:
+    """An XID names a fault by NVIDIA's catalog: it words the alert that a counter or a lost
+    GPU opened for the same fault first (``event_fingerprint``)."""
+    if event is None or event.xid is None or found.event_id is None:
+        return False
+    return HealthEvent.objects.filter(pk=found.event_id, xid=None).exists()
 
 
 def open_alert(
@@ -56,8 +92,10 @@ def open_alert(
     labels: dict[str, Any] | None = None,
 ) -> Alert:
     """The firing alert of ``fingerprint``: a new one (audited, sent to the webhooks on
-    commit), or the one already firing with ``last_seen_at`` moved to now (and its severity
-    raised when this one is worse). Safe when two workers open the same one at once."""
+    commit), or the one already firing with ``last_seen_at`` moved to now (its severity
+    raised when this one is worse, its words an XID's; a condition rule adopting the alert a
+    policy opened for the same thing, so that it resolves when the condition clears). Safe
+    when two workers open the same one at once."""
     if node is None and gpu is not None:
         node = gpu.node
     with transaction.atomic():
@@ -73,6 +111,12 @@ def open_alert(
                 if SEVERITY_RANK[Severity(severity)] > SEVERITY_RANK[Severity(found.severity)]:
                     found.severity, found.summary = severity, summary[:500]
                     fields += ["severity", "summary"]
+                elif _names_it_better(event, found):
+                    found.summary, found.event = summary[:500], event
+                    fields += ["summary", "event"]
+                if rule is not None and found.rule_id is None and rule.kind in CONDITION_RULE_KINDS:
+                    found.rule = rule
+                    fields.append("rule")
                 found.save(update_fields=fields)
                 return found
             try:

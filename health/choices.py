@@ -64,6 +64,15 @@ class RuleKind(models.TextChoices):
     FOREIGN_PROCESS = "foreign_process", "A process outside any allocation"
 
 
+# Rules whose alerts resolve when the evaluation no longer finds their condition.
+CONDITION_RULE_KINDS = (
+    RuleKind.METRIC,
+    RuleKind.IDLE_HELD,
+    RuleKind.FOREIGN_PROCESS,
+    RuleKind.NODE_UNREACHABLE,
+)
+
+
 class WebhookKind(models.TextChoices):
     GENERIC = "generic", "Generic JSON"
     SLACK = "slack", "Slack-compatible"

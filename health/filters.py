@@ -4,8 +4,9 @@ same alerts for the same query string."""
 from __future__ import annotations
 
 import django_filters
+from django import forms
 
-from gpuadmin.filters import SuggestInput, distinct_values
+from gpuadmin.filters import ANY_YES_NO, SuggestInput, distinct_values
 from health.choices import AlertState, Severity
 from health.models import Alert
 from inventory.models import Node
@@ -27,6 +28,7 @@ class AlertFilterSet(django_filters.FilterSet):
         lookup_expr="isnull",
         exclude=True,
         label="Acknowledged",
+        widget=forms.Select(choices=ANY_YES_NO),
     )
 
     class Meta:

@@ -73,17 +73,6 @@ def severity_for(kind: str, xid: int | None) -> str:
     return Severity.CRITICAL if info is not None and info.fatal else Severity.WARNING
 
 
-def describe(event: HealthEvent) -> str:
-    """``XID 79 (GPU has fallen off the bus) on GPU 3 of dgx-01``: the event in a sentence."""
-    if event.kind == EventKind.XID and event.xid is not None:
-        info = xids.lookup(event.xid)
-        what = info.title if info else f"XID {event.xid} (unknown to NVIDIA's catalog)"
-    else:
-        what = event.get_kind_display()
-    where = f"GPU {event.gpu.index} of " if event.gpu is not None else "node "
-    return f"{what} on {where}{event.node.hostname}"
-
-
 def handle(event_id: int) -> list[str]:
     """Apply the event's policy once (a duplicate or a second worker finds it handled and
     returns what was done); the outcome's steps."""
@@ -99,7 +88,7 @@ def handle(event_id: int) -> list[str]:
         if event.handled_at is not None:
             return list(event.outcome)
         policy = select_policy(event.kind, event.xid)
-        run = _Run(event, policy, reason=describe(event))
+        run = _Run(event, policy, reason=event.describe())
         steps = run.apply()
         event.policy = policy if run.acted else None
         event.outcome = steps
@@ -209,7 +198,7 @@ class _Run:
         alert = alerts.open_alert(
             fingerprint=alerts.event_fingerprint(event),
             severity=policy.severity,
-            summary=f"{self.reason}: {event.message}" if event.message else self.reason,
+            summary=event.summary(),
             node=event.node,
             gpu=event.gpu,
             event=event,

@@ -93,7 +93,7 @@ def fence(gpu: Gpu, *, event: HealthEvent, policy: RecoveryPolicy | None, to_sta
         now = timezone.now()
         recent = Quarantine.objects.filter(gpu=locked, opened_at__gte=now - FLAP_WINDOW).count()
         flapping = recent + 1 >= settings.GPUADMIN_FLAP_LIMIT
-        why = _event_text(event, locked)
+        why = event.summary(locked)
         set_gpu_state(locked, to_state, actor_name=ACTOR, reason=why)
         quarantine = Quarantine.objects.create(
             gpu=locked,
@@ -183,7 +183,7 @@ def _fence_again(
 ) -> None:
     """A new fault on a fenced GPU: probation starts over, a graver state is applied, and a
     fault whose policy asks for a reset needs one after it (an earlier reset does not count)."""
-    why = _event_text(event, gpu)
+    why = event.summary(gpu)
     if _reset_required(policy):
         quarantine.reset_required, quarantine.reset_at = True, None
         quarantine.save(update_fields=["reset_required", "reset_at"])
@@ -500,8 +500,3 @@ def _audit(
 
 def _label(gpu: Gpu) -> str:
     return f"GPU {gpu.index} of {gpu.node.hostname}"
-
-
-def _event_text(event: HealthEvent, gpu: Gpu) -> str:
-    what = f"XID {event.xid}" if event.xid is not None else event.get_kind_display()
-    return f"{what} on {_label(gpu)}" + (f": {event.message}" if event.message else "")

@@ -28,7 +28,14 @@ from django.utils import timezone
 
 from gpuadmin.redis_client import client
 from health import alerts
-from health.choices import SEVERITY_RANK, AlertState, EventKind, RuleKind, Severity
+from health.choices import (
+    CONDITION_RULE_KINDS,
+    SEVERITY_RANK,
+    AlertState,
+    EventKind,
+    RuleKind,
+    Severity,
+)
 from health.models import Alert, AlertRule, HealthEvent, IdleHeldUsage, RecoveryPolicy
 from health.services import receive_reports
 from health.wire import HealthReport
@@ -36,6 +43,7 @@ from inventory import live, usability
 from inventory.choices import NodeState
 from inventory.models import Gpu, Node
 from inventory.occupancy import Occupancy
+from inventory.units import duration_text
 
 logger = logging.getLogger("gpuadmin.health.rules")
 
@@ -53,13 +61,6 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
 }
-# Rules whose alerts resolve when the pass no longer finds their condition.
-CONDITION_KINDS = (
-    RuleKind.METRIC,
-    RuleKind.IDLE_HELD,
-    RuleKind.FOREIGN_PROCESS,
-    RuleKind.NODE_UNREACHABLE,
-)
 GPU_KINDS = (RuleKind.METRIC, RuleKind.IDLE_HELD, RuleKind.FOREIGN_PROCESS)
 
 
@@ -187,7 +188,7 @@ def _gpu_findings(
                 fingerprint=fingerprint,
                 rule=rule,
                 summary=f"GPU {gpu.index} of {gpu.hostname}: {summary} "
-                f"for {_duration(now - began)}",
+                f"for {duration_text(now - began)}",
                 node_id=gpu.node_id,
                 gpu_id=gpu.pk,
                 labels=labels,
@@ -252,7 +253,7 @@ def _unreachable_findings(
         if pk not in unreachable:
             continue
         last = f"last heard {heard:%Y-%m-%d %H:%M:%S}" if heard else "never heard from"
-        fingerprint = f"rule:{rule.pk}:node:{hostname}"
+        fingerprint = alerts.unreachable_fingerprint(hostname)
         findings[fingerprint] = Finding(
             fingerprint=fingerprint,
             rule=rule,
@@ -265,9 +266,9 @@ def _unreachable_findings(
 def _apply(findings: dict[str, Finding], unknown: set[str], result: Evaluation) -> None:
     """Open the new findings, keep the firing ones seen, resolve those that cleared."""
     firing = set(
-        Alert.objects.filter(state=AlertState.FIRING, rule__kind__in=CONDITION_KINDS).values_list(
-            "fingerprint", flat=True
-        )
+        Alert.objects.filter(
+            state=AlertState.FIRING, rule__kind__in=CONDITION_RULE_KINDS
+        ).values_list("fingerprint", flat=True)
     )
     still = firing & findings.keys()
     if still:
@@ -321,7 +322,7 @@ def _event_alerts(rule: AlertRule, now: float) -> int:
         alerts.open_alert(
             fingerprint=alerts.event_fingerprint(event),
             severity=event.severity,
-            summary=f"{event}: {event.message}" if event.message else str(event),
+            summary=event.summary(),
             node=event.node,
             gpu=event.gpu,
             event=event,
@@ -401,14 +402,6 @@ def count_idle(seconds_by_user: dict[str, float], day: Any) -> float:
             [value for row in rows for value in row],
         )
     return sum(seconds for _user, _day, seconds in rows)
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

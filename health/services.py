@@ -70,12 +70,12 @@ def record_reports(hostname: str, reports: list[HealthReport]) -> list[int]:
 
 
 def _message(report: HealthReport) -> str:
-    """The event's sentence: for an XID, the catalog's name and the agent's text."""
-    if report.kind != EventKind.XID or report.xid is None:
-        return report.message or EventKind(report.kind).label
-    info = xids.lookup(report.xid)
-    title = info.title if info else f"XID {report.xid} (not in NVIDIA's XID catalog)"
-    return f"{title}: {report.message}" if report.message else title
+    """What the agent said beyond the event's title (``HealthEvent.title``: the kind, or the
+    XID by the catalog's name): an XID's text that only repeats the catalog's name is left out."""
+    info = xids.lookup(report.xid) if report.xid is not None else None
+    if report.kind == EventKind.XID and info is not None and not info.adds_to_name(report.message):
+        return ""
+    return report.message
 
 
 def receive_reports(hostname: str, reports: list[HealthReport]) -> list[int]:
@@ -104,7 +104,7 @@ def watch_heartbeats() -> list[int]:
             kind=EventKind.HEARTBEAT_LOST,
             key=f"heartbeat_lost:{heard.isoformat()}",
             occurred_at=now.timestamp(),
-            message=f"node {hostname} unreachable: last heartbeat {heard:%Y-%m-%d %H:%M:%S}",
+            message=f"last heartbeat {heard:%Y-%m-%d %H:%M:%S}",
             data={"last_heartbeat_at": heard.isoformat()},
         )
         event_ids += receive_reports(hostname, [report])

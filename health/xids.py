@@ -67,6 +67,23 @@ class XidInfo:
         """``XID 79 (GPU has fallen off the bus)``: how events and alerts name it."""
         return f"XID {self.xid} ({self.name})"
 
+    @property
+    def subject(self) -> str:
+        """The part of the GPU the XID is about when the agent also watches that part by its
+        counters or queries: ``gpu_lost`` (fallen off the bus: every query fails too),
+        ``memory`` (ECC and row remapping: the counters rise too), ``nvlink`` (the link error
+        counters); "" for the others. One fault seen both ways is one alert."""
+        if "FALLEN_OFF_THE_BUS" in self.mnemonic:
+            return "gpu_lost"
+        if any(word in self.name for word in _MEMORY_WORDS):
+            return "memory"
+        return "nvlink" if self.mnemonic.startswith("NVLINK") else ""
+
+    def adds_to_name(self, text: str) -> bool:
+        """Whether an XID's text (the driver's, the simulator's) says more than its name."""
+        said = text.strip().rstrip(".").casefold()
+        return bool(said) and said != self.name.casefold()
+
 
 @functools.cache
 def _load() -> tuple[dict[int, XidInfo], dict[str, str]]:

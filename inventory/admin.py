@@ -10,6 +10,7 @@ from django import forms
 from django.contrib import admin
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.admin_actions import reason_action
@@ -24,6 +25,7 @@ from inventory.models import (
     Node,
     Pool,
 )
+from inventory.pages.common import short_gpu_name
 from inventory.querysets import GpuQuerySet
 from inventory.services import (
     HOST_RESERVED_FIELDS,
@@ -216,23 +218,28 @@ class NodeAdmin(AuditedCatalogAdmin):
         return False  # nodes register themselves through their agent
 
 
+def _one_line(text: str) -> str:
+    """``text`` that a narrow column does not wrap (non-breaking spaces and hyphens)."""
+    return text.replace(" ", "\u00a0").replace("-", "\u2011")
+
+
 @admin.register(Gpu)
 class GpuAdmin(AuditedCatalogAdmin):
     form = GpuAdminForm
     list_display = (
-        "uuid",
-        "node",
-        "index",
-        "name",
+        "node_and_index",
+        "short_model",
         "state",
         "mig_enabled",
         "mps_shared",
         "label",
         "pool",
         "missing_since",
+        "short_uuid",
     )
     list_filter = ("node", "name", "state", "pool", "mig_enabled", "mps_shared", MissingFilter)
     list_select_related = ("node", "pool")
+    ordering = ("node__hostname", "index")
     search_fields = ("uuid", "serial", "node__hostname", "label")
     readonly_fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS)
     fields = (*Gpu.DISCOVERED_FIELDS, *STATE_FIELDS, *GPU_CATALOG_FIELDS)
@@ -242,6 +249,21 @@ class GpuAdmin(AuditedCatalogAdmin):
         mps_action(True),
         mps_action(False),
     ]
+
+    @admin.display(description="GPU", ordering="node__hostname")
+    def node_and_index(self, gpu: Gpu) -> str:
+        """``dgx-01 GPU 3``: where it is, as the pages name it."""
+        return _one_line(f"{gpu.node.hostname} GPU {gpu.index}")
+
+    @admin.display(description="Model", ordering="name")
+    def short_model(self, gpu: Gpu) -> str:
+        return _one_line(short_gpu_name(gpu.name))
+
+    @admin.display(description="UUID", ordering="uuid")
+    def short_uuid(self, gpu: Gpu) -> str:
+        """``GPU-302e6c0b…``, the whole UUID as its tooltip (the search box finds a GPU by
+        its whole UUID)."""
+        return format_html('<span title="{}">{}</span>', gpu.uuid, _one_line(f"{gpu.uuid[:12]}…"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # GPUs are discovered, never typed in

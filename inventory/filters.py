@@ -9,7 +9,7 @@ import django_filters
 from django import forms
 from django.db.models import QuerySet
 
-from gpuadmin.filters import SuggestInput, distinct_values
+from gpuadmin.filters import ANY_YES_NO, SuggestInput, distinct_values
 from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, MigInstance, Node, Pool
@@ -35,9 +35,6 @@ def node_hostnames() -> Iterable[str]:
 
 def _pools() -> Iterable[str]:
     return Pool.objects.values_list("name", flat=True)
-
-
-ANY = [("", "all"), ("true", "yes"), ("false", "no")]
 
 
 class GpuFilterSet(django_filters.FilterSet):
@@ -84,7 +81,7 @@ class GpuFilterSet(django_filters.FilterSet):
         label="Free",
         help_text="Usable now (the one rule, see the README: schedulable, and a live sample "
         "without NVML error or process) and held by no job.",
-        widget=forms.Select(choices=ANY),
+        widget=forms.Select(choices=ANY_YES_NO),
     )
 
     class Meta:

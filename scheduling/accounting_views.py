@@ -43,8 +43,12 @@ class PeriodForm(forms.Form):
 
 
 def _chart(days: list[accounting.DayTotal]) -> dict:
-    """Bars per day in SVG units: allocated (full height) with used inside it."""
-    peak = max((day.allocated_h for day in days), default=0) or 1
+    """Bars per day in SVG units: allocated (full height) with used inside it; no bars (and
+    a peak of 0) when nothing was allocated, so that the page says so instead of drawing an
+    empty scale."""
+    peak = max((day.allocated_h for day in days), default=0)
+    if not peak:
+        return {"peak": 0, "bars": []}
     width = BAR_WIDTH + 2
     return {
         "width": width * len(days),

@@ -22,6 +22,7 @@ from django.db import transaction
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from inventory.models import Gpu, MigInstance, Pool
+from inventory.units import memory_text
 from scheduling import dispatch, placement, quotas, services, sharing
 from scheduling.models import (
     Allocation,
@@ -272,7 +273,7 @@ def _asks(job: Job) -> str:
     if job.mig_profile:
         return f"a {job.mig_profile} MIG device"
     if job.mps_percent is not None:
-        memory = f" and {job.mps_memory_mib} MiB" if job.mps_memory_mib else ""
+        memory = f" and {memory_text(job.mps_memory_mib)}" if job.mps_memory_mib else ""
         return f"an MPS share of {job.mps_percent} %{memory}"
     return services.KIND_WORDS[AllocationKind.GPU]
 
@@ -350,8 +351,8 @@ def _check_shape(job: Job, gpus: list[Gpu]) -> None:
         if gpu.memory_total_mib < job.min_gpu_memory_mib:
             raise AllocationInvalid(
                 "gpu_uuids",
-                f"GPU {gpu.uuid} has {gpu.memory_total_mib} MiB; job {job.pk} needs "
-                f"{job.min_gpu_memory_mib} MiB",
+                f"GPU {gpu.uuid} has {memory_text(gpu.memory_total_mib)}; job {job.pk} needs "
+                f"{memory_text(job.min_gpu_memory_mib)}",
             )
 
 
@@ -401,7 +402,8 @@ def _mps_share(job: Job, gpu: Gpu) -> _Share:
     if memory_mib > gpu.memory_total_mib:
         raise AllocationInvalid(
             "gpu_uuids",
-            f"GPU {gpu.uuid} has {gpu.memory_total_mib} MiB; job {job.pk} asks for {_asks(job)}",
+            f"GPU {gpu.uuid} has {memory_text(gpu.memory_total_mib)}; "
+            f"job {job.pk} asks for {_asks(job)}",
         )
     percent, used_mib, holders = sharing.mps_use([gpu.pk]).get(gpu.pk, (0, 0, ()))
     free = placement.MpsState(gpu.name, 100 - percent, gpu.memory_total_mib - used_mib)
@@ -409,9 +411,9 @@ def _mps_share(job: Job, gpu: Gpu) -> _Share:
         return _Share([gpu])
     return _Share(
         [gpu],
-        taken=f"GPU {gpu.uuid} has {free.free_percent} % of its SMs and {free.free_memory_mib} "
-        f"MiB free for MPS shares (jobs {', '.join(map(str, holders))} hold the rest); job "
-        f"{job.pk} asks for {_asks(job)}",
+        taken=f"GPU {gpu.uuid} has {free.free_percent} % of its SMs and "
+        f"{memory_text(free.free_memory_mib)} free for MPS shares (jobs "
+        f"{', '.join(map(str, holders))} hold the rest); job {job.pk} asks for {_asks(job)}",
     )
 
 

@@ -98,6 +98,7 @@ from typing import Any
 
 from inventory.nvml import smi
 from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
+from inventory.units import memory_text
 from scheduling.isolation.cgroups import (
     CgroupError,
     HostCgroups,
@@ -1248,7 +1249,9 @@ def _final_state(
     spec: JobSpec, stop_reason: FinalState | None, exit_code: int | None
 ) -> tuple[FinalState, str]:
     if stop_reason is FinalState.FAILED:  # the only reason to stop one that fails: memory
-        return stop_reason, f"stopped: it used more than its {spec.memory_mib} MiB of host memory"
+        return stop_reason, (
+            f"stopped: it used more than its {memory_text(spec.memory_mib)} of host memory"
+        )
     if stop_reason is FinalState.CANCELED:
         return stop_reason, "canceled"
     if stop_reason is FinalState.TIMED_OUT:

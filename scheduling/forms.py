@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from gpuadmin.filters import SuggestInput
 from inventory.models import Gpu, Pool
-from inventory.pages.common import MIB_PER_GIB, short_gpu_name
+from inventory.pages.common import short_gpu_name
+from inventory.units import MIB_PER_GIB
 from scheduling.models import Job, Priority, Reservation, ReservationState, Topology
 from scheduling.placement.text import plural
 from scheduling.services import (

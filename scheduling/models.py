@@ -377,43 +377,63 @@ class PoolPolicy(models.Model):
     audited)."""
 
     pool = models.OneToOneField(
-        Pool, null=True, blank=True, on_delete=models.CASCADE, related_name="policy"
+        Pool,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="policy",
+        help_text="The pool whose GPUs this policy shares; empty: the GPUs in no pool.",
     )
-    policy = models.CharField(max_length=16, choices=PolicyName.choices, default=DEFAULT_POLICY)
+    policy = models.CharField(
+        "queue policy",
+        max_length=16,
+        choices=PolicyName.choices,
+        default=DEFAULT_POLICY,
+        help_text="The order in which the pool's waiting jobs are considered.",
+    )
     backfill = models.BooleanField(
+        "EASY backfill",
         default=True,
         help_text="EASY backfill: a later job may start first if it does not delay the first "
         "waiting job's start (by estimates, else maximum runtimes).",
     )
     aging_interval_s = models.PositiveIntegerField(
+        "aging interval (seconds)",
         default=60,
         validators=[MinValueValidator(1)],
         help_text="A waiting job gains one priority point per interval (1,000 points per level).",
     )
     fairshare_half_life_s = models.PositiveIntegerField(
+        "fair-share half-life (seconds)",
         default=7 * 24 * 3600,
         validators=[MinValueValidator(60)],
         help_text="Past usage counts half after this long (Slurm's PriorityDecayHalfLife).",
     )
     fairshare_weight = models.PositiveIntegerField(
+        "fair-share weight (priority points)",
         default=10_000,
         help_text="Priority points a fully under-served user gains over a fully over-served one.",
     )
     las_thresholds_gpu_s = ArrayField(
         models.PositiveIntegerField(),
+        verbose_name="LAS queue thresholds (GPU-seconds)",
         default=list,
         blank=True,
         help_text="Least attained service: GPU-seconds at which a job drops to the next queue "
-        "(empty: 3,600 and 36,000).",
+        "(comma-separated; empty: 3,600 and 36,000).",
     )
     allow_borrowing = models.BooleanField(
+        "borrow idle GPUs over quota",
         default=True,
         help_text="Over-quota work may run on idle GPUs as preemptible, reclaimed first.",
     )
     preemption = models.BooleanField(
-        default=True, help_text="Higher-priority or under-share jobs may preempt preemptible work."
+        "allow preemption",
+        default=True,
+        help_text="Higher-priority or under-share jobs may preempt preemptible work.",
     )
     preempt_exempt_s = models.PositiveIntegerField(
+        "preemption exemption (seconds)",
         default=0,
         help_text="A job is not preempted for another's priority, share or attained service "
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
@@ -428,27 +448,40 @@ class PoolPolicy(models.Model):
         "harder and lets large jobs wait longer behind them.",
     )
     prediction_trust_intervals = models.PositiveIntegerField(
+        "trust predicted runtimes for (aging intervals)",
         default=360,
         validators=[MaxValueValidator(1_000_000)],
         help_text="Backfill: a job whose runtime is only predicted (no estimate) may use the "
         "queue head's GPUs while the head has waited fewer than this many aging intervals.",
     )
-    preempt_signal = models.CharField(max_length=10, default="SIGTERM")
+    preempt_signal = models.CharField(
+        "preemption signal",
+        max_length=10,
+        default="SIGTERM",
+        help_text="Sent to a preempted job first; SIGKILL follows after the grace.",
+    )
     preempt_grace_s = models.PositiveIntegerField(
-        default=30, validators=[MaxValueValidator(3600)], help_text="Time to checkpoint."
+        "preemption grace (seconds)",
+        default=30,
+        validators=[MaxValueValidator(3600)],
+        help_text="Time a preempted job has to checkpoint before SIGKILL.",
     )
     dynamic_mig = models.BooleanField(
+        "create MIG instances on demand",
         default=False,
         help_text="The scheduler may create MIG instances on idle MIG-mode GPUs for MIG jobs.",
     )
     reservation_auto_approve = models.BooleanField(
-        default=True, help_text="Reservations within the requester's quota need no admin."
+        "approve reservations within quota",
+        default=True,
+        help_text="Reservations within the requester's quota need no admin.",
     )
     reservation_release_after_s = models.PositiveIntegerField(
+        "release unused reservations after (seconds)",
         default=900,
         help_text="A reservation with no job running this long after its start is released.",
     )
-    updated_at = models.DateTimeField(auto_now=True)
+    updated_at = models.DateTimeField("updated", auto_now=True)
 
     class Meta:
         verbose_name = "pool policy"
@@ -736,4 +769,6 @@ class UsageDay(models.Model):
 
     def __str__(self) -> str:
         hours = self.allocated_gpu_s / 3600
-        return f"{self.day} user {self.user_id} {self.project or '-'}: {hours:.1f} GPU-h"
+        pool = f" in pool {self.pool}" if self.pool_id else ""
+        project = f", project {self.project}" if self.project else ""
+        return f"{self.user.get_username()} on {self.day}{pool}{project}: {hours:.1f} GPU-h"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -23,8 +23,9 @@ from gpuadmin.access.services import can_act_on, can_read_private, private_to, r
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, GpuLink, Node
 from inventory.occupancy import Occupant
-from inventory.pages.common import MIB_PER_GIB, short_gpu_name, url_format
+from inventory.pages.common import short_gpu_name, url_format
 from inventory.pages.topology import TopologyRow, topology_rows
+from inventory.units import duration_text, memory_text
 from scheduling import dependencies, queries
 from scheduling.models import (
     HOLDING_STATES,
@@ -100,7 +101,7 @@ def sharing_text(job: Job) -> str:
     if job.mig_profile:
         return f"MIG device {job.mig_profile}"
     if job.mps_percent is not None:
-        memory = f", {job.mps_memory_mib} MiB" if job.mps_memory_mib is not None else ""
+        memory = f", {memory_text(job.mps_memory_mib)}" if job.mps_memory_mib is not None else ""
         return f"MPS share: {job.mps_percent} % of the SMs{memory}"
     return ""
 
@@ -114,15 +115,10 @@ def resources_text(job: Job) -> str:
     if job.gpu_model:
         parts.append(short_gpu_name(job.gpu_model))
     if job.min_gpu_memory_mib:
-        parts.append(f"≥ {job.min_gpu_memory_mib / MIB_PER_GIB:g} GiB")
+        parts.append(f"≥ {memory_text(job.min_gpu_memory_mib)}")
     if job.topology != Topology.ANY:
         parts.append(Topology(job.topology).label)
     return " · ".join(parts)
-
-
-def duration_text(seconds: int | None) -> str:
-    """``2 days, 1:30:00``; a dash for none."""
-    return "–" if seconds is None else str(timedelta(seconds=seconds))
 
 
 def waiting_text(job: Job) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.utils.text import capfirst
 
 from scheduling import admin_services, quotas
 from scheduling.models import PoolPolicy, Quota
@@ -14,8 +15,9 @@ from scheduling.models import PoolPolicy, Quota
 
 class PolicyForm(forms.ModelForm):
     preempt_signal = forms.ChoiceField(
+        label=capfirst(PoolPolicy._meta.get_field("preempt_signal").verbose_name),
         choices=[(name, name) for name in admin_services.PREEMPT_SIGNALS],
-        help_text="Sent to a preempted job first; SIGKILL follows after the grace.",
+        help_text=PoolPolicy._meta.get_field("preempt_signal").help_text,
     )
 
     class Meta:

@@ -25,9 +25,9 @@ from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import role_required, signed_in
 from gpuadmin.access.services import is_admin
 from inventory.models import Pool
+from inventory.units import duration_text
 from scheduling import admin_services, quotas
 from scheduling.models import Quota
-from scheduling.pages import duration_text
 from scheduling.policy_forms import PolicyForm, QuotaForm, policy_values, quota_values
 
 QUOTA_PAGE_ROWS = 100
@@ -139,6 +139,6 @@ def fairshare_page(request: HttpRequest) -> HttpResponse:
             "board": board,
             "key": key,
             "pools": pools,
-            "half_life": duration_text(round(board.config.fairshare_half_life_s)),
+            "half_life": duration_text(board.config.fairshare_half_life_s),
         },
     )

@@ -57,6 +57,7 @@ from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.pages.common import short_gpu_name
 from inventory.querysets import pool_name
 from inventory.services import resolve_gpu_model
+from inventory.units import memory_text
 from inventory.usability import Reason as UsabilityReason
 from scheduling import dependencies, dispatch, placement, slurm
 from scheduling.executor import (
@@ -632,8 +633,8 @@ class FleetShape:
         if shape.memory_mib is not None and host_memory_mib > shape.memory_mib:
             raise JobRejected(
                 "host_memory_mib",
-                f"{host_memory_mib} MiB per node, but no node {self.where(pool)} has more than "
-                f"{shape.memory_mib} MiB for jobs",
+                f"{memory_text(host_memory_mib)} per node, but no node {self.where(pool)} has "
+                f"more than {memory_text(shape.memory_mib)} for jobs",
             )
         if not mig_profile and not mps:
             ask = Shape(
@@ -697,7 +698,7 @@ class FleetShape:
         if min_mib > memory:
             raise JobRejected(
                 "min_gpu_memory_mib",
-                f"{min_mib} MiB per GPU, but the largest GPU has {memory} MiB",
+                f"{memory_text(min_mib)} per GPU, but the largest GPU has {memory_text(memory)}",
             )
         nodes = sum(nodes for count, nodes, _ in candidates if count >= gpu_count)
         if node_count > nodes:
@@ -732,7 +733,8 @@ class FleetShape:
         if memory_mib is not None and memory_mib > max(memories):
             raise JobRejected(
                 "mps_memory_mib",
-                f"{memory_mib} MiB, but the largest MPS-shared GPU {where} has {max(memories)} MiB",
+                f"{memory_text(memory_mib)}, but the largest MPS-shared GPU {where} has "
+                f"{memory_text(max(memories))}",
             )
 
 

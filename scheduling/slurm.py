@@ -17,13 +17,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inventory.units import memory_text
+
 _NUMBER = r"[0-9]{1,9}"
 _ITEM = re.compile(rf"(?P<first>{_NUMBER})(?:-(?P<last>{_NUMBER})(?::(?P<step>{_NUMBER}))?)?\Z")
 _CAP = re.compile(rf"%(?P<cap>{_NUMBER})\Z")
 _DEPENDENCY = re.compile(r"(?P<kind>[a-z]+)(?P<jobs>(?::[0-9]{1,18})+)\Z")
 _MEMORY = re.compile(r"(?P<number>[0-9]{1,15})(?:(?P<unit>[KMGT])(?:iB)?)?\Z", re.IGNORECASE)
 KIB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}
-_MIB_PER_GIB = 1024
 
 
 class SpecError(ValueError):
@@ -129,11 +130,6 @@ def parse_memory(text: str) -> int:
         )
     kib = int(match["number"]) * KIB_PER_UNIT[(match["unit"] or "M").upper()]
     return -(-kib // 1024)
-
-
-def memory_text(mib: int) -> str:
-    """``64 GiB``, ``1536 MiB``: whole GiB when it is, else MiB."""
-    return f"{mib // _MIB_PER_GIB} GiB" if mib and mib % _MIB_PER_GIB == 0 else f"{mib} MiB"
 
 
 def cpu_time_text(seconds: float) -> str:

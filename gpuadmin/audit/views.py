@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET
 
 from gpuadmin.access.permissions import role_required
 from gpuadmin.audit.access import READ_ROLE
+from gpuadmin.audit.changes import field_changes
 from gpuadmin.audit.filters import AuditEventFilterSet
 from gpuadmin.audit.models import AuditEvent
 
@@ -19,8 +20,8 @@ PAGE_ROWS = 100
 @role_required(READ_ROLE)
 @require_GET
 def audit_log(request: HttpRequest) -> HttpResponse:
-    """Newest first, ``PAGE_ROWS`` a page, with the before/after of each change; the CSV link
-    exports every row the filters select."""
+    """Newest first, ``PAGE_ROWS`` a page, each with the fields it changed (old → new); the
+    CSV link exports every row the filters select, before and after whole."""
     filterset = AuditEventFilterSet(request.GET, queryset=AuditEvent.objects.all())
     page = Paginator(filterset.qs, PAGE_ROWS).get_page(request.GET.get("page"))
     filters = request.GET.copy()
@@ -30,6 +31,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     context = {
         "filterset": filterset,
         "page": page,
+        "rows": [(event, field_changes(event.before, event.after)) for event in page],
         "query": filters.urlencode(),  # for the page links
         "csv_url": f"{reverse('audit-api-v1:audit-list')}?{export.urlencode()}",
     }

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from health import xids
 from health.choices import Action, EventKind, QuarantineState, Severity
 from inventory.choices import GpuState
 from inventory.models import Gpu, Node
@@ -48,6 +49,28 @@ class HealthEvent(models.Model):
     def __str__(self) -> str:
         what = f"XID {self.xid}" if self.xid is not None else self.get_kind_display()
         return f"{what} on {self.gpu or self.node}"
+
+    @property
+    def title(self) -> str:
+        """What happened, named once: an XID by NVIDIA's catalog (``XID 79 (GPU has fallen
+        off the bus)``), any other event by its kind ("Uncorrectable ECC errors"). ``message``
+        holds only what the reporter said beyond it."""
+        if self.kind == EventKind.XID and self.xid is not None:
+            info = xids.lookup(self.xid)
+            return info.title if info else f"XID {self.xid} (not in NVIDIA's XID catalog)"
+        return self.get_kind_display()
+
+    def describe(self, gpu: Gpu | None = None) -> str:
+        """``XID 79 (GPU has fallen off the bus) on GPU 3 of dgx-01``; ``gpu``: another GPU
+        the event's policy acts on (a node-wide policy)."""
+        gpu = gpu or self.gpu
+        where = f"GPU {gpu.index} of {gpu.node.hostname}" if gpu else f"node {self.node.hostname}"
+        return f"{self.title} on {where}"
+
+    def summary(self, gpu: Gpu | None = None) -> str:
+        """:meth:`describe` and the reporter's details: what alerts and GPU reasons say."""
+        text = self.describe(gpu)
+        return f"{text}: {self.message}" if self.message else text
 
 
 class RecoveryPolicy(models.Model):

@@ -21,12 +21,13 @@ from django.db.models import Count, Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
-from inventory import live
+from inventory import live, units
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import THERMAL_REASONS
 from inventory.occupancy import Occupancy, Occupant
-from inventory.pages.common import MIB_PER_GIB, badge_colour, mib_text, url_format
+from inventory.pages.common import badge_colour, url_format
+from inventory.units import MIB_PER_GIB
 from inventory.usability import Reason, Unusable, why_unusable
 
 
@@ -347,11 +348,11 @@ class NodeRows:
 
     @property
     def host_text(self) -> str:
-        """``CPUs 256 (8 reserved), memory 1.0 TiB (16 GiB reserved)``; a figure its agent has
+        """``CPUs 256 (8 reserved), memory 1007.5 GiB (16 GiB reserved)``; a figure its agent has
         not reported is "not reported"."""
         node = self.node
         cpus = _with_reserved(node.cpu_count, node.cpus_reserved, str)
-        memory = _with_reserved(node.memory_total_mib, node.memory_reserved_mib, mib_text)
+        memory = _with_reserved(node.memory_total_mib, node.memory_reserved_mib, units.memory_text)
         return f"CPUs {cpus}, memory {memory}"
 
     @property

@@ -17,7 +17,6 @@ from inventory.models import Gpu, MigInstance, Node
 from inventory.nvml import mig_catalog, mig_fit
 from inventory.nvml.mig_catalog import MigProfile, MigTable
 from inventory.occupancy import Occupancy, Occupant
-from inventory.pages.common import MIB_PER_GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +38,6 @@ class GpuInstanceCard:
     memory_mib: int
     compute_slices: int
     compute_instances: list[ComputeInstanceRow]
-
-    @property
-    def memory_gib(self) -> str:
-        return f"{self.memory_mib / MIB_PER_GIB:.1f}"
 
     @property
     def grid_column(self) -> str:

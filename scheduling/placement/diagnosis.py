@@ -24,12 +24,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
+from inventory.units import memory_text
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
 from scheduling.placement.hosts import ask_phrase, most_phrase
 from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.text import (
-    gigabytes,
     gpu_noun,
     gpus_phrase,
     listing,
@@ -189,7 +189,7 @@ class Diagnosis:
         if min_memory > largest:
             message = (
                 f"no {gpu_noun(model)}{memory_phrase(min_memory)} in {self.scope}; "
-                f"the largest has {gigabytes(largest)}"
+                f"the largest has {memory_text(largest)}"
             )
             return Reason.MEMORY, message
         whole, view = self._views_of(shape, self._hardware_view)

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from inventory.units import memory_text
 from scheduling.placement.snapshot import JobRequest, NodeInfo, Snapshot
-from scheduling.placement.text import gigabytes, plural
+from scheduling.placement.text import plural
 
 
 class HostAsk(NamedTuple):
@@ -109,18 +110,18 @@ class Hosts:
 
 
 def ask_phrase(ask: HostAsk) -> str:
-    """ "16 CPUs and 64 GB of host memory", "4 CPUs", "8 GB of host memory"."""
+    """ "16 CPUs and 64 GiB of host memory", "4 CPUs", "8 GiB of host memory"."""
     parts = []
     if ask.cpus:
         parts.append(plural(ask.cpus, "CPU"))
     if ask.memory_mib:
-        parts.append(f"{gigabytes(ask.memory_mib)} of host memory")
+        parts.append(f"{memory_text(ask.memory_mib)} of host memory")
     return " and ".join(parts)
 
 
 def most_phrase(ask: HostAsk, figures: Iterable[tuple[int | None, int | None]]) -> str:
     """The most of each host resource `ask` names among nodes with these (free or total)
-    figures: "8 CPUs and 32 GB". An unknown figure is no limit, never short: left out."""
+    figures: "8 CPUs and 32 GiB". An unknown figure is no limit, never short: left out."""
     known = list(figures)
     cpus = [c for c, _ in known if c is not None]
     memory_mib = [m for _, m in known if m is not None]
@@ -131,11 +132,11 @@ def most_phrase(ask: HostAsk, figures: Iterable[tuple[int | None, int | None]]) 
 
 
 def free_phrase(free: tuple[int | None, int | None], ask: HostAsk) -> str:
-    """What a node has free of what `ask` names: "8 CPUs", "8 CPUs and 32 GB"."""
+    """What a node has free of what `ask` names: "8 CPUs", "8 CPUs and 32 GiB"."""
     cpus, memory_mib = free
     parts = []
     if ask.cpus and cpus is not None:
         parts.append(plural(max(cpus, 0), "CPU"))
     if ask.memory_mib and memory_mib is not None:
-        parts.append(gigabytes(max(memory_mib, 0)))
+        parts.append(memory_text(max(memory_mib, 0)))
     return " and ".join(parts)

@@ -67,6 +67,7 @@ from typing import Generic, Literal, NamedTuple, TypeVar
 
 from inventory.nvml.mig_catalog import MigProfile, MigTable, load_table, table_for_gpu
 from inventory.nvml.mig_fit import Placed, free_starts, remaining_capacity
+from inventory.units import memory_text
 from scheduling.placement.decisions import MigCreate, Pending, Placement, Reason, TopologyClass
 from scheduling.placement.hosts import (
     NO_ASK,
@@ -81,7 +82,7 @@ from scheduling.placement.hosts import (
 from scheduling.placement.predict import release_at
 from scheduling.placement.reservations import ReservationBook
 from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig, Snapshot
-from scheduling.placement.text import gigabytes, gpu_noun, listing, plural
+from scheduling.placement.text import gpu_noun, listing, plural
 
 Packing = Literal["fragmentation", "best-fit", "first-fit"]
 PACKINGS: tuple[Packing, ...] = ("fragmentation", "best-fit", "first-fit")
@@ -897,13 +898,13 @@ class SharingPass:
         self._taken(job, part.host)
         pool.mps.file(part, part.state())
         gpu = mps.gpu
-        memory = f" and {gigabytes(memory_mib)}" if memory_mib else ""
+        memory = f" and {memory_text(memory_mib)}" if memory_mib else ""
         return _on_one_gpu(
             job,
             gpu,
             f"an MPS share of {percent} %{memory} on {gpu.node} GPU {gpu.index}; "
             f"{self._fit_phrase()}: leaves {mps.free_percent} % and "
-            f"{gigabytes(mps.free_memory_mib)} free on that GPU",
+            f"{memory_text(mps.free_memory_mib)} free on that GPU",
             mps_percent=percent,
             mps_memory_mib=memory_mib,
         )
@@ -967,7 +968,7 @@ class SharingPass:
         percent, memory_mib, model = job.mps_percent or 0, job.mps_memory_mib or 0, job.gpu_model
         where = _pool_phrase(job.pool)
         share = f"an MPS share of {percent} %" + (
-            f" with {gigabytes(memory_mib)}" if memory_mib else ""
+            f" with {memory_text(memory_mib)}" if memory_mib else ""
         )
         shared = [mps for mps in self._mps_gpus if model in (None, mps.gpu.model)]
         mine = [mps for mps in shared if mps.gpu.pool == job.pool]
@@ -981,7 +982,7 @@ class SharingPass:
         if memory_mib > largest:
             message = (
                 f"needs {share}; no {gpu_noun(model)} shared by MPS {where} has that much "
-                f"memory, the largest has {gigabytes(largest)}"
+                f"memory, the largest has {memory_text(largest)}"
             )
             return Reason.MEMORY, message, None, None
         usable = [mps for mps in mine if mps.usable]
@@ -1007,7 +1008,7 @@ class SharingPass:
             found = f"the most free on one is {most} %"
         else:
             room = max(mps.free_memory_mib for mps in usable)
-            found = f"none has {gigabytes(memory_mib)} free (the most is {gigabytes(room)})"
+            found = f"none has {memory_text(memory_mib)} free (the most is {memory_text(room)})"
         message = f"needs {share} of one GPU; {plural(len(usable), 'MPS GPU')} {where}, {found}"
         fits = [mps for mps in usable if mps.gpu.memory_total_mib >= memory_mib]
         start = min((self._released(mps.jobs) for mps in fits), default=math.inf)

@@ -5,17 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuadmin.english import plural
+from inventory.units import memory_text
 from scheduling.placement.snapshot import GpuSlot
-
-
-def gigabytes(mib: int) -> str:
-    return f"{mib / 1024:.0f} GB" if mib % 1024 == 0 else f"{mib / 1024:.1f} GB"
 
 
 def gpus_phrase(
     count: int, adjective: str = "", model: str | None = None, min_memory_mib: int = 0
 ) -> str:
-    """E.g. "4 GPUs", "1 free GPU", "8 NVIDIA H100 80GB HBM3 GPUs with >= 70 GB"."""
+    """E.g. "4 GPUs", "1 free GPU", "8 NVIDIA H100 80GB HBM3 GPUs with >= 70 GiB"."""
     return f"{plural(count, adjective + gpu_noun(model))}{memory_phrase(min_memory_mib)}"
 
 
@@ -24,7 +21,7 @@ def gpu_noun(model: str | None) -> str:
 
 
 def memory_phrase(min_memory_mib: int) -> str:
-    return f" with >= {gigabytes(min_memory_mib)}" if min_memory_mib else ""
+    return f" with >= {memory_text(min_memory_mib)}" if min_memory_mib else ""
 
 
 def listing(items: Sequence[str], limit: int = 3) -> str:

@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from gpuadmin import request_id
 from gpuadmin.access.models import Membership, Role
+from gpuadmin.audit.changes import FieldChange, field_changes
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.audit.services import record
 
@@ -230,6 +231,33 @@ def test_page_filters_with_the_api_filterset_and_links_the_csv(log):
     assert "/api/v1/audit/?actor=alice&amp;event_type=job.%2A&amp;format=csv" in page
     bad = client.get("/audit/?since=whenever").content.decode()
     assert 'id="id_since_error"' in bad
+
+
+def test_the_page_shows_each_change_as_its_fields_old_to_new(log):
+    client = Client()
+    client.force_login(person("ops", Role.OPERATOR))
+    page = client.get("/audit/").content.decode()
+    canceled = page[page.index(f'id="event-{log[1].pk}"') :].split("</tr>")[0]
+    assert '<span class="field">state</span> <del>queued</del> → <ins>canceled</ins>' in canceled
+    assert "{&#x27;" not in page and "{'" not in page  # no Python dict text
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "fields", "more"),
+    [
+        ({"state": "queued", "pid": None}, {"state": "running", "pid": 7}, 2, 0),
+        (None, {"id": 1, "name": "a", "state": "queued", "pid": None, "x": 1, "y": 2}, 4, 1),
+        ({"name": "dgx-01", "state": "offline"}, None, 2, 0),
+        ({"state": "queued"}, {"state": "queued"}, 0, 0),
+    ],
+)
+def test_field_changes_keep_what_changed_or_what_a_created_row_holds(before, after, fields, more):
+    changes = field_changes(before, after)
+    assert (len(changes.fields), changes.more) == (fields, more)
+    if before is None:
+        assert changes.fields[0] == FieldChange("name", None, "a")  # the salient field first
+    if after is None:
+        assert changes.fields[0] == FieldChange("name", "dgx-01", None)
 
 
 # --------------------------------------------------------------------------- request ids

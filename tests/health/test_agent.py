@@ -354,7 +354,7 @@ def test_a_gpu_that_falls_off_the_bus_gives_xid_79_and_the_others_still_report(
 
     found = [(r["xid"], r["gpu_index"]) for _, batch in broker.batches for r in batch]
     assert found == [(79, 4), (48, 5)]
-    assert broker.batches[0][1][0]["message"] == "XID 79: GPU has fallen off the bus."
+    assert broker.batches[0][1][0]["message"] == "GPU has fallen off the bus."
 
 
 def test_an_xid_right_after_a_gpu_is_lost_is_not_missed(

@@ -177,3 +177,15 @@ def test_the_api_lists_filters_retrieves_and_acknowledges(fleet, django_user_mod
     assert [a["id"] for a in unacked] == [fleet["lost"].pk]
     assert api.get("/api/v1/alerts/?node=nowhere").json()["results"] == []
     assert Node.objects.count() >= 2
+
+
+def test_the_acknowledged_filter_offers_any_yes_and_no(fleet, django_user_model):
+    client = page_client(person(django_user_model, Role.VIEWER))
+    html = client.get("/alerts/").content.decode()
+    select = re.search(r'<select name="acknowledged".*?</select>', html, re.S)
+    assert select is not None
+    assert re.findall(r"<option[^>]*>([^<]*)</option>", select.group()) == ["Any", "Yes", "No"]
+    acked = alerts.acknowledge(fleet["hot"], person(django_user_model, Role.OPERATOR))
+    assert row_ids(client.get("/alerts/?acknowledged=true").content.decode()) == [acked.pk]
+    assert acked.pk not in row_ids(client.get("/alerts/?acknowledged=false").content.decode())
+    assert len(row_ids(client.get("/alerts/?acknowledged=").content.decode())) == 3

@@ -115,7 +115,7 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
         "policy 'XID 13: graphics engine exception'",
         f"fail the job of pid 100 on GPU {gpu.index}",
     ]
-    assert event.message == "XID 13 (Graphics Engine Exception): agent text"
+    assert event.message == "agent text"  # the title says "XID 13 (Graphics Engine Exception)"
     [failed] = audited("job.failed")
     assert (failed.actor_name, failed.target_id) == ("health", str(job.pk))
 
@@ -164,7 +164,7 @@ def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
     job.refresh_from_db()
     assert gpu.state == GpuState.OFFLINE
     reason = f"XID 79 (GPU has fallen off the bus) on GPU {gpu.index} of dgx-01"
-    assert gpu.state_reason.startswith(f"XID 79 on GPU {gpu.index} of dgx-01")
+    assert gpu.state_reason == f"{reason}: agent text"
     assert (job.state, job.message, job.attempt) == (JobState.QUEUED, reason, 1)
     assert not job.allocations.filter(released_at__isnull=True).exists()
     assert broker.named("scheduling.cancel_job") == [((job.pk, 1, reason), "node.dgx-01")]
@@ -318,7 +318,8 @@ def test_an_unknown_xid_is_stored_and_alerted(broker, receive):
     gpu = Gpu.objects.get(node=node, index=5)
     [event_id] = receive("dgx-01", report(gpu, xid=999))
     event = HealthEvent.objects.get(pk=event_id)
-    assert event.message == "XID 999 (not in NVIDIA's XID catalog): agent text"
+    assert event.message == "agent text"
+    assert event.title == "XID 999 (not in NVIDIA's XID catalog)"
     assert event.data["xid"] == 999 and event.data["data"] == {}
     assert event.policy is not None and event.policy.resolution == policies.UNKNOWN_XID
     alert = Alert.objects.get(event=event)
@@ -425,7 +426,7 @@ def test_a_silent_node_makes_one_event_per_episode(broker, django_capture_on_com
         assert services.watch_heartbeats() == []  # the same silence
     event = HealthEvent.objects.get(pk=event_id)
     assert (event.kind, event.gpu, event.severity) == (EventKind.HEARTBEAT_LOST, None, "critical")
-    assert event.message.startswith("node dgx-01 unreachable: last heartbeat")
+    assert event.summary().startswith("Heartbeat lost on node dgx-01: last heartbeat")
     assert Alert.objects.get(event=event).node == node
     assert Gpu.objects.filter(node=node).exclude(state=GpuState.AVAILABLE).count() == 0
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=heard + timedelta(seconds=30))

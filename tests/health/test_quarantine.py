@@ -121,7 +121,9 @@ def test_fence_opens_a_quarantine_and_takes_the_gpu_out_of_service(box, policy):
     assert fence(gpu, policy, message="Double Bit ECC Error") is True
     stored = box.gpu(1)
     assert stored.state == GpuState.DEGRADED
-    assert stored.state_reason == f"XID 4242 on GPU 1 of {box.hostname}: Double Bit ECC Error"
+    assert stored.state_reason == (
+        f"XID 4242 (not in NVIDIA's XID catalog) on GPU 1 of {box.hostname}: Double Bit ECC Error"
+    )
     assert gpu.pk not in set(Gpu.objects.schedulable().values_list("pk", flat=True))
     opened = open_quarantine(gpu)
     assert (opened.state, opened.gpu_state, opened.policy) == (Q.FENCED, "degraded", policy)

@@ -1,5 +1,7 @@
 """The catalog admin: discovered facts read-only, catalog edits and state actions audited."""
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -35,6 +37,18 @@ def test_gpu_list_filters_and_search(admin_client, fleet):
     assert [gpu.uuid for gpu in found.context["cl"].result_list] == [uuid]
     by_node = admin_client.get("/admin/inventory/gpu/?q=box-01")
     assert by_node.context["cl"].result_count == 4
+
+
+def test_gpu_list_leads_with_node_and_index_and_shows_a_short_uuid_last(admin_client, fleet):
+    html = admin_client.get("/admin/inventory/gpu/").content.decode()
+    headers = re.findall(r'<th scope="col" class="(?:sortable )?column-(\w+)', html)
+    assert headers[0] == "node_and_index" and headers[-1] == "short_uuid", headers
+    first = re.search(r'<th class="field-node_and_index"><a [^>]*>([^<]*)</a>', html)
+    assert first is not None and first.group(1) == "box\u201101\u00a0GPU\u00a00"
+    uuid = Gpu.objects.get(node__hostname="box-01", index=0).uuid
+    cell = re.search(rf'<td class="field-short_uuid"><span title="{uuid}">([^<]*)</span>', html)
+    assert cell is not None and cell.group(1) == uuid[:12].replace("-", "\u2011") + "…"
+    assert f">{uuid}<" not in html  # the whole UUID is no longer a cell to wrap
 
 
 def test_gpu_list_query_count_does_not_grow_with_gpus(

@@ -80,7 +80,7 @@ def test_submission_is_queued_and_audited(alice, fleet):
         (
             {"min_gpu_memory_mib": 200_000},
             "min_gpu_memory_mib",
-            "200000 MiB per GPU, but the largest GPU has 81920 MiB",
+            "195.3 GiB per GPU, but the largest GPU has 80 GiB",
         ),
         (
             {"max_runtime_s": 10**9},

@@ -100,7 +100,7 @@ def test_the_gpu_page_shows_what_its_mps_shares_take(node, alice, client):  # no
     html = client.get(f"/gpus/{gpu.uuid}/").content.decode()
     assert (
         '<p class="mps-use" data-mps-percent="50">MPS-shared: 50 % of its SMs given to 2 jobs '
-        "(memory limits 4096 MiB); 50 % free.</p>"
+        "(memory limits 4 GiB); 50 % free.</p>"
     ) in html
     assert "<td>MPS 30 %, 4096 MiB</td>" in html and "<td>MPS 20 %</td>" in html
     whole = client.get(f"/gpus/{node.gpu(3).uuid}/").content.decode()

@@ -168,7 +168,7 @@ def test_an_mps_share(alice, pools):
         (
             {"mps_percent": 50, "mps_memory_mib": 90_000, "pool": "shared"},
             "mps_memory_mib",
-            "90000 MiB, but the largest MPS-shared GPU in pool shared has 81920 MiB",
+            "90000 MiB, but the largest MPS-shared GPU in pool shared has 80 GiB",
         ),
         (
             {"mps_percent": 50, "mps_memory_mib": 0, "pool": "shared"},

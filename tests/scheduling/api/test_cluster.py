@@ -305,7 +305,7 @@ def test_an_mps_job_gets_its_share_of_the_gpu_named_while_it_has_room(operator, 
     assert device_of(first) == ("mps", "", 2, 60)
     assert Allocation.objects.get(job=first).mps_memory_mib == 8192
     assert response.json()["placement"]["explanation"] == (
-        "allocated by hand by olga: an MPS share of 60 % and 8192 MiB of GPU 2 on mig-01"
+        "allocated by hand by olga: an MPS share of 60 % and 8 GiB of GPU 2 on mig-01"
     )
     second = submit(operator.user, mps_percent=30)
     assert allocate(operator, second, gpu).status_code == 201
@@ -315,7 +315,7 @@ def test_an_mps_job_gets_its_share_of_the_gpu_named_while_it_has_room(operator, 
     full = allocate(operator, third, gpu)
     assert full.status_code == 409
     assert full.json() == {
-        "detail": f"GPU {gpu[0]} has 10 % of its SMs and 32768 MiB free for MPS shares (jobs "
+        "detail": f"GPU {gpu[0]} has 10 % of its SMs and 32 GiB free for MPS shares (jobs "
         f"{first.pk}, {second.pk} hold the rest); job {third.pk} asks for an MPS share of 20 %"
     }
     assert not Allocation.objects.filter(job=third).exists()
@@ -357,7 +357,7 @@ def test_an_mps_job_gets_its_share_of_the_gpu_named_while_it_has_room(operator, 
         (
             {"mps_percent": 30, "mps_memory_mib": 40961},
             2,
-            "has 40960 MiB; job {job} asks for an MPS share of 30 % and 40961 MiB",
+            "has 40 GiB; job {job} asks for an MPS share of 30 % and 40961 MiB",
         ),
         (
             {},

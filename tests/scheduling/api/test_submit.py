@@ -104,7 +104,7 @@ def test_versioned_jobs_endpoint_takes_the_same_body(alice, fleet):
         (
             {"min_gpu_memory_mib": 200_000},
             "min_gpu_memory_mib",
-            "200000 MiB per GPU, but the largest GPU has 81920 MiB",
+            "195.3 GiB per GPU, but the largest GPU has 80 GiB",
         ),
         ({"max_retries": -1}, "max_retries", "Ensure this value is greater than or equal to 0."),
         ({"max_retries": 21}, "max_retries", "Ensure this value is less than or equal to 20."),

@@ -46,5 +46,5 @@ def test_more_memory_than_any_node_has_shows_on_the_memory_field(client, alice, 
 
     errors = field_errors(response.content.decode())
     assert list(errors) == ["host_memory_gib"], errors
-    assert errors["host_memory_gib"].startswith("1049088 MiB per node, but no node in the fleet")
+    assert errors["host_memory_gib"].startswith("1024.5 GiB per node, but no node in the fleet")
     assert not Job.objects.exists()

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from django.utils.text import capfirst
 
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
@@ -56,6 +57,20 @@ def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client,
     assert client.get("/policies/~/").status_code == 403
     client.force_login(admin)
     assert 'href="/policies/a100/"' in client.get("/policies/").content.decode()
+
+
+def test_the_policy_form_labels_and_explains_every_field_in_words(client, admin, admin_client):
+    client.force_login(admin)
+    form = client.get("/policies/~/").context["form"]
+    for name, field in form.fields.items():
+        assert field.label and field.label != capfirst(name.replace("_", " ")), name
+        assert field.help_text, f"{name} has no help text"
+    assert form.fields["las_thresholds_gpu_s"].label == "LAS queue thresholds (GPU-seconds)"
+    assert form.fields["dynamic_mig"].label == "Create MIG instances on demand"
+    html = client.get("/policies/~/").content.decode()
+    assert "Las thresholds gpu s" not in html and "Dynamic mig" not in html
+    admin_form = admin_client.get(f"/admin/scheduling/poolpolicy/{PoolPolicy.default().pk}/change/")
+    assert "Fair-share half-life (seconds)" in admin_form.content.decode()
 
 
 def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
@@ -119,6 +134,9 @@ def test_the_fair_share_page_explains_each_users_standing(client, alice, bob):
 
     html = client.get("/fairshare/").content.decode()
 
+    assert "count half after 7 days" in html and "0:00:00" not in html
+    policies = client.get("/policies/").content.decode()
+    assert '<td class="num">7 days</td>' in policies and "604800 s" not in policies
     users = section(html, "users")
     assert users.index(f'data-holder="{bob.pk}"') < users.index(f'data-holder="{alice.pk}"')
     # Alice used 3 of the 4 GPU-hours (decayed by a week's half-life) on half the shares.

@@ -69,8 +69,8 @@ def test_a_valid_submission_lands_on_the_job_page(client, alice, agents):
     assert response.redirect_chain == [(f"/jobs/{job.pk}/", 302)]
     html = response.content.decode()
     assert f"Job {job.pk} submitted." in html
-    assert "<dt>Max runtime</dt><dd>2:00:00</dd>" in html
-    assert "<dt>Estimated duration</dt><dd>1 day, 0:00:00</dd>" in html
+    assert "<dt>Max runtime</dt><dd>2 h</dd>" in html
+    assert "<dt>Estimated duration</dt><dd>1 day</dd>" in html
     assert job.owner == alice
     assert job.command == ["python", "train.py", "--lr", "0.1 0.2"]
     assert not job.use_shell
@@ -96,7 +96,7 @@ def test_a_shell_command_is_kept_whole(client, alice, agents):
         # refused by the service, which knows the fleet
         ({"gpu_count": "9"}, "gpu_count", "9 GPUs per node, but no node has more than 8 GPUs"),
         ({"node_count": "2", "gpu_count": "8"}, "node_count", "2 nodes with 8 GPUs each, but"),
-        ({"min_gpu_memory_gib": "200"}, "min_gpu_memory_gib", "204800 MiB per GPU, but the"),
+        ({"min_gpu_memory_gib": "200"}, "min_gpu_memory_gib", "200 GiB per GPU, but the"),
         (
             {"max_runtime": "100 00:00:00"},
             "max_runtime",

@@ -186,6 +186,15 @@ def test_the_usage_page_shows_everyone_per_user_or_project_with_a_bar_a_day(
     assert 'data-name="vision"' in by_project and 'data-name="nlp"' in by_project
 
 
+def test_with_no_usage_yet_the_page_says_so_instead_of_a_peak_over_an_empty_chart(
+    client, alice, gpus
+):
+    client.force_login(alice)
+    page = client.get("/usage/", {"start": "2026-11-01", "end": "2026-11-30"}).content.decode()
+    assert "Peak" not in page and '<svg class="usage-chart"' not in page
+    assert "No GPU time allocated in this period yet" in page
+
+
 def test_the_admin_reads_the_day_rows_in_hours_and_edits_none(admin_client, alice, gpus):
     held(finished_job(alice, project="vision"), gpus[0], at(1), at(4))
     accounting.roll_up(DAY, now=at(30))
@@ -193,6 +202,9 @@ def test_the_admin_reads_the_day_rows_in_hours_and_edits_none(admin_client, alic
     assert listed.status_code == 200
     [row] = listed.context["cl"].result_list
     assert listed.context["cl"].model_admin.allocated_hours(row) == "3.00"
+    assert str(row) == "alice on 2026-11-02, project vision: 3.0 GPU-h"  # never "user 3"
+    change = admin_client.get(f"/admin/scheduling/usageday/{row.pk}/change/").content.decode()
+    assert "alice on 2026-11-02" in change
     assert admin_client.get("/admin/scheduling/usageday/add/").status_code == 403
     assert admin_client.post(f"/admin/scheduling/usageday/{row.pk}/delete/").status_code == 403
 

@@ -67,8 +67,8 @@ def test_a_job_that_fits_by_gpus_but_not_by_cpus_waits_and_says_so() -> None:
         "needs 16 CPUs per node; of the node with at least 2 free GPUs, the most free is 8 CPUs"
     )
     assert pending(result, 2).message == (
-        "needs 64 GB of host memory per node; of the node with at least 2 free GPUs, "
-        "the most free is 56 GB"
+        "needs 64 GiB of host memory per node; of the node with at least 2 free GPUs, "
+        "the most free is 56 GiB"
     )
     # What the job asks for within what is free: it starts.
     result = fleet.plan(job(3, gpus=2, cpus=8, host_memory_mib=56 * GB))
@@ -136,8 +136,8 @@ def test_a_job_no_node_could_ever_hold_is_too_large_and_blocks_no_one() -> None:
 
     assert pending(result, 1).reason == Reason.TOO_LARGE
     assert pending(result, 1).message == (
-        "needs 256 CPUs and 64 GB of host memory per node; no node with 8 GPUs has that much "
-        "(at most 128 CPUs and 1024 GB)"
+        "needs 256 CPUs and 64 GiB of host memory per node; no node with 8 GPUs has that much "
+        "(at most 128 CPUs and 1024 GiB)"
     )
     assert pending(result, 1).estimated_start is None
     # Job 1 never starts, so it keeps no GPUs from job 2 (it is no backfill head; as one, it

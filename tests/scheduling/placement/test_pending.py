@@ -64,7 +64,7 @@ def test_no_gpu_in_the_fleet_has_that_much_memory() -> None:
     waiting = pending(fleet.plan(job(1, min_memory_mib=70 * GB)), 1)
 
     assert waiting.reason == Reason.MEMORY
-    assert waiting.message == "no GPU with >= 70 GB in the fleet; the largest has 40 GB"
+    assert waiting.message == "no GPU with >= 70 GiB in the fleet; the largest has 40 GiB"
     assert waiting.estimated_start is None
 
 
@@ -76,7 +76,7 @@ def test_no_gpu_has_that_much_memory_free() -> None:
     waiting = pending(fleet.plan(job(1, min_memory_mib=70 * GB)), 1)
 
     assert waiting.reason == Reason.MEMORY
-    assert waiting.message == "no GPU with >= 70 GB free"
+    assert waiting.message == "no GPU with >= 70 GiB free"
 
 
 def test_no_gpu_of_that_model() -> None:

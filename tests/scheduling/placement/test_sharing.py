@@ -299,8 +299,8 @@ def test_an_mps_job_gets_a_share_and_packs_onto_the_fullest_gpu() -> None:
     assert given.gpu_ids == (fuller.id,)
     assert (given.mps_percent, given.mps_memory_mib, given.mig_slot) == (30, 10 * GB, None)
     assert given.explanation == (
-        "an MPS share of 30 % and 10 GB on node-02 GPU 0; least fragmentation: leaves 20 % "
-        "and 50 GB free on that GPU"
+        "an MPS share of 30 % and 10 GiB on node-02 GPU 0; least fragmentation: leaves 20 % "
+        "and 50 GiB free on that GPU"
     )
 
 
@@ -320,8 +320,16 @@ def test_mps_shares_never_pass_100_percent_nor_the_memory() -> None:
     fleet.mps("node-01", [(900, 10, 70 * GB)])
     waiting = fleet.pending(mps_job(1, 10, 20 * GB))
     assert waiting.message == (
-        "needs an MPS share of 10 % with 20 GB of one GPU; 1 MPS GPU outside pools, "
-        "none has 20 GB free (the most is 10 GB)"
+        "needs an MPS share of 10 % with 20 GiB of one GPU; 1 MPS GPU outside pools, "
+        "none has 20 GiB free (the most is 10 GiB)"
+    )
+    # An 8000 MiB limit reads as set, in the unit NVML and nvidia-smi count in (not "7.8 GB").
+    fleet = Shares()
+    fleet.mps("node-01", [(900, 10, 75 * GB)])
+    waiting = fleet.pending(mps_job(1, 10, 8000))
+    assert waiting.message == (
+        "needs an MPS share of 10 % with 8000 MiB of one GPU; 1 MPS GPU outside pools, "
+        "none has 8000 MiB free (the most is 5 GiB)"
     )
 
 
@@ -358,8 +366,8 @@ def test_mps_pools_models_and_broken_gpus() -> None:
     waiting = fleet.pending(mps_job(1, 10, 90 * GB, pool="a"))
     assert waiting.reason == Reason.MEMORY
     assert waiting.message == (
-        "needs an MPS share of 10 % with 90 GB; no GPU shared by MPS in pool a has that much "
-        "memory, the largest has 80 GB"
+        "needs an MPS share of 10 % with 90 GiB; no GPU shared by MPS in pool a has that much "
+        "memory, the largest has 80 GiB"
     )
     waiting = fleet.pending(mps_job(1, 10, pool="c"))
     assert waiting.reason == Reason.NODES_UNAVAILABLE
