@@ -22,6 +22,7 @@ from gpuadmin.terminal import (
     fit_columns,
     print_facts,
     print_json,
+    print_rows,
     print_table,
     rich_table,
     table_cells,
@@ -106,10 +107,7 @@ NODE_COLUMNS = (
 
 def cmd_nodes(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     nodes = api.every("/api/v1/nodes/", state=args.state)
-    if args.json:
-        print_json(out, nodes)
-        return 0
-    print_table(out, NODE_COLUMNS, nodes)
+    print_rows(out, args, NODE_COLUMNS, nodes)
     return 0
 
 
@@ -150,10 +148,7 @@ def _gpus(api: Api, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def cmd_gpus(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     gpus = _gpus(api, args)
-    if args.json:
-        print_json(out, gpus)
-        return 0
-    print_table(out, GPU_COLUMNS, gpus)
+    print_rows(out, args, GPU_COLUMNS, gpus)
     return 0
 
 

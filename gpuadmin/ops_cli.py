@@ -28,7 +28,7 @@ from gpuadmin.client import (
     run_verb,
     same_server,
 )
-from gpuadmin.terminal import Column, add_json_flag, print_facts, print_json, print_table
+from gpuadmin.terminal import Column, add_json_flag, print_facts, print_json, print_rows
 
 # --------------------------------------------------------------------------- times
 
@@ -204,10 +204,7 @@ def cmd_reserve_list(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         node=args.node,
         pool=args.pool,
     )
-    if args.json:
-        print_json(out, rows)
-    else:
-        print_table(out, RESERVATION_COLUMNS, rows)
+    print_rows(out, args, RESERVATION_COLUMNS, rows)
     return 0
 
 
@@ -257,10 +254,7 @@ def cmd_quota_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         if (args.user is None or quota["user"] == args.user)
         and (args.project is None or quota["project"] == args.project)
     ]
-    if args.json:
-        print_json(out, rows)
-    else:
-        print_table(out, QUOTA_COLUMNS, rows)
+    print_rows(out, args, QUOTA_COLUMNS, rows)
     return 0
 
 
@@ -362,10 +356,7 @@ def cmd_alerts(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         node=args.node,
         acknowledged="false" if args.unacknowledged else None,
     )
-    if args.json:
-        print_json(out, rows)
-    else:
-        print_table(out, ALERT_COLUMNS, rows)
+    print_rows(out, args, ALERT_COLUMNS, rows)
     return 0
 
 
@@ -447,10 +438,7 @@ def cmd_audit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         event_type=args.event,
         **(target_filters(api, args.target) if args.target else {}),
     )
-    if args.json:
-        print_json(out, rows)
-    else:
-        print_table(out, AUDIT_COLUMNS, rows)
+    print_rows(out, args, AUDIT_COLUMNS, rows)
     return 0
 
 

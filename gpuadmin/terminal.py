@@ -49,6 +49,16 @@ def add_json_flag(verb: argparse.ArgumentParser) -> None:
     verb.add_argument("--json", action="store_true", help="print the API's JSON instead")
 
 
+def print_rows(
+    out: TextIO, args: argparse.Namespace, columns: Sequence[Column], rows: list[dict[str, Any]]
+) -> None:
+    """A list verb's answer: the API's JSON with ``--json``, else the table."""
+    if args.json:
+        print_json(out, rows)
+    else:
+        print_table(out, columns, rows)
+
+
 def print_json(out: TextIO, data: Any) -> None:
     json.dump(data, out, indent=2, ensure_ascii=False)
     out.write("\n")

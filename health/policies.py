@@ -77,8 +77,11 @@ def handle(event_id: int) -> list[str]:
     """Apply the event's policy once (a duplicate or a second worker finds it handled and
     returns what was done); the outcome's steps."""
     with transaction.atomic():
+        # FOR NO KEY UPDATE: its key never changes, and a FOR UPDATE lock would block the
+        # foreign-key check (at commit) of a rule pass that opens this event's alert meanwhile,
+        # while this waits for that pass's alert of the same fingerprint: a deadlock.
         event = (
-            HealthEvent.objects.select_for_update(of=("self",))
+            HealthEvent.objects.select_for_update(of=("self",), no_key=True)
             .select_related("node", "gpu")
             .filter(pk=event_id)
             .first()

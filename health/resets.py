@@ -132,7 +132,7 @@ def finish_reset(hostname: str, gpu_uuid: str, error: str | None, event_id: int 
         if moved and held is not None:
             quarantine.reset_ended(held, to_state=to_state, error=error, why=step)
         event = (
-            HealthEvent.objects.select_for_update().filter(pk=event_id).first()
+            HealthEvent.objects.select_for_update(no_key=True).filter(pk=event_id).first()
             if event_id is not None
             else None
         )

@@ -57,7 +57,9 @@ class GpuHealthSerializer(api.Serializer):
     model = serializers.CharField(source="row.gpu.name")
     state = serializers.CharField(source="row.gpu.state")
     state_reason = serializers.CharField(source="row.gpu.state_reason")
-    state_changed_at = serializers.DateTimeField(source="row.gpu.state_changed_at")
+    state_changed_at = serializers.DateTimeField(
+        source="row.gpu.state_changed_at", allow_null=True, help_text="Never changed: null."
+    )
     status = serializers.ChoiceField(
         source="row.status", choices=STATUS_CHOICES, help_text=STATUS_HELP
     )

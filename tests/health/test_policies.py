@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from health import policies, quarantine, resets, services
+from health import alerts, policies, quarantine, resets, services
 from health import tasks as health_tasks
 from health.choices import AlertState, EventKind, QuarantineState
 from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
@@ -24,6 +25,7 @@ from scheduling import loop
 from scheduling import services as jobs
 from scheduling.models import Job, JobState
 from tests.scheduling import conftest as scheduling_fixtures
+from tests.scheduling import test_lock_order as lock_order
 from tests.scheduling import test_node_reports as node_reports
 from tests.scheduling.conftest import add_sim_node
 
@@ -463,3 +465,36 @@ def test_a_hot_gpu_takes_no_new_work(broker, receive):
     gpu.refresh_from_db()
     assert gpu.state == GpuState.DEGRADED
     assert not Gpu.objects.schedulable().filter(pk=gpu.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_policy_and_a_rule_opening_one_events_alert_at_once_do_not_deadlock():
+    """A rule pass opens an event's alert (its row names the event: a foreign key PostgreSQL
+    checks at commit) while the event's policy, holding the event, opens the alert of the same
+    fingerprint and waits for the pass. Had the policy locked the event FOR UPDATE, the pass's
+    commit would wait for the policy: each waits for the other and PostgreSQL aborts one."""
+    add_sim_node("dgx-01")
+    gpu = Gpu.objects.get(node__hostname="dgx-01", index=3)
+    event = HealthEvent.objects.create(
+        node=gpu.node,
+        gpu=gpu,
+        kind=EventKind.XID,
+        xid=79,
+        severity="critical",
+        occurred_at=timezone.now(),
+        dedupe_key="xid-79-once",
+    )
+    outcome: dict[str, object] = {}
+    with transaction.atomic():
+        alerts.open_alert(  # the rule pass's alert, not committed yet
+            fingerprint=alerts.event_fingerprint(event),
+            severity="critical",
+            summary=event.summary(),
+            gpu=gpu,
+            event=event,
+        )
+        policy = lock_order.run(outcome, "policy", lambda: policies.handle(event.pk))
+        lock_order.wait_for_waiters(1)  # the policy holds the event and waits for the pass's alert
+    policy.join(timeout=30)
+    assert not isinstance(outcome["policy"], Exception), outcome["policy"]
+    assert Alert.objects.filter(state=AlertState.FIRING).count() == 1

@@ -343,21 +343,22 @@ def test_watch_into_a_pipe_prints_a_table_each_interval(gpuadmin, fleet_with_sam
         text=True,
         env=watch_env(gpuadmin, live_server),
     )
-    titles = []
-    lines = []
+    titles: list[int] = []  # where each frame's title line is
+    lines: list[str] = []
     assert child.stdout is not None
     while len(titles) < 2:
         line = child.stdout.readline()
         assert line, child.stderr.read() if child.stderr else ""
-        lines.append(line)
         if "every 0.5s on dgx-01: 8 GPUs" in line:
-            titles.append(line)
+            titles.append(len(lines))
+        lines.append(line)
     child.send_signal(signal.SIGINT)
     assert child.wait(timeout=10) == 130
     assert child.stderr is not None and child.stderr.read() == ""
-    header = lines.index(titles[0]) + 1
-    assert lines[header].split()[:2] == ["NODE", "GPU"]
-    assert len(lines[header + 1 : lines.index(titles[1]) - 1]) == 8
+    frame = lines[titles[0] : titles[1]]  # title, header, the rows, a blank line
+    assert frame[1].split()[:2] == ["NODE", "GPU"], frame
+    assert frame[-1] == "\n", frame
+    assert [row.split()[:2] for row in frame[2:-1]] == [["dgx-01", str(i)] for i in range(8)], frame
 
 
 def test_watch_on_an_80x24_terminal_redraws_in_place_and_restores_it(

@@ -137,7 +137,7 @@ def test_a_job_no_node_could_ever_hold_is_too_large_and_blocks_no_one() -> None:
     assert pending(result, 1).reason == Reason.TOO_LARGE
     assert pending(result, 1).message == (
         "needs 256 CPUs and 64 GiB of host memory per node; no node with 8 GPUs has that much "
-        "(at most 128 CPUs and 1024 GiB)"
+        "(at most 128 CPUs and 1 TiB)"
     )
     assert pending(result, 1).estimated_start is None
     # Job 1 never starts, so it keeps no GPUs from job 2 (it is no backfill head; as one, it
