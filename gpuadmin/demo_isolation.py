@@ -1,6 +1,6 @@
 """What keeps `gpuadmin up`'s demo jobs out of the installation that runs them: an unprivileged
 Unix account of their own (made when `up` runs as root) and the modes of the data folder
-(README "Security": what a demo job and a node can read).
+(docs/administration/security.md: what a demo job and a node can read).
 
 Plain Python: no Django imports.
 """

@@ -20,8 +20,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 #: Every setting a node agent reads: the broker, its credential, what it scans, how it samples
 #: and reports, and how it runs jobs. Never the database or ``SECRET_KEY``: the one list of what
-#: a GPU node is given (README "Running an agent on a real GPU host"; docker-compose's agent
-#: service sets some of them), and all that ``gpuadmin up`` gives its demo agents.
+#: a GPU node is given (docs/administration/agents.md; docker-compose's agent service sets
+#: some of them), and all that ``gpuadmin up`` gives its demo agents.
 NODE_SETTINGS = frozenset(
     {
         "REDIS_URL",

@@ -2,7 +2,8 @@
 
 The project package owns the registry and the view but knows no app: each app adds its
 collectors in its ``AppConfig.ready()`` (health: dcgm-exporter's GPU series and gpuadmin's
-health series; scheduling: allocations and the queue). README "Prometheus and Grafana".
+health series; scheduling: allocations and the queue): docs/operations/health.md,
+"Prometheus and Grafana".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""gpuadmin settings: every value comes from the environment (see README "Settings")."""
+"""gpuadmin settings: every value comes from the environment (see docs/reference/settings.md)."""
 
 from __future__ import annotations
 
@@ -412,9 +412,9 @@ LOGGING = {
     },
 }
 
-# Security headers on every response (README "Limits and headers"): the CSP allows only this
-# origin's files (no inline or evaluated script; style attributes, which the MIG drawing and
-# the memory bars use, but no inline <style>); pages cannot be framed.
+# Security headers on every response (docs/reference/api.md, "Limits and headers"): the CSP
+# allows only this origin's files (no inline or evaluated script; style attributes, which the
+# MIG drawing and the memory bars use, but no inline <style>); pages cannot be framed.
 CONTENT_SECURITY_POLICY = {
     "default-src": ["'self'"],
     "script-src": ["'self'"],

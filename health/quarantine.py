@@ -1,13 +1,14 @@
 """Quarantine: a GPU fenced by a health policy, from the fault to its return to service.
 
-Lifecycle (README "The GPU state machine, quarantine and maintenance"): ``fence`` opens a
-``Quarantine`` (FENCED, or HELD when the GPU flaps) and moves the GPU to the policy's state;
-``review`` (beat, every 10 s) moves it to PROBATION once the fault cleared (and, when its policy
-asks for one, after a successful GPU reset: ``reset_ended``), back to FENCED on a new fault, and
-RETURNED (the GPU available again) after the policy's clean period. A person's
-own change of a fenced GPU (online, offline, drain: admin, API or page) releases it: health
-never overrides it. The circuit breaker stops automatic fencing when too many GPUs fall at once
-and waits for an admin's ``reset_breaker``. Every change is audited in its transaction.
+Lifecycle (docs/operations/health.md, "The GPU state machine, quarantine and maintenance"):
+``fence`` opens a ``Quarantine`` (FENCED, or HELD when the GPU flaps) and moves the GPU to the
+policy's state; ``review`` (beat, every 10 s) moves it to PROBATION once the fault cleared
+(and, when its policy asks for one, after a successful GPU reset: ``reset_ended``), back to
+FENCED on a new fault, and RETURNED (the GPU available again) after the policy's clean period.
+A person's own change of a fenced GPU (online, offline, drain: admin, API or page) releases
+it: health never overrides it. The circuit breaker stops automatic fencing when too many GPUs
+fall at once and waits for an admin's ``reset_breaker``. Every change is audited in its
+transaction.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What ``/metrics`` says about the scheduler: GPUs held per user and project, the jobs not yet
-finished per state, and how long the waiting ones have waited (README "Prometheus and
-Grafana")."""
+finished per state, and how long the waiting ones have waited (docs/operations/health.md,
+"Prometheus and Grafana")."""
 
 from __future__ import annotations
 

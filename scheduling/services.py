@@ -198,8 +198,8 @@ def check_limits(fields: Mapping[str, Any]) -> None:
 
 # Environment variables a job may not set, by exact name or by prefix: they choose which GPUs,
 # MIG instances or MPS server a job sees, or configure the container runtime that runs it
-# (gpuadmin sets the ones it needs from the allocation). The one list; README "What a job may
-# not ask for" quotes it.
+# (gpuadmin sets the ones it needs from the allocation). The one list; docs/reference/api.md,
+# "What a job may not ask for", quotes it.
 RESERVED_ENV_NAMES = frozenset(
     {
         "CUDA_VISIBLE_DEVICES",

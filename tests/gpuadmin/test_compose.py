@@ -8,9 +8,9 @@ import yaml
 from gpuadmin.env import NODE_SETTINGS
 from tests.conftest import REPO_DIR
 from tests.gpuadmin.test_settings_documented import (
+    documented_settings,
     env_example,
     read_by_the_code,
-    readme_settings,
 )
 
 COMPOSE = yaml.safe_load((REPO_DIR / "docker-compose.yml").read_text())
@@ -51,12 +51,12 @@ def test_a_gpu_node_gets_the_broker_and_its_credential_only():
 
 
 def test_a_node_is_given_the_settings_its_docs_list_and_only_those():
-    """One list (``gpuadmin.env.NODE_SETTINGS``): the README's, the compose agent's, and
+    """One list (``gpuadmin.env.NODE_SETTINGS``): the agents page's, the compose agent's, and
     what `gpuadmin up` gives its demo agents."""
-    section = (REPO_DIR / "README.md").read_text().split("\n## Running an agent on a real GPU")[1]
+    section = (REPO_DIR / "docs" / "administration" / "agents.md").read_text()
     listed = section.split("A node reads these settings and no others", 1)[1].split("\n\n")[0]
     assert set(re.findall(r"`([A-Z0-9_]+)`", listed)) == NODE_SETTINGS
-    assert readme_settings() >= NODE_SETTINGS
+    assert documented_settings() >= NODE_SETTINGS
     compose_only = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"}
     assert set(SERVICES["agent"]["environment"]) - compose_only <= NODE_SETTINGS
 

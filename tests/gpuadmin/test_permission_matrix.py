@@ -2,8 +2,9 @@
 (the requester's own object, someone else's) -> the status it answers. A route added without
 an entry fails ``test_every_route_has_an_entry``.
 
-Roles (README "Who may do what"): anonymous; viewer, user (no role), operator and admin
-(``Membership`` roles; the admin is not staff); staff (Django's ``is_staff``: an admin too).
+Roles (docs/reference/api.md, "Who may do what"): anonymous; viewer, user (no role),
+operator and admin (``Membership`` roles; the admin is not staff); staff (Django's
+``is_staff``: an admin too).
 Where no agent could answer (discovery, MIG changes) the decision still shows: 403 for those
 refused, the agent's 503 or the page's own answer for those let through.
 """

@@ -1,5 +1,6 @@
 """Security headers on pages and API answers, and `manage.py check --deploy` clean under
-production settings (DEBUG off, a real key, the SECURE_* variables of README "Settings")."""
+production settings (DEBUG off, a real key, the SECURE_* variables of
+docs/reference/settings.md)."""
 
 from __future__ import annotations
 

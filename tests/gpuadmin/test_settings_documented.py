@@ -1,5 +1,5 @@
-"""Every environment variable the code reads is in the README's settings table and in
-``.env.example``."""
+"""Every environment variable the code reads is in the settings page's table
+(docs/reference/settings.md) and in ``.env.example``."""
 
 from __future__ import annotations
 
@@ -86,11 +86,10 @@ def read_by_the_code() -> set[str]:
     )
 
 
-def readme_settings() -> set[str]:
-    """The backquoted names in the first column of the README's settings table."""
-    section = (REPO_DIR / "README.md").read_text().split("\n## Settings\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
+def documented_settings() -> set[str]:
+    """The backquoted names in the first column of the settings page's tables."""
+    page = (REPO_DIR / "docs" / "reference" / "settings.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `")]
     return {name for row in rows for name in re.findall(r"`([A-Z0-9_]+)`", row.split(" | ")[0])}
 
 
@@ -114,7 +113,7 @@ def test_settings_module_reads_are_found():
 
 
 def test_every_variable_read_is_in_the_readme_table():
-    assert read_by_the_code() - readme_settings() == set()
+    assert read_by_the_code() - documented_settings() == set()
 
 
 def test_every_variable_read_is_in_env_example():

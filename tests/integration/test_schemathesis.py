@@ -109,7 +109,8 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(web_server, tmp_pat
 
 def test_long_urls_reach_the_api_up_to_the_servers_limit(web_server):
     """A long filter URL is answered by the API, in JSON naming the field; past the HTTP
-    library's 65,534 bytes, by the server's own 414 (README "Limits and headers")."""
+    library's 65,534 bytes, by the server's own 414 (docs/reference/api.md,
+    "Limits and headers")."""
     _, key = create_token(get_user_model().objects.create_user("long-urls"), "long-urls")
 
     def get(length: int) -> tuple[int, bytes]:

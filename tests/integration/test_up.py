@@ -231,8 +231,8 @@ def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
     assert "NVML initialised" not in text
 
 
-# What a hostile demo job tries (README "Security"): each line it prints names a read that
-# worked; the last shows it still reaches its own scratch folder by its full path.
+# What a hostile demo job tries (docs/administration/security.md): each line it prints names a
+# read that worked; the last shows it still reaches its own scratch folder by its full path.
 PROBE = (
     "id -u; p=$PPID; "
     'while [ "$p" -gt 1 ]; do echo "tried environ of $p"; '
