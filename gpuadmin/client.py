@@ -108,6 +108,8 @@ class Api:
                 return found
 
 
+# A GPU's or MIG device's UUID as NVML gives it: what tells a GPU from a node in an argument.
+GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f-]{8,}")
 # The most items one page of a list holds (gpuadmin.api.Pagination.max_limit).
 PAGE_LIMIT = 1000
 # An API token as gpuadmin issues them, and what any HTTP header may carry.

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from gpuadmin.client import Api, ApiError, run_verb
+from gpuadmin.client import GPU_UUID, Api, ApiError, run_verb
 from gpuadmin.terminal import (
     Column,
     add_json_flag,
@@ -34,7 +34,6 @@ STATUS_COLUMNS = ("free", "busy", "draining", "degraded", "mig", "mps")
 NODE_STATES = ("online", "draining", "offline")
 GPU_STATES = ("available", "draining", "degraded", "resetting", "offline")
 # An NVIDIA GPU's UUID (``nvidia-smi -L``): a drain|offline|online argument shaped so is a GPU.
-GPU_UUID = re.compile(r"GPU-[0-9A-Fa-f-]{8,}")
 WATCH_MIN_INTERVAL_S = 0.5
 # What of a terminal a watched table leaves to its title and the "more below" line.
 WATCH_CHROME_LINES = 3

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -21,6 +21,7 @@ from gpuadmin.client import (
     DEFAULT_URL,
     EXIT_FAILED,
     EXIT_USAGE,
+    GPU_UUID,
     Api,
     ApiError,
     Credentials,
@@ -28,6 +29,7 @@ from gpuadmin.client import (
     run_verb,
     same_server,
 )
+from gpuadmin.english import plural
 from gpuadmin.terminal import Column, add_json_flag, print_facts, print_json, print_rows
 
 # --------------------------------------------------------------------------- times
@@ -108,24 +110,6 @@ def _page(api: Api, path: str, limit: int, **filters: Any) -> list[dict[str, Any
     return page["results"]
 
 
-LIST_PAGE = 1000  # the API's largest page (gpuadmin.api.Pagination.max_limit)
-
-
-def _every(api: Api, path: str, **filters: Any) -> Iterator[dict[str, Any]]:
-    """Every result of a list endpoint, page after page."""
-    offset = 0
-    while True:
-        page = api.call("GET", path, limit=LIST_PAGE, offset=offset, **filters)
-        yield from page["results"]
-        offset += len(page["results"])
-        if not page["results"] or offset >= page["count"]:
-            return
-
-
-def _gpus(count: int) -> str:
-    return f"{count} GPU" if count == 1 else f"{count} GPUs"
-
-
 # --------------------------------------------------------------------------- reserve
 
 RESERVATION_STATES = ("requested", "approved", "rejected", "canceled", "released", "ended")
@@ -159,7 +143,7 @@ def _said(reservation: Mapping[str, Any]) -> str:
     """``reservation 4 approved: 2 GPUs on dgx-01, 2026-12-06 07:00 to 09:00``."""
     return (
         f"reservation {reservation['id']} {reservation['state']}: "
-        f"{_gpus(reservation['gpu_count'])} ({_where(reservation)}), "
+        f"{plural(reservation['gpu_count'], 'GPU')} ({_where(reservation)}), "
         f"{_window(reservation['start'], reservation['end'])}"
     )
 
@@ -250,7 +234,7 @@ def cmd_quota_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         return _own_quotas(api, args, out)
     rows = [
         quota
-        for quota in _every(api, "/api/v1/quotas/")
+        for quota in api.every("/api/v1/quotas/")
         if (args.user is None or quota["user"] == args.user)
         and (args.project is None or quota["project"] == args.project)
     ]
@@ -281,7 +265,7 @@ def cmd_quota_set(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     existing = next(
         (
             quota
-            for quota in _every(api, "/api/v1/quotas/")
+            for quota in api.every("/api/v1/quotas/")
             if quota["pool"] == pool
             and quota["user"] == args.user
             and quota["project"] == (args.project or "")
@@ -410,7 +394,6 @@ AUDIT_COLUMNS = (
     Column("CHANGES", lambda e: changes(e["before"], e["after"])),
     Column("MESSAGE", lambda e: one_line(e["message"])),
 )
-GPU_UUID = re.compile(r"(GPU|MIG)-[0-9A-Fa-f-]+")
 
 
 def target_filters(api: Api, text: str) -> dict[str, str]:
