@@ -57,15 +57,15 @@ def current_channel() -> str:
 
 def request_channel(request: HttpRequest) -> str:
     """The CLI verb that sent ``request`` (its ``X-Gpuadmin-Channel``), else ``api`` for the API's
-    paths and ``web`` for the pages."""
+    paths (``gpuadmin.api.is_api_path``, from the URLconf) and ``web`` for the pages."""
+    # Here, not at the top: the agents and workers load this module for Celery's signals, and
+    # need none of the API's (DRF's, drf-spectacular's) modules.
+    from gpuadmin.api import is_api_path
+
     claimed = request.headers.get(CHANNEL_HEADER, "")
     if CLI_CHANNEL.fullmatch(claimed):
         return claimed
-    return (
-        "api"
-        if request.path.startswith(("/api/", "/queue", "/cluster/", "/orchestrator/"))
-        else "web"
-    )
+    return "api" if is_api_path(request) else "web"
 
 
 @contextmanager
