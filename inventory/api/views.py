@@ -121,8 +121,6 @@ class GpuViewSet(CatalogViewSet):
     filterset_class = GpuFilterSet
     lookup_field = "uuid"
     lookup_value_regex = r"[^/]+"
-    # The fleet page's rows of the GPUs this request shows (``list``, ``retrieve``).
-    _live_rows: dict[int, fleet.GpuRow] = {}  # noqa: RUF012 - replaced per request, never mutated
 
     @extend_schema(
         request=s.GpuStateChangeSerializer,
@@ -147,20 +145,20 @@ class GpuViewSet(CatalogViewSet):
         context = {"request": request, "change": change, "live_rows": fleet.gpu_rows([gpu])}
         return Response(s.GpuStateResultSerializer(gpu, context=context).data)
 
-    def get_serializer_context(self) -> dict[str, Any]:
-        return {**super().get_serializer_context(), "live_rows": self._live_rows}
+    def _with_live(self, gpus: list[Gpu]) -> dict[str, Any]:
+        """The serializer's context with the fleet page's rows of ``gpus`` (their ``live``)."""
+        return {**self.get_serializer_context(), "live_rows": fleet.gpu_rows(gpus)}
 
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """GPUs with their catalog facts and ``live``: each as the fleet page shows it now."""
         page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         assert page is not None  # always paginated
-        self._live_rows = fleet.gpu_rows(page)
-        return self.get_paginated_response(self.get_serializer(page, many=True).data)
+        serializer = self.get_serializer(page, many=True, context=self._with_live(page))
+        return self.get_paginated_response(serializer.data)
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         gpu = self.get_object()
-        self._live_rows = fleet.gpu_rows([gpu])
-        return Response(self.get_serializer(gpu).data)
+        return Response(self.get_serializer(gpu, context=self._with_live([gpu])).data)
 
 
 class FleetStatusView(generics.GenericAPIView):
