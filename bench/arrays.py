@@ -4,7 +4,7 @@
 
 Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
 embedded one), a simulated fleet of two DGX nodes and a user; then ``--runs`` times submits
-one array ``0-<tasks-1>%<cap>`` through the job service (``services.submit_array``: the checks,
+one array ``0-<tasks-1>%<cap>`` through the job service (``submission.submit_array``: the checks,
 the ``JobArray`` row, every task's job in one multi-row INSERT and every audit row in another,
 one transaction), as ``POST /api/v1/jobs/`` does after parsing the body. Each run is timed from
 the call to its commit (the loop's wake-up is sent on commit; Redis must be reachable), and the
@@ -35,7 +35,7 @@ def main() -> None:
     with throwaway_database("gpuadmin_bench_array"):
         from django.contrib.auth import get_user_model
 
-        from scheduling import services
+        from scheduling.jobs import submission
 
         hostnames = load_sim_fleet(2)
         owner = get_user_model().objects.create_user("bench")
@@ -44,7 +44,7 @@ def main() -> None:
         try:
             for run in range(args.runs):
                 started = time.perf_counter()
-                submitted = services.submit_array(
+                submitted = submission.submit_array(
                     owner, spec, command=["python", "train.py", "--seed", "1"], gpu_count=1
                 )
                 times_ms.append((time.perf_counter() - started) * 1000)

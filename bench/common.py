@@ -164,7 +164,7 @@ def process_env(database_url: str, scratch: Path, **settings: str) -> dict[str, 
 def _cgroup_root() -> str:
     """The agents' job cgroups of this bench run, in a subtree of its own removed at its end
     (as a real agent's jobs, they are confined when the bench runs as root)."""
-    from scheduling.isolation.cgroups import host_cgroups, remove_tree
+    from scheduling.agent.isolation.cgroups import host_cgroups, remove_tree
 
     root = f"gpuadmin-bench-{os.getpid()}"
     atexit.register(remove_tree, host_cgroups("auto", root))

@@ -7,18 +7,18 @@ Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, 
 embedded one) and loads ``--nodes`` simulated DGX nodes through the agents' discovery sync
 (NUMA, socket, NVSwitch links and MIG as a scan reports them; live samples published to Redis,
 heartbeats fresh). About half the schedulable GPUs are then held by running jobs (blocks of 1,
-2, 4 or 8 GPUs given through ``services.allocate_many`` and started like an agent reports it),
-and ``--jobs`` jobs are queued in bulk with their ``job.submitted`` audit rows, shaped like
-bench/placement.py's queue (1, 2, 4, 8-GPU jobs and 2x8, 4x8 gangs). ``--policy`` is the
-policy of the GPUs in no pool (all of them here).
+2, 4 or 8 GPUs given through ``allocation_services.allocate_many`` and started like an agent reports
+it), and ``--jobs`` jobs are queued in bulk with their ``job.submitted`` audit rows, shaped like
+bench/placement.py's queue (1, 2, 4, 8-GPU jobs and 2x8, 4x8 gangs). ``--policy`` is the policy of
+the GPUs in no pool (all of them here).
 
-Then, the tables ANALYZEd (as autovacuum keeps a running fleet's), ``scheduling.loop.run_pass()``
-runs as the central worker runs it: the first pass places what fits and writes every waiting
-job's reason; then ``--runs`` blocked passes (nothing fits any more: the steady cost of
-re-explaining the queue, which must write nothing: the queue did not change, only the clock
-moved); then ``--runs`` placing passes, each after the previous
-one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED transition that releases
-their GPUs). Prints each phase (snapshot, plan, commit: placements committed in batches and
+Then, the tables ANALYZEd (as autovacuum keeps a running fleet's),
+``scheduling.loop.passes.run_pass()`` runs as the central worker runs it: the first pass
+places what fits and writes every waiting job's reason; then ``--runs`` blocked passes
+(nothing fits any more: the steady cost of re-explaining the queue, which must write nothing:
+the queue did not change, only the clock moved); then ``--runs`` placing passes, each after the
+previous one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED transition that
+releases their GPUs). Prints each phase (snapshot, plan, commit: placements committed in batches and
 sent to their agents, save_pending) as medians over the runs, the queries of each kind of
 pass, checks the scheduler's invariants (``gpuadmin check``) and that every placement was
 audited, before and after, and ends with headline lines ``name: value unit``:
@@ -60,7 +60,7 @@ from scheduling.placement.policies import POLICIES
 if TYPE_CHECKING:  # Django is set up inside main()
     from django.contrib.auth.models import User
 
-    from scheduling.loop import PassSummary
+    from scheduling.loop.passes import PassSummary
     from scheduling.models import Job
 
 QUEUE = f"bench-loop-{os.getpid()}"
@@ -96,7 +96,7 @@ def job_rows(rng: Random, count: int, owners: list[User], models: list[str]) -> 
 
 def enqueue(rng: Random, jobs: list[Job]) -> list[Job]:
     """Store ``jobs`` QUEUED, submitted over the last two days, each with the ``job.submitted``
-    audit row ``services.submit_job`` writes: the same rows, in bulk."""
+    audit row ``submission.submit_job`` writes: the same rows, in bulk."""
     from django.db import transaction
     from django.utils import timezone
 
@@ -135,12 +135,13 @@ def enqueue(rng: Random, jobs: list[Job]) -> list[Job]:
 
 def hold_half(rng: Random, owners: list[User]) -> int:
     """Running jobs on about half the schedulable GPUs, in aligned blocks of 1, 2, 4 or 8 per
-    node (like bench/placement.py), allocated through ``services.allocate`` and started as an
-    agent reports it; some are past their estimated end. The number of GPUs held."""
+    node (like bench/placement.py), allocated through ``allocation_services.allocate`` and started
+    as an agent reports it; some are past their estimated end. The number of GPUs held."""
     from django.utils import timezone
 
     from inventory.models import Gpu
-    from scheduling import services
+    from scheduling.allocations import services as allocation_services
+    from scheduling.jobs import reports, transitions
 
     blocks = []
     gpus = list(
@@ -164,14 +165,14 @@ def hold_half(rng: Random, owners: list[User]) -> int:
         job.gpu_count, job.node_count, job.topology = len(block), 1, "any"
     now = timezone.now()
     grants = [
-        services.Grant(job.pk, tuple(gpu.pk for gpu in block))
+        allocation_services.Grant(job.pk, tuple(gpu.pk for gpu in block))
         for job, block in zip(enqueue(rng, jobs), blocks, strict=True)
     ]
-    outcome = services.allocate_many(grants, actor_name=services.LOOP_ACTOR)
+    outcome = allocation_services.allocate_many(grants, actor_name=transitions.LOOP_ACTOR)
     assert not outcome.refused, outcome.refused
     for job, _ in outcome.granted:
         started_at = now - timedelta(seconds=rng.uniform(0, 3600))
-        services.job_started(job.pk, job.attempt, 1000 + job.pk, started_at)
+        reports.job_started(job.pk, job.attempt, 1000 + job.pk, started_at)
     return sum(len(block) for block in blocks)
 
 
@@ -179,12 +180,12 @@ def requeue(job_ids: list[int]) -> None:
     """Put placed jobs back in the queue (audited; their GPUs are released)."""
     from django.db import transaction
 
-    from scheduling import services
+    from scheduling.jobs import transitions
     from scheduling.models import JobState
 
     with transaction.atomic():
         for job_id in job_ids:
-            services.transition(
+            transitions.transition(
                 job_id,
                 JobState.QUEUED,
                 actor_name=BENCH_ACTOR,
@@ -296,7 +297,7 @@ def main() -> None:
         from django.db import connection
 
         from inventory.models import Gpu
-        from scheduling import loop
+        from scheduling.loop import passes as loop
         from scheduling.models import Job, JobState, PoolPolicy
 
         rng = Random(args.seed)

@@ -66,7 +66,7 @@ def main() -> None:
 
         from gpuadmin.access.models import UnixAccount
         from inventory import live
-        from scheduling import services
+        from scheduling.jobs import control, submission
         from scheduling.models import Job, JobState
 
         env = process_env(
@@ -86,7 +86,7 @@ def main() -> None:
 
             def submit(number: int) -> Job:
                 flag = scratch / f"done-{number}"
-                return services.submit_job(
+                return submission.submit_job(
                     owner,
                     command=f"while [ ! -e {flag} ]; do sleep 0.02; done",
                     use_shell=True,
@@ -121,7 +121,7 @@ def main() -> None:
                 if kind == "finish":
                     (scratch / f"done-{number - 1}").touch()
                 else:
-                    services.cancel_job(running, actor=owner)
+                    control.cancel_job(running, actor=owner)
                 wait_for(
                     lambda: state(waiting) != JobState.QUEUED,  # noqa: B023
                     60,
@@ -134,7 +134,7 @@ def main() -> None:
                 delays[kind].append(delay.total_seconds() * 1000)
                 wait_for(lambda: state(waiting) == JobState.RUNNING, 60, f"job {number} to run")  # noqa: B023
                 running = waiting
-            services.cancel_job(running, actor=owner)
+            control.cancel_job(running, actor=owner)
             wait_for(lambda: state(running) == JobState.CANCELED, 30, "the last job to end")
         finally:
             stop(processes)

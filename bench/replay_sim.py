@@ -50,7 +50,7 @@ GPU_MEMORY_MIB = 81920
 # freed (victims stop at once: no grace period is simulated).
 MAX_PASSES_PER_INSTANT = 4
 # How long the engine's predictions of waiting jobs' runtimes are reused (the loop reads its
-# history of finished jobs again at most this often: scheduling/history.py).
+# history of finished jobs again at most this often: scheduling/loop/history.py).
 HISTORY_MAX_AGE_S = 60.0
 
 

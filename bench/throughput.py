@@ -6,7 +6,7 @@ Creates a throwaway database and starts real processes on a private central queu
 worker (``gpuadmin worker``: the placement loop, the agents' job events) and one simulated DGX
 A100 80GB node agent (``gpuadmin agent --sim --jobs-as-agent``: no Unix account per user
 here), which runs each job as a real process. Each
-run submits ``--jobs`` jobs of one GPU running ``true`` at once (``services.submit_job`` in this
+run submits ``--jobs`` jobs of one GPU running ``true`` at once (``submission.submit_job`` in this
 process, as a burst of API calls reaches it) and times from the first submission to the last
 job's COMPLETED as recorded centrally (its audit row's time): jobs/s = jobs / that time.
 Every job is placed by the real loop, sent through Redis to the agent, started by its
@@ -76,12 +76,12 @@ def gpuadmin_run(jobs: int, owner: User) -> tuple[float, list[int]]:
     from django.utils import timezone
 
     from gpuadmin.audit.models import AuditEvent
-    from scheduling import services
+    from scheduling.jobs import submission
     from scheduling.models import Job, JobState
 
     started = timezone.now()
     ids = [
-        services.submit_job(owner, command=["true"], gpu_count=1, name="bench").pk
+        submission.submit_job(owner, command=["true"], gpu_count=1, name="bench").pk
         for _ in range(jobs)
     ]
     batch = Job.objects.filter(pk__in=ids)
@@ -169,7 +169,7 @@ def process_groups(worker: int, agent: int) -> dict[str, list[int]]:
 def hop_table(ids: list[int], agent_lines: list[str], worker_lines: list[str]) -> list[str]:
     """Where the jobs' cycles went: each hop's median and 90th percentile in milliseconds."""
     from gpuadmin.audit.models import AuditEvent
-    from scheduling.executor import parse_executor_id
+    from scheduling.agent.wire import parse_executor_id
     from scheduling.models import Allocation, Job
 
     jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids)}

@@ -231,7 +231,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         from gpuadmin.celery import app
         from health import agent as health_agent
         from inventory.agent import AgentLoop, node_backend, scan_this_node
-        from scheduling.agent import executor, flush_reports, isolation_report, stop_jobs
+        from scheduling.agent.jobs import executor, flush_reports, isolation_report, stop_jobs
 
         try:
             parse_token(settings.GPUADMIN_NODE_TOKEN)
@@ -496,7 +496,7 @@ def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
     from django.db import DatabaseError
     from redis.exceptions import RedisError
 
-    from scheduling.loop import resume_placing, stop_placing
+    from scheduling.loop.passes import resume_placing, stop_placing
     from scheduling.models import HOLDING_STATES, Job, JobState
 
     try:
@@ -543,7 +543,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         call_command("migrate", interactive=False, verbosity=0)
         print("database: migrated")
-        from scheduling.loop import resume_placing
+        from scheduling.loop.passes import resume_placing
 
         resume_placing()  # a stack stopped without finishing its stop left the mark
         _ensure_admin()

@@ -1,6 +1,6 @@
 """``gpuadmin jobs ...``: submit, list, explain, release, cancel and read the log of jobs
 through the HTTP API (``gpuadmin.client``), so it works from any machine that reaches the web
-server (standard library only, and the pure-Python ``scheduling.slurm`` for Slurm's request
+server (standard library only, and the pure-Python ``scheduling.jobs.slurm`` for Slurm's request
 syntax).
 """
 
@@ -17,7 +17,7 @@ from gpuadmin.client import Api, ApiError, run_verb
 from gpuadmin.english import plural
 from gpuadmin.terminal import Column, add_json_flag, print_json, print_table
 from inventory.units import memory_text
-from scheduling import slurm
+from scheduling.jobs import slurm
 
 FOLLOW_INTERVAL_S = 2.0
 FOLLOW_WINDOW = 1000  # lines read per poll while following a log

@@ -205,7 +205,7 @@ def cmd_reserve_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 # --------------------------------------------------------------------------- quota
 
-NO_POOL = "~"  # the GPUs in no pool, in the API (scheduling.quotas.NO_POOL)
+NO_POOL = "~"  # the GPUs in no pool, in the API (scheduling.policies.quotas.NO_POOL)
 QUOTA_LIMITS = ("max_gpus", "gpu_hours", "period", "fairshare_weight")
 
 

@@ -133,7 +133,7 @@ GPUADMIN_CONTAINER_RUNTIME = env_choice(
 GPUADMIN_PRIVATE_DATA = env_choice(
     "GPUADMIN_PRIVATE_DATA", ("owner", "operators", "everyone"), "owner"
 )
-# Job confinement (scheduling.isolation): which cgroup hierarchy (auto: v2 where the unified
+# Job confinement (scheduling.agent.isolation): which cgroup hierarchy (auto: v2 where the unified
 # hierarchy has it, else the v1 controllers; off: none), the agent's subtree in it, each job's
 # process limit (0: none) and the devices a job may open besides its own GPUs (device rules;
 # the default: InfiniBand verbs, which multi-node NCCL uses). An admin allows unconfined jobs on
@@ -340,7 +340,8 @@ CELERY_BEAT_SCHEDULE["scheduling-account-usage"] = {
     "schedule": float(GPUADMIN_ACCOUNTING_INTERVAL_S),
     "options": {"expires": float(GPUADMIN_ACCOUNTING_INTERVAL_S)},
 }
-# MIG re-layouts step on (scheduling.relayout.advance_open); agents' job reports wake it too.
+# MIG re-layouts step on (scheduling.sharing.relayout.advance_open); agents' job reports wake
+# it too.
 CELERY_BEAT_SCHEDULE["scheduling-advance-relayouts"] = {
     "task": "scheduling.advance_relayouts",
     "schedule": 10.0,
@@ -352,7 +353,7 @@ CELERY_BEAT_SCHEDULE["scheduling-requeue-unconfirmed"] = {
     "schedule": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S)),
     "options": {"expires": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S))},
 }
-# Ends reservations, releases unused ones (scheduling.reservations.sweep).
+# Ends reservations, releases unused ones (scheduling.reservations.services.sweep).
 CELERY_BEAT_SCHEDULE["scheduling-sweep-reservations"] = {
     "task": "scheduling.sweep_reservations",
     "schedule": 60.0,

@@ -17,10 +17,6 @@ class SchedulingConfig(AppConfig):
             mig_change_requested,
             page_sections_requested,
         )
-        from scheduling import (  # noqa: F401 - they register their admin pages
-            admin_relayout,
-            admin_reservations,
-        )
         from scheduling.metrics import SchedulingCollector
         from scheduling.receivers import (
             name_occupants,
@@ -55,7 +51,7 @@ class SchedulingConfig(AppConfig):
             allocation_section, dispatch_uid="scheduling.allocation_section"
         )
         # A MIG GPU's page shows its re-layouts live, with the admins' form.
-        from scheduling.relayout_views import relayout_section
+        from scheduling.sharing.views import relayout_section
 
         page_sections_requested.connect(
             relayout_section, dispatch_uid="scheduling.relayout_section"

@@ -14,9 +14,9 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
+from scheduling.jobs.reports import unconfirmed_jobs
 from scheduling.models import HOLDING_STATES, Allocation, Job
 from scheduling.placement.text import plural
-from scheduling.services import unconfirmed_jobs
 
 Check = Callable[[], list[str]]
 

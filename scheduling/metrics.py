@@ -12,8 +12,8 @@ from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduling.jobs.queries import WAITING_STATES
 from scheduling.models import TERMINAL_STATES, Allocation, Job, JobState
-from scheduling.queries import WAITING_STATES
 
 
 class Median(Aggregate):

@@ -5,19 +5,23 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from django.db import transaction
+
 from health.models import HealthEvent
 from health.policies import pid_of
 from inventory.models import Gpu
 from inventory.occupancy import Occupant
-from scheduling import pages, relayout, services
+from scheduling.jobs import control, pages, transitions
+from scheduling.loop import dispatch
 from scheduling.models import RELAYOUT_OPEN_STATES, Allocation, MigRelayout
+from scheduling.sharing import relayout
 
 
 def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) -> None:
     """GPUs became schedulable (a node undrained or heard from again, a GPU back online,
     recovered or newly discovered): queued jobs may fit now, so the placement loop runs now
     rather than at beat's next backstop pass."""
-    services.request_placement_pass()
+    transaction.on_commit(dispatch.wake)
 
 
 def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> list[Occupant]:
@@ -54,7 +58,7 @@ def stop_jobs_for_health(
     """A recovery policy says the jobs on these GPUs must stop: requeue or fail them (only
     the job of the XID's pid when the event names one of theirs)."""
     event = HealthEvent.objects.filter(pk=event_id).first() if event_id is not None else None
-    return services.stop_jobs_on_gpus(
+    return control.stop_jobs_on_gpus(
         gpu_ids,
         requeue=action != "fail",
         reason=reason or "a health policy stopped it",
@@ -68,9 +72,9 @@ def requeue_jobs_on_offline_gpus(
     """GPUs went offline (an admin, or a policy): their running work is requeued now, with
     inventory's sentence ("GPU 3 of dgx-01 went offline: <why>"), audited as who took them
     offline."""
-    return services.stop_jobs_on_gpus(
+    return control.stop_jobs_on_gpus(
         gpu_ids,
         requeue=True,
         reason=reason or "its GPU went offline",
-        actor_name=actor_name or services.HEALTH_ACTOR,
+        actor_name=actor_name or transitions.HEALTH_ACTOR,
     )

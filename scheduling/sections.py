@@ -16,9 +16,9 @@ from django.utils.http import urlencode
 from gpuadmin.access.permissions import signed_in_reader
 from inventory.models import Gpu, Node
 from inventory.pages.common import Section
-from scheduling import sharing
+from scheduling.jobs.pages import state_colour
 from scheduling.models import Allocation, Reservation, ReservationGpu, ReservationState
-from scheduling.pages import state_colour
+from scheduling.sharing import services as sharing
 
 ORDER = 40  # after the charts and the health events
 ALLOCATION_HISTORY = 50

@@ -1,5 +1,5 @@
-"""Celery tasks of the scheduling app: thin wrappers around ``scheduling.loop``,
-``scheduling.services`` and (on node queues) ``scheduling.agent``.
+"""Celery tasks of the scheduling app: thin wrappers around ``scheduling.loop.passes``,
+the job services (``scheduling.jobs``) and (on node queues) ``scheduling.agent.jobs``.
 
 Central (default queue): ``placement_pass``, ``sweep_reservations`` (beat, every minute),
 ``requeue_unconfirmed`` (beat),
@@ -8,7 +8,7 @@ the node a report is about: ``gpuadmin.access.nodes``). Node queues (``node.<nam
 ``run_jobs`` (``run_job``: one), ``cancel_job`` and ``tail_log``, carried out only as orders
 the central side signed for the node (``gpuadmin.access.node_orders.NodeOrder``). A job travels as
 ``JobSpec.to_dict()`` and its events as ``JobStarted``/``JobFinished.to_dict()``
-(``scheduling.executor``).
+(``scheduling.agent.supervisor``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ from celery import Task, shared_task
 
 from gpuadmin.access.node_orders import NodeOrder
 from gpuadmin.access.nodes import CENTRAL, refuse, reporting_node, speaks_for
-from scheduling import accounting, agent, loop, relayout, reservations, services, sharing
-from scheduling.executor import JobFinished, event_from_dict
+from scheduling.agent import jobs as agent
+from scheduling.agent.wire import JobFinished, event_from_dict
+from scheduling.allocations import accounting
+from scheduling.jobs import reports
+from scheduling.loop import passes as loop
+from scheduling.reservations import services as reservations
+from scheduling.sharing import relayout
+from scheduling.sharing import services as sharing
 
 
 @shared_task(name="scheduling.placement_pass")
@@ -41,7 +47,7 @@ def sweep_reservations() -> None:
 @shared_task(name="scheduling.requeue_unconfirmed")
 def requeue_unconfirmed() -> None:
     """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started."""
-    services.requeue_unconfirmed()
+    reports.requeue_unconfirmed()
 
 
 @shared_task(name="scheduling.job_event", bind=True)
@@ -66,7 +72,7 @@ def _record_events(task: Task, events: list[dict[str, Any]], node_stopped: list[
     if sender is None:
         return
     parsed = [event_from_dict(event) for event in events]
-    recorded = services.job_events(
+    recorded = reports.job_events(
         parsed,
         sender=None if sender == CENTRAL else sender,
         node_stopped=node_stopped if sender != CENTRAL else (),
@@ -84,7 +90,7 @@ def agent_jobs(self: Task, hostname: str, running: list[list[int]]) -> None:
     """A (re)started agent's list of the (job, attempt) it runs."""
     if not speaks_for(self, hostname):
         return
-    services.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
+    reports.reconcile_node_jobs(hostname, {(job, attempt) for job, attempt in running})
 
 
 @shared_task(name="scheduling.run_job", base=NodeOrder)

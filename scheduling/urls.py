@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from scheduling import accounting_views, views
+from scheduling.allocations import views as accounting_views
+from scheduling.jobs import views
 
 app_name = "scheduling"
 urlpatterns = [

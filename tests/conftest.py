@@ -26,7 +26,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if services is not None:
         services.release()
     if not hasattr(config, "workerinput"):  # the controller, once every worker has ended
-        from scheduling.isolation.cgroups import host_cgroups, remove_tree
+        from scheduling.agent.isolation.cgroups import host_cgroups, remove_tree
 
         if root := os.environ.get("GPUADMIN_CGROUP_ROOT"):
             remove_tree(host_cgroups("auto", root))
@@ -62,11 +62,12 @@ def report_figure(request: pytest.FixtureRequest) -> Callable[[str], None]:
 def fresh_fleet_shape() -> None:
     """Submissions check the fleet's shape, and placement passes read fair-share usage and
     the history of finished jobs, through short caches; each test builds its own."""
-    from scheduling import history, loop
-    from scheduling.services import FleetShape
+    from scheduling.jobs.shape import FleetShape
+    from scheduling.loop import history
+    from scheduling.loop import snapshot as loop_snapshot
 
     FleetShape.forget()
-    loop.forget_usage()
+    loop_snapshot.forget_usage()
     history.forget()
 
 
@@ -147,7 +148,7 @@ def forget_wakes() -> None:
     will never run here: left in place, a wake mark holds every wake back until it expires
     (``dispatch.WAKE_TTL_S``)."""
     from inventory import live
-    from scheduling import dispatch
+    from scheduling.loop import dispatch
 
     live.client().delete(dispatch.wake_key(), dispatch.running_key())
 

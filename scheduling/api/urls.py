@@ -3,7 +3,9 @@
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from scheduling.api import accounting, arrays, relayouts, views
+from scheduling.allocations import api as accounting
+from scheduling.jobs.api import arrays, views
+from scheduling.sharing import api as relayouts
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")

@@ -5,7 +5,7 @@ the hardware (model, memory, node size, topology, host CPUs and memory), then wh
 up, then what is free now (GPUs, then the host CPUs and memory of the nodes with those GPUs
 free). The hardware step alone (`Diagnosis.never`, over every node and GPU whatever its
 state) is what the fleet could never run: submission refuses such a job (see
-`scheduling.services.FleetShape`), and a waiting job that no longer fits says so before its
+`scheduling.jobs.shape.FleetShape`), and a waiting job that no longer fits says so before its
 quota. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
 this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
 ahead in the queue, which may take those GPUs first, so it is the earliest possible start,

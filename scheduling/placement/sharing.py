@@ -1188,7 +1188,7 @@ def _mig_fragmentation(
 
 def mps_fits(state: MpsState, kind: MpsKind) -> bool:
     """Whether the GPU's free share holds `kind` (its node's host aside): the pass's rule, and
-    manual allocation's (`scheduling.admin_services`)."""
+    manual allocation's (`scheduling.allocations.manual`)."""
     percent, memory_mib, model, _ = kind
     return (
         percent <= state.free_percent

@@ -8,7 +8,7 @@ from typing import Any
 
 from django import template
 
-from scheduling import quotas
+from scheduling.policies import quotas
 
 register = template.Library()
 

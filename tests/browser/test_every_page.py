@@ -20,8 +20,8 @@ from gpuadmin.celery import app
 from gpuadmin.text import is_api_view
 from health.alerts import open_alert
 from inventory.models import Node
-from scheduling import reservations
 from scheduling.models import Quota
+from scheduling.reservations import services as reservations
 from tests.browser.test_csp import RECORD_VIOLATIONS
 from tests.browser.test_scheduling_pages import log_in
 from tests.inventory.pages import add_node, unique_host

@@ -10,7 +10,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from gpuadmin.celery import app
-from scheduling import reservations
+from scheduling.reservations import services as reservations
 from tests.browser.test_scheduling_pages import log_in
 from tests.inventory.pages import add_node, unique_host
 from tests.scheduling.pages.helpers import AgentBroker, person

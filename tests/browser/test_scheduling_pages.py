@@ -12,7 +12,7 @@ from django.conf import settings
 from django.test import Client
 
 from gpuadmin.celery import app
-from scheduling import services
+from scheduling.jobs import control, shape
 from scheduling.models import Job, JobState
 from tests.browser.conftest import ARTIFACTS_DIR
 from tests.scheduling.pages.helpers import LOG_TEXT, AgentBroker, add_fleet, person, place, submit
@@ -47,7 +47,7 @@ def busy_queue() -> tuple[Job, Job]:
     place()
     sweep = submit(alice, gpu_count=8, node_count=2, name="sweep", project="llm")
     submit(bob, gpu_count=4, topology="nvlink", name="finetune-2", project="vision")
-    services.cancel_job(submit(alice, name="typo"), actor=alice)
+    control.cancel_job(submit(alice, name="typo"), actor=alice)
     place(pretrain, sweep)
     return pretrain, sweep
 
@@ -99,7 +99,7 @@ def test_the_mig_profile_offers_the_profiles_of_the_pool_chosen(page, live_serve
     add_node(a100, "dgx-a100-40gb")
     add_node(h100, "dgx-h100")
     Node.objects.filter(hostname=h100).update(pool=Pool.objects.create(name="hopper"))
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     log_in(page.context, live_server, person("alice"))
     page.goto(live_server.url + "/jobs/new/")
 

@@ -10,7 +10,7 @@ import pytest
 from rest_framework import serializers
 
 from gpuadmin import api
-from scheduling.api.serializers import JobSerializer
+from scheduling.jobs.api.serializers import JobSerializer
 from scheduling.models import Job
 
 

@@ -24,9 +24,12 @@ from health import quarantine
 from health.alerts import open_alert
 from health.models import BreakerTrip, HealthEvent, Quarantine
 from inventory.models import Gpu
-from scheduling import relayout, reservations, services
-from scheduling.api.policies import PoolPolicySerializer
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import submission
 from scheduling.models import Job, JobArray, PoolPolicy, Quota, Reservation, SchedulerSettings
+from scheduling.policies.api import PoolPolicySerializer
+from scheduling.reservations import services as reservations
+from scheduling.sharing import relayout
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -75,14 +78,14 @@ class World:
     root: User  # an admin
 
     def job(self, **fields: Any) -> Job:
-        return services.submit_job(self.alice, command=["sleep", "60"], **fields)
+        return submission.submit_job(self.alice, command=["sleep", "60"], **fields)
 
     def quota(self) -> Quota:
         return Quota.objects.create(project="vision", max_gpus=8)
 
     def array(self) -> JobArray:
         """A job array of two tasks, held."""
-        return services.submit_array(self.alice, "0-1", command=["true"], hold=True).array
+        return submission.submit_array(self.alice, "0-1", command=["true"], hold=True).array
 
     def gpu(self, hostname: str = "dgx-01") -> Gpu:
         return Gpu.objects.get(node__hostname=hostname, index=0)
@@ -104,7 +107,7 @@ class World:
 
     def scheduled_job(self) -> Job:
         job = self.job()
-        services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
+        allocation_services.allocate(job, [self.gpu().pk], actor_name="placement-loop")
         return job
 
 

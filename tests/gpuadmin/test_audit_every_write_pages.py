@@ -26,8 +26,9 @@ from health.alerts import open_alert
 from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
-from scheduling import relayout, services
+from scheduling.jobs import submission
 from scheduling.models import PoolPolicy
+from scheduling.sharing import relayout
 from tests.gpuadmin import test_audit_every_write as api_writes
 from tests.gpuadmin import test_permission_matrix as matrix
 from tests.gpuadmin.test_audit_every_write import World
@@ -135,7 +136,7 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     ),
     "scheduling:array-cancel": lambda w, r: Write(
         w.alice,
-        f"/arrays/{services.submit_array(w.alice, '0-1', command=['true']).array.pk}/cancel/",
+        f"/arrays/{submission.submit_array(w.alice, '0-1', command=['true']).array.pk}/cancel/",
         ["job.canceled", "job.canceled"],  # each waiting task
     ),
     # One row: not discovery's view of the same change from the agent's fresh scan too.

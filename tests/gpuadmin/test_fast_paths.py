@@ -20,7 +20,7 @@ from gpuadmin import api
 from gpuadmin.audit import services as audit_services
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.postgres import base
-from scheduling.api.serializers import JobSubmitSerializer
+from scheduling.jobs.api.serializers import JobSubmitSerializer
 from scheduling.models import Job, JobState
 
 

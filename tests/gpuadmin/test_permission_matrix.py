@@ -35,8 +35,10 @@ from health.alerts import open_alert
 from health.models import HealthEvent, Quarantine
 from inventory import services as inventory_services
 from inventory.models import Gpu
-from scheduling import admin_services, reservations, services
+from scheduling.allocations import manual
+from scheduling.jobs import submission
 from scheduling.models import Quota
+from scheduling.reservations import services as reservations
 from tests.scheduling.api.conftest import agent_broker  # noqa: F401 - a fixture
 from tests.scheduling.conftest import add_sim_node
 
@@ -525,17 +527,17 @@ class Person:
 def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     """A held job, a job holding ``gpu`` (and its allocation), an API token, a quota, an
     approved reservation and a held job array of ``user``."""
-    held = services.submit_job(user, command=["true"], hold=True)
+    held = submission.submit_job(user, command=["true"], hold=True)
     # Gone (by its maximum runtime) before the reservations' windows, which may hold its GPU.
-    placed = services.submit_job(user, command=["sleep", "60"], gpu_count=1, max_runtime_s=3600)
-    (allocation,) = admin_services.allocate_by_hand(placed, [gpu.uuid], actor=user)
+    placed = submission.submit_job(user, command=["sleep", "60"], gpu_count=1, max_runtime_s=3600)
+    (allocation,) = manual.allocate_by_hand(placed, [gpu.uuid], actor=user)
     token, _ = create_token(user, "mine")
     quota = Quota.objects.create(user=user, max_gpus=8)
     day_ahead = BOOKED - timedelta(days=1)
     reservation = reservations.request(user, 1, day_ahead, day_ahead + HOUR)
     ids = {"job": held, "placed": placed, "allocation": allocation, "token": token, "quota": quota}
     ids["reservation"] = reservation
-    ids["array"] = services.submit_array(user, "0-1", command=["true"], hold=True).array
+    ids["array"] = submission.submit_array(user, "0-1", command=["true"], hold=True).array
     return {name: str(row.pk) for name, row in ids.items()}
 
 
@@ -573,7 +575,7 @@ def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
         "gpu": nodes[0].gpus.get(index=0).uuid,
         "free_gpu": next(gpus).uuid,
         "queued": str(
-            services.submit_job(someone, command=["true"], gpu_count=1, max_runtime_s=3600).pk
+            submission.submit_job(someone, command=["true"], gpu_count=1, max_runtime_s=3600).pk
         ),
         "event": str(AuditEvent.objects.latest("pk").pk),
         "alert": str(open_alert(fingerprint="matrix", severity="warning", summary="x").pk),

@@ -10,7 +10,7 @@ import pytest
 from inventory.agent import SAMPLE_SECTIONS
 from inventory.nvml import open_backend
 from inventory.nvml.scanner import scan
-from scheduling import loop
+from scheduling.loop import passes as loop
 
 
 def test_a_live_sample_logs_nothing_at_info(tmp_path, caplog):

@@ -66,7 +66,7 @@ def variables_read(source: str) -> set[str]:
     return names
 
 
-# Read by the simulator's stand-in for nvidia-cuda-mps-control (scheduling/mps_standin.py) as
+# Read by the simulator's stand-in for nvidia-cuda-mps-control (scheduling/agent/mps_standin.py) as
 # NVIDIA's daemon reads them: the agent sets them per GPU; they are not gpuadmin settings.
 NVIDIA_TOOLS_VARIABLES = {"CUDA_MPS_PIPE_DIRECTORY"}
 # Read by the CLI as every terminal program reads them (docs/cli.md): not gpuadmin settings.

@@ -21,7 +21,8 @@ from health.choices import AlertState, EventKind, RuleKind
 from health.models import Alert, AlertRule, HealthEvent, IdleHeldUsage, RecoveryPolicy
 from inventory import live
 from inventory.models import Gpu, Node
-from scheduling import services
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import submission
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -105,9 +106,9 @@ def test_a_gpu_without_a_sample_keeps_its_alert(node):
 def test_idle_held_gpu_opens_after_30_min_and_counts_idle_hours_per_user(node, django_user_model):
     idle = rule(RuleKind.IDLE_HELD, threshold=5, duration_s=1800, severity="info")
     alice = django_user_model.objects.create_user("alice")
-    job = services.submit_job(alice, command=["sleep", "60"])
+    job = submission.submit_job(alice, command=["sleep", "60"])
     gpu = node.gpus.get(index=0)
-    services.allocate(job, [gpu.pk], actor_name="placement-loop")
+    allocation_services.allocate(job, [gpu.pk], actor_name="placement-loop")
     publish(node, gpu0={"utilization_gpu_pct": 1, "utilization_memory_pct": 2})
     t0 = time.time()
 
@@ -134,8 +135,10 @@ def test_idle_held_gpu_opens_after_30_min_and_counts_idle_hours_per_user(node, d
 def test_idle_rule_ignores_free_gpus_busy_memory_and_mig(node, django_user_model):
     rule(RuleKind.IDLE_HELD, threshold=5, duration_s=0)
     alice = django_user_model.objects.create_user("alice")
-    job = services.submit_job(alice, command=["sleep", "60"], gpu_count=2)
-    services.allocate(job, [node.gpus.get(index=1).pk, node.gpus.get(index=2).pk], actor_name="t")
+    job = submission.submit_job(alice, command=["sleep", "60"], gpu_count=2)
+    allocation_services.allocate(
+        job, [node.gpus.get(index=1).pk, node.gpus.get(index=2).pk], actor_name="t"
+    )
     publish(
         node,
         gpu1={"utilization_gpu_pct": 0, "utilization_memory_pct": 30},  # memory busy
@@ -148,8 +151,8 @@ def test_idle_rule_ignores_free_gpus_busy_memory_and_mig(node, django_user_model
 def test_foreign_process_opens_and_resolves_when_gone(node, django_user_model):
     foreign = rule(RuleKind.FOREIGN_PROCESS, duration_s=30)
     alice = django_user_model.objects.create_user("alice")
-    job = services.submit_job(alice, command=["sleep", "60"])
-    services.allocate(job, [node.gpus.get(index=5).pk], actor_name="t")
+    job = submission.submit_job(alice, command=["sleep", "60"])
+    allocation_services.allocate(job, [node.gpus.get(index=5).pk], actor_name="t")
     publish(
         node,
         gpu4={"processes": 1, "pids": [[4242, 1000]]},

@@ -25,7 +25,8 @@ from inventory.models import Gpu, Node
 from inventory.nvml.scanner import scan, throttle_reason_mask, throttle_reason_names
 from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.services import set_gpu_state
-from scheduling import admin_services, services
+from scheduling.allocations import manual
+from scheduling.jobs import submission
 from scheduling.models import Allocation, Job
 from tests.conftest import REPO_DIR, SHARED_DIR
 from tests.scheduling.conftest import add_sim_node, broker  # noqa: F401 - a fixture
@@ -298,9 +299,9 @@ def test_allocations_queue_length_and_waits(client, sim_node, broker):  # noqa: 
     alice, bob = users.create_user("alice"), users.create_user("bob")
     free = iter(Gpu.objects.filter(node=node).order_by("index"))
     for owner, project, count in ((alice, "vision", 2), (alice, "nlp", 1), (bob, "", 1)):
-        job = services.submit_job(owner, command=["true"], gpu_count=count, project=project)
-        admin_services.allocate_by_hand(job, [next(free).uuid for _ in range(count)], actor=alice)
-    waiting = [services.submit_job(bob, command=["true"]) for _ in range(3)]
+        job = submission.submit_job(owner, command=["true"], gpu_count=count, project=project)
+        manual.allocate_by_hand(job, [next(free).uuid for _ in range(count)], actor=alice)
+    waiting = [submission.submit_job(bob, command=["true"]) for _ in range(3)]
     now = timezone.now()
     for job, minutes in zip(waiting, (30, 10, 1), strict=True):
         type(job).objects.filter(pk=job.pk).update(submitted_at=now - timedelta(minutes=minutes))

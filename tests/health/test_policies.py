@@ -21,8 +21,9 @@ from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryP
 from health.wire import HealthReport
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
-from scheduling import loop
-from scheduling import services as jobs
+from scheduling.jobs import reports as job_reports
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.scheduling import conftest as scheduling_fixtures
 from tests.scheduling import test_lock_order as lock_order
@@ -73,7 +74,7 @@ def alice(django_user_model) -> User:
 
 def running_job(owner: User, pid: int = 4242, **fields: Any) -> Job:
     """A one-GPU job the loop placed and its agent started."""
-    job = jobs.submit_job(owner, command=["sleep", "600"], gpu_count=1, **fields)
+    job = submission.submit_job(owner, command=["sleep", "600"], gpu_count=1, **fields)
     start(job, pid)
     return job
 
@@ -82,7 +83,7 @@ def start(job: Job, pid: int = 4242) -> None:
     """The loop places the waiting ``job`` and its agent starts it."""
     loop.run_pass()
     job.refresh_from_db()
-    jobs.job_started(job.pk, job.attempt, pid, timezone.now())
+    job_reports.job_started(job.pk, job.attempt, pid, timezone.now())
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
     return job
@@ -184,7 +185,7 @@ def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
     assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
     assert gpu_of(job) != gpu
     # The agent's late report of the first attempt's end changes nothing.
-    assert jobs.job_finished(job.pk, 1, "canceled", None, "", timezone.now()) is None
+    assert job_reports.job_finished(job.pk, 1, "canceled", None, "", timezone.now()) is None
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
 

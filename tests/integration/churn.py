@@ -29,7 +29,8 @@ def main() -> None:
     from django.utils import timezone
 
     from inventory.models import Gpu
-    from scheduling import services
+    from scheduling.allocations import services as allocation_services
+    from scheduling.jobs import control, limits, reports, submission, transitions
     from scheduling.models import Job, JobState
 
     rng = random.Random(args.seed)
@@ -44,7 +45,7 @@ def main() -> None:
         gpus = rng.choice([1, 1, 1, 2, 2, 4, 8])
         nodes = 2 if gpus == 8 and rng.random() < 0.2 else 1
         topology = rng.choice(["any", "any", "numa", "nvlink"])
-        services.submit_job(
+        submission.submit_job(
             owner, command=["true"], gpu_count=gpus, node_count=nodes, topology=topology,
             estimated_duration_s=rng.choice([None, 60, 600]),
         )  # fmt: skip
@@ -52,18 +53,18 @@ def main() -> None:
     def cancel() -> None:
         job = pick(rng.choice([JobState.QUEUED, JobState.RUNNING, JobState.SCHEDULED]))
         if job is not None:
-            services.cancel_job(job, actor=owner)
+            control.cancel_job(job, actor=owner)
 
     def start() -> None:
         job = pick(JobState.SCHEDULED)
         if job is not None:
-            services.job_started(job.pk, job.attempt, 1000 + job.pk, timezone.now())
+            reports.job_started(job.pk, job.attempt, 1000 + job.pk, timezone.now())
 
     def finish() -> None:
         job = pick(JobState.RUNNING)
         if job is not None:
             outcome = rng.choice(["completed", "completed", "failed", "lost", "canceled"])
-            services.job_finished(job.pk, job.attempt, outcome, 0, "", timezone.now())
+            reports.job_finished(job.pk, job.attempt, outcome, 0, "", timezone.now())
 
     def grab() -> None:
         """A manual allocation racing the placement loop for the same GPUs."""
@@ -77,7 +78,7 @@ def main() -> None:
         )
         chosen = rng.sample(free, min(job.gpu_count, len(free)))
         if len(chosen) == job.gpu_count:
-            services.allocate(job, chosen, actor=owner)
+            allocation_services.allocate(job, chosen, actor=owner)
 
     actions = [(submit, 0.4), (cancel, 0.1), (start, 0.2), (finish, 0.2), (grab, 0.1)]
     deadline = time.monotonic() + args.seconds
@@ -88,7 +89,11 @@ def main() -> None:
             done[action.__name__] += 1
         # Refusals are answers: a shape the fleet could never run (8 GPUs in one NUMA node),
         # a job that moved on, GPUs taken meanwhile.
-        except (services.JobRejected, services.IllegalTransition, services.AllocationRefused):
+        except (
+            limits.JobRejected,
+            transitions.IllegalTransition,
+            allocation_services.AllocationRefused,
+        ):
             done[f"{action.__name__}-refused"] += 1
     sys.stdout.write(" ".join(f"{name}={count}" for name, count in sorted(done.items())) + "\n")
 

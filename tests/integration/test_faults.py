@@ -232,9 +232,9 @@ def test_central_worker_killed_in_a_placement_pass(servers, report_figure):
     submitted = servers.django(
         env,
         "import json; from django.contrib.auth.models import User; "
-        "from scheduling import services; "
+        "from scheduling.jobs import submission; "
         "u = User.objects.create_user('kill'); "
-        "ids = [services.submit_job(u, command=['true'], gpu_count=1 + i % 2).pk "
+        "ids = [submission.submit_job(u, command=['true'], gpu_count=1 + i % 2).pk "
         "for i in range(360)]; print(json.dumps(ids))",
     )
     worker = servers.start(env, "worker-a", "worker", "--concurrency", "2")
@@ -324,11 +324,11 @@ def test_redis_stopped_while_agents_report(servers, free_port, report_figure):
     wait_for(lambda: heard_since() == set(hosts), 90, "both agents to register and heartbeat")
     submit = (
         "import json; from django.contrib.auth.models import User; "
-        "from scheduling import services; "
+        "from scheduling.jobs import submission; "
         "from tests.unix_accounts import runs_as_this_account; "
         "u, _ = User.objects.get_or_create(username='outage'); runs_as_this_account(u); "
         "from gpuadmin.access.services import create_token; "
-        "print(json.dumps([create_token(u, 'outage')[1], *(services.submit_job(u, "
+        "print(json.dumps([create_token(u, 'outage')[1], *(submission.submit_job(u, "
         "command='sleep 8', use_shell=True, gpu_count=8).pk for _ in range({}))]))"
     )
     key, *running = servers.django(env, submit.format(len(hosts)))

@@ -23,7 +23,7 @@ from health.models import Alert, BreakerTrip, HealthEvent, Quarantine, RecoveryP
 from inventory.choices import GpuState
 from inventory.models import Gpu, Node
 from inventory.nvml.sim import faults
-from scheduling import services
+from scheduling.jobs import submission
 from scheduling.models import Allocation, Job, JobState
 from tests.integration.stack import worker_and_agent
 from tests.unix_accounts import runs_as_this_account
@@ -101,7 +101,7 @@ def test_each_fault_class_has_its_policy_effect_within_5_s(fleet):
 
     # A GPU that falls off the bus under a running job: offline and unschedulable, the job
     # requeued (its second attempt goes elsewhere), an alert open, audit rows: within 5 s.
-    job = services.submit_job(owner, command="sleep 600", gpu_count=1, name="lost-gpu")
+    job = submission.submit_job(owner, command="sleep 600", gpu_count=1, name="lost-gpu")
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.RUNNING, 60, "the job to run")
     lost = Gpu.objects.get(allocations__job=job)
     faults.fall_off_bus(fleet.sim_dir, fleet.hostname, lost.index)
@@ -120,8 +120,8 @@ def test_each_fault_class_has_its_policy_effect_within_5_s(fleet):
     assert Allocation.objects.get(job=job, released_at=None).gpu != lost
 
     # XID 13 (an application's fault) fails that job only; its GPU stays in service.
-    other = services.submit_job(owner, command="sleep 600", gpu_count=1, name="bystander")
-    faulty = services.submit_job(owner, command="sleep 600", gpu_count=1, name="xid-13")
+    other = submission.submit_job(owner, command="sleep 600", gpu_count=1, name="bystander")
+    faulty = submission.submit_job(owner, command="sleep 600", gpu_count=1, name="xid-13")
     for each in (other, faulty):
         wait_for(lambda: Job.objects.get(pk=each.pk).state == JobState.RUNNING, 60, "to run")  # noqa: B023
     xid_gpu = Gpu.objects.get(allocations__job=faulty)

@@ -20,8 +20,8 @@ from rest_framework.test import APIClient
 from inventory import live
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
-from scheduling import services
 from scheduling.checks import run_checks
+from scheduling.jobs import control, submission
 from scheduling.models import TERMINAL_STATES, Job, JobState
 from tests.integration.stack import worker_and_agent
 from tests.unix_accounts import new_name, requires_root, runs_as_this_account, unix_user
@@ -49,7 +49,7 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     owner = get_user_model().objects.create_user("carol")
     runs_as_this_account(owner)
     out = tmp_path / "seen.txt"
-    job = services.submit_job(
+    job = submission.submit_job(
         owner,
         command=["sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES $JOB_VAR" > {out}; sleep 4'],
         gpu_count=2,
@@ -77,11 +77,11 @@ def test_a_job_is_placed_run_watched_and_finished(sim_node, tmp_path):
     wait_for(lambda: busy_gpus() == set(), 30, "the GPUs to be idle again")
 
     # A job that ignores SIGTERM is killed after the grace when canceled.
-    stubborn = services.submit_job(
+    stubborn = submission.submit_job(
         owner, command="trap '' TERM; sleep 60", use_shell=True, gpu_count=8
     )
     wait_for(lambda: state_of(stubborn) == JobState.RUNNING, 60, "the second job to start")
-    services.cancel_job(stubborn, actor=owner)
+    control.cancel_job(stubborn, actor=owner)
     wait_for(lambda: state_of(stubborn) == JobState.CANCELED, 30, "the cancel to land")
     stubborn.refresh_from_db()
     assert stubborn.exit_code == -9  # SIGKILL after the 2 s grace
@@ -102,7 +102,7 @@ def test_a_jobs_nvidia_smi_answers_from_the_simulator(sim_node, gpuadmin_env, tm
     own GPUs (its cgroup confines its devices) from the node's simulator."""
     owner = get_user_model().objects.create_user("frank")
     runs_as_this_account(owner)
-    job = services.submit_job(
+    job = submission.submit_job(
         owner,
         command="nvidia-smi -L && nvidia-smi --query-gpu=name,memory.total --format=csv",
         use_shell=True,
@@ -127,7 +127,7 @@ def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_en
     owner = get_user_model().objects.create_user("dave")
     runs_as_this_account(owner)
     flag = tmp_path / "done"
-    first = services.submit_job(
+    first = submission.submit_job(
         owner, command=f"while [ ! -e {flag} ]; do sleep 0.05; done", use_shell=True, gpu_count=8
     )
     wait_for(lambda: state_of(first) == JobState.RUNNING, 60, "the first job to start")
@@ -139,7 +139,7 @@ def test_gpus_freed_by_a_job_go_to_the_waiting_job_at_once(sim_node, gpuadmin_en
     )
     live.publish(sim_node, scan(simulator, include=("facts", "metrics")))
     assert all(sample["processes"] for sample in live.latest([sim_node])[sim_node].values())
-    second = services.submit_job(owner, command=["true"], gpu_count=8)
+    second = submission.submit_job(owner, command=["true"], gpu_count=8)
     wait_for(
         lambda: Job.objects.get(pk=second.pk).pending_code == "resources_busy",
         30,
@@ -196,7 +196,7 @@ def test_a_job_is_confined_to_its_memory_and_the_node_says_what_confines_it(sim_
 
     owner = get_user_model().objects.create_user("erin")
     runs_as_this_account(owner)
-    greedy = services.submit_job(
+    greedy = submission.submit_job(
         owner,
         command=[sys.executable, "-c", "data = b'x' * (512 << 20); print('allocated')"],
         gpu_count=1,

@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from inventory import live
 from inventory.models import Node
 from inventory.nvml.real import probe
-from scheduling import services
+from scheduling.jobs import submission
 from scheduling.models import Job, JobState
 from tests.integration.stack import worker_and_agent
 from tests.waiting import wait_for
@@ -58,7 +58,7 @@ def test_a_job_runs_on_the_real_gpu_it_was_given(real_node, tmp_path):
     node = Node.objects.get(hostname=real_node)
     assert node.nvml_backend == "real"
     out = tmp_path / "cuda.txt"
-    job = services.submit_job(
+    job = submission.submit_job(
         get_user_model().objects.create_user("gpu-user"),
         command=[sys.executable, "-c", CUDA_JOB, str(out)],
         gpu_count=1,

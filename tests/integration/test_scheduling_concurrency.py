@@ -15,8 +15,9 @@ from django.db import connection
 from django.utils import timezone
 
 from inventory.models import Node
-from scheduling import loop, services
 from scheduling.checks import run_checks
+from scheduling.jobs import reports
+from scheduling.loop import passes as loop
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
 from tests.conftest import REPO_DIR, session_database_url
 from tests.integration.stack import stop_warmly
@@ -96,8 +97,8 @@ def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
         with loop.pass_lock():
             pass
         for job in Job.objects.filter(state__in=HOLDING_STATES):
-            services.job_started(job.pk, job.attempt, 1, timezone.now())
-            services.job_finished(job.pk, job.attempt, "completed", 0, "", timezone.now())
+            reports.job_started(job.pk, job.attempt, 1, timezone.now())
+            reports.job_finished(job.pk, job.attempt, "completed", 0, "", timezone.now())
     finally:
         aborted = stop_warmly(workers)
         assert not aborted, "\n".join(

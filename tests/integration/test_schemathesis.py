@@ -18,7 +18,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from gpuadmin.access.services import create_token
-from scheduling import services
+from scheduling.jobs import submission
 from tests.conftest import REPO_DIR, session_database_url
 from tests.scheduling.conftest import add_sim_node
 
@@ -93,8 +93,8 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(web_server, tmp_pat
     people = [users.create_user("fuzz-user"), users.create_user("fuzz-admin", is_staff=True)]
     add_sim_node("fuzz-01")
     for owner in people:  # something to find behind the small ids fuzzers try
-        services.submit_job(owner, command=["sleep", "60"], gpu_count=1)
-        services.submit_job(owner, command=["true"], hold=True)
+        submission.submit_job(owner, command=["sleep", "60"], gpu_count=1)
+        submission.submit_job(owner, command=["true"], hold=True)
     reports = {}
     for owner in people:
         _, key = create_token(owner, "schemathesis")

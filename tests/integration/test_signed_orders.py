@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from gpuadmin.access.node_signing import parse_token
 from gpuadmin.access.nodes import node_token
 from inventory.models import Gpu
-from scheduling import services
+from scheduling.jobs import submission
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.integration.stack import worker_and_agent
@@ -79,7 +79,7 @@ def test_a_forged_order_runs_nothing_and_a_placed_job_still_runs(sim_node, gpuad
     wait_for(lambda: len(refusals()) == 2, 60, "the agent to refuse both forged orders")
     owner = get_user_model().objects.create_user("erin")
     runs_as_this_account(owner)
-    job = services.submit_job(owner, command=["touch", str(placed)], gpu_count=1)
+    job = submission.submit_job(owner, command=["touch", str(placed)], gpu_count=1)
     wait_for(lambda: Job.objects.get(pk=job.pk).state == JobState.COMPLETED, 60, "the job to run")
     assert placed.exists()
     assert not forged.exists()

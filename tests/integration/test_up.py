@@ -161,7 +161,7 @@ def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
 
     from gpuadmin.audit.models import AuditEvent
     from inventory.models import Node
-    from scheduling import services
+    from scheduling.jobs import submission
     from scheduling.models import Job, JobState
 
     node = f"up-{uuid.uuid4().hex[:6]}"  # node queues are shared by sessions on one Redis
@@ -193,7 +193,7 @@ def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
             60,
             "the demo node to register",
         )
-        jobs = [services.submit_job(owner, command=["sleep", "600"], gpu_count=1, max_retries=1)]
+        jobs = [submission.submit_job(owner, command=["sleep", "600"], gpu_count=1, max_retries=1)]
         wait_for(lambda: job_state(jobs[0]) == JobState.RUNNING, 60, "the job to start")
 
         if signum == signal.SIGTERM:  # one variant is enough for the restart
@@ -208,7 +208,7 @@ def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
             assert text.startswith(" with killed by SIGKILL at ")
             assert "restarting it in 1 s" in text.splitlines()[0]
             # The restarted worker places the next job, and its agent runs it.
-            jobs.append(services.submit_job(owner, command=["sleep", "600"], gpu_count=1))
+            jobs.append(submission.submit_job(owner, command=["sleep", "600"], gpu_count=1))
             wait_for(lambda: job_state(jobs[1]) == JobState.RUNNING, 60, "a job after the restart")
     finally:
         up.send_signal(signum)
@@ -256,8 +256,8 @@ def test_up_runs_demo_jobs_as_their_own_account_which_reads_nothing_of_the_insta
     from django.contrib.auth import get_user_model
 
     from inventory.models import Node
-    from scheduling import services
-    from scheduling.executor import executor_id
+    from scheduling.agent.wire import executor_id
+    from scheduling.jobs import submission
     from scheduling.models import TERMINAL_STATES, Job, JobState
 
     node = f"up-{uuid.uuid4().hex[:6]}"  # node queues are shared by sessions on one Redis
@@ -300,7 +300,7 @@ def test_up_runs_demo_jobs_as_their_own_account_which_reads_nothing_of_the_insta
         agent_uid = agent.uids().real
         token = data / "agent" / node / "node-token"
         probe = PROBE.format(token=token, data=data, node=node)
-        job = services.submit_job(person, command=["sh", "-c", probe], gpu_count=1)
+        job = submission.submit_job(person, command=["sh", "-c", probe], gpu_count=1)
         wait_for(lambda: job_state(job) in TERMINAL_STATES, 60, "the probe job to end")
         job = Job.objects.get(pk=job.pk)
         logs = data / "agent" / node / "logs"
@@ -341,8 +341,9 @@ def test_stops_and_starts_under_load_place_nothing_while_stopping_and_strand_not
     from gpuadmin.audit.models import AuditEvent
     from inventory import live
     from inventory.models import Node
-    from scheduling import loop, services
     from scheduling.checks import gpus_allocated_twice
+    from scheduling.jobs import submission
+    from scheduling.loop import passes as loop
     from scheduling.models import Job, JobState
 
     node = f"up-{uuid.uuid4().hex[:6]}"
@@ -392,7 +393,7 @@ def test_stops_and_starts_under_load_place_nothing_while_stopping_and_strand_not
                 )
                 for _ in range(30):
                     command = ["sleep", "5"]  # still running when the stop reaches them
-                    services.submit_job(owner, command=command, gpu_count=1, max_retries=1)
+                    submission.submit_job(owner, command=command, gpu_count=1, max_retries=1)
             # What was left scheduled with no message is re-queued within the bound.
             done = partial(requeued, list(stranded))
             # Beat's sweep, or the agent as it starts: once the worker is up (slow when loaded).

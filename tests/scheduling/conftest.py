@@ -15,7 +15,7 @@ from inventory.models import Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.services import apply_discovery
-from scheduling.executor import Executor
+from scheduling.agent.supervisor import Executor
 from tests.scheduling.executors import GRACE_S, POLL_S, MakeExecutor, Recorder
 
 

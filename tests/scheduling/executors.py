@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from scheduling.executor import Executor, ExecutorEvent, JobFinished, JobStarted
+from scheduling.agent.supervisor import Executor
+from scheduling.agent.wire import ExecutorEvent, JobFinished, JobStarted
 
 GRACE_S = 0.3
 POLL_S = 0.02

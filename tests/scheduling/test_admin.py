@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling import services
+from scheduling.jobs import submission
 from scheduling.models import Job, JobState, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
@@ -18,7 +18,7 @@ def fleet(broker) -> None:
 
 
 def test_jobs_are_read_only_and_canceled_through_the_service(admin_client, fleet, admin_user):
-    job = services.submit_job(admin_user, command=["true"])
+    job = submission.submit_job(admin_user, command=["true"])
     assert admin_client.get("/admin/scheduling/job/").status_code == 200
     response = admin_client.post(
         "/admin/scheduling/job/", {"action": "cancel_jobs", "_selected_action": [job.pk]}
@@ -33,8 +33,8 @@ def test_jobs_are_read_only_and_canceled_through_the_service(admin_client, fleet
 
 
 def test_the_job_list_shows_borrowing_and_preemption(admin_client, fleet, admin_user):
-    victim = services.submit_job(admin_user, command=["true"], name="victim")
-    winner = services.submit_job(admin_user, command=["true"], name="winner")
+    victim = submission.submit_job(admin_user, command=["true"], name="victim")
+    winner = submission.submit_job(admin_user, command=["true"], name="winner")
     Job.objects.filter(pk=victim.pk).update(borrowed=True, preemptions=2, preempted_by=winner)
 
     borrowed = admin_client.get("/admin/scheduling/job/", {"borrowed__exact": "1"})

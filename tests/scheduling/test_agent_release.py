@@ -15,8 +15,8 @@ from gpuadmin.celery import app
 from inventory import live
 from inventory.agent import scan_this_node
 from inventory.nvml.sim import faults
-from scheduling import agent
-from scheduling.executor import FinalState, JobFinished
+from scheduling.agent import jobs as agent
+from scheduling.agent.wire import FinalState, JobFinished
 
 
 @pytest.fixture

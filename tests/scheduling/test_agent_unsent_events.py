@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kombu.exceptions import OperationalError
 
-from scheduling import agent
-from scheduling.executor import FinalState, JobFinished, JobStarted
+from scheduling.agent import jobs as agent
+from scheduling.agent.wire import FinalState, JobFinished, JobStarted
 
 start_sender = agent._start_sender
 

@@ -9,8 +9,9 @@ from django.utils import timezone
 
 from inventory.choices import GpuState
 from inventory.models import Gpu
-from scheduling import loop, services
 from scheduling.checks import report, run_checks
+from scheduling.jobs import reports, submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -21,9 +22,9 @@ pytestmark = pytest.mark.django_db
 def running_job(broker, django_user_model) -> Job:
     add_sim_node("chk-01")
     owner = django_user_model.objects.create_user("bob")
-    job = services.submit_job(owner, command=["true"], gpu_count=2)
+    job = submission.submit_job(owner, command=["true"], gpu_count=2)
     loop.run_pass()
-    services.job_started(job.pk, 1, 99, timezone.now())
+    reports.job_started(job.pk, 1, 99, timezone.now())
     job.refresh_from_db()
     return job
 
@@ -46,7 +47,7 @@ def test_a_consistent_database_passes(running_job):
 def test_each_broken_invariant_is_found(running_job):
     # States changed behind the services' back: no audit row, allocations left behind.
     Job.objects.filter(pk=running_job.pk).update(state=JobState.COMPLETED)
-    queued = services.submit_job(running_job.owner, command=["true"])
+    queued = submission.submit_job(running_job.owner, command=["true"])
     Job.objects.filter(pk=queued.pk).update(state=JobState.RUNNING)
     gpu = Gpu.objects.get(
         allocations__job=running_job, index=running_job.placement["nodes"]["chk-01"][0]

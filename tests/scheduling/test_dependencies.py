@@ -10,9 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling import dependencies, loop, services
+from scheduling.jobs import control, dependencies, limits, submission
+from scheduling.jobs.slurm import SpecError, parse_dependency
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobDependency, JobState
-from scheduling.slurm import SpecError, parse_dependency
 from tests.scheduling.api.conftest import api_as, fleet, make_user, submit  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
@@ -159,7 +160,7 @@ def test_bad_dependencies_are_a_400_naming_dependency(alice, api_as, dependency,
 
 def test_every_task_of_an_array_depends(alice):
     first = submit(alice.user)
-    submitted = services.submit_array(
+    submitted = submission.submit_array(
         alice.user, "0-2", command=["true"], dependency=f"afterok:{first.pk}"
     )
     assert sorted(JobDependency.objects.values_list("job_id", "on_id", "kind")) == [
@@ -171,15 +172,15 @@ def test_an_array_depends_on_at_most_so_many_jobs_in_all(alice):
     """10,000 tasks each on 100 jobs were a million rows that every pass reads."""
     firsts = [submit(alice.user) for _ in range(3)]
     needs = "afterok:" + ":".join(str(job.pk) for job in firsts)
-    with pytest.raises(services.JobRejected) as refused:
-        services.submit_array(alice.user, "0-9999", command=["true"], dependency=needs)
+    with pytest.raises(limits.JobRejected) as refused:
+        submission.submit_array(alice.user, "0-9999", command=["true"], dependency=needs)
     assert (refused.value.field, refused.value.message) == (
         "dependency",
         "10000 tasks each depending on 3 jobs: at most 20000 dependencies in one array",
     )
     assert not JobDependency.objects.exists()
     two = f"afterok:{firsts[0].pk}:{firsts[1].pk}"
-    services.submit_array(alice.user, "0-9999", command=["true"], dependency=two)
+    submission.submit_array(alice.user, "0-9999", command=["true"], dependency=two)
     assert JobDependency.objects.count() == 20_000
 
 
@@ -193,7 +194,7 @@ def test_viewers_and_operators_may_depend_on_anyones_job(api_as, fleet):  # noqa
 def test_job_page_lists_dependencies(alice, client):
     first = submit(alice.user)
     ended(first, JobState.COMPLETED)
-    job = services.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
+    job = submission.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
     client.force_login(alice.user)
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert f'afterok <a href="/jobs/{first.pk}/">job {first.pk}</a>' in page
@@ -205,9 +206,9 @@ def test_job_page_lists_dependencies(alice, client):
 
 def test_resolve_holds_back_jobs_until_their_dependencies_hold(alice):
     first, second = submit(alice.user), submit(alice.user)
-    ok = services.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
-    anyway = services.submit_job(alice.user, command="true", dependency=f"afterany:{second.pk}")
-    both = services.submit_job(
+    ok = submission.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
+    anyway = submission.submit_job(alice.user, command="true", dependency=f"afterany:{second.pk}")
+    both = submission.submit_job(
         alice.user, command="true", dependency=f"afterok:{first.pk},afterany:{second.pk}"
     )
     with CaptureQueriesContext(connection) as captured:
@@ -228,9 +229,9 @@ def test_resolve_holds_back_jobs_until_their_dependencies_hold(alice):
 
 def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
     first, second = submit(alice.user), submit(alice.user)
-    doomed = services.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
-    spared = services.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
-    also = services.submit_job(
+    doomed = submission.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
+    spared = submission.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
+    also = submission.submit_job(
         alice.user, command="true", dependency=f"afterany:{second.pk},afternotok:{first.pk}"
     )
     ended(first, JobState.FAILED)
@@ -252,7 +253,7 @@ def test_a_dependency_that_can_never_hold_cancels_the_job(alice):
 
 def test_afternotok_on_a_completed_job_cancels(alice):
     first = submit(alice.user)
-    job = services.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
+    job = submission.submit_job(alice.user, command="true", dependency=f"afternotok:{first.pk}")
     ended(first, JobState.COMPLETED)
     assert dependencies.resolve() == {}
     job.refresh_from_db()
@@ -264,7 +265,7 @@ def test_afternotok_on_a_completed_job_cancels(alice):
 
 def test_held_jobs_are_not_resolved_or_canceled(alice):
     first = submit(alice.user)
-    held = services.submit_job(
+    held = submission.submit_job(
         alice.user, command="true", hold=True, dependency=f"afterok:{first.pk}"
     )
     ended(first, JobState.FAILED)
@@ -275,7 +276,7 @@ def test_held_jobs_are_not_resolved_or_canceled(alice):
 def test_cancel_waiting_leaves_jobs_that_moved_on(alice):
     waiting, placed = submit(alice.user), submit(alice.user)
     Job.objects.filter(pk=placed.pk).update(state=JobState.SCHEDULED)
-    canceled = services.cancel_waiting({waiting.pk: "why", placed.pk: "why"}, actor=alice.user)
+    canceled = control.cancel_waiting({waiting.pk: "why", placed.pk: "why"}, actor=alice.user)
     assert canceled == [waiting.pk]
     assert Job.objects.get(pk=placed.pk).state == JobState.SCHEDULED
     assert AuditEvent.objects.filter(event_type="job.canceled").count() == 1
@@ -295,7 +296,7 @@ def test_a_job_waiting_on_its_dependency_says_so_everywhere(alice, client):
     """Not "the scheduler has not looked at it yet": the API, the job page and the queue say
     what it waits for, as Slurm's (Dependency) reason."""
     first = submit(alice.user, gpu_count=8)
-    job = services.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
+    job = submission.submit_job(alice.user, command="true", dependency=f"afterok:{first.pk}")
     loop.run_pass()  # places the first; the second waits for it to complete
     words = f"waiting for job {first.pk} to complete (afterok)"
     body = alice.get(f"/api/v1/jobs/{job.pk}/").json()

@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpuadmin.access.services import set_unix_account
-from scheduling import loop, services, tasks
-from scheduling.dispatch import job_spec
-from scheduling.executor import (
-    FinalState,
-    JobFinished,
-    JobSpec,
-    JobStarted,
-    event_from_dict,
-)
+from scheduling import tasks
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec, JobStarted, event_from_dict
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
+from scheduling.loop.dispatch import job_spec
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
@@ -66,7 +62,7 @@ def test_executor_events_round_trip_through_json() -> None:
 
 def test_the_loop_and_the_job_services_do_not_import_each_other() -> None:
     def imported(module: str) -> set[str]:
-        tree = ast.parse((Path(REPO_DIR) / f"scheduling/{module}.py").read_text())
+        tree = ast.parse((Path(REPO_DIR) / f"{module.replace('.', '/')}.py").read_text())
         names = set()
         for node in ast.walk(tree):  # function-level imports too
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -76,8 +72,13 @@ def test_the_loop_and_the_job_services_do_not_import_each_other() -> None:
                 names.update(alias.name for alias in node.names)
         return names
 
-    assert "scheduling.loop" not in imported("services")
-    assert not {"scheduling.loop", "scheduling.services"} & imported("dispatch")
+    job_services = [
+        f"scheduling.jobs.{name}"
+        for name in ("limits", "transitions", "shape", "submission", "control", "reports")
+    ]
+    for module in job_services:
+        assert "scheduling.loop.passes" not in imported(module)
+    assert not {"scheduling.loop.passes", *job_services} & imported("scheduling.loop.dispatch")
 
 
 @pytest.mark.django_db
@@ -87,7 +88,7 @@ def test_a_gang_is_sent_to_each_node_as_its_spec_with_its_rank(
     add_sim_node("dgx-01")
     add_sim_node("dgx-02")
     owner = django_user_model.objects.create_user("alice")
-    job = services.submit_job(
+    job = submission.submit_job(
         owner,
         command="python train.py",
         use_shell=True,
@@ -131,7 +132,7 @@ def test_a_job_runs_as_the_unix_account_an_admin_gave_its_owner(
     add_sim_node("dgx-01")
     owner = django_user_model.objects.create_user("alice.smith@lab.example")
     set_unix_account(owner, username="asmith", allow_root=allow_root, actor=admin_user)
-    job = services.submit_job(owner, command=["true"], gpu_count=1)
+    job = submission.submit_job(owner, command=["true"], gpu_count=1)
     job = Job.objects.select_related("owner__unix_account").get(pk=job.pk)
 
     spec = job_spec(job, [], 0, ["dgx-01"])
@@ -148,7 +149,7 @@ def test_a_job_the_executor_would_refuse_is_reported_failed_not_sent(
     SCHEDULED or breaking the pass."""
     add_sim_node("dgx-01")
     owner = django_user_model.objects.create_user("alice")
-    job = services.submit_job(owner, command=["true"], max_retries=0)
+    job = submission.submit_job(owner, command=["true"], max_retries=0)
     Job.objects.filter(pk=job.pk).update(working_dir="runs/today")
     with django_capture_on_commit_callbacks(execute=True):
         summary = loop.run_pass()
@@ -168,7 +169,7 @@ def test_a_job_the_executor_would_refuse_is_reported_failed_not_sent(
 def test_the_agents_events_drive_the_job(django_user_model, broker) -> None:
     add_sim_node("dgx-01")
     owner = django_user_model.objects.create_user("alice")
-    job = services.submit_job(owner, command=["true"], gpu_count=2)
+    job = submission.submit_job(owner, command=["true"], gpu_count=2)
     loop.run_pass()
     started_at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     finished_at = datetime(2025, 1, 2, 3, 4, 9, 250000, tzinfo=UTC)

@@ -13,8 +13,10 @@ from gpuadmin.celery import app
 from inventory import live
 from inventory.models import MigInstance
 from inventory.services import destroy_mig_instance
-from scheduling import loop, services, sharing
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
 from scheduling.models import Allocation, AllocationKind, JobState, PoolPolicy
+from scheduling.sharing import services as sharing
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +59,7 @@ def test_the_loop_asks_for_the_instance_then_places_the_job_on_it(
     gpu = node.gpu(1)
     empty(gpu, alice)
     live.client().delete(sharing._asked_key(gpu.pk))  # no ask left by an earlier test
-    job = services.submit_job(alice, command=["true"], mig_profile="1g.5gb")
+    job = submission.submit_job(alice, command=["true"], mig_profile="1g.5gb")
 
     with django_capture_on_commit_callbacks(execute=True):
         first = loop.run_pass()

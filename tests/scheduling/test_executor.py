@@ -16,12 +16,7 @@ from typing import Any
 
 import pytest
 
-from scheduling.executor import (
-    FinalState,
-    JobFinished,
-    JobSpec,
-    JobStarted,
-)
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec, JobStarted
 from tests.scheduling.executors import GRACE_S, MakeExecutor
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from scheduling.executor import Account, FinalState, JobFinished, JobSpec, container_process
+from scheduling.agent.containers import container_process
+from scheduling.agent.wire import Account, FinalState, JobFinished, JobSpec
 from tests.scheduling.executors import MakeExecutor
 from tests.scheduling.test_executor import abandons_processes, alive, wait_until
 from tests.scheduling.test_executor_containers import FAKE_RUNTIME, IMAGE, install

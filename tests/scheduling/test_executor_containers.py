@@ -14,15 +14,9 @@ from typing import Any
 import pytest
 
 from gpuadmin.celery import app
-from scheduling import agent
-from scheduling.executor import (
-    Account,
-    FinalState,
-    JobFinished,
-    JobSpec,
-    container_process,
-    event_from_dict,
-)
+from scheduling.agent import jobs as agent
+from scheduling.agent.containers import container_process
+from scheduling.agent.wire import Account, FinalState, JobFinished, JobSpec, event_from_dict
 from tests.scheduling.conftest import RecordingBroker
 from tests.scheduling.executors import MakeExecutor
 from tests.scheduling.test_executor import (

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduling import mps_standin
-from scheduling.executor import FinalState, JobSpec
-from scheduling.mps import MpsDaemons, memory_limit
+from scheduling.agent import mps_standin
+from scheduling.agent.mps import MpsDaemons, memory_limit
+from scheduling.agent.wire import FinalState, JobSpec
 
 GPU = "GPU-6f1b0a4c-1111-2222-3333-444455556666"
 MIG = "MIG-9c0e2f3a-aaaa-bbbb-cccc-ddddeeeeffff"

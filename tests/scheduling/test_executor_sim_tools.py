@@ -11,8 +11,8 @@ import pytest
 
 from inventory.nvml import smi
 from inventory.nvml.sim import SimulatedNvml
-from scheduling.executor import FinalState, JobSpec
-from scheduling.isolation.cgroups import host_cgroups
+from scheduling.agent.isolation.cgroups import host_cgroups
+from scheduling.agent.wire import FinalState, JobSpec
 from tests.scheduling.executors import MakeExecutor
 from tests.scheduling.test_isolation import cgroup_root, needs_root  # noqa: F401 - fixture
 

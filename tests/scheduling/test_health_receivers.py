@@ -14,7 +14,8 @@ from health.signals import jobs_on_gpus_must_stop
 from inventory.choices import GpuState
 from inventory.models import Gpu
 from inventory.services import set_gpu_state
-from scheduling import loop, services
+from scheduling.jobs import reports, submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -29,10 +30,10 @@ def two_jobs(django_user_model, broker) -> tuple[Job, Job]:
     owner = django_user_model.objects.create_user("alice")
     placed = []
     for pid in (100, 200):
-        job = services.submit_job(owner, command=["sleep", "600"], gpu_count=1)
+        job = submission.submit_job(owner, command=["sleep", "600"], gpu_count=1)
         loop.run_pass()
         job.refresh_from_db()
-        services.job_started(job.pk, job.attempt, pid, timezone.now())
+        reports.job_started(job.pk, job.attempt, pid, timezone.now())
         job.refresh_from_db()
         placed.append(job)
     return placed[0], placed[1]
@@ -78,7 +79,7 @@ def test_a_requeue_cancels_releases_and_counts_the_attempt(
     loop.run_pass()
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
-    assert services.job_finished(job.pk, 1, "canceled", None, "", timezone.now()) is None
+    assert reports.job_finished(job.pk, 1, "canceled", None, "", timezone.now()) is None
     job.refresh_from_db()
     assert job.state == JobState.SCHEDULED
 

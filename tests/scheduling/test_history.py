@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from inventory.models import Gpu, Pool
-from scheduling import history, loop
+from scheduling.loop import history
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import Allocation, Job
 from tests.scheduling.conftest import add_sim_node
 
@@ -84,7 +85,7 @@ def test_the_snapshot_carries_predictions_made_from_runs_before_each_submission(
     Allocation.objects.create(job=running, gpu=gpu, node=gpu.node, attempt=1)
     fresh = make_job(alice, "queued", name="train")
 
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
 
     queue = {job.id: job for job in snapshot.queue}
     # The mean of the three runs that had ended when it was submitted.
@@ -101,14 +102,14 @@ def test_the_snapshot_carries_predictions_made_from_runs_before_each_submission(
 def test_the_history_is_read_once_a_minute_and_predictions_are_kept(alice, monkeypatch):
     ran(alice, 1000, ended_ago=HOUR)
     waiting = make_job(alice, "queued", submitted_ago=60)
-    first, _ = loop.take_snapshot()
+    first, _ = loop_snapshot.take_snapshot()
     ran(alice, 9000, ended_ago=10)
     later = make_job(alice, "queued")
     with CaptureQueriesContext(connection) as queries:
-        second, _ = loop.take_snapshot()
+        second, _ = loop_snapshot.take_snapshot()
     read_at, cached = history._cached
     monkeypatch.setattr(history, "_cached", (read_at - history.HISTORY_MAX_AGE_S - 1, cached))
-    third, _ = loop.take_snapshot()
+    third, _ = loop_snapshot.take_snapshot()
 
     def predicted(snapshot, job):
         return {j.id: j.predicted_runtime_s for j in snapshot.queue}[job.pk]

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from inventory.models import Node
-from scheduling import dispatch, loop, services, slurm
+from scheduling.jobs import limits, shape, slurm, submission
+from scheduling.loop import dispatch
+from scheduling.loop import passes as loop
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 from tests.scheduling.executors import MakeExecutor
@@ -34,7 +37,7 @@ def host(hostname: str, cpus: int | None, memory_mib: int | None, **reserved: in
     Node.objects.filter(hostname=hostname).update(
         cpu_count=cpus, memory_total_mib=memory_mib, **reserved
     )
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     return Node.objects.get(hostname=hostname)
 
 
@@ -50,7 +53,7 @@ def test_a_node_gives_jobs_its_total_less_what_is_reserved_and_unknown_is_no_lim
     host("dgx-02", None, None, cpus_reserved=8)  # not reported (yet)
     host("dgx-03", 4, 2 * GIB, cpus_reserved=6, memory_reserved_mib=3 * GIB)  # reserved > total
 
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
 
     nodes = {node.hostname: (node.cpus, node.memory_mib) for node in snapshot.nodes}
     assert nodes == {"dgx-01": (248, 1008 * GIB), "dgx-02": (None, None), "dgx-03": (0, 0)}
@@ -64,7 +67,7 @@ def test_requests_and_running_jobs_carry_their_host_resources(alice, broker):
     waiting = job(alice, cpus=4, host_memory_mib=8 * GIB)
     nothing = job(alice)
 
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
 
     [held] = snapshot.running
     assert (held.id, held.cpus, held.host_memory_mib) == (running.pk, 12, 96 * GIB)
@@ -80,12 +83,12 @@ def test_the_next_pass_sees_a_change_of_reserved_cpus_and_of_a_request(alice, br
     running = job(alice, JobState.RUNNING, cpus=2)
     Allocation.objects.create(job=running, gpu=gpu, node=node, attempt=1)
     waiting = job(alice, cpus=4)
-    loop.take_snapshot()
+    loop_snapshot.take_snapshot()
 
     Node.objects.filter(pk=node.pk).update(cpus_reserved=16, memory_reserved_mib=GIB)
     Job.objects.filter(pk=waiting.pk).update(cpus=6, host_memory_mib=GIB)
     Job.objects.filter(pk=running.pk).update(cpus=3)
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
 
     [info] = snapshot.nodes
     assert (info.cpus, info.memory_mib) == (48, 511 * GIB)
@@ -98,11 +101,11 @@ def test_a_job_asking_for_more_cpus_than_are_free_waits(alice, broker):
     """Through the loop and the engine: the node's GPUs are free, its CPUs are not."""
     # 28 CPUs and 240 GiB for jobs
     host("dgx-01", 32, 256 * GIB, cpus_reserved=4, memory_reserved_mib=16 * GIB)
-    first = services.submit_job(alice, command=["x"], cpus=20, host_memory_mib=200 * GIB)
+    first = submission.submit_job(alice, command=["x"], cpus=20, host_memory_mib=200 * GIB)
     loop.run_pass()
-    fits = services.submit_job(alice, command=["x"], cpus=4, host_memory_mib=20 * GIB)
-    cpus = services.submit_job(alice, command=["x"], cpus=5)
-    memory = services.submit_job(alice, command=["x"], host_memory_mib=21 * GIB)
+    fits = submission.submit_job(alice, command=["x"], cpus=4, host_memory_mib=20 * GIB)
+    cpus = submission.submit_job(alice, command=["x"], cpus=5)
+    memory = submission.submit_job(alice, command=["x"], host_memory_mib=21 * GIB)
     loop.run_pass()
 
     jobs = {job.pk: job for job in Job.objects.all()}
@@ -119,16 +122,18 @@ def test_a_job_asking_for_more_cpus_than_are_free_waits(alice, broker):
 def test_a_request_no_node_could_ever_hold_is_refused_naming_the_field(alice, broker):
     host("dgx-01", 64, 512 * GIB, cpus_reserved=4, memory_reserved_mib=12 * GIB)
 
-    with pytest.raises(services.JobRejected) as cpus:
-        services.submit_job(alice, command=["x"], cpus=61)
+    with pytest.raises(limits.JobRejected) as cpus:
+        submission.submit_job(alice, command=["x"], cpus=61)
     assert (cpus.value.field, cpus.value.message) == (
         "cpus",
         "61 CPUs per node, but no node in the fleet has more than 60 for jobs",
     )
-    with pytest.raises(services.JobRejected) as memory:
-        services.submit_job(alice, command=["x"], host_memory_mib=500 * GIB + 1)
+    with pytest.raises(limits.JobRejected) as memory:
+        submission.submit_job(alice, command=["x"], host_memory_mib=500 * GIB + 1)
     assert memory.value.field == "host_memory_mib"
-    assert services.submit_job(alice, command=["x"], cpus=60, host_memory_mib=500 * GIB).cpus == 60
+    assert (
+        submission.submit_job(alice, command=["x"], cpus=60, host_memory_mib=500 * GIB).cpus == 60
+    )
 
 
 def test_host_figures_no_node_with_the_gpus_asked_for_has_are_refused(alice, broker):
@@ -136,23 +141,23 @@ def test_host_figures_no_node_with_the_gpus_asked_for_has_are_refused(alice, bro
     host("dgx-01", 64, 512 * GIB)
     add_sim_node("h100-01", "dgx-h100")
     Node.objects.filter(hostname="h100-01").update(cpu_count=256, memory_total_mib=512 * GIB)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
 
-    with pytest.raises(services.JobRejected) as cpus:
-        services.submit_job(alice, command=["x"], cpus=100, gpu_model="NVIDIA A100-SXM4-80GB")
+    with pytest.raises(limits.JobRejected) as cpus:
+        submission.submit_job(alice, command=["x"], cpus=100, gpu_model="NVIDIA A100-SXM4-80GB")
     assert (cpus.value.field, cpus.value.message) == (
         "cpus",
         "needs 100 CPUs per node; no node with 1 NVIDIA A100-SXM4-80GB GPU has that much "
         "(at most 64 CPUs)",
     )
-    assert services.submit_job(alice, command=["x"], cpus=100).cpus == 100
+    assert submission.submit_job(alice, command=["x"], cpus=100).cpus == 100
 
 
 def test_a_node_of_unknown_size_may_hold_any_request(alice, broker):
     host("dgx-01", 64, 512 * GIB)
     host("dgx-02", None, None)
 
-    submitted = services.submit_job(alice, command=["x"], cpus=4096, host_memory_mib=4096 * GIB)
+    submitted = submission.submit_job(alice, command=["x"], cpus=4096, host_memory_mib=4096 * GIB)
 
     assert (submitted.cpus, submitted.host_memory_mib) == (4096, 4096 * GIB)
 
@@ -160,7 +165,7 @@ def test_a_node_of_unknown_size_may_hold_any_request(alice, broker):
 def test_a_mig_device_or_an_mps_share_may_ask_for_cpus(alice, broker):
     host("dgx-01", 64, 512 * GIB)
 
-    device = services.submit_job(alice, command=["x"], mig_profile="1g.10gb", cpus=4)
+    device = submission.submit_job(alice, command=["x"], mig_profile="1g.10gb", cpus=4)
 
     assert (device.mig_profile, device.cpus) == ("1g.10gb", 4)
 
@@ -168,7 +173,9 @@ def test_a_mig_device_or_an_mps_share_may_ask_for_cpus(alice, broker):
 def test_every_task_of_an_array_asks_for_the_same_host_resources(alice, broker):
     host("dgx-01", 64, 512 * GIB)
 
-    submitted = services.submit_array(alice, "0-2", command=["x"], cpus=8, host_memory_mib=32 * GIB)
+    submitted = submission.submit_array(
+        alice, "0-2", command=["x"], cpus=8, host_memory_mib=32 * GIB
+    )
 
     tasks = Job.objects.filter(pk__in=submitted.task_ids)
     assert set(tasks.values_list("cpus", "host_memory_mib")) == {(8, 32 * GIB)}
@@ -180,10 +187,10 @@ def test_every_task_of_an_array_asks_for_the_same_host_resources(alice, broker):
 
 def test_a_job_learns_its_request_as_slurm_would_tell_it(alice, broker):
     host("dgx-01", 64, 512 * GIB)
-    asking = services.submit_job(
+    asking = submission.submit_job(
         alice, command=["x"], cpus=16, host_memory_mib=64 * GIB, env={"OMP_NUM_THREADS": "2"}
     )
-    plain = services.submit_job(alice, command=["x"])
+    plain = submission.submit_job(alice, command=["x"])
 
     env = dispatch.job_spec(asking, ["GPU-x"], 0, ["dgx-01"]).env
     assert {name: env[name] for name in env if name != "OMP_NUM_THREADS"} == {
@@ -200,7 +207,7 @@ def test_the_executor_starts_the_job_with_its_request(
     alice, broker, make_executor: MakeExecutor, tmp_path: Path
 ):
     host("dgx-01", 64, 512 * GIB)
-    submitted = services.submit_job(alice, command=["x"], cpus=4)
+    submitted = submission.submit_job(alice, command=["x"], cpus=4)
     spec = dispatch.job_spec(submitted, ["GPU-x"], 0, ["dgx-01"])
     code = "import json, os; print(json.dumps(dict(os.environ)))"
     spec = replace(spec, argv=[sys.executable, "-c", code], cwd=str(tmp_path), unix_user=None)

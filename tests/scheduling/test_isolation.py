@@ -20,16 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.executor import ContainerLimits, FinalState, JobSpec, container_process
-from scheduling.isolation.cgroups import HostCgroups, JobCgroup, host_cgroups, remove_tree
-from scheduling.isolation.cpus import choose_cpus
-from scheduling.isolation.devices import (
+from scheduling.agent.containers import ContainerLimits, container_process
+from scheduling.agent.isolation.cgroups import HostCgroups, JobCgroup, host_cgroups, remove_tree
+from scheduling.agent.isolation.cpus import choose_cpus
+from scheduling.agent.isolation.devices import (
     DeviceRule,
     MigDevice,
     character_majors,
     job_device_rules,
     mig_capability_minors,
 )
+from scheduling.agent.wire import FinalState, JobSpec
 from tests.scheduling.executors import MakeExecutor
 
 needs_root = pytest.mark.skipif(
@@ -348,7 +349,7 @@ def test_a_job_that_cannot_be_confined_runs_nothing(
 ) -> None:
     # The job's process waits at its gate until it is confined: a failure there (here a
     # cgroup that refuses it) kills it before the job's first instruction.
-    from scheduling import executor as executor_module
+    from scheduling.agent import supervisor as executor_module
 
     def refuse(pid: int, cgroup: object, cpus: object) -> None:
         raise PermissionError(13, "Permission denied", "cgroup.procs")

@@ -13,8 +13,10 @@ from psycopg.errors import UniqueViolation
 from gpuadmin.audit.models import AuditEvent
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
-from scheduling import loop, services
-from scheduling.executor import ExecutorEvent, FinalState, JobFinished, JobSpec, JobStarted
+from scheduling.agent.wire import ExecutorEvent, FinalState, JobFinished, JobSpec, JobStarted
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import control, limits, reports, shape, submission, transitions
+from scheduling.loop import passes as loop
 from scheduling.models import Allocation, Job, JobState, Quota, SchedulerSettings
 from tests.scheduling.conftest import add_sim_node
 
@@ -32,7 +34,7 @@ def fleet(broker) -> list[Node]:
 
 
 def submit(owner, **fields) -> Job:
-    return services.submit_job(owner, command=fields.pop("command", ["sleep", "1"]), **fields)
+    return submission.submit_job(owner, command=fields.pop("command", ["sleep", "1"]), **fields)
 
 
 def events(job: Job) -> list[str]:
@@ -110,7 +112,7 @@ def test_submission_is_queued_and_audited(alice, fleet):
     ],
 )
 def test_impossible_requests_are_refused_naming_the_field(alice, fleet, fields, field, message):
-    with pytest.raises(services.JobRejected) as caught:
+    with pytest.raises(limits.JobRejected) as caught:
         submit(alice, **fields)
     assert caught.value.field == field
     assert caught.value.message.startswith(message), caught.value.message
@@ -123,11 +125,11 @@ def test_what_the_fleet_could_never_run_is_read_from_the_catalog_not_the_state(a
     Node.objects.filter(hostname="h100-01").update(state=NodeState.DRAINING)
     Gpu.objects.filter(node__hostname="h100-01", index__lt=2).update(state=GpuState.DEGRADED)
     Gpu.objects.filter(node__hostname="dgx-01").update(state=GpuState.OFFLINE)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
 
     assert submit(alice, gpu_count=4, topology="numa").topology == "numa"  # h100-01's halves
     assert submit(alice, gpu_count=8, topology="nvlink").state == JobState.QUEUED
-    with pytest.raises(services.JobRejected) as caught:
+    with pytest.raises(limits.JobRejected) as caught:
         submit(alice, gpu_count=2, topology="nvlink", gpu_model="NVIDIA L40S")
     assert (caught.value.field, caught.value.message) == (
         "topology",
@@ -158,14 +160,14 @@ def test_a_queued_job_the_shrunk_fleet_can_never_run_says_so_not_quota(alice, fl
 
 def test_illegal_transitions_are_refused_and_nothing_is_written(alice, fleet):
     job = submit(alice)
-    with pytest.raises(services.IllegalTransition, match="cannot go from queued to running"):
-        services.transition(job, JobState.RUNNING, actor=alice)
-    services.transition(job, JobState.CANCELED, actor=alice, message="no longer needed")
+    with pytest.raises(transitions.IllegalTransition, match="cannot go from queued to running"):
+        transitions.transition(job, JobState.RUNNING, actor=alice)
+    transitions.transition(job, JobState.CANCELED, actor=alice, message="no longer needed")
     job.refresh_from_db()
     assert (job.state, job.message) == (JobState.CANCELED, "no longer needed")
     assert job.finished_at is not None
-    with pytest.raises(services.IllegalTransition):
-        services.transition(job, JobState.QUEUED, actor=alice)
+    with pytest.raises(transitions.IllegalTransition):
+        transitions.transition(job, JobState.QUEUED, actor=alice)
     assert events(job) == ["job.submitted", "job.canceled"]
 
 
@@ -247,11 +249,11 @@ def test_one_gpus_allocations_never_overlap_in_time_whatever_the_hosts_clocks(
     an hour behind, allocating a GPU just released, still starts after the release."""
     first, second = submit(alice), submit(alice)
     gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
-    services.allocate(first, [gpu.pk], actor=alice)
-    services.transition(first, JobState.CANCELED, actor=alice)
+    allocation_services.allocate(first, [gpu.pk], actor=alice)
+    transitions.transition(first, JobState.CANCELED, actor=alice)
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(hours=1))
-    services.allocate(second, [gpu.pk], actor=alice)
+    allocation_services.allocate(second, [gpu.pk], actor=alice)
     ended, started = Allocation.objects.filter(gpu=gpu).order_by("pk")
     assert ended.released_at < started.allocated_at
     assert started.allocated_at > real_now() - timedelta(minutes=1)
@@ -260,9 +262,9 @@ def test_one_gpus_allocations_never_overlap_in_time_whatever_the_hosts_clocks(
 def test_the_database_refuses_a_gpu_given_twice(alice, fleet):
     first, second = submit(alice), submit(alice)
     gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("index").first()
-    services.allocate(first, [gpu.pk], actor=alice)
-    with pytest.raises(services.AllocationRefused):
-        services.allocate(second, [gpu.pk], actor=alice)
+    allocation_services.allocate(first, [gpu.pk], actor=alice)
+    with pytest.raises(allocation_services.AllocationRefused):
+        allocation_services.allocate(second, [gpu.pk], actor=alice)
     second.refresh_from_db()
     assert second.state == JobState.QUEUED
     assert second.allocations.count() == 0
@@ -290,7 +292,7 @@ def test_a_gang_is_all_or_nothing(alice, fleet):
     assert gang.state == JobState.QUEUED
     assert gang.allocations.count() == 0
     assert gang.pending_code == "resources_busy"
-    services.transition(other, JobState.CANCELED, actor=alice)
+    transitions.transition(other, JobState.CANCELED, actor=alice)
     loop.run_pass()
     gang.refresh_from_db()
     assert gang.state == JobState.SCHEDULED
@@ -312,8 +314,8 @@ def place(owner, **fields) -> Job:
 def test_started_then_completed_releases_the_gpus(alice, fleet):
     job = place(alice, gpu_count=2)
     now = timezone.now()
-    assert services.job_started(job.pk, 1, 4242, now)
-    assert services.job_finished(job.pk, 1, "completed", 0, "", now) == JobState.COMPLETED
+    assert reports.job_started(job.pk, 1, 4242, now)
+    assert reports.job_finished(job.pk, 1, "completed", 0, "", now) == JobState.COMPLETED
     job.refresh_from_db()
     assert (job.state, job.exit_code, job.pid) == (JobState.COMPLETED, 0, None)
     assert not Allocation.objects.active().filter(job=job).exists()
@@ -330,7 +332,7 @@ def test_an_end_records_the_runs_cpu_time_and_peak_memory_from_its_cgroup(alice,
     ended = JobFinished(
         f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), MEMORY_KILL, 83.25, 67_108_864
     )
-    assert services.job_events([ended]).reached == {job.pk: JobState.FAILED}
+    assert reports.job_events([ended]).reached == {job.pk: JobState.FAILED}
     job.refresh_from_db()
     assert (job.cpu_seconds, job.max_memory_bytes, job.message) == (83.25, 2**26, MEMORY_KILL)
     failed = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
@@ -341,11 +343,11 @@ def test_a_jobs_usage_adds_up_its_runs_retried_and_preempted_ones_too(alice, fle
     """sacct counts what every run used: a retried run's CPU time is not lost to the next."""
     job = place(alice, max_retries=1, preemptible=True)
     first = JobFinished(f"{job.pk}.1", FinalState.FAILED, 1, timezone.now(), "", 30.0, 2**20)
-    assert services.job_events([first]).reached == {job.pk: JobState.QUEUED}
+    assert reports.job_events([first]).reached == {job.pk: JobState.QUEUED}
     loop.run_pass()
     job.refresh_from_db()
     second = JobFinished(f"{job.pk}.2", FinalState.COMPLETED, 0, timezone.now(), "", 12.5, 2**10)
-    services.job_events([second])
+    reports.job_events([second])
     job.refresh_from_db()
     assert (job.state, job.cpu_seconds, job.max_memory_bytes) == ("completed", 42.5, 2**20)
 
@@ -361,12 +363,12 @@ def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
     def part(cpu: float, memory: int) -> JobFinished:
         return JobFinished(f"{gang.pk}.1", FinalState.COMPLETED, 0, now, "", cpu, memory)
 
-    assert services.job_events([part(10.5, 300)], sender="dgx-01").reached == {
+    assert reports.job_events([part(10.5, 300)], sender="dgx-01").reached == {
         gang.pk: JobState.COMPLETED
     }
-    services.job_events([part(4.5, 200)], sender="dgx-02")
-    services.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
-    services.job_events([part(10.5, 300)], sender="dgx-01")
+    reports.job_events([part(4.5, 200)], sender="dgx-02")
+    reports.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
+    reports.job_events([part(10.5, 300)], sender="dgx-01")
     gang.refresh_from_db()
     assert (gang.state, gang.cpu_seconds, gang.max_memory_bytes) == ("completed", 1014.0, 300)
     parts = AuditEvent.objects.filter(event_type="job.part_usage", target_id=str(gang.pk))
@@ -391,7 +393,7 @@ def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_state
 
     one = place(alice)
     with django_assert_max_num_queries(99) as single:
-        assert services.job_events(lifecycles([one])).reached == {one.pk: JobState.COMPLETED}
+        assert reports.job_events(lifecycles([one])).reached == {one.pk: JobState.COMPLETED}
     jobs = [place(alice, gpu_count=2) for _ in range(6)]
     retried = place(alice, max_retries=1)
     batch = [
@@ -400,7 +402,7 @@ def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_state
         JobStarted(f"{one.pk}.1", 1, now),  # stale: it ended already
     ]
     with django_assert_max_num_queries(len(single.captured_queries)):
-        reached = services.job_events(batch).reached
+        reached = reports.job_events(batch).reached
     assert reached == {**dict.fromkeys((j.pk for j in jobs), "completed"), retried.pk: "queued"}
     for job in [one, *jobs]:
         assert events(job)[-2:] == ["job.running", "job.completed"]
@@ -418,25 +420,25 @@ def test_a_batch_of_agent_events_is_recorded_in_order_in_a_fixed_number_of_state
 def test_failures_retry_until_max_retries_then_fail(alice, fleet):
     job = place(alice, max_retries=1)
     now = timezone.now()
-    services.job_started(job.pk, 1, 100, now)
-    assert services.job_finished(job.pk, 1, "failed", 3, "", now) == JobState.QUEUED
+    reports.job_started(job.pk, 1, 100, now)
+    assert reports.job_finished(job.pk, 1, "failed", 3, "", now) == JobState.QUEUED
     job.refresh_from_db()
     assert job.message.startswith("retry 1/1 after attempt 1 failed: exit code 3")
     loop.run_pass()
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
     # A late report about attempt 1 changes nothing.
-    assert services.job_finished(job.pk, 1, "failed", 3, "", now) is None
-    services.job_started(job.pk, 2, 101, now)
-    assert services.job_finished(job.pk, 2, "timed_out", -15, "", now) == JobState.FAILED
+    assert reports.job_finished(job.pk, 1, "failed", 3, "", now) is None
+    reports.job_started(job.pk, 2, 101, now)
+    assert reports.job_finished(job.pk, 2, "timed_out", -15, "", now) == JobState.FAILED
 
 
 def test_an_agent_that_restarted_without_a_job_fails_it(alice, fleet):
     job = place(alice)
-    services.job_started(job.pk, 1, 100, timezone.now())
+    reports.job_started(job.pk, 1, 100, timezone.now())
     host = next(iter(job.placement["nodes"]))
-    assert services.reconcile_node_jobs(host, {(job.pk, 1)}) == []
-    assert services.reconcile_node_jobs(host, set()) == [job.pk]
+    assert reports.reconcile_node_jobs(host, {(job.pk, 1)}) == []
+    assert reports.reconcile_node_jobs(host, set()) == [job.pk]
     job.refresh_from_db()
     assert job.state == JobState.FAILED
     assert "restarted and no longer runs it" in job.message
@@ -446,14 +448,14 @@ def test_cancel_of_a_running_job_waits_for_the_agent(
     alice, fleet, broker, django_capture_on_commit_callbacks
 ):
     job = place(alice)
-    services.job_started(job.pk, 1, 100, timezone.now())
+    reports.job_started(job.pk, 1, 100, timezone.now())
     with django_capture_on_commit_callbacks(execute=True):
-        services.cancel_job(job, actor=alice)
+        control.cancel_job(job, actor=alice)
     job.refresh_from_db()
     assert job.state == JobState.RUNNING  # keeps its GPUs until its processes are gone
     ((args, queue),) = broker.named("scheduling.cancel_job")
     assert args == (job.pk, 1, "canceled by alice")
-    services.job_finished(job.pk, 1, "canceled", -15, "canceled by alice", timezone.now())
+    reports.job_finished(job.pk, 1, "canceled", -15, "canceled by alice", timezone.now())
     job.refresh_from_db()
     assert job.state == JobState.CANCELED
     assert events(job)[-2:] == ["job.cancel_requested", "job.canceled"]
@@ -463,14 +465,14 @@ def test_a_scheduled_job_on_a_silent_node_goes_back_to_the_queue(alice, fleet):
     job = place(alice)
     Job.objects.filter(pk=job.pk).update(scheduled_at=timezone.now() - timedelta(minutes=5))
     Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(minutes=5))
-    assert services.requeue_unconfirmed() == [job.pk]
+    assert reports.requeue_unconfirmed() == [job.pk]
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     assert not job.allocations.active().exists()
 
 
 def test_an_unsplittable_command_is_refused_naming_it(alice, fleet):
-    with pytest.raises(services.JobRejected) as caught:
+    with pytest.raises(limits.JobRejected) as caught:
         submit(alice, command="python 'unclosed")
     assert (caught.value.field, caught.value.message) == (
         "command",
@@ -487,7 +489,7 @@ def test_mig_changes_are_refused_while_a_job_holds_the_gpu(alice, fleet):
     job = place(alice)
     gpu = Gpu.objects.get(allocations__job=job)
     assert refusals(gpu) == [f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job.pk}"]
-    services.transition(job, JobState.CANCELED, actor=alice)
+    transitions.transition(job, JobState.CANCELED, actor=alice)
     assert refusals(gpu) == []
 
 

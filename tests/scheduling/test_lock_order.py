@@ -1,4 +1,4 @@
-"""Writers that lock both jobs and GPUs lock the jobs first (``scheduling.services``' lock
+"""Writers that lock both jobs and GPUs lock the jobs first (``scheduling.jobs.transitions``' lock
 order), so a placement and a job's end that want the same job and GPU never deadlock.
 
 The race, caught by the concurrency test under churn: the loop decided a batch while job A
@@ -18,8 +18,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from inventory.models import Gpu
-from scheduling import services
-from scheduling.executor import FinalState, JobFinished, executor_id
+from scheduling.agent.wire import FinalState, JobFinished, executor_id
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import reports as job_reports
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -65,22 +66,29 @@ def test_a_jobs_end_and_a_placement_of_the_same_job_do_not_deadlock(django_user_
     first, second = Gpu.objects.filter(node__hostname="dgx-01").order_by("pk")[:2]
     owner = django_user_model.objects.create_user("alice")
     a, b = (Job.objects.create(owner=owner, command=["x"], state=JobState.QUEUED) for _ in "ab")
-    stale_batch = [services.Grant(a.pk, (first.pk,)), services.Grant(b.pk, (second.pk,))]
-    services.allocate(a, [second.pk], actor=owner, manual=True)  # by hand, after the decision
+    stale_batch = [
+        allocation_services.Grant(a.pk, (first.pk,)),
+        allocation_services.Grant(b.pk, (second.pk,)),
+    ]
+    allocation_services.allocate(
+        a, [second.pk], actor=owner, manual=True
+    )  # by hand, after the decision
     outcome: dict[str, object] = {}
 
     with transaction.atomic():
         Job.objects.select_for_update().get(pk=a.pk)  # A's end is being reported ...
         batch = run(
-            outcome, "batch", lambda: services.allocate_many(stale_batch, actor_name="loop")
+            outcome,
+            "batch",
+            lambda: allocation_services.allocate_many(stale_batch, actor_name="loop"),
         )
         wait_for_waiters(1)  # the batch waits for A
         # ... and the report locks A's GPU to release it
-        services.job_finished(a.pk, a.attempt, "canceled", None, "", timezone.now())
+        job_reports.job_finished(a.pk, a.attempt, "canceled", None, "", timezone.now())
     batch.join(timeout=30)
 
     committed = outcome["batch"]
-    assert isinstance(committed, services.Allocated), outcome
+    assert isinstance(committed, allocation_services.Allocated), outcome
     assert a.pk in committed.refused and "canceled" in committed.refused[a.pk]
     assert [job.pk for job, _ in committed.granted] == [b.pk]
     a.refresh_from_db()
@@ -102,10 +110,10 @@ def test_ends_reported_together_with_a_preempted_jobs_do_not_deadlock_with_a_pla
     a, b, waiting, preemptor = (
         Job.objects.create(owner=owner, command=["x"], state=JobState.QUEUED) for _ in "abcd"
     )
-    services.allocate(a, [high.pk], actor=owner)
-    services.allocate(b, [low.pk], actor=owner)
+    allocation_services.allocate(a, [high.pk], actor=owner)
+    allocation_services.allocate(b, [low.pk], actor=owner)
     for job in (a, b):
-        services.job_started(job.pk, job.attempt, 1000 + job.pk, timezone.now())
+        job_reports.job_started(job.pk, job.attempt, 1000 + job.pk, timezone.now())
     Job.objects.filter(pk=b.pk).update(preempted_by=preemptor, preempt_requested_at=timezone.now())
     reports = [
         JobFinished(executor_id(a.pk, 1), FinalState("completed"), 0, timezone.now()),
@@ -116,17 +124,19 @@ def test_ends_reported_together_with_a_preempted_jobs_do_not_deadlock_with_a_pla
     # The placement reaches the lower GPU first: a lock held elsewhere queues it there.
     with transaction.atomic():
         Gpu.objects.select_for_update().get(pk=low.pk)
-        grant = services.Grant(waiting.pk, (low.pk, high.pk))
+        grant = allocation_services.Grant(waiting.pk, (low.pk, high.pk))
         placement = run(
-            outcome, "placement", lambda: services.allocate_many([grant], actor_name="loop")
+            outcome,
+            "placement",
+            lambda: allocation_services.allocate_many([grant], actor_name="loop"),
         )
         wait_for_waiters(1)
-        report = run(outcome, "report", lambda: services.job_events(reports))
+        report = run(outcome, "report", lambda: job_reports.job_events(reports))
         wait_for_waiters(2)
     placement.join(timeout=30)
     report.join(timeout=30)
 
-    assert isinstance(outcome["report"], services.Recorded), outcome
+    assert isinstance(outcome["report"], job_reports.Recorded), outcome
     assert outcome["report"].reached == {a.pk: JobState.COMPLETED, b.pk: JobState.QUEUED}
-    assert isinstance(outcome["placement"], services.Allocated), outcome
+    assert isinstance(outcome["placement"], allocation_services.Allocated), outcome
     assert not Allocation.objects.active().exists()

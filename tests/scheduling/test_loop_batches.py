@@ -1,7 +1,7 @@
-"""The loop commits its placements in batches (``services.allocate_many``): a refused decision
-never costs the others, every allocation and every placement is audited as one at a time
-would be, a batch takes the same statements however many jobs it places, and a pass that
-finds the queue as it was writes nothing, even after the clock moved."""
+"""The loop commits its placements in batches (``allocation_services.allocate_many``): a refused
+decision never costs the others, every allocation and every placement is audited as one at a time
+would be, a batch takes the same statements however many jobs it places, and a pass that finds the
+queue as it was writes nothing, even after the clock moved."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, MigInstance, Node
-from scheduling import loop, services
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import transitions
+from scheduling.loop import passes as loop
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -43,8 +45,10 @@ def queued(owner, count: int, **fields) -> list[Job]:
     ]
 
 
-def grant(job: Job, *gpus: Gpu, **share) -> services.Grant:
-    return services.Grant(job.pk, tuple(gpu.pk for gpu in gpus), {"why": job.pk}, **share)
+def grant(job: Job, *gpus: Gpu, **share) -> allocation_services.Grant:
+    return allocation_services.Grant(
+        job.pk, tuple(gpu.pk for gpu in gpus), {"why": job.pk}, **share
+    )
 
 
 def audited(event_type: str) -> list[AuditEvent]:
@@ -84,15 +88,15 @@ def test_a_refused_grant_in_the_middle_of_a_batch_costs_the_others_nothing(alice
     first, middle, last = queued(alice, 3)
     wanted = gpus[0]
     if refusal == "taken":  # the database refuses it: the batch is committed one by one
-        services.allocate(queued(alice, 1)[0], [wanted.pk], actor=alice)
+        allocation_services.allocate(queued(alice, 1)[0], [wanted.pk], actor=alice)
     elif refusal == "canceled":
-        services.transition(middle, JobState.CANCELED, actor=alice)
+        transitions.transition(middle, JobState.CANCELED, actor=alice)
     elif refusal == "unusable":
         Gpu.objects.filter(pk=wanted.pk).update(state="degraded")
     else:  # "twice": its GPU is also the first job's, in the same batch
         wanted = gpus[1]
     before = Counter(AuditEvent.objects.values_list("event_type", flat=True))
-    outcome = services.allocate_many(
+    outcome = allocation_services.allocate_many(
         [grant(first, gpus[1]), grant(middle, wanted), grant(last, gpus[2])],
         actor_name="placement-loop",
     )
@@ -109,10 +113,10 @@ def test_a_refused_grant_in_the_middle_of_a_batch_costs_the_others_nothing(alice
 def test_refusals_say_why(alice, gpus):
     canceled, degraded, elsewhere, whole = queued(alice, 4)
     Job.objects.filter(pk=elsewhere.pk).update(mig_profile="1g.10gb")
-    services.transition(canceled, JobState.CANCELED, actor=alice)
+    transitions.transition(canceled, JobState.CANCELED, actor=alice)
     Gpu.objects.filter(pk=gpus[3].pk).update(state="degraded")
     mig_device = MigInstance.objects.filter(gpu__node__hostname="dgx-02", gpu__index=0)[0]
-    outcome = services.allocate_many(
+    outcome = allocation_services.allocate_many(
         [
             grant(canceled, gpus[0]),
             grant(degraded, gpus[3]),
@@ -138,7 +142,7 @@ def test_shares_are_committed_with_their_device_and_the_trigger_refuses_too_much
     Gpu.objects.filter(pk=mps_gpu.pk).update(mps_shared=True)
     [on_device] = queued(alice, 1, mig_profile=device.profile_name)
     sixty, fifty, forty = (queued(alice, 1, mps_percent=share)[0] for share in (60, 50, 40))
-    outcome = services.allocate_many(
+    outcome = allocation_services.allocate_many(
         [
             grant(on_device, mig_gpu, mig_instance=device.pk),
             grant(sixty, mps_gpu, mps_percent=60, mps_memory_mib=1000),
@@ -178,9 +182,9 @@ def test_a_batch_takes_the_same_statements_however_many_jobs_it_places(
     # savepoint; lock the jobs, lock the GPUs; read the GPUs' reservation windows; insert the
     # allocations, audit them; update the jobs, audit them; release the savepoint
     with django_assert_num_queries(9) as one_batch:
-        services.allocate_many([grant(one, whole[0])], actor_name="placement-loop")
+        allocation_services.allocate_many([grant(one, whole[0])], actor_name="placement-loop")
     with django_assert_num_queries(len(one_batch.captured_queries)):
-        outcome = services.allocate_many(
+        outcome = allocation_services.allocate_many(
             [grant(job, gpu) for job, gpu in zip(many, whole[1:], strict=False)],
             actor_name="placement-loop",
         )
@@ -214,13 +218,13 @@ def test_a_pass_over_an_unchanged_queue_writes_nothing_even_after_the_clock_move
 def test_the_pass_after_a_placing_one_finds_the_estimates_it_left(alice, gpus, monkeypatch):
     # Jobs are scheduled at the time the pass saw, not when its commit came: a slow commit
     # must not move the estimated starts of the jobs waiting behind them in the next pass.
-    allocate_many = services.allocate_many
+    allocate_many = allocation_services.allocate_many
 
     def slow_allocate_many(*args, **kwargs):
         time.sleep(1.1)
         return allocate_many(*args, **kwargs)
 
-    monkeypatch.setattr(services, "allocate_many", slow_allocate_many)
+    monkeypatch.setattr(allocation_services, "allocate_many", slow_allocate_many)
     queued(alice, 1, gpu_count=8, estimated_duration_s=3600)
     queued(alice, 1, gpu_count=6, estimated_duration_s=7200)
     waiting = queued(alice, 2, gpu_count=8)
@@ -247,7 +251,7 @@ def test_many_clients_committing_batches_at_once_never_give_a_gpu_twice(alice, g
             mine = jobs[n * 3 : n * 3 + 3]
             batch = [grant(job, whole[(n + k) % len(whole)]) for k, job in enumerate(mine)]
             barrier.wait()
-            services.allocate_many(batch, actor_name="placement-loop")
+            allocation_services.allocate_many(batch, actor_name="placement-loop")
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:

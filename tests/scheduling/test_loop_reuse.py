@@ -1,7 +1,7 @@
-"""The loop's snapshot reuses what did not change since the previous pass (``loop.Reuse``: the
-frozen requests, running jobs and GPU slots of rows whose inputs compare equal; the NVLink
-domains while the links and the GPUs' places are the same), and sees every change at the next
-pass: a changed row, sample or link gives a new object, an unchanged one the same."""
+"""The loop's snapshot reuses what did not change since the previous pass (``loop_snapshot.Reuse``:
+the frozen requests, running jobs and GPU slots of rows whose inputs compare equal; the NVLink
+domains while the links and the GPUs' places are the same), and sees every change at the next pass:
+a changed row, sample or link gives a new object, an unchanged one the same."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from inventory.models import Gpu, GpuLink, Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.services import apply_discovery
-from scheduling import loop, placement
+from scheduling import placement
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import Allocation, Job, JobState
 from tests.inventory.pages import unique_host
 from tests.scheduling.conftest import add_sim_node
@@ -34,7 +35,7 @@ def queued(owner, **fields) -> Job:
 
 
 def requests() -> dict[int, placement.JobRequest]:
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
     return {job.id: job for job in snapshot.queue}
 
 
@@ -71,7 +72,7 @@ def test_a_job_s_earlier_attempts_and_its_stored_word_are_read_each_pass(alice, 
     Job.objects.filter(pk=job.pk).update(
         pending_code="resources_busy", queue_position=1, estimated_start_at=moment
     )
-    waiting = loop.read_pass_input().waiting[job.pk]
+    waiting = loop_snapshot.read_pass_input().waiting[job.pk]
     assert waiting[:3] == ("resources_busy", "", 1)
     assert waiting[3] == moment.timestamp()
 
@@ -85,11 +86,11 @@ def test_running_jobs_follow_their_rows(alice, broker):
     )
     for job, gpu in ((runs, gpus[0]), (stops, gpus[1])):
         Allocation.objects.create(job=job, gpu=gpu, node=gpu.node, attempt=1)
-    first, _ = loop.take_snapshot()
+    first, _ = loop_snapshot.take_snapshot()
 
     Job.objects.filter(pk=stops.pk).update(preempt_requested_at=now, estimated_duration_s=60)
     Allocation.objects.create(job=runs, gpu=gpus[2], node=gpus[2].node, attempt=1)
-    second, _ = loop.take_snapshot()
+    second, _ = loop_snapshot.take_snapshot()
 
     before = {job.id: job for job in first.running}
     after = {job.id: job for job in second.running}
@@ -107,11 +108,11 @@ def test_a_gpu_slot_follows_its_row_its_node_and_its_latest_sample(broker):
     Node.objects.filter(hostname=host).update(last_heartbeat_at=timezone.now())
     live.publish(host, scan(nvml, include=("facts", "metrics")))
     gpus = list(Gpu.objects.filter(node__hostname=host).order_by("index"))
-    _, first = loop.take_snapshot()
+    _, first = loop_snapshot.take_snapshot()
     assert first[gpus[0].pk].unavailable is None
 
     Gpu.objects.filter(pk=gpus[0].pk).update(state="draining")
-    _, second = loop.take_snapshot()
+    _, second = loop_snapshot.take_snapshot()
     assert second[gpus[0].pk].unavailable == "draining"
     assert second[gpus[3].pk] is first[gpus[3].pk]
 
@@ -120,17 +121,17 @@ def test_a_gpu_slot_follows_its_row_its_node_and_its_latest_sample(broker):
     used = replace(gpu.facts, memory_used_mib=gpus[3].memory_total_mib - 1024)
     gpus_now = (*sample.gpus[:3], replace(gpu, facts=used), *sample.gpus[4:])
     live.publish(host, replace(sample, gpus=gpus_now))  # something else took its memory
-    _, third = loop.take_snapshot()
+    _, third = loop_snapshot.take_snapshot()
     assert third[gpus[3].pk].memory_free_mib == 1024
     assert third[gpus[3].pk] is not second[gpus[3].pk]
 
     Node.objects.filter(hostname=host).update(last_heartbeat_at=None)
-    _, fourth = loop.take_snapshot()
+    _, fourth = loop_snapshot.take_snapshot()
     assert fourth[gpus[4].pk].unavailable == "unreachable"
 
 
 def domains(hostname: str) -> dict[int, str | None]:
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
     return {slot.index: slot.nvlink_domain for slot in snapshot.gpus if slot.node == hostname}
 
 

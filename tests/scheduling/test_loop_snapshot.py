@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from inventory.models import Gpu, MigInstance, Node, Pool
-from scheduling import loop
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import (
     Allocation,
     DependencyKind,
@@ -79,7 +79,7 @@ def test_the_snapshot_carries_pools_shares_holders_and_the_queue_s_requests(alic
     blocked = job("queued")
     JobDependency.objects.create(job=blocked, on=whole, kind=DependencyKind.AFTEROK)
 
-    snapshot, slots = loop.take_snapshot()
+    snapshot, slots = loop_snapshot.take_snapshot()
 
     assert slots[dgx1[0].pk].pool is None
     assert slots[dgx1[7].pk].pool == "training"
@@ -156,7 +156,7 @@ def test_attained_service_counts_earlier_attempts_of_waiting_and_running_jobs(al
     held(requeued, gpus[3], 2, 3000, 1200)  # its last attempt ended 20 minutes ago
     fresh = Job.objects.create(owner=alice, command=["x"], state="queued")
 
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
 
     [running] = snapshot.running
     assert running.attained_service_s == pytest.approx(7200, abs=1)

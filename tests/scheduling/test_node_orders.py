@@ -30,9 +30,11 @@ from inventory import live
 from inventory import services as inventory_services
 from inventory.agent import scan_this_node
 from inventory.choices import GpuState
-from scheduling import agent, loop, services
 from scheduling import tasks as scheduling_tasks
-from scheduling.executor import JobSpec
+from scheduling.agent import jobs as agent
+from scheduling.agent.wire import JobSpec
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.scheduling.conftest import add_sim_node
 from tests.waiting import wait_for
@@ -143,7 +145,7 @@ def test_a_job_placed_on_a_node_without_credential_fails_saying_so(
     django_user_model, broker, django_capture_on_commit_callbacks, caplog
 ):
     add_sim_node("dgx-01")
-    job = services.submit_job(
+    job = submission.submit_job(
         django_user_model.objects.create_user("alice"), command=["true"], gpu_count=1
     )
     nodes.revoke_credentials("dgx-01", actor_name="tests")

@@ -23,9 +23,10 @@ from inventory.agent import AgentLoop
 from inventory.models import Node
 from inventory.nvml import open_backend
 from inventory.nvml.scanner import scan
-from scheduling import loop, services
 from scheduling import tasks as scheduling_tasks
-from scheduling.executor import FinalState, JobFinished, JobStarted
+from scheduling.agent.wire import FinalState, JobFinished, JobStarted
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
@@ -72,7 +73,7 @@ def token_of(node: str) -> str:
 def running_on_dgx_01(django_user_model, broker) -> Job:
     add_sim_node("dgx-01")
     add_sim_node("dgx-02")
-    job = services.submit_job(
+    job = submission.submit_job(
         django_user_model.objects.create_user("alice"), command=["true"], gpu_count=8
     )
     loop.run_pass()
@@ -121,7 +122,7 @@ def test_a_batch_of_job_events_believes_each_only_from_its_jobs_node(
     """An agent's batch (``scheduling.job_events``) is judged event by event: the events of
     jobs placed on the sender are recorded in order, one about a job elsewhere is refused."""
     job = running_on_dgx_01
-    other = services.submit_job(
+    other = submission.submit_job(
         django_user_model.objects.create_user("bob"), command=["true"], gpu_count=8
     )
     loop.run_pass()

@@ -11,8 +11,10 @@ import pytest
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling import agent, loop, services
-from scheduling.executor import FinalState, JobFinished
+from scheduling.agent import jobs as agent
+from scheduling.agent.wire import FinalState, JobFinished
+from scheduling.jobs import control, reports, submission, transitions
+from scheduling.loop import passes as loop
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -23,9 +25,9 @@ def running(broker, django_user_model):
     owner = django_user_model.objects.create_user("alice")
 
     def start(**fields: Any) -> Job:
-        job = services.submit_job(owner, command=["sleep", "900"], **fields)
+        job = submission.submit_job(owner, command=["sleep", "900"], **fields)
         loop.run_pass()
-        services.job_started(job.pk, 1, 4242, timezone.now())
+        reports.job_started(job.pk, 1, 4242, timezone.now())
         job.refresh_from_db()
         assert job.state == JobState.RUNNING
         return job
@@ -37,7 +39,7 @@ def node_stopped(job: Job, *, stopped: bool = True) -> Job:
     """dgx-01's agent reports the job's end: canceled as the agent stopped."""
     name = f"{job.pk}.{job.attempt}"
     event = JobFinished(name, FinalState.CANCELED, -15, timezone.now(), "node dgx-01 stopped")
-    services.job_events([event], sender="dgx-01", node_stopped={name} if stopped else ())
+    reports.job_events([event], sender="dgx-01", node_stopped={name} if stopped else ())
     job.refresh_from_db()
     return job
 
@@ -53,14 +55,14 @@ def test_a_job_whose_node_stopped_is_requeued_without_counting_a_retry(running, 
     )
     assert not Allocation.objects.active().filter(job=job).exists()
     audited = AuditEvent.objects.filter(target_id=str(job.pk)).latest("pk")
-    assert (audited.event_type, audited.actor_name) == ("job.queued", services.AGENT_ACTOR)
+    assert (audited.event_type, audited.actor_name) == ("job.queued", transitions.AGENT_ACTOR)
     assert audited.message == "requeued: node dgx-01 stopped"
 
 
 @pytest.mark.django_db
 def test_a_cancel_asked_for_or_a_cancel_not_from_the_stop_ends_it_canceled(running):
     asked = running(max_retries=1)
-    services.cancel_job(asked, actor=asked.owner)
+    control.cancel_job(asked, actor=asked.owner)
     assert node_stopped(asked).state == JobState.CANCELED
     assert node_stopped(running(max_retries=1), stopped=False).state == JobState.CANCELED
 

@@ -7,12 +7,12 @@ import pytest
 from django.db.models import Q
 
 from inventory.models import Gpu, GpuLink
-from scheduling import loop
+from scheduling.loop import snapshot as loop_snapshot
 from tests.scheduling.conftest import add_sim_node
 
 
 def domains_by_index(hostname: str) -> dict[int, str | None]:
-    snapshot, _ = loop.take_snapshot()
+    snapshot, _ = loop_snapshot.take_snapshot()
     return {slot.index: slot.nvlink_domain for slot in snapshot.gpus if slot.node == hostname}
 
 

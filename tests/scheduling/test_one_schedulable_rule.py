@@ -18,7 +18,10 @@ from inventory.models import Gpu, Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.services import apply_discovery
-from scheduling import loop, services
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import shape
+from scheduling.loop import passes as loop
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import Allocation, JobState
 from tests.inventory.pages import unique_host
 from tests.scheduling.pages.helpers import person, submit
@@ -36,7 +39,7 @@ class SimNode:
         self.nvml = SimulatedNvml.from_model(model, node_name=self.host)
         apply_discovery(self.host, scan(self.nvml))
         Node.objects.filter(hostname=self.host).update(last_heartbeat_at=timezone.now())
-        services.FleetShape.forget()
+        shape.FleetShape.forget()
         self.sample()
 
     def sample(self) -> None:
@@ -85,7 +88,7 @@ def gpus_free(client: APIClient) -> int:
 
 
 def unavailable(node: SimNode) -> dict[int, str | None]:
-    _, slots = loop.take_snapshot()
+    _, slots = loop_snapshot.take_snapshot()
     return {slot.index: slot.unavailable for slot in slots.values() if slot.node == node.host}
 
 
@@ -139,7 +142,7 @@ def test_a_mig_gpu_is_never_handed_out_whole_nor_counted_free(operator, sim_node
 def test_a_foreign_process_makes_a_gpu_unusable_but_a_jobs_own_do_not(operator, sim_node, broker):
     node = sim_node()
     held = submit(operator.user, gpu_count=1)
-    services.allocate(held, [node.pk(2)], actor=operator.user)
+    allocation_services.allocate(held, [node.pk(2)], actor=operator.user)
     faults.start_process(node.nvml, None, 2, 4100, used_mib=1_000, util=50)  # the job's
     faults.start_process(node.nvml, None, BUSY, 4242, used_mib=1_000, util=50)  # nobody's
     node.sample()

@@ -14,10 +14,13 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
-from scheduling import placement, services
-from scheduling.executor import JobSpec, executor_id
+from scheduling import placement
+from scheduling.agent.wire import JobSpec, executor_id
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import control, reports, submission
+from scheduling.loop.preemption import preempt
 from scheduling.models import Allocation, Job, JobState
-from scheduling.preemption import preempt
+from scheduling.policies import services as policy_services
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -37,8 +40,8 @@ def gpus(broker) -> list[Gpu]:
 def running(owner, gpu: Gpu, **fields) -> Job:
     """A job started on ``gpu`` (allocated by hand, reported started by its agent)."""
     job = Job.objects.create(owner=owner, command=["sleep", "60"], state="queued", **fields)
-    services.allocate(job, [gpu.pk], actor=owner)
-    services.job_started(job.pk, job.attempt, 4242, timezone.now())
+    allocation_services.allocate(job, [gpu.pk], actor=owner)
+    reports.job_started(job.pk, job.attempt, 4242, timezone.now())
     job.refresh_from_db()
     return job
 
@@ -98,7 +101,7 @@ def test_the_reported_end_requeues_the_victim_keeping_the_message(alice, gpus):
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
     now = timezone.now()
-    assert services.job_finished(victim.pk, 1, "canceled", -15, "canceled", now) == "queued"
+    assert reports.job_finished(victim.pk, 1, "canceled", -15, "canceled", now) == "queued"
     victim.refresh_from_db()
     assert (victim.state, victim.preempted_by_id, victim.preempt_requested_at) == (
         JobState.QUEUED,
@@ -120,11 +123,11 @@ def test_the_count_is_on_the_jobs_api_body_and_page(alice, gpus, client):
     assert client.get(f"/api/v1/jobs/{victim.pk}/").json()["preemptions"] == 0
     assert "Preempted" not in client.get(f"/jobs/{victim.pk}/").content.decode()
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
-    services.allocate(victim, [gpus[1].pk], actor=alice)
-    services.job_started(victim.pk, 2, 4343, timezone.now())
+    reports.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
+    allocation_services.allocate(victim, [gpus[1].pk], actor=alice)
+    reports.job_started(victim.pk, 2, 4343, timezone.now())
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    services.job_finished(victim.pk, 2, "canceled", -15, "", timezone.now())
+    reports.job_finished(victim.pk, 2, "canceled", -15, "", timezone.now())
 
     assert client.get(f"/api/v1/jobs/{victim.pk}/").json()["preemptions"] == 2
     html = client.get(f"/jobs/{victim.pk}/").content.decode()
@@ -135,25 +138,25 @@ def test_the_count_is_on_the_jobs_api_body_and_page(alice, gpus, client):
 def test_a_preempted_victim_is_never_failed(alice, gpus, outcome):
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    assert services.job_finished(victim.pk, 1, outcome, 1, "", timezone.now()) == "queued"
+    assert reports.job_finished(victim.pk, 1, outcome, 1, "", timezone.now()) == "queued"
 
 
 def test_a_victim_that_completed_first_is_completed(alice, gpus):
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    assert services.job_finished(victim.pk, 1, "completed", 0, "", timezone.now()) == "completed"
+    assert reports.job_finished(victim.pk, 1, "completed", 0, "", timezone.now()) == "completed"
 
 
 def test_preempted_attempts_do_not_count_against_retries(alice, gpus):
     victim, high = running(alice, gpus[0], max_retries=1), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
+    reports.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now())
     victim.refresh_from_db()
-    services.allocate(victim, [gpus[1].pk], actor=alice)
-    services.job_started(victim.pk, 2, 4343, timezone.now())
+    allocation_services.allocate(victim, [gpus[1].pk], actor=alice)
+    reports.job_started(victim.pk, 2, 4343, timezone.now())
     assert victim.preemptions == 1
     # Attempt 2 is its first failure: one retry is left.
-    assert services.job_finished(victim.pk, 2, "failed", 3, "", timezone.now()) == "queued"
+    assert reports.job_finished(victim.pk, 2, "failed", 3, "", timezone.now()) == "queued"
     victim.refresh_from_db()
     assert victim.message.startswith("retry 1/1 after attempt 2 failed")
 
@@ -173,8 +176,8 @@ def test_a_cancel_during_the_grace_wins(alice, gpus, django_capture_on_commit_ca
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
     with django_capture_on_commit_callbacks(execute=True):
-        services.cancel_job(victim, actor=alice)
-    assert services.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now()) == "canceled"
+        control.cancel_job(victim, actor=alice)
+    assert reports.job_finished(victim.pk, 1, "canceled", -15, "", timezone.now()) == "canceled"
 
 
 def test_a_job_being_canceled_is_no_victim_and_its_end_is_a_cancel(
@@ -184,11 +187,11 @@ def test_a_job_being_canceled_is_no_victim_and_its_end_is_a_cancel(
     whatever its processes made of the signal, its end is a cancel, not a retry."""
     victim, high = running(alice, gpus[0], max_retries=3), waiting(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        services.cancel_job(victim, actor=alice)
+        control.cancel_job(victim, actor=alice)
     assert preempt(decision(high, victim), signal="SIGTERM", grace_s=30) == []
     victim.refresh_from_db()
     assert (victim.preempted_by_id, victim.cancel_requested_at is not None) == (None, True)
-    assert services.job_finished(victim.pk, 1, "failed", 143, "", timezone.now()) == "canceled"
+    assert reports.job_finished(victim.pk, 1, "failed", 143, "", timezone.now()) == "canceled"
     victim.refresh_from_db()
     assert (victim.message, victim.failures, victim.cancel_requested_at) == (
         "canceled (failed as it stopped)",
@@ -202,8 +205,8 @@ def test_a_job_being_canceled_that_its_hardware_stops_is_canceled(
 ):
     victim = running(alice, gpus[0])
     with django_capture_on_commit_callbacks(execute=True):
-        services.cancel_job(victim, actor=alice)
-    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79 on its GPU")
+        control.cancel_job(victim, actor=alice)
+    control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79 on its GPU")
     victim.refresh_from_db()
     assert (victim.state, victim.message) == (
         JobState.CANCELED,
@@ -214,15 +217,15 @@ def test_a_job_being_canceled_that_its_hardware_stops_is_canceled(
 def test_requeues_for_the_hardware_count_no_failure(alice, gpus):
     """A re-layout's or a fault's re-queue is not the job's failure: max_retries is left."""
     job = running(alice, gpus[0], max_retries=1)
-    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="its GPU went offline")
+    control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="its GPU went offline")
     job.refresh_from_db()
-    services.allocate(job, [gpus[1].pk], actor=alice)
-    services.job_started(job.pk, 2, 4343, timezone.now())
-    assert services.job_finished(job.pk, 2, "failed", 3, "", timezone.now()) == "queued"
+    allocation_services.allocate(job, [gpus[1].pk], actor=alice)
+    reports.job_started(job.pk, 2, 4343, timezone.now())
+    assert reports.job_finished(job.pk, 2, "failed", 3, "", timezone.now()) == "queued"
     job.refresh_from_db()
     assert (job.failures, job.message[:29]) == (1, "retry 1/1 after attempt 2 fai")
-    services.allocate(job, [gpus[1].pk], actor=alice)
-    assert services.job_finished(job.pk, 3, "failed", 3, "", timezone.now()) == "failed"
+    allocation_services.allocate(job, [gpus[1].pk], actor=alice)
+    assert reports.job_finished(job.pk, 3, "failed", 3, "", timezone.now()) == "failed"
     job.refresh_from_db()
     assert job.failures == 2
 
@@ -257,7 +260,7 @@ def test_end_to_end_with_the_real_executor(
     executor.cancel(
         executor_id(job_id, attempt), stop_signal=signal.Signals[signal_name], grace_s=grace_s
     )
-    services.job_event(recorder.finished(name))
+    reports.job_event(recorder.finished(name))
     victim.refresh_from_db()
     assert victim.state == JobState.QUEUED
     assert marker.read_text() == "ok\n"
@@ -268,15 +271,15 @@ def test_a_victim_requeued_otherwise_is_no_longer_being_preempted(alice, gpus):
     failure is a failure, not a preemption."""
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
-    services.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79")
+    control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79")
     victim.refresh_from_db()
     assert (victim.state, victim.preempted_by_id, victim.preempt_requested_at) == (
         JobState.QUEUED,
         None,
         None,
     )
-    services.allocate(victim, [gpus[1].pk], actor=alice)
-    assert services.job_finished(victim.pk, 2, "failed", 1, "", timezone.now()) == "failed"
+    allocation_services.allocate(victim, [gpus[1].pk], actor=alice)
+    assert reports.job_finished(victim.pk, 2, "failed", 1, "", timezone.now()) == "failed"
 
 
 @pytest.mark.parametrize("preemption", [True, False])
@@ -286,11 +289,11 @@ def test_the_loop_preempts_with_its_pools_signal_and_grace_or_not_at_all(
     """A pass of the real loop: a critical job in a full pool stops one preemptible low job,
     told with the pool's own signal and grace; with the pool's preemption off it waits."""
     from inventory.models import Pool
-    from scheduling import admin_services, loop
+    from scheduling.loop import passes as loop
 
     pool = Pool.objects.create(name="a100")
     Node.objects.filter(hostname="dgx-01").update(pool=pool)
-    admin_services.set_pool_policy(
+    policy_services.set_pool_policy(
         pool,
         actor=alice,
         preemption=preemption,
@@ -299,7 +302,7 @@ def test_the_loop_preempts_with_its_pools_signal_and_grace_or_not_at_all(
         preempt_grace_s=45,
     )
     low = [running(alice, gpu, pool=pool, priority="low", preemptible=True) for gpu in gpus]
-    urgent = services.submit_job(alice, command=["train"], pool="a100", priority="critical")
+    urgent = submission.submit_job(alice, command=["train"], pool="a100", priority="critical")
     with django_capture_on_commit_callbacks(execute=True):
         summary = loop.run_pass()
     marked = Job.objects.filter(preempted_by=urgent)
@@ -319,10 +322,10 @@ def test_by_default_the_loop_preempts_work_that_just_started(
 ):
     """No policy row: `preempt_exempt_s` is 0 (the model's default, as Slurm's), so a critical
     job stops low-priority preemptible work at once."""
-    from scheduling import loop
+    from scheduling.loop import passes as loop
 
     low = [running(alice, gpu, priority="low", preemptible=True) for gpu in gpus]
-    urgent = services.submit_job(alice, command=["train"], priority="critical")
+    urgent = submission.submit_job(alice, command=["train"], priority="critical")
     with django_capture_on_commit_callbacks(execute=True):
         summary = loop.run_pass()
     assert summary.preempting == 1
@@ -334,11 +337,11 @@ def test_a_job_kept_from_preempting_by_the_exemption_says_until_when(
 ):
     """Through the API: the waiting job's code and sentence name the exempt victim and the
     end of its exemption."""
-    from scheduling import admin_services, loop
+    from scheduling.loop import passes as loop
 
-    admin_services.set_pool_policy(None, actor=alice, preempt_exempt_s=600)
+    policy_services.set_pool_policy(None, actor=alice, preempt_exempt_s=600)
     low = [running(alice, gpu, priority="low", preemptible=True) for gpu in gpus]
-    urgent = services.submit_job(alice, command=["train"], priority="critical")
+    urgent = submission.submit_job(alice, command=["train"], priority="critical")
     with django_capture_on_commit_callbacks(execute=True):
         assert loop.run_pass().preempting == 0
     first = min(low, key=lambda job: (job.started_at, job.pk))

@@ -12,8 +12,9 @@ import pytest
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Pool
-from scheduling import placement, quotas
+from scheduling import placement
 from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota, Reservation
+from scheduling.policies import quotas
 from tests.scheduling.pages.helpers import add_fleet, person
 
 pytestmark = pytest.mark.django_db

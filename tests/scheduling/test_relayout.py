@@ -1,4 +1,4 @@
-"""MIG re-layout (``scheduling.relayout``): named and custom layouts by the real placement
+"""MIG re-layout (``scheduling.sharing.relayout``): named and custom layouts by the real placement
 rules, and the workflow's steps on a simulated DGX A100 whose agent answers in-process
 (drain, apply, verify by a re-scan, done), with its deadlines, rollbacks and audit rows."""
 
@@ -15,9 +15,9 @@ from inventory.choices import GpuState
 from inventory.models import Gpu, MigInstance
 from inventory.nvml import mig_catalog, mig_ops
 from inventory.services import AgentTimedOut, MigChangeRefused, create_mig_instance, discover_node
-from scheduling import relayout
 from scheduling.models import Allocation, Job, JobState, MigRelayout, RelayoutState
-from scheduling.relayout import RelayoutRefused, current_layout, fit, named_layout
+from scheduling.sharing import relayout
+from scheduling.sharing.relayout import RelayoutRefused, current_layout, fit, named_layout
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
 
 A100_40 = mig_catalog.load_table("a100-sxm4-40gb")

@@ -1,6 +1,6 @@
-"""MIG re-layouts in the API (``/api/v1/mig-relayouts/``), through ``scheduling.relayout``: an
-admin asks for a named or custom layout and cancels one still draining; everyone signed in
-reads them; refusals name the field."""
+"""MIG re-layouts in the API (``/api/v1/mig-relayouts/``), through
+``scheduling.sharing.relayout``: an admin asks for a named or custom layout and cancels one
+still draining; everyone signed in reads them; refusals name the field."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from rest_framework.test import APIClient
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.choices import GpuState
-from scheduling import relayout
 from scheduling.models import MigRelayout, RelayoutState
+from scheduling.sharing import relayout
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
 
 pytestmark = pytest.mark.django_db

@@ -1,13 +1,13 @@
 """The MIG re-layout on the GPU page (a live section, the admins' form and cancel button) and
-in the admin (add = request, an action to cancel), all through ``scheduling.relayout``."""
+in the admin (add = request, an action to cancel), all through ``scheduling.sharing.relayout``."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling import relayout
 from scheduling.models import MigRelayout, RelayoutState
+from scheduling.sharing import relayout
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
 
 pytestmark = pytest.mark.django_db

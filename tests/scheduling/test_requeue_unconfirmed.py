@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
-from scheduling import services
 from scheduling.checks import run_checks
+from scheduling.jobs import reports, transitions
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
@@ -62,7 +62,7 @@ def test_a_job_no_agent_started_within_the_bound_is_requeued_audited_and_cancele
     )
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.requeue_unconfirmed() == [stuck.pk]
+        assert reports.requeue_unconfirmed() == [stuck.pk]
 
     assert (states()[stuck.pk], states()[fresh.pk]) == (JobState.QUEUED, JobState.SCHEDULED)
     stuck.refresh_from_db()
@@ -70,7 +70,7 @@ def test_a_job_no_agent_started_within_the_bound_is_requeued_audited_and_cancele
     assert (stuck.message, stuck.failures) == (message, 0)  # not its own failure
     assert not Allocation.objects.active().filter(job=stuck).exists()
     audited = AuditEvent.objects.filter(target_id=str(stuck.pk), event_type="job.queued").get()
-    assert (audited.actor_name, audited.message) == (services.LOOP_ACTOR, message)
+    assert (audited.actor_name, audited.message) == (transitions.LOOP_ACTOR, message)
     # Should its message still reach the agent, that attempt never starts.
     assert broker.named("scheduling.cancel_job") == [((stuck.pk, 2, message), "node.dgx-01")]
     assert run_checks()[STUCK] == []
@@ -88,7 +88,7 @@ def test_only_the_node_of_the_active_allocation_counts_and_a_silent_one_too(alic
         job=moved, gpu=on_silent[2], node=silent, attempt=1, released_at=timezone.now()
     )
 
-    assert services.requeue_unconfirmed() == [lost.pk, moved.pk]
+    assert reports.requeue_unconfirmed() == [lost.pk, moved.pk]
     moved.refresh_from_db()
     assert moved.message == "requeued: dgx-02 did not start it within 120 s"
 
@@ -104,7 +104,7 @@ def test_an_agent_at_start_requeues_its_own_unconfirmed_jobs_but_not_those_it_ru
     fresh = scheduled(alice, gpus[2], minutes_ago=0)
     elsewhere = scheduled(alice, Gpu.objects.filter(node=other).first(), minutes_ago=5)
 
-    assert services.reconcile_node_jobs("dgx-01", {(runs.pk, 2)}) == [stuck.pk]
+    assert reports.reconcile_node_jobs("dgx-01", {(runs.pk, 2)}) == [stuck.pk]
 
     assert {pk: state for pk, state in states().items() if state == JobState.SCHEDULED} == {
         runs.pk: JobState.SCHEDULED,

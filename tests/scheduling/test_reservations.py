@@ -16,7 +16,11 @@ from gpuadmin.audit.models import AuditEvent
 from health.choices import AlertState
 from health.models import Alert
 from inventory.models import Gpu, Node, Pool
-from scheduling import loop, placement, reservations, services
+from scheduling import placement
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import submission
+from scheduling.loop import passes as loop
+from scheduling.loop import snapshot as loop_snapshot
 from scheduling.models import (
     Job,
     JobState,
@@ -26,7 +30,8 @@ from scheduling.models import (
     ReservationGpu,
     ReservationState,
 )
-from scheduling.reservations import ReservationConflict, ReservationInvalid
+from scheduling.reservations import services as reservations
+from scheduling.reservations.services import ReservationConflict, ReservationInvalid
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -234,10 +239,10 @@ def test_a_hold_lost_to_a_race_is_tried_again_on_other_gpus(fleet, alice, monkey
 
 def running_on(owner, gpus: list[Gpu], max_runtime_s: int | None) -> Job:
     """A job holding ``gpus`` that started now, with that maximum runtime."""
-    job = services.submit_job(
+    job = submission.submit_job(
         owner, command=["sleep", "1"], gpu_count=len(gpus), max_runtime_s=max_runtime_s
     )
-    services.allocate(job, [gpu.pk for gpu in gpus], actor=owner)
+    allocation_services.allocate(job, [gpu.pk for gpu in gpus], actor=owner)
     Job.objects.filter(pk=job.pk).update(state=JobState.RUNNING, started_at=timezone.now())
     job.refresh_from_db()
     return job
@@ -278,8 +283,8 @@ def test_named_gpus_no_longer_reservable_at_approval_are_refused(fleet, alice, r
 def test_a_placement_committed_after_an_approval_meets_its_holds(fleet, alice):
     """The loop read the fleet, then a reservation took the GPUs it chose: the commit, which
     reads the windows with the GPU rows locked, refuses the placement."""
-    job = services.submit_job(alice, command=["true"], gpu_count=8)
-    read = loop.read_pass_input()
+    job = submission.submit_job(alice, command=["true"], gpu_count=8)
+    read = loop_snapshot.read_pass_input()
     result = placement.plan(read.snapshot)
     [decision] = result.placements
     [(_host, gpu_ids)] = decision.by_node
@@ -293,19 +298,21 @@ def test_a_manual_allocation_keeps_to_the_reservations_the_pool_and_the_share(fl
     """The rules the engine places by hold for an operator's allocation too."""
     gpu = Gpu.objects.get(node__hostname="dgx-01", index=0)
     reservations.request(alice, 1, soon(0.5), soon(2), gpus=[gpu])
-    job = services.submit_job(alice, command=["true"], max_runtime_s=7200)
-    with pytest.raises(services.AllocationRefused, match="held by a reservation"):
-        services.allocate(job, [gpu.pk], actor=root, manual=True)
+    job = submission.submit_job(alice, command=["true"], max_runtime_s=7200)
+    with pytest.raises(allocation_services.AllocationRefused, match="held by a reservation"):
+        allocation_services.allocate(job, [gpu.pk], actor=root, manual=True)
     other = Gpu.objects.get(node__hostname="dgx-02", index=0)
     Gpu.objects.filter(pk=other.pk).update(pool=Pool.objects.create(name="research"))
-    with pytest.raises(services.AllocationRefused, match="outside the job's pool"):
-        services.allocate(job, [other.pk], actor=root, manual=True)
-    mig_job = services.submit_job(alice, command=["true"], mig_profile="1g.10gb")
+    with pytest.raises(allocation_services.AllocationRefused, match="outside the job's pool"):
+        allocation_services.allocate(job, [other.pk], actor=root, manual=True)
+    mig_job = submission.submit_job(alice, command=["true"], mig_profile="1g.10gb")
     spare = Gpu.objects.get(node__hostname="dgx-02", index=1)
-    with pytest.raises(services.AllocationRefused, match="asks for a MIG device, not whole"):
-        services.allocate(mig_job, [spare.pk], actor=root, manual=True)
-    short = services.submit_job(alice, command=["true"], max_runtime_s=600)
-    services.allocate(short, [gpu.pk], actor=root, manual=True)  # gone before the window
+    with pytest.raises(
+        allocation_services.AllocationRefused, match="asks for a MIG device, not whole"
+    ):
+        allocation_services.allocate(mig_job, [spare.pk], actor=root, manual=True)
+    short = submission.submit_job(alice, command=["true"], max_runtime_s=600)
+    allocation_services.allocate(short, [gpu.pk], actor=root, manual=True)  # gone before the window
     assert short.state == JobState.SCHEDULED
 
 
@@ -443,7 +450,7 @@ def test_reservation_windows_are_the_approved_ones_not_over(fleet, alice, root):
     reservations.cancel(reservations.request(alice, 1, soon(1), soon(2)), alice)
     over = reservations.request(alice, 1, soon(0), soon(1))
     shift(over, 2 * HOUR)
-    (window,) = services.reservation_windows(now)
+    (window,) = allocation_services.reservation_windows(now)
     assert window.id == approved.pk
     assert window.owner == str(alice.pk)
     assert window.gpu_ids == tuple(
@@ -600,12 +607,12 @@ def test_work_in_its_owners_reservation_is_not_borrowed_and_counts_in_the_quota(
     """Alice at her quota (1 GPU, held outside her reservation): her job in her running
     reservation is placed on it, not borrowed (so never reclaimed as borrowed), and its
     allocation counts as her use."""
-    from scheduling.quotas import limits_of
+    from scheduling.policies.quotas import limits_of
 
     reservation = reservations.request(alice, 1, soon(0), soon(2))
     outside = Gpu.objects.schedulable().exclude(reservation_holds__reservation=reservation)[0]
     elsewhere = Job.objects.create(owner=alice, command=["train"], state=JobState.QUEUED)
-    services.allocate(elsewhere, [outside.pk], actor=alice)
+    allocation_services.allocate(elsewhere, [outside.pk], actor=alice)
     quota = Quota.objects.create(user=alice, max_gpus=1)
     inside = naming(reservation)
     with django_capture_on_commit_callbacks(execute=True):

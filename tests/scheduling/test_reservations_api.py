@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 
 from gpuadmin.access.models import Membership, Role
 from inventory.models import Gpu, Node, Pool
-from scheduling import reservations
 from scheduling.models import PoolPolicy, Reservation, ReservationState
+from scheduling.reservations import services as reservations
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db

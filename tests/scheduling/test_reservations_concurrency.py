@@ -15,8 +15,10 @@ from django.db import connection
 from django.utils import timezone
 
 from inventory.models import Gpu
-from scheduling import reservations, services
+from scheduling.allocations import services as allocation_services
+from scheduling.jobs import submission
 from scheduling.models import Quota, Reservation, ReservationGpu, ReservationState
+from scheduling.reservations import services as reservations
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,18 +156,22 @@ def test_approvals_racing_placements_never_book_a_gpu_under_a_job(people):
     commit both lock the GPU's row and look again)."""
 
     gpus = list(Gpu.objects.filter(node__hostname="dgx-01").order_by("index"))
-    jobs = [services.submit_job(user, command=["true"]) for user in people[8:]]
+    jobs = [submission.submit_job(user, command=["true"]) for user in people[8:]]
     window = (start_at(1), start_at(2))
     calls: list[Callable[[], Any]] = []
     for gpu, user, job in zip(gpus, people[:8], jobs, strict=True):
         calls.append(lambda user=user, gpu=gpu: reservations.request(user, 1, *window, gpus=[gpu]))
-        calls.append(lambda job=job, gpu=gpu: services.allocate(job, [gpu.pk], actor=job.owner))
+        calls.append(
+            lambda job=job, gpu=gpu: allocation_services.allocate(job, [gpu.pk], actor=job.owner)
+        )
     results = at_once(calls)
     unexpected = [
         r
         for r in results
         if isinstance(r, Exception)
-        and not isinstance(r, reservations.ReservationConflict | services.AllocationRefused)
+        and not isinstance(
+            r, reservations.ReservationConflict | allocation_services.AllocationRefused
+        )
     ]
     assert unexpected == []
     assert jobs_running_into_holds() == []

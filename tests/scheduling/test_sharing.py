@@ -1,6 +1,7 @@
-"""The database side of sharing (``scheduling.sharing``): the MIG devices and MPS shares the
-loop's snapshot shows, and the MIG instances it asks agents for (dynamic MIG), carried out
-through inventory's audited MIG path on a simulated node whose agent answers in-process."""
+"""The database side of sharing (``scheduling.sharing.services``): the MIG devices and MPS
+shares the loop's snapshot shows, and the MIG instances it asks agents for (dynamic MIG),
+carried out through inventory's audited MIG path on a simulated node whose agent
+answers in-process."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from gpuadmin.audit.models import AuditEvent
 from inventory import live
 from inventory.models import Gpu, MigInstance
 from inventory.services import destroy_mig_instance
-from scheduling import dispatch, placement, sharing
+from scheduling import placement
+from scheduling.loop import dispatch
 from scheduling.models import Allocation, Job
+from scheduling.sharing import services as sharing
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
 
 pytestmark = pytest.mark.django_db

@@ -14,9 +14,9 @@ import pytest
 from gpuadmin.celery import app
 from inventory import live
 from inventory.agent import scan_this_node
-from scheduling import agent
-from scheduling.executor import FinalState, JobFinished, JobSpec
-from scheduling.mps import MpsDaemons
+from scheduling.agent import jobs as agent
+from scheduling.agent.mps import MpsDaemons
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec
 from tests.waiting import wait_for
 
 

@@ -10,9 +10,11 @@ from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
-from scheduling import admin_services, dependencies, dispatch, services
+from scheduling.allocations import manual
+from scheduling.jobs import dependencies, limits, submission
+from scheduling.jobs.slurm import SpecError, compact_indexes, parse_array
+from scheduling.loop import dispatch
 from scheduling.models import Job, JobArray, JobState
-from scheduling.slurm import SpecError, compact_indexes, parse_array
 from tests.scheduling.api.conftest import api_as, fleet, make_user, submit  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.django_db
@@ -23,8 +25,8 @@ def alice(api_as, fleet):  # noqa: F811 - the fixtures
     return api_as("alice")
 
 
-def array(owner, spec: str = "0-3", **fields) -> services.SubmittedArray:
-    return services.submit_array(owner, spec, command=fields.pop("command", ["true"]), **fields)
+def array(owner, spec: str = "0-3", **fields) -> submission.SubmittedArray:
+    return submission.submit_array(owner, spec, command=fields.pop("command", ["true"]), **fields)
 
 
 # --------------------------------------------------------------------------- the spec
@@ -146,10 +148,10 @@ def test_the_largest_array_fits_one_insert(alice):
 
 
 def test_an_array_is_checked_as_a_job_is(alice):
-    with pytest.raises(services.JobRejected) as caught:
+    with pytest.raises(limits.JobRejected) as caught:
         array(alice.user, "0-3", gpu_count=9)
     assert caught.value.field == "gpu_count"
-    with pytest.raises(services.JobRejected) as caught:
+    with pytest.raises(limits.JobRejected) as caught:
         array(alice.user, "0-3%0")
     assert caught.value.field == "array"
     assert not JobArray.objects.exists() and not Job.objects.exists()
@@ -222,7 +224,7 @@ def test_cancel_a_whole_array(alice, api_as, fleet):  # noqa: F811
     done, placed, *waiting = submitted.task_ids
     Job.objects.filter(pk=done).update(state=JobState.COMPLETED)
     gpu = fleet[0].gpus.get(index=0)
-    admin_services.allocate_by_hand(Job.objects.get(pk=placed), [gpu.uuid], actor=alice.user)
+    manual.allocate_by_hand(Job.objects.get(pk=placed), [gpu.uuid], actor=alice.user)
     assert (
         api_as("vera", Role.VIEWER).post(f"/api/v1/arrays/{submitted.array.pk}/cancel/").status_code
         == 403

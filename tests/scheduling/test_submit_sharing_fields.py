@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node, Pool
-from scheduling import services
+from scheduling.jobs import limits, shape, submission
 from scheduling.models import Job, JobArray, Reservation, ReservationState
 from tests.scheduling.api.conftest import api_as, fleet, make_user  # noqa: F401 - fixtures
 
@@ -34,7 +34,7 @@ def pools(fleet):  # noqa: F811 - the fixture
     Pool.objects.create(name="empty")
     Node.objects.filter(hostname="dgx-01").update(pool=a100)
     Gpu.objects.filter(node__hostname="dgx-01", index=7).update(pool=shared, mps_shared=True)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     return a100
 
 
@@ -103,7 +103,7 @@ def test_bad_pools_name_the_field(alice, pools, body, field, message):
 
 def test_a_job_without_a_pool_needs_gpus_in_no_pool(alice, pools):
     Node.objects.filter(hostname="dgx-02").update(pool=pools)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     assert_refused(post(alice, {}), "pool", "every GPU is in a pool: name one of a100, shared")
 
 
@@ -194,11 +194,11 @@ def test_a_topology_no_node_of_the_pool_has_is_refused(alice, pools, array):
 
 
 def test_the_service_refuses_them_whoever_calls_it(alice, pools):
-    with pytest.raises(services.JobRejected) as caught:
-        services.submit_job(alice.user, command="true", mig_profile="1g.10gb", mps_percent=5)
+    with pytest.raises(limits.JobRejected) as caught:
+        submission.submit_job(alice.user, command="true", mig_profile="1g.10gb", mps_percent=5)
     assert caught.value.field == "mps_percent"
-    with pytest.raises(services.JobRejected) as caught:
-        services.submit_job(alice.user, command="true", mps_percent=500, pool="shared")
+    with pytest.raises(limits.JobRejected) as caught:
+        submission.submit_job(alice.user, command="true", mps_percent=500, pool="shared")
     assert caught.value.field == "mps_percent"
 
 
@@ -306,7 +306,7 @@ def test_form_takes_the_new_fields(alice, pools, client):
     held = reservation(alice.user, pool=pools, gpu_count=8)
     page = client.get("/jobs/new/").content.decode()
     assert 'value="a100"' in page and f'value="{held.pk}"' in page
-    first = services.submit_job(alice.user, command="true")
+    first = submission.submit_job(alice.user, command="true")
     body = {
         **FORM,
         "reservation": str(held.pk),

@@ -14,8 +14,11 @@ from inventory import live
 from inventory.choices import GpuState, NodeState
 from inventory.models import Node
 from inventory.services import record_heartbeat, set_gpu_state, set_node_state
-from scheduling import dispatch, loop, services, tasks
-from scheduling.executor import JobSpec
+from scheduling import tasks
+from scheduling.agent.wire import JobSpec
+from scheduling.jobs import submission
+from scheduling.loop import dispatch
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
@@ -48,7 +51,7 @@ def test_a_job_waiting_for_a_drained_node_is_placed_once_the_node_is_online(
     admin, node, broker, django_capture_on_commit_callbacks
 ):
     set_node_state(node, NodeState.DRAINING, actor=admin)
-    job = services.submit_job(admin, command=["sleep", "60"], gpu_count=8)
+    job = submission.submit_job(admin, command=["sleep", "60"], gpu_count=8)
     loop.run_pass()
     job.refresh_from_db()
     assert (job.state, job.pending_code) == (JobState.QUEUED, "nodes_unavailable")

@@ -12,7 +12,9 @@ from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from inventory import live
-from scheduling import dispatch, loop, tasks
+from scheduling import tasks
+from scheduling.loop import dispatch
+from scheduling.loop import passes as loop
 from tests.conftest import forget_wakes
 from tests.scheduling.conftest import RecordingBroker
 

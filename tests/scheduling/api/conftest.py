@@ -18,7 +18,9 @@ from gpuadmin.access.models import Membership, Role
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.celery import app
 from inventory.models import Node
-from scheduling import agent, services, tasks
+from scheduling import tasks
+from scheduling.agent import jobs as agent
+from scheduling.jobs import submission
 from scheduling.models import Job
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
@@ -56,7 +58,7 @@ def api_as(make_user) -> Callable[..., APIClient]:
 
 
 def submit(owner: AbstractBaseUser, **fields: Any) -> Job:
-    return services.submit_job(owner, command=fields.pop("command", ["sleep", "60"]), **fields)
+    return submission.submit_job(owner, command=fields.pop("command", ["sleep", "60"]), **fields)
 
 
 def events(target_type: str = "scheduling.job", target_id: Any = None) -> list[str]:

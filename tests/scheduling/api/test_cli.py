@@ -8,8 +8,10 @@ import threading
 import pytest
 
 from gpuadmin import cli, jobs_cli
-from scheduling import admin_services, dispatch, loop
-from scheduling.api.serializers import JobSubmitSerializer
+from scheduling.allocations import manual
+from scheduling.jobs.api.serializers import JobSubmitSerializer
+from scheduling.loop import dispatch, switch
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.api.conftest import submit, write_log
 from tests.scheduling.conftest import add_sim_node
@@ -193,7 +195,7 @@ def test_show_says_what_a_waiting_job_waits_for(gpuadmin, fleet):
     loop.run_pass()
     out = gpuadmin("jobs", "show", str(dependent))[1]
     assert f"  why pending: waiting for job {first.pk} to complete (afterok) (dependency)\n" in out
-    admin_services.set_scheduler_enabled(False, actor=first.owner)
+    switch.set_scheduler_enabled(False, actor=first.owner)
     loop.run_pass()
     out = gpuadmin("jobs", "show", str(dependent))[1]
     assert "  why pending: the scheduler is stopped: nothing is placed until an admin" in out
@@ -255,7 +257,7 @@ def test_bad_token(gpuadmin, monkeypatch, db):
 def test_log_and_follow(gpuadmin, fleet, agent_broker, monkeypatch, django_user_model):
     job = submit(django_user_model.objects.get(username="alice"))
     gpu = fleet[0].gpus.get(index=0)
-    admin_services.allocate_by_hand(job, [gpu.uuid], actor=job.owner)
+    manual.allocate_by_hand(job, [gpu.uuid], actor=job.owner)
     job.refresh_from_db()
     write_log(job, "one\ntwo\nthr")
     status, out, _ = gpuadmin("jobs", "log", str(job.pk), "--tail", "2")
@@ -443,7 +445,7 @@ def test_a_viewer_is_shown_no_command_and_no_log_of_anothers_job(
     """GPUADMIN_PRIVATE_DATA's default, through the API: alice's job is hers."""
     gpuadmin("jobs", "submit", "--", "train.py", "--password", "hunter2")
     job = Job.objects.get()
-    admin_services.allocate_by_hand(job, [fleet[0].gpus.get(index=0).uuid], actor=job.owner)
+    manual.allocate_by_hand(job, [fleet[0].gpus.get(index=0).uuid], actor=job.owner)
     job.refresh_from_db()
     write_log(job, "ALICE-LOG-SECRET\n")
     make_user("vic", "viewer")

@@ -28,7 +28,8 @@ from inventory.models import Gpu, Node
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml, faults
 from inventory.pages import fleet as fleet_page
-from scheduling import dispatch, loop
+from scheduling.loop import dispatch
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.health import test_quarantine as quarantine_tests

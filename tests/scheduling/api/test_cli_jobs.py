@@ -16,7 +16,8 @@ from django.utils import timezone
 
 import gpuadmin as gpuadmin_module
 from gpuadmin.audit.models import AuditEvent
-from scheduling import admin_services, services
+from scheduling.allocations import manual
+from scheduling.jobs import reports, submission
 from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.api.conftest import submit
 from tests.scheduling.api.test_cli import gpuadmin  # noqa: F401  (the fixture)
@@ -32,7 +33,7 @@ def running_job(owner, fleet, hostname: str = "dgx-01", **fields) -> Job:
     """A job of ``owner`` placed by hand on GPU 0 of ``hostname`` (its agent told to run it)."""
     job = submit(owner, **fields)
     node = next(node for node in fleet if node.hostname == hostname)
-    admin_services.allocate_by_hand(job, [node.gpus.get(index=0).uuid], actor=owner)
+    manual.allocate_by_hand(job, [node.gpus.get(index=0).uuid], actor=owner)
     job.refresh_from_db()
     return job
 
@@ -87,10 +88,10 @@ def test_list_collapses_an_arrays_tasks_per_state_and_says_held(
     django_user_model,
 ):
     owner = alice(django_user_model)
-    array = services.submit_array(owner, "0-9%5", command=["true"]).array
+    array = submission.submit_array(owner, "0-9%5", command=["true"]).array
     tasks = list(Job.objects.filter(array=array).order_by("array_index"))
     node = fleet[0]
-    admin_services.allocate_by_hand(tasks[0], [node.gpus.get(index=0).uuid], actor=owner)
+    manual.allocate_by_hand(tasks[0], [node.gpus.get(index=0).uuid], actor=owner)
     held = submit(owner, hold=True, name="later")
 
     status, out, err = gpuadmin("jobs", "list")
@@ -136,7 +137,7 @@ def test_list_and_show_print_json(gpuadmin, fleet):  # noqa: F811
 def test_list_into_head_ends_quietly(gpuadmin, fleet, django_user_model):  # noqa: F811
     """``gpuadmin jobs list | head -1`` in a real shell, with more than a pipe holds (1000
     rows of 200 characters and more)."""
-    services.submit_array(alice(django_user_model), "0-999", command=["true"], name="x" * 200)
+    submission.submit_array(alice(django_user_model), "0-999", command=["true"], name="x" * 200)
     script = (
         f"{shlex.quote(sys.executable)} -m gpuadmin jobs list --expand --limit 1000 | head -1;"
         ' echo "status ${PIPESTATUS[0]}" >&2'
@@ -172,8 +173,8 @@ def test_a_requeued_job_shows_its_attempts_apart(
     owner = alice(django_user_model)
     job = running_job(owner, fleet, "dgx-01", max_retries=1)
     first_start = (timezone.now() - timedelta(minutes=5)).replace(microsecond=0)
-    assert services.job_started(job.pk, 1, 4242, first_start)
-    assert services.job_finished(job.pk, 1, "failed", 3, "", timezone.now()) == "queued"
+    assert reports.job_started(job.pk, 1, 4242, first_start)
+    assert reports.job_finished(job.pk, 1, "failed", 3, "", timezone.now()) == "queued"
     requeued = "requeued: retry 1/1 after attempt 1 failed: exit code 3"
 
     [attempt] = json.loads(gpuadmin("jobs", "show", str(job.pk), "--json")[1])["attempts"]
@@ -198,8 +199,8 @@ def test_a_requeued_job_shows_its_attempts_apart(
 
     gpu = fleet[1].gpus.get(index=0)
     job.refresh_from_db()
-    admin_services.allocate_by_hand(job, [gpu.uuid], actor=owner)
-    assert services.job_started(job.pk, 2, 4343, timezone.now())
+    manual.allocate_by_hand(job, [gpu.uuid], actor=owner)
+    assert reports.job_started(job.pk, 2, 4343, timezone.now())
     assert Job.objects.get(pk=job.pk).exit_code == 3  # the job's row still has attempt 1's
     status, out, _ = gpuadmin("jobs", "show", str(job.pk))
     facts, _, table = out.partition("previous attempts:\n")

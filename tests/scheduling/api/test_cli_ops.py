@@ -27,7 +27,7 @@ from health.models import Alert
 from inventory.choices import GpuState
 from inventory.models import Gpu
 from inventory.services import set_gpu_state
-from scheduling import dispatch
+from scheduling.loop import dispatch
 from scheduling.models import Quota, Reservation
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,9 +10,10 @@ from django.utils import timezone
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
-from scheduling import services, sharing
-from scheduling.executor import JobSpec
+from scheduling.agent.wire import JobSpec
+from scheduling.jobs import shape
 from scheduling.models import Allocation, Job, JobState
+from scheduling.sharing import services as sharing
 from tests.scheduling.api.conftest import events, submit
 from tests.scheduling.conftest import add_sim_node
 
@@ -232,7 +233,7 @@ def mig_node(fleet):
     node = add_sim_node("mig-01", "dgx-a100-40gb")
     Gpu.objects.filter(node=node, index=2).update(mps_shared=True)
     Gpu.objects.filter(node__hostname="dgx-01", index=7).update(mps_shared=True)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     return node
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.db import InterfaceError, OperationalError
 
-from scheduling import services
+from scheduling.jobs import submission
 from scheduling.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -17,7 +17,7 @@ def test_submitting_while_the_database_is_away_is_a_503(api_as, fleet, monkeypat
     def unreachable(*args: object, **kwargs: object) -> Job:
         raise error("connection to server on socket failed: No such file or directory")
 
-    monkeypatch.setattr(services, "submit_job", unreachable)
+    monkeypatch.setattr(submission, "submit_job", unreachable)
     response = api_as("alice").post(
         "/api/v1/jobs/", {"command": ["true"], "gpu_count": 1}, format="json"
     )

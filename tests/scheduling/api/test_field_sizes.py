@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from scheduling.jobs.limits import MAX_COMMAND_CHARS, MAX_ENV_CHARS, MAX_ENV_VARS
 from scheduling.models import Job
-from scheduling.services import MAX_COMMAND_CHARS, MAX_ENV_CHARS, MAX_ENV_VARS
 
 pytestmark = pytest.mark.django_db
 

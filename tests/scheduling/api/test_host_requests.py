@@ -10,13 +10,13 @@ import pytest
 from gpuadmin import cli, jobs_cli
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Node
-from scheduling import services
+from scheduling.jobs import limits, shape, submission
 from scheduling.models import Job
 
 pytestmark = pytest.mark.django_db
 
 SUBMIT_URLS = ["/queue/submit", "/api/v1/jobs/"]
-CPUS_MAX, MEMORY_MAX = (services.SUBMISSION_LIMITS[name][1] for name in ("cpus", "host_memory_mib"))
+CPUS_MAX, MEMORY_MAX = (limits.SUBMISSION_LIMITS[name][1] for name in ("cpus", "host_memory_mib"))
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_numbers_json_cannot_hold_are_a_400_too(alice, text):
 
 def test_the_largest_values_are_taken_where_no_host_size_is_known(alice):
     Node.objects.update(cpu_count=None, memory_total_mib=None)  # no agent reported its host
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
 
     response = alice.post(
         "/api/v1/jobs/",
@@ -149,7 +149,7 @@ def test_cli_refuses_a_bad_size_before_sending(sent, capsys, argv):
 
 
 def test_cli_show_says_what_the_job_asks_of_each_host(alice, capsys, monkeypatch):
-    job = services.submit_job(alice.user, command=["true"], cpus=8, host_memory_mib=32768)
+    job = submission.submit_job(alice.user, command=["true"], cpus=8, host_memory_mib=32768)
     body = json.loads(json.dumps(alice.get(f"/api/v1/jobs/{job.pk}/").json()))
     monkeypatch.setattr(jobs_cli.Api, "call", lambda *args, **kwargs: body)
 

@@ -12,7 +12,7 @@ from django.test import override_settings
 from gpuadmin.access.models import ApiToken
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu
-from scheduling import services
+from scheduling.jobs import limits, submission
 from scheduling.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -87,8 +87,8 @@ def test_a_nul_in_a_form_encoded_command_is_a_400(alice, command, use_shell):
 
 @pytest.mark.parametrize("command", ["echo a\x00b", ["echo", "\ud800"]])
 def test_the_job_service_refuses_such_text_whoever_calls_it(api_as, fleet, command):
-    with pytest.raises(services.JobRejected) as caught:
-        services.submit_job(api_as("bob").user, command=command)
+    with pytest.raises(limits.JobRejected) as caught:
+        submission.submit_job(api_as("bob").user, command=command)
     assert caught.value.field == "command"
     assert not Job.objects.exists()
 

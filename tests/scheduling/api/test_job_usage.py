@@ -9,10 +9,11 @@ import pytest
 from django.utils import timezone
 
 from gpuadmin import cli, jobs_cli
-from scheduling import loop, services
-from scheduling.executor import FinalState, JobFinished
+from scheduling.agent.wire import FinalState, JobFinished
+from scheduling.jobs import reports, submission
+from scheduling.jobs.slurm import cpu_time_text, peak_memory_text
+from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
-from scheduling.slurm import cpu_time_text, peak_memory_text
 
 pytestmark = pytest.mark.django_db
 
@@ -27,12 +28,12 @@ def alice(api_as, fleet):
 @pytest.fixture
 def killed(alice) -> Job:
     """A job its memory limit stopped after 83.4 CPU seconds, at its 64 MiB."""
-    job = services.submit_job(alice.user, command=["python", "leak.py"], host_memory_mib=64)
+    job = submission.submit_job(alice.user, command=["python", "leak.py"], host_memory_mib=64)
     loop.run_pass()
     ended = JobFinished(
         f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), MEMORY_KILL, 83.4, 64 * 2**20
     )
-    assert services.job_events([ended]).reached == {job.pk: JobState.FAILED}
+    assert reports.job_events([ended]).reached == {job.pk: JobState.FAILED}
     return job
 
 
@@ -58,7 +59,7 @@ def test_cli_show_says_what_the_run_used_as_sacct_does(alice, killed, capsys, mo
 
 
 def test_cli_show_of_a_run_nothing_measured_says_nothing_of_it(alice, capsys, monkeypatch):
-    job = services.submit_job(alice.user, command=["true"])
+    job = submission.submit_job(alice.user, command=["true"])
     body = json.loads(json.dumps(alice.get(f"/api/v1/jobs/{job.pk}/").json()))
     assert (body["cpu_seconds"], body["max_memory_bytes"]) == (None, None)
     monkeypatch.setattr(jobs_cli.Api, "call", lambda *args, **kwargs: body)

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from inventory.models import Node
-from scheduling import admin_services
+from scheduling.allocations import manual
 from scheduling.models import Job
 from tests.scheduling.api.conftest import submit, write_log
 
@@ -25,7 +25,7 @@ def ran(alice, fleet, agent_broker) -> Job:
     """A job placed (attempt 1) on GPU 0 of dgx-01."""
     job = submit(alice.user)
     gpu = fleet[0].gpus.get(index=0)
-    admin_services.allocate_by_hand(job, [gpu.uuid], actor=alice.user)
+    manual.allocate_by_hand(job, [gpu.uuid], actor=alice.user)
     return Job.objects.get(pk=job.pk)
 
 

@@ -10,7 +10,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from scheduling import loop, services
+from scheduling.jobs import transitions
+from scheduling.loop import passes as loop
 from scheduling.models import NOT_WAITING, Job, JobState
 from scheduling.placement import Pending, Reason
 from tests.scheduling.api.conftest import submit
@@ -97,7 +98,7 @@ def test_save_pending_writes_only_changed_rows_of_waiting_jobs_in_one_statement(
     assert stored.what_if == ""
 
     before = [_ctid(job) for job in jobs]
-    services.transition(jobs[2], JobState.CANCELED, actor=alice)  # no longer waiting
+    transitions.transition(jobs[2], JobState.CANCELED, actor=alice)  # no longer waiting
     changed = (
         pending[0],
         replace(pending[1], position=5, estimated_start=None, what_if="with 4 GPUs"),

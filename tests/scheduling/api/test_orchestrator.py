@@ -7,11 +7,11 @@ import pytest
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
-from scheduling import loop
-from scheduling.admin_services import POLICY_FIELDS
-from scheduling.api.policies import PoolPolicySerializer
+from scheduling.loop import passes as loop
 from scheduling.models import PoolPolicy, SchedulerSettings
 from scheduling.placement.snapshot import DEFAULT_POLICY
+from scheduling.policies.api import PoolPolicySerializer
+from scheduling.policies.services import POLICY_FIELDS
 from tests.scheduling.api.conftest import events, submit
 
 pytestmark = pytest.mark.django_db

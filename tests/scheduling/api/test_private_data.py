@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from gpuadmin.access.models import Role
-from scheduling import admin_services
+from scheduling.allocations import manual
 from scheduling.models import Job
 from tests.scheduling.api.conftest import submit, write_log
 
@@ -43,7 +43,7 @@ def ran(clients, fleet, agent_broker) -> Job:
         command=["train.py", "--password", "hunter2"],
         env={"TOKEN": "s3cret"},
     )
-    admin_services.allocate_by_hand(job, [fleet[0].gpus.get(index=0).uuid], actor=job.owner)
+    manual.allocate_by_hand(job, [fleet[0].gpus.get(index=0).uuid], actor=job.owner)
     job = Job.objects.get(pk=job.pk)
     write_log(job, f"epoch 1\n{SECRET}\n")
     return job

@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.access.models import Role
-from scheduling import admin_services
+from scheduling.allocations import manual
 from tests.scheduling.api.conftest import submit
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +33,7 @@ def add_jobs(owner, gpus: list, count: int) -> None:
     """``count`` queued jobs and ``count`` jobs holding one of ``gpus`` each."""
     for n in range(count):
         submit(owner, env={"N": str(n)})
-        admin_services.allocate_by_hand(submit(owner), [gpus.pop().uuid], actor=owner)
+        manual.allocate_by_hand(submit(owner), [gpus.pop().uuid], actor=owner)
 
 
 @pytest.mark.parametrize("path", LISTS)

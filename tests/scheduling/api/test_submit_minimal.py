@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.audit.services import create_recorded
-from scheduling import services
+from scheduling.jobs import limits
 from scheduling.models import Job, JobState
 from tests.scheduling.api.conftest import events
 
@@ -113,7 +113,7 @@ def test_commands_split_as_shlex_splits_them(command):
     try:
         expected = shlex.split(command)
     except ValueError:
-        with pytest.raises(services.JobRejected):
-            services.split_command(command, use_shell=False)
+        with pytest.raises(limits.JobRejected):
+            limits.split_command(command, use_shell=False)
         return
-    assert services.split_command(command, use_shell=False) == expected
+    assert limits.split_command(command, use_shell=False) == expected

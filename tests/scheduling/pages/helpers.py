@@ -14,7 +14,8 @@ from django.contrib.auth.base_user import AbstractBaseUser
 
 from gpuadmin.access.models import Membership, Role
 from inventory.models import Node
-from scheduling import loop, services
+from scheduling.jobs import shape, submission
+from scheduling.loop import passes as loop
 from scheduling.models import Job
 from tests.inventory.pages import add_node, unique_host
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
@@ -32,7 +33,7 @@ def add_fleet(count: int = 1, model: str = "dgx-a100-80gb", *, live: bool = Fals
             add_node(host, model)
         else:
             add_sim_node(host, model)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     return list(Node.objects.filter(hostname__in=hosts).order_by("hostname"))
 
 
@@ -44,7 +45,7 @@ def person(username: str, role: str = Role.USER) -> AbstractBaseUser:
 
 
 def submit(owner: AbstractBaseUser, **fields: Any) -> Job:
-    return services.submit_job(owner, command=fields.pop("command", ["sleep", "60"]), **fields)
+    return submission.submit_job(owner, command=fields.pop("command", ["sleep", "60"]), **fields)
 
 
 def place(*jobs: Job) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inventory.models import Node
-from scheduling import services
+from scheduling.jobs import shape
 from scheduling.models import Job
 from tests.scheduling.pages.helpers import add_fleet
 from tests.scheduling.pages.test_submit import VALID, field_errors
@@ -39,7 +39,7 @@ def test_empty_fields_ask_for_nothing(client, alice, agents):
 def test_more_memory_than_any_node_has_shows_on_the_memory_field(client, alice, agents):
     [node] = add_fleet()
     Node.objects.filter(pk=node.pk).update(cpu_count=128, memory_total_mib=1024 * 1024)
-    services.FleetShape.forget()
+    shape.FleetShape.forget()
     client.force_login(alice)
 
     response = client.post("/jobs/new/", VALID | {"host_memory_gib": "1024.5"})

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from scheduling import services
+from scheduling.jobs import control
 from scheduling.models import Allocation
 from tests.scheduling.pages.helpers import add_fleet, place, submit
 
@@ -24,7 +24,7 @@ def queue(alice, operator, agents) -> dict[str, str]:
     place(llm, vision)
     submit(alice, gpu_count=8, project="llm")  # waits: both nodes are taken
     submit(operator, project="vision", hold=True)
-    services.cancel_job(submit(operator, project="llm"), actor=operator)
+    control.cancel_job(submit(operator, project="llm"), actor=operator)
     hosts = Allocation.objects.filter(job=llm).values_list("node__hostname", flat=True)
     return {"llm_node": hosts.first()}
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from inventory.models import Node
-from scheduling import services
-from scheduling.executor import FinalState, JobFinished
+from scheduling.agent.wire import FinalState, JobFinished
+from scheduling.jobs import control, reports
 from scheduling.models import Job, JobState
 from tests.scheduling.pages.helpers import LOG_TEXT, add_fleet, place, submit
 
@@ -98,10 +98,10 @@ def test_the_timeline_shows_each_attempt_and_the_end(client, alice, agents):
     add_fleet()
     job = submit(alice, max_retries=1)
     place(job)
-    services.job_started(job.pk, 1, 4242, timezone.now())
-    services.job_finished(job.pk, 1, "failed", 1, "CUDA error", timezone.now())
+    reports.job_started(job.pk, 1, 4242, timezone.now())
+    reports.job_finished(job.pk, 1, "failed", 1, "CUDA error", timezone.now())
     place(job)
-    services.cancel_job(job, actor=alice)  # its node is reachable: the agent is asked
+    control.cancel_job(job, actor=alice)  # its node is reachable: the agent is asked
     client.force_login(alice)
 
     html = client.get(f"/jobs/{job.pk}/").content.decode()
@@ -159,7 +159,7 @@ def test_the_status_panel_polls_and_reloads_the_page_when_the_state_changes(clie
     moved = client.get(url, HTTP_HX_REQUEST="true")
     assert (moved.status_code, moved["HX-Refresh"]) == (200, "true")
 
-    services.cancel_job(submit(alice), actor=alice)
+    control.cancel_job(submit(alice), actor=alice)
     ended = client.get(f"/jobs/{Job.objects.get(state='canceled').pk}/").content.decode()
     assert "hx-trigger" not in panel(ended, "status")  # a finished job's status is final
 
@@ -248,7 +248,7 @@ def test_a_run_stopped_by_its_memory_limit_says_why_and_what_it_used(client, ali
     ended = JobFinished(
         f"{job.pk}.1", FinalState.FAILED, -9, timezone.now(), memory_kill, 83.4, 64 * 2**20
     )
-    services.job_events([ended])
+    reports.job_events([ended])
     client.force_login(alice)
 
     status = panel(client.get(f"/jobs/{job.pk}/").content.decode(), "status")

@@ -8,7 +8,7 @@ import re
 import pytest
 from django.utils.html import escape
 
-from scheduling import services
+from scheduling.jobs import control
 from scheduling.models import JobState
 from tests.scheduling.pages.helpers import add_fleet, place, submit
 
@@ -64,8 +64,8 @@ def test_waiting_jobs_say_why_and_running_jobs_where(client, alice, bob, agents)
 def test_finished_jobs_are_listed_latest_first(client, alice, agents):
     add_fleet()
     first, second = submit(alice, name="first"), submit(alice, name="second")
-    services.cancel_job(first, actor=alice)
-    services.cancel_job(second, actor=alice, reason="wrong data set")
+    control.cancel_job(first, actor=alice)
+    control.cancel_job(second, actor=alice, reason="wrong data set")
     client.force_login(alice)
 
     finished = section(client.get("/jobs/").content.decode(), "finished")
@@ -80,7 +80,7 @@ def test_filters_by_state_owner_and_project(client, alice, bob, agents):
     mine = submit(alice, project="vision")
     theirs = submit(bob, project="llm")
     canceled = submit(bob, project="llm")
-    services.cancel_job(canceled, actor=bob)
+    control.cancel_job(canceled, actor=bob)
     client.force_login(alice)
 
     def shown(query: str) -> set[int]:
@@ -130,7 +130,7 @@ def fill(owner, count: int) -> None:
     place()
     for _ in range(count):
         submit(owner, gpu_count=8, node_count=3, hold=True)
-        services.cancel_job(submit(owner), actor=owner)
+        control.cancel_job(submit(owner), actor=owner)
     place()
 
 

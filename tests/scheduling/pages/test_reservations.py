@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from gpuadmin.access.models import Role
 from inventory.models import Gpu, Node
-from scheduling import reservations
 from scheduling.models import Allocation, Job, JobState, PoolPolicy, Reservation
-from scheduling.reservation_pages import Bar, Cell, lane, week_start
+from scheduling.reservations import services as reservations
+from scheduling.reservations.pages import Bar, Cell, lane, week_start
 from tests.scheduling.conftest import add_sim_node
 from tests.scheduling.pages.helpers import person
 

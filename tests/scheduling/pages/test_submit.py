@@ -192,8 +192,8 @@ def test_submitting_needs_a_login(client):
 def test_the_form_submits_every_field_the_api_takes(alice):
     """A field added to the submit API needs its field on the page (what the form names
     differently stands for the same job field: GiB for MiB, a duration for seconds)."""
-    from scheduling.api.serializers import JobSubmitSerializer
-    from scheduling.forms import SubmitJobForm
+    from scheduling.jobs.api.serializers import JobSubmitSerializer
+    from scheduling.jobs.forms import SubmitJobForm
 
     add_fleet(1)
     form = SubmitJobForm(VALID | {"preemptible": "on", "hold": "on"}, user=alice)

@@ -15,8 +15,9 @@ from rest_framework.test import APIClient
 
 from gpuadmin.access.models import Role
 from inventory.models import Gpu, MigInstance, Pool
-from scheduling import accounting, quotas
+from scheduling.allocations import accounting
 from scheduling.models import Allocation, Job, JobState, Quota, QuotaPeriod, UsageDay
+from scheduling.policies import quotas
 from tests.scheduling.pages.helpers import add_fleet, person
 
 DAY = date(2026, 11, 2)

@@ -1,0 +1,217 @@
+"""Job control: release, cancel (one job, waiting jobs, an array), stop the jobs on failed GPUs,
+and change a job's priority.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from gpuadmin.audit.services import (
+    audit_event,
+    record,
+    record_all,
+)
+from scheduling.jobs.limits import JobRejected
+from scheduling.jobs.transitions import (
+    HEALTH_ACTOR,
+    TRANSITIONS,
+    IllegalTransition,
+    attempt_end,
+    job_nodes,
+    transition,
+)
+from scheduling.loop import dispatch
+from scheduling.models import (
+    HOLDING_STATES,
+    NOT_WAITING,
+    TERMINAL_STATES,
+    Job,
+    JobArray,
+    JobState,
+    Priority,
+)
+
+S = JobState
+log = logging.getLogger("gpuadmin.jobs")
+
+
+def release_job(job: Job, *, actor: User) -> Job:
+    """Let a held (PENDING) job into the queue; the placement loop is woken on commit."""
+    return transition(job, S.QUEUED, actor=actor, expect=[S.PENDING], message="released")
+
+
+def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -> Job:
+    """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
+    nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
+    SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
+    is unreachable nothing can be signalled and the job ends at once. With ``kill`` (the
+    seed's force kill, ``gpuadmin jobs kill``) its processes get SIGKILL at once, no grace,
+    even when a cancel is already under way (its grace is cut short)."""
+    message = reason or f"{'killed' if kill else 'canceled'} by {actor.get_username()}"
+    stop: dict[str, Any] = {"signal": "SIGKILL", "grace_s": 0} if kill else {}
+    job.refresh_from_db()  # decide on the stored state and attempt, never a stale copy
+    nodes = job_nodes(job) if job.state in HOLDING_STATES else []
+    if nodes and all(node.is_reachable() for node in nodes):
+        with transaction.atomic():
+            # A cancel overrides a preemption under way, and no later pass may start one: its
+            # end is a cancel, not a re-queue (``attempt_end``).
+            Job.objects.filter(pk=job.pk).update(
+                preempted_by=None, preempt_requested_at=None, cancel_requested_at=timezone.now()
+            )
+            record(
+                "job.cancel_requested",
+                actor=actor,
+                target=job,
+                before={"state": job.state},
+                after=stop or None,
+                message=message,
+            )
+            hostnames = [node.hostname for node in nodes]
+            transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message, **stop))
+        return job
+    return transition(job, S.CANCELED, actor=actor, message=message)
+
+
+def cancel_waiting(
+    messages: Mapping[int, str], *, actor: User | None = None, actor_name: str | None = None
+) -> list[int]:
+    """Cancel those of the jobs ``messages`` names (id -> why) that still wait (held or
+    queued), as ``transition`` would one by one, but in one transaction of a fixed number of
+    statements (one UPDATE per distinct message, one audit insert of ``job.canceled`` rows)
+    whatever their number; the loop is woken on commit. The ids canceled: a job that moved on
+    meanwhile is left alone (placed jobs end through their agents: ``cancel_job``)."""
+    waiting = [state for state in (S.PENDING, S.QUEUED) if S.CANCELED in TRANSITIONS[state]]
+    with transaction.atomic():
+        jobs = list(
+            Job.objects.select_for_update()
+            .filter(pk__in=list(messages), state__in=waiting)
+            .only("pk", "name", "state")
+            .order_by("pk")
+        )
+        if not jobs:
+            return []
+        now = timezone.now()
+        by_message: dict[str, list[int]] = defaultdict(list)
+        for job in jobs:
+            by_message[messages[job.pk]].append(job.pk)
+        for message, ids in by_message.items():
+            Job.objects.filter(pk__in=ids).update(
+                state=S.CANCELED, finished_at=now, pid=None, message=message, **NOT_WAITING
+            )
+        record_all(
+            [
+                audit_event(
+                    f"job.{S.CANCELED}",
+                    actor=actor,
+                    actor_name=actor_name,
+                    target=job,
+                    before={"state": job.state},
+                    after={"state": S.CANCELED, "finished_at": now, "pid": None},
+                    message=messages[job.pk],
+                )
+                for job in jobs
+            ]
+        )
+        transaction.on_commit(dispatch.wake)
+    log.info("%d waiting jobs canceled", len(jobs))
+    return [job.pk for job in jobs]
+
+
+@dataclass(frozen=True)
+class ArrayCanceled:
+    canceled: list[int]  # tasks canceled now (those that were waiting, mostly)
+    canceling: list[int]  # tasks on GPUs: their agents stop them (``cancel_job``)
+
+
+def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
+    """Cancel every unfinished task of ``array`` (Slurm's ``scancel`` of an array job): the
+    waiting ones at once (``cancel_waiting``), those on GPUs through their agents."""
+    message = f"array {array.pk} canceled by {actor.get_username()}"
+    tasks = array.tasks.exclude(state__in=TERMINAL_STATES)
+    waiting = list(tasks.filter(state__in=(S.PENDING, S.QUEUED)).values_list("pk", flat=True))
+    canceled = cancel_waiting(dict.fromkeys(waiting, message), actor=actor)
+    canceling: list[int] = []
+    for task in tasks.exclude(pk__in=canceled).order_by("pk"):
+        try:
+            cancel_job(task, actor=actor, reason=message)
+        except IllegalTransition:  # it ended meanwhile
+            continue
+        (canceled if task.is_terminal else canceling).append(task.pk)
+    return ArrayCanceled(canceled, canceling)
+
+
+def stop_jobs_on_gpus(
+    gpu_ids: Collection[int],
+    *,
+    requeue: bool,
+    reason: str,
+    pid: int | None = None,
+    actor_name: str = HEALTH_ACTOR,
+) -> list[int]:
+    """Stop now the jobs holding any of ``gpu_ids`` because the hardware under them failed (a
+    health policy, or the GPUs went offline) or is reconfigured (a MIG re-layout that preempts,
+    as ``actor_name``): requeue them (their next placement is their next
+    attempt) or fail their run, which counts against their retries as a non-zero exit does
+    (``attempt_end``: re-queued while retries are left), with ``reason`` in the job's message,
+    their GPUs released at once,
+    and their processes canceled through their nodes' agents (the agent's later report of
+    the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
+    process it is, when one of them is. A job that already moved on is left alone; the ids of
+    the jobs stopped."""
+    holding = Job.objects.filter(
+        state__in=HOLDING_STATES,
+        allocations__gpu_id__in=gpu_ids,
+        allocations__released_at__isnull=True,
+    )
+    jobs = list(holding.distinct().order_by("pk"))
+    if pid is not None and any(job.pid == pid for job in jobs):
+        jobs = [job for job in jobs if job.pid == pid]
+    stopped = []
+    for job in jobs:
+        with transaction.atomic():
+            current = holding.filter(pk=job.pk).select_for_update(of=("self",)).first()
+            if current is None:
+                continue  # ended, or requeued and placed elsewhere, since the query
+            hostnames = [node.hostname for node in job_nodes(job) if node.is_reachable()]
+            to, message, fields = (
+                (S.QUEUED, reason, {}) if requeue else attempt_end(current, "failed", None, reason)
+            )
+            locked = transition(job.pk, to, actor_name=actor_name, message=message, **fields)
+            if hostnames:
+                transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, message))
+        stopped.append(job.pk)
+    return stopped
+
+
+def set_priority(job: Job, priority: str, *, actor: User) -> Job:
+    """Change a waiting job's priority (audited ``job.priority_changed``)."""
+    if priority not in Priority.values:
+        raise JobRejected("priority", f"must be one of {', '.join(Priority.values)}")
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state not in (S.PENDING, S.QUEUED):
+            raise IllegalTransition(
+                f"job {job.pk} is {locked.state}: only a waiting job's priority can change"
+            )
+        if locked.priority != priority:
+            record(
+                "job.priority_changed",
+                actor=actor,
+                target=locked,
+                before={"priority": locked.priority},
+                after={"priority": priority},
+            )
+            locked.priority = priority
+            locked.save(update_fields=["priority"])
+            transaction.on_commit(dispatch.wake)
+    job.priority = priority
+    return locked

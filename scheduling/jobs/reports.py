@@ -1,0 +1,419 @@
+"""What node agents report about their jobs: starts and ends recorded (usage, gang parts,
+retries, preempted jobs requeued), and the reconciliation of what an agent says it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db import connection, transaction
+from django.db.models import F, OuterRef, QuerySet, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from gpuadmin.audit.services import (
+    audit_event,
+    record,
+    record_all,
+)
+from inventory.models import Gpu
+from scheduling.agent.wire import (
+    ExecutorEvent,
+    FinalState,
+    JobFinished,
+    JobStarted,
+    executor_id,
+    parse_executor_id,
+)
+from scheduling.jobs.transitions import (
+    AGENT_ACTOR,
+    LOOP_ACTOR,
+    IllegalTransition,
+    attempt_end,
+    audited_fields,
+    change_state,
+    job_nodes,
+    release_allocations_of,
+    transition,
+)
+from scheduling.loop import dispatch
+from scheduling.models import (
+    HOLDING_STATES,
+    NOT_WAITING,
+    TERMINAL_STATES,
+    Allocation,
+    Job,
+    JobState,
+)
+
+S = JobState
+log = logging.getLogger("gpuadmin.jobs")
+
+
+def job_event(event: ExecutorEvent) -> None:
+    """What an agent's executor reported (``scheduling.job_event``): ``job_events`` of one."""
+    job_events([event])
+
+
+@dataclass
+class Recorded:
+    """What ``job_events`` made of a batch: the state each job reached, by id, and the
+    executor ids of the events refused because their job attempt was not placed on the node
+    that sent them."""
+
+    reached: dict[int, str] = field(default_factory=dict)
+    not_placed_there: list[str] = field(default_factory=list)
+
+
+def job_events(
+    events: Sequence[ExecutorEvent],
+    *,
+    sender: str | None = None,
+    node_stopped: Collection[str] = (),
+) -> Recorded:
+    """What an agent's executor reported, in the order it happened (``scheduling.job_events``: an
+    agent sends together the events that pile up), recorded in one transaction of a fixed number of
+    statements however many events: the jobs locked in id order (with the attempts placed on node
+    ``sender``, when given: an event about a job attempt placed elsewhere is refused, not believed);
+    each event's transition decided on its job as the state machine has it then (``change_state``: a
+    start SCHEDULED -> RUNNING, an end as ``attempt_end`` says); the jobs written in one UPDATE; the
+    GPUs of those that stopped holding them released in one statement; every transition audited, in
+    one INSERT. An end adds its run's CPU time and peak memory to the job's earlier runs' (retries
+    and preempted runs count too); a multi-node gang's parts add theirs with statements of their own
+    (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes nothing.
+    The end of a preempted job takes ``_requeue_preempted``'s path, in the same transaction: its
+    GPUs are released by a statement of their own, so when others end with it, all their GPUs are
+    locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the
+    jobs that ``sender``'s agent stopped because it stopped (``--stop-jobs-on-exit``): their cancel
+    is the node's stop, not a user's (``attempt_end``)."""
+    reports = []
+    for event in events:
+        job_id, attempt = parse_executor_id(event.job_id)
+        reports.append((job_id, attempt, event))
+    recorded = Recorded()
+    reached = recorded.reached
+    locking = Job.objects.select_for_update(of=("self",)).filter(
+        pk__in={job_id for job_id, _, _ in reports}
+    )
+    if sender is not None:
+        placed = Allocation.objects.filter(job=OuterRef("pk"), node__hostname=sender)
+        locking = locking.annotate(placed_there=ArraySubquery(placed.values("attempt")))
+    with transaction.atomic():
+        jobs = {job.pk: job for job in locking.order_by("pk")}
+        if len(jobs) > 1 and any(job.preempted_by_id is not None for job in jobs.values()):
+            _lock_held_gpus(list(jobs))
+        moves = _Moves(AGENT_ACTOR)
+        gang_parts: list[tuple[int, int, JobFinished]] = []
+        for job_id, attempt, event in reports:
+            job = jobs.get(job_id)
+            if sender is not None and attempt not in getattr(job, "placed_there", ()):
+                recorded.not_placed_there.append(event.job_id)
+                continue
+            if job is None or job.attempt != attempt:
+                continue
+            if isinstance(event, JobStarted):
+                if job.state == S.SCHEDULED:
+                    moves.add(job, S.RUNNING, pid=event.pid, started_at=event.started_at)
+                continue
+            # A gang's parts end one by one, each on its node: their usage adds up.
+            gang = job.node_count > 1 and sender is not None
+            if job.state not in HOLDING_STATES:
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
+                continue
+            preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
+            if preempted and event.state != "completed":
+                reached.update(moves.write())
+                if gang:
+                    gang_parts.append((job_id, attempt, event))
+                else:
+                    _add_usage(job_id, event)
+                if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
+                    reached[job_id] = state
+                del jobs[job_id]  # its row changed under this copy; later reports are stale
+                continue
+            stopped_by = sender if event.job_id in node_stopped else None
+            to, message, fields = attempt_end(
+                job, event.state, event.exit_code, event.message, node_stopped=stopped_by
+            )
+            fields["exit_code"] = event.exit_code
+            if not gang:  # the run's usage, added to its earlier runs' (a gang's: by part)
+                fields["cpu_seconds"] = _total(job.cpu_seconds, event.cpu_seconds)
+                fields["max_memory_bytes"] = _peak(job.max_memory_bytes, event.max_memory_bytes)
+            if to != S.QUEUED:
+                fields["finished_at"] = event.finished_at
+            moves.add(job, to, message, **fields)
+            if gang:
+                gang_parts.append((job_id, attempt, event))
+        reached.update(moves.write())
+        for job_id, attempt, event in gang_parts:
+            assert sender is not None, "a gang's part is reported by its node"
+            _add_gang_part(job_id, attempt, sender, event)
+    moves.log()
+    return recorded
+
+
+# The audit row of one node's part of a multi-node gang's usage.
+GANG_PART_USAGE = "job.part_usage"
+
+
+def _add_gang_part(job_id: int, attempt: int, node: str, event: JobFinished) -> None:
+    """Add the usage of a gang's part that ended on ``node`` to its job (CPU seconds summed,
+    the largest peak memory kept; inside the caller's transaction, the job locked), audited
+    ``job.part_usage``, that row also telling a repeated report (counted once per node and
+    attempt)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    if cpu is None and memory is None:
+        return
+    part = {"attempt": attempt, "node": node}
+    counted = AuditEvent.objects.filter(
+        event_type=GANG_PART_USAGE,
+        target_type=Job._meta.label_lower,
+        target_id=str(job_id),
+        after__contains=part,
+    )
+    if counted.exists():
+        return
+    _add_usage(job_id, event)
+    after = {**part, "cpu_seconds": cpu, "max_memory_bytes": memory}
+    record(
+        GANG_PART_USAGE,
+        actor_name=AGENT_ACTOR,
+        target_type=Job._meta.label_lower,
+        target_id=job_id,
+        after=after,
+    )
+
+
+def _add_usage(job_id: int, event: JobFinished) -> None:
+    """Add what a run (or a gang's part) used to its job's: CPU seconds summed over its runs,
+    the largest peak memory kept (one statement; the job locked by the caller)."""
+    cpu, memory = event.cpu_seconds, event.max_memory_bytes
+    Job.objects.filter(pk=job_id).update(
+        cpu_seconds=F("cpu_seconds") if cpu is None else Coalesce(F("cpu_seconds"), 0.0) + cpu,
+        max_memory_bytes=F("max_memory_bytes")
+        if memory is None
+        else Greatest(F("max_memory_bytes"), Value(memory)),  # NULL is not the greatest
+    )
+
+
+def _total(before: float | None, run: float | None) -> float | None:
+    return before if run is None else (before or 0.0) + run
+
+
+def _peak(before: int | None, run: int | None) -> int | None:
+    return before if run is None else max(before or 0, run)
+
+
+def _lock_held_gpus(job_ids: Collection[int]) -> None:
+    """Lock the GPUs these jobs hold, in id order, in one statement (inside the caller's
+    transaction, the jobs locked)."""
+    with connection.cursor() as cursor:
+        cursor.execute(LOCK_HELD_GPUS_SQL, [list(job_ids)])
+
+
+LOCK_HELD_GPUS_SQL = f"""
+    SELECT gpu.id FROM {Gpu._meta.db_table} AS gpu
+    WHERE gpu.id IN (
+        SELECT gpu_id FROM {Allocation._meta.db_table}
+        WHERE job_id = ANY(%s) AND released_at IS NULL
+    )
+    ORDER BY gpu.id
+    FOR UPDATE
+"""
+
+
+def job_started(job_id: int, attempt: int, pid: int, at: datetime) -> bool:
+    """The agent started attempt ``attempt``: SCHEDULED -> RUNNING. ``False`` for a stale
+    report (another attempt, or the job already moved on)."""
+    event = JobStarted(executor_id(job_id, attempt), pid, at)
+    return job_events([event]).reached.get(job_id) == S.RUNNING
+
+
+def job_finished(
+    job_id: int, attempt: int, outcome: str, exit_code: int | None, message: str, at: datetime
+) -> str | None:
+    """The agent says attempt ``attempt`` ended (``completed``, ``failed``, ``timed_out``,
+    ``canceled`` or ``lost``). Re-queues while retries are left; the new state, or ``None``
+    for a stale report."""
+    event = JobFinished(executor_id(job_id, attempt), FinalState(outcome), exit_code, at, message)
+    return job_events([event]).reached.get(job_id)
+
+
+class _Moves:
+    """Transitions of locked jobs, decided in memory one after the other (``change_state``, as
+    ``transition`` decides them) and written together by ``write``: the jobs in one UPDATE,
+    the allocations of those that stopped holding GPUs released in one statement, each
+    transition's ``job.<state>`` audit row in one INSERT."""
+
+    def __init__(self, actor_name: str) -> None:
+        self.actor_name = actor_name
+        self.pending: list[tuple[Job, dict[str, Any], str, str, dict[str, Any]]] = []
+        self.written: list[tuple[int, str, str, str]] = []  # for ``log``, after the commit
+
+    def add(self, job: Job, to: str, message: str = "", **fields: Any) -> None:
+        """Move ``job`` (locked) to ``to`` in memory; a move the state machine refuses is
+        left out, as ``transition`` would refuse it."""
+        try:
+            before, _ = change_state(job, to, message, None, fields)
+        except IllegalTransition:
+            return
+        self.pending.append((job, before, to, message, fields))
+
+    def write(self) -> dict[int, str]:
+        """Write what was added since the last write (inside the caller's transaction); the
+        state each job reached, by id."""
+        if not self.pending:
+            return {}
+        jobs = {job.pk: job for job, *_ in self.pending}
+        columns = {"state"}
+        for _, _, to, _, fields in self.pending:
+            columns.update(fields)
+            if to != S.QUEUED:
+                columns.update(NOT_WAITING)
+        _update_jobs(list(jobs.values()), columns)
+        ended = [
+            job.pk
+            for job, before, to, _, _ in self.pending
+            if before["state"] in HOLDING_STATES and to not in HOLDING_STATES
+        ]
+        released = release_allocations_of(ended) if ended else {}
+        rows = []
+        for job, before, to, message, fields in self.pending:
+            after = {"state": to, **audited_fields(fields)}
+            stopped_holding = before["state"] in HOLDING_STATES and to not in HOLDING_STATES
+            if stopped_holding and released.get(job.pk):
+                after["released_gpus"] = released[job.pk]
+            rows.append(
+                audit_event(
+                    f"job.{to}",
+                    actor_name=self.actor_name,
+                    target=job,
+                    before=before,
+                    after=after,
+                    message=message,
+                )
+            )
+            self.written.append((job.pk, before["state"], to, message))
+        record_all(rows)
+        if any(to in TERMINAL_STATES or to == S.QUEUED for _, _, to, _, _ in self.pending):
+            transaction.on_commit(dispatch.wake)
+        reached = {job.pk: to for job, _, to, _, _ in self.pending}
+        self.pending = []
+        return reached
+
+    def log(self) -> None:
+        """The line ``transition`` logs, for each transition written."""
+        for job_id, before, to, message in self.written:
+            log.info("job %d: %s -> %s%s", job_id, before, to, f" ({message})" if message else "")
+
+
+def _update_jobs(jobs: Sequence[Job], names: Collection[str]) -> None:
+    """Write the fields ``names`` of ``jobs`` (locked) as they are in memory, in one
+    statement however many (an UPDATE from arrays: ``bulk_update``'s CASE per field and row
+    costs several times as much to build and to run)."""
+    fields = [field for field in Job._meta.concrete_fields if field.name in names]
+    quote = connection.ops.quote_name
+    columns = [quote(field.column) for field in fields]
+    arrays = [f"%s::{field.db_type(connection)}[]" for field in fields]
+    statement = (
+        f"UPDATE {quote(Job._meta.db_table)} AS job "
+        f"SET {', '.join(f'{column} = new.{column}' for column in columns)} "
+        f"FROM unnest(%s::bigint[], {', '.join(arrays)}) AS new (id, {', '.join(columns)}) "
+        "WHERE job.id = new.id"
+    )
+    values = [
+        [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
+        for field in fields
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [[job.pk for job in jobs], *values])
+
+
+def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
+    """A preempted job's attempt ended (whatever the signal made of it): PREEMPTED (audited
+    ``job.preempted`` with its ``preemptions`` counted, its GPUs released, the preemption's
+    message kept), then back in the queue for its next attempt, which does not count against
+    its retries."""
+    try:
+        with transaction.atomic():
+            counted = Job.objects.select_for_update().values_list("preemptions", flat=True)
+            preempted = counted.get(pk=job_id) + 1
+            transition(
+                job_id,
+                S.PREEMPTED,
+                actor_name=AGENT_ACTOR,
+                exit_code=exit_code,
+                preemptions=preempted,
+            )
+            transition(job_id, S.QUEUED, actor_name=AGENT_ACTOR)
+    except IllegalTransition:
+        return None
+    return S.QUEUED
+
+
+def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:
+    """A (re)started agent says which (job, attempt) it runs: a job RUNNING on that node that
+    it does not know was lost with the previous agent (fails, or re-queues while retries are
+    left); one SCHEDULED there longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` that it does not
+    run is re-queued (``requeue_unconfirmed``: one placed since may still be in its queue).
+    Returns those jobs' ids."""
+    lost = requeue_unconfirmed(hostname, running)
+    jobs = Job.objects.filter(
+        state=S.RUNNING,
+        allocations__node__hostname=hostname,
+        allocations__released_at__isnull=True,
+    ).distinct()
+    for job in jobs:
+        if (job.pk, job.attempt) not in running:
+            message = f"the agent of {hostname} restarted and no longer runs it"
+            if job_finished(job.pk, job.attempt, "lost", None, message, timezone.now()):
+                lost.append(job.pk)
+    return lost
+
+
+def unconfirmed_jobs(now: datetime | None = None) -> QuerySet[Job]:
+    """Jobs SCHEDULED longer than ``GPUADMIN_SCHEDULED_CONFIRM_S``: no agent has reported
+    them started (the message that carried them was lost, or their agent stopped or went
+    silent). ``gpuadmin check`` reports them; ``requeue_unconfirmed`` re-queues them."""
+    bound = timedelta(seconds=settings.GPUADMIN_SCHEDULED_CONFIRM_S)
+    return Job.objects.filter(state=S.SCHEDULED, scheduled_at__lt=(now or timezone.now()) - bound)
+
+
+def requeue_unconfirmed(
+    hostname: str | None = None, running: Collection[tuple[int, int]] = ()
+) -> list[int]:
+    """Re-queue the ``unconfirmed_jobs`` (only those placed on ``hostname``, when given, but
+    not the (job, attempt) its agent says it ``running``): audited, with the reason as the
+    job's message ("requeued: dgx-01 did not start it within 120 s"), its GPUs released, not
+    counted against its retries, and its agents asked to cancel that attempt should its
+    message still arrive (``agent.cancel_job``: it then never starts). The ids re-queued."""
+    jobs = unconfirmed_jobs()
+    if hostname is not None:
+        jobs = jobs.filter(
+            allocations__node__hostname=hostname, allocations__released_at__isnull=True
+        )
+    bound = settings.GPUADMIN_SCHEDULED_CONFIRM_S
+    requeued = []
+    for job_id, attempt in jobs.distinct().order_by("pk").values_list("pk", "attempt"):
+        if (job_id, attempt) in running:
+            continue
+        with transaction.atomic():
+            locked = unconfirmed_jobs().select_for_update().filter(pk=job_id, attempt=attempt)
+            job = locked.first()
+            if job is None:
+                continue  # started, or moved on, since the query
+            hostnames = [node.hostname for node in job_nodes(job)]
+            message = f"requeued: {', '.join(hostnames)} did not start it within {bound} s"
+            job = transition(job, S.QUEUED, actor_name=LOOP_ACTOR, message=message)
+            transaction.on_commit(partial(dispatch.send_cancel, job, hostnames, message))
+        requeued.append(job_id)
+    return requeued

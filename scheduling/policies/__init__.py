@@ -1,0 +1,1 @@
+"""Pool policies and quotas: how the placement loop orders and limits each pool's queue."""
