@@ -123,7 +123,7 @@ def philly(
     2,816 GPUs). By default each VC is its own partition, as in Helios' simulator; `shared`
     puts them all in one fleet where each VC is a project entitled to its size (a quota the
     engine lets others borrow up to). `capacity` scales every VC (never below its largest
-    job): on these files the window keeps Helios' 2,816 GPUs only 17 % busy."""
+    job): at full size the window keeps Helios' 2,816 GPUs lightly busy."""
     vc_nodes: dict[str, int] = {}
     with (traces / "helios_artifact_small" / "philly_vc.csv").open() as file:
         for row in csv.DictReader(file):

@@ -10,7 +10,7 @@ one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for
 configuration (``serve:WxT`` = ``gpuadmin serve --workers W --threads T``, as it runs in
 production: granian, its access log included (to /dev/null); for comparison, gunicorn's
 ``sync:W`` = W sync workers and ``gthread:WxT`` = W workers of T threads, which ``gpuadmin
-serve`` ran until 2026-11-25: ``pip install gunicorn``), starts the server and runs ``--runs``
+serve`` ran before granian: ``pip install gunicorn``), starts the server and runs ``--runs``
 rounds per client count: each client is a process with one keep-alive ``http.client`` connection
 POSTing submissions for ``--duration`` seconds after ``--warmup``. The placement loop does not
 run (jobs just queue); Redis must be reachable (every submission wakes the loop through a Redis

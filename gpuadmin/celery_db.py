@@ -4,7 +4,7 @@
 Celery's Django fix-up closes every connection before and after each task unless
 ``CELERY_DB_REUSE_MAX`` is set (settings.py sets it out of reach): each agent report and
 placement pass would open a new PostgreSQL connection (a server process and its
-authentication, and the statements prepared on the old one lost; about a fifth of a job
+authentication, and the statements prepared on the old one lost: a visible part of a job
 event's time in ``bench/throughput.py``). Instead, around each task, as Django does around
 each request, ``close_old_connections`` closes a connection past its age or one that an
 error left unusable, and ``CONN_HEALTH_CHECKS`` tests a kept one before its first query.

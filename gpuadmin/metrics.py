@@ -49,5 +49,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     # The text format whatever the scraper prefers, as dcgm-exporter serves it: prometheus-
-    # client writes OpenMetrics 60% slower (3.9 s against 2.4 s for 500 nodes x 8 GPUs).
+    # client writes OpenMetrics markedly slower (docs/development/benchmarks.md).
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_PLAIN_0_0_4)

@@ -212,7 +212,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "gpuadmin.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    # Pages and their 2 s partials compress about 10x; Django's GZip pads against BREACH.
+    # Pages and their 2 s partials are repetitive markup that compresses well; Django's GZip
+    # pads against BREACH.
     "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

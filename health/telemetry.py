@@ -460,10 +460,9 @@ def prune(now: datetime | None = None) -> list[str]:
 def cluster_finished_day(now: datetime | None = None) -> str | None:
     """Rewrite the oldest finished rollup partition not yet clustered in (gpu_id, minute)
     order, and return its name. The rollup writes every GPU minute by minute, so a GPU's week
-    lies on 10,080 pages until then: a first 7-day chart read took 70 ms median (227 ms
-    max) over 30 days of 4,000 GPUs, 18 ms once clustered (bench/history.py). A day is
-    finished an hour after it ends (late minutes are rolled up within seconds); one partition
-    per run, as CLUSTER locks it while it rewrites it (a minute or so for 500 nodes' day)."""
+    lies on 10,080 pages until then, and a chart's first read of it is several times slower
+    (bench/history.py). A day is finished an hour after it ends (late minutes are rolled up
+    within seconds); one partition per run, as CLUSTER locks it while it rewrites it."""
     now = now or timezone.now()
     with _maintenance() as cursor:
         for name, start in sorted(_partitions(cursor, ROLLUP).items()):

@@ -130,7 +130,8 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
     for name in names:
         pipe.hgetall(KEY_PREFIX + name)
     return {
-        # orjson: the fleet poll decodes 4,000 samples, 30 ms with json, 10 ms with it.
+        # orjson: the fleet poll decodes every GPU's sample every 2 s, several times faster
+        # than the json module.
         name: {uuid.decode(): orjson.loads(raw) for uuid, raw in found.items()}
         for name, found in zip(names, pipe.execute(), strict=True)
     }

@@ -47,8 +47,7 @@ SUBMISSION_LIMITS: dict[str, tuple[int, int]] = {
     "array_index": (0, 9_999_999),
     "array_max_running": (1, 10_000),
     # Jobs one job may depend on (``--dependency``), and the dependencies of all the tasks of
-    # one array together (each task depends on each job: 10,000 x 100 was a million rows,
-    # read by every pass).
+    # one array together (each task depends on each job, and every pass reads the rows).
     "dependencies": (0, 100),
     "array_dependencies": (0, 20_000),
 }
@@ -187,7 +186,7 @@ def split_command(command: str | list[str], use_shell: bool) -> list[str]:
         return command
     if use_shell:
         return [command]
-    if not _SHELL_QUOTING.search(command):  # most commands: as shlex would, 4x faster
+    if not _SHELL_QUOTING.search(command):  # most commands: as shlex would, without it
         return _SHELL_WORD.findall(command)
     try:
         return shlex.split(command)

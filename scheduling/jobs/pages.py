@@ -77,8 +77,8 @@ def gpu_occupants(gpu_ids: Collection[int]) -> list[Occupant]:
     dashboard, ``?free=``, the MIG layouts).
 
     One query reads every active allocation (at most one per GPU of the fleet) and the ids are
-    picked here: for a 1,024-GPU page that takes under 2 ms, where an ``IN`` list of 1,024 ids
-    costs 6 to 10 ms to build and send, even when no GPU is allocated.
+    picked here: for a page of 1,024 GPUs that is quicker than building and sending an ``IN``
+    list of their ids, even when no GPU is allocated.
     """
     wanted = set(gpu_ids)
     url = url_format("scheduling:job-detail")

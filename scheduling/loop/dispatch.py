@@ -45,8 +45,9 @@ def running_key() -> str:
 
 
 WAKE_TTL_S = 60
-# Longer than a pass takes (a second at 10,000 jobs); a pass that outlives it, or a worker
-# that dies in one, only brings back the tasks that find the lock taken (``defer_wake``).
+# Longer than a pass takes at 10,000 waiting jobs (bench/loop.py); a pass that outlives it,
+# or a worker that dies in one, only brings back the tasks that find the lock taken
+# (``defer_wake``).
 RUNNING_TTL_S = 10
 # The wake key's value once a wake was left to the pass running: that pass asks again.
 DEFERRED = b"deferred"

@@ -210,7 +210,7 @@ def run_woken_pass() -> PassSummary | None:
 def _no_cyclic_gc() -> Iterator[None]:
     """Hold the cyclic garbage collector off: a pass makes tens of thousands of objects
     (rows, slots, requests, decisions) that all live until its end, and each collection
-    would walk them all again for nothing (a third of a pass at 10,000 GPUs). Reference
+    would walk them all again for nothing (a large part of a pass at 10,000 GPUs). Reference
     counting still frees what dies; a collection may run afterwards."""
     was_enabled = gc.isenabled()
     gc.disable()

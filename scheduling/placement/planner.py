@@ -448,7 +448,7 @@ def _shares(
 ) -> FairShareTable:
     """The pool's fair-share table, made once per pass. A plain function, not the planner's
     method: a partition pointing back at the planner would make the whole pass a reference
-    cycle, left to the cyclic garbage collector (tens of milliseconds at 10,000 jobs)
+    cycle, left to the cyclic garbage collector (a collection walking the whole pass)
     instead of being freed when the pass returns."""
     if pool not in tables:
         tables[pool] = FairShareTable.of(snapshot, pool)

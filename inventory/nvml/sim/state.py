@@ -227,7 +227,7 @@ class FileStore:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
         try:
             with os.fdopen(fd, "w") as fh:
-                # dumps: the C encoder (dump streams through the pure-Python one, 5x slower;
+                # dumps: the C encoder (dump streams through the slower pure-Python one;
                 # a simulated node's every job start and end rewrites its state).
                 fh.write(json.dumps(state, separators=(",", ":")))
                 fh.flush()

@@ -69,7 +69,7 @@ class HostCgroups:
     v1: Mapping[str, Path]
     root: str
     problems: Sequence[str] = ()
-    # Moving a process between cgroups waits for an RCU grace period (5-20 ms) unless the
+    # Moving a process between cgroups waits for an RCU grace period unless the
     # cgroup2 mount has ``favordynmods`` (kernel 6.0+), which makes the moves cheap.
     favordynmods: bool = False
 
