@@ -3,7 +3,7 @@ on the database side into at most ~1,000 points, as the arrays uPlot draws.
 
 ``gpu_series``, ``node_series`` and ``fleet_series`` answer the history endpoints; where the
 data comes from (raw samples or 1-minute rollups) and the payload's fields:
-docs/operations/health.md, "Charts and the GPU page".
+docs/operations/telemetry.md, "Charts and the GPU page".
 """
 
 from __future__ import annotations

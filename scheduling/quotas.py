@@ -4,7 +4,7 @@ one statement, whatever the history.
 
 A user holds ``("user", "<id>")`` and a project ``("project", "<name>")``, as in
 ``placement.QuotaLimit``. What counts against a quota and how usage decays:
-docs/users/scheduling.md, "Policies and quotas".
+docs/users/policies.md, "Quotas" and "Fair share".
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each step (draining, applying, verifying, done; failed rolls the GPU back) is a 
 ``MigRelayout`` with a deadline, audited ``mig_relayout.<state>`` and driven by ``advance_open``
 (beat, and the agents' job reports while a GPU drains). Layouts are lists of
 ``{"profile": "3g.20gb", "start": 4}``, checked by ``inventory.nvml.mig_fit``. See
-docs/users/scheduling.md, "MIG and MPS sharing".
+docs/users/sharing.md, "MIG re-layout".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ reservation changes (each change audited in its transaction).
 
 ``sweep`` (beat, ``scheduling.sweep_reservations``) ends, expires and releases them. How a
 request is approved, how GPUs are held and what ending one does to its waiting jobs:
-docs/users/scheduling.md, "Reservations".
+docs/users/reservations.md.
 """
 
 from __future__ import annotations
