@@ -2,20 +2,8 @@
 
     .venv/bin/python bench/faults.py [--rounds 10] [--sample-interval 2]
 
-Creates a throwaway database and starts real processes on a private central queue: a central
-worker (``gpuadmin worker``: health reports, recovery policies) and one simulated DGX A100
-80GB node agent (``gpuadmin agent --sim``) whose simulator state lives in a scratch directory,
-so this script injects faults the way ``gpuadmin sim inject`` does. Each round injects, on
-the next GPU in turn, one fault of each class: XID 79 (fallen off the bus: the GPU is lost),
-XID 48 (double-bit ECC: reset), an uncorrectable ECC burst, and XID 74 (NVLink error:
-reset); it times from the injection to the audit row of the first state change the health
-policy made to that GPU (fenced: offline, degraded or resetting; a simulated reset can be
-over before a poll of the state would see it), then clears the fault and brings the GPU back
-online as an admin would.
-The circuit breaker and the flapping hold are set out of reach (they would stop the rounds).
-
-Prints each class's median and ends with the headline ``fault_to_fenced_ms`` (median over
-every injection; target under 5,000 ms, issue 11).
+The faults each round injects and what ``fault_to_fenced_ms`` measures:
+docs/development/design-notes.md, "Fault to fenced: bench/faults.py".
 """
 
 from __future__ import annotations

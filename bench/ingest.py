@@ -2,30 +2,8 @@
 
     .venv/bin/python bench/ingest.py [--nodes 500] [--seconds 30] [--runs 3] [--senders 4]
 
-Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
-embedded one), loads ``--nodes`` simulated 8-GPU nodes (``bench/common.py``), and runs the
-central side's ingest in a process of its own, as a central worker runs the beat task: every
-GPUADMIN_INGEST_INTERVAL_S (2 s) it calls ``health.telemetry.ingest`` (the task's body). The
-agents are simulated by ``--senders`` concurrent processes that publish each node's sample
-(facts, metrics and health counters of the NVML simulator) through the real transport,
-``inventory.live.publish`` (the live hash and the samples stream in Redis), every node once
-per GPUADMIN_SAMPLE_INTERVAL_S (2 s), spread over the interval. Each run has two phases:
-
-- capacity: ``--backlog-s`` seconds of the whole fleet's samples are queued first, then the
-  ingest process drains them as fast as it can: samples/s absorbed at full speed, and samples
-  per CPU-second of the ingest process and its PostgreSQL backend (independent of what else
-  runs). ``headroom_ratio`` is that times the cores over the fleet's rate: how many times the
-  real-time load the machine's CPU could absorb.
-- real time: the senders publish for ``--seconds`` while the ingest runs on its 2 s beat:
-  samples/s absorbed, the CPU share of the ingest process and of its PostgreSQL backend (of the
-  whole machine: CPU seconds / wall seconds / cores), and the lag (age of the oldest sample
-  not yet read by the ingest, probed every 0.2 s).
-
-Then one minute rollup is timed and the storage per raw and rollup row measured on the rows
-written (pg_total_relation_size over the rows, pg_column_size per row), with the estimate for
-500 nodes at the default interval and retention. Figures are medians over the runs. Target
-(issue 11): 500 nodes x 8 GPUs in real time (2,000 samples/s) with half the CPU to spare.
-The stream, its counters and the live keys are deleted from Redis at the end.
+Its two phases (capacity, real time), the rollup and storage figures:
+docs/development/design-notes.md, "Telemetry ingest: bench/ingest.py".
 """
 
 from __future__ import annotations

@@ -3,37 +3,8 @@
     .venv/bin/python bench/loop.py [--nodes 1250] [--jobs 10000] [--runs 5] [--seed 1]
                                    [--policy priority|qssf|...]
 
-Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
-embedded one) and loads ``--nodes`` simulated DGX nodes through the agents' discovery sync
-(NUMA, socket, NVSwitch links and MIG as a scan reports them; live samples published to Redis,
-heartbeats fresh). About half the schedulable GPUs are then held by running jobs (blocks of 1,
-2, 4 or 8 GPUs given through ``allocation_services.allocate_many`` and started like an agent reports
-it), and ``--jobs`` jobs are queued in bulk with their ``job.submitted`` audit rows, shaped like
-bench/placement.py's queue (1, 2, 4, 8-GPU jobs and 2x8, 4x8 gangs). ``--policy`` is the policy of
-the GPUs in no pool (all of them here).
-
-Then, the tables ANALYZEd (as autovacuum keeps a running fleet's),
-``scheduling.loop.passes.run_pass()`` runs as the central worker runs it: the first pass
-places what fits and writes every waiting job's reason; then ``--runs`` blocked passes
-(nothing fits any more: the steady cost of re-explaining the queue, which must write nothing:
-the queue did not change, only the clock moved); then ``--runs`` placing passes, each after the
-previous one's jobs were put back in the queue (an audited SCHEDULED -> QUEUED transition that
-releases their GPUs). Prints each phase (snapshot, plan, commit: placements committed in batches and
-sent to their agents, save_pending) as medians over the runs, the queries of each kind of
-pass, checks the scheduler's invariants (``gpuadmin check``) and that every placement was
-audited, before and after, and ends with headline lines ``name: value unit``:
-
-- ``placements_per_s``: jobs placed per second of the commit phase (allocations, audit rows,
-  job transitions and dispatch), median over the placing passes; ``placing_pass_per_s`` the
-  same over the whole pass (snapshot and engine included).
-- ``blocked_pass_ms``: a whole blocked pass, median; ``blocked_pass_cpu_ms`` the CPU it took
-  (this process and its PostgreSQL backend, from /proc), steadier than the time on a shared
-  host, where other processes' load stretches every pass.
-- ``unchanged_rows_written``: waiting jobs' rows written by all the blocked passes together.
-
-Dispatch is real: each placement sends ``scheduling.run_job`` to the node's Celery queue
-``node.bench-<pid>-NNNN``, which no agent consumes; the central queue is ``bench-loop-<pid>``.
-Those queues, the live samples and the wake key are deleted from Redis at the end.
+The fleet and queue it loads, the passes it times and its headline figures:
+docs/development/design-notes.md, "The placement loop: bench/loop.py".
 """
 
 from __future__ import annotations

@@ -2,21 +2,8 @@
 
     .venv/bin/python bench/release.py [--releases 60] [--sample-interval 2]
 
-Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the
-embedded one) and starts real processes on a private central queue (``bench-release-<pid>``):
-a central worker (``gpuadmin worker``: the placement loop) and one simulated DGX A100 80GB
-node agent (``gpuadmin agent --sim``), and no beat, so nothing but the release can start the
-waiting job before the end of a run. Then ``--releases`` times: a job holding all 8 GPUs runs
-while the next 8-GPU job waits behind it; once the node's live sample shows the running job's
-processes on every GPU (the case where a pass could take the freed GPUs for busy), the
-running job is released, by finishing (its command ends) and every other time by a cancel
-(SIGTERM through its agent). The figure is ``release_to_start_ms``: from the released job's
-``finished_at`` (the agent's time of seeing its last process gone) to the waiting job's
-``scheduled_at`` (its placement), both on this machine's clock.
-
-Prints each kind's median, then the median, p95 and maximum over all releases, and ends with
-headline lines ``name: value unit``. Target (issue 9): median under 1,000 ms. The queues, the
-live sample and the wake key are deleted from Redis at the end.
+The processes it starts and what ``release_to_start_ms`` measures:
+docs/development/design-notes.md, "Release to start: bench/release.py".
 """
 
 from __future__ import annotations

@@ -7,26 +7,9 @@ side in one run, against the classic policies run in-process.
         [--engine-estimates] [--declared-estimates none|helios] [--qssf-points 250]
         [--processes 2] [--profile POLICY]
 
-Workloads (../shared/traces, see its INDEX.md): Philly 2017's Oct-Nov window on Helios' 11
-virtual clusters (2,816 GPUs); Microsoft ITP cluster 04 on 64, 72 and 80 DGX nodes; Pollux's
-eight 8-hour samples on 64 GPUs, next to Pollux's published JCTs; Alibaba's 2023 openb
-fractional-GPU pods, with their CPUs and memory, filling its 1,213 GPU nodes.
-
-Engine policies are `scheduling.placement.POLICIES` by name, each under a `PoolConfig` with
-that policy (backfill, preemption and the rest as PoolPolicy defaults them), plus "default":
-`PoolConfig()` itself. They see what real users declared, which in these traces is no
-duration at all (--engine-estimates gives them the true ones; --declared-estimates helios
-has every job declare its duration off by the errors of Helios' estimates, the information
-behind Helios' published Philly figures). The baselines are in
-bench/replay_baselines.py; the simulator in bench/replay_sim.py.
-
-Printed per policy: average, median and p99 JCT and waiting time (JCT minus run time, hours),
-makespan, GPU utilisation overall and while jobs wait, GPUs left idle by fragmentation while
-jobs wait (free GPUs on nodes with fewer free GPUs than any waiting job needs per node,
-time-averaged), the share each project received against its entitlement (lowest and highest,
-over projects that asked for at least their entitlement), preemptions, and the time one
-decision took (per pass, and per queued job considered; for the engine, `plan` alone). Ends
-with headline lines `name: value unit`.
+Workloads (../shared/traces), policies and columns: docs/development/testing.md, "Trace
+replay", and docs/development/design-notes.md, "Trace replay: bench/replay.py and its
+baselines". The baselines are in bench/replay_baselines.py; the simulator in bench/replay_sim.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
-"""The classic policies bench/replay.py runs beside the engine, in-process.
+"""The classic policies bench/replay.py runs beside the engine, in-process: fifo,
+fifo+backfill, sjf and srtf (oracles on true durations), tiresias, and FIFO with first-fit,
+best-fit or random placement.
 
-Each is a queue order, a rule for a job that does not fit (stop there, skip it, or EASY
-backfill behind it), optionally preemption, and a placement: best fit (the node with the
-fewest free GPUs that holds the job, as the engine does), first fit (the lowest node) or
-random. The oracles know every job's true duration, which no real scheduler does.
-
-- fifo: strict FIFO, the first waiting job that does not fit blocks all behind it.
-- fifo+backfill: EASY backfill on true durations (counted in GPUs: a later job may start if
-  it ends before the head job's reserved start, or uses GPUs the head will not need then).
-- sjf: shortest true duration first, never preempting (oracle).
-- srtf: shortest true remaining time first, preempting (oracle).
-- tiresias: discretised 2D least-attained-service (Tiresias, NSDI'19): queues by attained
-  GPU-seconds, FIFO inside a queue, a higher queue preempts a lower one.
-- first-fit, best-fit, random: FIFO order without blocking, three placements.
-
-Every placement keeps to nodes whose free host CPUs and memory hold the job's part (only
-openb names any).
+Each one's order, rule for a job that does not fit and placement:
+docs/development/design-notes.md, "Trace replay: bench/replay.py and its baselines".
 """
 
 from __future__ import annotations

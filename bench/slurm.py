@@ -5,16 +5,8 @@
         client.sbatch(["--hold", "--wrap", "true"])
         client.rest_submit(client.connect(), hold=True)
 
-Installs Debian's slurmctld, slurmd, slurmrestd and munge when they are missing (as the test
-setup installs Chromium), then runs a one-node cluster from a scratch directory: one node
-``localhost`` with 8 GPUs declared as GRES (gres.conf names 8 placeholder files: no GPU is
-touched; jobs get CUDA_VISIBLE_DEVICES as usual), no accounting database. ``tuned`` is the
-configuration Slurm's own throughput advice gives (``batch_sched_delay=0``,
-``sched_min_interval=0``, ``MinJobAge=5``, 8 CPUs declared so that CPUs never limit 8 one-GPU
-jobs); untuned is the packages' defaults with the 2 real CPUs (both keep up to a million jobs:
-``MaxJobCount``). slurmrestd listens on a Unix socket with ``rest_auth/local`` (it refuses to
-run as root, so it runs as ``nobody``, and so do the jobs submitted through it) and speaks
-openapi/v0.0.38. Everything is stopped and removed on exit.
+The cluster it runs (one node, 8 GPUs as GRES, tuned or not) and its slurmrestd:
+docs/development/design-notes.md, "A private Slurm: bench/slurm.py".
 """
 
 from __future__ import annotations

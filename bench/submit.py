@@ -5,35 +5,8 @@
                                      [--path /queue/submit|/api/v1/jobs/]
                                      [--answers minimal full] [--slurm-clients 1 4] [--no-slurm]
 
-Creates a throwaway database on the configured PostgreSQL server (DATABASE_URL, or the embedded
-one), a simulated fleet of ``--nodes`` nodes, a user and an API token; then, for each server
-configuration (``serve:WxT`` = ``gpuadmin serve --workers W --threads T``, as it runs in
-production: granian, its access log included (to /dev/null); for comparison, gunicorn's
-``sync:W`` = W sync workers and ``gthread:WxT`` = W workers of T threads, which ``gpuadmin
-serve`` ran before granian: ``pip install gunicorn``), starts the server and runs ``--runs``
-rounds per client count: each client is a process with one keep-alive ``http.client`` connection
-POSTing submissions for ``--duration`` seconds after ``--warmup``. The placement loop does not
-run (jobs just queue); Redis must be reachable (every submission wakes the loop through a Redis
-SET NX on commit). Prints jobs/s (accepted submissions; refused ones are counted as errors),
-latency percentiles and the server's CPU per job (the web server and the PostgreSQL backends;
-for Slurm slurmctld, slurmrestd and munged; from /proc: steadier than jobs/s on a shared host)
-per setting, medians over the runs, and ends with headline lines ``name: value unit`` for the
-setting with the most jobs/s whose p50 meets the 20 ms target (else the most jobs/s).
-``--profile N`` instead profiles N submissions in-process (the SQL queries of one submission,
-the CPU per submission, then cProfile over the Django test client, timed by CPU time: by
-cumulative and by own time), asking for the first of ``--answers``.
-
-With ``--slurm`` (the default) the same run also measures Slurm 22.05 on this machine
-(bench/slurm.py: installed from Debian when missing, one node with 8 GPUs as GRES, tuned):
-``sbatch`` (a process per submission) and slurmrestd over a kept-open connection, with
-``--slurm-clients`` clients, held one-GPU jobs, the same rounds, interleaved with gpuadmin's
-(each run measures every setting once, so a shared host's changing load weighs on both alike);
-and prints gpuadmin's best jobs/s at each of those client counts as a ratio to slurmrestd's
-(``submit_vs_slurmrestd_4_clients``; the issue's target is at least 1.0), and the best with the
-whole job as the answer (``submit_full_answer_vs_...``). Each server configuration is measured
-with each of ``--answers``: ``minimal`` sends ``Prefer: return=minimal`` (RFC 7240: answered
-with the job's id, state and time, as slurmrestd answers with its job id), ``full`` gets the
-whole job (the default answer); a setting is named ``<config> <answer>``.
+Server configurations, answers, the Slurm side and the headline figures:
+docs/development/design-notes.md, "Job submission: bench/submit.py".
 """
 
 from __future__ import annotations

@@ -2,34 +2,8 @@
 
     .venv/bin/python bench/throughput.py [--jobs 400] [--runs 3] [--no-slurm]
 
-Creates a throwaway database and starts real processes on a private central queue: a central
-worker (``gpuadmin worker``: the placement loop, the agents' job events) and one simulated DGX
-A100 80GB node agent (``gpuadmin agent --sim --jobs-as-agent``: no Unix account per user
-here), which runs each job as a real process. Each
-run submits ``--jobs`` jobs of one GPU running ``true`` at once (``submission.submit_job`` in this
-process, as a burst of API calls reaches it) and times from the first submission to the last
-job's COMPLETED as recorded centrally (its audit row's time): jobs/s = jobs / that time.
-Every job is placed by the real loop, sent through Redis to the agent, started by its
-executor, reported started and finished, and its GPU released before the next job can have
-it.
-
-Then, in the same run, Slurm 22.05 (bench/slurm.py: one node, 8 GPUs as GRES, tuned
-``batch_sched_delay=0`` and 8 CPUs declared, the issue's best Slurm figure being 9.3 jobs/s):
-``sbatch --gres=gpu:1 --wrap true`` the same number of jobs, timed from the first submission
-to an empty queue. Medians over ``--runs``; ends with the headline lines
-``throughput_jobs_per_s``, ``slurm_throughput_jobs_per_s`` and ``throughput_vs_slurm``
-(target: at least 3x the tuned Slurm figure).
-
-``--profile`` prints, after each run, where a job's cycle through its GPU goes: the median
-and 90th percentile of each hop, from the jobs' rows and audit rows and the agent's log (its
-debug lines per job received and per message of job events sent, so the agent logs at debug
-level then), and the passes the worker logged. A GPU's cycle is placed -> received by the
-agent -> process started -> its end seen by the executor -> sent by the agent -> recorded
-centrally (GPU released) -> the GPU's next job placed; it also counts the agent's messages
-of job events and the events in each.
-It also prints the CPU time per job of the central worker (its pool included), the agent, this
-process (the submissions) and the database's server processes for this database, from /proc:
-steadier than jobs/s on a shared host.
+What a run times, the Slurm side and ``--profile``'s hops: docs/development/design-notes.md,
+"Throughput: bench/throughput.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Telemetry history for the charts: a time range of one GPU, one node or the fleet, bucketed
 on the database side into at most ~1,000 points, as the arrays uPlot draws.
 
-Where the data comes from: a range that needs buckets finer than a minute and lies within the
-raw retention (``GPUADMIN_RAW_RETENTION_H``) reads the raw samples (``health_gpusample``);
-any other reads the 1-minute rollups (``health_gpurollup``) up to the last minute rolled up,
-and the raw samples after it, so a chart is never a rollup pass behind. The fleet reads only
-its own rollup (one row a minute): averaging raw samples of thousands of GPUs is too slow for
-a page.
-
-The payload (``gpu_series``, ``node_series``, ``fleet_series``)::
-
-    {"start": 1700000000, "end": 1700003600, "step": 5, "source": "raw",
-     "times": [1700000000, 1700000005, ...],  # every bucket's start, Unix seconds
-     "series": [{"metric": "utilization", "label": "GPU 0",
-                 "avg": [...], "min": [...], "max": [...]}, ...],
-     "events": [{"at": 1700000123.4, "kind": "xid", "label": "XID 48", ...}, ...]}
-
-``metric`` is one of ``METRICS``: utilization (%), memory (GiB used), temperature (C), power
-(W). A value is ``None`` where the bucket has none, and utilization is ``None`` (never 0)
-where NVML cannot measure it (a GPU in MIG mode). ``min``/``max`` are the band around ``avg``.
+``gpu_series``, ``node_series`` and ``fleet_series`` answer the history endpoints; where the
+data comes from (raw samples or 1-minute rollups) and the payload's fields:
+docs/operations/telemetry.md, "Charts and the GPU page".
 """
 
 from __future__ import annotations
@@ -238,6 +223,8 @@ def node_series(node_id: int, start: datetime, end: datetime) -> dict[str, Any]:
 def fleet_series(start: datetime, end: datetime) -> dict[str, Any]:
     """The fleet's mean utilization (GPUs whose utilization NVML measures), with the band of
     its minutes' lowest and highest means per bucket, and the fleet's critical events."""
+    # Only the fleet's own rollup (one row a minute), never raw samples: averaging the raw
+    # samples of thousands of GPUs is too slow for a page.
     step = max(bucket_step(end - start), ROLLUP_STEP)
     bucketed = _floor(start, step)
     utilization = METRICS[0]

@@ -1,27 +1,10 @@
 """Captured ``nvidia-smi`` output -> simulator machine model (``gpuadmin sim import``).
 
-``model_from_capture`` (``-q -x``) and ``model_from_smi_text`` (``-q``) turn one machine's capture,
-optionally with its ``nvidia-smi topo -m``, into a schema-1 machine model dict (see
-``sim/README.md``) whose scan gives back the captured values. Every value the schema needs but the
-capture lacks gets a conservative default, listed in the model's ``"sources"`` as
-``"assumed: ..."``; every captured group names the file it came from. Power limits, power draw
-and persistence mode the capture prints as ``N/A`` stay ``null`` (the simulator answers
-``NOT_SUPPORTED``, as NVML did), and ECC modes are kept as captured (supported but disabled
-included).
-
-Topology: ``topo -m`` gives each GPU's NUMA node and CPU affinity (old drivers print no NUMA
-Affinity column: one NUMA node per distinct CPU list; a NUMA Affinity of several nodes, ``0-3``, is
-kept whole as ``numa_nodes`` with the CPU Affinity as printed), the NVLinks (``NV#``), the PCIe
-levels and the NICs. Every GPU pair at the same ``NV#`` on 4 or more GPUs, with more links than a
-GPU has for direct ones, is modelled as an NVSwitch fabric; anything else (DGX-1's NV1/NV2 cube
-mesh, NVLink bridges) as direct GPU-to-GPU links, and GPUs with NVLinks get their architecture's
-NVLink version. PCIe paths of GPUs and NICs are synthesized so the simulator derives exactly the
-captured levels (SYS = different root complexes, by default one per NUMA node; a root complex spans
-NUMA nodes that ``topo -m`` joins nearer than SYS; NODE = different host bridges, PHB = same host
-bridge, PXB = a shared switch, PIX = the same switch). Without ``topo -m`` the NUMA nodes are
-unknown (``null``) and every GPU sits on its own host bridge, so every pair is NODE.
-
-Plain Python, no Django.
+``model_from_capture`` (``-q -x``) and ``model_from_smi_text`` (``-q``) turn one machine's
+capture, optionally with its ``nvidia-smi topo -m``, into a schema-1 machine model dict (see
+``sim/README.md``) whose scan gives back the captured values. Plain Python, no Django.
+Defaults, and how the topology is modelled: docs/development/design-notes.md, "Importing
+nvidia-smi captures".
 """
 
 from __future__ import annotations

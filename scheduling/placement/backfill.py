@@ -1,28 +1,7 @@
 """EASY backfill: the first waiting job's shadow start, and the GPUs it will start on.
 
-When the first waiting job of a pool (the head) does not fit, the pass works out when and
-where it would start if nothing else started first: busy GPUs free up at their holders'
-expected ends (running jobs, and jobs placed earlier in the pass by their expected runtime),
-and each node can take its part of the job once enough of its GPUs are free, in the job's
-topology. The `node_count` nodes ready first (then those that keep fewest GPUs idle until
-then) give the shadow start, and their GPUs at that time the head's GPUs. A later job may
-start now only if it ends by the shadow start (by its expected runtime) or keeps off those
-GPUs, so the head's start is never delayed.
-
-An unknown end is taken to come never (math.inf): a head waiting on one gets an infinite
-shadow start, so jobs with a known runtime may still use its GPUs and jobs without one may
-not. Once the unknown holder ends, the start is known and kept from then on. A head that the
-pool's working hardware can never hold (too large, broken nodes) gets no shadow and blocks
-nothing.
-
-Runtimes are likely ones (`JobRequest.likely_runtime_s`, `predict.release_at`): the user's
-estimate, else the runtime history predicts (scheduling.placement.predict), else the maximum
-runtime. A prediction can be wrong: a job let onto the head's GPUs because it was predicted
-to end in time may run on past the head's start and delay it. So a prediction alone lets a
-job onto the head's GPUs only while the head has waited fewer than the pool's
-`prediction_trust_intervals` aging intervals (by default 360: 6 hours at the default minute);
-after that only an estimate or a maximum runtime does (`ends_before`), and the head's start is
-again kept as far as estimates hold.
+A later job may start now only if it ends by the shadow start or keeps off those GPUs, so the
+head's start is never delayed. See docs/development/design-notes.md, "EASY backfill".
 """
 
 from __future__ import annotations

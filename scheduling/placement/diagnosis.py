@@ -1,20 +1,6 @@
 """Why jobs wait: reason, message, estimated start and a what-if, per job shape.
 
-A shape is checked against ever looser facts, and the first that fails names the reason:
-the hardware (model, memory, node size, topology, host CPUs and memory), then which of it is
-up, then what is free now (GPUs, then the host CPUs and memory of the nodes with those GPUs
-free). The hardware step alone (`Diagnosis.never`, over every node and GPU whatever its
-state) is what the fleet could never run: submission refuses such a job (see
-`scheduling.jobs.shape.FleetShape`), and a waiting job that no longer fits says so before its
-quota. The estimated start walks the expected ends of the jobs holding GPUs (those placed in
-this pass included) until enough GPUs of the shape would be free. It ignores the waiting jobs
-ahead in the queue, which may take those GPUs first, so it is the earliest possible start,
-as `squeue --start` reports without reservations.
-
-A view (model, memory, requirement) is built once per state: each node's groups are worked
-out once per requirement (a node whose GPUs all match shares them between views), and what
-explanations ask of a view (how many nodes have a block of n, when the k-th node could hold
-n) is sorted once and answered by bisection, so a shape costs little beyond its words.
+See docs/development/design-notes.md, "Why jobs wait".
 """
 
 from __future__ import annotations

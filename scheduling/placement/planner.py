@@ -1,6 +1,6 @@
 """One placement pass over every pool: admission (array caps, reservations, quotas), the
 pool's order, placement with EASY backfill or in strict order, preemption, and a reason for
-every job left waiting. The rules are told in the package docstring."""
+every job left waiting. The rules: docs/development/design-notes.md, "The placement engine"."""
 
 from __future__ import annotations
 

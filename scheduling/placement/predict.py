@@ -1,28 +1,7 @@
 """Runtime prediction from history: how long a job that declared no estimate will likely hold
 its GPUs, from the runtimes of similar jobs that have already ended.
 
-Only what a scheduler knows at that moment goes in: the runtimes of jobs that have finished
-(never a running or waiting job's own duration). A prediction is the mean of the last
-runtimes of the most similar jobs that have any (Tsafrir, Etsion and Feitelson's "recent jobs
-of the same user"; the mean, not the median: ordering by expected size is what shortens the
-average wait, and the mean of a heavy-tailed mix lies well above its median):
-
-1. the same owner, job name and GPU count (when the job has a name), its last `RECENT_OWN`;
-2. the same owner and GPU count, its last `RECENT_OWN`;
-3. the same project and GPU count, its last `RECENT_SHARED`;
-4. any job of the pool with that GPU count, its last `RECENT_SHARED`;
-5. any job of the pool, its last `RECENT_SHARED`;
-
-and None when the pool has no history at all. Everything is per pool (a pool's GPUs are one
-kind, and run one kind of work). The user's own estimate always wins over a prediction, and a
-prediction never exceeds the job's maximum runtime: `JobRequest.likely_runtime_s` decides.
-
-A running job gets a predicted end (`RunningJob.predicted_end`: its start plus the prediction
-made for it). One that outlives it is not taken to end "now": as in EASY++, its prediction
-grows, doubling until it lies ahead (`release_at`), still capped by its maximum runtime.
-
-    history = History(completed_records)
-    runtime = history.runtime(owner="7", project="vision", pool="a100", gpus=8, name="train")
+See docs/development/design-notes.md, "Runtime predictions".
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
 """Preemption: the fewest running jobs to stop so that a waiting job can start now.
 
-Who may be stopped for whom (`Victims.why`): a running job that is preemptible or borrowed
-(started over quota), not already stopping, never of a higher priority level than the waiting
-job. Borrowed work is reclaimed at once. Any other victim must have run `preempt_exempt_s`
-since its latest start (the pool's; Slurm's PreemptExemptTime), must rank below the waiting
-job in the pool's own order were it stopped now and waiting again (`as_waiting`: so no policy
-stops a job that would go straight back ahead of the job that stopped it), and must be
-either of a lower priority level, in a higher queue of attained service (under LAS: Tiresias'
-2D-LAS), or held by a user (and project) further over its fair share than the waiting job's
-by at least `FAIRSHARE_MARGIN` (a lower fair-share factor), so that two users near their
-shares do not trade GPUs back and forth. Cheapest first: borrowed work, then lower priority
-levels, fewer GPUs, the most recently started (it loses least work), then the lower id.
-
-The search is bounded. Per node it finds the smallest set of candidates holding GPUs there
-(by size, then cost) whose GPUs, with the node's free ones, hold the job's part in its
-topology (`topology.choose`): every subset of the `NODE_VICTIMS` cheapest (all of them on an
-8-GPU node), beyond those candidates added cheapest first; sets larger than the best found
-on an earlier node are not tried. It looks at no more than `NODES` nodes, those missing the
-fewest GPUs first: at most 64 x 255 `choose` calls, and a failure is remembered for the
-pass (jobs ask in the pool's order, so a later job with the same shape, owner and priority
-may stop no more victims than an earlier one). A single-node job takes the node with the
-smallest set; a gang takes the nodes that hold its part now, then the cheapest sets on
-further nodes. The choice is then placed for real on the pass's fleet with those GPUs freed
-(`PlacementPass.place_freeing`), so it is a valid, topology-correct placement; victims whose
-GPUs it does not use are spared, unless the job needs their host CPUs or memory. Host
-resources count like GPUs: a set is enough only when the node's free CPUs and memory with
-the victims' (a victim holds its figures on each node of its GPUs) hold the job's part.
-Deterministic: every tie goes to the cost order, then the hostname.
-
-When it stops no one, `refusal` says why, for the job's reason: the first of still exempt,
-ranked ahead in the pool's order (or a pool that does not preempt), not preemptible or of a
-higher priority, such that stopping those jobs too (with who may be stopped) would start it.
+Who may be stopped for whom, the cost order and the bounded search:
+docs/development/design-notes.md, "Preemption search".
 """
 
 from __future__ import annotations

@@ -1,57 +1,8 @@
 """MIG and MPS placement: jobs that take a share of one GPU, packed so that large blocks stay
-free.
+free, by fragmentation gradient descent (Weng et al., USENIX ATC '23).
 
-A MIG job (`JobRequest.mig_profile`, e.g. "3g.40gb") gets a free MIG device of that profile on
-a MIG-mode GPU of its pool (`GpuSlot.unavailable == "mig"`). When none is free and the pool
-allows dynamic MIG (`PoolConfig.dynamic_mig`), an idle MIG-mode GPU (no device in use) may get
-a new GPU instance where NVML allows one next to its existing instances (the GPU model's table
-in `inventory.nvml.mig_catalog`, the rules of `inventory.nvml.mig_fit`: free memory slices at
-an allowed start, compute slices, instance and device limits). The pass then returns a
-`MigCreate`; the GPU takes nothing else in that pass, so it is never reconfigured with work on
-it. An MPS job (`mps_percent`, `mps_memory_mib`) gets a share of an MPS GPU
-(`unavailable == "mps"`) as long as the shares on it, those given in this pass included, stay
-within 100 % of its SMs and within its memory. Either goes only to a node whose free host
-CPUs and memory (`hosts`: the pass's ledger, shared with whole-GPU placement) hold what the
-job asks for (`JobRequest.cpus`, `host_memory_mib`).
-
-Where a share goes: fragmentation gradient descent, after Weng et al., "Beware of
-Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent" (USENIX
-ATC '23, the paper of Alibaba's "openb" trace). The fragmentation of a GPU relative to a
-workload is the free capacity on it that a request drawn from the workload could not use:
-
-    F(gpu) = sum over the workload's request kinds m of  p(m) * (free(gpu) - usable(gpu, m))
-
-- MPS: free is the GPU's free SM percent; a request can use all of it when its percent and
-  memory fit, none of it otherwise.
-- MIG: free is the compute slices no busy device holds; a profile can use its free devices
-  and, on an idle GPU of a dynamic-MIG pool, every further instance NVML would still create.
-  Slices that no instance covers on a GPU that cannot be reconfigured are lost to everyone.
-- Host (FGD's node rule): a request whose CPUs or host memory the GPU's node no longer has
-  free can use none of the GPU's free capacity, whatever its share.
-
-A node's fragmentation is the sum over its GPUs (of one pool, MIG or MPS): a share placed on
-one GPU takes host CPUs and memory from every GPU of its node, so placement compares nodes,
-by their state (free host figures and every GPU's state), and the cost of a share is the
-growth of its node's fragmentation.
-
-The workload is the pass's queue (or the requests the caller names): the MIG (or MPS)
-requests of each pool, by profile (or share) and GPU model, weighted by count (a job whose pool
-has none stands alone), plus a uniform prior that counts as one more request: every MIG
-profile of the GPU's table alike, every MPS percent from 1 to 100 alike. The prior keeps a
-short queue from deciding alone: it is what packs shares onto the fullest GPU and puts a 1g
-instance where it spoils the fewest larger ones (NVML's own choice on an empty GPU). A share
-goes where it raises its node's F the least. For MIG that is compared twice: F now (a device
-taken on an idle GPU of a dynamic-MIG pool locks its uncovered slices while the job runs),
-then F of the layout left behind, as if the GPU were idle again. Then best fit (the least
-free capacity left, so whole GPUs stay free), then a node drawn per job among the equal ones
-(FGD's scheduler picks one of its equal-score nodes at random; the first by hostname would
-fill nodes in name order), then the GPU index and the placement start. The classic
-baselines, in hostname order, are there for the replay bench: `packing="best-fit"` (the least
-free share left) and `packing="first-fit"`, among the GPUs whose node holds the job's CPUs
-and memory.
-
-`unusable_gpus` sums F, without the prior, over the MIG and MPS GPUs that can take work, in
-GPUs: the free capacity that the waiting requests, as a mix, cannot use (FGD's measure).
+What fits where, the fragmentation measure and its tie-breaks:
+docs/development/design-notes.md, "MIG and MPS packing".
 """
 
 from __future__ import annotations
@@ -419,7 +370,8 @@ class SharingPass:
 
     def unusable_gpus(self, requests: Iterable[JobRequest] | None = None) -> float:
         """The free capacity of the usable MIG and MPS GPUs that `requests` (default: the
-        snapshot's queue), as a mix, cannot use, in GPUs. See the module docstring."""
+        snapshot's queue), as a mix, cannot use, in GPUs (docs/development/design-notes.md,
+        "MIG and MPS packing")."""
         if requests is None:
             mig_counts, mps_counts = self._mig_counts, self._mps_counts
         else:
@@ -1023,7 +975,8 @@ class SharingPass:
 
 def unusable_gpus(snapshot: Snapshot, requests: Iterable[JobRequest] | None = None) -> float:
     """GPUs' worth of free MIG and MPS capacity in `snapshot` that `requests` (default: its
-    queue), as a mix, cannot use: FGD's fragmentation measure (see the module docstring)."""
+    queue), as a mix, cannot use: FGD's fragmentation measure (docs/development/design-notes.md,
+    "MIG and MPS packing")."""
     return SharingPass(snapshot).unusable_gpus(requests)
 
 

@@ -1,26 +1,10 @@
 """Quotas and the placement loop's policy inputs: each pool's policy, each quota with what its
-holder uses now, and fair-share usage (decayed GPU-seconds).
+holder uses now, and fair-share usage (decayed GPU-seconds), each read from the allocations in
+one statement, whatever the history.
 
-What a holder uses is read from the allocations, in one statement each, whatever the history:
-
-- **GPUs at once**: its active allocations, each counted as the part of a GPU it holds
-  (``accounting.gpu_share``, the one rule: a whole GPU is 1, a MIG device its compute slices
-  out of the GPU's, e.g. 3g.40gb of an A100 is 3/7, an MPS share its percent / 100).
-- **GPU-hours this period**: the same parts times the seconds of each allocation inside the
-  period (``allocated_at`` to ``released_at``, or now while it runs, clipped to the period).
-  Periods start at local midnight (``TIME_ZONE``): today, this week (Monday) or this month.
-  Work borrowed over quota (``Allocation.borrowed``, each attempt its own: on idle GPUs,
-  preemptible) counts in neither: the quota counts the work it admitted, as the engine's
-  ``QuotaBook`` does.
-- **Fair-share usage** in a pool: GPU-seconds decayed with the pool's half-life ``h``, i.e. the
-  integral of ``share * 2^(-(now - t) / h)`` over each allocation's time, computed in closed
-  form, ``h / ln 2 * (2^(-(now - end) / h) - 2^(-(now - start) / h))``. Time longer ago than
-  ``FAIRSHARE_HORIZON_HALF_LIVES`` half-lives is left out (it weighs under 2^-10 of the
-  present), so the statement reads only allocations that ended within it (an index range).
-
-A job's pool is the pool of its quota and of its usage; a user holds ``("user", "<id>")`` and a
-project ``("project", "<name>")``, as in ``placement.QuotaLimit``. The quota services write
-quotas (audited ``quota.created``/``quota.changed``/``quota.deleted``) and wake the loop.
+A user holds ``("user", "<id>")`` and a project ``("project", "<name>")``, as in
+``placement.QuotaLimit``. What counts against a quota and how usage decays:
+docs/users/policies.md, "Quotas" and "Fair share".
 """
 
 from __future__ import annotations
@@ -162,7 +146,8 @@ def period_starts(now: datetime) -> dict[str, datetime]:
 
 
 # Per job pool, owner, project and kind of share: GPUs held now and seconds inside each period
-# (allocations active now or released since the earliest period start).
+# (allocations active now or released since the earliest period start). Borrowed work counts
+# in neither: a quota counts the work it admitted, as the engine's QuotaBook does.
 HELD_SQL = """
     SELECT p.name, j.owner_id, j.project, a.kind, a.mps_percent,
            COALESCE(mi.profile_name, NULLIF(j.mig_profile, '')), g.name,
@@ -266,7 +251,10 @@ def limits_of(quotas: Iterable[Quota], now: datetime) -> dict[int, placement.Quo
     return {quota.pk: _limit(quota, held) for quota in quotas}
 
 
-# Decayed GPU-seconds per job pool, owner, project and kind of share (see the module's text).
+# Decayed GPU-seconds per job pool, owner, project and kind of share: the integral of
+# share * 2^(-(now - t) / h) over each allocation's time, in closed form,
+# h / ln 2 * (2^(-(now - end) / h) - 2^(-(now - start) / h)), with h the pool's half-life.
+# Only allocations that ended within the horizon are read (an index range on released_at).
 FAIRSHARE_SQL = """
     WITH life(pool, h) AS (SELECT * FROM unnest(%(pools)s::text[], %(lives)s::float8[])),
     span AS (

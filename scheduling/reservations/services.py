@@ -1,20 +1,9 @@
 """Reservations: N GPUs booked for [start, end), from the request to their end; the one place a
 reservation changes (each change audited in its transaction).
 
-A request is checked against the fleet (the window, and that the pool, model and node have the
-GPUs); a pool whose ``PoolPolicy.reservation_auto_approve`` is on approves it at once when it is
-within the requester's quota (``scheduling.policies.quotas.quota_allows``), else it waits for
-an admin.
-Approving picks concrete GPUs and holds them with ``ReservationGpu`` rows: the database's
-exclusion constraint refuses a GPU held twice in overlapping windows, so two approvals racing
-for one GPU cannot both win; the loser tries other GPUs, or is refused cleanly.
-
-``sweep`` (beat, ``scheduling.sweep_reservations``) ends finished reservations, expires
-undecided ones and releases those left unused past their pool's grace, reported as an alert.
-``allocation_services.reservation_windows`` is what the placement loop and the commit of a placement
-read. A reservation that ends in any way
-(rejected, canceled, released, ended) takes the jobs still waiting to run in it out of the
-queue, canceled with the reason (``_cancel_waiting_jobs``), in the same transaction.
+``sweep`` (beat, ``scheduling.sweep_reservations``) ends, expires and releases them. How a
+request is approved, how GPUs are held and what ending one does to its waiting jobs:
+docs/users/reservations.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """MIG re-layout: an admin's request to give one GPU a new MIG layout, carried out step by step.
 
-Steps are the states of a ``MigRelayout``, each with a deadline and audited
-(``mig_relayout.<state>``):
-
-- DRAINING: the GPU takes no new work (``inventory.services.set_gpu_state`` to draining, with
-  the re-layout as reason); its jobs end by themselves, or are preempted at once (re-queued,
-  their processes stopped) when the admin chose so.
-- APPLYING: through the node's agent, the GPU instances the layout does not keep are
-  destroyed, then the missing ones created (``inventory.services``' audited MIG path).
-- VERIFYING: a re-scan of the node shows exactly the layout.
-- DONE: the GPU is available again.
-
-A step past its deadline, or a refusal, rolls the GPU back to ``previous_layout`` (as far as
-its agent allows; the message says what was left) and returns it: FAILED. One re-layout is
-open per node at a time (a database constraint), never a whole node at once. The workflow is
-driven by ``advance_open`` (beat, and the agents' job reports while a GPU drains).
-
-Layouts are lists of ``{"profile": "3g.20gb", "start": 4}``, validated by NVML's placement
-rules (``inventory.nvml.mig_fit`` over the GPU model's ``mig_catalog`` table).
+Each step (draining, applying, verifying, done; failed rolls the GPU back) is a state of a
+``MigRelayout`` with a deadline, audited ``mig_relayout.<state>`` and driven by ``advance_open``
+(beat, and the agents' job reports while a GPU drains). Layouts are lists of
+``{"profile": "3g.20gb", "start": 4}``, checked by ``inventory.nvml.mig_fit``. See
+docs/users/sharing.md, "MIG re-layout".
 """
 
 from __future__ import annotations
