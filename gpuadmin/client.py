@@ -4,7 +4,7 @@ one line, and the frame every API verb runs in (exit status, Ctrl-C, a closed pi
 Standard library only, and no Django: the API verbs (``gpuadmin status``, ``gpuadmin jobs``
 ...) run on any machine that reaches the web server and start in a tenth of a second.
 ``GPUADMIN_URL`` (default ``http://127.0.0.1:8000``) and ``GPUADMIN_TOKEN`` (an API token) come
-from the environment, else from the credentials ``gpuadmin login`` keeps (docs/cli.md).
+from the environment, else from the credentials ``gpuadmin login`` keeps (docs/operations/cli.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from urllib.parse import urlencode
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-# Exit statuses of every verb (docs/cli.md): argparse exits 2 on a usage error itself.
+# Exit statuses of every verb (docs/operations/cli.md): argparse exits 2 on a usage error itself.
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

@@ -2,7 +2,7 @@
 glance, as ``sinfo``), ``nodes``, ``gpus``, ``health``, ``watch`` (a live table, as ``watch
 nvidia-smi``), ``drain``/``offline``/``online`` (as ``scontrol update state=...``) and
 ``completion`` (bash and zsh). Standard library only until a terminal is drawn (rich) or a
-completion script is written (shtab). docs/cli.md shows each verb's output.
+completion script is written (shtab). docs/operations/cli.md shows each verb's output.
 """
 
 from __future__ import annotations
@@ -415,7 +415,8 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
         change.set_defaults(run=run_verb(cmd_state))
 
     completion = verbs.add_parser(
-        "completion", help="print a bash or zsh completion script (docs/cli.md: installing it)"
+        "completion",
+        help="print a bash or zsh completion script (docs/operations/cli.md: installing it)",
     )
     completion.add_argument("shell", choices=("bash", "zsh"))
     completion.set_defaults(run=cmd_completion)

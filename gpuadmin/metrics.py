@@ -2,8 +2,7 @@
 
 The project package owns the registry and the view but knows no app: each app adds its
 collectors in its ``AppConfig.ready()`` (health: dcgm-exporter's GPU series and gpuadmin's
-health series; scheduling: allocations and the queue): docs/operations/health.md,
-"Prometheus and Grafana".
+health series; scheduling: allocations and the queue): docs/operations/prometheus.md.
 """
 
 from __future__ import annotations

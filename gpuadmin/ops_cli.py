@@ -1,6 +1,6 @@
 """``gpuadmin reserve``, ``quota``, ``alerts``, ``audit``, ``login`` and ``logout``: the
 operator's and user's verbs over the HTTP API (``gpuadmin.client``), standard library only.
-Their output conventions and examples are in docs/cli.md.
+Their output conventions and examples are in docs/operations/cli.md.
 """
 
 from __future__ import annotations

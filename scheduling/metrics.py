@@ -1,6 +1,5 @@
 """What ``/metrics`` says about the scheduler: GPUs held per user and project, the jobs not yet
-finished per state, and how long the waiting ones have waited (docs/operations/health.md,
-"Prometheus and Grafana")."""
+finished per state, and how long the waiting ones have waited (docs/operations/prometheus.md)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def variables_read(source: str) -> set[str]:
 # Read by the simulator's stand-in for nvidia-cuda-mps-control (scheduling/agent/mps_standin.py) as
 # NVIDIA's daemon reads them: the agent sets them per GPU; they are not gpuadmin settings.
 NVIDIA_TOOLS_VARIABLES = {"CUDA_MPS_PIPE_DIRECTORY"}
-# Read by the CLI as every terminal program reads them (docs/cli.md): not gpuadmin settings.
+# Read by the CLI as every terminal program reads them (docs/operations/cli.md): not gpuadmin
+# settings.
 TERMINAL_VARIABLES = {"TERM", "XDG_CONFIG_HOME"}
 
 
