@@ -4,6 +4,9 @@ The node agent owns one :class:`Executor`: it starts each placed job, reports wh
 through ``on_event``, enforces the maximum runtime, cancels on request and keeps the job's log.
 Plain Python (no Django); Linux only (process identity is read from ``/proc``). Its design and
 trade-offs (isolation, containers, accounts, logs, restarts): docs/development/executor.md.
+Containers (``containers``), processes and logs as /proc shows them (``processes``) and the wire
+format (``wire``) are modules of their own; what stays is the executor, whose state (the jobs it
+runs, their records and monitors) its methods share.
 """
 
 from __future__ import annotations
