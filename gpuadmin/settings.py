@@ -212,6 +212,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "gpuadmin.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "gpuadmin.docs_site.DocsSiteMiddleware",  # the documentation site under /docs/
     # Pages and their 2 s partials compress about 10x; Django's GZip pads against BREACH.
     "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -266,6 +267,8 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# The documentation site `make docs` builds, served under /docs/ (gpuadmin.docs_site).
+GPUADMIN_DOCS_DIR = Path(env_str("GPUADMIN_DOCS_DIR") or BASE_DIR / "site")
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
