@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The documentation site's own environment (docs/requirements.txt), apart from the application's.
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
 .PHONY: up test lint format bench docs clean
 
@@ -21,10 +24,11 @@ up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated a
 # grouped by file.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)  ## the whole suite (browser and integration tests included)
+# The tests of /docs/ build the site with the documentation's environment (tests/conftest.py).
+test: $(STAMP) $(DOCS_STAMP)  ## the whole suite (browser and integration tests included)
 	sh .ci/install-chromium
 	sh .ci/install-prometheus
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	DOCS_VENV=$(DOCS_VENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy
 	$(BIN)/ruff check .
@@ -35,10 +39,6 @@ lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
-
-# The documentation site's own environment (docs/requirements.txt), apart from the application's.
-DOCS_VENV ?= .venv-docs
-DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
 $(DOCS_STAMP): docs/requirements.txt
 	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)

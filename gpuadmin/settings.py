@@ -212,6 +212,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "gpuadmin.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "gpuadmin.docs_site.DocsSiteMiddleware",  # the documentation site under /docs/
     # Pages and their 2 s partials are repetitive markup that compresses well; Django's GZip
     # pads against BREACH.
     "django.middleware.gzip.GZipMiddleware",
@@ -267,6 +268,8 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True
+# The documentation site `make docs` builds, served under /docs/ (gpuadmin.docs_site).
+GPUADMIN_DOCS_DIR = Path(env_str("GPUADMIN_DOCS_DIR") or BASE_DIR / "site")
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"

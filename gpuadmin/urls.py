@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import SimpleRouter
 
-from gpuadmin import metrics, views
+from gpuadmin import docs_site, metrics, views
 from gpuadmin.audit import api as audit_api
 from gpuadmin.audit import views as audit_views
 
@@ -40,6 +40,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script from a URL, not inline (the CSP allows none).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
+    # The documentation site's files are served before routing (gpuadmin.docs_site); what
+    # reaches these is a page the site does not have, or any when it has not been built.
+    path("docs/", docs_site.not_served, name="docs"),
+    path("docs/<path:page>", docs_site.not_served),
 ]
 
 handler403 = "gpuadmin.api.permission_denied"

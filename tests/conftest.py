@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,3 +212,61 @@ def run_gpuadmin(gpuadmin_env: dict[str, str]) -> Iterator[object]:
         )
 
     yield run
+
+
+@pytest.fixture(scope="session")
+def built_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site built now from docs/ as `make docs` builds it, into a folder of
+    the session's own; a skip (a failure under CI) when the site's toolchain is missing."""
+    mkdocs = REPO_DIR / os.environ.get("DOCS_VENV", ".venv-docs") / "bin" / "mkdocs"
+    if not mkdocs.exists():
+        message = f"{mkdocs} is missing: `make docs` installs it"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    site = tmp_path_factory.mktemp("docs") / "site"
+    subprocess.run(
+        [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(site)],
+        cwd=REPO_DIR,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        check=True,
+        timeout=300,
+    )
+    return site
+
+
+@pytest.fixture
+def docs_server(
+    built_docs: Path, gpuadmin_env: dict[str, str], free_port: int, tmp_path: Path
+) -> Iterator[str]:
+    """`gpuadmin serve` (granian, one worker) serving ``built_docs`` under /docs/; its base
+    URL."""
+    from tests.waiting import wait_for
+
+    bind = f"127.0.0.1:{free_port}"
+    log = tmp_path / "serve.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", "serve", "--bind", bind, "--workers", "1"],
+            env={**gpuadmin_env, "GPUADMIN_DOCS_DIR": str(built_docs)},
+            cwd=REPO_DIR,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+
+    def answers() -> bool:
+        assert process.poll() is None, f"gpuadmin serve exited:\n{log.read_text()}"
+        try:
+            urllib.request.urlopen(f"http://{bind}/docs/", timeout=2).close()
+        except urllib.error.HTTPError:
+            return True  # it answered
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(answers, 60, "gpuadmin serve to answer")
+        yield f"http://{bind}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -30,5 +30,8 @@ if worker := os.environ.get("PYTEST_XDIST_WORKER"):
 from gpuadmin.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# No documentation site, whether or not `make docs` has built one in the checkout: /docs/ is the
+# page saying how to build it. The site's own tests build theirs (tests/conftest.py: built_docs).
+GPUADMIN_DOCS_DIR = BASE_DIR / "tests" / "no-docs-site"  # noqa: F405
 # One test database per session, so that test runs side by side on one server never collide.
 DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
