@@ -5,7 +5,7 @@ One pass costs the same few steps whatever the fleet's size: the rules, the node
 GPUs (three queries), every node's latest samples (one Redis round trip, ``inventory.live``),
 the "since when does it hold" state of the duration rules (one read, one write: a Redis hash,
 never a row per sample), the occupants (one query, scheduling answers
-``gpu_occupants_requested``), the firing alerts (one query). Only the alerts that open or
+``gpuadmin.registry.gpu_occupants``), the firing alerts (one query). Only the alerts that open or
 resolve in the pass cost more (``health.alerts``).
 """
 

@@ -1,4 +1,4 @@
-"""The health part of the GPU and node pages (``inventory.signals.page_sections_requested``):
+"""The health part of the GPU and node pages (``gpuadmin.registry.page_sections``):
 the open quarantine, the health events (XID, ECC, remapped rows, thermal...) newest first with
 what the policy did, and a 30-day trend (events per day, XID / memory / other). Three queries."""
 
@@ -7,17 +7,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime, time, timedelta
-from typing import Any
 
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncDate
+from django.http import HttpRequest
 from django.utils import timezone
 
+from gpuadmin.registry import Section
 from health import quarantine, xids
 from health.choices import EventKind
 from health.models import HealthEvent, Quarantine
 from inventory.models import Gpu, Node
-from inventory.pages.common import Section
 
 ORDER = 30  # after the charts
 EVENT_HISTORY = 50
@@ -122,10 +122,8 @@ def event_rows(events: Iterable[HealthEvent]) -> list[EventRow]:
     ]
 
 
-def health_section(
-    sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
-) -> Section | None:
-    """Receiver of ``page_sections_requested``: the GPU's or the node's health."""
+def health_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
+    """Answer of ``gpuadmin.registry.page_sections``: the GPU's or the node's health."""
     if page == "gpu" and isinstance(obj, Gpu):
         events = HealthEvent.objects.filter(gpu=obj)
         quarantines: Sequence[Quarantine] = list(

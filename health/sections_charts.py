@@ -1,24 +1,21 @@
-"""The charts the health app adds to the inventory pages (``page_sections_requested``):
+"""The charts the health app adds to the inventory pages (``gpuadmin.registry.page_sections``):
 a GPU's four charts on its page, a node's (one line per GPU) on the node page and the fleet's
 utilization on the dashboard. The data comes from the history API (``health.api.history``),
 fetched and drawn by ``static/health/charts.js``."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from django.http import HttpRequest
 from django.urls import reverse
 
+from gpuadmin.registry import Section
 from health.history import RANGES
 from inventory.models import Gpu, Node
-from inventory.pages.common import Section
 
 ORDER = 20  # right after the page's own facts and live values
 
 
-def chart_sections(
-    sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
-) -> Section | None:
+def chart_sections(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
     if page == "gpu" and isinstance(obj, Gpu):
         url = reverse("health-history:gpu", args=[obj.uuid])
         context = {"history_url": url, "ranges": RANGES, "mig_enabled": obj.mig_enabled}

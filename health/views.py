@@ -1,7 +1,7 @@
 """The alerts pages: ``/alerts/`` (firing first, then the history; filters; acknowledging for
 operators and admins; the list polls as an HTMX partial) and ``/alerts/idle/`` (idle-held
-GPU-hours per user), and the fleet page's alerts panel (a ``page_sections_requested``
-receiver)."""
+GPU-hours per user), and the fleet page's alerts panel (an answer of
+``gpuadmin.registry.page_sections``)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import role_required, signed_in, signed_in_reader
 from gpuadmin.access.services import at_least
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
+from gpuadmin.registry import Section
 from health import alerts, rules
 from health.choices import SEVERITY_RANK, AlertState
 from health.filters import AlertFilterSet
 from health.forms import AcknowledgeForm
 from health.models import Alert
-from inventory.pages.common import Section
+from inventory.models import Gpu, Node
 
 PAGE_ROWS = 50
 PANEL_ROWS = 8
@@ -120,9 +121,7 @@ def alerts_panel(request: HttpRequest) -> HttpResponse:
     return render(request, "health/partials/alerts_panel.html", panel_context())
 
 
-def alerts_section(
-    sender: Any, *, page: str, request: HttpRequest | None = None, **kwargs: Any
-) -> Section | None:
+def alerts_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
     """The fleet page's alerts panel, for signed-in people (as the alerts page)."""
     if page != "fleet" or not signed_in_reader(request):
         return None

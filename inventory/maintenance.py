@@ -1,6 +1,6 @@
 """Maintenance from the GPU and node pages (operators and admins): drain, offline, online,
 each with a reason, through the audited state services. The form is a section of those pages
-(``inventory.signals.page_sections_requested``, connected in ``InventoryConfig.ready``)."""
+(``gpuadmin.registry.page_sections``, registered in ``InventoryConfig.ready``)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ from django.views.decorators.http import require_POST
 from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import role_required, signed_in
 from gpuadmin.access.services import at_least
+from gpuadmin.registry import Section
 from inventory import services
 from inventory.forms import StateChangeForm
 from inventory.models import Gpu, Node
-from inventory.pages.common import Section
 
 SECTION_ORDER = 5  # near the top: the state badge's neighbour
 
 
-def maintenance_section(
-    sender: Any, *, page: str, obj: Gpu | Node | None, request: HttpRequest, **kwargs: Any
-) -> Section | None:
+def maintenance_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
     """The maintenance form on a GPU's or node's page, for operators and admins."""
     if obj is None or page not in ("gpu", "node") or not at_least(request.user, Role.OPERATOR):
         return None

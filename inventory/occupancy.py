@@ -1,27 +1,12 @@
 """Who holds a GPU: inventory knows nothing of jobs, so it asks the apps above it through
-``inventory.signals.gpu_occupants_requested`` (scheduling answers with its allocations)."""
+``gpuadmin.registry.gpu_occupants`` (scheduling answers with its allocations)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Collection, Iterable
-from typing import cast
+from collections.abc import Collection
 
-from inventory.models import Gpu
-from inventory.signals import gpu_occupants_requested
-
-
-@dataclasses.dataclass(frozen=True)
-class Occupant:
-    """Who holds a GPU, or one MIG device of it (``mig_instance_id``: the ``MigInstance``'s
-    primary key): the job it is allocated to, that job's name and its user."""
-
-    job_id: int
-    job_url: str
-    user: str
-    gpu_id: int
-    job_name: str = ""
-    mig_instance_id: int | None = None
+from gpuadmin import registry
+from gpuadmin.registry import Occupant
 
 
 class Occupancy:
@@ -36,10 +21,8 @@ class Occupancy:
     def _read(self) -> dict[int, Occupant]:
         if self._found is None:
             self._found = {}
-            for _receiver, occupants in gpu_occupants_requested.send(
-                sender=Gpu, gpu_ids=self._gpu_ids
-            ):
-                for occupant in cast("Iterable[Occupant]", occupants):
+            for find_occupants in registry.gpu_occupants.answers:
+                for occupant in find_occupants(self._gpu_ids):
                     self._found.setdefault(occupant.gpu_id, occupant)
                     if occupant.mig_instance_id is not None:
                         self._by_mig_instance[occupant.mig_instance_id] = occupant

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from gpuadmin import registry
 from gpuadmin.access.nodes import NoCredential, send_order
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
@@ -47,7 +48,7 @@ from inventory.models import (
 from inventory.nvml.scanner import NodeScan
 from inventory.occupancy import Occupancy
 from inventory.querysets import GpuQuerySet, heartbeat_cutoff
-from inventory.signals import gpus_became_schedulable, gpus_went_offline, mig_change_requested
+from inventory.signals import gpus_became_schedulable, gpus_went_offline
 
 DISCOVERY_ACTOR = "discovery"
 
@@ -696,9 +697,9 @@ def delete_pool(pool: Pool, *, actor: User) -> None:
 class MigChangeRefused(ValueError):
     """A MIG change that was not made. ``code`` says why: refused here before anything was
     sent (``gpu_missing``, ``mig_disabled``, ``node_unreachable``, ``no_live_sample``,
-    ``busy``, ``no_such_instance``, ``vetoed`` by a receiver of ``mig_change_requested``), or
-    by the node's NVML (a ``mig_ops.MigErrorCode`` value: ``no_room``, ``unknown_profile``,
-    ...)."""
+    ``busy``, ``no_such_instance``, ``vetoed`` by an answer of
+    ``gpuadmin.registry.mig_change_vetoes``), or by the node's NVML (a ``mig_ops.MigErrorCode``
+    value: ``no_room``, ``unknown_profile``, ...)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -814,8 +815,8 @@ def _check_mig_change(gpu: Gpu, actor_name: str | None) -> Gpu:
     if processes:
         raise MigChangeRefused(f"{label} is busy: {processes} process(es) running on it", "busy")
     # Apps above inventory may veto (scheduling: a job holds the GPU).
-    for _receiver, reason in mig_change_requested.send(sender=Gpu, gpu=gpu, actor_name=actor_name):
-        if reason:
+    for veto in registry.mig_change_vetoes.answers:
+        if reason := veto(gpu, actor_name):
             raise MigChangeRefused(reason, "vetoed")
     return gpu
 

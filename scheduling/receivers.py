@@ -1,4 +1,5 @@
-"""Scheduling's answers to what inventory announces (inventory never imports scheduling)."""
+"""Scheduling's answers to what inventory announces and asks (inventory never imports
+scheduling)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from django.db import transaction
 from health.models import HealthEvent
 from health.policies import pid_of
 from inventory.models import Gpu
-from inventory.occupancy import Occupant
-from scheduling.jobs import control, pages, transitions
+from scheduling.jobs import control, transitions
 from scheduling.loop import dispatch
 from scheduling.models import RELAYOUT_OPEN_STATES, Allocation, MigRelayout
 from scheduling.sharing import relayout
@@ -24,17 +24,10 @@ def wake_on_schedulable_gpus(sender: type, gpu_ids: list[int], **kwargs: Any) ->
     transaction.on_commit(dispatch.wake)
 
 
-def name_occupants(sender: type, gpu_ids: Collection[int], **kwargs: Any) -> list[Occupant]:
-    """The job and user holding each of ``gpu_ids`` (or a MIG device or share of it) that a job
-    holds (the fleet dashboard, the MIG layouts)."""
-    return pages.gpu_occupants(gpu_ids)
-
-
-def refuse_mig_change_of_taken_gpu(
-    sender: type, gpu: Gpu, actor_name: str | None = None, **kwargs: Any
-) -> str | None:
-    """A MIG layout never changes under a job that holds the GPU, nor, but by the workflow
-    itself, while a MIG re-layout owns the GPU (from its drain to its verification)."""
+def refuse_mig_change_of_taken_gpu(gpu: Gpu, actor_name: str | None) -> str | None:
+    """Answer of ``gpuadmin.registry.mig_change_vetoes``: a MIG layout never changes under a
+    job that holds the GPU, nor, but by the workflow itself, while a MIG re-layout owns the GPU
+    (from its drain to its verification)."""
     job_id = Allocation.objects.active().filter(gpu=gpu).values_list("job_id", flat=True).first()
     if job_id is not None:
         return f"GPU {gpu.index} of {gpu.node.hostname} is allocated to job {job_id}"

@@ -1,4 +1,4 @@
-"""Scheduling's sections of the GPU and node pages (``inventory.signals.page_sections_requested``):
+"""Scheduling's sections of the GPU and node pages (``gpuadmin.registry.page_sections``):
 the GPU's allocation history (every job the GPU was given to, newest first, with its user and
 dates; the last ``ALLOCATION_HISTORY`` on the page, the rest through
 ``/api/v1/allocations/?gpu=<uuid>``), and the GPU's or node's coming reservations with a link
@@ -6,16 +6,14 @@ to its week calendar."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.http import urlencode
 
 from gpuadmin.access.permissions import signed_in_reader
+from gpuadmin.registry import Section
 from inventory.models import Gpu, Node
-from inventory.pages.common import Section
 from scheduling.jobs.pages import state_colour
 from scheduling.models import Allocation, Reservation, ReservationGpu, ReservationState
 from scheduling.sharing import services as sharing
@@ -24,10 +22,8 @@ ORDER = 40  # after the charts and the health events
 ALLOCATION_HISTORY = 50
 
 
-def allocation_section(
-    sender: Any, *, page: str, obj: Gpu | Node | None = None, **kwargs: Any
-) -> Section | None:
-    """Receiver of ``page_sections_requested``: the GPU's allocations, each with its share,
+def allocation_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
+    """The GPU's allocations, each with its share,
     and on an MPS-shared GPU what its shares take now (two queries, three with MPS)."""
     if page != "gpu" or not isinstance(obj, Gpu):
         return None
@@ -57,15 +53,8 @@ RESERVATIONS_ORDER = 45  # after the allocation history
 RESERVATIONS_SHOWN = 10
 
 
-def reservation_section(
-    sender: Any,
-    *,
-    page: str,
-    obj: Gpu | Node | None = None,
-    request: HttpRequest | None = None,
-    **kwargs: Any,
-) -> Section | None:
-    """Receiver of ``page_sections_requested``: the GPU's or the node's reservations that are
+def reservation_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
+    """The GPU's or the node's reservations that are
     not over, soonest first, and a link to its week calendar (two queries), for signed-in
     people (as the reservation pages)."""
     if not signed_in_reader(request):

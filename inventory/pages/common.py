@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
-
 from django.urls import reverse
 
 from inventory.choices import BADGE_COLOURS
@@ -27,14 +23,3 @@ def badge_colour(state: str) -> str:
 def short_gpu_name(name: str) -> str:
     """``NVIDIA A100-SXM4-40GB`` -> ``A100-SXM4-40GB``."""
     return name.removeprefix("NVIDIA ").strip()
-
-
-@dataclass(frozen=True)
-class Section:
-    """A part of an inventory page that an app above inventory contributes
-    (``inventory.signals.page_sections_requested``): ``template`` rendered with ``context``,
-    sections sorted by ``order`` (lower first)."""
-
-    template: str
-    context: Mapping[str, Any] = field(default_factory=dict)
-    order: int = 100

@@ -21,11 +21,12 @@ from django.db.models import Count, Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
+from gpuadmin.registry import Occupant
 from inventory import live, units
 from inventory.choices import GpuState, NodeState
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import THERMAL_REASONS
-from inventory.occupancy import Occupancy, Occupant
+from inventory.occupancy import Occupancy
 from inventory.pages.common import badge_colour, url_format
 from inventory.units import MIB_PER_GIB
 from inventory.usability import Reason, Unusable, why_unusable

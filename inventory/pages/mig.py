@@ -13,10 +13,11 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.registry import Occupant
 from inventory.models import Gpu, MigInstance, Node
 from inventory.nvml import mig_catalog, mig_fit
 from inventory.nvml.mig_catalog import MigProfile, MigTable
-from inventory.occupancy import Occupancy, Occupant
+from inventory.occupancy import Occupancy
 
 
 @dataclasses.dataclass(frozen=True)

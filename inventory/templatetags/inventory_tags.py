@@ -10,9 +10,9 @@ from django.db.models import Count
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
 
+from gpuadmin.registry import Section
 from inventory.choices import NvmlBackend
 from inventory.models import Node
-from inventory.pages.common import Section
 
 register = template.Library()
 

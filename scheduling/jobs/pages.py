@@ -21,8 +21,8 @@ from django.urls import reverse
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import can_act_on, can_read_private, private_to, role_of
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.registry import Occupant
 from inventory.models import Gpu, GpuLink, Node
-from inventory.occupancy import Occupant
 from inventory.pages.common import short_gpu_name, url_format
 from inventory.pages.topology import TopologyRow, topology_rows
 from inventory.units import duration_text, memory_text
@@ -73,7 +73,7 @@ TOPOLOGY_CLASS_TEXT: dict[str, str] = {
 
 def gpu_occupants(gpu_ids: Collection[int]) -> list[Occupant]:
     """The job and user of each active allocation of ``gpu_ids`` (a whole GPU, a MIG device, an
-    MPS share): scheduling's answer to ``inventory.signals.gpu_occupants_requested`` (the fleet
+    MPS share): scheduling's answer to ``gpuadmin.registry.gpu_occupants`` (the fleet
     dashboard, ``?free=``, the MIG layouts).
 
     One query reads every active allocation (at most one per GPU of the fleet) and the ids are

@@ -1,4 +1,4 @@
-"""The MIG re-layout section of the GPU page (``inventory.signals.page_sections_requested``):
+"""The MIG re-layout section of the GPU page (``gpuadmin.registry.page_sections``):
 the GPU's re-layouts with their steps, polled live every 2 s while one is open, and for admins
 the form that asks for one and the button that cancels one still draining. The work is
 ``scheduling.sharing.relayout``'s; these views only ask it."""
@@ -17,9 +17,9 @@ from django.views.decorators.http import require_GET, require_POST
 from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import role_required, signed_in, signed_in_reader
 from gpuadmin.access.services import is_admin
+from gpuadmin.registry import Section
 from inventory.models import Gpu, Node
 from inventory.nvml import mig_catalog
-from inventory.pages.common import Section
 from scheduling.models import RELAYOUT_OPEN_STATES, MigRelayout
 from scheduling.sharing import relayout
 
@@ -64,15 +64,8 @@ def _context(request: HttpRequest, gpu: Gpu) -> dict[str, Any] | None:
     }
 
 
-def relayout_section(
-    sender: Any,
-    *,
-    page: str,
-    obj: Gpu | Node | None = None,
-    request: HttpRequest,
-    **kwargs: Any,
-) -> Section | None:
-    """Receiver of ``page_sections_requested``: a MIG-capable GPU's re-layouts (one query),
+def relayout_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
+    """A MIG-capable GPU's re-layouts (one query),
     for signed-in people (as its poll)."""
     if page != "gpu" or not isinstance(obj, Gpu) or not signed_in_reader(request):
         return None

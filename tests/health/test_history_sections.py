@@ -8,7 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from health.sections_charts import chart_sections
-from inventory.models import Gpu, Node
+from inventory.models import Gpu
 from inventory.pages.sections import requested_sections
 from tests.inventory.pages import add_node, unique_host
 
@@ -33,13 +33,13 @@ def test_each_page_gets_its_chart_section(rf, gpu):
     assert gpu_section.template == "health/partials/charts.html"
     assert gpu_section.context["history_url"] == f"/api/v1/gpus/{gpu.uuid}/history/"
     assert gpu_section.context["mig_enabled"] is False
-    node_section = chart_sections(Node, page="node", obj=gpu.node, request=request)
+    node_section = chart_sections(page="node", obj=gpu.node, request=request)
     assert node_section.context["history_url"] == f"/api/v1/nodes/{gpu.node.hostname}/history/"
     assert node_section.context["per_gpu"] is True
-    fleet_section = chart_sections(Node, page="fleet", obj=None, request=request)
+    fleet_section = chart_sections(page="fleet", obj=None, request=request)
     assert fleet_section.template == "health/partials/fleet_chart.html"
     assert fleet_section.context["history_url"] == reverse("health-history:fleet")
-    assert chart_sections(Node, page="elsewhere", obj=None, request=request) is None
+    assert chart_sections(page="elsewhere", obj=None, request=request) is None
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from gpuadmin import registry
 from gpuadmin.audit.models import AuditEvent
 from inventory import live, tasks
 from inventory.agent import node_backend
@@ -27,7 +28,6 @@ from inventory.services import (
     create_mig_instance,
     destroy_mig_instance,
 )
-from inventory.signals import mig_change_requested
 from tests.integration.stack import worker_and_agent
 from tests.inventory.conftest import SimNode
 from tests.waiting import wait_for
@@ -178,14 +178,12 @@ def test_destroying_a_gpu_instance_the_catalog_lacks_is_refused(node, admin):
     assert node.broker.sent == []
 
 
-def test_a_receiver_of_mig_change_requested_vetoes_mig_changes(node, admin, monkeypatch):
-    def veto(sender: type, gpu: Gpu, **kwargs: object) -> str | None:
-        assert sender is Gpu
+def test_a_registered_mig_change_veto_refuses_mig_changes(node, admin, monkeypatch):
+    def veto(gpu: Gpu, actor_name: str | None) -> str | None:
         return f"GPU {gpu.index} has an active allocation" if gpu.index == 0 else None
 
-    # Heard by this test alone: scheduling's own receiver is not called here.
-    monkeypatch.setattr(mig_change_requested, "receivers", [])
-    mig_change_requested.connect(veto, weak=False)
+    # Asked of this test alone: scheduling's own veto is not called here.
+    monkeypatch.setattr(registry.mig_change_vetoes, "answers", (veto,))
     with pytest.raises(MigChangeRefused, match="^GPU 0 has an active allocation$"):
         create_mig_instance(node.gpu(0), "1g.5gb", actor=admin)
     assert node.broker.sent == []

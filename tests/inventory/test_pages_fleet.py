@@ -184,22 +184,21 @@ def test_only_nodes_with_mig_capable_gpus_link_to_a_mig_page(client):
     assert f'href="/nodes/{pcie}/topology/"' in card(html, pcie)
 
 
-def test_the_job_on_a_gpu_is_asked_of_the_apps_above_through_a_signal(client, monkeypatch):
-    from inventory.occupancy import Occupant
-    from inventory.signals import gpu_occupants_requested
+def test_the_job_on_a_gpu_is_asked_of_the_apps_above_through_the_registry(client, monkeypatch):
+    from gpuadmin import registry
+    from gpuadmin.registry import Occupant
 
     host = unique_host()
     scanned = add_node(host, busy={3: 50})
     held = Gpu.objects.get(uuid=scanned.gpus[3].facts.uuid)
     asked: list[set[int]] = []
 
-    def occupants(sender: type, gpu_ids, **kwargs) -> list[Occupant]:
+    def occupants(gpu_ids) -> list[Occupant]:
         asked.append(set(gpu_ids))
         return [Occupant(7, "/jobs/7/", "alice", held.pk)]
 
-    # Heard by this test alone: scheduling's own receiver is not called here.
-    monkeypatch.setattr(gpu_occupants_requested, "receivers", [])
-    gpu_occupants_requested.connect(occupants, weak=False)
+    # Asked of this test alone: scheduling's own answer is not called here.
+    monkeypatch.setattr(registry.gpu_occupants, "answers", (occupants,))
     html = client.get("/fleet/").content.decode()
     _, cells = live_row(html, held.uuid)
     assert cells["procs"] == '<a href="/jobs/7/">#7</a> alice'

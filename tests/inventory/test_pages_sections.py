@@ -1,4 +1,4 @@
-"""The sections apps above inventory add to its pages (``page_sections_requested``), and the
+"""The sections apps above inventory add to its pages (``gpuadmin.registry.page_sections``), and the
 fleet's health at a glance: one status per GPU, its colour, the legend and the counts."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import re
 import pytest
 from django.utils import timezone
 
+from gpuadmin import registry
+from gpuadmin.registry import Section
 from inventory.models import Gpu
 from inventory.nvml.sim import faults
-from inventory.pages.common import Section
 from inventory.services import set_gpu_state
-from inventory.signals import page_sections_requested
 from tests.inventory.pages import add_node, unique_host
 from tests.inventory.test_pages_fleet import count, live_row
 
@@ -28,9 +28,8 @@ def marker(name: str, order: int) -> Section:
 
 @pytest.fixture
 def only_these_receivers(monkeypatch):
-    """Leave the signal to the receivers a test connects (the apps' own are not called)."""
-    monkeypatch.setattr(page_sections_requested, "receivers", [])
-    monkeypatch.setattr(page_sections_requested, "sender_receivers_cache", {})
+    """Leave the hook to the answers a test registers (the apps' own are not called)."""
+    monkeypatch.setattr(registry.page_sections, "answers", ())
 
 
 @pytest.mark.parametrize("page", ["gpu", "node", "fleet"])
@@ -42,27 +41,27 @@ def test_each_page_renders_the_sections_receivers_return_in_order(
     gpu = Gpu.objects.get(node__hostname=host, index=1)
     asked = []
 
-    def late(sender, *, page, obj, request, **kwargs):
-        asked.append((sender.__name__, page, obj))
+    def late(page, obj, request):
+        asked.append((page, obj))
         return marker("late", 90)
 
-    def early_and_none(sender, **kwargs):
+    def early_and_none(page, obj, request):
         return [marker("early", 10), None]
 
-    def nothing(sender, **kwargs):
+    def nothing(page, obj, request):
         return None
 
     for receiver in (late, early_and_none, nothing):
-        page_sections_requested.connect(receiver, weak=False)
-    path, obj, sender = {
-        "gpu": (f"/gpus/{gpu.uuid}/", gpu, "Gpu"),
-        "node": (f"/nodes/{host}/", gpu.node, "Node"),
-        "fleet": ("/fleet/", None, "Node"),
+        registry.page_sections.register(receiver)
+    path, obj = {
+        "gpu": (f"/gpus/{gpu.uuid}/", gpu),
+        "node": (f"/nodes/{host}/", gpu.node),
+        "fleet": ("/fleet/", None),
     }[page]
 
     html = client.get(path).content.decode()
 
-    assert asked == [(sender, page, obj)]
+    assert asked == [(page, obj)]
     assert html.index("marker-early") < html.index("marker-late")
     assert html.count("marker-") == 2
 
@@ -80,7 +79,7 @@ def test_without_receivers_the_pages_render(client, only_these_receivers):
 def test_the_fleet_poll_asks_for_no_sections(client, only_these_receivers):
     add_node(unique_host())
     asked = []
-    page_sections_requested.connect(lambda sender, **kwargs: asked.append(1), weak=False)
+    registry.page_sections.register(lambda page, obj, request: asked.append(1))
     client.get("/fleet/", HTTP_HX_REQUEST="true")
     assert asked == []
     client.get("/fleet/")

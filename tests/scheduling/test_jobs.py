@@ -481,10 +481,12 @@ def test_an_unsplittable_command_is_refused_naming_it(alice, fleet):
 
 
 def test_mig_changes_are_refused_while_a_job_holds_the_gpu(alice, fleet):
-    from inventory.signals import mig_change_requested
+    from gpuadmin import registry
 
     def refusals(gpu: Gpu) -> list[str]:
-        return [reason for _, reason in mig_change_requested.send(sender=Gpu, gpu=gpu) if reason]
+        return [
+            reason for veto in registry.mig_change_vetoes.answers if (reason := veto(gpu, None))
+        ]
 
     job = place(alice)
     gpu = Gpu.objects.get(allocations__job=job)

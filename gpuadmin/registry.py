@@ -1,0 +1,77 @@
+"""What a lower app asks of the apps above it, which it never imports: who holds a GPU, whether
+a MIG change may go, the sections of a page. Each question is a ``Hook`` here; the upper apps
+register their answers in their ``AppConfig.ready()``, and the lower app calls them where it
+needs the answer. Signals only announce what happened (``inventory.signals``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+from django.http import HttpRequest
+
+Answer = TypeVar("Answer", bound=Callable[..., Any])
+
+
+class Hook(Generic[Answer]):
+    """One question and the functions that answer it, called in the order they registered."""
+
+    def __init__(self, question: str) -> None:
+        self.question = question
+        self.answers: tuple[Answer, ...] = ()
+
+    def register(self, answer: Answer) -> None:
+        """Add an answer; the same function twice is a wiring mistake (it would answer twice)."""
+        if answer in self.answers:
+            raise ValueError(
+                f"{answer.__module__}.{answer.__qualname__} already answers: {self.question}"
+            )
+        self.answers += (answer,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupant:
+    """Who holds a GPU, or one MIG device of it (``mig_instance_id``: the ``MigInstance``'s
+    primary key): the job it is allocated to, that job's name and its user."""
+
+    job_id: int
+    job_url: str
+    user: str
+    gpu_id: int
+    job_name: str = ""
+    mig_instance_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A part of an inventory page that an app contributes (``page_sections``): ``template``
+    rendered with ``context``, sections sorted by ``order`` (lower first)."""
+
+    template: str
+    context: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    order: int = 100
+
+
+# The hooks. A ``Gpu`` or ``Node`` argument is typed ``Any``: the project package imports no app.
+
+# Called with a collection of GPU primary keys by ``inventory.occupancy.Occupancy`` (the fleet
+# pages, the ``free`` filter, the MIG layouts, the alert rules); returns the ``Occupant``s of
+# the GPUs held by work the app knows of, each naming its GPU and, for a MIG device, its MIG
+# instance, in one query for all of them (scheduling: each active allocation's job).
+gpu_occupants: Hook[Callable[[Collection[int]], Iterable[Occupant]]] = Hook("who holds these GPUs")
+
+# Called by ``inventory.services`` before a MIG change is sent to the GPU's node, once
+# inventory's own checks passed, with the ``Gpu`` as stored now and the system actor asking
+# (None for a person). Returns the sentence that refuses the change (scheduling: "it is
+# allocated to job 12", "a MIG re-layout owns it") or None; the first refusal wins and nothing
+# is sent. An answer that raises fails the change.
+mig_change_vetoes: Hook[Callable[[Any, str | None], str | None]] = Hook("may this MIG change go")
+
+# Called by the inventory pages with the page ("gpu", "node" or "fleet"), its object (the
+# ``Gpu``, the ``Node``, or None for the fleet) and the request; returns a ``Section``, several
+# in a list (a None among them is skipped), or None. The page renders them by ``order``.
+# Kept cheap: the fleet page's live partial has a budget of 100 ms at 500 nodes.
+page_sections: Hook[
+    Callable[[str, Any, HttpRequest], Section | Iterable[Section | None] | None]
+] = Hook("what does this page show")
