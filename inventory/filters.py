@@ -79,8 +79,8 @@ class GpuFilterSet(django_filters.FilterSet):
     free = django_filters.BooleanFilter(
         method="filter_free",
         label="Free",
-        help_text="Usable now (the one rule, see the README: schedulable, and a live sample "
-        "without NVML error or process) and held by no job.",
+        help_text="Usable now (the one rule, see docs/users/why-a-job-waits.md: schedulable, and a "
+        "live sample without NVML error or process) and held by no job.",
         widget=forms.Select(choices=ANY_YES_NO),
     )
 
