@@ -6,19 +6,17 @@ commands in the command's reference page (docs/reference/commands.md)."""
 from __future__ import annotations
 
 import argparse
-import re
 
 from gpuadmin import cli, fleet_cli, jobs_cli, ops_cli
 from inventory.nvml.sim.cli import _parser as sim_parser
 from tests.conftest import REPO_DIR
+from tests.gpuadmin.markdown_tables import CODE_SPAN, cells
 from tests.gpuadmin.test_cli_help import verb_paths
 
 DOCS = REPO_DIR / "docs"
 COMMANDS_PAGE = DOCS / "reference" / "commands.md"
 CLI_PAGE = DOCS / "operations" / "cli.md"
 APPS = ("gpuadmin", "inventory", "health", "scheduling")
-CODE_SPAN = re.compile(r"`([^`]+)`")
-UNESCAPED_BAR = re.compile(r"(?<!\\)\|")
 
 
 def synopses(page: str) -> list[list[str]]:
@@ -35,7 +33,7 @@ def synopses(page: str) -> list[list[str]]:
         if in_code:
             spans = [line] if line.startswith("gpuadmin ") else []
         elif line.startswith("| "):
-            spans = CODE_SPAN.findall(UNESCAPED_BAR.split(line)[1])
+            spans = CODE_SPAN.findall(cells(line)[0])
         else:
             spans = CODE_SPAN.findall(line)[:1] if line.startswith("`gpuadmin ") else []
         found += [span.split() for span in spans if span.startswith("gpuadmin ")]
@@ -77,13 +75,13 @@ def test_the_verbs_split_into_both_homes():
 def test_synopses_are_code_lines_table_cells_and_paragraph_openings():
     page = (
         "```\ngpuadmin reserve create [--gpus N]\n$ gpuadmin jobs list\n```\n"
-        "| `gpuadmin drain TARGET`, `gpuadmin offline TARGET` | what \\| else |\n"
+        "| `gpuadmin drain TARGET`, `gpuadmin sim inject ecc --error a|b` | what \\| else |\n"
         "`gpuadmin login` asks for what it is not given, as `gpuadmin logout` does not.\n"
     )
     assert synopses(page) == [
         ["gpuadmin", "reserve", "create", "[--gpus", "N]"],
         ["gpuadmin", "drain", "TARGET"],
-        ["gpuadmin", "offline", "TARGET"],
+        ["gpuadmin", "sim", "inject", "ecc", "--error", "a|b"],
         ["gpuadmin", "login"],
     ]
 

@@ -10,6 +10,7 @@ import re
 from rest_framework.views import APIView
 
 from tests.conftest import REPO_DIR
+from tests.gpuadmin.markdown_tables import CODE_SPAN, cells
 from tests.gpuadmin.urlconf import ADMIN_PREFIX, routes
 
 PAGE = REPO_DIR / "docs" / "reference" / "api.md"
@@ -17,8 +18,6 @@ PAGES_HEADING = "## Pages"
 
 PARAMETER = re.compile(r"\(\?P<\w+>[^)]*\)|<[^>]*>")
 METHOD = re.compile(r"^(?:(?:GET|POST|PUT|PATCH|DELETE),? )+")
-CODE_SPAN = re.compile(r"`([^`]+)`")
-UNESCAPED_BAR = re.compile(r"(?<!\\)\|")
 
 
 def template(path: str) -> str:
@@ -39,7 +38,7 @@ def documented(page: str) -> dict[str, list[str]]:
             section = "Pages" if line == PAGES_HEADING else "API"
         if not line.startswith("| `"):
             continue
-        for span in CODE_SPAN.findall(UNESCAPED_BAR.split(line)[1]):
+        for span in CODE_SPAN.findall(cells(line)[0]):
             path = METHOD.sub("", span)
             if path.startswith("/"):
                 found.setdefault(template(path), []).append(section)
