@@ -5,10 +5,12 @@ task is on it, and every module or name it writes in backticks exists."""
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections import Counter
 from pathlib import Path
 
+from gpuadmin.celery import app
 from tests.conftest import REPO_DIR
 
 PAGE = REPO_DIR / "docs" / "development" / "architecture.md"
@@ -129,16 +131,21 @@ def names_in_code() -> set[str]:
 
 
 def tasks_in_code() -> dict[str, str]:
-    """Every Celery task's name (``@shared_task(name=...)``) and the module that defines it."""
-    tasks: dict[str, str] = {}
-    for package in PACKAGES:
-        for path in (REPO_DIR / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "shared_task":
-                    for keyword in node.keywords:
-                        if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
-                            tasks[str(keyword.value.value)] = path.relative_to(REPO_DIR).as_posix()
-    return tasks
+    """Every Celery task's name and the module that defines it, as Celery registered them once
+    the modules that call ``shared_task`` are imported (a name may be a constant)."""
+    defining = {
+        path.relative_to(REPO_DIR).with_suffix("").as_posix().replace("/", ".")
+        for package in PACKAGES
+        for path in (REPO_DIR / package).rglob("*.py")
+        if "migrations" not in path.parts and "@shared_task" in path.read_text()
+    }
+    for module in defining:
+        importlib.import_module(module)
+    return {
+        name: f"{task.__module__.replace('.', '/')}.py"
+        for name, task in app.tasks.items()
+        if task.__module__ in defining
+    }
 
 
 def tasks_on_page() -> dict[str, str]:
