@@ -31,6 +31,20 @@ def section(text: str, title: str) -> str:
     return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
+def source_files() -> list[Path]:
+    """The Python files of the four packages, migrations aside."""
+    return [
+        path
+        for package in PACKAGES
+        for path in (REPO_DIR / package).rglob("*.py")
+        if "migrations" not in path.relative_to(REPO_DIR).parts
+    ]
+
+
+def dotted_name(path: Path) -> str:
+    return path.relative_to(REPO_DIR).with_suffix("").as_posix().replace("/", ".")
+
+
 def defines_something(path: Path) -> bool:
     """Whether a module holds more than its docstring."""
     body = ast.parse(path.read_text()).body
@@ -43,15 +57,12 @@ def modules() -> set[str]:
     """Every module of the four packages as the map names it: ``app/sub/module.py``, or
     ``app/sub/`` for a package's ``__init__.py`` that defines something. Migrations aside."""
     found = set()
-    for package in PACKAGES:
-        for path in (REPO_DIR / package).rglob("*.py"):
-            relative = path.relative_to(REPO_DIR)
-            if "migrations" in relative.parts:
-                continue
-            if path.name != "__init__.py":
-                found.add(relative.as_posix())
-            elif defines_something(path):
-                found.add(f"{relative.parent.as_posix()}/")
+    for path in source_files():
+        relative = path.relative_to(REPO_DIR)
+        if path.name != "__init__.py":
+            found.add(relative.as_posix())
+        elif defines_something(path):
+            found.add(f"{relative.parent.as_posix()}/")
     return found
 
 
@@ -133,12 +144,7 @@ def names_in_code() -> set[str]:
 def tasks_in_code() -> dict[str, str]:
     """Every Celery task's name and the module that defines it, as Celery registered them once
     the modules that call ``shared_task`` are imported (a name may be a constant)."""
-    defining = {
-        path.relative_to(REPO_DIR).with_suffix("").as_posix().replace("/", ".")
-        for package in PACKAGES
-        for path in (REPO_DIR / package).rglob("*.py")
-        if "migrations" not in path.parts and "@shared_task" in path.read_text()
-    }
+    defining = {dotted_name(path) for path in source_files() if "@shared_task" in path.read_text()}
     for module in defining:
         importlib.import_module(module)
     return {
@@ -157,7 +163,7 @@ def tasks_on_page() -> dict[str, str]:
 def test_every_celery_task_is_on_the_page() -> None:
     in_code = tasks_in_code()
     assert in_code, "no task found: the test no longer finds them"
-    assert tasks_on_page() == in_code
+    assert tasks_on_page() == in_code, f"the Celery tasks of {PAGE.name} differ from the code"
 
 
 def test_dotted_names_on_the_page_exist() -> None:
@@ -198,22 +204,20 @@ def defined_by_call(path: Path, callee: str) -> set[str]:
 
 
 def test_every_signal_is_on_the_page() -> None:
-    text = page_text()
     signals = {
-        f"{path.relative_to(REPO_DIR).with_suffix('').as_posix().replace('/', '.')}.{name}"
-        for package in PACKAGES
-        for path in (REPO_DIR / package).rglob("*.py")
-        if "migrations" not in path.parts
+        f"{dotted_name(path)}.{name}"
+        for path in source_files()
         for name in defined_by_call(path, "Signal")
     }
     assert signals, "no signal found: the test no longer finds them"
-    missing = sorted(signal for signal in signals if f"`{signal}`" not in text)
+    table = section(page_text(), "Signals")
+    missing = sorted(signal for signal in signals if f"| `{signal}` " not in table)
     assert not missing, f"add to the signals of {PAGE.name}: {missing}"
 
 
 def test_every_registry_hook_is_on_the_page() -> None:
     hooks = defined_by_call(REPO_DIR / "gpuadmin" / "registry.py", "Hook")
     assert hooks, "no hook found: the test no longer finds them"
-    hook_table = section(page_text(), "Registry hooks")
-    missing = sorted(hook for hook in hooks if f"| `{hook}` " not in hook_table)
+    table = section(page_text(), "Registry hooks")
+    missing = sorted(hook for hook in hooks if f"| `{hook}` " not in table)
     assert not missing, f"add to the registry hooks of {PAGE.name}: {missing}"
