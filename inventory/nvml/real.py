@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import subprocess
 from typing import Any
 
 import pynvml
 
+from inventory.nvml.gpu_reset import GpuResetFailed
 from inventory.nvml.host import HostResources, this_host
 from inventory.nvml.scanner import scan
 
@@ -18,9 +20,10 @@ log = logging.getLogger("gpuadmin.nvml")
 
 class RealNvml:
     """The real backend: every `nvml*` attribute is pynvml's own function, and the calls the
-    simulator offers beside NVML (`host_resources`, `topo_matrix_text`) have the same names
-    and shapes as `SimulatedNvml`'s, so the scanner calls both backends the same way. The
-    library itself loads on the first nvmlInit, not here."""
+    simulator offers beside NVML (`host_resources`, `topo_matrix_text`, `reset_gpu`,
+    `event_message`) have the same names and shapes as `SimulatedNvml`'s, so the scanner and
+    the agent call both backends the same way. The library itself loads on the first
+    nvmlInit, not here."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml"):
@@ -34,6 +37,23 @@ class RealNvml:
     def topo_matrix_text(self) -> str | None:
         """This host's `nvidia-smi topo -m` (`nvidia_smi_topo_matrix`)."""
         return nvidia_smi_topo_matrix()
+
+    def reset_gpu(self, index: int) -> None:
+        """`nvidia-smi --gpu-reset -i INDEX`; raises `GpuResetFailed` saying why it failed."""
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            raise GpuResetFailed("nvidia-smi is not installed")
+        done = subprocess.run(  # noqa: S603 - a fixed program and arguments
+            [smi, "--gpu-reset", "-i", str(index)], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode:
+            raise GpuResetFailed(
+                (done.stderr or done.stdout).strip() or f"nvidia-smi exited {done.returncode}"
+            )
+
+    def event_message(self, eventSet: Any) -> str:
+        """Empty: NVML's event data carries no text (the kernel log line of the XID does)."""
+        return ""
 
 
 @dataclasses.dataclass(frozen=True)

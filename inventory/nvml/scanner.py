@@ -540,7 +540,8 @@ def _watts(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000
 
 
-def _instance_id(value: int) -> int | None:
+def instance_id(value: int) -> int | None:
+    """A MIG instance id NVML reports, or None for its "not applicable" value (no MIG)."""
     return None if value >= _NO_ID else value
 
 
@@ -880,8 +881,8 @@ class _NodeScanner:
                         pid=process.pid,
                         kind=kind,
                         used_memory_mib=_mib(process.usedGpuMemory),
-                        gpu_instance_id=_instance_id(process.gpuInstanceId),
-                        compute_instance_id=_instance_id(process.computeInstanceId),
+                        gpu_instance_id=instance_id(process.gpuInstanceId),
+                        compute_instance_id=instance_id(process.computeInstanceId),
                     )
                 )
         return tuple(processes)
