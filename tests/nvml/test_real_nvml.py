@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from inventory.nvml import NodeScan, open_backend, scan
-from inventory.nvml.importer import model_from_capture
 from inventory.nvml.real import RealNvml, nvidia_smi_topo_matrix, probe
 from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim.importer import model_from_capture
 from tests.nvml.captures import OWN
 from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip, assert_sane_mig
 
