@@ -30,9 +30,10 @@ test: $(STAMP) $(DOCS_STAMP)  ## the whole suite (browser and integration tests 
 	sh .ci/install-prometheus
 	DOCS_VENV=$(DOCS_VENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
-lint: $(STAMP)  ## ruff check + format check + missing migrations + mypy
+lint: $(STAMP)  ## ruff check + format check + import contracts + missing migrations + mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/gpuadmin manage makemigrations --check --dry-run
 	$(BIN)/mypy
 

@@ -391,6 +391,15 @@ def _or_dash(value: object, unit: str = "") -> str:
     return "-" if value is None else f"{value}{unit}"
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    """A bash or zsh completion script of the whole command line, written by shtab from the
+    argparse parser itself (so it lists every verb and option there is)."""
+    import shtab
+
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     """The simulator's own CLI (``import`` turns a captured machine into a machine model)."""
     from inventory.nvml.sim.cli import main as sim_main
@@ -652,6 +661,12 @@ def build_parser() -> argparse.ArgumentParser:
     scan.set_defaults(run=cmd_scan)
 
     fleet_cli.add_verbs(verbs)
+    completion = verbs.add_parser(
+        "completion",
+        help="print a bash or zsh completion script (docs/operations/cli.md: installing it)",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(run=cmd_completion)
     jobs_cli.add_verbs(verbs)
     ops_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")

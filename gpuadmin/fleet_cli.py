@@ -1,15 +1,14 @@
 """The operator's verbs over the HTTP API (``gpuadmin.client``): ``status`` (the fleet at a
 glance, as ``sinfo``), ``nodes``, ``gpus``, ``health``, ``watch`` (a live table, as ``watch
-nvidia-smi``), ``drain``/``offline``/``online`` (as ``scontrol update state=...``) and
-``completion`` (bash and zsh). Standard library only until a terminal is drawn (rich) or a
-completion script is written (shtab). docs/operations/cli.md shows each verb's output.
+nvidia-smi``) and ``drain``/``offline``/``online`` (as ``scontrol update state=...``).
+Standard library only until a terminal is drawn (rich). docs/operations/cli.md shows each verb's
+output.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -331,26 +330,12 @@ def _jobs(ids: Sequence[int]) -> str:
     return f"job {listed}" if len(ids) == 1 else f"{len(ids)} jobs: {listed}"
 
 
-# --------------------------------------------------------------------------- completion
-
-
-def cmd_completion(args: argparse.Namespace) -> int:
-    """A bash or zsh completion script of the whole command line, written by shtab from the
-    argparse parser itself (so it lists every verb and option there is)."""
-    import shtab
-
-    from gpuadmin.cli import build_parser
-
-    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
-    return 0
-
-
 # --------------------------------------------------------------------------- arguments
 
 
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
-    """``status``, ``nodes``, ``gpus``, ``health``, ``watch``, ``drain``, ``offline``,
-    ``online`` and ``completion``."""
+    """``status``, ``nodes``, ``gpus``, ``health``, ``watch``, ``drain``, ``offline`` and
+    ``online``."""
     status = verbs.add_parser(
         "status", help="the fleet at a glance: each node's GPUs by status, and totals (API)"
     )
@@ -413,10 +398,3 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
             )
         add_json_flag(change)
         change.set_defaults(run=run_verb(cmd_state))
-
-    completion = verbs.add_parser(
-        "completion",
-        help="print a bash or zsh completion script (docs/operations/cli.md: installing it)",
-    )
-    completion.add_argument("shell", choices=("bash", "zsh"))
-    completion.set_defaults(run=cmd_completion)

@@ -14,7 +14,6 @@ The agent runs them only while ``gpuadmin agent`` runs (``start``/``HealthAgent.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -22,10 +21,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import pynvml
 from django.conf import settings
 from kombu.exceptions import KombuError
-from pynvml import NVMLError
 from redis.exceptions import RedisError
 
 from health.choices import EventKind
@@ -38,8 +35,8 @@ from inventory.nvml.scanner import (
     GpuScan,
     HealthCounters,
     NodeScan,
-    describe_error,
 )
+from inventory.nvml.xid_events import XidEvent, XidWatch
 from inventory.signals import sample_taken
 
 log = logging.getLogger("gpuadmin.agent")
@@ -47,8 +44,6 @@ log = logging.getLogger("gpuadmin.agent")
 REPORT_TASK = "health.report"
 # Reports kept while the broker is away; past it the oldest go (and the loss is logged).
 MAX_UNSENT = 1000
-XID_EVENTS = pynvml.nvmlEventTypeXidCriticalError
-_NO_ID = 0xFFFFFFFF
 
 Send = Callable[..., Any]
 
@@ -327,9 +322,8 @@ class _Changes:
 
 
 class XidListener(threading.Thread):
-    """Waits on an NVML event set for XID critical errors of every GPU and reports each at
-    once. A lost GPU leaves the set (NVML then fails every wait with GPU_IS_LOST); GPUs that
-    could not be registered are tried again every ``retry_s``."""
+    """Reports each XID critical error of the node's GPUs at once: the NVML side
+    (``inventory.nvml.xid_events.XidWatch``) waits on the event set in this thread."""
 
     def __init__(
         self,
@@ -341,116 +335,34 @@ class XidListener(threading.Thread):
         retry_s: float = 30.0,
     ) -> None:
         super().__init__(name=f"xid-listener-{hostname}", daemon=True)
-        self.hostname = hostname
-        self.nvml = nvml
         self.outbox = outbox
-        self.wait_ms = wait_ms
-        self.retry_s = retry_s
-        self.stopped = threading.Event()
-        self.ready = threading.Event()  # set once the first event set is registered
-        self.gpus: dict[int | None, tuple[int, str]] = {}  # handle address -> (index, UUID)
-        self.missing = 0  # GPUs that answered no registration
+        self.watch = XidWatch(
+            nvml, self._report, label=f"agent {hostname}", wait_ms=wait_ms, retry_s=retry_s
+        )
+        self.ready = self.watch.ready  # set once the first event set is registered
 
     def stop(self) -> None:
-        self.stopped.set()
+        self.watch.stop()
 
     def run(self) -> None:
-        nvml = self.nvml
-        try:
-            nvml.nvmlInit()
-        except NVMLError as err:
-            log.warning("agent %s: no XID events: %s", self.hostname, describe_error(err))
-            self.ready.set()
-            return
-        events = None
-        retry_at = lost_at = 0.0
-        try:
-            while not self.stopped.is_set():
-                if events is None or (self.missing and time.monotonic() >= retry_at):
-                    self._free(events)
-                    events = self._register()
-                    retry_at = time.monotonic() + self.retry_s
-                    self.ready.set()
-                try:
-                    data = nvml.nvmlEventSetWait_v2(events, self.wait_ms)
-                except NVMLError as err:
-                    if err.value == pynvml.NVML_ERROR_TIMEOUT:
-                        continue
-                    if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
-                        # Register again at once, without the lost GPU: an XID of another
-                        # GPU while no set is registered would never be seen. Only a GPU
-                        # that keeps failing waits while still registering makes it pause.
-                        if time.monotonic() - lost_at < 1.0:
-                            self.stopped.wait(self.wait_ms / 1000)
-                        lost_at = time.monotonic()
-                        self._free(events)
-                        events = self._register()
-                        retry_at = lost_at + self.retry_s
-                        continue
-                    log.error("agent %s: XID events: %s", self.hostname, describe_error(err))
-                    self._free(events)
-                    events = None
-                    self.stopped.wait(self.retry_s)
-                    continue
-                if data.eventType & XID_EVENTS:
-                    self.outbox.put([self._report(data, events)])
-        finally:
-            self._free(events)
-            try:
-                nvml.nvmlShutdown()
-            except NVMLError as err:
-                log.debug("agent %s: nvmlShutdown: %s", self.hostname, describe_error(err))
+        self.watch.run()
 
-    def _register(self) -> Any:
-        nvml = self.nvml
-        events = nvml.nvmlEventSetCreate()
-        self.gpus, self.missing = {}, 0
-        for index in range(nvml.nvmlDeviceGetCount()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = nvml.nvmlDeviceGetUUID(handle)
-                if nvml.nvmlDeviceGetSupportedEventTypes(handle) & XID_EVENTS:
-                    nvml.nvmlDeviceRegisterEvents(handle, XID_EVENTS, events)
-                    self.gpus[_address(handle)] = (index, uuid)
-            except NVMLError as err:
-                self.missing += 1
-                log.debug(
-                    "agent %s: GPU %d: no XID events: %s", self.hostname, index, describe_error(err)
-                )
-        return events
-
-    def _free(self, events: Any) -> None:
-        if events is not None:
-            try:
-                self.nvml.nvmlEventSetFree(events)
-            except NVMLError as err:
-                log.debug("agent %s: nvmlEventSetFree: %s", self.hostname, describe_error(err))
-
-    def _report(self, data: Any, events: Any) -> HealthReport:
+    def _report(self, event: XidEvent) -> None:
         at = time.time()
-        xid = int(data.eventData)
-        index, uuid = self.gpus.get(_address(data.device), (None, None))
-        gi = None if data.gpuInstanceId == _NO_ID else int(data.gpuInstanceId)
-        ci = None if data.computeInstanceId == _NO_ID else int(data.computeInstanceId)
-        # NVML's event carries no text (the kernel log line does); the simulator tells its own.
-        describe = getattr(self.nvml, "event_message", None)
-        text = (describe(events) if callable(describe) else None) or ""
+        gi, ci, text = event.gpu_instance_id, event.compute_instance_id, event.text
+        gpu = event.gpu_uuid or f"gpu{event.gpu_index}"
         where = "" if gi is None else f"GPU instance {gi}, compute instance {ci}"
-        return HealthReport(
+        report = HealthReport(
             kind=EventKind.XID.value,
-            key=f"xid:{uuid or f'gpu{index}'}:{xid}:{int(at * 1_000_000)}",
+            key=f"xid:{gpu}:{event.xid}:{int(at * 1_000_000)}",
             occurred_at=at,
-            gpu_index=index,
-            gpu_uuid=uuid,
-            xid=xid,
+            gpu_index=event.gpu_index,
+            gpu_uuid=event.gpu_uuid,
+            xid=event.xid,
             message=": ".join(part for part in (where, text) if part),
             data={"gpu_instance_id": gi, "compute_instance_id": ci, "text": text},
         )
-
-
-def _address(handle: Any) -> int | None:
-    """A device handle's pointer value: the same for every handle NVML gives of one device."""
-    return ctypes.cast(handle, ctypes.c_void_p).value
+        self.outbox.put([report])
 
 
 class HealthAgent:

@@ -14,7 +14,7 @@ every counter's samples as ``<name>_total``, which would rename the series dashb
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +31,13 @@ from health.choices import AlertState, EventKind, Severity
 from health.models import Alert, HealthEvent
 from inventory import live
 from inventory.choices import GpuState
+from inventory.live import LiveSample, MigDeviceSample
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import throttle_reason_mask
 from inventory.querysets import heartbeat_cutoff
 
-Sample = Mapping[str, Any]
 # A MIG GPU instance as the live sample lists it (one entry per compute instance).
-Instance = Mapping[str, Any] | None
+Instance = MigDeviceSample | None
 
 MISSING = "missing"  # not a stored state: the GPU's node no longer reports it
 
@@ -49,35 +49,35 @@ class DcgmField:
 
     name: str
     documentation: str
-    read: Callable[[Sample, Instance], Any]
+    read: Callable[[LiveSample, Instance], Any]
     counter: bool = False  # a counter in dcgm-exporter (exposed untyped: see the module doc)
 
 
-def key(name: str) -> Callable[[Sample, Instance], Any]:
+def key(name: str) -> Callable[[LiveSample, Instance], Any]:
     """The sample's own field ``name`` (the same for every MIG instance of the GPU)."""
 
-    def read(sample: Sample, instance: Instance) -> Any:
+    def read(sample: LiveSample, instance: Instance) -> Any:
         return sample.get(name)
 
     return read
 
 
-def memory_used(sample: Sample, instance: Instance) -> Any:
+def memory_used(sample: LiveSample, instance: Instance) -> Any:
     return (instance or sample).get("memory_used_mib")
 
 
-def memory_free(sample: Sample, instance: Instance) -> Any:
+def memory_free(sample: LiveSample, instance: Instance) -> Any:
     where = instance or sample
     used, total = where.get("memory_used_mib"), where.get("memory_total_mib")
     return None if used is None or total is None else total - used
 
 
-def pstate(sample: Sample, instance: Instance) -> int | None:
+def pstate(sample: LiveSample, instance: Instance) -> int | None:
     value = sample.get("pstate")  # "P0" .. "P15"
     return int(value[1:]) if value else None
 
 
-def throttle_reasons(sample: Sample, instance: Instance) -> int | None:
+def throttle_reasons(sample: LiveSample, instance: Instance) -> int | None:
     reasons = sample.get("throttle_reasons")
     return None if reasons is None else throttle_reason_mask(reasons)
 
@@ -235,10 +235,10 @@ def gpu_instance_profile(profile: str) -> str:
     return rest if head.endswith("c") else profile
 
 
-def gpu_instances(sample: Sample) -> list[tuple[dict[str, str], Instance]]:
+def gpu_instances(sample: LiveSample) -> list[tuple[dict[str, str], Instance]]:
     """The MIG labels and instance of each series a GPU gets: one per GPU instance in MIG
     mode (its first compute instance stands for it), else one without MIG labels."""
-    first: dict[int, Mapping[str, Any]] = {}
+    first: dict[int, MigDeviceSample] = {}
     for instance in sample.get("mig") or ():
         first.setdefault(instance["gi_id"], instance)
     if not first:
@@ -272,7 +272,7 @@ class HealthCollector(Collector):
         yield from self.alerts()
 
     def dcgm(
-        self, rows: list[GpuRow], samples_by_node: dict[str, dict[str, dict[str, Any]]]
+        self, rows: list[GpuRow], samples_by_node: dict[str, dict[str, LiveSample]]
     ) -> Iterator[Metric]:
         families = {
             field.name: (UnknownMetricFamily if field.counter else GaugeMetricFamily)(

@@ -31,6 +31,7 @@ from health.choices import EventKind, QuarantineState, Severity
 from health.models import BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
 from inventory import live
 from inventory.choices import GpuState
+from inventory.live import LiveSample
 from inventory.models import Gpu
 from inventory.services import set_gpu_state
 
@@ -322,7 +323,7 @@ def review(now: datetime | None = None) -> Review:
     return result
 
 
-def _step(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | None, now: datetime) -> str:
+def _step(quarantine: Quarantine, gpu: Gpu, sample: LiveSample | None, now: datetime) -> str:
     """One quarantine's next state under review (``""``: unchanged)."""
     if quarantine.state == Q.FENCED:
         if not _fault_cleared(quarantine, gpu, sample):
@@ -357,7 +358,7 @@ def _step(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | None, now: 
     return ""  # HELD: a person decides
 
 
-def _fault_cleared(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | None) -> bool:
+def _fault_cleared(quarantine: Quarantine, gpu: Gpu, sample: LiveSample | None) -> bool:
     """Whether the quarantine's fault is gone, as its kind says: a lost or failing GPU
     answers NVML again; a hot one is below the threshold by the hysteresis; any other fault,
     once the GPU is not being reset (its reset completed). A live sample with an NVML error
@@ -372,7 +373,7 @@ def _fault_cleared(quarantine: Quarantine, gpu: Gpu, sample: dict[str, Any] | No
     if cause.kind == EventKind.THERMAL:
         threshold = _thermal_threshold(quarantine)
         if threshold is not None:
-            temperature = (sample or {}).get("temperature_c")
+            temperature = None if sample is None else sample.get("temperature_c")
             cool = threshold - settings.GPUADMIN_THERMAL_HYSTERESIS_C
             return temperature is not None and temperature < cool
     return True
@@ -433,7 +434,7 @@ def _thermal_threshold(quarantine: Quarantine) -> float | None:
     return float(threshold) if isinstance(threshold, int | float) else None
 
 
-def _sampled_after(sample: dict[str, Any], moment: datetime) -> bool:
+def _sampled_after(sample: LiveSample, moment: datetime) -> bool:
     sampled_at = sample.get("sampled_at")
     return isinstance(sampled_at, int | float) and sampled_at > moment.timestamp()
 
@@ -453,7 +454,7 @@ def _probation_s(quarantine: Quarantine) -> int:
     return quarantine.policy.probation_s if quarantine.policy else DEFAULT_PROBATION_S
 
 
-def _latest_samples(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def _latest_samples(hostnames: Iterable[str]) -> dict[str, dict[str, LiveSample]]:
     """The live samples of these nodes; none when Redis cannot answer (faults that need a
     sample to clear then wait for the next pass)."""
     try:

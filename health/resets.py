@@ -8,12 +8,7 @@ reset failed or a quarantine holds it (a successful reset then starts its probat
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
-import time
-from typing import Any
 
-import pynvml
 from django.conf import settings
 from django.db import transaction
 
@@ -23,6 +18,7 @@ from health.models import HealthEvent
 from inventory.agent import node_backend
 from inventory.choices import GpuState, NvmlBackend
 from inventory.models import Gpu
+from inventory.nvml.gpu_reset import reset_idle_gpu
 from inventory.services import IllegalGpuTransition, set_gpu_state
 
 log = logging.getLogger("gpuadmin.health")
@@ -44,53 +40,16 @@ def reset_on_this_node(index: int, *, wait_s: float | None = None) -> str | None
     """Reset GPU ``index`` of this node (on its agent): the simulator's reset, or
     ``nvidia-smi --gpu-reset -i N`` on real NVML. Refused while processes run on it, after
     waiting ``wait_s`` (default: the jobs' kill grace and 5 s) for the jobs the policy stopped
-    to go. ``None`` when done, else why not."""
+    to go; on real NVML also when its processes cannot be read (a simulated GPU that fell off
+    the bus comes back with its reset). ``None`` when done, else why not."""
     if not reset_allowed(settings.GPUADMIN_NVML):
         return f"GPU resets are off on this node (GPUADMIN_GPU_RESET={settings.GPUADMIN_GPU_RESET})"
-    real = settings.GPUADMIN_NVML != NvmlBackend.SIM
-    nvml = node_backend()
-    try:
-        nvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return f"NVML: {exc}"
-    try:
-        deadline = time.monotonic() + (
-            settings.GPUADMIN_JOB_KILL_GRACE_S + 5.0 if wait_s is None else wait_s
-        )
-        while pids := _running_pids(nvml, index, real=real):
-            if time.monotonic() >= deadline:
-                return f"processes still run on it (pids {', '.join(map(str, pids))})"
-            time.sleep(0.25)
-        if not real:
-            nvml.reset_gpu(index)
-            return None
-    except pynvml.NVMLError as exc:
-        return f"NVML: {exc}"
-    finally:
-        nvml.nvmlShutdown()
-    return _nvidia_smi_reset(index)
-
-
-def _running_pids(nvml: Any, index: int, *, real: bool) -> list[int]:
-    try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        return [proc.pid for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
-    except pynvml.NVMLError:
-        if real:
-            raise
-        return []  # the simulator's lost GPU answers nothing: its reset brings it back
-
-
-def _nvidia_smi_reset(index: int) -> str | None:
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "nvidia-smi is not installed"
-    done = subprocess.run(  # noqa: S603 - a fixed program and arguments
-        [smi, "--gpu-reset", "-i", str(index)], capture_output=True, text=True, timeout=120
+    return reset_idle_gpu(
+        node_backend(),
+        index,
+        wait_s=settings.GPUADMIN_JOB_KILL_GRACE_S + 5.0 if wait_s is None else wait_s,
+        unreadable_is_idle=settings.GPUADMIN_NVML == NvmlBackend.SIM,
     )
-    if done.returncode:
-        return (done.stderr or done.stdout).strip() or f"nvidia-smi exited {done.returncode}"
-    return None
 
 
 def start_reset(gpu: Gpu, *, reason: str) -> None:

@@ -16,7 +16,7 @@ import logging
 import operator
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -41,6 +41,7 @@ from health.services import receive_reports
 from health.wire import HealthReport
 from inventory import live, usability
 from inventory.choices import NodeState
+from inventory.live import LiveSample
 from inventory.models import Gpu, Node
 from inventory.occupancy import Occupancy
 from inventory.units import duration_text
@@ -109,7 +110,7 @@ def evaluate(now: float | None = None) -> Evaluation:
     nodes = list(Node.objects.values_list("pk", "hostname", "state", "last_heartbeat_at"))
     findings: dict[str, Finding] = {}
     unknown: set[str] = set()  # conditions a pass could not see (no sample): left as they are
-    samples: dict[str, dict[str, dict[str, Any]]] = {}
+    samples: dict[str, dict[str, LiveSample]] = {}
     gpus: list[GpuRow] = []
     thermal = _thermal_threshold()
     if gpu_rules or thermal is not None:
@@ -141,7 +142,7 @@ def evaluate(now: float | None = None) -> Evaluation:
 def _gpu_findings(
     rules: list[AlertRule],
     gpus: list[GpuRow],
-    samples: dict[str, dict[str, dict[str, Any]]],
+    samples: dict[str, dict[str, LiveSample]],
     now: float,
     findings: dict[str, Finding],
     unknown: set[str],
@@ -206,11 +207,12 @@ def _gpu_findings(
         result.idle_gpu_seconds = count_idle(idle, day)
 
 
-def _gpu_condition(rule: AlertRule, sample: dict[str, Any], occupant: Any) -> str | None:
+def _gpu_condition(rule: AlertRule, sample: LiveSample, occupant: Any) -> str | None:
     """What holds on the GPU for this rule (a phrase for the summary), or None."""
     threshold = rule.threshold
     if rule.kind == RuleKind.METRIC:
-        value = sample.get(rule.metric)
+        fields: Mapping[str, Any] = sample  # the rule names its field
+        value = fields.get(rule.metric)
         compare = OPERATORS.get(rule.operator)
         if value is None or threshold is None or compare is None:
             return None
@@ -355,7 +357,7 @@ def _thermal_threshold() -> RecoveryPolicy | None:
 def _record_hot(
     policy: RecoveryPolicy,
     gpus: list[GpuRow],
-    samples: dict[str, dict[str, dict[str, Any]]],
+    samples: dict[str, dict[str, LiveSample]],
     now: float,
 ) -> int:
     """A THERMAL health event (one per GPU and minute) for each GPU hotter than the thermal
@@ -363,8 +365,8 @@ def _record_hot(
     threshold = float(policy.threshold or 0)
     hot: dict[str, list[HealthReport]] = defaultdict(list)
     for gpu in gpus:
-        sample = samples.get(gpu.hostname, {}).get(gpu.uuid) or {}
-        temperature = sample.get("temperature_c")
+        sample = samples.get(gpu.hostname, {}).get(gpu.uuid)
+        temperature = None if sample is None else sample.get("temperature_c")
         if temperature is None or temperature <= threshold:
             continue
         hot[gpu.hostname].append(

@@ -29,7 +29,7 @@ def resend_to_alertmanager() -> None:
 
 
 @shared_task(
-    name="health.deliver_webhook",
+    name=webhooks.DELIVER_TASK,
     bind=True,
     autoretry_for=(webhooks.DeliveryFailed,),
     retry_backoff=settings.GPUADMIN_WEBHOOK_BACKOFF_S,

@@ -21,7 +21,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -34,6 +34,7 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from gpuadmin.redis_client import client
+from inventory.live import LiveSample
 from inventory.models import Gpu
 
 logger = logging.getLogger("gpuadmin.health.telemetry")
@@ -244,7 +245,7 @@ def _rows(entries: Sequence[Any]) -> Batch:
     ``unknown``, unreadable entries or samples in ``malformed``, entries with no fields (trimmed
     while pending) in ``trimmed``."""
     result = Batch(rows=[])
-    samples: list[tuple[datetime, str, dict[str, Any]]] = []
+    samples: list[tuple[datetime, str, LiveSample]] = []
     for _, fields in entries:
         if not fields:
             result.trimmed += 1
@@ -270,9 +271,11 @@ def _rows(entries: Sequence[Any]) -> Batch:
     return result
 
 
-def _row(gpu_id: int, at: datetime, values: dict[str, Any]) -> tuple[Any, ...]:
+def _row(gpu_id: int, at: datetime, values: LiveSample) -> tuple[Any, ...]:
+    by_name: Mapping[str, Any] = values  # COLUMNS name the fields
+
     def number(name: str, kind: type) -> Any:
-        value = values.get(name)
+        value = by_name.get(name)
         return None if value is None else kind(round(value) if kind is int else value)
 
     mig = values.get("mig")  # a GPU not in MIG mode has none: NULL, not an empty list

@@ -18,6 +18,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
@@ -27,6 +28,9 @@ from health.choices import SEVERITY_RANK, AlertState, DeliveryState, Severity, W
 from health.models import Alert, Webhook, WebhookDelivery
 
 logger = logging.getLogger("gpuadmin.health.webhooks")
+
+# The task that sends one delivery (``health.tasks.deliver_webhook``, which calls ``deliver``).
+DELIVER_TASK = "health.deliver_webhook"
 
 
 class Change(StrEnum):
@@ -56,10 +60,10 @@ def enqueue(alert: Alert, change: Change) -> list[WebhookDelivery]:
     ids = [delivery.pk for delivery in deliveries]
 
     def send() -> None:
-        from health.tasks import deliver_webhook
-
         for delivery_id in ids:
-            deliver_webhook.apply_async((delivery_id,), queue=settings.GPUADMIN_CENTRAL_QUEUE)
+            current_app.send_task(
+                DELIVER_TASK, args=(delivery_id,), queue=settings.GPUADMIN_CENTRAL_QUEUE
+            )
 
     transaction.on_commit(send)
     return deliveries

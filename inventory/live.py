@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from django.conf import settings
@@ -21,12 +21,75 @@ from inventory.nvml.scanner import GpuScan, NodeScan
 KEY_PREFIX = "gpuadmin:live:"
 
 
-def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
-    """What the dashboard shows of a GPU right now, and what the history keeps of it. The
-    metrics and health fields are there when the scan read those sections; each is None where
-    the GPU does not report it."""
+class MigDeviceSample(TypedDict):
+    """One MIG device of a sample (``scanner.MigDeviceMetrics``)."""
+
+    gi_id: int
+    ci_id: int
+    uuid: str | None
+    profile: str | None
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+
+
+class _Facts(TypedDict):
+    """From the scan's facts, in every sample."""
+
+    index: int
+    memory_total_mib: int | None
+    memory_used_mib: int | None
+    error_message: str | None
+    sampled_at: float  # seconds since the epoch
+
+
+class _Metrics(TypedDict, total=False):
+    """From the scan's metrics section (``scanner.GpuMetrics``)."""
+
+    utilization_gpu_pct: int | None  # None on a MIG-enabled GPU: NVML cannot measure it
+    utilization_memory_pct: int | None
+    temperature_c: int | None
+    memory_temperature_c: int | None
+    power_w: float | None
+    energy_mj: int | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    pstate: str | None
+    pcie_tx_kbps: int | None
+    pcie_rx_kbps: int | None
+    fan_pct: int | None
+    throttle_reasons: list[str]
+    processes: int  # a count: the usability rule reads it
+    pids: list[list[Any]]  # [pid, used memory MiB or None] per process
+    mig: list[MigDeviceSample]
+
+
+class _Health(TypedDict, total=False):
+    """From the scan's health section (``scanner.HealthCounters``): volatile and aggregate
+    ECC counts, retired pages, remapped rows, NVLink errors."""
+
+    ecc_corrected: int | None
+    ecc_uncorrected: int | None
+    ecc_corrected_total: int | None
+    ecc_uncorrected_total: int | None
+    retired_pages_sbe: int | None
+    retired_pages_dbe: int | None
+    retired_pages_pending: bool | None
+    remapped_rows_correctable: int | None
+    remapped_rows_uncorrectable: int | None
+    remapped_rows_pending: bool | None
+    remapped_rows_failure: bool | None
+    nvlink_errors: int | None
+
+
+class LiveSample(_Facts, _Metrics, _Health):
+    """One GPU's live sample, as JSON in Redis: the facts always; the metrics and health
+    fields when the scan read those sections, each None where the GPU does not report it."""
+
+
+def sample(gpu: GpuScan, at: float) -> LiveSample:
+    """What the dashboard shows of a GPU right now, and what the history keeps of it."""
     facts, metrics, health = gpu.facts, gpu.metrics, gpu.health
-    values: dict[str, Any] = {
+    values: LiveSample = {
         "index": facts.index,
         "memory_total_mib": facts.memory_total_mib,
         "memory_used_mib": facts.memory_used_mib,
@@ -36,48 +99,52 @@ def sample(gpu: GpuScan, at: float) -> dict[str, Any]:
     if metrics is not None:
         mig = facts.mig_enabled or bool(metrics.mig_devices)
         values.update(
-            # NVML cannot measure a MIG-enabled GPU's utilization: None ("not measurable").
-            utilization_gpu_pct=None if mig else metrics.utilization_gpu_pct,
-            utilization_memory_pct=None if mig else metrics.utilization_memory_pct,
-            temperature_c=metrics.temperature_c,
-            memory_temperature_c=metrics.memory_temperature_c,
-            power_w=metrics.power_w,
-            energy_mj=metrics.energy_mj,
-            sm_clock_mhz=metrics.sm_clock_mhz,
-            mem_clock_mhz=metrics.mem_clock_mhz,
-            pstate=metrics.pstate,
-            pcie_tx_kbps=metrics.pcie_tx_kbps,
-            pcie_rx_kbps=metrics.pcie_rx_kbps,
-            fan_pct=metrics.fan_pct,
-            throttle_reasons=list(metrics.throttle_reasons),
-            processes=len(metrics.processes),  # a count: the usability rule reads it
-            pids=[[p.pid, p.used_memory_mib] for p in metrics.processes],
-            mig=[
-                {
-                    "gi_id": device.gi_id,
-                    "ci_id": device.ci_id,
-                    "uuid": device.uuid,
-                    "profile": device.profile,
-                    "memory_used_mib": device.memory_used_mib,
-                    "memory_total_mib": device.memory_total_mib,
-                }
-                for device in metrics.mig_devices
-            ],
+            {
+                # NVML cannot measure a MIG-enabled GPU's utilization: None ("not measurable").
+                "utilization_gpu_pct": None if mig else metrics.utilization_gpu_pct,
+                "utilization_memory_pct": None if mig else metrics.utilization_memory_pct,
+                "temperature_c": metrics.temperature_c,
+                "memory_temperature_c": metrics.memory_temperature_c,
+                "power_w": metrics.power_w,
+                "energy_mj": metrics.energy_mj,
+                "sm_clock_mhz": metrics.sm_clock_mhz,
+                "mem_clock_mhz": metrics.mem_clock_mhz,
+                "pstate": metrics.pstate,
+                "pcie_tx_kbps": metrics.pcie_tx_kbps,
+                "pcie_rx_kbps": metrics.pcie_rx_kbps,
+                "fan_pct": metrics.fan_pct,
+                "throttle_reasons": list(metrics.throttle_reasons),
+                "processes": len(metrics.processes),
+                "pids": [[p.pid, p.used_memory_mib] for p in metrics.processes],
+                "mig": [
+                    {
+                        "gi_id": device.gi_id,
+                        "ci_id": device.ci_id,
+                        "uuid": device.uuid,
+                        "profile": device.profile,
+                        "memory_used_mib": device.memory_used_mib,
+                        "memory_total_mib": device.memory_total_mib,
+                    }
+                    for device in metrics.mig_devices
+                ],
+            }
         )
     if health is not None:
         values.update(
-            ecc_corrected=health.ecc_volatile_corrected,
-            ecc_uncorrected=health.ecc_volatile_uncorrected,
-            ecc_corrected_total=health.ecc_aggregate_corrected,
-            ecc_uncorrected_total=health.ecc_aggregate_uncorrected,
-            retired_pages_sbe=health.retired_pages_sbe,
-            retired_pages_dbe=health.retired_pages_dbe,
-            retired_pages_pending=health.retired_pages_pending,
-            remapped_rows_correctable=health.remapped_rows_correctable,
-            remapped_rows_uncorrectable=health.remapped_rows_uncorrectable,
-            remapped_rows_pending=health.remapped_rows_pending,
-            remapped_rows_failure=health.remapped_rows_failure,
-            nvlink_errors=health.nvlink_errors,
+            {
+                "ecc_corrected": health.ecc_volatile_corrected,
+                "ecc_uncorrected": health.ecc_volatile_uncorrected,
+                "ecc_corrected_total": health.ecc_aggregate_corrected,
+                "ecc_uncorrected_total": health.ecc_aggregate_uncorrected,
+                "retired_pages_sbe": health.retired_pages_sbe,
+                "retired_pages_dbe": health.retired_pages_dbe,
+                "retired_pages_pending": health.retired_pages_pending,
+                "remapped_rows_correctable": health.remapped_rows_correctable,
+                "remapped_rows_uncorrectable": health.remapped_rows_uncorrectable,
+                "remapped_rows_pending": health.remapped_rows_pending,
+                "remapped_rows_failure": health.remapped_rows_failure,
+                "nvlink_errors": health.nvlink_errors,
+            }
         )
     return values
 
@@ -123,7 +190,7 @@ def gpu_uuid(hostname: str, gpu: GpuScan) -> str | None:
     return known.get(gpu.facts.index)
 
 
-def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def latest(hostnames: Iterable[str]) -> dict[str, dict[str, LiveSample]]:
     """``{hostname: {gpu uuid: sample}}`` for the given nodes, in one round trip."""
     names = list(hostnames)
     pipe = client().pipeline()
@@ -137,7 +204,7 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
-def latest_of(gpus: Iterable[tuple[str, str]]) -> dict[str, dict[str, dict[str, Any]]]:
+def latest_of(gpus: Iterable[tuple[str, str]]) -> dict[str, dict[str, LiveSample]]:
     """``latest`` of the named GPUs alone, given as (hostname, gpu uuid): ``{hostname: {gpu
     uuid: sample}}``, a GPU without a sample left out, in one round trip. The commit of a
     placement checks a few GPUs of each node it reads, and decoding every GPU's sample cost it

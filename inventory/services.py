@@ -802,12 +802,12 @@ def _check_mig_change(gpu: Gpu, actor_name: str | None) -> Gpu:
             "node_unreachable",
         )
     try:
-        sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid, {})
+        sample = live.latest([node.hostname])[node.hostname].get(gpu.uuid)
     except RedisError as exc:
         raise MigChangeRefused(
             f"cannot read the live samples ({exc}) to see if {label} is busy", "no_live_sample"
         ) from exc
-    processes = sample.get("processes")
+    processes = None if sample is None else sample.get("processes")
     if processes is None:
         raise MigChangeRefused(
             f"no live sample of {label}: cannot tell whether it runs work", "no_live_sample"

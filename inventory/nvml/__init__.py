@@ -53,12 +53,13 @@ def open_backend(
     sim_fleet: str | None = None,
     state_dir: str | None = None,
 ) -> Any:
-    """A pynvml-shaped backend: "real" is the pynvml module, "sim" a SimulatedNvml built from
-    a machine model (`sim_model`) or from this node's entry in a fleet spec (`sim_fleet`)."""
+    """A pynvml-shaped backend: "real" a RealNvml (pynvml's functions), "sim" a SimulatedNvml
+    built from a machine model (`sim_model`) or from this node's entry in a fleet spec
+    (`sim_fleet`)."""
     if kind == "real":
-        from inventory.nvml.real import load
+        from inventory.nvml.real import RealNvml
 
-        return load()
+        return RealNvml()
     if kind == "sim":
         # Imported here so that the real path never loads the simulator.
         from inventory.nvml.sim import SimulatedNvml

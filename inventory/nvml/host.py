@@ -1,8 +1,8 @@
 """The host around the GPUs: the logical CPUs and the memory its jobs could be given.
 
 A real host reads them here (the CPUs this process may run on, ``MemTotal`` of
-``/proc/meminfo``); the simulator answers from its machine model. ``scanner.host_resources``
-picks the source, so both travel in the scan's ``SystemInfo`` the same way.
+``/proc/meminfo``); the simulator answers from its machine model. Each backend's
+``host_resources()`` gives its own, so both travel in the scan's ``SystemInfo`` the same way.
 """
 
 from __future__ import annotations

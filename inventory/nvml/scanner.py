@@ -21,7 +21,7 @@ import pynvml
 from pynvml import NVMLError
 
 from inventory.nvml import mig_catalog
-from inventory.nvml.host import HostResources, this_host
+from inventory.nvml.host import HostResources
 from inventory.nvml.mig_catalog import MigProfile
 from inventory.nvml.parsers.common import ParseError, normalize_bus_id
 from inventory.nvml.parsers.topo import parse_topo_matrix
@@ -385,7 +385,7 @@ class Topology(Record):
     """The `nvidia-smi topo -m` GPU matrix: row/column i is GPU `gpus[i]`; None where a GPU
     failed. NUMA node and CPU affinity per GPU, in the same order. `nics` are the network
     adapters (`mlx5_0`) and `nic_links[i][j]` how GPU `gpus[i]` reaches `nics[j]` (PIX ... SYS),
-    from `topo -m` itself: NVML has no NIC API (see `topo_matrix_text`)."""
+    from `topo -m` itself: NVML has no NIC API (the backend's `topo_matrix_text`)."""
 
     gpus: tuple[int, ...]
     matrix: tuple[tuple[str | None, ...], ...]
@@ -540,7 +540,8 @@ def _watts(milliwatts: int | None) -> float | None:
     return None if milliwatts is None else milliwatts / 1000
 
 
-def _instance_id(value: int) -> int | None:
+def instance_id(value: int) -> int | None:
+    """A MIG instance id NVML reports, or None for its "not applicable" value (no MIG)."""
     return None if value >= _NO_ID else value
 
 
@@ -585,7 +586,7 @@ def scan(backend: Any, *, include: Iterable[str] = SECTIONS) -> NodeScan:
     result = _scan_gpus(backend, sections)
     if "host" not in sections:
         return result
-    host = host_resources(backend)
+    host: HostResources = backend.host_resources()
     system = dataclasses.replace(
         result.system, cpu_count=host.cpu_count, memory_total_mib=host.memory_total_mib
     )
@@ -880,8 +881,8 @@ class _NodeScanner:
                         pid=process.pid,
                         kind=kind,
                         used_memory_mib=_mib(process.usedGpuMemory),
-                        gpu_instance_id=_instance_id(process.gpuInstanceId),
-                        compute_instance_id=_instance_id(process.computeInstanceId),
+                        gpu_instance_id=instance_id(process.gpuInstanceId),
+                        compute_instance_id=instance_id(process.computeInstanceId),
                     )
                 )
         return tuple(processes)
@@ -1080,34 +1081,11 @@ class _NodeScanner:
         return _PCIE_LINKS.get(level)
 
 
-def host_resources(backend: Any) -> HostResources:
-    """The CPUs and memory of the backend's machine: the simulator answers from its machine
-    model, on real NVML they are this host's; another backend's are unknown."""
-    read = getattr(backend, "host_resources", None)
-    if callable(read):
-        resources: HostResources = read()
-        return resources
-    return this_host() if backend is pynvml else HostResources()
-
-
-def topo_matrix_text(backend: Any) -> str | None:
-    """`nvidia-smi topo -m` of the backend's machine, the one source of GPU-NIC affinity: the
-    simulator renders it from its model, on real NVML nvidia-smi prints it. None: unavailable."""
-    render = getattr(backend, "topo_matrix_text", None)
-    if callable(render):
-        return render()
-    if backend is pynvml:
-        from inventory.nvml.real import nvidia_smi_topo_matrix  # real.py imports this module
-
-        return nvidia_smi_topo_matrix()
-    return None
-
-
 def _nic_links(
     backend: Any, indices: tuple[int, ...]
 ) -> tuple[tuple[str, ...], tuple[tuple[str | None, ...], ...]]:
     """NIC names and, per GPU index, its link to each NIC, parsed from `topo -m`."""
-    text = topo_matrix_text(backend)
+    text = backend.topo_matrix_text()
     if not text:
         return (), ()
     try:

@@ -24,6 +24,7 @@ from django.utils.safestring import SafeString, mark_safe
 from gpuadmin.registry import Occupant
 from inventory import live, units
 from inventory.choices import GpuState, NodeState
+from inventory.live import LiveSample, MigDeviceSample
 from inventory.models import Gpu, Node
 from inventory.nvml.scanner import THERMAL_REASONS
 from inventory.occupancy import Occupancy
@@ -154,7 +155,7 @@ class GpuRow:
 
     gpu: Gpu | DashboardGpu
     reachable: bool
-    sample: Mapping[str, Any] | None
+    sample: LiveSample | None
     node_state: str = NodeState.ONLINE
     occupancy: Occupancy | None = None
     refuses_unconfined: bool = False  # its node's (``Node.refuses_unconfined``)
@@ -171,7 +172,7 @@ class GpuRow:
     _status: Status | None = dataclasses.field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        sample = self.sample or {}
+        sample: Mapping[str, Any] = self.sample or {}  # read defensively: _number
         get = sample.get
         self.utilization_pct = _number(get("utilization_gpu_pct"))
         self.memory_used_mib = _number(get("memory_used_mib"))
@@ -242,7 +243,8 @@ class GpuRow:
     @property
     def error(self) -> str:
         """The live sample's error, else the one discovery recorded."""
-        return (self.sample or {}).get("error_message") or self.gpu.error_message
+        error = self.sample.get("error_message") if self.sample else None
+        return error or self.gpu.error_message
 
     @property
     def unusable(self) -> Unusable | None:
@@ -284,7 +286,7 @@ class GpuRow:
         return not self.gpu.mig_enabled
 
     @property
-    def mig_devices(self) -> list[Mapping[str, Any]]:
+    def mig_devices(self) -> list[MigDeviceSample]:
         """The MIG devices of the live sample with their memory (MIG mode only)."""
         return list(self.sample.get("mig") or []) if self.sample else []
 
@@ -305,7 +307,7 @@ class GpuRow:
     @property
     def health_counter_values(self) -> list[tuple[str, dict[str, Any], str]]:
         """``health_counters`` with their values by sample field: (label, values, text)."""
-        sample = self.sample or {}
+        sample: Mapping[str, Any] = self.sample or {}  # HEALTH_COUNTERS name the fields
         found = []
         for label, names in HEALTH_COUNTERS:
             values = {name: sample.get(name) for name in names}
@@ -398,7 +400,7 @@ class Summary:
 
 def fleet_rows(
     nodes: Iterable[Node],
-    samples: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    samples: Mapping[str, Mapping[str, LiveSample]],
     now: datetime | None = None,
 ) -> tuple[list[NodeRows], Summary]:
     """Join nodes (with their ``gpus`` prefetched) to the live samples of ``live.latest`` and
@@ -408,7 +410,7 @@ def fleet_rows(
 
 def node_rows(
     nodes: Iterable[tuple[Node, Sequence[Gpu | DashboardGpu]]],
-    samples: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    samples: Mapping[str, Mapping[str, LiveSample]],
     now: datetime | None = None,
 ) -> tuple[list[NodeRows], Summary]:
     """``fleet_rows`` for nodes given with their GPUs (``dashboard_nodes``)."""

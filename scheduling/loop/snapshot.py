@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from functools import cache
 from types import MappingProxyType
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from django.db.models import F, FloatField, Func, Max, Sum, Value
 from django.db.models.functions import Coalesce, NullIf
@@ -571,7 +571,7 @@ def _mig_table(model: str) -> str | None:
     return None if table is None else table.name
 
 
-def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
+def _free_mib(gpu: GpuRow, sample: Mapping[str, Any] | None) -> int:
     total = gpu.memory_total_mib or 0
     if not sample or sample.get("memory_used_mib") is None:
         return total
@@ -579,7 +579,7 @@ def _free_mib(gpu: GpuRow, sample: dict | None) -> int:
 
 
 def _unavailable(
-    gpu: GpuRow, node: NodeRow, reachable: bool, sample: dict | None, allocated: bool
+    gpu: GpuRow, node: NodeRow, reachable: bool, sample: Mapping[str, Any] | None, allocated: bool
 ) -> str | None:
     """Why the GPU cannot take a whole-GPU job now, as the one rule's machine code (the
     snapshot holds present GPUs only), or None. ``allocated``: an active allocation (a job,

@@ -8,7 +8,6 @@ import json
 import os
 from pathlib import Path
 
-import pynvml
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
@@ -17,6 +16,7 @@ from inventory.models import Node
 from inventory.nvml.host import memory_total_mib, parse_meminfo_total_mib
 from inventory.nvml.parsers import parse_topo_matrix
 from inventory.nvml.parsers.capture_bundle import split_capture_bundle
+from inventory.nvml.real import RealNvml
 from inventory.nvml.scanner import SECTIONS, scan
 from inventory.nvml.sim import SimulatedNvml, list_models
 from inventory.nvml.sim.model import load_model, parse_cpulist
@@ -92,7 +92,7 @@ def test_the_simulated_cpus_are_the_captured_machines(model, capture):
 
 def test_a_real_host_reports_the_cpus_the_agent_may_use_and_memtotal():
     """On real NVML (with or without a driver: the host is read either way)."""
-    system = scan(pynvml).system
+    system = scan(RealNvml()).system
 
     assert system.cpu_count == len(os.sched_getaffinity(0))
     assert system.memory_total_mib == parse_meminfo_total_mib(Path("/proc/meminfo").read_text())

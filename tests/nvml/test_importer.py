@@ -11,17 +11,17 @@ from typing import Any
 import pynvml
 import pytest
 
-from inventory.nvml.importer import (
+from inventory.nvml.parsers import SmiLog, parse_smi_text, parse_smi_xml, parse_topo_matrix
+from inventory.nvml.parsers.common import parse_cpu_list
+from inventory.nvml.scanner import NodeScan, scan
+from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim.importer import (
     CaptureError,
     main,
     model_from_capture,
     model_from_smi_text,
     synthesize_pcie_paths,
 )
-from inventory.nvml.parsers import SmiLog, parse_smi_text, parse_smi_xml, parse_topo_matrix
-from inventory.nvml.parsers.common import parse_cpu_list
-from inventory.nvml.scanner import NodeScan, scan
-from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import parse_model
 from tests.nvml.captures import OWN, REAL, needs_real_captures
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from inventory.nvml import pci_ids
-from inventory.nvml.importer import model_from_capture, model_from_smi_text
 from inventory.nvml.parsers import parse_smi_xml
 from inventory.nvml.scanner import NodeScan, scan
 from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim.importer import model_from_capture, model_from_smi_text
 from tests.nvml.captures import OWN, REAL, needs_real_captures
 
 V100S = OWN / "smi-q-x__datakit__8xV100S-PCIE-32GB__460.73.01__gpu0-under-load.xml"

@@ -7,14 +7,12 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-import pynvml
 import pytest
 
 from inventory.nvml import NodeScan, open_backend, scan
-from inventory.nvml.importer import model_from_capture
-from inventory.nvml.real import nvidia_smi_topo_matrix, probe
-from inventory.nvml.scanner import topo_matrix_text
+from inventory.nvml.real import RealNvml, nvidia_smi_topo_matrix, probe
 from inventory.nvml.sim import SimulatedNvml
+from inventory.nvml.sim.importer import model_from_capture
 from tests.nvml.captures import OWN
 from tests.nvml.scan_invariants import assert_clean_scan, assert_round_trip, assert_sane_mig
 
@@ -115,6 +113,6 @@ def test_nic_affinity_on_real_nodes_comes_from_nvidia_smi_topo_m(
     fake.write_text(f"#!/bin/sh\n[ \"$*\" = 'topo -m' ] && exec /bin/cat '{capture}'\nexit 9\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert topo_matrix_text(pynvml) == capture.read_text()
+    assert RealNvml().topo_matrix_text() == capture.read_text()
     fake.unlink()
-    assert topo_matrix_text(pynvml) is None  # no nvidia-smi: no NICs, no error
+    assert RealNvml().topo_matrix_text() is None  # no nvidia-smi: no NICs, no error

@@ -3,10 +3,8 @@ the central side sends each node's agent, and what it makes of the agent's repor
 
 from __future__ import annotations
 
-import ast
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +15,6 @@ from scheduling.jobs import submission
 from scheduling.loop import passes as loop
 from scheduling.loop.dispatch import job_spec
 from scheduling.models import Job, JobState
-from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
 
 
@@ -58,27 +55,6 @@ def test_executor_events_round_trip_through_json() -> None:
     assert started.to_dict()["started_at"] == finished.to_dict()["finished_at"] == at.isoformat()
     for event in (started, finished):
         assert event_from_dict(over_the_wire(event.to_dict())) == event
-
-
-def test_the_loop_and_the_job_services_do_not_import_each_other() -> None:
-    def imported(module: str) -> set[str]:
-        tree = ast.parse((Path(REPO_DIR) / f"{module.replace('.', '/')}.py").read_text())
-        names = set()
-        for node in ast.walk(tree):  # function-level imports too
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-                names.update(f"{node.module}.{alias.name}" for alias in node.names)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-        return names
-
-    job_services = [
-        f"scheduling.jobs.{name}"
-        for name in ("limits", "transitions", "shape", "submission", "control", "reports")
-    ]
-    for module in job_services:
-        assert "scheduling.loop.passes" not in imported(module)
-    assert not {"scheduling.loop.passes", *job_services} & imported("scheduling.loop.dispatch")
 
 
 @pytest.mark.django_db

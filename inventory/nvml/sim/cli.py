@@ -1,6 +1,6 @@
 """``gpuadmin sim ...``: machine models, a running simulated node's GPUs, captured machines.
 
-``import`` turns a captured machine into a machine model (``inventory.nvml.importer``).
+``import`` turns a captured machine into a machine model (``inventory.nvml.sim.importer``).
 
 ``main(argv)`` parses ``argv`` (without the program name) and returns an exit status. Commands that
 touch a node need its state directory: ``--state-dir DIR`` or ``$GPUADMIN_SIM_STATE_DIR``.
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for ``gpuadmin sim``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["import"]:
-        from inventory.nvml.importer import main as import_main
+        from inventory.nvml.sim.importer import main as import_main
 
         return import_main(argv[1:])
     args = _parser().parse_args(argv)

@@ -20,8 +20,8 @@ from typing import Any
 
 import pynvml
 
-from . import mig_catalog, pci_ids
-from .parsers import (
+from .. import mig_catalog, pci_ids
+from ..parsers import (
     GpuInfo,
     ParseError,
     PowerReadings,
@@ -29,12 +29,12 @@ from .parsers import (
     TopoMatrix,
     parse_topo_matrix,
 )
-from .parsers.common import parse_bool, parse_celsius, parse_hex_id, parse_int
-from .parsers.smi_model import Node, build_smi_log
-from .parsers.smi_text import _tree as _text_tree
-from .parsers.smi_xml import _to_node as _xml_node
-from .parsers.topo import NUMA_COLUMN
-from .sim.model import Temperatures, parse_model, sys_apart
+from ..parsers.common import parse_bool, parse_celsius, parse_hex_id, parse_int
+from ..parsers.smi_model import Node, build_smi_log
+from ..parsers.smi_text import _tree as _text_tree
+from ..parsers.smi_xml import _to_node as _xml_node
+from ..parsers.topo import NUMA_COLUMN
+from .model import Temperatures, parse_model, sys_apart
 
 __all__ = [
     "CaptureError",
