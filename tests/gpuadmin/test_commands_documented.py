@@ -1,6 +1,6 @@
 """Every verb and sub-verb of ``gpuadmin`` is documented in the site, in one of two homes: the
-API verbs (those ``fleet_cli``, ``jobs_cli`` and ``ops_cli`` add) in the CLI page
-(docs/operations/cli.md), every other verb, the simulator's and the project's management
+API verbs (those ``fleet_cli``, ``jobs_cli`` and ``ops_cli`` add) and ``completion`` in the CLI
+page (docs/operations/cli.md), every other verb, the simulator's and the project's management
 commands in the command's reference page (docs/reference/commands.md)."""
 
 from __future__ import annotations
@@ -44,13 +44,18 @@ def documented(path: tuple[str, ...], page: list[list[str]]) -> bool:
     return any(words[1 : 1 + len(path)] == list(path) for words in page)
 
 
+# Documented with the API verbs: the completion script of the whole command, which a person
+# installs where they run those (its help names the CLI page).
+CLI_PAGE_VERBS = {("completion",)}
+
+
 def api_verbs() -> set[tuple[str, ...]]:
-    """The verbs that talk to the web server over HTTP."""
+    """The verbs that talk to the web server over HTTP, and those documented with them."""
     parser = argparse.ArgumentParser()
     verbs = parser.add_subparsers()
     for module in (fleet_cli, jobs_cli, ops_cli):
         module.add_verbs(verbs)
-    return set(verb_paths(parser))
+    return set(verb_paths(parser)) | CLI_PAGE_VERBS
 
 
 def server_commands() -> set[tuple[str, ...]]:
