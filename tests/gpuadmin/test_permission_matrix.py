@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,7 +22,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern
 from django.utils import timezone
 
 from gpuadmin.access.models import Membership, Role
@@ -39,6 +37,7 @@ from scheduling.allocations import manual
 from scheduling.jobs import submission
 from scheduling.models import Quota
 from scheduling.reservations import services as reservations
+from tests.gpuadmin.urlconf import ADMIN_PREFIX, routes
 from tests.scheduling.api.conftest import agent_broker  # noqa: F401 - a fixture
 from tests.scheduling.conftest import add_sim_node
 
@@ -464,29 +463,6 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/mig-relayouts/0/cancel/", by_role(401, 403, 403, 403, 404)
     ),
 }
-
-# Routes that are one entry above: the Django admin (its own rule: staff only) and DRF's
-# format-suffix twins of API routes (the same view).
-ADMIN_PREFIX = "admin/"
-FORMAT_SUFFIX = re.compile(r"\(\?P<format>|<drf_format_suffix:format>")
-
-
-def walk(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, URLPattern]]:
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            yield from walk(pattern.url_patterns, prefix + str(pattern.pattern))
-        else:
-            yield prefix + str(pattern.pattern), pattern
-
-
-def routes() -> dict[str, URLPattern]:
-    """Every route of the URLconf but the admin's and format-suffix twins."""
-    return {
-        route: pattern
-        for route, pattern in walk(get_resolver().url_patterns)
-        if not route.startswith(ADMIN_PREFIX) and not FORMAT_SUFFIX.search(route)
-    }
-
 
 WRITES_AND_GET = {"get", "post", "put", "patch", "delete"}
 
