@@ -209,7 +209,7 @@ def test_a_pass_over_an_unchanged_queue_writes_nothing_even_after_the_clock_move
     assert None not in stored.values()
 
     later = timezone.now() + timedelta(minutes=10)
-    monkeypatch.setattr(loop.timezone, "now", lambda: later)
+    monkeypatch.setattr(timezone, "now", lambda: later)
     assert loop.run_pass().pending_saved == 0
     rows = Job.objects.filter(state=JobState.QUEUED).values_list("pk", "estimated_start_at")
     assert dict(rows) == stored
