@@ -204,6 +204,7 @@ INSTALLED_APPS = [
     "inventory",
     "health",
     "scheduling",
+    "integrations.slurm",
 ]
 
 MIDDLEWARE = [

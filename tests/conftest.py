@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 REPO_DIR = Path(__file__).resolve().parent.parent
+# The application's packages (what the settings, command and architecture tests read).
+APP_PACKAGES = ("gpuadmin", "inventory", "health", "scheduling", "integrations")
 SHARED_DIR = REPO_DIR.parent / "shared"
 
 

@@ -11,15 +11,14 @@ from collections import Counter
 from pathlib import Path
 
 from gpuadmin.celery import app
-from tests.conftest import REPO_DIR
+from tests.conftest import APP_PACKAGES, REPO_DIR
 
 PAGE = REPO_DIR / "docs" / "development" / "architecture.md"
-PACKAGES = ("gpuadmin", "inventory", "health", "scheduling")
 MAP_ROW = re.compile(r"^\| `([^`]+)` \|", re.MULTILINE)
 CODE = re.compile(r"`([^`\n]+)`")
 FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-DOTTED = re.compile(rf"^(?:{'|'.join(PACKAGES)})(?:\.\w+)+$")
-PATH = re.compile(rf"^(?:{'|'.join(PACKAGES)})/[\w./-]*$")
+DOTTED = re.compile(rf"^(?:{'|'.join(APP_PACKAGES)})(?:\.\w+)+$")
+PATH = re.compile(rf"^(?:{'|'.join(APP_PACKAGES)})/[\w./-]*$")
 
 
 def page_text() -> str:
@@ -35,7 +34,7 @@ def source_files() -> list[Path]:
     """The Python files of the four packages, migrations aside."""
     return [
         path
-        for package in PACKAGES
+        for package in APP_PACKAGES
         for path in (REPO_DIR / package).rglob("*.py")
         if "migrations" not in path.relative_to(REPO_DIR).parts
     ]
@@ -78,7 +77,7 @@ def test_every_module_is_in_the_map() -> None:
 def test_the_map_names_only_modules_that_exist() -> None:
     def exists(entry: str) -> bool:
         path = REPO_DIR / entry
-        if entry.split("/", 1)[0] not in PACKAGES or "migrations" in path.parts:
+        if entry.split("/", 1)[0] not in APP_PACKAGES or "migrations" in path.parts:
             return False
         if entry.endswith("/"):
             return (path / "__init__.py").is_file()

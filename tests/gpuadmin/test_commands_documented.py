@@ -9,14 +9,13 @@ import argparse
 
 from gpuadmin import cli, fleet_cli, jobs_cli, ops_cli
 from inventory.nvml.sim.cli import _parser as sim_parser
-from tests.conftest import REPO_DIR
+from tests.conftest import APP_PACKAGES, REPO_DIR
 from tests.gpuadmin.markdown_tables import CODE_SPAN, cells
 from tests.gpuadmin.test_cli_help import verb_paths
 
 DOCS = REPO_DIR / "docs"
 COMMANDS_PAGE = DOCS / "reference" / "commands.md"
 CLI_PAGE = DOCS / "operations" / "cli.md"
-APPS = ("gpuadmin", "inventory", "health", "scheduling")
 
 
 def synopses(page: str) -> list[list[str]]:
@@ -63,7 +62,7 @@ def server_commands() -> set[tuple[str, ...]]:
     management commands of the project's apps (``gpuadmin manage NAME``)."""
     management = {
         ("manage", path.stem)
-        for app in APPS
+        for app in APP_PACKAGES
         for path in (REPO_DIR / app).glob("management/commands/*.py")
         if not path.stem.startswith("_")
     }

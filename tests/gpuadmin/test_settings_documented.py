@@ -6,9 +6,8 @@ from __future__ import annotations
 import ast
 import re
 
-from tests.conftest import REPO_DIR
+from tests.conftest import APP_PACKAGES, REPO_DIR
 
-PACKAGES = ("gpuadmin", "inventory", "health", "scheduling")
 ENV_FUNCTIONS = {
     "env_bool",
     "env_choice",
@@ -78,7 +77,7 @@ def read_by_the_code() -> set[str]:
     return (
         {
             name
-            for package in PACKAGES
+            for package in APP_PACKAGES
             for path in (REPO_DIR / package).rglob("*.py")
             for name in variables_read(path.read_text())
         }
