@@ -126,12 +126,13 @@ class RayJobViewSet(
     ``pending`` (stored, not yet acknowledged by Ray), ``queued`` (Ray's PENDING; ``message``
     says why it waits), ``running``, ``completed``, ``failed``, ``canceled``."""
 
+    queryset = RayJob.objects.select_related("owner", "cluster")
     serializer_class = RayJobSerializer
     permission_classes = [CanSubmit]
     pagination_class = api.Pagination
 
     def get_queryset(self) -> QuerySet[RayJob]:
-        jobs = RayJob.objects.select_related("owner", "cluster")
+        jobs = super().get_queryset()
         user = signed_in(self.request)
         return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
 

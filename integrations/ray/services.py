@@ -239,7 +239,9 @@ def _note(job: RayJob, message: str) -> RayJob:
     return job
 
 
-def _change(job: RayJob, state: str, message: str, *, actor_name: str) -> RayJob:
+def _change(
+    job: RayJob, state: str, message: str, *, actor_name: str = "", actor: User | None = None
+) -> RayJob:
     """Store the job's new state and message; a change of state writes its audit row."""
     with transaction.atomic():
         before = RayJob.objects.select_for_update().get(pk=job.pk).state
@@ -248,6 +250,7 @@ def _change(job: RayJob, state: str, message: str, *, actor_name: str) -> RayJob
         if before != state:
             record(
                 f"ray_job.{state}",
+                actor=actor,
                 actor_name=actor_name,
                 target=job,
                 before={"state": before},
@@ -262,8 +265,8 @@ def may_control(user: User, job: RayJob) -> bool:
 
 
 def cancel(*, actor: User, job: RayJob) -> RayJob:
-    """Ask Ray to stop the job (audited); its state follows from Ray's answer. A job Ray never
-    received is canceled at once, and will not be sent."""
+    """Ask Ray to stop the job (audited ``ray_job.cancel_requested``); the poll reads the state
+    it ends in. A job Ray does not have is canceled at once, and will not be sent."""
     if not may_control(actor, job):
         raise PermissionDenied("Only its owner, operators and admins cancel a Ray job.")
     if not job.active:
@@ -275,10 +278,8 @@ def cancel(*, actor: User, job: RayJob) -> RayJob:
     except RayRefused as exc:
         if exc.status != 404:
             raise
-        return _change(
-            job, RayJobState.CANCELED, "Canceled before Ray received it.", actor_name=actor.username
-        )
-    return follow(job)
+        return _change(job, RayJobState.CANCELED, "Canceled before Ray received it.", actor=actor)
+    return job
 
 
 def logs(job: RayJob) -> str:

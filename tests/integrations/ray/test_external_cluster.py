@@ -6,6 +6,7 @@ cluster that does not answer shown as such."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -93,7 +94,7 @@ def test_a_job_is_submitted_followed_and_its_logs_read(cluster):
         "/api/v1/ray/jobs/",
         {
             "cluster": "lab",
-            "entrypoint": "echo hello from $GREETING",
+            "entrypoint": "echo hello from $GREETING on GPU $CUDA_VISIBLE_DEVICES",
             "runtime_env": {"env_vars": {"GREETING": "ray"}},
             "gpus": 1,
         },
@@ -106,7 +107,8 @@ def test_a_job_is_submitted_followed_and_its_logs_read(cluster):
     assert job.state == RayJobState.COMPLETED, job.message
     assert job.started_at and job.ended_at
     logs = alice.get(f"/api/v1/ray/jobs/{job.pk}/logs/").json()["logs"]
-    assert "hello from ray" in logs
+    # Ray gave the entrypoint the one GPU it asked for (of the node's declared 0 and 1).
+    assert re.search(r"hello from ray on GPU [01]\n", logs), logs
     assert events(job)[0] == "ray_job.submitted"
     assert events(job)[-1] == "ray_job.completed"
     # Another user neither sees nor reads it.
