@@ -132,7 +132,15 @@ class RayJobsClient:
             raise RayRefused(200, f"{self.address}{path} did not answer JSON") from None
 
     def cluster(self) -> ClusterView:
-        """The nodes (``/api/v0/nodes``) with their resources in use (``/api/cluster_status``)."""
+        """The nodes (``/api/v0/nodes``) with their resources in use (``/api/cluster_status``);
+        ``RayRefused`` for an answer not shaped as Ray's."""
+        try:
+            return self._cluster()
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            message = f"{self.address} did not answer as a Ray dashboard: {exc!r}"
+            raise RayRefused(200, message) from None
+
+    def _cluster(self) -> ClusterView:
         version = self._request("GET", "/api/version") or {}
         listed = self._request("GET", "/api/v0/nodes?limit=10000")
         rows = listed["data"]["result"]["result"]
@@ -193,7 +201,11 @@ class RayJobsClient:
             if exc.status == 404:
                 return None
             raise
-        return JobInfo.from_dict(data)
+        try:
+            return JobInfo.from_dict(data)
+        except (KeyError, TypeError, AttributeError) as exc:
+            message = f"{self.address} did not answer as Ray's Jobs API: {exc!r}"
+            raise RayRefused(200, message) from None
 
     def logs(self, submission_id: str) -> str:
         return self._request("GET", f"/api/jobs/{_quoted(submission_id)}/logs")["logs"]

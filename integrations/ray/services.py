@@ -83,6 +83,18 @@ def save_cluster(cluster: RayCluster, *, actor: User) -> RayCluster:
     return read_cluster(cluster)
 
 
+READ_FIELDS = [
+    "state",
+    "last_error",
+    "ray_version",
+    "nodes",
+    "gpus",
+    "gpus_in_use",
+    "last_read_at",
+    "last_ok_at",
+]
+
+
 def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
     """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
     with transaction.atomic():
@@ -109,7 +121,7 @@ def read_cluster(cluster: RayCluster) -> RayCluster:
         cluster.gpus_in_use = sum(node.gpus_in_use for node in alive)
         cluster.last_ok_at = now
     cluster.last_read_at = now
-    cluster.save()
+    cluster.save(update_fields=READ_FIELDS)  # an admin's edit meanwhile stays
     return cluster
 
 
@@ -173,7 +185,9 @@ def submit(
                 "submission_id": job.submission_id,
             },
         )
-    send(job)
+        # Ray hears of the job only once its row is committed, whatever the caller's
+        # transaction: a job Ray runs is always one gpuadmin knows.
+        transaction.on_commit(lambda: send(job))
     return job
 
 
@@ -200,14 +214,18 @@ def send(job: RayJob) -> RayJob:
         if known is None:
             return _change(job, RayJobState.FAILED, f"Ray refused it: {exc}", actor_name="ray")
         return _apply(job, known)
-    return follow(job)
+    return _read(job)
 
 
 def follow(job: RayJob) -> RayJob:
-    """Read the job's state from Ray and store it (an audit row when it changed). A pending
-    job is sent; a cluster that does not answer leaves the job as it was."""
-    if job.state == RayJobState.PENDING:
-        return send(job)
+    """Bring the job up to date with Ray: a pending one is sent, any other one read."""
+    return send(job) if job.state == RayJobState.PENDING else _read(job)
+
+
+def _read(job: RayJob) -> RayJob:
+    """Read the job's state from Ray and store it (an audit row when it changed); a cluster
+    that does not answer leaves the job as it was (a pending job stays pending: the next send
+    finds it in Ray)."""
     try:
         info = client_for(job.cluster).job(job.submission_id)
     except RayError as exc:

@@ -5,8 +5,10 @@ cluster that does not answer shown as such."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -145,7 +147,9 @@ def test_a_resubmission_under_the_same_id_starts_no_second_job(cluster):
     assert len(ray_jobs_of(cluster.address, job.submission_id)) == 1
 
 
-def test_a_cluster_that_does_not_answer_is_a_state(db, admin, free_port):
+def test_a_cluster_that_does_not_answer_is_a_state(
+    db, admin, free_port, django_capture_on_commit_callbacks
+):
     down = services.save_cluster(
         RayCluster(name="gone", address=f"http://127.0.0.1:{free_port}"), actor=admin
     )
@@ -157,9 +161,38 @@ def test_a_cluster_that_does_not_answer_is_a_state(db, admin, free_port):
     assert page.status_code == 200 and 'data-state="unreachable"' in page.content.decode()
     # A submission is stored and waits to be sent, with the reason.
     erin = client_of(person("erin"))
-    answer = erin.post("/api/v1/ray/jobs/", {"cluster": "gone", "entrypoint": "true"})
+    with django_capture_on_commit_callbacks(execute=True):  # sent once the row commits
+        answer = erin.post("/api/v1/ray/jobs/", {"cluster": "gone", "entrypoint": "true"})
     assert answer.status_code == 201
-    assert answer.json()["state"] == "pending" and "Not sent yet" in answer.json()["message"]
+    job = RayJob.objects.get(pk=answer.json()["id"])
+    assert job.state == "pending" and "Not sent yet" in job.message
+
+
+class Unauthorized(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(401)
+        self.end_headers()
+        self.wfile.write(b"missing or wrong token")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_cluster_that_refuses_is_a_state(db, admin):
+    server = http.server.HTTPServer(("127.0.0.1", 0), Unauthorized)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"http://127.0.0.1:{server.server_port}"
+        cluster = services.save_cluster(
+            RayCluster(name="locked", address=address, token="wrong"), actor=admin
+        )
+    finally:
+        server.shutdown()
+    assert cluster.state == ClusterState.REFUSED
+    assert cluster.last_error == "HTTP 401: missing or wrong token"
+    [row] = AuditEvent.objects.filter(event_type="ray.cluster_registered")
+    assert row.after["token"] == "changed" and "wrong" not in str(row.after)
 
 
 def test_submissions_follow_roles_and_the_pools_quota(db, admin, free_port):
