@@ -9,6 +9,8 @@ class SlurmConfig(AppConfig):
     def ready(self) -> None:
         from gpuadmin import registry
         from gpuadmin.metrics import register
+        from health.signals import gpu_fenced
+        from integrations.slurm import services
         from integrations.slurm.metrics import SlurmCollector
         from integrations.slurm.sections import fleet_section, jobs_section
 
@@ -18,3 +20,5 @@ class SlurmConfig(AppConfig):
         registry.page_sections.register(jobs_section)
         # /metrics: each cluster's nodes and jobs per state.
         register(SlurmCollector())
+        # A GPU health fenced drains its node in Slurm, where the cluster lets gpuadmin.
+        gpu_fenced.connect(services.drain_for_fenced_gpu, dispatch_uid="slurm.drain_for_fenced_gpu")

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -30,6 +32,7 @@ from health import services as health
 from health.choices import EventKind
 from health.wire import HealthReport
 from integrations.slurm.models import (
+    OUT_OF_SERVICE,
     PollState,
     SlurmCluster,
     SlurmJob,
@@ -42,6 +45,9 @@ from inventory.models import Gpu, Node
 
 log = logging.getLogger("gpuadmin.slurm")
 ACTOR = "slurm-sync"
+HEALTH_ACTOR = "health"  # a drain asked because health fenced a GPU
+DRAIN_TASK = "slurm.drain_node"
+SLURM_REASON_CHARS = 200
 # The cluster's fields the audit log records (its token only as changed or not).
 CLUSTER_FIELDS = (
     "name",
@@ -142,21 +148,22 @@ def delete_cluster(cluster: SlurmCluster, *, actor: User) -> None:
 # --- polling
 
 
-def read_cluster(cluster: SlurmCluster) -> ClusterState:
-    """What the cluster's slurmrestd says now: ``Unreachable`` when it does not answer (an
-    ``OSError``), ``Refused`` when it answers with an HTTP error or something that cannot be read
-    (a ``ValueError``: no API version gpuadmin reads, a malformed answer). The
-    client (``integrations.slurm.rest.client``: HTTP, the version's parser) is loaded here, on
-    the first poll, so the pages, the API and the tests that feed ``sync`` a ``ClusterState``
-    of their own never load it."""
+def ask_slurmrestd(cluster: SlurmCluster, operation: str, **arguments: Any) -> Any:
+    """Call ``operation`` of the slurmrestd client (``integrations.slurm.rest.client``: HTTP
+    and the version's parser) with the cluster's address and credentials: ``Unreachable`` when
+    it does not answer (an ``OSError``), ``Refused`` when it answers with an HTTP error or with
+    something that cannot be read (a ``ValueError``: no API version gpuadmin reads, a malformed
+    answer). The client is loaded here, on first use, so the pages, the API and the tests that
+    feed ``sync`` a ``ClusterState`` of their own never load it."""
     client = importlib.import_module("integrations.slurm.rest.client")
     try:
-        answer: ClusterState = client.read_cluster(
+        return getattr(client, operation)(
             url=cluster.url,
             unix_socket=cluster.unix_socket,
             auth=cluster.auth,
             user_name=cluster.user_name,
             token=cluster.token,
+            **arguments,
         )
     except urllib.error.HTTPError as error:  # an answer: 401, 403, 500...
         raise Refused(f"HTTP {error.code}: {error.reason}") from error
@@ -164,6 +171,11 @@ def read_cluster(cluster: SlurmCluster) -> ClusterState:
         raise Unreachable(str(error) or type(error).__name__) from error
     except ValueError as error:
         raise Refused(str(error)) from error
+
+
+def read_cluster(cluster: SlurmCluster) -> ClusterState:
+    """What the cluster's slurmrestd says now (``ask_slurmrestd``)."""
+    answer: ClusterState = ask_slurmrestd(cluster, "read_cluster")
     return answer
 
 
@@ -190,6 +202,48 @@ def poll_due(now: datetime | None = None) -> list[str]:
             poll(cluster)
             polled.append(cluster.name)
     return polled
+
+
+# --- draining the Slurm nodes of GPUs health fenced
+
+
+def drain_for_fenced_gpu(sender: type, *, gpu_id: int, reason: str, **kwargs: Any) -> None:
+    """``health.signals.gpu_fenced`` receiver: for each cluster that lets gpuadmin drain
+    (``drain_fenced``) and runs the GPU's node, not drained or down there yet, send
+    ``slurm.drain_node`` to the central worker (never slurmrestd's answer inside health's
+    work)."""
+    rows = SlurmNode.objects.filter(node__gpus=gpu_id, cluster__drain_fenced=True)
+    for row_id, states in rows.values_list("pk", "states"):
+        if not set(OUT_OF_SERVICE) & set(states):
+            current_app.send_task(
+                DRAIN_TASK, args=(row_id, reason), queue=settings.GPUADMIN_CENTRAL_QUEUE
+            )
+
+
+def drain_node(slurm_node_id: int, reason: str) -> bool:
+    """Ask the node's cluster to drain it (slurmrestd, ``drain_node``), with health's reason,
+    audited ``slurm.node_drain_requested`` whether Slurm took it or not (its error in the
+    message); whether it did. A node gone from the mirror, or its cluster's ``drain_fenced``
+    turned off meanwhile, is left alone."""
+    row = SlurmNode.objects.select_related("cluster").filter(pk=slurm_node_id).first()
+    if row is None or not row.cluster.drain_fenced:
+        return False
+    said = f"gpuadmin: {reason}"[:SLURM_REASON_CHARS]
+    try:
+        ask_slurmrestd(row.cluster, "drain_node", node=row.name, reason=said)
+        error = ""
+    except (Unreachable, Refused) as refusal:
+        error = str(refusal)
+        log.warning("Slurm cluster %s did not drain %s: %s", row.cluster.name, row.name, error)
+    with transaction.atomic():
+        record(
+            "slurm.node_drain_requested",
+            actor_name=HEALTH_ACTOR,
+            target=row,
+            after={"reason": said, "drained": not error},
+            message=error,
+        )
+    return not error
 
 
 def _poll_failed(cluster: SlurmCluster, state: PollState, error: str) -> PollState:
