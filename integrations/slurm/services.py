@@ -14,9 +14,9 @@ A node that Slurm drains or marks down becomes one health event on the catalogue
 
 from __future__ import annotations
 
+import http.client
 import importlib
 import logging
-import urllib.error
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,7 @@ from health.choices import EventKind
 from health.wire import HealthReport
 from integrations.slurm.models import (
     OUT_OF_SERVICE,
+    AuthKind,
     PollState,
     SlurmCluster,
     SlurmJob,
@@ -148,29 +149,21 @@ def delete_cluster(cluster: SlurmCluster, *, actor: User) -> None:
 # --- polling
 
 
-def ask_slurmrestd(cluster: SlurmCluster, operation: str, **arguments: Any) -> Any:
-    """Call ``operation`` of the slurmrestd client (``integrations.slurm.rest.client``: HTTP
-    and the version's parser) with the cluster's address and credentials: ``Unreachable`` when
-    it does not answer (an ``OSError``), ``Refused`` when it answers with an HTTP error or with
-    something that cannot be read (a ``ValueError``: no API version gpuadmin reads, a malformed
-    answer). The client is loaded here, on first use, so the pages, the API and the tests that
-    feed ``sync`` a ``ClusterState`` of their own never load it."""
-    client = importlib.import_module("integrations.slurm.rest.client")
+def ask_slurmrestd(cluster: SlurmCluster, operation: str, *arguments: Any) -> Any:
+    """Call ``operation`` (``read_cluster``, ``drain_node``) of the cluster's slurmrestd client
+    (``integrations.slurm.rest.client.SlurmRestClient``, on its address, with its token for
+    JWT authentication). Its one error becomes ``Unreachable`` when no answer came (the
+    connection's own error is its cause), ``Refused`` otherwise. The client is loaded here, on
+    first use, so the pages, the API and the tests that feed ``sync`` a ``ClusterState`` of
+    their own never load it."""
+    rest = importlib.import_module("integrations.slurm.rest.client")
+    token = cluster.token if cluster.auth == AuthKind.JWT else ""
+    client = rest.SlurmRestClient(cluster.address, user=cluster.user_name, token=token)
     try:
-        return getattr(client, operation)(
-            url=cluster.url,
-            unix_socket=cluster.unix_socket,
-            auth=cluster.auth,
-            user_name=cluster.user_name,
-            token=cluster.token,
-            **arguments,
-        )
-    except urllib.error.HTTPError as error:  # an answer: 401, 403, 500...
-        raise Refused(f"HTTP {error.code}: {error.reason}") from error
-    except OSError as error:  # connection refused, timed out, no such host or socket
-        raise Unreachable(str(error) or type(error).__name__) from error
-    except ValueError as error:
-        raise Refused(str(error)) from error
+        return getattr(client, operation)(*arguments)
+    except rest.SlurmRestError as error:
+        no_answer = isinstance(error.__cause__, OSError | http.client.HTTPException)
+        raise (Unreachable if no_answer else Refused)(str(error)) from error
 
 
 def read_cluster(cluster: SlurmCluster) -> ClusterState:
@@ -221,16 +214,16 @@ def drain_for_fenced_gpu(sender: type, *, gpu_id: int, reason: str, **kwargs: An
 
 
 def drain_node(slurm_node_id: int, reason: str) -> bool:
-    """Ask the node's cluster to drain it (slurmrestd, ``drain_node``), with health's reason,
-    audited ``slurm.node_drain_requested`` whether Slurm took it or not (its error in the
-    message); whether it did. A node gone from the mirror, or its cluster's ``drain_fenced``
-    turned off meanwhile, is left alone."""
+    """Ask the node's cluster to drain it (the client's ``drain_node(name, reason)``) with
+    health's reason, audited ``slurm.node_drain_requested`` whether Slurm took it or not (its
+    error in the message); whether it did. A node gone from the mirror, or its cluster's
+    ``drain_fenced`` turned off meanwhile, is left alone."""
     row = SlurmNode.objects.select_related("cluster").filter(pk=slurm_node_id).first()
     if row is None or not row.cluster.drain_fenced:
         return False
     said = f"gpuadmin: {reason}"[:SLURM_REASON_CHARS]
     try:
-        ask_slurmrestd(row.cluster, "drain_node", node=row.name, reason=said)
+        ask_slurmrestd(row.cluster, "drain_node", row.name, said)
         error = ""
     except (Unreachable, Refused) as refusal:
         error = str(refusal)

@@ -1,10 +1,16 @@
 """Slurm clusters' answers built by hand (``ClusterState``, as the slurmrestd client returns
-them), on catalogued simulated nodes whose device minor numbers differ from NVML's indexes."""
+them), on catalogued simulated nodes whose device minor numbers differ from NVML's indexes; a
+stand-in for the client (``slurmrestd``, a fixture)."""
 
 from __future__ import annotations
 
+import sys
+import types
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
+import pytest
 from django.contrib.auth.models import User
 
 from integrations.slurm import services
@@ -76,3 +82,40 @@ def answer(nodes: list[SlurmNode], jobs: list[SlurmJob]) -> ClusterState:
         partitions=(SlurmPartition(name="gpu", nodes=tuple(n.name for n in nodes)),),
         jobs=tuple(jobs),
     )
+
+
+class FakeRest:
+    """Stands in for ``integrations.slurm.rest.client`` (the real one talks to slurmrestd, and
+    has its own tests against a real Slurm): its ``SlurmRestClient`` calls ``operations`` by
+    name and records each call as (address, user, token, operation, arguments)."""
+
+    def __init__(self) -> None:
+        self.operations: dict[str, Callable[..., Any]] = {}
+        self.calls: list[tuple[Any, ...]] = []
+        self.module = types.ModuleType("integrations.slurm.rest.client")
+        fake = self
+
+        class SlurmRestError(Exception):
+            pass
+
+        class SlurmRestClient:
+            def __init__(self, address: str, *, user: str = "", token: str = "") -> None:
+                self.signed = (address, user, token)
+
+            def __getattr__(self, name: str) -> Callable[..., Any]:
+                def call(*arguments: Any) -> Any:
+                    fake.calls.append((*self.signed, name, arguments))
+                    return fake.operations[name](*arguments)
+
+                return call
+
+        self.error = SlurmRestError
+        self.module.SlurmRestError = SlurmRestError  # type: ignore[attr-defined]
+        self.module.SlurmRestClient = SlurmRestClient  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def slurmrestd(monkeypatch: pytest.MonkeyPatch) -> FakeRest:
+    fake = FakeRest()
+    monkeypatch.setitem(sys.modules, "integrations.slurm.rest.client", fake.module)
+    return fake

@@ -3,9 +3,6 @@ gpuadmin asks Slurm to drain the node (``slurm.drain_node``, audited); without i
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
 from gpuadmin.audit.models import AuditEvent
@@ -26,16 +23,6 @@ def cluster(admin_user) -> SlurmCluster:
     return cluster
 
 
-@pytest.fixture
-def slurmrestd(monkeypatch) -> list[dict]:
-    """A client that records the drains it is asked for (the real one talks to slurmrestd)."""
-    asked: list[dict] = []
-    client = types.ModuleType("integrations.slurm.rest.client")
-    client.drain_node = lambda **arguments: asked.append(arguments)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "integrations.slurm.rest.client", client)
-    return asked
-
-
 def test_a_fenced_gpu_drains_its_node_in_slurm_when_the_cluster_allows_it(
     cluster, broker, slurmrestd, django_capture_on_commit_callbacks
 ):
@@ -45,10 +32,11 @@ def test_a_fenced_gpu_drains_its_node_in_slurm_when_the_cluster_allows_it(
         assert fence(gpu, None)
     [(name, (row_id, reason), queue)] = broker.sent
     assert (name, row_id) == ("slurm.drain_node", SlurmNode.objects.get(name="gpu01").pk)
+    slurmrestd.operations["drain_node"] = lambda name, reason: None
     assert tasks.drain_node(row_id, reason) is True
-    [asked] = slurmrestd
-    assert (asked["node"], asked["token"]) == ("gpu01", "jwt-secret")
-    assert asked["reason"].startswith("gpuadmin: XID 4242") and "GPU 3 of gpu01" in asked["reason"]
+    [(_, _, token, operation, (name, said))] = slurmrestd.calls
+    assert (token, operation, name) == ("jwt-secret", "drain_node", "gpu01")
+    assert said.startswith("gpuadmin: XID 4242") and "GPU 3 of gpu01" in said
     row = AuditEvent.objects.get(event_type="slurm.node_drain_requested")
     assert (row.actor_name, row.after["drained"], row.object_repr) == ("health", True, "hpc/gpu01")
 
@@ -66,13 +54,13 @@ def test_without_drain_fenced_or_on_a_drained_node_nothing_is_asked(
     assert broker.sent == []
 
 
-def test_a_drain_slurm_refuses_is_audited_with_its_error(cluster, monkeypatch):
+def test_a_drain_slurm_refuses_is_audited_with_its_error(cluster, slurmrestd):
     SlurmCluster.objects.filter(pk=cluster.pk).update(drain_fenced=True)
 
-    def refused(cluster: SlurmCluster, operation: str, **arguments: object) -> None:
-        raise services.Refused("HTTP 403: Forbidden")
+    def refused(name: str, reason: str) -> None:
+        raise slurmrestd.error("HTTP 403: Forbidden")
 
-    monkeypatch.setattr(services, "ask_slurmrestd", refused)
+    slurmrestd.operations["drain_node"] = refused
     assert services.drain_node(SlurmNode.objects.get(name="gpu01").pk, "XID 79") is False
     row = AuditEvent.objects.get(event_type="slurm.node_drain_requested")
     assert (row.after["drained"], row.message) == (False, "HTTP 403: Forbidden")

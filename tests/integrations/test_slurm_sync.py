@@ -5,7 +5,6 @@ keeps."""
 
 from __future__ import annotations
 
-import urllib.error
 from datetime import timedelta
 
 import pytest
@@ -123,26 +122,47 @@ def test_a_cluster_that_does_not_answer_keeps_its_mirror_and_says_why(cluster, m
     assert (changed.before, changed.after) == ({"state": "ok"}, {"state": "unreachable"})
 
 
-def test_the_clients_errors_are_read_as_unreachable_or_refused(cluster, monkeypatch):
-    """An HTTP answer that says no is refused; no answer at all is unreachable."""
-    import sys
-    import types
-
-    client = types.ModuleType("integrations.slurm.rest.client")
+def test_the_clients_errors_are_read_as_unreachable_or_refused(cluster, slurmrestd):
+    """No answer (the client's error caused by the connection's) is unreachable; an answer
+    that says no, or that cannot be read, is refused."""
     errors = iter(
         [
-            urllib.error.HTTPError("http://slurm", 401, "Unauthorized", {}, None),  # type: ignore[arg-type]
-            urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")),
-            ValueError("slurmrestd offers no API version gpuadmin reads"),
+            (ConnectionRefusedError(111, "Connection refused"), "cannot be reached"),
+            (TimeoutError("timed out"), "cannot be reached"),
+            (None, "refused the token for GET /openapi/v3: HTTP 401"),
+            (KeyError("nodes"), "answer is not v0.0.38's shape"),
         ]
     )
 
-    def read_cluster(**_: object) -> None:
-        raise next(errors)
+    def read_cluster() -> None:
+        cause, text = next(errors)
+        raise slurmrestd.error(f"slurmrestd at http://slurm.example:6820 {text}") from cause
 
-    client.read_cluster = read_cluster  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "integrations.slurm.rest.client", client)
-    seen = [services.poll(cluster) for _ in range(3)]
-    assert seen == [PollState.REFUSED, PollState.UNREACHABLE, PollState.REFUSED]
+    slurmrestd.operations["read_cluster"] = read_cluster
+    seen = [services.poll(cluster) for _ in range(4)]
+    assert seen == [PollState.UNREACHABLE] * 2 + [PollState.REFUSED] * 2
+    assert slurmrestd.calls[0] == (
+        "http://slurm.example:6820",
+        "gpuadmin",
+        "jwt-secret",
+        "read_cluster",
+        (),
+    )
     cluster.refresh_from_db()
-    assert cluster.last_error == "slurmrestd offers no API version gpuadmin reads"
+    assert cluster.last_error.endswith("answer is not v0.0.38's shape")
+
+
+def test_a_polled_answer_is_mirrored(cluster, slurmrestd):
+    slurmrestd.operations["read_cluster"] = lambda: answer([node("gpu01")], [job(51)])
+    assert services.poll(cluster) == PollState.OK
+    assert SlurmJob.objects.get(cluster=cluster).job_id == 51
+
+
+def test_local_authentication_sends_no_token(admin_user, slurmrestd):
+    cluster = services.save_cluster(
+        SlurmCluster(name="local", unix_socket="/run/slurmrestd.sock", auth="local"),
+        actor=admin_user,
+    )
+    slurmrestd.operations["read_cluster"] = lambda: answer([], [])
+    services.poll(cluster)
+    assert slurmrestd.calls == [("unix:/run/slurmrestd.sock", "", "", "read_cluster", ())]
