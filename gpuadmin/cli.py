@@ -336,6 +336,20 @@ def cmd_node_credential(args: argparse.Namespace) -> int:
     return 0
 
 
+@_with_django
+def cmd_slurm_gres_conf(args: argparse.Namespace) -> int:
+    """A node's ``gres.conf`` from the catalog, on stdout (Debian's slurmd detects no GPU)."""
+    from integrations.slurm.gres import node_gres_conf
+    from inventory.models import Node
+
+    node = Node.objects.filter(hostname=args.node).first()
+    if node is None:
+        print(f"gpuadmin slurm gres-conf: no node {args.node!r} in the catalog", file=sys.stderr)
+        return 1
+    sys.stdout.write(node_gres_conf(node))
+    return 0
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     """One node's NVML scan, like a structured ``nvidia-smi``."""
     from inventory.nvml import open_backend
@@ -689,6 +703,15 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.set_defaults(run=cmd_node_credential)
     listing = credential_actions.add_parser("list", help="every credential and its state")
     listing.set_defaults(run=cmd_node_credential)
+
+    slurm = verbs.add_parser("slurm", help="what a Slurm cluster needs from the catalog")
+    slurm_what = slurm.add_subparsers(dest="what", required=True, metavar="WHAT")
+    gres_conf = slurm_what.add_parser(
+        "gres-conf",
+        help="print a node's gres.conf: its GPUs' types, device files, cores and NVLinks",
+    )
+    gres_conf.add_argument("node", metavar="NODE", help="the node's hostname in the catalog")
+    gres_conf.set_defaults(run=cmd_slurm_gres_conf)
 
     # Listed for --help only: main() hands their arguments to Django's and the simulator's CLIs.
     verbs.add_parser("manage", help="Django's manage.py (gpuadmin manage help)")
