@@ -15,7 +15,7 @@ from health.choices import EventKind
 from health.models import HealthEvent
 from integrations.slurm import services, tasks
 from integrations.slurm.models import PollState, SlurmCluster, SlurmJob, SlurmNode, SlurmPartition
-from tests.integrations.slurm_states import add_reversed_node, answer, job, node, register
+from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
 
 pytestmark = pytest.mark.django_db
 

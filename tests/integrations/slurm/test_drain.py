@@ -10,7 +10,7 @@ from integrations.slurm import services, tasks
 from integrations.slurm.models import SlurmCluster, SlurmNode
 from inventory.models import Gpu
 from tests.health.test_quarantine import fence
-from tests.integrations.slurm_states import add_reversed_node, answer, node, register
+from tests.integrations.slurm.mirror import add_reversed_node, answer, node, register
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from gpuadmin.audit.models import AuditEvent
 from integrations.slurm import services
 from integrations.slurm.models import PollState, SlurmCluster
 from inventory.models import Gpu
-from tests.integrations.slurm_states import add_reversed_node, answer, job, node, register
+from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
 
 pytestmark = pytest.mark.django_db
 
