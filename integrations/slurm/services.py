@@ -24,10 +24,10 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
-from gpuadmin.audit.services import changed_values, record
+from gpuadmin.audit.services import audit_event, changed_values, record, record_all
 from health import services as health
 from health.choices import EventKind
 from health.wire import HealthReport
@@ -293,7 +293,7 @@ def catalogued_nodes(names: Iterable[str]) -> dict[str, Node]:
     wanted = set(names)
     found: dict[str, Node] = {}
     short: dict[str, list[Node]] = {}
-    for node in Node.objects.all():
+    for node in Node.objects.only("pk", "hostname"):
         if node.hostname in wanted:
             found[node.hostname] = node
         else:
@@ -305,36 +305,49 @@ def catalogued_nodes(names: Iterable[str]) -> dict[str, Node]:
     return found
 
 
+def _copy(read: object, row: models.Model, fields: Iterable[str]) -> None:
+    """``fields`` of a ``rest.model`` dataclass onto its row (tuples as the lists arrays hold)."""
+    for name in fields:
+        value = getattr(read, name)
+        setattr(row, name, list(value) if isinstance(value, tuple) else value)
+
+
 def _sync_nodes(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> list[SlurmNode]:
+    """Upsert the answer's nodes (two statements and the reading ones, however many), delete
+    the others; each existing node whose states changed is audited."""
     existing = {row.name: row for row in SlurmNode.objects.filter(cluster=cluster)}
     catalog = catalogued_nodes(node.name for node in answer.nodes)
-    audit_rows = []
+    changed = []
     rows = []
     for read in answer.nodes:
         row = existing.pop(read.name, None) or SlurmNode(cluster=cluster, name=read.name)
         states = list(read.states)
         if row.pk is None or row.states != states:
             if row.pk is not None:
-                audit_rows.append((row, list(row.states), states))
+                changed.append(
+                    audit_event(
+                        "slurm.node_state_changed",
+                        actor_name=ACTOR,
+                        target=row,
+                        before={"states": row.states},
+                        after={"states": states, "reason": read.reason},
+                        message=read.reason,
+                    )
+                )
             row.state_changed_at = now
         row.states = states
         row.node = catalog.get(read.name)
-        for name in NODE_FIELDS:
-            value = getattr(read, name)
-            setattr(row, name, list(value) if isinstance(value, tuple) else value)
+        _copy(read, row, NODE_FIELDS)
         row.last_seen_at = now
-        row.save()
         rows.append(row)
     SlurmNode.objects.filter(pk__in=[row.pk for row in existing.values()]).delete()
-    for row, before, after in audit_rows:
-        record(
-            "slurm.node_state_changed",
-            actor_name=ACTOR,
-            target=row,
-            before={"states": before},
-            after={"states": after, "reason": row.reason},
-            message=row.reason,
-        )
+    SlurmNode.objects.bulk_update(
+        [row for row in rows if row.pk is not None],
+        ["states", "state_changed_at", "node", *NODE_FIELDS, "last_seen_at"],
+    )
+    SlurmNode.objects.bulk_create([row for row in rows if row.pk is None])
+    if changed:
+        record_all(changed)
     return rows
 
 
@@ -363,9 +376,7 @@ def _sync_jobs(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> No
     rows = []
     for read in answer.jobs:
         row = existing.get(read.job_id) or SlurmJob(cluster=cluster, job_id=read.job_id)
-        for name in JOB_FIELDS:
-            value = getattr(read, name)
-            setattr(row, name, list(value) if isinstance(value, tuple) else value)
+        _copy(read, row, JOB_FIELDS)
         row.last_seen_at = now
         rows.append(row)
     SlurmJob.objects.bulk_update(
