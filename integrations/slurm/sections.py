@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db.models import BooleanField, ExpressionWrapper, F, Prefetch, Q
 from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in_reader
@@ -24,6 +24,13 @@ from inventory.models import Gpu, Node
 
 ORDER = 60  # after the health and scheduling sections
 JOBS_SHOWN = 200  # per cluster on the jobs page; the API lists them all
+# Pending first, in submission order (a pending job's start time is Slurm's estimate), then the
+# others, the latest started first.
+JOB_ORDER = (
+    ExpressionWrapper(~Q(state="PENDING"), output_field=BooleanField()),
+    F("start_time").desc(nulls_last=True),
+    "job_id",
+)
 
 
 @dataclass
@@ -92,8 +99,8 @@ def fleet_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Se
 
 
 def jobs_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Section | None:
-    """The jobs page's Slurm jobs, per cluster, pending first (no start time) then the latest
-    started, each with its GPUs on the catalog (three queries per cluster)."""
+    """The jobs page's Slurm jobs, per cluster (``JOB_ORDER``), each with its GPUs on the
+    catalog (three queries per cluster)."""
     if page != "jobs" or not signed_in_reader(request):
         return None
     clusters = list(SlurmCluster.objects.all())
@@ -102,8 +109,6 @@ def jobs_section(page: str, obj: Gpu | Node | None, request: HttpRequest) -> Sec
     listed = []
     for cluster in clusters:
         jobs = SlurmJob.objects.filter(cluster=cluster)
-        rows = list(
-            jobs.prefetch_related(_gpus_prefetch()).order_by("-start_time", "job_id")[:JOBS_SHOWN]
-        )
+        rows = list(jobs.prefetch_related(_gpus_prefetch()).order_by(*JOB_ORDER)[:JOBS_SHOWN])
         listed.append((cluster, rows, jobs.count()))
     return Section("slurm/partials/slurm_jobs.html", {"clusters": listed}, ORDER)

@@ -120,6 +120,8 @@ def test_the_jobs_page_lists_slurms_jobs_beside_gpuadmins(django_user_model, mir
     assert 'id="slurm-job-hpc-11" data-state="RUNNING"' in text
     assert 'id="slurm-job-hpc-12" data-state="PENDING"' in text and "Resources" in text
     assert "gpu01 GPU7</a>, " in text
+    assert text.index("slurm-job-hpc-12") < text.index("slurm-job-hpc-11")  # pending first
+    assert '2 <span class="muted">asked</span>' in text
 
 
 def test_metrics_count_slurm_nodes_and_jobs_by_state(client, mirrored):
