@@ -268,7 +268,7 @@ class SlurmClient:
     def sbatch(self, args: list[str]) -> str:
         """``sbatch --parsable ARGS``: the job id."""
         done = subprocess.run(
-            ["sbatch", "--parsable", "-Q", "-o", "/dev/null", *args],
+            ["sbatch", "--parsable", "-o", "/dev/null", *args],
             env={**os.environ, "SLURM_CONF": self.conf},
             capture_output=True,
             text=True,

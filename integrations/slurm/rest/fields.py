@@ -134,12 +134,19 @@ def _expand_host(pattern: str) -> list[str]:
     return ["".join(combination) for combination in itertools.product(*choices)]
 
 
-def split_job_states(states: list[str]) -> tuple[str, tuple[str, ...]]:
+def names(value: Any, field: str) -> tuple[str, ...]:
+    """A list of names (v0.0.40's states and flags), upper case; anything else is an error."""
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise FieldError(f"{field} is not a list of names: {value!r}")
+    return tuple(name.upper() for name in value)
+
+
+def split_job_states(states: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """A job's state list as (base state, flags): ``["RUNNING", "COMPLETING"]`` -> ("RUNNING",
     ("COMPLETING",)); a list without a base state keeps its first name as the state."""
-    upper = [state.upper() for state in states]
-    base = next((state for state in upper if state in JOB_BASE_STATES), upper[0] if upper else "")
-    return base, tuple(state for state in upper if state != base)
+    first = states[0] if states else ""
+    base = next((state for state in states if state in JOB_BASE_STATES), first)
+    return base, tuple(state for state in states if state != base)
 
 
 def from_epoch(seconds: int | None) -> datetime | None:

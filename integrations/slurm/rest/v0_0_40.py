@@ -24,7 +24,7 @@ def number(value: dict[str, Any] | int | None) -> int | None:
 def node(data: dict[str, Any]) -> SlurmNode:
     return SlurmNode(
         name=data["name"],
-        states=tuple(state.upper() for state in data["state"]),
+        states=fields.names(data["state"], "state"),
         reason=data.get("reason") or "",
         reason_set_by=data.get("reason_set_by_user") or "",
         reason_changed_at=fields.from_epoch(number(data.get("reason_changed_at"))),
@@ -40,11 +40,11 @@ def node(data: dict[str, Any]) -> SlurmNode:
 
 def partition(data: dict[str, Any]) -> SlurmPartition:
     nodes = data.get("nodes") or {}
-    states = (data.get("partition") or {}).get("state") or ["UP"]
+    states = fields.names((data.get("partition") or {}).get("state") or ["UP"], "partition.state")
     return SlurmPartition(
         name=data["name"],
         nodes=fields.expand_hostlist(nodes.get("configured") or ""),
-        state=states[0].upper(),
+        state=states[0],
         total_cpus=(data.get("cpus") or {}).get("total") or 0,
         total_nodes=nodes.get("total") or 0,
     )
@@ -55,7 +55,7 @@ def job(data: dict[str, Any]) -> SlurmJob:
     gpus = fields.gpus_by_node(nodes, data.get("gres_detail") or [])
     node_count = number(data.get("node_count")) or len(nodes) or 1
     tasks = number(data.get("tasks")) or 1
-    state, flags = fields.split_job_states(data["job_state"])
+    state, flags = fields.split_job_states(fields.names(data["job_state"], "job_state"))
     return SlurmJob(
         job_id=data["job_id"],
         name=data.get("name") or "",

@@ -11,6 +11,7 @@ from integrations.slurm.rest.fields import (
     gpu_count,
     gpu_indexes,
     gpus_in_tres,
+    names,
     split_job_states,
     with_held_gpus,
 )
@@ -98,9 +99,16 @@ def test_gpus_in_tres(tres: str, gpus: int) -> None:
 
 
 def test_split_job_states_finds_the_base_state_among_flags() -> None:
-    assert split_job_states(["RUNNING"]) == ("RUNNING", ())
-    assert split_job_states(["COMPLETING", "RUNNING"]) == ("RUNNING", ("COMPLETING",))
-    assert split_job_states(["pending", "REQUEUED"]) == ("PENDING", ("REQUEUED",))
+    assert split_job_states(("RUNNING",)) == ("RUNNING", ())
+    assert split_job_states(("COMPLETING", "RUNNING")) == ("RUNNING", ("COMPLETING",))
+    assert split_job_states(("PENDING", "REQUEUED")) == ("PENDING", ("REQUEUED",))
+    assert split_job_states(("REVOKED",)) == ("REVOKED", ())
+
+
+def test_names_are_a_list_of_strings() -> None:
+    assert names(["idle", "DRAIN"], "state") == ("IDLE", "DRAIN")
+    with pytest.raises(FieldError, match="state is not a list of names: 'mixed'"):
+        names("mixed", "state")  # v0.0.38's shape read as v0.0.40's
 
 
 def test_nodes_get_the_gpus_their_running_jobs_hold() -> None:
