@@ -82,7 +82,7 @@ class SlurmRestClient:
         """The ``/slurm/vX.Y.Z/`` versions the server's OpenAPI document lists, newest first."""
         document: dict[str, Any] | None = None
         for path in OPENAPI_PATHS:
-            document = self._get(path, missing_ok=True)
+            document = self._get_if_present(path)
             if document is not None:
                 break
         if document is None:
@@ -111,7 +111,6 @@ class SlurmRestClient:
     ) -> tuple[Item, ...]:
         path = f"/slurm/{version}/{kind}"
         answer = self._get(path)
-        assert answer is not None
         try:
             return tuple(parse(item) for item in answer[kind])
         except (FieldError, KeyError, TypeError, AttributeError, ValueError) as error:
@@ -141,9 +140,15 @@ class SlurmRestClient:
             headers["X-SLURM-USER-TOKEN"] = self.token
         return headers
 
-    def _get(self, path: str, *, missing_ok: bool = False) -> dict[str, Any] | None:
-        """GET ``path``'s JSON object; None for a 404 when ``missing_ok``. Raises
-        SlurmRestError for anything else than a JSON object without errors."""
+    def _get(self, path: str) -> dict[str, Any]:
+        answer = self._get_if_present(path)
+        if answer is None:
+            raise SlurmRestError(f"{self._where()} has no {path} (HTTP 404)")
+        return answer
+
+    def _get_if_present(self, path: str) -> dict[str, Any] | None:
+        """GET ``path``'s JSON object; None for a 404. Raises SlurmRestError for anything else
+        than a JSON object without errors."""
         connection = self._connection()
         try:
             connection.request("GET", path, headers=self._headers())
@@ -155,7 +160,7 @@ class SlurmRestClient:
             ) from error
         finally:
             connection.close()
-        if response.status == 404 and missing_ok:
+        if response.status == 404:
             return None
         if response.status in (401, 403):
             how = "the token" if self.token else "local authentication (no token)"

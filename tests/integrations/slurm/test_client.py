@@ -126,3 +126,10 @@ def test_an_answer_of_another_shape(server: Server) -> None:
     other_shape = r"GET /slurm/v0\.0\.40/nodes is not v0\.0\.40's shape: FieldError: state is"
     with pytest.raises(SlurmRestError, match=other_shape):
         SlurmRestClient(url, user="u", token="t").read_cluster()
+
+
+def test_a_missing_endpoint(server: Server) -> None:
+    url, answers, _ = server
+    answers["/openapi/v3"] = openapi("v0.0.41")
+    with pytest.raises(SlurmRestError, match=r"has no /slurm/v0\.0\.41/nodes \(HTTP 404\)"):
+        SlurmRestClient(url, user="u", token="t").read_cluster()

@@ -64,6 +64,10 @@ def test_the_newest_version_read_is_chosen(client: SlurmRestClient) -> None:
     assert client.read_cluster().version == "v0.0.38"
 
 
+def test_a_socket_may_be_named_as_a_unix_url(slurm_cluster: SlurmCluster) -> None:
+    assert SlurmRestClient(f"unix:{slurm_cluster.socket}").version() == "v0.0.38"
+
+
 def test_a_job_holding_two_gpus_shows_its_node_and_indexes(
     client: SlurmRestClient, slurm_cluster: SlurmCluster, two_gpu_job: int
 ) -> None:
