@@ -1,5 +1,6 @@
 """What every slurmrestd version writes the same way: GRES strings (``gpu:a100:2(IDX:0-1)``),
-Slurm host lists (``gpu[01-03,07]``), and the job and node states' upper-case names."""
+Slurm host lists (``gpu[01-03,07]``), TRES GPU counts, job states, Unix times; and the GPUs
+jobs hold, added to their nodes."""
 
 from __future__ import annotations
 
