@@ -4,6 +4,8 @@ lists, TRES counts and job states."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from integrations.slurm.rest.fields import (
     FieldError,
@@ -37,6 +39,28 @@ from integrations.slurm.rest.model import SlurmJob, SlurmNode
 )
 def test_gpu_indexes_read_idx_lists_exactly(gres: str, indexes: tuple[int, ...]) -> None:
     assert gpu_indexes(gres) == indexes
+
+
+def idx_text(indexes: set[int]) -> str:
+    """Indexes written as Slurm writes them: ranges of consecutive ones, commas between."""
+    runs: list[list[int]] = []
+    for index in sorted(indexes):
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["", "a100:", "h100:"]), st.sets(st.integers(0, 63))),
+        max_size=3,
+    )
+)
+def test_any_idx_lists_read_back_exactly(types: list[tuple[str, set[int]]]) -> None:
+    gres = ",".join(f"gpu:{kind}{len(held)}(IDX:{idx_text(held)})" for kind, held in types)
+    assert gpu_indexes(gres) == tuple(sorted(set().union(*(held for _, held in types))))
 
 
 @pytest.mark.parametrize(
