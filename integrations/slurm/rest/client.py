@@ -18,7 +18,7 @@ import re
 import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from integrations.slurm.rest import versions
 from integrations.slurm.rest.fields import FieldError, with_held_gpus
@@ -78,11 +78,23 @@ class SlurmRestClient:
             jobs=jobs,
         )
 
+    def drain_node(self, name: str, reason: str) -> None:
+        """Drain node ``name`` with ``reason`` (the token's user must be a Slurm operator).
+        v0.0.38 (Slurm 22.05) cannot update nodes: an error that says so."""
+        version = self.version()
+        drain = versions.PARSERS[version].drain
+        if drain is None:
+            raise SlurmRestError(
+                f"{self._where()} speaks {version}, which cannot update nodes (Slurm 23.11's "
+                f"v0.0.40 can): drain {name} with scontrol update nodename={name} state=DRAIN"
+            )
+        self._post(f"/slurm/{version}/node/{quote(name, safe='')}", drain(reason))
+
     def offered_versions(self) -> tuple[str, ...]:
         """The ``/slurm/vX.Y.Z/`` versions the server's OpenAPI document lists, newest first."""
         document: dict[str, Any] | None = None
         for path in OPENAPI_PATHS:
-            document = self._get_if_present(path)
+            document = self._ask("GET", path)
             if document is not None:
                 break
         if document is None:
@@ -141,51 +153,65 @@ class SlurmRestClient:
         return headers
 
     def _get(self, path: str) -> dict[str, Any]:
-        answer = self._get_if_present(path)
+        return self._found("GET", path, self._ask("GET", path))
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._found("POST", path, self._ask("POST", path, body))
+
+    def _found(self, method: str, path: str, answer: dict[str, Any] | None) -> dict[str, Any]:
         if answer is None:
-            raise SlurmRestError(f"{self._where()} has no {path} (HTTP 404)")
+            raise SlurmRestError(f"{self._where()} has no {method} {path} (HTTP 404)")
         return answer
 
-    def _get_if_present(self, path: str) -> dict[str, Any] | None:
-        """GET ``path``'s JSON object; None for a 404. Raises SlurmRestError for anything else
-        than a JSON object without errors."""
+    def _ask(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """``method path``'s JSON object; None for a 404. Raises SlurmRestError for anything
+        else than a JSON object without errors."""
+        headers = self._headers()
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
         connection = self._connection()
         try:
-            connection.request("GET", path, headers=self._headers())
+            connection.request(method, path, body=payload, headers=headers)
             response = connection.getresponse()
-            body = response.read()
+            answer_body = response.read()
         except (OSError, http.client.HTTPException) as error:
             raise SlurmRestError(
                 f"{self._where()} cannot be reached: {type(error).__name__}: {error}"
             ) from error
         finally:
             connection.close()
+        request = f"{method} {path}"
         if response.status == 404:
             return None
         if response.status in (401, 403):
             how = "the token" if self.token else "local authentication (no token)"
             raise SlurmRestError(
-                f"{self._where()} refused {how} for GET {path}: HTTP {response.status} "
-                f"{_text(body)}"
+                f"{self._where()} refused {how} for {request}: HTTP {response.status} "
+                f"{_text(answer_body)}"
             )
         try:
-            answer = json.loads(body)
+            answer = json.loads(answer_body)
         except ValueError:
             answer = None
         if not isinstance(answer, dict):
             raise SlurmRestError(
-                f"{self._where()} answered GET {path} with HTTP {response.status} and no JSON "
-                f"object: {_text(body)}"
+                f"{self._where()} answered {request} with HTTP {response.status} and no JSON "
+                f"object: {_text(answer_body)}"
             )
         if errors := answer.get("errors"):
             raise SlurmRestError(
-                f"{self._where()} answered GET {path} with HTTP {response.status} and errors: "
+                f"{self._where()} answered {request} with HTTP {response.status} and errors: "
                 + "; ".join(_error_text(error) for error in errors)
                 + _refusal_hint(errors, bool(self.token))
             )
         if response.status != 200:
             raise SlurmRestError(
-                f"{self._where()} answered GET {path} with HTTP {response.status}: {_text(body)}"
+                f"{self._where()} answered {request} with HTTP {response.status}: "
+                f"{_text(answer_body)}"
             )
         return answer
 

@@ -76,3 +76,8 @@ def job(data: dict[str, Any]) -> SlurmJob:
         end_time=fields.from_epoch(number(data.get("end_time"))),
         time_limit_min=number(data.get("time_limit")),
     )
+
+
+def drain(reason: str) -> dict[str, Any]:
+    """``POST /slurm/v0.0.40/node/{name}``'s body (``update_node_msg``) that drains a node."""
+    return {"state": ["DRAIN"], "reason": reason}

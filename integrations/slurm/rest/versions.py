@@ -16,15 +16,17 @@ _VERSION = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
 
 @dataclass(frozen=True)
 class Parser:
-    """One version's readers of a node, a partition and a job of its answers."""
+    """One version's readers of a node, a partition and a job of its answers, and the body of
+    its request to drain a node with a reason (None: the version cannot update nodes)."""
 
     node: Callable[[dict[str, Any]], SlurmNode]
     partition: Callable[[dict[str, Any]], SlurmPartition]
     job: Callable[[dict[str, Any]], SlurmJob]
+    drain: Callable[[str], dict[str, Any]] | None = None
 
 
 V0_0_38 = Parser(v0_0_38.node, v0_0_38.partition, v0_0_38.job)
-V0_0_40 = Parser(v0_0_40.node, v0_0_40.partition, v0_0_40.job)
+V0_0_40 = Parser(v0_0_40.node, v0_0_40.partition, v0_0_40.job, v0_0_40.drain)
 
 # v0.0.41 to v0.0.44 (Slurm 24.05 to 25.11) kept the shape of every field gpuadmin reads
 # (they regrouped a job's ``job_resources`` and a node's energy fields, which it does not read):

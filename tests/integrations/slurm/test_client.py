@@ -17,8 +17,10 @@ CAPTURES = Path(__file__).parent / "captures"
 
 # path -> (status, body); what a test's server answers, anything else a 404
 Answers = dict[str, tuple[int, bytes]]
-# its base URL, its answers (each test fills them), the headers of each request it got
-Server = tuple[str, Answers, list[dict[str, str]]]
+# its base URL, its answers (each test fills them), and each request it got: method, path,
+# headers, body
+Request = tuple[str, str, dict[str, str], bytes]
+Server = tuple[str, Answers, list[Request]]
 
 
 def openapi(*versions: str) -> tuple[int, bytes]:
@@ -35,16 +37,19 @@ def captured(version: str, name: str) -> tuple[int, bytes]:
 def server() -> Iterator[Server]:
     """An HTTP server on a port of its own that gives the answers tests put in."""
     answers: Answers = {}
-    seen: list[dict[str, str]] = []
+    seen: list[Request] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            seen.append(dict(self.headers))
-            status, body = answers.get(self.path, (404, b"Not Found"))
+        def do_GET(self) -> None:  # noqa: N802 - http.server's names
+            length = int(self.headers.get("Content-Length") or 0)
+            seen.append((self.command, self.path, dict(self.headers), self.rfile.read(length)))
+            status, body = answers.get(f"{self.command} {self.path}", (404, b"Not Found"))
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        do_POST = do_GET  # noqa: N815
 
         def log_message(self, *args: object) -> None:
             pass
@@ -61,10 +66,10 @@ def server() -> Iterator[Server]:
 
 def test_newest_known_version_is_read_with_a_token(server: Server) -> None:
     url, answers, seen = server
-    answers["/openapi/v3"] = openapi("v0.0.40", "v0.0.41", "v0.0.99")
-    answers["/slurm/v0.0.41/nodes"] = captured("v0.0.41", "slurm-node-with-gpus-model-mixed")
-    answers["/slurm/v0.0.41/partitions"] = captured("v0.0.41", "slurm-partitions")
-    answers["/slurm/v0.0.41/jobs"] = captured("v0.0.41", "slurm-job-gpus-multi-types")
+    answers["GET /openapi/v3"] = openapi("v0.0.40", "v0.0.41", "v0.0.99")
+    answers["GET /slurm/v0.0.41/nodes"] = captured("v0.0.41", "slurm-node-with-gpus-model-mixed")
+    answers["GET /slurm/v0.0.41/partitions"] = captured("v0.0.41", "slurm-partitions")
+    answers["GET /slurm/v0.0.41/jobs"] = captured("v0.0.41", "slurm-job-gpus-multi-types")
     client = SlurmRestClient(url, user="alice", token="jwt")
     assert client.offered_versions() == ("v0.0.99", "v0.0.41", "v0.0.40")
     state = client.read_cluster()
@@ -74,19 +79,19 @@ def test_newest_known_version_is_read_with_a_token(server: Server) -> None:
     assert state.jobs[0].gpus == {"ia2": (0, 2)}
     assert all(
         (headers["X-SLURM-USER-NAME"], headers["X-SLURM-USER-TOKEN"]) == ("alice", "jwt")
-        for headers in seen
+        for _, _, headers, _ in seen
     )
 
 
 def test_the_older_openapi_path_is_asked_when_v3_is_missing(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi"] = openapi("v0.0.40")
+    answers["GET /openapi"] = openapi("v0.0.40")
     assert SlurmRestClient(url, user="u", token="t").version() == "v0.0.40"
 
 
 def test_a_server_without_a_version_we_read(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = openapi("v0.0.36", "v0.0.39")
+    answers["GET /openapi/v3"] = openapi("v0.0.36", "v0.0.39")
     offers = r"offers v0\.0\.39, v0\.0\.36; gpuadmin reads v0\.0\.38"
     with pytest.raises(SlurmRestError, match=offers):
         SlurmRestClient(url, user="u", token="t").version()
@@ -94,8 +99,8 @@ def test_a_server_without_a_version_we_read(server: Server) -> None:
 
 def test_a_refused_token_names_slurms_error(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = openapi("v0.0.41")
-    answers["/slurm/v0.0.41/nodes"] = (500, captured("v0.0.41", "slurm-jwt-invalid-token")[1])
+    answers["GET /openapi/v3"] = openapi("v0.0.41")
+    answers["GET /slurm/v0.0.41/nodes"] = (500, captured("v0.0.41", "slurm-jwt-invalid-token")[1])
     with pytest.raises(SlurmRestError) as refused:
         SlurmRestClient(url, user="u", token="expired").read_cluster()
     assert str(refused.value) == (
@@ -107,22 +112,22 @@ def test_a_refused_token_names_slurms_error(server: Server) -> None:
 
 def test_a_401_is_a_refusal(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = (401, b"Authentication failure")
+    answers["GET /openapi/v3"] = (401, b"Authentication failure")
     with pytest.raises(SlurmRestError, match=r"refused the token for GET /openapi/v3: HTTP 401"):
         SlurmRestClient(url, user="u", token="t").version()
 
 
 def test_an_answer_that_is_no_json(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = (200, b"<html>proxy login</html>")
+    answers["GET /openapi/v3"] = (200, b"<html>proxy login</html>")
     with pytest.raises(SlurmRestError, match=r"HTTP 200 and no JSON object: '<html>proxy login"):
         SlurmRestClient(url, user="u", token="t").version()
 
 
 def test_an_answer_of_another_shape(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = openapi("v0.0.40")
-    answers["/slurm/v0.0.40/nodes"] = captured("v0.0.38", "slurm-nodes")  # state is a string
+    answers["GET /openapi/v3"] = openapi("v0.0.40")
+    answers["GET /slurm/v0.0.40/nodes"] = captured("v0.0.38", "slurm-nodes")  # state is a string
     other_shape = r"GET /slurm/v0\.0\.40/nodes is not v0\.0\.40's shape: FieldError: state is"
     with pytest.raises(SlurmRestError, match=other_shape):
         SlurmRestClient(url, user="u", token="t").read_cluster()
@@ -130,6 +135,20 @@ def test_an_answer_of_another_shape(server: Server) -> None:
 
 def test_a_missing_endpoint(server: Server) -> None:
     url, answers, _ = server
-    answers["/openapi/v3"] = openapi("v0.0.41")
-    with pytest.raises(SlurmRestError, match=r"has no /slurm/v0\.0\.41/nodes \(HTTP 404\)"):
+    answers["GET /openapi/v3"] = openapi("v0.0.41")
+    with pytest.raises(SlurmRestError, match=r"has no GET /slurm/v0\.0\.41/nodes \(HTTP 404\)"):
         SlurmRestClient(url, user="u", token="t").read_cluster()
+
+
+def test_drain_node_posts_the_versions_update(server: Server) -> None:
+    url, answers, seen = server
+    answers["GET /openapi/v3"] = openapi("v0.0.41")
+    answers["POST /slurm/v0.0.41/node/gpu01"] = (200, b'{"errors": [], "warnings": []}')
+    SlurmRestClient(url, user="operator", token="t").drain_node("gpu01", "GPU 2 fenced")
+    method, path, headers, body = seen[-1]
+    assert (method, path, headers["Content-Type"]) == (
+        "POST",
+        "/slurm/v0.0.41/node/gpu01",
+        "application/json",
+    )
+    assert json.loads(body) == {"state": ["DRAIN"], "reason": "GPU 2 fenced"}

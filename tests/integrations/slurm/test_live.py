@@ -113,6 +113,11 @@ def test_partitions(client: SlurmRestClient) -> None:
     assert (partition.total_nodes, partition.total_cpus) == (1, 8)
 
 
+def test_22_05_cannot_drain_through_slurmrestd(client: SlurmRestClient) -> None:
+    with pytest.raises(SlurmRestError, match="speaks v0.0.38, which cannot update nodes"):
+        client.drain_node(NODE, "fenced")
+
+
 def test_a_bad_token_is_refused_clearly(slurm_cluster: SlurmCluster) -> None:
     url = f"http://127.0.0.1:{slurm_cluster.rest_port}"
     with pytest.raises(SlurmRestError) as refused:
