@@ -2,7 +2,8 @@
 GPUs declared as GRES on /dev/nvidia0-7 placeholders), catalogued as a simulated 8-GPU node
 whose device minor numbers run backwards (GPU ``i`` is /dev/nvidia<7-i>): a job holding 2 GPUs
 lands on the catalogued GPUs of those minor numbers, a drained node is one health event, a
-refused token is the cluster's state. Both authentications: JWT over TCP, local on the socket."""
+refused token is the cluster's state, and a drain 22.05 cannot do is refused and audited. Both
+authentications: JWT over TCP, local on the socket."""
 
 from __future__ import annotations
 
@@ -10,17 +11,16 @@ import re
 
 import pytest
 
+from gpuadmin.audit.models import AuditEvent
 from health.choices import EventKind
 from health.models import HealthEvent
 from integrations.slurm import services
-from integrations.slurm.models import AuthKind, PollState, SlurmCluster, SlurmJob
+from integrations.slurm.models import AuthKind, PollState, SlurmCluster, SlurmJob, SlurmNode
 from inventory.models import Gpu
+from tests.integrations.slurm import test_live
 from tests.integrations.slurm.mirror import add_reversed_node
+from tests.integrations.slurm.test_live import scontrol
 
-# The real Slurm and the slurmrestd client's own live tests (branch slurmrest): skipped until
-# they are there.
-test_live = pytest.importorskip("tests.integrations.slurm.test_live")
-scontrol = test_live.scontrol
 two_gpu_job = test_live.two_gpu_job  # a fixture: ``sbatch --gres=gpu:2``, running
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
@@ -94,3 +94,18 @@ def test_a_refused_token_and_an_absent_server_are_the_clusters_state(admin_user,
     cluster.auth = AuthKind.LOCAL
     assert services.poll(cluster) == PollState.UNREACHABLE
     assert "cannot be reached" in cluster.last_error
+
+
+def test_slurm_22_05_cannot_drain_and_the_audit_log_says_so(registered):
+    """Its slurmrestd (v0.0.38) has no node update: the request is refused, audited with the
+    client's sentence, and the node is left as it was."""
+    services.poll(registered)
+    row = SlurmNode.objects.get(cluster=registered, name=NODE)
+    SlurmCluster.objects.filter(pk=registered.pk).update(drain_fenced=True)
+    assert services.drain_node(row.pk, "XID 79 on GPU 3") is False
+    audited = AuditEvent.objects.get(event_type="slurm.node_drain_requested")
+    assert audited.after["drained"] is False
+    assert "cannot update nodes" in audited.message
+    services.poll(registered)
+    row.refresh_from_db()
+    assert "DRAIN" not in row.states
