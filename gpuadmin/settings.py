@@ -395,6 +395,13 @@ CELERY_BEAT_SCHEDULE["health-watch-heartbeats"] = {
     "schedule": 10.0,
     "options": {"expires": 10.0},
 }
+# --- integrations: Slurm clusters, each polled at its own interval, checked every tick
+GPUADMIN_SLURM_TICK_S = env_int("GPUADMIN_SLURM_TICK_S", 5, minimum=1)
+CELERY_BEAT_SCHEDULE["slurm-poll-clusters"] = {
+    "task": "slurm.poll_clusters",
+    "schedule": float(GPUADMIN_SLURM_TICK_S),
+    "options": {"expires": float(GPUADMIN_SLURM_TICK_S)},
+}
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()
 LOGGING = {
