@@ -1,4 +1,5 @@
-"""A private Slurm 22.05 on this machine, for the benches that compare gpuadmin with it.
+"""A private Slurm 22.05 on this machine, for the benches that compare gpuadmin with it and the
+tests of gpuadmin's Slurm integration (tests/integrations/slurm/conftest.py).
 
     with SlurmCluster(tuned=True) as slurm:
         client = slurm.client()  # picklable: for client processes
@@ -25,23 +26,23 @@ from types import TracebackType
 
 from common import wait_for
 
-PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "munge")
+INSTALL_SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "install-slurm"
 REST_VERSION = "v0.0.38"
 GPUS = 8
+NODE = "localhost"  # the only node: slurmd finds itself by this name
 PARTITION = "batch"  # the only one: every job is in it
 ESLURM_JOB_HELD = 2042
 
 
 def ensure_installed() -> None:
-    """apt-get the Slurm packages when ``slurmctld`` is not on this machine."""
-    if shutil.which("slurmctld") and shutil.which("slurmrestd") and shutil.which("munged"):
-        return
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", *PACKAGES],
-        check=True,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-        stdout=subprocess.DEVNULL,
-    )
+    """Debian's Slurm packages, installed by .ci/install-slurm when they are missing; a
+    RuntimeError with the installer's last words when it cannot."""
+    install = subprocess.run(["sh", str(INSTALL_SCRIPT)], capture_output=True, text=True)
+    if install.returncode != 0:
+        raise RuntimeError(
+            "Debian's Slurm is not installed and .ci/install-slurm could not install it "
+            f"(root or sudo and the Debian archive needed): {install.stderr[-400:]}"
+        )
 
 
 def ensure_munge() -> None:
@@ -59,7 +60,16 @@ def ensure_munge() -> None:
 
 
 def _exited(pid: int) -> Callable[[], bool]:
-    return lambda: not Path(f"/proc/{pid}").exists()
+    """Whether ``pid`` is gone or a zombie: the daemons detach, and no one here reaps them."""
+
+    def exited() -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except FileNotFoundError:
+            return True
+        return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+    return exited
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -75,25 +85,60 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class SlurmCluster:
-    def __init__(self, *, tuned: bool = True, port: int = 16817) -> None:
+    """slurmctld on ``port``, slurmd on ``port + 1``, and slurmrestd on a Unix socket
+    (``rest_auth/local``) and, given ``rest_port``, on 127.0.0.1:``rest_port`` too (JWT:
+    ``token()``), speaking the ``openapi`` plugins' versions."""
+
+    def __init__(
+        self,
+        *,
+        tuned: bool = True,
+        port: int = 16817,
+        rest_port: int | None = None,
+        openapi: tuple[str, ...] = (REST_VERSION,),
+    ) -> None:
         self.tuned = tuned
         self.port = port
-        self.dir = Path(tempfile.mkdtemp(prefix="gpuadmin-bench-slurm-"))
+        self.rest_port = rest_port
+        self.openapi = openapi
+        self.dir = Path(tempfile.mkdtemp(prefix="gpuadmin-slurm-"))
         self.conf = self.dir / "slurm.conf"
         self.socket = str(self.dir / "rest.sock")
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.restd: subprocess.Popen[bytes] | None = None
+        self.restd: list[subprocess.Popen[bytes]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> SlurmCluster:
         ensure_installed()
         ensure_munge()
-        self._write_config()
-        self._run("slurmctld", "-c", "-f", str(self.conf))
-        self._run("slurmd", "-f", str(self.conf))
-        self.dir.chmod(0o777)  # slurmrestd (as nobody) creates its socket here
-        self.restd = subprocess.Popen(
+        try:
+            self._write_config()
+            self._run("slurmctld", "-c", "-f", str(self.conf))
+            self._run("slurmd", "-f", str(self.conf))
+            self.dir.chmod(0o777)  # slurmrestd (as nobody) creates its socket here
+            self.restd = [self._start_restd("local", f"unix:{self.socket}", self.env)]
+            if self.rest_port is not None:
+                # slurmrestd passes a client's JWT on to slurmctld only when it authenticates
+                # with JWT itself (SLURM_JWT=daemon), which the Unix socket's local mode cannot.
+                self.restd.append(
+                    self._start_restd(
+                        "jwt", f"127.0.0.1:{self.rest_port}", {**self.env, "SLURM_JWT": "daemon"}
+                    )
+                )
+            wait_for(
+                lambda: "idle" in self._out("sinfo", "-h", "-o", "%T"), 60, "the node to be idle"
+            )
+            wait_for(lambda: Path(self.socket).exists(), 60, "slurmrestd's socket")
+            if self.rest_port is not None:
+                wait_for(self._rest_port_open, 60, f"slurmrestd on port {self.rest_port}")
+        except BaseException:
+            self.__exit__(None, None, None)  # no daemon left behind by a start that failed
+            raise
+        return self
+
+    def _start_restd(self, auth: str, listen: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 "slurmrestd",
                 "-f",
@@ -103,18 +148,19 @@ class SlurmCluster:
                 "-g",
                 "nogroup",
                 "-s",
-                f"openapi/{REST_VERSION}",
+                ",".join(f"openapi/{version}" for version in self.openapi),
                 "-a",
-                "rest_auth/local",
-                f"unix:{self.socket}",
+                f"rest_auth/{auth}",
+                listen,
             ],
-            env=self.env,
+            env=env,
             stdout=subprocess.DEVNULL,
-            stderr=(self.dir / "slurmrestd.log").open("wb"),
+            stderr=(self.dir / f"slurmrestd-{auth}.log").open("wb"),
         )
-        wait_for(lambda: "idle" in self._out("sinfo", "-h", "-o", "%T"), 60, "the node to be idle")
-        wait_for(lambda: Path(self.socket).exists(), 60, "slurmrestd's socket")
-        return self
+
+    def _rest_port_open(self) -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", self.rest_port or 0)) == 0
 
     def __exit__(
         self,
@@ -125,9 +171,9 @@ class SlurmCluster:
         subprocess.run(
             ["scancel", "--full", f"--partition={PARTITION}"], env=self.env, capture_output=True
         )
-        if self.restd is not None:
-            self.restd.terminate()
-            self.restd.wait(timeout=30)
+        for restd in self.restd:
+            restd.terminate()
+            restd.wait(timeout=30)
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True)
         for name in ("slurmd.pid", "slurmctld.pid"):
             pid_file = self.dir / name
@@ -138,6 +184,9 @@ class SlurmCluster:
     def _write_config(self) -> None:
         for name in ("state", "spool", "dev"):
             (self.dir / name).mkdir()
+        jwt_key = self.dir / "jwt.key"  # slurmctld signs and checks ``scontrol token``'s tokens
+        jwt_key.write_bytes(os.urandom(32))
+        jwt_key.chmod(0o600)
         for index in range(GPUS):
             (self.dir / "dev" / f"nvidia{index}").touch()
         cpus = 8 if self.tuned else os.cpu_count() or 1
@@ -149,6 +198,8 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key={jwt_key}
 StateSaveLocation={self.dir}/state
 SlurmdSpoolDir={self.dir}/spool
 SlurmctldPidFile={self.dir}/slurmctld.pid
@@ -172,8 +223,8 @@ MaxJobCount=1000000
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
-NodeName=localhost CPUs={cpus} Gres=gpu:{GPUS} RealMemory=8000 State=UNKNOWN
-PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+NodeName={NODE} CPUs={cpus} Gres=gpu:{GPUS} RealMemory=8000 State=UNKNOWN
+PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
         )
         (self.dir / "gres.conf").write_text(f"Name=gpu File={self.dir}/dev/nvidia[0-{GPUS - 1}]\n")
@@ -188,6 +239,14 @@ PartitionName={PARTITION} Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def client(self) -> SlurmClient:
         return SlurmClient(str(self.conf), self.socket)
+
+    def token(self, user: str = "nobody", lifespan_s: int = 3600) -> str:
+        """A JWT for ``user`` (``scontrol token``), for slurmrestd's ``rest_auth/jwt``."""
+        line = self._out("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}")
+        name, _, token = line.strip().partition("=")
+        if name != "SLURM_JWT" or not token:
+            raise RuntimeError(f"scontrol token gave no token: {line!r}")
+        return token
 
     def queued(self) -> int:
         """Jobs not finished yet (pending or running)."""
@@ -209,7 +268,7 @@ class SlurmClient:
     def sbatch(self, args: list[str]) -> str:
         """``sbatch --parsable ARGS``: the job id."""
         done = subprocess.run(
-            ["sbatch", "--parsable", "-Q", "-o", "/dev/null", *args],
+            ["sbatch", "--parsable", "-o", "/dev/null", *args],
             env={**os.environ, "SLURM_CONF": self.conf},
             capture_output=True,
             text=True,

@@ -69,8 +69,9 @@ gpu_occupants: Hook[Callable[[Collection[int]], Iterable[Occupant]]] = Hook("who
 mig_change_vetoes: Hook[Callable[[Any, str | None], str | None]] = Hook("may this MIG change go")
 
 # Called by the inventory pages with the page ("gpu", "node" or "fleet"), its object (the
-# ``Gpu``, the ``Node``, or None for the fleet) and the request; returns a ``Section``, several
-# in a list (a None among them is skipped), or None. The page renders them by ``order``.
+# ``Gpu``, the ``Node``, or None for the fleet) and the request, and by scheduling's jobs page
+# ("jobs", None); returns a ``Section``, several in a list (a None among them is skipped), or
+# None. The page renders them by ``order``.
 # Kept cheap: the fleet page's live partial has a budget of 100 ms at 500 nodes.
 page_sections: Hook[
     Callable[[str, Any, HttpRequest], Section | Iterable[Section | None] | None]

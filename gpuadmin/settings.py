@@ -396,6 +396,13 @@ CELERY_BEAT_SCHEDULE["health-watch-heartbeats"] = {
     "schedule": 10.0,
     "options": {"expires": 10.0},
 }
+# --- integrations: Slurm clusters, each polled at its own interval, checked every tick
+GPUADMIN_SLURM_TICK_S = env_int("GPUADMIN_SLURM_TICK_S", 5, minimum=1)
+CELERY_BEAT_SCHEDULE["slurm-poll-clusters"] = {
+    "task": "slurm.poll_clusters",
+    "schedule": float(GPUADMIN_SLURM_TICK_S),
+    "options": {"expires": float(GPUADMIN_SLURM_TICK_S)},
+}
 # --- integrations: external Ray clusters read, and their jobs followed, every tick
 GPUADMIN_RAY_POLL_S = env_int("GPUADMIN_RAY_POLL_S", 5, minimum=1)
 # How long gpuadmin waits for a Ray cluster's answer (a page or API call that asks one waits

@@ -13,8 +13,9 @@ SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 class EventKind(models.TextChoices):
-    """What a health event is about (``HealthEvent.kind``); agents detect all but the last,
-    which the central side sees (a node's heartbeats stop)."""
+    """What a health event is about (``HealthEvent.kind``); agents detect the first ones, the
+    central side the last: a node's heartbeats stop, or a Slurm cluster that runs the node
+    drains it or marks it down (``integrations.slurm``)."""
 
     XID = "xid", "XID error"
     ECC_CORRECTED = "ecc_corrected", "Correctable ECC errors"
@@ -28,6 +29,8 @@ class EventKind(models.TextChoices):
     GPU_LOST = "gpu_lost", "GPU lost"  # NVML_ERROR_GPU_IS_LOST: fallen off the bus
     QUERY_FAILING = "query_failing", "Queries failing"  # NVML keeps failing on the GPU
     HEARTBEAT_LOST = "heartbeat_lost", "Heartbeat lost"
+    SLURM_DRAIN = "slurm_drain", "Drained in Slurm"
+    SLURM_DOWN = "slurm_down", "Down in Slurm"
 
 
 class Action(models.TextChoices):

@@ -13,6 +13,8 @@ transaction.
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,6 +31,7 @@ from gpuadmin.audit.services import record
 from health.alerts import open_alert, resolve_alert
 from health.choices import EventKind, QuarantineState, Severity
 from health.models import BreakerTrip, HealthEvent, Quarantine, RecoveryPolicy
+from health.signals import gpu_fenced
 from inventory import live
 from inventory.choices import GpuState
 from inventory.live import LiveSample
@@ -36,6 +39,7 @@ from inventory.models import Gpu
 from inventory.services import set_gpu_state
 
 ACTOR = "health"
+log = logging.getLogger("gpuadmin.health")
 BREAKER_FINGERPRINT = "health:circuit-breaker"
 # One fencing decision at a time, fleet-wide: the breaker counts the GPUs fenced so far.
 FENCE_LOCK_ID = 0x67707561_66656E63  # "gpuafenc"
@@ -108,6 +112,7 @@ def fence(gpu: Gpu, *, event: HealthEvent, policy: RecoveryPolicy | None, to_sta
             note=why,
         )
         _audit(quarantine, None, f"fenced ({to_state}): {why}")
+        transaction.on_commit(functools.partial(_announce_fenced, locked.pk, why))
         if flapping:
             open_alert(
                 fingerprint=flapping_fingerprint(locked),
@@ -121,6 +126,14 @@ def fence(gpu: Gpu, *, event: HealthEvent, policy: RecoveryPolicy | None, to_sta
             )
     gpu.state = locked.state
     return True
+
+
+def _announce_fenced(gpu_id: int, reason: str) -> None:
+    """Tell the apps above (``gpu_fenced``); a receiver that fails is logged, never undoes the
+    fence."""
+    for receiver, result in gpu_fenced.send_robust(sender=Quarantine, gpu_id=gpu_id, reason=reason):
+        if isinstance(result, Exception):
+            log.error("%s failed on GPU %s fenced: %r", receiver, gpu_id, result)
 
 
 def _lock_gpu(pk: int) -> Gpu:

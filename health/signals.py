@@ -1,4 +1,5 @@
-"""What the health app tells the apps above it (scheduling): the one way it speaks to them."""
+"""What the health app tells the apps above it (scheduling, the Slurm mirror): the one way it
+speaks to them."""
 
 from django.dispatch import Signal
 
@@ -8,3 +9,8 @@ from django.dispatch import Signal
 # GPUs (cancel on the agent) and requeues them with their attempt counted, or fails them.
 # Idempotent: a job already stopped is left alone.
 jobs_on_gpus_must_stop = Signal()
+
+# Sent (``sender=Quarantine``, ``gpu_id``: the GPU's primary key, ``reason``: the sentence the
+# GPU's state gives, e.g. "XID 79 ... on GPU 3 of dgx-01") on commit of each GPU a recovery
+# policy fences anew. The Slurm mirror asks Slurm to drain the node, where its cluster lets it.
+gpu_fenced = Signal()

@@ -26,6 +26,7 @@ from gpuadmin import throttling
 from gpuadmin.access.permissions import check_can_read_private, signed_in
 from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
+from inventory.pages.sections import requested_sections
 from scheduling.filters import JobFilterSet
 from scheduling.jobs import control, limits, pages, queries, submission, transitions
 from scheduling.jobs.forms import SubmitJobForm
@@ -47,7 +48,8 @@ def _job(request: HttpRequest, pk: int) -> Job:
 @require_GET
 @vary_on_headers("HX-Request")
 def queue(request: HtmxHttpRequest) -> HttpResponse:
-    """Waiting jobs in queue order with their reasons, jobs on GPUs, the latest finished."""
+    """Waiting jobs in queue order with their reasons, jobs on GPUs, the latest finished, and
+    the sections apps above scheduling add (``gpuadmin.registry.page_sections``, page "jobs")."""
     # The API's FilterSet: a query string selects the same jobs here and in /api/v1/jobs/,
     # among everyone's jobs (like ``squeue``: the rows show no command or environment).
     filterset = JobFilterSet(
@@ -60,7 +62,10 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     context = {"queue": shown, "filterset": filterset}
     if htmx_partial(request):
         return render(request, "scheduling/queue.html#queue-live", context)
-    context.update(can_submit=can_submit(request.user))
+    # The sections apps above scheduling add (Slurm's jobs) come with the page, not the poll.
+    context.update(
+        can_submit=can_submit(request.user), sections=requested_sections("jobs", None, request)
+    )
     return render(request, "scheduling/queue.html", context)
 
 

@@ -24,6 +24,8 @@ from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
 from health.alerts import open_alert
 from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
+from integrations.slurm import services as slurm_services
+from integrations.slurm.models import SlurmCluster
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
 from scheduling.jobs import submission
@@ -268,6 +270,21 @@ def unix_account(w: World) -> Write:
     )
 
 
+def slurm_cluster(w: World) -> SlurmCluster:
+    cluster = SlurmCluster(name="hpc", url="http://slurm:6820", user_name="gpuadmin", token="t")
+    return slurm_services.save_cluster(cluster, actor=w.root)
+
+
+SLURM_CLUSTER_FORM = {
+    "name": "lab",
+    "url": "http://slurm.lab:6820",
+    "auth": "jwt",
+    "user_name": "gpuadmin",
+    "token": "jwt",
+    "poll_interval_s": "30",
+}
+
+
 ADMIN: dict[str, Callable[[World], Write]] = {
     "job cancel action": lambda w: Write(
         w.root,
@@ -383,6 +400,21 @@ ADMIN: dict[str, Callable[[World], Write]] = {
         w.root,
         f"/admin/scheduling/quota/{w.quota().pk}/delete/",
         ["quota.deleted"],
+        {"post": "yes"},
+    ),
+    "slurm cluster add": lambda w: Write(
+        w.root, "/admin/slurm/slurmcluster/add/", ["slurm.cluster_registered"], SLURM_CLUSTER_FORM
+    ),
+    "slurm cluster edit": lambda w: Write(
+        w.root,
+        url := f"/admin/slurm/slurmcluster/{slurm_cluster(w).pk}/change/",
+        ["slurm.cluster_changed"],
+        change_form(w, url, drain_fenced=True),
+    ),
+    "slurm cluster delete": lambda w: Write(
+        w.root,
+        f"/admin/slurm/slurmcluster/{slurm_cluster(w).pk}/delete/",
+        ["slurm.cluster_deleted"],
         {"post": "yes"},
     ),
     "node catalog edit": lambda w: Write(

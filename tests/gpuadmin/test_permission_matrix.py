@@ -233,6 +233,10 @@ TABLE: dict[tuple[str, str], Entry] = {
         "/api/v1/alerts/{alert}/ack/", OPERATORS, {"comment": "seen"}
     ),
     ("api/v1/^idle-held/$", "GET"): Entry("/api/v1/idle-held/", API_READ),
+    # The Slurm mirror: read-only
+    ("api/v1/slurm/^clusters/$", "GET"): Entry("/api/v1/slurm/clusters/", API_READ),
+    ("api/v1/slurm/^nodes/$", "GET"): Entry("/api/v1/slurm/nodes/", API_READ),
+    ("api/v1/slurm/^jobs/$", "GET"): Entry("/api/v1/slurm/jobs/", API_READ),
     # Audit log: operators and admins
     ("api/v1/^audit/$", "GET"): Entry("/api/v1/audit/", OPERATORS),
     ("api/v1/^audit/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/audit/{event}/", OPERATORS),

@@ -56,7 +56,7 @@ class SlurmJob:
     array_job_id: int | None = None
     array_task_id: int | None = None
     submit_time: datetime | None = None
-    start_time: datetime | None = None
+    start_time: datetime | None = None  # of a pending job: Slurm's expected start, if any
     end_time: datetime | None = None
     time_limit_min: int | None = None  # None: unlimited
 

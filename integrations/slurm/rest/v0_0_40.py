@@ -1,0 +1,83 @@
+"""slurmrestd's openapi/v0.0.40 (Slurm 23.11), and the versions after it that changed nothing
+gpuadmin reads (``versions.PARSERS``): states are lists (``["MIXED", "DRAIN"]``), numbers that
+may be unset or infinite are ``{"set", "infinite", "number"}`` objects, and a partition's
+fields are grouped (``nodes.configured``, ``cpus.total``, ``partition.state``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from integrations.slurm.rest import fields
+from integrations.slurm.rest.model import SlurmJob, SlurmNode, SlurmPartition
+
+
+def number(value: dict[str, Any] | int | None) -> int | None:
+    """A ``{"set", "infinite", "number"}`` object's number: None when unset or infinite (a
+    plain number, which some fields keep, as it is)."""
+    if value is None or isinstance(value, int):
+        return value
+    if not value.get("set") or value.get("infinite"):
+        return None
+    return int(value["number"])
+
+
+def node(data: dict[str, Any]) -> SlurmNode:
+    return SlurmNode(
+        name=data["name"],
+        states=fields.names(data["state"], "state"),
+        reason=data.get("reason") or "",
+        reason_set_by=data.get("reason_set_by_user") or "",
+        reason_changed_at=fields.from_epoch(number(data.get("reason_changed_at"))),
+        partitions=tuple(data.get("partitions") or ()),
+        cpus=data.get("cpus") or 0,
+        alloc_cpus=data.get("alloc_cpus") or 0,
+        real_memory_mib=data.get("real_memory") or 0,
+        alloc_memory_mib=data.get("alloc_memory") or 0,
+        gpus=fields.gpu_count(data.get("gres") or ""),
+        gpus_used=fields.gpu_indexes(data.get("gres_used") or ""),
+    )
+
+
+def partition(data: dict[str, Any]) -> SlurmPartition:
+    nodes = data.get("nodes") or {}
+    states = fields.names((data.get("partition") or {}).get("state") or ["UP"], "partition.state")
+    return SlurmPartition(
+        name=data["name"],
+        nodes=fields.expand_hostlist(nodes.get("configured") or ""),
+        state=states[0],
+        total_cpus=(data.get("cpus") or {}).get("total") or 0,
+        total_nodes=nodes.get("total") or 0,
+    )
+
+
+def job(data: dict[str, Any]) -> SlurmJob:
+    nodes = fields.expand_hostlist(data.get("nodes") or "")
+    gpus = fields.gpus_by_node(nodes, data.get("gres_detail") or [])
+    node_count = number(data.get("node_count")) or len(nodes) or 1
+    tasks = number(data.get("tasks")) or 1
+    state, flags = fields.split_job_states(fields.names(data["job_state"], "job_state"))
+    return SlurmJob(
+        job_id=data["job_id"],
+        name=data.get("name") or "",
+        user=data.get("user_name") or "",
+        state=state,
+        state_flags=flags,
+        reason=fields.reason(data.get("state_reason")),
+        partition=data.get("partition") or "",
+        account=data.get("account") or "",
+        nodes=nodes,
+        gpus=gpus,
+        gpus_requested=fields.gpus_requested(data, node_count, tasks, gpus),
+        cpus=number(data.get("cpus")) or 0,
+        array_job_id=number(data.get("array_job_id")) or None,
+        array_task_id=number(data.get("array_task_id")),
+        submit_time=fields.from_epoch(number(data.get("submit_time"))),
+        start_time=fields.from_epoch(number(data.get("start_time"))),
+        end_time=fields.from_epoch(number(data.get("end_time"))),
+        time_limit_min=number(data.get("time_limit")),
+    )
+
+
+def drain(reason: str) -> dict[str, Any]:
+    """``POST /slurm/v0.0.40/node/{name}``'s body (``update_node_msg``) that drains a node."""
+    return {"state": ["DRAIN"], "reason": reason}

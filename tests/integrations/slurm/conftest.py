@@ -1,0 +1,50 @@
+"""A real Slurm 22.05 for the session (bench/slurm.py's cluster: one node ``localhost`` with 8
+GPUs declared as GRES on placeholder files), with slurmrestd on its Unix socket (local
+authentication) and on a port of the session's own (JWT), speaking v0.0.37 and v0.0.38."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+from slurm import SlurmCluster, ensure_installed  # bench/slurm.py (see __init__.py)
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        taken = []
+        try:
+            for port in range(first, first + count):
+                held = socket.socket()
+                taken.append(held)
+                held.bind(("", port))
+        except OSError:
+            continue
+        finally:
+            for held in taken:
+                held.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """The session's Slurm cluster (installed first when missing: a skip, a failure under CI,
+    when it cannot be). slurmctld, slurmd and the JWT slurmrestd take 3 consecutive ports."""
+    try:
+        ensure_installed()
+    except RuntimeError as error:
+        if os.environ.get("CI"):
+            pytest.fail(str(error))
+        pytest.skip(str(error))
+    first = free_ports(3)
+    with SlurmCluster(port=first, rest_port=first + 2, openapi=("v0.0.37", "v0.0.38")) as cluster:
+        yield cluster

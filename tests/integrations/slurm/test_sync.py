@@ -1,0 +1,168 @@
+"""Mirroring a Slurm cluster (``integrations.slurm.services``): a poll's answer, built by hand,
+written in one transaction; Slurm's GPU indexes read as minor numbers; drains and downs as
+health events, one per episode; polls that fail as the cluster's state; what the audit log
+keeps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from gpuadmin.audit.models import AuditEvent
+from health.choices import EventKind
+from health.models import HealthEvent
+from integrations.slurm import services, tasks
+from integrations.slurm.models import PollState, SlurmCluster, SlurmJob, SlurmNode, SlurmPartition
+from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def cluster(admin_user) -> SlurmCluster:
+    add_reversed_node("gpu01")
+    add_reversed_node("gpu02")
+    return register(admin_user)
+
+
+def test_a_jobs_gpus_are_the_catalogued_gpus_of_those_minor_numbers(cluster):
+    """Slurm's ``gpu:2(IDX:0-1)`` names /dev/nvidia0 and /dev/nvidia1: NVML's GPUs 7 and 6 on
+    these nodes. An index the catalog has no GPU for stays, as a number."""
+    services.sync(
+        cluster,
+        answer(
+            [node("gpu01", "MIXED", used=(0, 1)), node("gpu02"), node("login01")],
+            [job(11, {"gpu01": (0, 1)}), job(12, {"login01": (0,)}), job(13)],
+        ),
+    )
+    held = SlurmJob.objects.get(cluster=cluster, job_id=11).gpus.select_related("gpu__node")
+    assert [(row.minor_number, row.gpu.node.hostname, row.gpu.index) for row in held] == [
+        (0, "gpu01", 7),
+        (1, "gpu01", 6),
+    ]
+    [unmatched] = SlurmJob.objects.get(cluster=cluster, job_id=12).gpus.all()
+    assert (unmatched.node_name, unmatched.minor_number, unmatched.gpu) == ("login01", 0, None)
+    nodes = {row.name: row for row in SlurmNode.objects.filter(cluster=cluster)}
+    assert nodes["gpu01"].node.hostname == "gpu01"
+    assert nodes["login01"].node is None
+    assert nodes["gpu01"].states == ["MIXED"] and nodes["gpu01"].gpus_used == [0, 1]
+    assert SlurmPartition.objects.get(cluster=cluster).nodes == ["gpu01", "gpu02", "login01"]
+    cluster.refresh_from_db()
+    assert (cluster.state, cluster.api_version, cluster.last_error) == (PollState.OK, "v0.0.38", "")
+
+
+def test_a_short_slurm_name_finds_the_catalogued_fully_qualified_host(admin_user):
+    add_reversed_node("gpu03.hpc.example")
+    cluster = register(admin_user)
+    services.sync(cluster, answer([node("gpu03")], [job(1, {"gpu03": (2,)})]))
+    [held] = SlurmJob.objects.get(job_id=1).gpus.select_related("gpu")
+    assert (held.gpu.node.hostname, held.gpu.index) == ("gpu03.hpc.example", 5)
+
+
+def test_a_job_that_leaves_slurms_answer_leaves_the_mirror(cluster):
+    services.sync(cluster, answer([node("gpu01")], [job(21, {"gpu01": (0,)}), job(22)]))
+    services.sync(cluster, answer([node("gpu01")], [job(22, {"gpu01": (3,)})]))
+    assert list(SlurmJob.objects.values_list("job_id", "state")) == [(22, "RUNNING")]
+    assert [row.gpu.index for row in SlurmJob.objects.get(job_id=22).gpus.all()] == [4]
+    services.sync(cluster, answer([], []))
+    assert not SlurmJob.objects.exists() and not SlurmNode.objects.exists()
+
+
+def test_a_drained_node_is_one_health_event_however_often_it_is_read(cluster):
+    drained = node("gpu01", "IDLE", "DRAIN", reason="bad fan")
+    for _ in range(3):
+        services.sync(cluster, answer([drained, node("gpu02")], []))
+    [event] = HealthEvent.objects.all()
+    assert (event.node.hostname, event.kind, event.gpu) == ("gpu01", EventKind.SLURM_DRAIN, None)
+    assert "bad fan" in event.message and event.data["data"]["cluster"] == "hpc"
+    assert event.handled_at is not None  # handed to the recovery policies
+    # Resumed, then down: a new episode, a new event.
+    services.sync(cluster, answer([node("gpu01")], []))
+    services.sync(cluster, answer([node("gpu01", "DOWN", reason="Not responding")], []))
+    assert list(HealthEvent.objects.order_by("pk").values_list("kind", flat=True)) == [
+        EventKind.SLURM_DRAIN,
+        EventKind.SLURM_DOWN,
+    ]
+
+
+def test_the_audit_log_keeps_registration_and_node_transitions_not_every_poll(cluster):
+    registered = AuditEvent.objects.get(event_type="slurm.cluster_registered")
+    assert registered.after["token"] == "changed" and "jwt-secret" not in str(registered.after)
+    for _ in range(3):
+        services.sync(cluster, answer([node("gpu01")], [job(31, {"gpu01": (0,)})]))
+    services.sync(cluster, answer([node("gpu01", "IDLE", "DRAIN", reason="fan")], []))
+    slurm_rows = AuditEvent.objects.filter(event_type__startswith="slurm.").order_by("pk")
+    assert [(row.event_type, row.actor_name) for row in slurm_rows] == [
+        ("slurm.cluster_registered", "admin"),
+        ("slurm.cluster_state_changed", "slurm-sync"),  # new -> ok
+        ("slurm.node_state_changed", "slurm-sync"),  # IDLE -> IDLE+DRAIN
+    ]
+    assert slurm_rows.latest("pk").after["states"] == ["IDLE", "DRAIN"]
+
+
+def test_a_cluster_that_does_not_answer_keeps_its_mirror_and_says_why(cluster, monkeypatch):
+    services.sync(cluster, answer([node("gpu01")], [job(41)]))
+
+    def refused_connection(cluster: SlurmCluster) -> None:
+        raise services.Unreachable("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(services, "read_cluster", refused_connection)
+    assert tasks.poll_clusters() == []  # polled now: its interval (30 s) has not passed
+    SlurmCluster.objects.update(last_polled_at=timezone.now() - timedelta(seconds=30))
+    assert tasks.poll_clusters() == ["hpc"]
+    cluster.refresh_from_db()
+    assert (cluster.state, cluster.last_error) == (
+        PollState.UNREACHABLE,
+        "[Errno 111] Connection refused",
+    )
+    assert SlurmJob.objects.filter(job_id=41).exists()
+    changed = AuditEvent.objects.filter(event_type="slurm.cluster_state_changed").latest("pk")
+    assert (changed.before, changed.after) == ({"state": "ok"}, {"state": "unreachable"})
+
+
+def test_the_clients_errors_are_read_as_unreachable_or_refused(cluster, slurmrestd):
+    """No answer (the client's error caused by the connection's) is unreachable; an answer
+    that says no, or that cannot be read, is refused."""
+    errors = iter(
+        [
+            (ConnectionRefusedError(111, "Connection refused"), "cannot be reached"),
+            (TimeoutError("timed out"), "cannot be reached"),
+            (None, "refused the token for GET /openapi/v3: HTTP 401"),
+            (KeyError("nodes"), "answer is not v0.0.38's shape"),
+        ]
+    )
+
+    def read_cluster() -> None:
+        cause, text = next(errors)
+        raise slurmrestd.error(f"slurmrestd at http://slurm.example:6820 {text}") from cause
+
+    slurmrestd.operations["read_cluster"] = read_cluster
+    seen = [services.poll(cluster) for _ in range(4)]
+    assert seen == [PollState.UNREACHABLE] * 2 + [PollState.REFUSED] * 2
+    assert slurmrestd.calls[0] == (
+        "http://slurm.example:6820",
+        "gpuadmin",
+        "jwt-secret",
+        "read_cluster",
+        (),
+    )
+    cluster.refresh_from_db()
+    assert cluster.last_error.endswith("answer is not v0.0.38's shape")
+
+
+def test_a_polled_answer_is_mirrored(cluster, slurmrestd):
+    slurmrestd.operations["read_cluster"] = lambda: answer([node("gpu01")], [job(51)])
+    assert services.poll(cluster) == PollState.OK
+    assert SlurmJob.objects.get(cluster=cluster).job_id == 51
+
+
+def test_local_authentication_sends_no_token(admin_user, slurmrestd):
+    cluster = services.save_cluster(
+        SlurmCluster(name="local", unix_socket="/run/slurmrestd.sock", auth="local"),
+        actor=admin_user,
+    )
+    slurmrestd.operations["read_cluster"] = lambda: answer([], [])
+    services.poll(cluster)
+    assert slurmrestd.calls == [("unix:/run/slurmrestd.sock", "", "", "read_cluster", ())]
