@@ -17,9 +17,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from gpuadmin import api
-from gpuadmin.access.models import Role
 from gpuadmin.access.permissions import CanSubmit, IsAdminOrReadOnly, signed_in
-from gpuadmin.access.services import at_least
 from integrations.ray import services
 from integrations.ray.jobs_api import RayError
 from integrations.ray.models import RayCluster, RayJob
@@ -126,15 +124,14 @@ class RayJobViewSet(
     ``pending`` (stored, not yet acknowledged by Ray), ``queued`` (Ray's PENDING; ``message``
     says why it waits), ``running``, ``completed``, ``failed``, ``canceled``."""
 
-    queryset = RayJob.objects.select_related("owner", "cluster")
+    queryset = RayJob.objects.all()  # the schema's; a request gets ``get_queryset``'s
     serializer_class = RayJobSerializer
     permission_classes = [CanSubmit]
     pagination_class = api.Pagination
 
     def get_queryset(self) -> QuerySet[RayJob]:
-        jobs = super().get_queryset()
-        user = signed_in(self.request)
-        return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
+        visible = services.visible_jobs(signed_in(self.request))
+        return visible.select_related("owner", "cluster")
 
     def perform_create(self, serializer: serializers.BaseSerializer[Any]) -> None:
         data = serializer.validated_data

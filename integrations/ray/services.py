@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
@@ -275,6 +275,12 @@ def _change(
                 after={"state": state, "message": message},
             )
     return job
+
+
+def visible_jobs(user: User) -> QuerySet[RayJob]:
+    """The Ray jobs ``user`` sees: their own; operators and admins everyone's."""
+    jobs = RayJob.objects.all()
+    return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
 
 
 def may_control(user: User, job: RayJob) -> bool:

@@ -113,10 +113,13 @@ def test_a_job_is_submitted_followed_and_its_logs_read(cluster):
     assert re.search(r"hello from ray on GPU [01]\n", logs), logs
     assert events(job)[0] == "ray_job.submitted"
     assert events(job)[-1] == "ray_job.completed"
+    page = alice.get("/jobs/").content.decode()
+    assert f'<tr id="ray-job-{job.pk}" data-state="completed">' in page
     # Another user neither sees nor reads it.
     bob = client_of(person("bob"))
     assert bob.get(f"/api/v1/ray/jobs/{job.pk}/").status_code == 404
     assert bob.get("/api/v1/ray/jobs/").json()["results"] == []
+    assert f'id="ray-job-{job.pk}"' not in bob.get("/jobs/").content.decode()
 
 
 def test_a_long_job_canceled_ends_canceled(cluster):
