@@ -109,7 +109,12 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayTestClu
     token = uuid.uuid4().hex
     gcs_port, dashboard_port, client_port = free_ports(3)
     env = {**os.environ, MARKER: token, "RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-gpus=2", "--num-cpus=2", "--node-ip-address=127.0.0.1", "--block"]
+    # A small object store each (Ray's least): the tests pass no objects, and two test
+    # processes (pytest-xdist) may each run a cluster.
+    common = [
+        "--num-gpus=2", "--num-cpus=2", "--object-store-memory=80000000",
+        "--node-ip-address=127.0.0.1", "--block",
+    ]  # fmt: skip
     head = [
         ray, "start", "--head", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
         "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client_port}",
