@@ -454,7 +454,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     submit.add_argument(
         "--preemptible", action="store_true", help="mark the job preemptible (the API's flag)"
     )
-    submit.add_argument("--env", action="append", default=[], type=_env_pair, metavar="NAME=VALUE")
+    submit.add_argument("--env", action="append", default=[], type=env_pair, metavar="NAME=VALUE")
     submit.add_argument(
         "--workdir", metavar="PATH", help="absolute working directory (in the image with --image)"
     )
@@ -530,7 +530,7 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     log.set_defaults(run=run_verb(cmd_log))
 
 
-def _env_pair(value: str) -> str:
+def env_pair(value: str) -> str:
     if "=" not in value:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
     return value

@@ -205,6 +205,7 @@ INSTALLED_APPS = [
     "health",
     "scheduling",
     "integrations.slurm",
+    "integrations.ray",
 ]
 
 MIDDLEWARE = [
@@ -401,6 +402,16 @@ CELERY_BEAT_SCHEDULE["slurm-poll-clusters"] = {
     "task": "slurm.poll_clusters",
     "schedule": float(GPUADMIN_SLURM_TICK_S),
     "options": {"expires": float(GPUADMIN_SLURM_TICK_S)},
+}
+# --- integrations: external Ray clusters read, and their jobs followed, every tick
+GPUADMIN_RAY_POLL_S = env_int("GPUADMIN_RAY_POLL_S", 5, minimum=1)
+# How long gpuadmin waits for a Ray cluster's answer (a page or API call that asks one waits
+# as long).
+GPUADMIN_RAY_TIMEOUT_S = env_float("GPUADMIN_RAY_TIMEOUT_S", 5.0, minimum=0.1)
+CELERY_BEAT_SCHEDULE["ray-poll"] = {
+    "task": "ray.poll",
+    "schedule": float(GPUADMIN_RAY_POLL_S),
+    "options": {"expires": float(GPUADMIN_RAY_POLL_S)},
 }
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()

@@ -1,2 +1,3 @@
 """The engines labs already run, seen and driven from gpuadmin: Slurm clusters mirrored through
-slurmrestd (``integrations.slurm``); Ray is coming."""
+slurmrestd (``integrations.slurm``), and external Ray clusters that users submit jobs to through
+Ray's Jobs API (``integrations.ray``)."""

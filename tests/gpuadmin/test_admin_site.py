@@ -23,6 +23,7 @@ def test_the_default_site_is_gpuadmins():
 NO_ACTIONS = {
     "audit.AuditEvent",
     "health.HealthEvent",
+    "ray.RayJob",
     "scheduling.Allocation",
     "scheduling.PoolPolicy",
     "scheduling.SchedulerSettings",

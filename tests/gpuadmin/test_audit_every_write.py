@@ -23,6 +23,8 @@ from gpuadmin.celery import app
 from health import quarantine
 from health.alerts import open_alert
 from health.models import BreakerTrip, HealthEvent, Quarantine
+from integrations.ray.jobs_api import RayJobsClient
+from integrations.ray.models import RayCluster, RayJob, RayJobState
 from inventory.models import Gpu
 from scheduling.allocations import services as allocation_services
 from scheduling.jobs import submission
@@ -139,6 +141,15 @@ def submit_body() -> dict[str, Any]:
     return {"command": ["sleep", "60"], "gpu_count": 1}
 
 
+def ray_job(w: World) -> RayJob:
+    """A running Ray job of alice's (Ray's answers to a stop request: ``world``)."""
+    cluster = RayCluster.objects.create(name="lab", address="http://127.0.0.1:9")
+    return RayJob.objects.create(
+        owner=w.alice, cluster=cluster, entrypoint="sleep 60", submission_id="gpuadmin-audit",
+        state=RayJobState.RUNNING,
+    )  # fmt: skip
+
+
 def switch(w: World, enable: bool) -> Call:
     """Start or stop the loop from the other state."""
     SchedulerSettings.load()
@@ -188,6 +199,20 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("api-breaker-reset", "POST"): reset_breaker,
     ("scheduling-api-v1:job-list", "POST"): lambda w: Call(
         w.alice, "post", "/api/v1/jobs/", ["job.submitted"], submit_body()
+    ),
+    # Nothing answers at that address: the job is stored and waits to be sent.
+    ("ray-api-v1:job-list", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        "/api/v1/ray/jobs/",
+        ["ray_job.submitted"],
+        {
+            "cluster": RayCluster.objects.create(name="lab", address="http://127.0.0.1:9").name,
+            "entrypoint": "true",
+        },
+    ),  # fmt: skip
+    ("ray-api-v1:job-cancel", "POST"): lambda w: Call(
+        w.alice, "post", f"/api/v1/ray/jobs/{ray_job(w).pk}/cancel/", ["ray_job.cancel_requested"]
     ),
     ("api-queue-submit", "POST"): lambda w: Call(
         w.alice, "post", "/queue/submit", ["job.submitted"], submit_body()
@@ -338,6 +363,8 @@ def test_every_write_endpoint_has_an_entry():
 @pytest.fixture
 def world(django_user_model, monkeypatch) -> Iterator[World]:
     monkeypatch.setattr(app, "send_task", RecordingBroker().send_task)  # no agent, no loop
+    # A Ray cluster that accepts every stop request (tests/integrations/ray/ stops real ones).
+    monkeypatch.setattr(RayJobsClient, "stop", lambda client, submission_id: True)
     add_sim_node("dgx-01")
     add_sim_node("dgx-02")
     ops = django_user_model.objects.create_user("ops")

@@ -1,13 +1,14 @@
 """Every verb and sub-verb of ``gpuadmin`` is documented in the site, in one of two homes: the
-API verbs (those ``fleet_cli``, ``jobs_cli`` and ``ops_cli`` add) and ``completion`` in the CLI
-page (docs/operations/cli.md), every other verb, the simulator's and the project's management
-commands in the command's reference page (docs/reference/commands.md)."""
+API verbs (those ``fleet_cli``, ``jobs_cli``, ``ops_cli`` and ``ray_cli`` add) and
+``completion`` in the CLI page (docs/operations/cli.md), every other verb, the simulator's and
+the project's management commands in the command's reference page (docs/reference/commands.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from gpuadmin import cli, fleet_cli, jobs_cli, ops_cli
+from gpuadmin import cli, fleet_cli, jobs_cli, ops_cli, ray_cli
 from inventory.nvml.sim.cli import _parser as sim_parser
 from tests.conftest import APP_PACKAGES, REPO_DIR
 from tests.gpuadmin.markdown_tables import CODE_SPAN, cells
@@ -52,7 +53,7 @@ def api_verbs() -> set[tuple[str, ...]]:
     """The verbs that talk to the web server over HTTP, and those documented with them."""
     parser = argparse.ArgumentParser()
     verbs = parser.add_subparsers()
-    for module in (fleet_cli, jobs_cli, ops_cli):
+    for module in (fleet_cli, jobs_cli, ops_cli, ray_cli):
         module.add_verbs(verbs)
     return set(verb_paths(parser)) | CLI_PAGE_VERBS
 

@@ -466,6 +466,27 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/^mig-relayouts/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
         "/api/v1/mig-relayouts/0/cancel/", by_role(401, 403, 403, 403, 404)
     ),
+    # External Ray clusters (no cluster registered here: tests/integrations/ray/ has real ones)
+    ("api/v1/ray/^clusters/$", "GET"): Entry("/api/v1/ray/clusters/", API_READ),
+    ("api/v1/ray/^clusters/(?P<pk>[^/.]+)/$", "GET"): Entry(
+        "/api/v1/ray/clusters/0/", by_role(401, 404, 404, 404, 404)
+    ),
+    ("api/v1/ray/^jobs/$", "GET"): Entry("/api/v1/ray/jobs/", API_READ),
+    # Users may submit; there is no cluster of that name.
+    ("api/v1/ray/^jobs/$", "POST"): Entry(
+        "/api/v1/ray/jobs/",
+        by_role(401, 403, 400, 400, 400),
+        body={"cluster": "none", "entrypoint": "true"},
+    ),
+    ("api/v1/ray/^jobs/(?P<pk>[^/.]+)/$", "GET"): Entry(
+        "/api/v1/ray/jobs/0/", by_role(401, 404, 404, 404, 404)
+    ),
+    ("api/v1/ray/^jobs/(?P<pk>[^/.]+)/logs/$", "GET"): Entry(
+        "/api/v1/ray/jobs/0/logs/", by_role(401, 404, 404, 404, 404)
+    ),
+    ("api/v1/ray/^jobs/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
+        "/api/v1/ray/jobs/0/cancel/", by_role(401, 403, 404, 404, 404)
+    ),
 }
 
 WRITES_AND_GET = {"get", "post", "put", "patch", "delete"}

@@ -136,9 +136,9 @@ def fill(owner, count: int) -> None:
 
 # Session, user and role (which jobs may they open? may they submit?); the queue's three
 # sections and the GPUs of the running jobs; the full page adds the owners, projects and
-# nodes the filter form suggests, the person's quotas ("My usage": none here) and the Slurm
-# clusters whose jobs it lists (none here).
-@pytest.mark.parametrize(("htmx", "queries"), [(False, 12), (True, 7)])
+# nodes the filter form suggests, the person's quotas ("My usage": none here), the Slurm
+# clusters whose jobs it lists and whether a Ray cluster is registered (none here).
+@pytest.mark.parametrize(("htmx", "queries"), [(False, 13), (True, 7)])
 def test_query_count_does_not_grow_with_the_queue(
     client, alice, agents, django_assert_num_queries, htmx, queries
 ):

@@ -1,0 +1,16 @@
+from django.apps import AppConfig
+
+
+class RayConfig(AppConfig):
+    name = "integrations.ray"
+    label = "ray"
+    verbose_name = "Ray: external clusters submitted to through Ray's Jobs API"
+
+    def ready(self) -> None:
+        from gpuadmin import registry
+        from integrations.ray.sections import fleet_section, jobs_section
+
+        # The fleet page shows each cluster's nodes and GPUs (total and in use); the jobs page
+        # the Ray jobs the requester sees.
+        registry.page_sections.register(fleet_section)
+        registry.page_sections.register(jobs_section)

@@ -1,0 +1,329 @@
+"""Reading a Ray cluster and running jobs on it through Ray's Jobs API, under gpuadmin's rules:
+who may submit (the roles), the pool's quotas of GPUs at once, and an audit row for every
+submission, cancel request and change of state.
+
+A submission is stored first (state ``pending``, with the ``submission_id`` gpuadmin chose),
+then sent; a send that gets no answer is retried by the poll with the same id, and a send Ray
+refuses is checked against Ray's own list, so a retried submission never starts two jobs."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet, Sum
+from django.utils import timezone
+
+from gpuadmin.access.models import Role
+from gpuadmin.access.services import at_least
+from gpuadmin.audit.services import changed_values, record
+from gpuadmin.refusals import FieldRefusal
+from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
+from integrations.ray.models import (
+    ACTIVE_STATES,
+    RAY_STATES,
+    ClusterState,
+    RayCluster,
+    RayJob,
+    RayJobState,
+)
+from scheduling.models import Quota
+from scheduling.policies.quotas import lock_holders
+
+logger = logging.getLogger(__name__)
+
+POLL_ACTOR = "ray-poll"
+
+
+class RayJobRefused(FieldRefusal):
+    """A submission gpuadmin refuses before asking Ray (quota, cluster)."""
+
+
+class RayJobConflict(Exception):
+    """An action the job's state does not allow (cancel of an ended job)."""
+
+
+def client_for(cluster: RayCluster) -> RayJobsClient:
+    return RayJobsClient(cluster.address, cluster.token, timeout_s=settings.GPUADMIN_RAY_TIMEOUT_S)
+
+
+CLUSTER_FIELDS = ("name", "address", "pool")
+
+
+def _cluster_fields(cluster: RayCluster, token_changed: bool = False) -> dict[str, Any]:
+    fields = {name: getattr(cluster, name) for name in CLUSTER_FIELDS}
+    fields["pool"] = cluster.pool.name if cluster.pool else None
+    return {**fields, "token": "changed"} if token_changed else fields
+
+
+def save_cluster(cluster: RayCluster, *, actor: User) -> RayCluster:
+    """Register a cluster or change one (audited ``ray.cluster_registered`` or
+    ``ray.cluster_changed``, before and after; the token only as "changed"), then read it."""
+    with transaction.atomic():
+        old = RayCluster.objects.select_for_update().filter(pk=cluster.pk).first()
+        cluster.full_clean()
+        cluster.save()
+        if old is None:
+            after = _cluster_fields(cluster, token_changed=bool(cluster.token))
+            record("ray.cluster_registered", actor=actor, target=cluster, after=after)
+        else:
+            before, after = changed_values(
+                _cluster_fields(old), _cluster_fields(cluster, cluster.token != old.token)
+            )
+            if after:
+                record(
+                    "ray.cluster_changed", actor=actor, target=cluster, before=before, after=after
+                )
+    return read_cluster(cluster)
+
+
+READ_FIELDS = [
+    "state",
+    "last_error",
+    "ray_version",
+    "nodes",
+    "gpus",
+    "gpus_in_use",
+    "last_read_at",
+    "last_ok_at",
+]
+
+
+def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
+    """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
+    with transaction.atomic():
+        record("ray.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster))
+        cluster.delete()
+
+
+def read_cluster(cluster: RayCluster) -> RayCluster:
+    """Read the cluster's nodes and resources and store them; a cluster that does not answer,
+    or refuses, keeps its last nodes and says why in ``state`` and ``last_error``."""
+    now = timezone.now()
+    try:
+        view = client_for(cluster).cluster()
+    except RayUnreachable as exc:
+        cluster.state, cluster.last_error = ClusterState.UNREACHABLE, str(exc)
+    except RayRefused as exc:
+        cluster.state, cluster.last_error = ClusterState.REFUSED, str(exc)
+    else:
+        alive = view.alive
+        cluster.state, cluster.last_error = ClusterState.OK, ""
+        cluster.ray_version = view.ray_version
+        cluster.nodes = [node.to_dict() for node in view.nodes]
+        cluster.gpus = sum(node.gpus for node in alive)
+        cluster.gpus_in_use = sum(node.gpus_in_use for node in alive)
+        cluster.last_ok_at = now
+    cluster.last_read_at = now
+    cluster.save(update_fields=READ_FIELDS)  # an admin's edit meanwhile stays
+    return cluster
+
+
+def _check_quota(owner: User, cluster: RayCluster, gpus: float) -> None:
+    """The owner's quota of GPUs at once in the cluster's pool, counted over their active Ray
+    jobs on the clusters of that pool (gpuadmin's own jobs there are the placement loop's)."""
+    if cluster.pool is None or not gpus:
+        return
+    quota = Quota.objects.filter(user=owner, pool=cluster.pool, max_gpus__isnull=False).first()
+    if quota is None or quota.max_gpus is None:
+        return
+    lock_holders(owner, "")
+    held = (
+        RayJob.objects.filter(
+            owner=owner, cluster__pool=cluster.pool, state__in=ACTIVE_STATES
+        ).aggregate(gpus=Sum("gpus"))["gpus"]
+        or 0.0
+    )
+    if held + gpus > quota.max_gpus:
+        raise RayJobRefused(
+            "gpus",
+            f"user {owner.get_username()} may use {quota.max_gpus} GPUs at once in pool "
+            f"{cluster.pool.name}; their Ray jobs hold {held:g} and this asks for {gpus:g}",
+        )
+
+
+def submit(
+    *,
+    owner: User,
+    cluster: RayCluster,
+    entrypoint: str,
+    runtime_env: dict[str, Any] | None = None,
+    gpus: float = 0,
+    cpus: float = 0,
+) -> RayJob:
+    """Store the job under a new submission id (audited), then send it to Ray."""
+    if not at_least(owner, Role.USER):
+        raise PermissionDenied("Submitting a Ray job needs the user role.")
+    if not entrypoint.strip():
+        raise RayJobRefused("entrypoint", "Give the command Ray runs.")
+    with transaction.atomic():
+        _check_quota(owner, cluster, gpus)
+        job = RayJob.objects.create(
+            owner=owner,
+            cluster=cluster,
+            entrypoint=entrypoint,
+            runtime_env=runtime_env or {},
+            gpus=gpus,
+            cpus=cpus,
+            submission_id=f"gpuadmin-{uuid.uuid4().hex}",
+        )
+        record(
+            "ray_job.submitted",
+            actor=owner,
+            target=job,
+            after={
+                "cluster": cluster.name,
+                "entrypoint": entrypoint,
+                "gpus": gpus,
+                "cpus": cpus,
+                "submission_id": job.submission_id,
+            },
+        )
+        # Ray hears of the job only once its row is committed, whatever the caller's
+        # transaction: a job Ray runs is always one gpuadmin knows.
+        transaction.on_commit(lambda: send(job))
+    return job
+
+
+def send(job: RayJob) -> RayJob:
+    """Ask Ray to run a ``pending`` job under its submission id. Ray refuses an id it already
+    has; a refusal is therefore checked against Ray's own list before it fails the job."""
+    client = client_for(job.cluster)
+    try:
+        client.submit(
+            job.submission_id,
+            job.entrypoint,
+            runtime_env=job.runtime_env,
+            num_gpus=job.gpus,
+            num_cpus=job.cpus,
+            metadata={"gpuadmin_job": str(job.pk), "gpuadmin_user": job.owner.get_username()},
+        )
+    except RayUnreachable as exc:
+        return _note(job, f"Not sent yet: {exc}. gpuadmin sends it again with the same id.")
+    except RayRefused as exc:
+        try:
+            known = client.job(job.submission_id)
+        except RayError:
+            return _note(job, f"Not sent yet: {exc}. gpuadmin sends it again with the same id.")
+        if known is None:
+            return _change(job, RayJobState.FAILED, f"Ray refused it: {exc}", actor_name="ray")
+        return _apply(job, known)
+    return _read(job)
+
+
+def follow(job: RayJob) -> RayJob:
+    """Bring the job up to date with Ray: a pending one is sent, any other one read."""
+    return send(job) if job.state == RayJobState.PENDING else _read(job)
+
+
+def _read(job: RayJob) -> RayJob:
+    """Read the job's state from Ray and store it (an audit row when it changed); a cluster
+    that does not answer leaves the job as it was (a pending job stays pending: the next send
+    finds it in Ray)."""
+    try:
+        info = client_for(job.cluster).job(job.submission_id)
+    except RayError as exc:
+        logger.info("Ray job %s not followed: %s", job.submission_id, exc)
+        return job
+    if info is None:
+        return _change(
+            job,
+            RayJobState.FAILED,
+            "The cluster no longer knows this job (was it restarted?).",
+            actor_name=POLL_ACTOR,
+        )
+    return _apply(job, info)
+
+
+def _from_ms(value: int | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value / 1000, tz=UTC)
+
+
+def _apply(job: RayJob, info: JobInfo) -> RayJob:
+    job.started_at = _from_ms(info.start_time_ms) or job.started_at
+    job.ended_at = _from_ms(info.end_time_ms) or job.ended_at
+    return _change(job, RAY_STATES[info.status], info.message, actor_name=POLL_ACTOR)
+
+
+def _note(job: RayJob, message: str) -> RayJob:
+    job.message = message
+    job.save(update_fields=["message"])
+    return job
+
+
+def _change(
+    job: RayJob, state: str, message: str, *, actor_name: str = "", actor: User | None = None
+) -> RayJob:
+    """Store the job's new state and message; a change of state writes its audit row."""
+    with transaction.atomic():
+        before = RayJob.objects.select_for_update().get(pk=job.pk).state
+        job.state, job.message = state, message
+        job.save(update_fields=["state", "message", "started_at", "ended_at"])
+        if before != state:
+            record(
+                f"ray_job.{state}",
+                actor=actor,
+                actor_name=actor_name,
+                target=job,
+                before={"state": before},
+                after={"state": state, "message": message},
+            )
+    return job
+
+
+def visible_jobs(user: User) -> QuerySet[RayJob]:
+    """The Ray jobs ``user`` sees: their own; operators and admins everyone's."""
+    jobs = RayJob.objects.all()
+    return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
+
+
+def may_control(user: User, job: RayJob) -> bool:
+    """Its owner, and operators and admins."""
+    return job.owner_id == user.pk or at_least(user, Role.OPERATOR)
+
+
+def cancel(*, actor: User, job: RayJob) -> RayJob:
+    """Ask Ray to stop the job (audited ``ray_job.cancel_requested``); the poll reads the state
+    it ends in. A job Ray does not have is canceled at once, and will not be sent."""
+    if not may_control(actor, job):
+        raise PermissionDenied("Only its owner, operators and admins cancel a Ray job.")
+    if not job.active:
+        raise RayJobConflict(f"Ray job {job.pk} has ended ({job.state}).")
+    with transaction.atomic():
+        record("ray_job.cancel_requested", actor=actor, target=job, before={"state": job.state})
+    try:
+        client_for(job.cluster).stop(job.submission_id)
+    except RayRefused as exc:
+        if exc.status != 404:
+            raise
+        return _change(job, RayJobState.CANCELED, "Canceled before Ray received it.", actor=actor)
+    return job
+
+
+def logs(job: RayJob) -> str:
+    """The job's output as Ray keeps it (``RayError`` when the cluster does not give it)."""
+    if job.state == RayJobState.PENDING:
+        return ""
+    return client_for(job.cluster).logs(job.submission_id)
+
+
+def poll() -> dict[str, int]:
+    """Beat's tick: read every cluster, then follow every active job on the clusters that
+    answered (pending ones are sent again)."""
+    reachable = set()
+    for cluster in RayCluster.objects.all():
+        if read_cluster(cluster).state == ClusterState.OK:
+            reachable.add(cluster.pk)
+    followed = 0
+    for job in RayJob.objects.filter(state__in=ACTIVE_STATES, cluster__in=reachable).select_related(
+        "cluster", "owner"
+    ):
+        follow(job)
+        followed += 1
+    return {"clusters": len(reachable), "jobs": followed}
