@@ -98,8 +98,8 @@ class AllocationAdmin(ReadOnlyAdmin):
 
 @admin.register(SchedulerSettings)
 class SchedulerSettingsAdmin(admin.ModelAdmin):
-    """The loop's switch, changed through the audited admin services (each pool's policy:
-    ``admin_policies``)."""
+    """The loop's switch, changed through ``switch.set_scheduler_enabled`` (audited; each
+    pool's policy: ``scheduling.policies.admin``)."""
 
     list_display = ("__str__", "enabled", "updated_at")
     fields = ("enabled",)

@@ -395,7 +395,8 @@ def requeue_unconfirmed(
     not the (job, attempt) its agent says it ``running``): audited, with the reason as the
     job's message ("requeued: dgx-01 did not start it within 120 s"), its GPUs released, not
     counted against its retries, and its agents asked to cancel that attempt should its
-    message still arrive (``agent.cancel_job``: it then never starts). The ids re-queued."""
+    message still arrive (``scheduling.agent.jobs.cancel_job``: it then never starts). The ids
+    re-queued."""
     jobs = unconfirmed_jobs()
     if hostname is not None:
         jobs = jobs.filter(

@@ -48,8 +48,6 @@ from scheduling.models import (
 from scheduling.placement.reservations import ReservationBook
 from scheduling.placement.text import plural
 
-S = JobState
-
 SHARES_ONE_GPU = "a MIG device or an MPS share is one GPU of one node"
 
 
@@ -252,7 +250,7 @@ def submit_job(owner: User, *, hold: bool = False, **request: Any) -> Job:
     its dependencies and audit ``job.submitted``; the placement loop is woken when the
     transaction commits. Raises ``JobRejected`` for requests that could never run."""
     submission = check_submission(owner, **request)
-    job = Job(owner=owner, state=S.PENDING if hold else S.QUEUED, **submission.fields)
+    job = Job(owner=owner, state=JobState.PENDING if hold else JobState.QUEUED, **submission.fields)
     # The job and its audit row in one statement, atomic by itself (no BEGIN/COMMIT round
     # trips); a transaction only when its dependencies are rows of their own.
     with transaction.atomic() if submission.needs else nullcontext():
@@ -284,7 +282,7 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
             f"{len(parsed.indexes)} tasks each depending on "
             f"{plural(len(submission.needs), 'job')}: at most {most} dependencies in one array",
         )
-    state = S.PENDING if hold else S.QUEUED
+    state = JobState.PENDING if hold else JobState.QUEUED
     with transaction.atomic():
         array = JobArray.objects.create(
             owner=owner,

@@ -20,7 +20,8 @@ def _locked_settings() -> SchedulerSettings:
 def set_scheduler_enabled(enabled: bool, *, actor: User) -> SchedulerSettings:
     """Start or stop placing jobs (audited ``scheduler.started``/``scheduler.stopped``; a
     no-op when it already is). Either wakes the loop: a pass of a started scheduler places
-    jobs, one of a stopped scheduler tells every waiting job so (``loop.explain_stopped``)."""
+    jobs, one of a stopped scheduler tells every waiting job so
+    (``scheduling.loop.passes.explain_stopped``)."""
     with transaction.atomic():
         config = _locked_settings()
         if config.enabled != enabled:

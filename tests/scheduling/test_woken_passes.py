@@ -1,7 +1,7 @@
 """The placement pass a wake asks for never holds a central worker process on another pass
-(``loop.run_woken_pass``): it leaves the wake to the pass in progress, which asks for the next
-pass once done, behind the reports queued meanwhile. A wake while a woken pass runs sends no
-task at all: it is left to that pass the same way."""
+(``scheduling.loop.passes.run_woken_pass``): it leaves the wake to the pass in progress, which
+asks for the next pass once done, behind the reports queued meanwhile. A wake while a woken pass
+runs sends no task at all: it is left to that pass the same way."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ class DependencyField(serializers.Field):
 
 class PoolNameField(serializers.SlugRelatedField):
     """A pool by name; ``~`` (or null) names the GPUs in no pool, as in the URLs
-    (``quotas.NO_POOL``)."""
+    (``scheduling.policies.quotas.NO_POOL``)."""
 
     def to_internal_value(self, data: Any) -> Any:
         return None if data == NO_POOL else super().to_internal_value(data)
