@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -116,7 +117,7 @@ def read_cluster(cluster: RayCluster) -> RayCluster:
         alive = view.alive
         cluster.state, cluster.last_error = ClusterState.OK, ""
         cluster.ray_version = view.ray_version
-        cluster.nodes = [node.to_dict() for node in view.nodes]
+        cluster.nodes = [asdict(node) for node in view.nodes]
         cluster.gpus = sum(node.gpus for node in alive)
         cluster.gpus_in_use = sum(node.gpus_in_use for node in alive)
         cluster.last_ok_at = now
