@@ -279,8 +279,9 @@ def _change(
 
 
 def visible_jobs(user: User) -> QuerySet[RayJob]:
-    """The Ray jobs ``user`` sees: their own; operators and admins everyone's."""
-    jobs = RayJob.objects.all()
+    """The Ray jobs ``user`` sees: their own; operators and admins everyone's (with their
+    cluster and owner, which the API and the jobs page show)."""
+    jobs = RayJob.objects.select_related("cluster", "owner")
     return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
 
 
