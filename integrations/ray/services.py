@@ -22,7 +22,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import at_least
+from gpuadmin.access.services import at_least, can_act_on
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
@@ -285,15 +285,10 @@ def visible_jobs(user: User) -> QuerySet[RayJob]:
     return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
 
 
-def may_control(user: User, job: RayJob) -> bool:
-    """Its owner, and operators and admins."""
-    return job.owner_id == user.pk or at_least(user, Role.OPERATOR)
-
-
 def cancel(*, actor: User, job: RayJob) -> RayJob:
     """Ask Ray to stop the job (audited ``ray_job.cancel_requested``); the poll reads the state
     it ends in. A job Ray does not have is canceled at once, and will not be sent."""
-    if not may_control(actor, job):
+    if not can_act_on(actor, job):
         raise PermissionDenied("Only its owner, operators and admins cancel a Ray job.")
     if not job.active:
         raise RayJobConflict(f"Ray job {job.pk} has ended ({job.state}).")
