@@ -51,7 +51,7 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         raise ApiError(None, "no entrypoint given: gpuadmin ray submit --cluster C -- CMD ...")
     runtime_env: dict[str, Any] = args.runtime_env or {}
     if args.env:
-        runtime_env.setdefault("env_vars", {}).update(dict(pair.split("=", 1) for pair in args.env))
+        runtime_env.setdefault("env_vars", {}).update(args.env)
     job = api.call(
         "POST",
         "/api/v1/ray/jobs/",
