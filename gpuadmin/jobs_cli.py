@@ -41,7 +41,7 @@ TERMINAL_STATES = frozenset({"completed", "failed", "canceled"})
 
 
 def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = command_words(args.command)
     if not command:
         raise ApiError(None, "no command given: gpuadmin jobs submit [OPTIONS] -- CMD ...")
     env = dict(args.env)
@@ -528,6 +528,11 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     log.add_argument("--node", help="node of a multi-node job (default its first)")
     log.add_argument("-f", "--follow", action="store_true", help="print new lines every 2 s")
     log.set_defaults(run=run_verb(cmd_log))
+
+
+def command_words(words: list[str]) -> list[str]:
+    """A command given after ``--`` (``argparse.REMAINDER`` keeps the ``--``)."""
+    return words[1:] if words[:1] == ["--"] else words
 
 
 def env_pair(value: str) -> tuple[str, str]:
