@@ -84,6 +84,13 @@ def save_cluster(cluster: RayCluster, *, actor: User) -> RayCluster:
     return read_cluster(cluster)
 
 
+def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
+    """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
+    with transaction.atomic():
+        record("ray.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster))
+        cluster.delete()
+
+
 READ_FIELDS = [
     "state",
     "last_error",
@@ -94,13 +101,6 @@ READ_FIELDS = [
     "last_read_at",
     "last_ok_at",
 ]
-
-
-def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
-    """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
-    with transaction.atomic():
-        record("ray.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster))
-        cluster.delete()
 
 
 def read_cluster(cluster: RayCluster) -> RayCluster:
