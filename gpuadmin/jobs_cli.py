@@ -41,10 +41,10 @@ TERMINAL_STATES = frozenset({"completed", "failed", "canceled"})
 
 
 def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = command_words(args.command)
     if not command:
         raise ApiError(None, "no command given: gpuadmin jobs submit [OPTIONS] -- CMD ...")
-    env = dict(pair.split("=", 1) for pair in args.env)
+    env = dict(args.env)
     options = {
         "name": args.name,
         "project": args.project,
@@ -530,10 +530,17 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     log.set_defaults(run=run_verb(cmd_log))
 
 
-def env_pair(value: str) -> str:
-    if "=" not in value:
+def command_words(words: list[str]) -> list[str]:
+    """A command given after ``--`` (``argparse.REMAINDER`` keeps the ``--``)."""
+    return words[1:] if words[:1] == ["--"] else words
+
+
+def env_pair(value: str) -> tuple[str, str]:
+    """``NAME=VALUE`` as (name, value): the value may hold ``=`` too."""
+    name, equals, given = value.partition("=")
+    if not equals:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {value!r}")
-    return value
+    return name, given
 
 
 def _memory(value: str) -> int:

@@ -9,7 +9,7 @@ import json
 from typing import Any, TextIO
 
 from gpuadmin.client import Api, ApiError, run_verb
-from gpuadmin.jobs_cli import env_pair
+from gpuadmin.jobs_cli import command_words, env_pair
 from gpuadmin.terminal import Column, add_json_flag, print_facts, print_json, print_rows
 
 
@@ -46,12 +46,12 @@ def cmd_clusters(api: Api, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    entrypoint = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
+    entrypoint = command_words(args.entrypoint)
     if not entrypoint:
         raise ApiError(None, "no entrypoint given: gpuadmin ray submit --cluster C -- CMD ...")
     runtime_env: dict[str, Any] = args.runtime_env or {}
     if args.env:
-        runtime_env.setdefault("env_vars", {}).update(dict(pair.split("=", 1) for pair in args.env))
+        runtime_env.setdefault("env_vars", {}).update(args.env)
     job = api.call(
         "POST",
         "/api/v1/ray/jobs/",

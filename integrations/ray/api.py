@@ -130,8 +130,7 @@ class RayJobViewSet(
     pagination_class = api.Pagination
 
     def get_queryset(self) -> QuerySet[RayJob]:
-        visible = services.visible_jobs(signed_in(self.request))
-        return visible.select_related("owner", "cluster")
+        return services.visible_jobs(signed_in(self.request))
 
     def perform_create(self, serializer: serializers.BaseSerializer[Any]) -> None:
         data = serializer.validated_data

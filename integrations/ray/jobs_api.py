@@ -47,19 +47,6 @@ class RayNode:
     cpus: float
     cpus_in_use: float
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id,
-            "address": self.address,
-            "name": self.name,
-            "is_head": self.is_head,
-            "state": self.state,
-            "gpus": self.gpus,
-            "gpus_in_use": self.gpus_in_use,
-            "cpus": self.cpus,
-            "cpus_in_use": self.cpus_in_use,
-        }
-
 
 @dataclass(frozen=True)
 class ClusterView:

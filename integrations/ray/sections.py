@@ -35,7 +35,7 @@ def jobs_section(page: str, obj: Any, request: HttpRequest) -> Section | None:
     if page != "jobs" or not signed_in_reader(request) or not RayCluster.objects.exists():
         return None
     jobs = services.visible_jobs(signed_in(request))
-    shown = list(jobs.select_related("cluster", "owner")[:JOBS_SHOWN])
+    shown = list(jobs[:JOBS_SHOWN])
     context = {
         "ray_jobs": [(job, STATE_COLOURS.get(job.state, "grey")) for job in shown],
         "ray_jobs_total": jobs.count() if len(shown) == JOBS_SHOWN else len(shown),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import at_least
+from gpuadmin.access.services import at_least, can_act_on
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
@@ -83,6 +84,13 @@ def save_cluster(cluster: RayCluster, *, actor: User) -> RayCluster:
     return read_cluster(cluster)
 
 
+def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
+    """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
+    with transaction.atomic():
+        record("ray.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster))
+        cluster.delete()
+
+
 READ_FIELDS = [
     "state",
     "last_error",
@@ -93,13 +101,6 @@ READ_FIELDS = [
     "last_read_at",
     "last_ok_at",
 ]
-
-
-def delete_cluster(cluster: RayCluster, *, actor: User) -> None:
-    """Forget a cluster that has no jobs (audited ``ray.cluster_deleted``)."""
-    with transaction.atomic():
-        record("ray.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster))
-        cluster.delete()
 
 
 def read_cluster(cluster: RayCluster) -> RayCluster:
@@ -116,7 +117,7 @@ def read_cluster(cluster: RayCluster) -> RayCluster:
         alive = view.alive
         cluster.state, cluster.last_error = ClusterState.OK, ""
         cluster.ray_version = view.ray_version
-        cluster.nodes = [node.to_dict() for node in view.nodes]
+        cluster.nodes = [asdict(node) for node in view.nodes]
         cluster.gpus = sum(node.gpus for node in alive)
         cluster.gpus_in_use = sum(node.gpus_in_use for node in alive)
         cluster.last_ok_at = now
@@ -278,20 +279,16 @@ def _change(
 
 
 def visible_jobs(user: User) -> QuerySet[RayJob]:
-    """The Ray jobs ``user`` sees: their own; operators and admins everyone's."""
-    jobs = RayJob.objects.all()
+    """The Ray jobs ``user`` sees: their own; operators and admins everyone's (with their
+    cluster and owner, which the API and the jobs page show)."""
+    jobs = RayJob.objects.select_related("cluster", "owner")
     return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
-
-
-def may_control(user: User, job: RayJob) -> bool:
-    """Its owner, and operators and admins."""
-    return job.owner_id == user.pk or at_least(user, Role.OPERATOR)
 
 
 def cancel(*, actor: User, job: RayJob) -> RayJob:
     """Ask Ray to stop the job (audited ``ray_job.cancel_requested``); the poll reads the state
     it ends in. A job Ray does not have is canceled at once, and will not be sent."""
-    if not may_control(actor, job):
+    if not can_act_on(actor, job):
         raise PermissionDenied("Only its owner, operators and admins cancel a Ray job.")
     if not job.active:
         raise RayJobConflict(f"Ray job {job.pk} has ended ({job.state}).")
