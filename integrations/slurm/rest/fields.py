@@ -162,6 +162,27 @@ def reason(text: str | None) -> str:
     return "" if text in (None, "None") else str(text)
 
 
+def node(
+    data: dict[str, Any], states: tuple[str, ...], reason_changed_at: datetime | None
+) -> SlurmNode:
+    """A node of any version's answer: the versions differ only in how they write its states
+    and its reason's time, which their parser reads and passes here."""
+    return SlurmNode(
+        name=data["name"],
+        states=states,
+        reason=data.get("reason") or "",
+        reason_set_by=data.get("reason_set_by_user") or "",
+        reason_changed_at=reason_changed_at,
+        partitions=tuple(data.get("partitions") or ()),
+        cpus=data.get("cpus") or 0,
+        alloc_cpus=data.get("alloc_cpus") or 0,
+        real_memory_mib=data.get("real_memory") or 0,
+        alloc_memory_mib=data.get("alloc_memory") or 0,
+        gpus=gpu_count(data.get("gres") or ""),
+        gpus_used=gpu_indexes(data.get("gres_used") or ""),
+    )
+
+
 def gpus_in_tres(tres: str) -> int:
     """GPUs a TRES string asks for: ``gres/gpu:h100:1,gres/gpu:h200:1`` -> 2, ``gres:gpu:2``
     (22.05) -> 2, ``cpu=2,gres/gpu=4,gres/gpu:h100=4`` -> 4 (an untyped total wins over its

@@ -22,20 +22,8 @@ def number(value: dict[str, Any] | int | None) -> int | None:
 
 
 def node(data: dict[str, Any]) -> SlurmNode:
-    return SlurmNode(
-        name=data["name"],
-        states=fields.names(data["state"], "state"),
-        reason=data.get("reason") or "",
-        reason_set_by=data.get("reason_set_by_user") or "",
-        reason_changed_at=fields.from_epoch(number(data.get("reason_changed_at"))),
-        partitions=tuple(data.get("partitions") or ()),
-        cpus=data.get("cpus") or 0,
-        alloc_cpus=data.get("alloc_cpus") or 0,
-        real_memory_mib=data.get("real_memory") or 0,
-        alloc_memory_mib=data.get("alloc_memory") or 0,
-        gpus=fields.gpu_count(data.get("gres") or ""),
-        gpus_used=fields.gpu_indexes(data.get("gres_used") or ""),
-    )
+    states = fields.names(data["state"], "state")
+    return fields.node(data, states, fields.from_epoch(number(data.get("reason_changed_at"))))
 
 
 def partition(data: dict[str, Any]) -> SlurmPartition:
