@@ -72,6 +72,7 @@ NODE_FIELDS = (
     "gpus",
     "gpus_used",
 )
+PARTITION_FIELDS = ("state", "nodes", "total_cpus", "total_nodes")
 JOB_FIELDS = (
     "name",
     "user",
@@ -352,20 +353,19 @@ def _sync_nodes(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> l
 
 
 def _sync_partitions(cluster: SlurmCluster, answer: ClusterState) -> None:
+    """Upsert the answer's partitions in two statements (bulk update and create), as its nodes
+    are, and delete the others."""
+    existing = {row.name: row for row in SlurmPartition.objects.filter(cluster=cluster)}
+    rows = []
     for read in answer.partitions:
-        SlurmPartition.objects.update_or_create(
-            cluster=cluster,
-            name=read.name,
-            defaults={
-                "state": read.state,
-                "nodes": list(read.nodes),
-                "total_cpus": read.total_cpus,
-                "total_nodes": read.total_nodes,
-            },
-        )
-    SlurmPartition.objects.filter(cluster=cluster).exclude(
-        name__in=[read.name for read in answer.partitions]
-    ).delete()
+        row = existing.pop(read.name, None) or SlurmPartition(cluster=cluster, name=read.name)
+        _copy(read, row, PARTITION_FIELDS)
+        rows.append(row)
+    SlurmPartition.objects.filter(pk__in=[row.pk for row in existing.values()]).delete()
+    SlurmPartition.objects.bulk_update(
+        [row for row in rows if row.pk is not None], PARTITION_FIELDS
+    )
+    SlurmPartition.objects.bulk_create([row for row in rows if row.pk is None])
 
 
 def _sync_jobs(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> None:
