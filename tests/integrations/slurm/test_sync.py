@@ -94,6 +94,16 @@ def test_a_polls_partitions_cost_the_same_queries_however_many(cluster):
     ]
 
 
+def test_a_poll_reads_the_catalogs_nodes_once(cluster):
+    """Slurm's nodes and its jobs' GPUs are matched to the catalog from one read of it."""
+    with CaptureQueriesContext(connection) as captured:
+        services.sync(cluster, answer([node("gpu01")], [job(31, {"gpu01": (0,)})]))
+    node_reads = [query for query in captured if 'FROM "inventory_node"' in query["sql"]]
+    assert len(node_reads) == 1
+    [held] = SlurmJob.objects.get(job_id=31).gpus.select_related("gpu")
+    assert held.gpu.index == 7
+
+
 def test_a_drained_node_is_one_health_event_however_often_it_is_read(cluster):
     drained = node("gpu01", "IDLE", "DRAIN", reason="bad fan")
     for _ in range(3):
