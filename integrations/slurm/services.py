@@ -406,9 +406,7 @@ def _sync_job_gpus(
     holding = [catalog[name] for name in names if name in catalog]
     by_minor = {
         (gpu.node_id, gpu.minor_number): gpu
-        for gpu in Gpu.objects.filter(
-            node__in=holding, minor_number__isnull=False, missing_since__isnull=True
-        )
+        for gpu in Gpu.objects.present().filter(node__in=holding, minor_number__isnull=False)
     }
     SlurmJobGpu.objects.filter(job__cluster=cluster).delete()
     rows = []
