@@ -72,6 +72,7 @@ NODE_FIELDS = (
     "gpus",
     "gpus_used",
 )
+PARTITION_FIELDS = ("state", "nodes", "total_cpus", "total_nodes")
 JOB_FIELDS = (
     "name",
     "user",
@@ -277,9 +278,14 @@ def sync(cluster: SlurmCluster, answer: ClusterState) -> None:
     with transaction.atomic():
         # One sync of a cluster at a time (beat's ticks may overlap on two workers).
         SlurmCluster.objects.select_for_update().filter(pk=cluster.pk).exists()
-        nodes = _sync_nodes(cluster, answer, now)
+        # The catalog is read once, for the names of the answer's nodes and of its jobs' GPUs.
+        catalog = catalogued_nodes(
+            {node.name for node in answer.nodes}
+            | {name for job in answer.jobs for name in job.gpus}
+        )
+        nodes = _sync_nodes(cluster, answer, catalog, now)
         _sync_partitions(cluster, answer)
-        _sync_jobs(cluster, answer, now)
+        _sync_jobs(cluster, answer, catalog, now)
         SlurmCluster.objects.filter(pk=cluster.pk).update(api_version=answer.version)
         cluster.api_version = answer.version
         _set_poll_state(cluster, PollState.OK, "", now)
@@ -312,11 +318,12 @@ def _copy(read: object, row: models.Model, fields: Iterable[str]) -> None:
         setattr(row, name, list(value) if isinstance(value, tuple) else value)
 
 
-def _sync_nodes(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> list[SlurmNode]:
+def _sync_nodes(
+    cluster: SlurmCluster, answer: ClusterState, catalog: Mapping[str, Node], now: datetime
+) -> list[SlurmNode]:
     """Upsert the answer's nodes (two statements and the reading ones, however many), delete
     the others; each existing node whose states changed is audited."""
     existing = {row.name: row for row in SlurmNode.objects.filter(cluster=cluster)}
-    catalog = catalogued_nodes(node.name for node in answer.nodes)
     changed = []
     rows = []
     for read in answer.nodes:
@@ -352,23 +359,24 @@ def _sync_nodes(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> l
 
 
 def _sync_partitions(cluster: SlurmCluster, answer: ClusterState) -> None:
+    """Upsert the answer's partitions in two statements (bulk update and create), as its nodes
+    are, and delete the others."""
+    existing = {row.name: row for row in SlurmPartition.objects.filter(cluster=cluster)}
+    rows = []
     for read in answer.partitions:
-        SlurmPartition.objects.update_or_create(
-            cluster=cluster,
-            name=read.name,
-            defaults={
-                "state": read.state,
-                "nodes": list(read.nodes),
-                "total_cpus": read.total_cpus,
-                "total_nodes": read.total_nodes,
-            },
-        )
-    SlurmPartition.objects.filter(cluster=cluster).exclude(
-        name__in=[read.name for read in answer.partitions]
-    ).delete()
+        row = existing.pop(read.name, None) or SlurmPartition(cluster=cluster, name=read.name)
+        _copy(read, row, PARTITION_FIELDS)
+        rows.append(row)
+    SlurmPartition.objects.filter(pk__in=[row.pk for row in existing.values()]).delete()
+    SlurmPartition.objects.bulk_update(
+        [row for row in rows if row.pk is not None], PARTITION_FIELDS
+    )
+    SlurmPartition.objects.bulk_create([row for row in rows if row.pk is None])
 
 
-def _sync_jobs(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> None:
+def _sync_jobs(
+    cluster: SlurmCluster, answer: ClusterState, catalog: Mapping[str, Node], now: datetime
+) -> None:
     SlurmJob.objects.filter(cluster=cluster).exclude(
         job_id__in=[read.job_id for read in answer.jobs]
     ).delete()
@@ -384,19 +392,21 @@ def _sync_jobs(cluster: SlurmCluster, answer: ClusterState, now: datetime) -> No
     )
     SlurmJob.objects.bulk_create([row for row in rows if row.pk is None])
     held = {read.job_id: read.gpus for read in answer.jobs}
-    _sync_job_gpus(cluster, {row.pk: held[row.job_id] for row in rows})
+    _sync_job_gpus(cluster, {row.pk: held[row.job_id] for row in rows}, catalog)
 
 
-def _sync_job_gpus(cluster: SlurmCluster, held: Mapping[int, Mapping[str, Iterable[int]]]) -> None:
+def _sync_job_gpus(
+    cluster: SlurmCluster,
+    held: Mapping[int, Mapping[str, Iterable[int]]],
+    catalog: Mapping[str, Node],
+) -> None:
     """Each job's GPUs as rows, Slurm's index on a node read as the device's minor number and
     matched to the catalogued GPU of that node and minor number (not NVML's index)."""
     names = {name for gpus in held.values() for name in gpus}
-    catalog = catalogued_nodes(names)
+    holding = [catalog[name] for name in names if name in catalog]
     by_minor = {
         (gpu.node_id, gpu.minor_number): gpu
-        for gpu in Gpu.objects.filter(
-            node__in=list(catalog.values()), minor_number__isnull=False, missing_since__isnull=True
-        )
+        for gpu in Gpu.objects.present().filter(node__in=holding, minor_number__isnull=False)
     }
     SlurmJobGpu.objects.filter(job__cluster=cluster).delete()
     rows = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -162,6 +163,27 @@ def reason(text: str | None) -> str:
     return "" if text in (None, "None") else str(text)
 
 
+def node(
+    data: dict[str, Any], states: tuple[str, ...], reason_changed_at: datetime | None
+) -> SlurmNode:
+    """A node of any version's answer: the versions differ only in how they write its states
+    and its reason's time, which their parser reads and passes here."""
+    return SlurmNode(
+        name=data["name"],
+        states=states,
+        reason=data.get("reason") or "",
+        reason_set_by=data.get("reason_set_by_user") or "",
+        reason_changed_at=reason_changed_at,
+        partitions=tuple(data.get("partitions") or ()),
+        cpus=data.get("cpus") or 0,
+        alloc_cpus=data.get("alloc_cpus") or 0,
+        real_memory_mib=data.get("real_memory") or 0,
+        alloc_memory_mib=data.get("alloc_memory") or 0,
+        gpus=gpu_count(data.get("gres") or ""),
+        gpus_used=gpu_indexes(data.get("gres_used") or ""),
+    )
+
+
 def gpus_in_tres(tres: str) -> int:
     """GPUs a TRES string asks for: ``gres/gpu:h100:1,gres/gpu:h200:1`` -> 2, ``gres:gpu:2``
     (22.05) -> 2, ``cpu=2,gres/gpu=4,gres/gpu:h100=4`` -> 4 (an untyped total wins over its
@@ -203,6 +225,41 @@ def gpus_requested(
         or gpus_in_tres(data.get("tres_per_node") or "") * node_count
         or gpus_in_tres(data.get("tres_per_task") or "") * tasks
         or gpus_in_tres(data.get("tres_per_socket") or "") * node_count
+    )
+
+
+def job(
+    data: dict[str, Any],
+    state: str,
+    flags: tuple[str, ...],
+    number: Callable[[Any], int | None],
+) -> SlurmJob:
+    """A job of any version's answer: the versions differ only in how they write its state and
+    flags, which their parser reads and passes here, and its numbers that may be unset or
+    infinite (``number`` reads one as an int, None when unset or infinite)."""
+    nodes = expand_hostlist(data.get("nodes") or "")
+    gpus = gpus_by_node(nodes, data.get("gres_detail") or [])
+    node_count = number(data.get("node_count")) or len(nodes) or 1
+    tasks = number(data.get("tasks")) or 1
+    return SlurmJob(
+        job_id=data["job_id"],
+        name=data.get("name") or "",
+        user=data.get("user_name") or "",
+        state=state,
+        state_flags=flags,
+        reason=reason(data.get("state_reason")),
+        partition=data.get("partition") or "",
+        account=data.get("account") or "",
+        nodes=nodes,
+        gpus=gpus,
+        gpus_requested=gpus_requested(data, node_count, tasks, gpus),
+        cpus=number(data.get("cpus")) or 0,
+        array_job_id=number(data.get("array_job_id")) or None,
+        array_task_id=number(data.get("array_task_id")),
+        submit_time=from_epoch(number(data.get("submit_time"))),
+        start_time=from_epoch(number(data.get("start_time"))),
+        end_time=from_epoch(number(data.get("end_time"))),
+        time_limit_min=number(data.get("time_limit")),
     )
 
 

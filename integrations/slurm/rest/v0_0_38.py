@@ -11,20 +11,8 @@ from integrations.slurm.rest.model import SlurmJob, SlurmNode, SlurmPartition
 
 
 def node(data: dict[str, Any]) -> SlurmNode:
-    return SlurmNode(
-        name=data["name"],
-        states=(data["state"].upper(), *(flag.upper() for flag in data.get("state_flags") or ())),
-        reason=data.get("reason") or "",
-        reason_set_by=data.get("reason_set_by_user") or "",
-        reason_changed_at=fields.from_epoch(data.get("reason_changed_at")),
-        partitions=tuple(data.get("partitions") or ()),
-        cpus=data.get("cpus") or 0,
-        alloc_cpus=data.get("alloc_cpus") or 0,
-        real_memory_mib=data.get("real_memory") or 0,
-        alloc_memory_mib=data.get("alloc_memory") or 0,
-        gpus=fields.gpu_count(data.get("gres") or ""),
-        gpus_used=fields.gpu_indexes(data.get("gres_used") or ""),
-    )
+    states = (data["state"].upper(), *(flag.upper() for flag in data.get("state_flags") or ()))
+    return fields.node(data, states, fields.from_epoch(data.get("reason_changed_at")))
 
 
 def partition(data: dict[str, Any]) -> SlurmPartition:
@@ -37,28 +25,10 @@ def partition(data: dict[str, Any]) -> SlurmPartition:
     )
 
 
+def number(value: int | None) -> int | None:
+    """A plain number; null or a negative one (INFINITE) as None."""
+    return value if isinstance(value, int) and value >= 0 else None
+
+
 def job(data: dict[str, Any]) -> SlurmJob:
-    nodes = fields.expand_hostlist(data.get("nodes") or "")
-    gpus = fields.gpus_by_node(nodes, data.get("gres_detail") or [])
-    node_count = data.get("node_count") or len(nodes) or 1
-    time_limit = data.get("time_limit")
-    return SlurmJob(
-        job_id=data["job_id"],
-        name=data.get("name") or "",
-        user=data.get("user_name") or "",
-        state=data["job_state"].upper(),
-        reason=fields.reason(data.get("state_reason")),
-        partition=data.get("partition") or "",
-        account=data.get("account") or "",
-        nodes=nodes,
-        gpus=gpus,
-        gpus_requested=fields.gpus_requested(data, node_count, data.get("tasks") or 1, gpus),
-        cpus=data.get("cpus") or 0,
-        array_job_id=data.get("array_job_id") or None,
-        array_task_id=data.get("array_task_id"),
-        submit_time=fields.from_epoch(data.get("submit_time")),
-        start_time=fields.from_epoch(data.get("start_time")),
-        end_time=fields.from_epoch(data.get("end_time")),
-        # null or a negative count (INFINITE) is no limit
-        time_limit_min=time_limit if isinstance(time_limit, int) and time_limit >= 0 else None,
-    )
+    return fields.job(data, data["job_state"].upper(), (), number)

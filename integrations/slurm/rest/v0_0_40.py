@@ -22,20 +22,8 @@ def number(value: dict[str, Any] | int | None) -> int | None:
 
 
 def node(data: dict[str, Any]) -> SlurmNode:
-    return SlurmNode(
-        name=data["name"],
-        states=fields.names(data["state"], "state"),
-        reason=data.get("reason") or "",
-        reason_set_by=data.get("reason_set_by_user") or "",
-        reason_changed_at=fields.from_epoch(number(data.get("reason_changed_at"))),
-        partitions=tuple(data.get("partitions") or ()),
-        cpus=data.get("cpus") or 0,
-        alloc_cpus=data.get("alloc_cpus") or 0,
-        real_memory_mib=data.get("real_memory") or 0,
-        alloc_memory_mib=data.get("alloc_memory") or 0,
-        gpus=fields.gpu_count(data.get("gres") or ""),
-        gpus_used=fields.gpu_indexes(data.get("gres_used") or ""),
-    )
+    states = fields.names(data["state"], "state")
+    return fields.node(data, states, fields.from_epoch(number(data.get("reason_changed_at"))))
 
 
 def partition(data: dict[str, Any]) -> SlurmPartition:
@@ -51,31 +39,8 @@ def partition(data: dict[str, Any]) -> SlurmPartition:
 
 
 def job(data: dict[str, Any]) -> SlurmJob:
-    nodes = fields.expand_hostlist(data.get("nodes") or "")
-    gpus = fields.gpus_by_node(nodes, data.get("gres_detail") or [])
-    node_count = number(data.get("node_count")) or len(nodes) or 1
-    tasks = number(data.get("tasks")) or 1
     state, flags = fields.split_job_states(fields.names(data["job_state"], "job_state"))
-    return SlurmJob(
-        job_id=data["job_id"],
-        name=data.get("name") or "",
-        user=data.get("user_name") or "",
-        state=state,
-        state_flags=flags,
-        reason=fields.reason(data.get("state_reason")),
-        partition=data.get("partition") or "",
-        account=data.get("account") or "",
-        nodes=nodes,
-        gpus=gpus,
-        gpus_requested=fields.gpus_requested(data, node_count, tasks, gpus),
-        cpus=number(data.get("cpus")) or 0,
-        array_job_id=number(data.get("array_job_id")) or None,
-        array_task_id=number(data.get("array_task_id")),
-        submit_time=fields.from_epoch(number(data.get("submit_time"))),
-        start_time=fields.from_epoch(number(data.get("start_time"))),
-        end_time=fields.from_epoch(number(data.get("end_time"))),
-        time_limit_min=number(data.get("time_limit")),
-    )
+    return fields.job(data, state, flags, number)
 
 
 def drain(reason: str) -> dict[str, Any]:

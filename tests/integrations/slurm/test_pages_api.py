@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import pytest
-from django.test import Client
+from django.db import connection
+from django.test import Client, RequestFactory
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from gpuadmin.access.models import Membership, Role
 from gpuadmin.audit.models import AuditEvent
 from integrations.slurm import services
+from integrations.slurm.metrics import SlurmCollector
 from integrations.slurm.models import PollState, SlurmCluster
+from integrations.slurm.sections import fleet_section
 from inventory.models import Gpu
 from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
 
@@ -130,6 +134,28 @@ def test_metrics_count_slurm_nodes_and_jobs_by_state(client, mirrored):
     assert 'gpuadmin_slurm_nodes{cluster="hpc",state="drain"} 1.0' in text
     assert 'gpuadmin_slurm_jobs{cluster="hpc",state="pending"} 1.0' in text
     assert 'gpuadmin_slurm_allocated_gpus{cluster="hpc",user="alice"} 2.0' in text
+
+
+def test_the_fleet_section_and_the_collector_cost_what_they_say(django_user_model, mirrored):
+    """Four queries each, however many nodes and jobs: no query per node or job."""
+    request = RequestFactory().get("/")
+    request.user = django_user_model.objects.create_user("reader")
+    Membership.objects.create(user=request.user, role=Role.VIEWER)
+    for grown in (False, True):
+        if grown:  # more nodes and jobs, the same queries
+            services.sync(
+                mirrored,
+                answer(
+                    [node("gpu01", used=(0, 1, 2)), node("login01"), node("login02")],
+                    [job(11, {"gpu01": (0, 1)}), job(13, {"gpu01": (2,)}), job(14)],
+                ),
+            )
+        with CaptureQueriesContext(connection) as captured:
+            assert fleet_section("fleet", None, request) is not None
+        assert len(captured) == 4
+        with CaptureQueriesContext(connection) as captured:
+            list(SlurmCollector().collect())
+        assert len(captured) == 4
 
 
 def test_staff_register_a_cluster_in_the_admin_and_its_token_is_never_shown(admin_client):

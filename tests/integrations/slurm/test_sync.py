@@ -5,9 +5,12 @@ keeps."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
@@ -15,6 +18,7 @@ from health.choices import EventKind
 from health.models import HealthEvent
 from integrations.slurm import services, tasks
 from integrations.slurm.models import PollState, SlurmCluster, SlurmJob, SlurmNode, SlurmPartition
+from integrations.slurm.rest import model
 from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
 
 pytestmark = pytest.mark.django_db
@@ -68,6 +72,36 @@ def test_a_job_that_leaves_slurms_answer_leaves_the_mirror(cluster):
     assert [row.gpu.index for row in SlurmJob.objects.get(job_id=22).gpus.all()] == [4]
     services.sync(cluster, answer([], []))
     assert not SlurmJob.objects.exists() and not SlurmNode.objects.exists()
+
+
+def test_a_polls_partitions_cost_the_same_queries_however_many(cluster):
+    """Partitions are upserted and deleted in bulk, as nodes and jobs are: a second poll of
+    five partitions (four changed, one gone, one new) costs what one of two does."""
+
+    def sync_counted(names: list[str], cpus: int = 8) -> int:
+        read = answer([node("gpu01")], [])
+        parts = tuple(model.SlurmPartition(name, ("gpu01",), total_cpus=cpus) for name in names)
+        with CaptureQueriesContext(connection) as captured:
+            services.sync(cluster, dataclasses.replace(read, partitions=parts))
+        return len(captured)
+
+    sync_counted(["a", "b"])
+    two = sync_counted(["a", "c"], cpus=16)
+    sync_counted(["a", "b", "c", "d", "e"])
+    assert sync_counted(["a", "b", "c", "d", "f"], cpus=16) == two
+    assert list(SlurmPartition.objects.values_list("name", "total_cpus")) == [
+        (name, 16) for name in "abcdf"
+    ]
+
+
+def test_a_poll_reads_the_catalogs_nodes_once(cluster):
+    """Slurm's nodes and its jobs' GPUs are matched to the catalog from one read of it."""
+    with CaptureQueriesContext(connection) as captured:
+        services.sync(cluster, answer([node("gpu01")], [job(31, {"gpu01": (0,)})]))
+    node_reads = [query for query in captured if 'FROM "inventory_node"' in query["sql"]]
+    assert len(node_reads) == 1
+    [held] = SlurmJob.objects.get(job_id=31).gpus.select_related("gpu")
+    assert held.gpu.index == 7
 
 
 def test_a_drained_node_is_one_health_event_however_often_it_is_read(cluster):
