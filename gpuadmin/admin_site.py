@@ -1,10 +1,12 @@
-"""The admin site: Django's, named for gpuadmin, and one guard that every model's list shares
-(the auth app's included: this is the default site, ``AdminConfig``)."""
+"""The admin site: Django's, named for gpuadmin, one guard that every model's list shares (the
+auth app's included: this is the default site, ``AdminConfig``), and the form of a model that
+keeps a secret it must send back (an integration's token)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.apps import AdminConfig as DjangoAdminConfig
@@ -55,3 +57,21 @@ class AdminConfig(DjangoAdminConfig):
         # The Celery app must be loaded whenever Django is, so @shared_task binds to it; here
         # rather than in the package, which the CLI's API verbs import without Django.
         import gpuadmin.celery  # noqa: F401
+
+
+class WriteOnlyTokenForm(forms.ModelForm):
+    """A model form whose ``token`` is never shown: left empty, the stored one stays.
+    ``token_help`` says what the token is."""
+
+    token_help = ""
+    token = forms.CharField(
+        required=False, strip=True, widget=forms.PasswordInput(render_value=False)
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["token"].help_text = self.token_help
+
+    def clean_token(self) -> str:
+        given: str = self.cleaned_data["token"]
+        return given or (self.instance.token if self.instance.pk else "")

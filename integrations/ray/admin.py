@@ -9,30 +9,23 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in
+from gpuadmin.admin_site import WriteOnlyTokenForm
 from integrations.ray import services
 from integrations.ray.models import RayCluster, RayJob
 
 
-class RayClusterForm(forms.ModelForm):
+class RayClusterForm(WriteOnlyTokenForm):
     address = forms.URLField(
         label="Dashboard address",
         assume_scheme="http",
         help_text="http(s)://host:8265 of its dashboard (the Jobs API).",
     )
-    token = forms.CharField(
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False),
-        help_text="Sent as a bearer token. Never shown; leave empty to keep the stored one.",
-    )
+
+    token_help = "Sent as a bearer token. Never shown; leave empty to keep the stored one."
 
     class Meta:
         model = RayCluster
         fields = ["name", "address", "token", "pool"]
-
-    def clean_token(self) -> str:
-        given: str = self.cleaned_data["token"]
-        return given or (self.instance.token if self.instance.pk else "")
 
 
 @admin.register(RayCluster)

@@ -11,17 +11,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from gpuadmin.access.permissions import signed_in
+from gpuadmin.admin_site import WriteOnlyTokenForm
 from integrations.slurm import services
 from integrations.slurm.models import AuthKind, SlurmCluster
 
 
-class SlurmClusterForm(forms.ModelForm):
-    token = forms.CharField(
-        required=False,
-        strip=True,
-        widget=forms.PasswordInput(render_value=False),
-        help_text="Its JWT (scontrol token lifespan=...). Never shown; leave empty to keep the "
-        "stored one.",
+class SlurmClusterForm(WriteOnlyTokenForm):
+    token_help = (
+        "Its JWT (scontrol token lifespan=...). Never shown; leave empty to keep the stored one."
     )
 
     class Meta:
@@ -36,10 +33,6 @@ class SlurmClusterForm(forms.ModelForm):
             "poll_interval_s",
             "drain_fenced",
         ]
-
-    def clean_token(self) -> str:
-        given: str = self.cleaned_data["token"]
-        return given or (self.instance.token if self.instance.pk else "")
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean() or {}
