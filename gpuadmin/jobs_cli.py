@@ -61,6 +61,7 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "env": env or None,
         "working_dir": args.workdir,
         "container_image": args.image,
+        "ray": args.ray or None,
         "hold": args.hold or None,
         "pool": args.pool,
         "mig_profile": args.mig,
@@ -211,6 +212,7 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
             "yes: over its quota on idle GPUs, reclaimed first" if job["borrowed"] else "",
         ),
         ("preemptible", "yes" if job["preemptible"] else ""),
+        ("Ray", job.get("ray_dashboard") or ("application" if job.get("ray") else "")),
         ("preempted by", job["preempted_by"] and f"job {job['preempted_by']}"),
         (
             "preempted",
@@ -459,6 +461,11 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
         "--workdir", metavar="PATH", help="absolute working directory (in the image with --image)"
     )
     submit.add_argument("--image", metavar="IMAGE", help="run in this container image")
+    submit.add_argument(
+        "--ray",
+        action="store_true",
+        help="run CMD as a Ray application on a Ray cluster of the job's own nodes",
+    )
     submit.add_argument("--hold", action="store_true", help="store it held (pending)")
     submit.add_argument("--pool", help="run on this pool's GPUs (default: the GPUs in no pool)")
     submit.add_argument("--mig", metavar="PROFILE", help="one MIG device, e.g. 1g.10gb")

@@ -408,6 +408,12 @@ GPUADMIN_RAY_POLL_S = env_int("GPUADMIN_RAY_POLL_S", 5, minimum=1)
 # How long gpuadmin waits for a Ray cluster's answer (a page or API call that asks one waits
 # as long).
 GPUADMIN_RAY_TIMEOUT_S = env_float("GPUADMIN_RAY_TIMEOUT_S", 5.0, minimum=0.1)
+# Ray applications on gpuadmin's GPUs (a job's `ray`): the first port their heads listen on and
+# how many heads one node can hold (each takes three ports: GCS, dashboard, client server);
+# on a node, the Python that has Ray (empty: the agent's own).
+GPUADMIN_RAY_HEAD_PORT = env_int("GPUADMIN_RAY_HEAD_PORT", 30000, minimum=1024)
+GPUADMIN_RAY_HEADS_PER_NODE = env_int("GPUADMIN_RAY_HEADS_PER_NODE", 64, minimum=1)
+GPUADMIN_RAY_PYTHON = env_str("GPUADMIN_RAY_PYTHON")
 CELERY_BEAT_SCHEDULE["ray-poll"] = {
     "task": "ray.poll",
     "schedule": float(GPUADMIN_RAY_POLL_S),

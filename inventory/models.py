@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -40,8 +41,9 @@ class Pool(models.Model):
 CATALOG_FIELDS = ("label", "owner", "pool", "notes", "tags")
 # A GPU's catalog adds how it is shared (``Gpu.mps_shared``).
 GPU_CATALOG_FIELDS = (*CATALOG_FIELDS, "mps_shared")
-# A node's adds whether it may run jobs it cannot confine (``Node.allow_unconfined``).
-NODE_CATALOG_FIELDS = (*CATALOG_FIELDS, "allow_unconfined")
+# A node's adds whether it may run jobs it cannot confine (``Node.allow_unconfined``) and where
+# other nodes reach it (``Node.address``).
+NODE_CATALOG_FIELDS = (*CATALOG_FIELDS, "allow_unconfined", "address")
 # Sizes of the free-form catalog fields; the admin and the API refuse more (a 400 naming it).
 MAX_NOTES_CHARS = 10_000
 # What confines a node's jobs, in one line (``Node.isolation``).
@@ -143,6 +145,16 @@ class Node(CatalogFields, StateFields):
         help_text="Real-NVML agents refuse jobs on a node whose isolation is 'none' unless "
         "this is on.",
     )
+    address = models.CharField(
+        max_length=253,
+        blank=True,
+        validators=[
+            RegexValidator(r"^[A-Za-z0-9_.:\[\]-]*$", "a host name or an IP address"),
+            RegexValidator(r"^-", "a host name or an IP address", inverse_match=True),
+        ],
+        help_text="Where other nodes reach this one: a host name or IP address (Slurm's "
+        "NodeAddr). Empty: its hostname. A Ray application's workers join its head here.",
+    )
     driver_version = models.CharField(max_length=32, blank=True)
     cuda_driver_version = models.CharField("CUDA driver version", max_length=16, blank=True)
     nvml_version = models.CharField("NVML version", max_length=32, blank=True)
@@ -192,6 +204,11 @@ class Node(CatalogFields, StateFields):
             isolation=self.isolation,
             allow_unconfined=self.allow_unconfined,
         )
+
+    @property
+    def reached_at(self) -> str:
+        """Where other nodes reach it: its ``address``, else its hostname."""
+        return self.address or self.hostname
 
     def is_reachable(self, now: datetime | None = None) -> bool:
         """Heard from within the heartbeat grace (``GPUADMIN_HEARTBEAT_GRACE_S``)."""

@@ -124,6 +124,7 @@ def executor() -> Executor:
                     DeviceRule.parse(rule) for rule in settings.GPUADMIN_JOB_EXTRA_DEVICES
                 ],
                 container_cgroup_parent=settings.GPUADMIN_CONTAINER_CGROUP_PARENT,
+                ray_python=settings.GPUADMIN_RAY_PYTHON or None,
                 **sim_options,
             )
             log.info(

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from typing import Any
 from inventory.nvml import smi
 from inventory.nvml.parsers.common import parse_cpu_list
 from inventory.units import memory_text
+from scheduling.agent import ray_launch
 from scheduling.agent.containers import (
     CONTAINER_RUNTIMES,
     ContainerLimits,
@@ -80,6 +82,11 @@ from scheduling.agent.wire import (
 logger = logging.getLogger(__name__)
 
 
+#: The longest path of a Ray application's temporary folder in its scratch folder; a longer
+#: one goes to ``TMP`` (``Executor._ray_temp_dir``).
+RAY_TEMP_DIR_MAX = 40
+TMP = Path("/tmp")
+
 #: ``hook(spec, pid)``; a re-adopted job's spec has no ``env`` (records do not keep it).
 ProcessHook = Callable[[JobSpec, int], None]
 
@@ -119,10 +126,16 @@ class _Job:
         return group_alive(self.pid)
 
     def signal(self, sig: signal.Signals) -> None:
-        """Signal every process of the job; SIGKILL through its cgroup's kill."""
+        """Signal every process of the job; SIGKILL through its cgroup's kill. A Ray
+        application's other signals go to its process group only (its launcher and
+        entrypoint): its launcher stops the Ray it started, whose daemons would die of a
+        checkpoint signal such as SIGUSR1 before the entrypoint could use them."""
         signal_group(self.pid, sig)
         if self.cgroup is not None:
-            self.cgroup.kill() if sig == signal.SIGKILL else self.cgroup.signal(sig)
+            if sig == signal.SIGKILL:
+                self.cgroup.kill()
+            elif self.spec.ray is None:
+                self.cgroup.signal(sig)
 
     def poll(self) -> tuple[bool, int | None]:
         """Whether the main process has ended, and its exit code where that can be known."""
@@ -184,6 +197,9 @@ class Executor:
     first on the ``PATH`` of the jobs run on the host; a job whose devices its cgroup confines
     is told its own (``smi.VISIBLE_ENV``), as NVML shows a confined job only those.
     ``container_cgroup_parent`` puts a docker or podman container's cgroup under its job's.
+    ``ray_python`` is the interpreter with Ray (``pip install gpuadmin[ray]``; default: this
+    one) that runs a Ray application's part (``JobSpec.ray``: ``scheduling.agent.ray_launch``),
+    its ``ray`` command beside it.
     """
 
     def __init__(
@@ -212,6 +228,7 @@ class Executor:
         sim_tools_dir: Path | None = None,
         proc_devices: Path = PROC_DEVICES,
         mig_minors: Path = MIG_MINORS,
+        ray_python: str | None = None,
     ) -> None:
         if log_max_bytes <= 0 or log_backups < 0:
             raise ValueError("log_max_bytes must be positive and log_backups not negative")
@@ -237,6 +254,7 @@ class Executor:
         self._sim_tools_dir = sim_tools_dir
         self._proc_devices = proc_devices
         self._mig_minors = mig_minors
+        self._ray_python = ray_python or sys.executable
         self._log_dir = Path(log_dir)
         self._state_dir = Path(state_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -394,7 +412,8 @@ class Executor:
     ) -> tuple[list[str], dict[str, str]]:
         """The argv and environment that run a job: its own, or its container runtime's."""
         if not spec.container_image:
-            return spec.command, _as_account(spec.environment(os.environ), account)
+            argv = spec.command if spec.ray is None else self._ray_launcher(spec, account)
+            return argv, _as_account(spec.environment(os.environ), account)
         runtime = self.container_runtime
         if runtime != "none":
             argv, env = container_process(
@@ -413,6 +432,44 @@ class Executor:
         raise _LaunchError(
             f"no container runtime on {self._node_name}{why}: set GPUADMIN_CONTAINER_RUNTIME"
         )
+
+    def _ray_launcher(self, spec: JobSpec, account: Account | None) -> list[str]:
+        """What runs the job's part of its Ray application: ``ray_launch`` under
+        ``ray_python``, its temporary folder made for the job's account."""
+        assert spec.ray is not None
+        ray = Path(self._ray_python).with_name("ray")
+        if not ray.is_file():
+            raise _LaunchError(
+                f"{self._node_name} has no Ray beside {self._ray_python}: install gpuadmin[ray] "
+                "there, or set GPUADMIN_RAY_PYTHON to a Python that has it"
+            )
+        temp = self._ray_temp_dir(spec)
+        owners = {0, os.geteuid(), *([account.uid] if account is not None else [])}
+        if temp.is_symlink() or (temp.exists() and temp.stat().st_uid not in owners):
+            raise _LaunchError(f"{temp} exists and is not the job's: it cannot hold Ray's files")
+        part = spec.ray
+        return [
+            self._ray_python, ray_launch.__file__,
+            "--ray", str(ray),
+            "--temp-dir", str(_scratch(temp, account)),
+            "--head-address", part.head_address,
+            "--port", str(part.port),
+            "--node-address", part.node_address,
+            "--nodes", str(part.nodes),
+            *(["--head"] if part.head else []),
+            "--", *spec.command,
+        ]  # fmt: skip
+
+    def _ray_temp_dir(self, spec: JobSpec) -> Path:
+        """Ray's temporary folder for the job: ``ray`` in the job's scratch folder, unless
+        that path is too long for the Unix sockets Ray makes in it (107 bytes in all, of
+        which Ray's session folder and socket names take about 67): then one of its own in
+        /tmp, which the executor removes at the job's end."""
+        if self._scratch_dir is not None:
+            inside = self._scratch_dir / spec.job_id / "ray"
+            if len(str(inside)) <= RAY_TEMP_DIR_MAX:
+                return inside
+        return TMP / f"gpuadmin-ray-{spec.job_id}"
 
     def _account(self, spec: JobSpec) -> Account | None:
         """The account the job runs as; ``None``: as this process."""
@@ -705,6 +762,8 @@ class Executor:
                 job.cgroup.remove()
             except OSError as exc:
                 logger.warning("job %s: cannot remove its cgroup: %s", job.spec.job_id, exc)
+        if job.spec.ray is not None and (temp := self._ray_temp_dir(job.spec)).parent == TMP:
+            shutil.rmtree(temp, ignore_errors=True)
 
     def _open_gate(self, job: _Job) -> bool:
         """Confine the job's process waiting at its gate, then let it exec the job; on a

@@ -9,7 +9,7 @@ import os
 import pwd
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -47,6 +47,30 @@ def parse_executor_id(value: str) -> tuple[int, int]:
     """(job, attempt) of an :func:`executor_id`."""
     job_id, attempt = value.split(".")
     return int(job_id), int(attempt)
+
+
+@dataclass(frozen=True)
+class RayPart:
+    """A node's part of a Ray application (``JobSpec.ray``): the head on the job's first node,
+    a worker on each other one (``scheduling.agent.ray_launch`` runs either). ``port`` is the
+    head's GCS port, its dashboard's the next one and its client server's the one after."""
+
+    head_address: str  # where the head's node is reached (its Node.address)
+    port: int
+    node_address: str  # this node's
+    nodes: int  # of the job: the head runs the entrypoint once all have joined
+    head: bool
+
+    def __post_init__(self) -> None:
+        for address in (self.head_address, self.node_address):
+            if not _ARGUMENT.fullmatch(address):
+                raise ValueError(f"Ray address {address!r} is not valid")
+        if not 1024 <= self.port <= 65533 or self.nodes < 1:
+            raise ValueError("a Ray head's port is 1024-65533, and a cluster has a node or more")
+
+    @property
+    def dashboard_port(self) -> int:
+        return self.port + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +111,8 @@ class JobSpec:
     memory_mib: int = 0
     # Whether it may run on a node that confines no job (the node's admin allowed it).
     allow_unconfined: bool = False
+    # A Ray application's part on this node: its command is the entrypoint, run on the head.
+    ray: RayPart | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "argv", tuple(self.argv))
@@ -126,6 +152,8 @@ class JobSpec:
             self.mps_percent is None or self.mps_memory_mib < 1
         ):
             raise ValueError("an MPS memory limit is a positive MiB count of an MPS share")
+        if self.ray is not None and (self.container_image or self.mps_percent is not None):
+            raise ValueError("a Ray application runs on the host with whole GPUs or MIG devices")
         if self.container_workdir is not None:
             if not self.container_image:
                 raise ValueError("container_workdir needs a container_image")
@@ -141,6 +169,7 @@ class JobSpec:
             "gpu_uuids": list(self.gpu_uuids),
             "gpu_minors": list(self.gpu_minors),
             "mig_devices": [list(device) for device in self.mig_devices],
+            "ray": None if self.ray is None else asdict(self.ray),
         }
 
     @classmethod
@@ -148,8 +177,11 @@ class JobSpec:
         """The spec :meth:`to_dict` gave; a key this version does not know is ignored (a newer
         central side may send more). ``ValueError`` for an invalid spec."""
         known = {f.name for f in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
         try:
-            return cls(**{name: value for name, value in data.items() if name in known})
+            if values.get("ray") is not None:
+                values["ray"] = RayPart(**values["ray"])
+            return cls(**values)
         except TypeError as exc:  # a missing field, or a value of the wrong type
             raise ValueError(f"invalid job spec: {exc}") from None
 

@@ -119,6 +119,12 @@ class SubmitJobForm(forms.Form):
     mps_memory_mib = forms.IntegerField(
         required=False, label="MPS memory limit (MiB)", **limit_bounds("mps_memory_mib")
     )
+    ray = forms.BooleanField(
+        required=False,
+        label="Ray application",
+        help_text="Run the command on a Ray cluster of the job's own: a Ray head on its first "
+        "node, a worker on each other; the command is the entrypoint (RAY_ADDRESS is set).",
+    )
     array = forms.CharField(
         max_length=200,
         required=False,
@@ -258,6 +264,7 @@ class SubmitJobForm(forms.Form):
             "mig_profile": data["mig_profile"],
             "mps_percent": data["mps_percent"],
             "mps_memory_mib": data["mps_memory_mib"],
+            "ray": data["ray"],
             "array": data["array"],
             "dependency": data["dependency"] or None,
             "hold": data["hold"],

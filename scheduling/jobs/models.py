@@ -105,6 +105,19 @@ class Job(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(100)],
     )
     mps_memory_mib = models.PositiveIntegerField("MPS memory limit (MiB)", null=True, blank=True)
+    # A Ray application (scheduling.jobs.ray): its nodes run a Ray cluster of their own, the
+    # head on the first, and its command is the entrypoint, run on the head.
+    ray = models.BooleanField(
+        "Ray application",
+        default=False,
+        help_text="Run the command as a Ray application on a Ray cluster of the job's nodes.",
+    )
+    ray_port = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Its head's GCS port in its current attempt (its dashboard's is the next).",
+    )
     # Host resources on each of its nodes (Slurm's --cpus-per-task x tasks and --mem; a
     # Kubernetes pod's requests): placement gives a node part only where they are free.
     cpus = models.PositiveIntegerField(

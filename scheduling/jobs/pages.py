@@ -26,7 +26,7 @@ from inventory.models import Gpu, GpuLink, Node
 from inventory.pages.common import short_gpu_name, url_format
 from inventory.pages.topology import TopologyRow, topology_rows
 from inventory.units import duration_text, memory_text
-from scheduling.jobs import dependencies, queries
+from scheduling.jobs import dependencies, queries, ray
 from scheduling.jobs.slurm import (
     array_label,
     compact_indexes,
@@ -471,6 +471,14 @@ class JobPage(JobView):
     @property
     def sharing(self) -> str:
         return sharing_text(self.job)
+
+    @property
+    def ray_dashboard(self) -> str | None:
+        return ray.dashboard_url(self.job)
+
+    @property
+    def ray_token(self) -> str | None:
+        return ray.shown_token(self.job, private=bool(self.private_to))
 
     @property
     def array_url(self) -> str:

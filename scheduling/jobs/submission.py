@@ -4,6 +4,7 @@ one job or an array of tasks with their dependencies.
 
 from __future__ import annotations
 
+import importlib.util
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
@@ -101,6 +102,7 @@ def check_submission(
     if topology not in Topology.values:
         raise JobRejected("topology", f"must be one of {', '.join(Topology.values)}")
     _check_sharing(fields)
+    _check_ray(fields)
     shape = FleetShape.cached()
     if fields.get("gpu_model"):
         fields["gpu_model"] = resolve_gpu_model(
@@ -146,6 +148,22 @@ def _check_sharing(fields: Mapping[str, Any]) -> None:
         raise JobRejected(
             "min_gpu_memory_mib", "an MPS share's memory is its limit: give mps_memory_mib"
         )
+
+
+def _check_ray(fields: Mapping[str, Any]) -> None:
+    """``JobRejected`` naming ``ray`` for a Ray application that could not run: Ray is not
+    installed (an optional extra), or it asks for a container or an MPS share (a Ray cluster
+    runs on the host, on whole GPUs or MIG devices)."""
+    if not fields.get("ray"):
+        return
+    if importlib.util.find_spec("ray") is None:
+        raise JobRejected(
+            "ray", "Ray is not installed: pip install 'gpuadmin[ray]' here and on the nodes"
+        )
+    if fields.get("container_image"):
+        raise JobRejected("ray", "a Ray application runs on the host: give no container_image")
+    if fields.get("mps_percent") is not None:
+        raise JobRejected("ray", "a Ray application gets whole GPUs or a MIG device, not MPS")
 
 
 def _reservation(
@@ -241,6 +259,7 @@ def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
         "array": job.array_id,
         "array_index": job.array_index,
         "dependency": submission.dependency_text,
+        "ray": job.ray or None,
     }
     return {**after, **{name: value for name, value in optional.items() if value not in (None, "")}}
 

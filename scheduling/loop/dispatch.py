@@ -28,7 +28,8 @@ from gpuadmin.access.services import unix_account_of
 from inventory import live
 from inventory.models import Gpu, MigInstance
 from inventory.nvml.parsers.common import format_cpu_list, parse_cpu_list
-from scheduling.agent.wire import FinalState, JobFinished, JobSpec, executor_id
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec, RayPart, executor_id
+from scheduling.jobs import ray
 from scheduling.models import Allocation, Job
 
 log = logging.getLogger("gpuadmin.placement")
@@ -228,6 +229,9 @@ def _node_specs(
         by_node[allocation.node.hostname].append(allocation)
     hostnames = sorted(by_node)
     try:
+        ray_parts: list[RayPart | None] = [None] * len(hostnames)
+        if job.ray:
+            ray_parts = list(ray.cluster_parts(job, hostnames))
         return [
             (
                 host,
@@ -238,6 +242,7 @@ def _node_specs(
                     rank,
                     hostnames,
                     confinement=_confinement(by_node[host], *facts),
+                    ray_part=ray_parts[rank],
                 ),
             )
             for rank, host in enumerate(hostnames)
@@ -280,10 +285,12 @@ def job_spec(
     hostnames: list[str],
     *,
     confinement: Confinement | None = None,
+    ray_part: RayPart | None = None,
 ) -> JobSpec:
     """What an agent runs of a job on one of its nodes (``hostnames``, ``rank`` its place
-    among them), as its owner's Unix account, confined to its ``confinement``. ``ValueError``
-    for a job the executor would refuse."""
+    among them), as its owner's Unix account, confined to its ``confinement``; with
+    ``ray_part``, its part of a Ray application. ``ValueError`` for a job the executor would
+    refuse."""
     confinement = confinement or Confinement()
     env = {str(name): str(value) for name, value in job.env.items()}
     if len(hostnames) > 1:  # a multi-node gang: each part learns its place in it
@@ -301,6 +308,8 @@ def job_spec(
             SLURM_ARRAY_TASK_ID=index,
         )
     env.update(host_request_env(job.cpus, job.host_memory_mib))
+    if ray_part is not None:
+        env.update(ray.environment(job))
     image = job.container_image or None
     workdir = job.working_dir or None
     account = unix_account_of(job.owner)
@@ -326,6 +335,7 @@ def job_spec(
         cpus=job.cpus,
         memory_mib=job.host_memory_mib,
         allow_unconfined=confinement.allow_unconfined,
+        ray=ray_part,
     )
 
 

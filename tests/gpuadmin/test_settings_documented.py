@@ -71,6 +71,9 @@ NVIDIA_TOOLS_VARIABLES = {"CUDA_MPS_PIPE_DIRECTORY"}
 # Read by the CLI as every terminal program reads them (docs/operations/cli.md): not gpuadmin
 # settings.
 TERMINAL_VARIABLES = {"TERM", "XDG_CONFIG_HOME"}
+# Read inside a job by the Ray launcher (scheduling/agent/ray_launch.py): what the executor sets
+# for the job (its GPUs, host memory, Ray token; docs/users/ray.md), not gpuadmin settings.
+JOB_VARIABLES = {"CUDA_VISIBLE_DEVICES", "GPUADMIN_HOST_MEMORY_MIB", "RAY_AUTH_TOKEN", "PATH"}
 
 
 def read_by_the_code() -> set[str]:
@@ -83,6 +86,7 @@ def read_by_the_code() -> set[str]:
         }
         - NVIDIA_TOOLS_VARIABLES
         - TERMINAL_VARIABLES
+        - JOB_VARIABLES
     )
 
 

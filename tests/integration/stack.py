@@ -64,6 +64,25 @@ def worker_and_agent(
     and sampling every second (`settings` add to their environment or override it), each
     one's output in `logs`/<verb>.log; ready once the node is reachable with its `gpus`
     GPUs; the processes by verb. All are stopped on the way out (``stop_warmly``)."""
+    with worker_and_agents(
+        gpuadmin_env, [hostname], agent_args, gpus, logs, beat=beat, **settings
+    ) as processes:
+        yield processes
+
+
+@contextmanager
+def worker_and_agents(
+    gpuadmin_env: dict[str, str],
+    hostnames: Sequence[str],
+    agent_args: Sequence[str],
+    gpus: int,
+    logs: Path,
+    *,
+    beat: bool = False,
+    **settings: str,
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """``worker_and_agent`` with an agent for each of ``hostnames``, each with ``gpus`` GPUs:
+    the first one's process is ``agent``, the others' ``agent-<hostname>``."""
     env = {
         **gpuadmin_env,
         "DATABASE_URL": session_database_url(),
@@ -71,35 +90,34 @@ def worker_and_agent(
         "GPUADMIN_SAMPLE_INTERVAL_S": "1",
         **settings,
     }
-    commands = [
-        ("worker", "--concurrency", "2"),
-        *([("beat",)] if beat else []),
-        ("agent", "--node", hostname, *agent_args),
-    ]
+    commands: dict[str, tuple[tuple[str, ...], str | None]] = {
+        "worker": (("worker", "--concurrency", "2"), None),
+        **({"beat": (("beat",), None)} if beat else {}),
+    }
+    for rank, hostname in enumerate(hostnames):
+        name = "agent" if rank == 0 else f"agent-{hostname}"
+        commands[name] = (("agent", "--node", hostname, *agent_args), hostname)
     processes = {
-        args[0]: subprocess.Popen(
+        name: subprocess.Popen(
             [sys.executable, "-X", "faulthandler", "-m", "gpuadmin", *args],
-            env=agent_env(env, hostname) if args[0] == "agent" else env,
+            env=env if hostname is None else agent_env(env, hostname),
             cwd=REPO_DIR,
-            stdout=(logs / f"{args[0]}.log").open("w"),
+            stdout=(logs / f"{name}.log").open("w"),
             stderr=subprocess.STDOUT,
         )
-        for args in commands
+        for name, (args, hostname) in commands.items()
     }
+
+    def registered(hostname: str) -> bool:
+        node = Node.objects.filter(hostname=hostname).first()
+        return node is not None and node.is_reachable() and node.gpus.count() == gpus
+
     try:
-        wait_for(
-            lambda: (
-                (node := Node.objects.filter(hostname=hostname).first()) is not None
-                and node.is_reachable()
-                and node.gpus.count() == gpus
-            ),
-            90,
-            "the node to register",
-        )
+        wait_for(lambda: all(map(registered, hostnames)), 90, "the nodes to register")
         yield processes
     finally:
         stop_warmly(processes.values())
         # What the processes said: pytest shows it with a failure (a fixture's too).
-        for args in commands:
-            log = logs / f"{args[0]}.log"
+        for name in commands:
+            log = logs / f"{name}.log"
             sys.stderr.write(f"--- {log.name}\n{log.read_text()[-LOG_TAIL_CHARS:]}\n")

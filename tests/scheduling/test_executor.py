@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from scheduling.agent.wire import FinalState, JobFinished, JobSpec, JobStarted
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec, JobStarted, RayPart
 from tests.scheduling.executors import GRACE_S, MakeExecutor
 
 
@@ -560,3 +560,33 @@ def test_reconcile_reports_an_unreadable_record_as_lost(
 def test_job_spec_refuses_invalid_jobs(fields: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         JobSpec(**{"job_id": "j", "cwd": "/", **fields})
+
+
+RAY_PART = RayPart(
+    head_address="127.0.0.1", port=31000, node_address="127.0.0.1", nodes=1, head=True
+)
+
+
+def test_a_ray_application_needs_ray_beside_its_python(
+    make_executor: MakeExecutor, workdir: Path
+) -> None:
+    executor, events = make_executor(ray_python="/usr/bin/python3", node_name="dgx-01")
+    executor.launch(
+        JobSpec(job_id="ray.1", cwd=str(workdir), argv=["python", "app.py"], ray=RAY_PART)
+    )
+    [finished] = events.of("ray.1")
+    assert finished.state == FinalState.FAILED
+    assert finished.message.startswith(
+        "dgx-01 has no Ray beside /usr/bin/python3: install gpuadmin[ray]"
+    )
+
+
+def test_ray_keeps_its_files_in_the_jobs_folder_unless_its_sockets_would_not_fit(
+    make_executor: MakeExecutor, tmp_path: Path
+) -> None:
+    spec = JobSpec(job_id="12.1", argv=["python", "app.py"], ray=RAY_PART)
+    short = Path("/tmp/gpuadmin-t")
+    executor, _ = make_executor(scratch_dir=short)
+    assert executor._ray_temp_dir(spec) == short / "12.1" / "ray"
+    executor, _ = make_executor(scratch_dir=tmp_path / ("x" * 40))
+    assert executor._ray_temp_dir(spec) == Path("/tmp/gpuadmin-ray-12.1")

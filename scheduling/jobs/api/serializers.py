@@ -13,7 +13,7 @@ from rest_framework import serializers
 from gpuadmin import api
 from gpuadmin.access.models import ApiToken
 from gpuadmin.access.services import can_read_private
-from scheduling.jobs import dependencies, limits, queries, submission
+from scheduling.jobs import dependencies, limits, queries, ray, submission
 from scheduling.models import (
     Allocation,
     DependencyKind,
@@ -186,6 +186,11 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
         help_text="The MPS share's device memory limit.",
         **limits.limit_bounds("mps_memory_mib"),
     )
+    ray = serializers.BooleanField(
+        default=False,
+        help_text="Run the command as a Ray application: the job's nodes run a Ray cluster of "
+        "its own (the head on the first) and the command, the entrypoint, runs on the head.",
+    )
     cpus = serializers.IntegerField(
         default=0,
         help_text="Logical CPUs on each of its nodes (Slurm's --cpus-per-task; 0: none asked). "
@@ -315,6 +320,13 @@ class JobSerializer(api.ModelSerializer):
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     command = serializers.SerializerMethodField()
     env = serializers.SerializerMethodField()
+    ray_dashboard = serializers.SerializerMethodField(
+        help_text="A running Ray application's Ray dashboard; else null."
+    )
+    ray_token = serializers.SerializerMethodField(
+        help_text="The token of a Ray application's cluster while it holds GPUs (its "
+        "dashboard asks for it; RAY_AUTH_TOKEN); null for others and when private."
+    )
     placement = PlacementSerializer(read_only=True, allow_null=True)
     allocations = AllocationSerializer(many=True, read_only=True)
     pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True, default=None)
@@ -371,6 +383,9 @@ class JobSerializer(api.ModelSerializer):
             "mps_memory_mib",
             "cpus",
             "host_memory_mib",
+            "ray",
+            "ray_dashboard",
+            "ray_token",
             "reservation",
             "array",
             "array_index",
@@ -399,6 +414,14 @@ class JobSerializer(api.ModelSerializer):
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}})
     def get_env(self, job: Job) -> dict[str, str]:
         return dict.fromkeys(job.env, HIDDEN) if self._private(job) else job.env
+
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_ray_dashboard(self, job: Job) -> str | None:
+        return ray.dashboard_url(job)
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_ray_token(self, job: Job) -> str | None:
+        return ray.shown_token(job, private=self._private(job))
 
     @extend_schema_field(ArrayTasksSerializer(allow_null=True))
     def get_array_tasks(self, job: Job) -> dict[str, Any] | None:

@@ -143,7 +143,10 @@ def test_submit_sends_every_field_the_api_takes(monkeypatch):
         return {"id": 1, "size": 4, "max_running": 2, "task_ids": [5, 6, 7, 8]}
 
     monkeypatch.setattr(jobs_cli.Api, "call", call)
-    argv = ["jobs", "submit", *EVERY_SUBMIT_OPTION, *SHARING_OPTIONS, "--shell", "--", "true"]
+    argv = [
+        *("jobs", "submit", *EVERY_SUBMIT_OPTION, *SHARING_OPTIONS),
+        *("--ray", "--shell", "--", "true"),
+    ]
     assert cli.main(argv) == 0
     assert set(sent) == set(JobSubmitSerializer().fields)
     assert (sent["mig_profile"], sent["mps_percent"], sent["array"]) == ("1g.10gb", 25, "0-3%2")
