@@ -52,6 +52,7 @@ NODE_SETTINGS = frozenset(
         "GPUADMIN_JOB_PIDS_MAX",
         "GPUADMIN_JOB_EXTRA_DEVICES",
         "GPUADMIN_CONTAINER_CGROUP_PARENT",
+        "GPUADMIN_RAY_PYTHON",
         "LOG_LEVEL",
         "TIME_ZONE",
     }

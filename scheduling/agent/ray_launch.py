@@ -50,6 +50,8 @@ NODE_PORT_OPTIONS = (
     "--metrics-export-port",
     "--runtime-env-agent-port",
 )
+#: How much of ``ray start``'s log the job's log shows when it fails.
+RAY_SAID_BYTES = 4000
 _PR_SET_PDEATHSIG = 1
 
 _stop_signal: signal.Signals | None = None
@@ -62,8 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ray = _start_ray(args)
     try:
         if not args.head:
-            return _wait(ray)
+            if (code := _wait(ray)) != 0:
+                _said_by_ray(args)
+            return code
         if not _all_joined(args, ray):
+            _said_by_ray(args)
             return 1
         if _stop_signal is not None:
             return 128 + _stop_signal
@@ -114,7 +119,30 @@ def _start_ray(args: argparse.Namespace) -> subprocess.Popen[bytes]:
         _wait_for_head(args)
         command.append(f"--address={args.head_address}:{args.port}")
     _say(f"starting Ray {'head' if args.head else 'worker'} on {args.node_address}")
-    return subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    with open(_start_log(args), "ab") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _start_log(args: argparse.Namespace) -> str:
+    """Where ``ray start`` writes what it says (the job's log is the entrypoint's)."""
+    return os.path.join(args.temp_dir, "ray-start.log")
+
+
+def _said_by_ray(args: argparse.Namespace) -> None:
+    """The end of ``ray start``'s own words, in the job's log, when it failed."""
+    try:
+        with open(_start_log(args), "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - RAY_SAID_BYTES))
+            said = log.read().decode(errors="replace")
+    except OSError:
+        return
+    _say(f"ray start said (the end of {_start_log(args)}):\n{said}")
 
 
 def _die_with_parent() -> None:
