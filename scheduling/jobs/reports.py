@@ -1,5 +1,7 @@
 """What node agents report about their jobs: starts and ends recorded (usage, gang parts,
-retries, preempted jobs requeued), and the reconciliation of what an agent says it runs.
+retries, preempted jobs requeued), and the reconciliation of what an agent says it runs. No
+job's process outlives what is decided here: the part of a gang that ends its attempt has the
+others stopped, and an attempt a returning agent runs that gpuadmin ended there is stopped.
 """
 
 from __future__ import annotations
