@@ -63,10 +63,9 @@ def hostname() -> str:
 def two_nodes(gpuadmin_env, tmp_path, hostname) -> Iterator[tuple[str, str]]:
     """A central worker and two simulated DGX A100 80GB agents."""
     first, second = f"{hostname}-a", f"{hostname}-b"
-    grace = {"GPUADMIN_JOB_KILL_GRACE_S": "2"}
     with (
-        worker_and_agent(gpuadmin_env, first, SIM, 8, tmp_path, **grace),
-        node_agent(gpuadmin_env, second, SIM, 8, tmp_path, **grace),
+        worker_and_agent(gpuadmin_env, first, SIM, 8, tmp_path, GPUADMIN_JOB_KILL_GRACE_S="2"),
+        node_agent(gpuadmin_env, second, SIM, 8, tmp_path, GPUADMIN_JOB_KILL_GRACE_S="2"),
     ):
         yield first, second
 
