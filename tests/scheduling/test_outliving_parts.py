@@ -235,3 +235,20 @@ def test_an_agent_is_left_alone_with_what_gpuadmin_still_places_there(
         assert reports.reconcile_node_jobs(host, {(runs.pk, 1)}) == []
     assert cancels(broker) == []
     assert AuditEvent.objects.filter(event_type="job.stray_canceled").count() == 2
+
+
+def test_a_gang_canceled_with_a_silent_node_stops_its_parts_on_the_others(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """Its part on the silent node cannot be signalled: the job ends at once, and its parts
+    that can be told are (the silent node's agent stops its own when it comes back)."""
+    job = gang(alice)
+    Node.objects.filter(hostname="dgx-02").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        control.cancel_job(job, actor=alice, kill=True)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELED
+    assert not Allocation.objects.active().filter(job=job).exists()
+    assert cancels(broker) == [((job.pk, 1, "killed by alice", "SIGKILL", 0), "node.dgx-01")]
