@@ -53,7 +53,10 @@ def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
     nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
     SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
-    is unreachable nothing can be signalled and the job ends at once. With ``kill`` (the
+    is unreachable its part cannot be signalled and the job ends at once, its parts on the
+    reachable nodes of a gang told to stop all the same (on commit: their GPUs are released;
+    the unreachable node's agent stops its part when it comes back,
+    ``reports.cancel_strays``). With ``kill`` (the
     seed's force kill, ``gpuadmin jobs kill``) its processes get SIGKILL at once, no grace,
     even when a cancel is already under way (its grace is cut short)."""
     message = reason or f"{'killed' if kill else 'canceled'} by {actor.get_username()}"
@@ -78,7 +81,13 @@ def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -
             hostnames = [node.hostname for node in nodes]
             transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message, **stop))
         return job
-    return transition(job, S.CANCELED, actor=actor, message=message)
+    reachable = [node.hostname for node in nodes if node.is_reachable()]
+    with transaction.atomic():
+        canceled = transition(job, S.CANCELED, actor=actor, message=message)
+        if reachable:
+            send = partial(dispatch.send_cancel, canceled, reachable, message, **stop)
+            transaction.on_commit(send)
+    return canceled
 
 
 def cancel_waiting(

@@ -1,5 +1,7 @@
 """What node agents report about their jobs: starts and ends recorded (usage, gang parts,
-retries, preempted jobs requeued), and the reconciliation of what an agent says it runs.
+retries, preempted jobs requeued), and the reconciliation of what an agent says it runs. No
+job's process outlives what is decided here: the part of a gang that ends its attempt has the
+others stopped, and an attempt a returning agent runs that gpuadmin ended there is stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from scheduling.jobs.transitions import (
     LOOP_ACTOR,
     IllegalTransition,
     attempt_end,
+    attempt_hostnames,
     audited_fields,
     change_state,
     job_nodes,
@@ -112,19 +115,26 @@ def job_events(
             _lock_held_gpus(list(jobs))
         moves = _Moves(AGENT_ACTOR)
         gang_parts: list[tuple[int, int, JobFinished]] = []
+        gang_ends: dict[int, tuple[Job, str | None, str]] = {}  # job, the part's node, why
         for job_id, attempt, event in reports:
             job = jobs.get(job_id)
             if sender is not None and attempt not in getattr(job, "placed_there", ()):
                 recorded.not_placed_there.append(event.job_id)
                 continue
-            if job is None or job.attempt != attempt:
+            if job is None:
+                continue
+            # A gang's parts end one by one, each on its node: their usage adds up.
+            gang = job.node_count > 1 and sender is not None
+            if job.attempt != attempt:
+                # A part stopped after its attempt ended (``_cancel_other_parts``) may report
+                # once the job was re-queued and placed again: its usage still counts.
+                if gang and isinstance(event, JobFinished) and attempt < job.attempt:
+                    gang_parts.append((job_id, attempt, event))
                 continue
             if isinstance(event, JobStarted):
                 if job.state == S.SCHEDULED:
                     moves.add(job, S.RUNNING, pid=event.pid, started_at=event.started_at)
                 continue
-            # A gang's parts end one by one, each on its node: their usage adds up.
-            gang = job.node_count > 1 and sender is not None
             if job.state not in HOLDING_STATES:
                 if gang:
                     gang_parts.append((job_id, attempt, event))
@@ -140,6 +150,14 @@ def job_events(
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
                 continue
+            if (
+                job.node_count > 1
+                and job.preempted_by_id is None
+                and job.cancel_requested_at is None
+            ):
+                # Its other parts run on unless told (a preemption's or a cancel's stop was
+                # sent to every node of the attempt already).
+                gang_ends[job_id] = (job, sender, event.message or event.state)
             stopped_by = sender if event.job_id in node_stopped else None
             to, message, fields = attempt_end(
                 job, event.state, event.exit_code, event.message, node_stopped=stopped_by
@@ -154,11 +172,35 @@ def job_events(
             if gang:
                 gang_parts.append((job_id, attempt, event))
         reached.update(moves.write())
+        ended = [end for job_id, end in gang_ends.items() if reached.get(job_id) in ATTEMPT_OVER]
+        if ended:
+            _cancel_other_parts(ended)
         for job_id, attempt, event in gang_parts:
             assert sender is not None, "a gang's part is reported by its node"
             _add_gang_part(job_id, attempt, sender, event)
     moves.log()
     return recorded
+
+
+# The states a job's attempt ends in (re-queued: its next placement is its next attempt).
+ATTEMPT_OVER = frozenset({*TERMINAL_STATES, S.QUEUED})
+
+
+def _cancel_other_parts(ended: Sequence[tuple[Job, str | None, str]]) -> None:
+    """The attempt of each multi-node gang of ``ended`` (the job, the node whose part's end
+    ended it, why it ended) is over: the agents of its other nodes are told to stop their
+    parts, once the caller's transaction commits, as Slurm kills a job's other steps when its
+    batch step ends; their GPUs are already released. The nodes are read from the attempt's
+    allocations, released ones included, in one query. A part's end reported by the central
+    side (no node) tells every node of the attempt."""
+    hostnames = attempt_hostnames({(job.pk, job.attempt) for job, _, _ in ended})
+    for job, sender, why in ended:
+        others = [host for host in hostnames.get((job.pk, job.attempt), ()) if host != sender]
+        if not others:
+            continue
+        where = f"its part on {sender} ended" if sender else "its attempt ended"
+        message = f"stopped: {where} ({why})"
+        transaction.on_commit(partial(dispatch.send_cancel, job, others, message))
 
 
 # The audit row of one node's part of a multi-node gang's usage.
@@ -363,21 +405,84 @@ def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
 def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:
     """A (re)started agent says which (job, attempt) it runs: a job RUNNING on that node that
     it does not know was lost with the previous agent (fails, or re-queues while retries are
-    left); one SCHEDULED there longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` that it does not
-    run is re-queued (``requeue_unconfirmed``: one placed since may still be in its queue).
-    Returns those jobs' ids."""
+    left; a gang's other parts are stopped, as for any part's end); one SCHEDULED there longer
+    than ``GPUADMIN_SCHEDULED_CONFIRM_S`` that it does not run is re-queued
+    (``requeue_unconfirmed``: one placed since may still be in its queue). An attempt it runs
+    that gpuadmin no longer places there is stopped (``cancel_strays``). Returns the ids of
+    the jobs lost or re-queued."""
     lost = requeue_unconfirmed(hostname, running)
     jobs = Job.objects.filter(
         state=S.RUNNING,
         allocations__node__hostname=hostname,
         allocations__released_at__isnull=True,
     ).distinct()
-    for job in jobs:
-        if (job.pk, job.attempt) not in running:
-            message = f"the agent of {hostname} restarted and no longer runs it"
-            if job_finished(job.pk, job.attempt, "lost", None, message, timezone.now()):
-                lost.append(job.pk)
+    message = f"the agent of {hostname} restarted and no longer runs it"
+    now = timezone.now()
+    gone = [
+        JobFinished(executor_id(pk, attempt), FinalState.LOST, None, now, message)
+        for pk, attempt in jobs.order_by("pk").values_list("pk", "attempt")
+        if (pk, attempt) not in running
+    ]
+    if gone:
+        lost.extend(job_events(gone, sender=hostname).reached)
+    cancel_strays(hostname, running)
     return lost
+
+
+# The audit row of an attempt that an agent ran after gpuadmin had ended it there.
+STRAY_CANCELED = "job.stray_canceled"
+
+
+def cancel_strays(hostname: str, running: Collection[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The attempts among ``running`` (what the agent of ``hostname`` says it runs) that
+    gpuadmin no longer places on that node (ended, re-queued, or placed elsewhere while the
+    agent was away, its cancel never delivered: ``control.stop_jobs_on_gpus`` signals only
+    reachable nodes) are told to stop there, on commit, each audited ``job.stray_canceled``
+    with the job's state and message as the reason; their later ends are stale reports. The
+    (job, attempt) told to stop."""
+    placed = set(
+        Allocation.objects.active()
+        .filter(node__hostname=hostname, job_id__in={job_id for job_id, _ in running})
+        .values_list("job_id", "attempt")
+    )
+    strays = sorted(set(running) - placed)
+    if not strays:
+        return []
+    jobs = Job.objects.in_bulk({job_id for job_id, _ in strays})
+    rows = []
+    sends = []
+    for job_id, attempt in strays:
+        job = jobs.get(job_id)
+        if job is None:
+            why = "the job no longer exists"
+        else:
+            state = job.state if job.attempt == attempt else f"{job.state} (attempt {job.attempt})"
+            why = f"the job is {state}" + (f": {job.message}" if job.message else "")
+        message = f"gpuadmin ended this attempt while the agent of {hostname} was away: {why}"
+        rows.append(
+            audit_event(
+                STRAY_CANCELED,
+                actor_name=AGENT_ACTOR,
+                target_type=Job._meta.label_lower,
+                target_id=job_id,
+                after={"attempt": attempt, "node": hostname},
+                message=message,
+            )
+        )
+        # Its id and that attempt: what the agent's cancel names (the job may be on another).
+        sends.append(
+            partial(dispatch.send_cancel, Job(pk=job_id, attempt=attempt), [hostname], message)
+        )
+    with transaction.atomic():
+        record_all(rows)
+        for send in sends:
+            transaction.on_commit(send)
+    log.warning(
+        "node %s runs attempts gpuadmin ended: %s, told to stop",
+        hostname,
+        ", ".join(executor_id(*pair) for pair in strays),
+    )
+    return strays
 
 
 def unconfirmed_jobs(now: datetime | None = None) -> QuerySet[Job]:

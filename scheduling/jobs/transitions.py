@@ -194,6 +194,22 @@ def job_nodes(job: Job) -> list[Node]:
     )
 
 
+def attempt_hostnames(attempts: Collection[tuple[int, int]]) -> dict[tuple[int, int], list[str]]:
+    """The nodes each (job, attempt) was placed on, by hostname in order, released allocations
+    included (an attempt that just ended has released its own): one query for them all."""
+    rows = (
+        Allocation.objects.filter(job_id__in={job_id for job_id, _ in attempts})
+        .values_list("job_id", "attempt", "node__hostname")
+        .distinct()
+        .order_by("node__hostname")
+    )
+    hostnames: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for job_id, attempt, hostname in rows:
+        if (job_id, attempt) in attempts:
+            hostnames[job_id, attempt].append(hostname)
+    return dict(hostnames)
+
+
 # What an executor outcome makes of the job: retried outcomes re-queue while retries are left.
 RETRIED_OUTCOMES = frozenset({"failed", "timed_out", "lost"})
 

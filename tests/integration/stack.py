@@ -64,60 +64,86 @@ def worker_and_agent(
     and sampling every second (`settings` add to their environment or override it), each
     one's output in `logs`/<verb>.log; ready once the node is reachable with its `gpus`
     GPUs; the processes by verb. All are stopped on the way out (``stop_warmly``)."""
-    with worker_and_agents(
-        gpuadmin_env, [hostname], agent_args, gpus, logs, beat=beat, **settings
-    ) as processes:
+    env = stack_env(gpuadmin_env, **settings)
+    commands = [
+        ("worker", "--concurrency", "2"),
+        *([("beat",)] if beat else []),
+        ("agent", "--node", hostname, *agent_args),
+    ]
+    processes = {
+        args[0]: _start(args, agent_env(env, hostname) if args[0] == "agent" else env, logs)
+        for args in commands
+    }
+    try:
+        wait_until_registered(hostname, gpus)
         yield processes
+    finally:
+        stop_warmly(processes.values())
+        # What the processes said: pytest shows it with a failure (a fixture's too).
+        for args in commands:
+            _show_log(logs / f"{args[0]}.log")
 
 
 @contextmanager
-def worker_and_agents(
+def node_agent(
     gpuadmin_env: dict[str, str],
-    hostnames: Sequence[str],
+    hostname: str,
     agent_args: Sequence[str],
     gpus: int,
     logs: Path,
-    *,
-    beat: bool = False,
     **settings: str,
-) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
-    """``worker_and_agent`` with an agent for each of ``hostnames``, each with ``gpus`` GPUs:
-    the first one's process is ``agent``, the others' ``agent-<hostname>``."""
-    env = {
+) -> Iterator[subprocess.Popen[bytes]]:
+    """One more node's agent beside ``worker_and_agent``'s (another node of a gang), or its
+    node's agent started again: as ``worker_and_agent`` starts its agent, its output in
+    `logs`/agent-<hostname>.log (appended to), stopped on the way out."""
+    env = agent_env(stack_env(gpuadmin_env, **settings), hostname)
+    log = logs / f"agent-{hostname}.log"
+    process = _start(("agent", "--node", hostname, *agent_args), env, logs, log.name)
+    try:
+        wait_until_registered(hostname, gpus)
+        yield process
+    finally:
+        stop_warmly([process])
+        _show_log(log)
+
+
+def stack_env(gpuadmin_env: dict[str, str], **settings: str) -> dict[str, str]:
+    """The environment of the stack's processes: this session's database, heartbeats and
+    samples every second, ``settings`` added or overriding."""
+    return {
         **gpuadmin_env,
         "DATABASE_URL": session_database_url(),
         "GPUADMIN_HEARTBEAT_INTERVAL_S": "1",
         "GPUADMIN_SAMPLE_INTERVAL_S": "1",
         **settings,
     }
-    commands: dict[str, tuple[tuple[str, ...], str | None]] = {
-        "worker": (("worker", "--concurrency", "2"), None),
-        **({"beat": (("beat",), None)} if beat else {}),
-    }
-    for rank, hostname in enumerate(hostnames):
-        name = "agent" if rank == 0 else f"agent-{hostname}"
-        commands[name] = (("agent", "--node", hostname, *agent_args), hostname)
-    processes = {
-        name: subprocess.Popen(
-            [sys.executable, "-X", "faulthandler", "-m", "gpuadmin", *args],
-            env=env if hostname is None else agent_env(env, hostname),
-            cwd=REPO_DIR,
-            stdout=(logs / f"{name}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for name, (args, hostname) in commands.items()
-    }
 
-    def registered(hostname: str) -> bool:
-        node = Node.objects.filter(hostname=hostname).first()
-        return node is not None and node.is_reachable() and node.gpus.count() == gpus
 
-    try:
-        wait_for(lambda: all(map(registered, hostnames)), 90, "the nodes to register")
-        yield processes
-    finally:
-        stop_warmly(processes.values())
-        # What the processes said: pytest shows it with a failure (a fixture's too).
-        for name in commands:
-            log = logs / f"{name}.log"
-            sys.stderr.write(f"--- {log.name}\n{log.read_text()[-LOG_TAIL_CHARS:]}\n")
+def wait_until_registered(hostname: str, gpus: int) -> None:
+    """Until the node is reachable with its ``gpus`` GPUs."""
+    wait_for(
+        lambda: (
+            (node := Node.objects.filter(hostname=hostname).first()) is not None
+            and node.is_reachable()
+            and node.gpus.count() == gpus
+        ),
+        90,
+        f"the node {hostname} to register",
+    )
+
+
+def _start(
+    args: Sequence[str], env: dict[str, str], logs: Path, log_name: str | None = None
+) -> subprocess.Popen[bytes]:
+    """`gpuadmin ARGS...`, its output appended to `logs`/<log_name> (default <verb>.log)."""
+    return subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-m", "gpuadmin", *args],
+        env=env,
+        cwd=REPO_DIR,
+        stdout=(logs / (log_name or f"{args[0]}.log")).open("a"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _show_log(log: Path) -> None:
+    sys.stderr.write(f"--- {log.name}\n{log.read_text()[-LOG_TAIL_CHARS:]}\n")
