@@ -440,6 +440,7 @@ def set_held_outside(holders: Mapping[int, str], *, actor_name: str) -> list[int
                         "gpu.held_outside_changed",
                         actor_name=actor_name,
                         target=gpu,
+                        target_id=gpu.uuid,  # as every GPU's rows: its page's history
                         before={"held_outside": current[gpu.pk]},
                         after={"held_outside": gpu.held_outside},
                     )

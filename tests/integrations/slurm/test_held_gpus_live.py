@@ -78,8 +78,11 @@ def test_gpus_a_slurm_job_holds_are_its_own_until_it_ends(
         gpu.pk: holder if gpu.pk in held else "" for gpu in gpus
     }
     audited = AuditEvent.objects.filter(event_type="gpu.held_outside_changed")
-    assert sorted(int(event.target_id) for event in audited) == held  # one row per GPU
-    assert {event.actor_name for event in audited} == {"slurm-sync"}
+    uuids = set(gpus.filter(pk__in=held).values_list("uuid", flat=True))
+    assert sorted(event.target_id for event in audited) == sorted(uuids)  # one row per GPU
+    assert {(event.actor_name, event.after["held_outside"]) for event in audited} == {
+        ("slurm-sync", holder)
+    }
 
     # The pages and the API name the Slurm job as the occupant.
     gpu = Gpu.objects.get(pk=held[0])
