@@ -418,21 +418,28 @@ def set_held_outside(holders: Mapping[int, str], *, actor_name: str) -> list[int
     holder ("Slurm job 1234 on hpc"), an empty one for a GPU it no longer holds (an
     integration's poll, ``actor_name``). A held GPU is not schedulable (the one rule,
     ``usability.Reason.HELD_OUTSIDE``). The GPUs whose holder changed, each audited
-    ``gpu.held_outside_changed``, in id order (the GPU rows locked in that order); those it
-    made schedulable are announced on commit (``gpus_became_schedulable``: the placement loop
-    wakes). Inside the caller's transaction, if any."""
-    if not holders:
+    ``gpu.held_outside_changed``, in id order (only their rows locked, in that order); those
+    it made schedulable are announced on commit (``gpus_became_schedulable``: the placement
+    loop wakes). Inside the caller's transaction, if any."""
+    wanted = {pk: text[:HELD_OUTSIDE_CHARS] for pk, text in holders.items()}
+    stored = Gpu.objects.filter(pk__in=wanted).values_list("pk", "held_outside")
+    differ = [pk for pk, held in stored if held != wanted[pk]]
+    if not differ:  # a poll that changes nothing locks nothing
         return []
     with transaction.atomic():
-        gpus = Gpu.objects.filter(pk__in=holders)
-        current = dict(gpus.select_for_update().order_by("pk").values_list("pk", "held_outside"))
-        changed = sorted(pk for pk, held in current.items() if held != holders[pk])
-        if not changed:
+        locked = Gpu.objects.select_for_update(of=("self",)).select_related("node")
+        rows = [
+            gpu
+            for gpu in locked.filter(pk__in=differ).order_by("pk")
+            if gpu.held_outside != wanted[gpu.pk]  # read again under the lock
+        ]
+        changed = [gpu.pk for gpu in rows]
+        if not rows:
             return []
-        rows = list(Gpu.objects.filter(pk__in=changed).select_related("node").order_by("pk"))
+        before = {gpu.pk: gpu.held_outside for gpu in rows}
         with _announcing_schedulable(Gpu.objects.filter(pk__in=changed)):
             for gpu in rows:
-                gpu.held_outside = holders[gpu.pk][:HELD_OUTSIDE_CHARS]
+                gpu.held_outside = wanted[gpu.pk]
             Gpu.objects.bulk_update(rows, ["held_outside"])
             record_all(
                 [
@@ -441,7 +448,7 @@ def set_held_outside(holders: Mapping[int, str], *, actor_name: str) -> list[int
                         actor_name=actor_name,
                         target=gpu,
                         target_id=gpu.uuid,  # as every GPU's rows: its page's history
-                        before={"held_outside": current[gpu.pk]},
+                        before={"held_outside": before[gpu.pk]},
                         after={"held_outside": gpu.held_outside},
                     )
                     for gpu in rows
