@@ -120,6 +120,14 @@ def _live_text(name: str) -> Any:
     return lambda gpu: ((gpu["live"] or {}).get("text") or {}).get(name)
 
 
+def _holder(live: dict[str, Any]) -> Any:
+    """The gpuadmin job holding the GPU, else the work outside gpuadmin that does (a Slurm
+    job: ``Slurm job 1234 on hpc``), else None."""
+    if live.get("job") is not None:
+        return live["job"]
+    return live.get("held_by")
+
+
 # The fleet page's columns (its static table: GPU, model, state; its live one: status,
 # utilization, memory, temperature, power, job and user), then the UUID. ``drop``: what a
 # narrow terminal leaves out first (``watch`` at 80 columns keeps node to user).
@@ -133,7 +141,7 @@ GPU_COLUMNS = (
     Column("MEM GiB", _live_text("memory"), align="right"),
     Column("TEMP", _live_text("temperature"), align="right"),
     Column("POWER", _live_text("power"), align="right"),
-    Column("JOB", lambda gpu: (gpu["live"] or {}).get("job"), align="right"),
+    Column("JOB", lambda gpu: _holder(gpu["live"] or {}), align="right"),
     Column("USER", _live("user")),
     Column("UUID", lambda gpu: gpu["uuid"], drop=4),
 )

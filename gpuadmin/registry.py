@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
+from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from django.http import HttpRequest
@@ -30,10 +31,20 @@ class Hook(Generic[Answer]):
         self.answers += (answer,)
 
 
+class OccupantKind(StrEnum):
+    """What holds a GPU: a gpuadmin job, or a job of a Slurm cluster gpuadmin mirrors."""
+
+    JOB = "job"
+    SLURM = "slurm"
+
+
 @dataclasses.dataclass(frozen=True)
 class Occupant:
     """Who holds a GPU, or one MIG device of it (``mig_instance_id``: the ``MigInstance``'s
-    primary key): the job it is allocated to, that job's name and its user."""
+    primary key): the job, that job's name and its user. ``kind`` says whose job: a gpuadmin
+    job (``job_id``: its primary key, ``job_url``: its page), or a Slurm job (``job_id``:
+    Slurm's job ID on ``cluster``, ``job_url``: its row on the jobs page); only a gpuadmin
+    job is ever requeued, released or named by the API's ``job`` field."""
 
     job_id: int
     job_url: str
@@ -41,6 +52,34 @@ class Occupant:
     gpu_id: int
     job_name: str = ""
     mig_instance_id: int | None = None
+    kind: OccupantKind = OccupantKind.JOB
+    cluster: str = ""  # the Slurm cluster's name (kind SLURM)
+
+    @property
+    def gpuadmin_job_id(self) -> int | None:
+        """The gpuadmin job's primary key; None for a Slurm job."""
+        return self.job_id if self.kind == OccupantKind.JOB else None
+
+    @property
+    def label(self) -> str:
+        """``job #12``, ``Slurm job 1234 on hpc``."""
+        if self.kind == OccupantKind.SLURM:
+            return f"Slurm job {self.job_id} on {self.cluster}"
+        return f"job #{self.job_id}"
+
+    @property
+    def short_label(self) -> str:
+        """``#12``, ``Slurm hpc/1234`` (the fleet page's cell)."""
+        if self.kind == OccupantKind.SLURM:
+            return f"Slurm {self.cluster}/{self.job_id}"
+        return f"#{self.job_id}"
+
+    @property
+    def ref(self) -> str:
+        """``12``, ``slurm:hpc/1234``: the job as an alert's ``job`` label names it."""
+        if self.kind == OccupantKind.SLURM:
+            return f"slurm:{self.cluster}/{self.job_id}"
+        return str(self.job_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +97,9 @@ class Section:
 # Called with a collection of GPU primary keys by ``inventory.occupancy.Occupancy`` (the fleet
 # pages, the ``free`` filter, the MIG layouts, the alert rules); returns the ``Occupant``s of
 # the GPUs held by work the app knows of, each naming its GPU and, for a MIG device, its MIG
-# instance, in one query for all of them (scheduling: each active allocation's job).
+# instance, in one query for all of them (scheduling: each active allocation's job;
+# integrations.slurm: each Slurm job holding catalogued GPUs). The first answer naming a GPU
+# wins.
 gpu_occupants: Hook[Callable[[Collection[int]], Iterable[Occupant]]] = Hook("who holds these GPUs")
 
 # Called by ``inventory.services`` before a MIG change is sent to the GPU's node, once

@@ -4,9 +4,9 @@
 One pass costs the same few steps whatever the fleet's size: the rules, the nodes and the
 GPUs (three queries), every node's latest samples (one Redis round trip, ``inventory.live``),
 the "since when does it hold" state of the duration rules (one read, one write: a Redis hash,
-never a row per sample), the occupants (one query, scheduling answers
-``gpuadmin.registry.gpu_occupants``), the firing alerts (one query). Only the alerts that open or
-resolve in the pass cost more (``health.alerts``).
+never a row per sample), the occupants (one query per answer of
+``gpuadmin.registry.gpu_occupants``: scheduling's jobs, Slurm's), the firing alerts (one
+query). Only the alerts that open or resolve in the pass cost more (``health.alerts``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from django.db.models import Max, Q, Sum
 from django.utils import timezone
 
 from gpuadmin.redis_client import client
+from gpuadmin.registry import Occupant, OccupantKind
 from health import alerts
 from health.choices import (
     CONDITION_RULE_KINDS,
@@ -181,10 +182,12 @@ def _gpu_findings(
                 continue
             labels = {"alertname": rule.name, "gpu": str(gpu.index), "UUID": gpu.uuid}
             if rule.kind == RuleKind.IDLE_HELD and occupant is not None:
-                labels.update(user=occupant.user, job=str(occupant.job_id))
-                start = max(began, counted_before.get(field, began))
-                idle[occupant.user] += max(0.0, now - start)
-                counted[field] = now
+                labels.update(user=occupant.user, job=occupant.ref)
+                # Idle-held hours are gpuadmin users'; a Slurm job's user is Slurm's.
+                if occupant.kind == OccupantKind.JOB:
+                    start = max(began, counted_before.get(field, began))
+                    idle[occupant.user] += max(0.0, now - start)
+                    counted[field] = now
             findings[fingerprint] = Finding(
                 fingerprint=fingerprint,
                 rule=rule,
@@ -205,6 +208,13 @@ def _gpu_findings(
         # The day of the pass's clock, not the wall's: a pass's time is what it counted to.
         day = timezone.localdate(datetime.fromtimestamp(now, UTC))
         result.idle_gpu_seconds = count_idle(idle, day)
+
+
+def _held_by(occupant: Occupant) -> str:
+    """``allocated to job 12``, ``held by Slurm job 1234 on hpc``."""
+    if occupant.kind == OccupantKind.JOB:
+        return f"allocated to job {occupant.job_id}"
+    return f"held by {occupant.label}"
 
 
 def _gpu_condition(rule: AlertRule, sample: LiveSample, occupant: Any) -> str | None:
@@ -229,7 +239,7 @@ def _gpu_condition(rule: AlertRule, sample: LiveSample, occupant: Any) -> str | 
         if utilization >= threshold or (memory_activity or 0) >= threshold:
             return None
         return (
-            f"allocated to job {occupant.job_id} of {occupant.user} but idle "
+            f"{_held_by(occupant)} of {occupant.user} but idle "
             f"({utilization}% utilization, {memory_activity or 0}% memory activity)"
         )
     if rule.kind == RuleKind.FOREIGN_PROCESS:

@@ -50,6 +50,7 @@ MAX_NOTES_CHARS = 10_000
 ISOLATION_CHARS = 200
 # Why a node or GPU is in its state (an admin's reason, a health policy's finding).
 STATE_REASON_CHARS = 500
+HELD_OUTSIDE_CHARS = 200  # Gpu.held_outside: "Slurm job 1234 on hpc"
 
 
 class StateFields(models.Model):
@@ -267,6 +268,15 @@ class Gpu(CatalogFields, StateFields):
     first_seen_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(default=timezone.now)
     missing_since = models.DateTimeField(null=True, blank=True)
+    # Set by an integration (``inventory.services.set_held_outside``), never by people.
+    held_outside = models.CharField(
+        "held outside gpuadmin",
+        max_length=HELD_OUTSIDE_CHARS,
+        blank=True,
+        editable=False,
+        help_text="The work outside gpuadmin holding it (a Slurm job); gpuadmin gives it to "
+        "no job meanwhile.",
+    )
 
     objects = GpuQuerySet.as_manager()
 
@@ -294,6 +304,7 @@ class Gpu(CatalogFields, StateFields):
         "error_message",
         "mig_enabled",
         "mps_shared",
+        "held_outside",
         "node__hostname",
         "node__pool",
         "node__state",
@@ -333,6 +344,7 @@ class Gpu(CatalogFields, StateFields):
             error_message=self.error_message,
             mig_enabled=self.mig_enabled,
             mps_shared=self.mps_shared,
+            held_outside=self.held_outside,
             refuses_unconfined=self.node.refuses_unconfined,
             sample=sample,
             allocated=allocated,

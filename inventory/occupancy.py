@@ -1,5 +1,6 @@
 """Who holds a GPU: inventory knows nothing of jobs, so it asks the apps above it through
-``gpuadmin.registry.gpu_occupants`` (scheduling answers with its allocations)."""
+``gpuadmin.registry.gpu_occupants`` (scheduling answers with its allocations, the Slurm mirror
+with the Slurm jobs holding catalogued GPUs)."""
 
 from __future__ import annotations
 

@@ -56,8 +56,9 @@ class GpuQuerySet(models.QuerySet):
 
     def schedulable(self, now: datetime | None = None) -> GpuQuerySet:
         """GPUs whose stored rows give no reason they cannot take a whole-GPU job
-        (``usability.stored_unusable``): present, available, error-free, neither in MIG mode
-        nor shared through MPS, on online nodes whose agent is reachable. The live sample may
+        (``usability.stored_unusable``): present, available, error-free, held by no work
+        outside gpuadmin, neither in MIG mode nor shared through MPS, on online nodes whose
+        agent is reachable. The live sample may
         still refuse them (``free``, ``usability.sample_unusable``)."""
         return (
             self.present()
@@ -66,6 +67,7 @@ class GpuQuerySet(models.QuerySet):
                 error_message="",
                 mig_enabled=False,
                 mps_shared=False,
+                held_outside="",
                 node__state=NodeState.ONLINE,
                 node__last_heartbeat_at__gte=heartbeat_cutoff(now),
             )

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from gpuadmin import registry
 from gpuadmin.access.nodes import NoCredential, send_order
-from gpuadmin.audit.services import changed_values, record
+from gpuadmin.audit.services import audit_event, changed_values, record, record_all
 from gpuadmin.refusals import FieldRefusal
 from inventory import live
 from inventory.choices import GpuState, NvmlBackend
@@ -36,6 +36,7 @@ from inventory.discovery import (
 )
 from inventory.models import (
     GPU_CATALOG_FIELDS,
+    HELD_OUTSIDE_CHARS,
     NODE_CATALOG_FIELDS,
     STATE_REASON_CHARS,
     Gpu,
@@ -399,10 +400,61 @@ def set_node_state(
 
 
 def jobs_holding(gpus: GpuQuerySet) -> list[int]:
-    """The jobs holding any of ``gpus`` (as the fleet page names them), each once, in order."""
+    """The gpuadmin jobs holding any of ``gpus`` (as the fleet page names them), each once, in
+    order (a Slurm job holding one is not gpuadmin's to requeue)."""
     ids = list(gpus.values_list("pk", flat=True))
     occupancy = Occupancy(ids)
-    return sorted({occupant.job_id for pk in ids if (occupant := occupancy.get(pk))})
+    return sorted(
+        {
+            job_id
+            for pk in ids
+            if (occupant := occupancy.get(pk)) and (job_id := occupant.gpuadmin_job_id)
+        }
+    )
+
+
+def set_held_outside(holders: Mapping[int, str], *, actor_name: str) -> list[int]:
+    """Say which GPUs work outside gpuadmin holds: ``holders`` maps GPU primary keys to the
+    holder ("Slurm job 1234 on hpc"), an empty one for a GPU it no longer holds (an
+    integration's poll, ``actor_name``). A held GPU is not schedulable (the one rule,
+    ``usability.Reason.HELD_OUTSIDE``). The GPUs whose holder changed, each audited
+    ``gpu.held_outside_changed``, in id order (only their rows locked, in that order); those
+    it made schedulable are announced on commit (``gpus_became_schedulable``: the placement
+    loop wakes). Inside the caller's transaction, if any."""
+    wanted = {pk: text[:HELD_OUTSIDE_CHARS] for pk, text in holders.items()}
+    stored = Gpu.objects.filter(pk__in=wanted).values_list("pk", "held_outside")
+    differ = [pk for pk, held in stored if held != wanted[pk]]
+    if not differ:  # a poll that changes nothing locks nothing
+        return []
+    with transaction.atomic():
+        locked = Gpu.objects.select_for_update(of=("self",)).select_related("node")
+        rows = [
+            gpu
+            for gpu in locked.filter(pk__in=differ).order_by("pk")
+            if gpu.held_outside != wanted[gpu.pk]  # read again under the lock
+        ]
+        changed = [gpu.pk for gpu in rows]
+        if not rows:
+            return []
+        before = {gpu.pk: gpu.held_outside for gpu in rows}
+        with _announcing_schedulable(Gpu.objects.filter(pk__in=changed)):
+            for gpu in rows:
+                gpu.held_outside = wanted[gpu.pk]
+            Gpu.objects.bulk_update(rows, ["held_outside"])
+            record_all(
+                [
+                    audit_event(
+                        "gpu.held_outside_changed",
+                        actor_name=actor_name,
+                        target=gpu,
+                        target_id=gpu.uuid,  # as every GPU's rows: its page's history
+                        before={"held_outside": before[gpu.pk]},
+                        after={"held_outside": gpu.held_outside},
+                    )
+                    for gpu in rows
+                ]
+            )
+    return changed
 
 
 @dataclass(frozen=True)

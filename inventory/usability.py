@@ -36,6 +36,7 @@ class Reason(StrEnum):
     DEGRADED = "degraded"  # fenced by a health policy (a fault, heat, an ECC rate)
     DRAINING = "draining"  # the node or the GPU
     UNCONFINED = "unconfined"  # its real node confines no job, and none may run unconfined
+    HELD_OUTSIDE = "held-outside"  # work outside gpuadmin holds it (a Slurm job)
     MIG = "mig"  # MIG mode: only slices can be given, never the whole GPU
     MPS = "mps"  # shared through MPS: only shares can be given, never the whole GPU
     FOREIGN_PROCESS = "foreign-process"  # work that no allocation accounts for
@@ -57,10 +58,13 @@ def stored_unusable(
     mig_enabled: bool,
     mps_shared: bool = False,
     refuses_unconfined: bool = False,
+    held_outside: str = "",
 ) -> Unusable | None:
     """The reason the stored rows give (``Gpu.objects.schedulable()`` is exactly these GPUs
     minus the ones with a reason), first match wins. ``refuses_unconfined``: its node's agent
-    refuses every job (``refuses_unconfined_jobs``)."""
+    refuses every job (``refuses_unconfined_jobs``); ``held_outside``: the work outside
+    gpuadmin holding it (``Gpu.held_outside``: "Slurm job 1234 on hpc"), empty: none. It ranks
+    before MIG and MPS: neither a slice nor a share of a GPU Slurm holds is given."""
     if node_state == OFFLINE:
         return Unusable(Reason.OFFLINE, "its node is offline")
     if gpu_state == OFFLINE:
@@ -84,6 +88,8 @@ def stored_unusable(
             Reason.UNCONFINED,
             "its node confines no job and an admin has not allowed unconfined jobs there",
         )
+    if held_outside:
+        return Unusable(Reason.HELD_OUTSIDE, f"it is held by {held_outside}")
     if mig_enabled:
         return Unusable(Reason.MIG, "it is in MIG mode: only its MIG slices can be given")
     if mps_shared:
@@ -124,6 +130,7 @@ def why_unusable(
     allocated: bool,
     mps_shared: bool = False,
     refuses_unconfined: bool = False,
+    held_outside: str = "",
 ) -> Unusable | None:
     """Why the GPU cannot take a whole-GPU job now, or ``None`` when it can: of the stored
     and the live reason, the one first in ``Reason``'s order. ``allocated``: an active
@@ -137,6 +144,7 @@ def why_unusable(
         mig_enabled=mig_enabled,
         mps_shared=mps_shared,
         refuses_unconfined=refuses_unconfined,
+        held_outside=held_outside,
     )
     found = [why for why in (stored, sample_unusable(sample, allocated=allocated)) if why]
     return min(found, key=lambda why: _RANK[why.code], default=None)

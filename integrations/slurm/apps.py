@@ -10,10 +10,13 @@ class SlurmConfig(AppConfig):
         from gpuadmin import registry
         from gpuadmin.metrics import register
         from health.signals import gpu_fenced
-        from integrations.slurm import services
+        from integrations.slurm import holders, services
         from integrations.slurm.metrics import SlurmCollector
         from integrations.slurm.sections import fleet_section, jobs_section
 
+        # A GPU a Slurm job holds is held by that job on every page, the API and the alert
+        # rules (the placement loop keeps off it through the catalog: holders.mark_held).
+        registry.gpu_occupants.register(holders.gpu_occupants)
         # The fleet, node and GPU pages show the Slurm nodes and the jobs on their GPUs; the
         # jobs page lists Slurm's jobs beside gpuadmin's.
         registry.page_sections.register(fleet_section)

@@ -12,12 +12,16 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from integrations.slurm.rest.model import HOLDING_FLAG, HOLDING_STATES, holds_gpus
 from inventory.models import Gpu, Node
 
 # States of a Slurm node that take it out of service (Slurm's base state DOWN, its DRAIN flag):
 # each new one is a health event on the catalogued node.
 OUT_OF_SERVICE = ("DRAIN", "DOWN")
 
+
+# The jobs that hold their GPUs now (``rest.model.HOLDING_STATES``), as a filter of SlurmJob.
+HOLDING = Q(state__in=HOLDING_STATES) | Q(state_flags__contains=[HOLDING_FLAG])
 
 # A job's base state as its badge shows it (the others grey).
 JOB_STATE_COLOURS = {
@@ -223,6 +227,11 @@ class SlurmJob(models.Model):
     @property
     def state_colour(self) -> str:
         return JOB_STATE_COLOURS.get(self.state, "grey")
+
+    @property
+    def holds_gpus(self) -> bool:
+        """It holds its GPUs now (``HOLDING``)."""
+        return holds_gpus(self.state, self.state_flags)
 
     @property
     def display_id(self) -> str:

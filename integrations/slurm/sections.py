@@ -3,9 +3,8 @@ signed-in people: on the fleet page each cluster's state and its nodes, marked a
 with the Slurm job holding each of their GPUs; on a node's or a GPU's page the same for that
 node or GPU; on the jobs page Slurm's jobs beside gpuadmin's, as Slurm-web lists them.
 
-gpuadmin's own ``gpu_occupants`` hook is not answered: its ``Occupant`` is a gpuadmin job (its
-id is what the pages link, the API's ``job`` field, what a forced offline requeues), which a
-Slurm job is not.
+The GPUs a Slurm job holds are also answered as its occupants (``holders.gpu_occupants``): an
+``Occupant`` of kind ``slurm`` names the Slurm job wherever gpuadmin names a GPU's job.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ one transaction.
 What the audit log gets (``gpuadmin.audit``): a cluster registered, changed or deleted (the
 admin who did it; its token only as "changed"), a cluster whose polls start or stop working,
 and each Slurm node whose states change (``slurm.node_state_changed``, actor ``slurm-sync``).
-Slurm's jobs are not audited: they come and go every poll, gpuadmin does not act on them, and
-Slurm's own accounting (``sacct``) keeps their history.
+Slurm's jobs are not audited: they come and go every poll, and Slurm's own accounting
+(``sacct``) keeps their history; what gpuadmin does about them is: each catalogued GPU a Slurm
+job starts or stops holding is ``gpu.held_outside_changed`` (``holders``).
 
 A node that Slurm drains or marks down becomes one health event on the catalogued node
 (``slurm_drain``, ``slurm_down``) per episode, handled by its recovery policy.
@@ -31,6 +32,7 @@ from gpuadmin.audit.services import audit_event, changed_values, record, record_
 from health import services as health
 from health.choices import EventKind
 from health.wire import HealthReport
+from integrations.slurm import holders
 from integrations.slurm.models import (
     OUT_OF_SERVICE,
     AuthKind,
@@ -139,11 +141,13 @@ def save_cluster(cluster: SlurmCluster, *, actor: User) -> SlurmCluster:
 
 
 def delete_cluster(cluster: SlurmCluster, *, actor: User) -> None:
-    """Forget a cluster and its mirror (audited ``slurm.cluster_deleted``)."""
+    """Forget a cluster and its mirror (audited ``slurm.cluster_deleted``); the GPUs its jobs
+    held are gpuadmin's to give again."""
     with transaction.atomic():
         record(
             "slurm.cluster_deleted", actor=actor, target=cluster, before=_cluster_fields(cluster)
         )
+        holders.mark_held(holders.held_gpus(cluster), {}, actor_name=ACTOR)
         cluster.delete()
 
 
@@ -243,14 +247,23 @@ def drain_node(slurm_node_id: int, reason: str) -> bool:
 def _poll_failed(cluster: SlurmCluster, state: PollState, error: str) -> PollState:
     log.warning("Slurm cluster %s: %s: %s", cluster.name, state.label.lower(), error)
     with transaction.atomic():
-        _set_poll_state(cluster, state, error, timezone.now())
+        locked = SlurmCluster.objects.select_for_update().get(pk=cluster.pk)
+        _set_poll_state(cluster, locked, state, error, timezone.now())
     return state
 
 
-def _set_poll_state(cluster: SlurmCluster, state: str, error: str, now: datetime) -> None:
-    """Record how the poll went on the cluster's row, audited when its state changes."""
-    locked = SlurmCluster.objects.select_for_update().get(pk=cluster.pk)
-    changes: dict[str, Any] = {"state": state, "last_error": error, "last_polled_at": now}
+def _set_poll_state(
+    cluster: SlurmCluster,
+    locked: SlurmCluster,
+    state: str,
+    error: str,
+    now: datetime,
+    **more: Any,
+) -> None:
+    """Record how the poll went on the cluster's row (``locked``: it, read under its lock in
+    this transaction), with ``more`` of its fields, in one update; audited when its state
+    changes."""
+    changes: dict[str, Any] = {"state": state, "last_error": error, "last_polled_at": now, **more}
     if state == PollState.OK:
         changes["last_ok_at"] = now
     SlurmCluster.objects.filter(pk=cluster.pk).update(**changes)
@@ -272,23 +285,26 @@ def _set_poll_state(cluster: SlurmCluster, state: str, error: str, now: datetime
 
 def sync(cluster: SlurmCluster, answer: ClusterState) -> None:
     """Mirror one poll's answer in one transaction: nodes, partitions and jobs upserted, those
-    that left Slurm's answer deleted, each job's GPUs mapped onto the catalog; then each node
-    newly drained or down becomes a health event on its catalogued node."""
+    that left Slurm's answer deleted, each job's GPUs mapped onto the catalog, the catalogued
+    GPUs its running jobs hold marked held (``holders.mark_held``: gpuadmin places no job on
+    them; those released are schedulable again); then each node newly drained or down becomes
+    a health event on its catalogued node."""
     now = timezone.now()
     with transaction.atomic():
-        # One sync of a cluster at a time (beat's ticks may overlap on two workers).
-        SlurmCluster.objects.select_for_update().filter(pk=cluster.pk).exists()
+        # One sync of a cluster at a time (beat's ticks may overlap on two workers); its row,
+        # read under that lock, is written once, at the end.
+        locked = SlurmCluster.objects.select_for_update().get(pk=cluster.pk)
         # The catalog is read once, for the names of the answer's nodes and of its jobs' GPUs.
         catalog = catalogued_nodes(
             {node.name for node in answer.nodes}
             | {name for job in answer.jobs for name in job.gpus}
         )
+        held_before = holders.held_gpus(cluster)
         nodes = _sync_nodes(cluster, answer, catalog, now)
         _sync_partitions(cluster, answer)
         _sync_jobs(cluster, answer, catalog, now)
-        SlurmCluster.objects.filter(pk=cluster.pk).update(api_version=answer.version)
-        cluster.api_version = answer.version
-        _set_poll_state(cluster, PollState.OK, "", now)
+        holders.mark_held(held_before, holders.held_gpus(cluster), actor_name=ACTOR)
+        _set_poll_state(cluster, locked, PollState.OK, "", now, api_version=answer.version)
     _report_out_of_service(cluster, nodes)
 
 

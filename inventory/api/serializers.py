@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from gpuadmin import api
+from gpuadmin.registry import OccupantKind
 from inventory.choices import MAINTENANCE_GPU_STATES, MAINTENANCE_NODE_STATES, NvmlBackend
 from inventory.models import (
     GPU_CATALOG_FIELDS,
@@ -128,8 +129,31 @@ class GpuLiveSerializer(api.Serializer):
     processes = serializers.IntegerField(allow_null=True)
     hot = serializers.BooleanField(help_text="Slowed down by heat now.")
     error = serializers.CharField(help_text="NVML's error for it now (empty: none).")
-    job = serializers.IntegerField(source="occupant.job_id", allow_null=True, default=None)
-    user = serializers.CharField(source="occupant.user", allow_null=True, default=None)
+    job = serializers.IntegerField(
+        source="occupant.gpuadmin_job_id",
+        allow_null=True,
+        default=None,
+        help_text="The gpuadmin job holding it (null: none, or work outside gpuadmin).",
+    )
+    user = serializers.CharField(
+        source="occupant.user",
+        allow_null=True,
+        default=None,
+        help_text="The user of the job holding it (a Slurm job's: Slurm's user).",
+    )
+    held_by = serializers.CharField(
+        source="occupant.label",
+        allow_null=True,
+        default=None,
+        help_text="What holds it: ``job #12``, ``Slurm job 1234 on hpc`` (null: nothing).",
+    )
+    held_by_kind = serializers.ChoiceField(
+        source="occupant.kind",
+        choices=[kind.value for kind in OccupantKind],
+        allow_null=True,
+        default=None,
+        help_text="``job`` (gpuadmin's), ``slurm`` (a Slurm job), null: nothing holds it.",
+    )
     text = GpuLiveTextSerializer(source="*")
 
 

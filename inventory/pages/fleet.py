@@ -39,7 +39,7 @@ class Status(StrEnum):
     say why not, the gravest last."""
 
     FREE = "free"
-    BUSY = "busy"  # a job holds it
+    BUSY = "busy"  # a job holds it: gpuadmin's, or a Slurm job
     DRAINING = "draining"
     MIG = "mig"  # in MIG mode: not free as a whole GPU
     MPS = "mps"  # shared through MPS: not free as a whole GPU
@@ -53,7 +53,7 @@ class Status(StrEnum):
 # What each status means, for the dashboard's legend.
 STATUS_MEANINGS = {
     Status.FREE: "usable now, held by no job",
-    Status.BUSY: "a job holds it",
+    Status.BUSY: "a job holds it (gpuadmin's, or a Slurm job)",
     Status.DRAINING: "no new work; running work finishes",
     Status.MIG: "in MIG mode: only its slices can be given",
     Status.MPS: "shared through MPS: only shares of it can be given",
@@ -73,6 +73,7 @@ _STATUS_OF = {
     Reason.RESETTING: Status.RESETTING,
     Reason.DEGRADED: Status.DEGRADED,
     Reason.DRAINING: Status.DRAINING,
+    Reason.HELD_OUTSIDE: Status.BUSY,
     Reason.MIG: Status.MIG,
     Reason.MPS: Status.MPS,
     Reason.FOREIGN_PROCESS: Status.FOREIGN,
@@ -140,6 +141,7 @@ class DashboardGpu:
     mps_shared: bool
     error_message: str
     missing_since: datetime | None
+    held_outside: str
     mig_count: int = 0
 
     @property
@@ -258,6 +260,7 @@ class GpuRow:
             error_message=gpu.error_message,
             mig_enabled=gpu.mig_enabled,
             mps_shared=gpu.mps_shared,
+            held_outside=gpu.held_outside,
             refuses_unconfined=self.refuses_unconfined,
             sample=self.sample,
             allocated=self.occupant is not None,
@@ -466,6 +469,7 @@ DASHBOARD_GPU_FIELDS = (
     "mps_shared",
     "error_message",
     "missing_since",
+    "held_outside",
 )
 # What the 2 s poll reads of a node (the full page reads every field).
 # What the live rows read of a node: the one rule's node facts (``Node.refuses_unconfined``).
@@ -581,7 +585,8 @@ def _live_row_html(row: GpuRow) -> str:
     memory = f' style="--m:{pct:.0f}%"' if pct is not None else ""
     occupant = row.occupant
     work = (
-        f'<a href="{escape(occupant.job_url)}">#{occupant.job_id}</a> {escape(occupant.user)}'
+        f'<a href="{escape(occupant.job_url)}">{escape(occupant.short_label)}</a> '
+        f"{escape(occupant.user)}"
         if occupant
         else row.processes_text
     )

@@ -86,6 +86,7 @@ class GpuRow(NamedTuple):
     error_message: str
     mig_enabled: bool
     mps_shared: bool
+    held_outside: str  # the work outside gpuadmin holding it (a Slurm job), else empty
     pool: str | None  # its own pool's name, else its node's
 
 
@@ -300,6 +301,7 @@ def _gpu_slot(inputs: SlotInputs) -> placement.GpuSlot:
         mps_used_percent=percent,
         mps_used_memory_mib=memory,
         mps_jobs=share_jobs,
+        held_outside=gpu.held_outside,
     )
 
 
@@ -592,6 +594,7 @@ def _unavailable(
         error_message=gpu.error_message,
         mig_enabled=gpu.mig_enabled,
         mps_shared=gpu.mps_shared,
+        held_outside=gpu.held_outside,
         refuses_unconfined=node.refuses_unconfined,
         sample=sample,
         allocated=allocated,

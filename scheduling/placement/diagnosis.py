@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from inventory.units import memory_text
+from inventory.usability import Reason as UsabilityReason
 from scheduling.placement.decisions import Pending, Reason
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
 from scheduling.placement.hosts import ask_phrase, most_phrase
@@ -25,6 +26,7 @@ from scheduling.placement.text import (
 from scheduling.placement.topology import REQUIREMENT_GROUPING, GroupKey, grouped
 
 UNITS = {"numa": "NUMA node", "nvlink": "NVLink domain"}
+HELD_OUTSIDE = str(UsabilityReason.HELD_OUTSIDE)
 REQUIREMENT_NAMES = {"numa": "NUMA", "nvlink": "NVLink"}
 ViewKey = tuple[str | None, int, str]  # (gpu_model, min_memory_mib, requirement)
 # A node with its GPU models and the least total memory of its GPUs.
@@ -441,8 +443,17 @@ def _why_down(node: FleetNode) -> tuple[str, str]:
         return "is", node.info.state
     if not node.info.reachable:
         return "is", "unreachable"
-    codes = sorted({gpu.unavailable for gpu in node.gpus if gpu.unavailable is not None})
-    return "has", f"unavailable GPUs ({', '.join(codes)})"
+    # A GPU held outside gpuadmin says by what ("held by Slurm job 1234 on hpc").
+    whys = sorted(
+        {
+            f"held by {gpu.held_outside}"
+            if gpu.unavailable == HELD_OUTSIDE and gpu.held_outside
+            else gpu.unavailable
+            for gpu in node.gpus
+            if gpu.unavailable is not None
+        }
+    )
+    return "has", f"unavailable GPUs ({', '.join(whys)})"
 
 
 def _what_if(shape: Shape, whole: View, view: View) -> str | None:

@@ -43,7 +43,9 @@ class GpuSlot:
     the set of GPUs joined by NVLink/NVSwitch (one per DGX, e.g. "dgx-a100-01/nvswitch"), None
     without NVLink. `unavailable` is None when schedulable, else a machine code, one of
     `inventory.usability.Reason` ("offline", "unreachable", "missing", "error", "draining",
-    "mig", "foreign-process"). `allocated_to` is the running job's id.
+    "held-outside", "mig", "foreign-process"). `allocated_to` is the running job's id.
+    `held_outside` names the work outside gpuadmin holding it ("Slurm job 1234 on hpc"),
+    for the waiting reason of the jobs it keeps out.
     """
 
     id: int
@@ -69,6 +71,7 @@ class GpuSlot:
     mps_used_percent: int = 0
     mps_used_memory_mib: int = 0
     mps_jobs: tuple[int, ...] = ()
+    held_outside: str = ""
 
     @property
     def held_as(self) -> str | None:

@@ -128,7 +128,8 @@ def test_the_fleet_poll_reads_at_most_four_queries_whatever_the_fleet(
 ):
     for _ in range(3):
         add_node(unique_host(), "dgx-h100")
-    # The nodes, their GPUs and who holds them (the page's filters add none).
-    with django_assert_max_num_queries(3):
+    # The nodes, their GPUs and who holds them: scheduling's jobs, Slurm's (the page's filters
+    # add none).
+    with django_assert_max_num_queries(4):
         response = client.get("/fleet/", HTTP_HX_REQUEST="true")
     assert count(response.content.decode(), "total") >= 24

@@ -66,6 +66,12 @@ LOST = {"error_message": "NVML_ERROR_GPU_IS_LOST: GPU is lost", "sampled_at": 1.
         ({"refuses_unconfined": True}, Reason.UNCONFINED),
         ({"refuses_unconfined": True, "mig_enabled": True}, Reason.UNCONFINED),
         ({"refuses_unconfined": True, "gpu_state": "draining"}, Reason.DRAINING),
+        # Work outside gpuadmin (a Slurm job) holds it: before MIG and MPS, so neither a slice
+        # nor a share of it is given; its processes are that work's, not foreign.
+        ({"held_outside": "Slurm job 7 on hpc"}, Reason.HELD_OUTSIDE),
+        ({"held_outside": "Slurm job 7 on hpc", "mig_enabled": True}, Reason.HELD_OUTSIDE),
+        ({"held_outside": "Slurm job 7 on hpc", "mps_shared": True}, Reason.HELD_OUTSIDE),
+        ({"held_outside": "Slurm job 7 on hpc", "gpu_state": "draining"}, Reason.DRAINING),
     ],
 )
 def test_why_unusable(changes, code):
@@ -101,7 +107,7 @@ def test_the_rule_is_pure_python():
 
 @pytest.mark.django_db
 def test_schedulable_queryset_is_exactly_the_stored_rule():
-    """Every combination of the stored reasons (1,920, every GPU state of the state machine):
+    """Every combination of the stored reasons (3,840, every GPU state of the state machine):
     the queryset keeps a GPU exactly when ``stored_unusable`` finds nothing."""
     now = timezone.now()
     stale = now - timezone.timedelta(hours=1)
@@ -115,9 +121,10 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
         (False, True),  # MIG mode
         (False, True),  # shared through MPS
         (False, True),  # a real node that confines no job, unconfined jobs not allowed
+        ("", "Slurm job 7 on hpc"),  # held outside gpuadmin
     )
     for n, combo in enumerate(combos):
-        node_state, reachable, gpu_state, missing, error, mig, mps, refusing = combo
+        node_state, reachable, gpu_state, missing, error, mig, mps, refusing, held = combo
         node = Node.objects.create(
             hostname=f"rule-{n}",
             state=node_state,
@@ -136,6 +143,7 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
             error_message=error,
             mig_enabled=mig,
             mps_shared=mps,
+            held_outside=held,
         )
         why = stored_unusable(
             node_state=node_state,
@@ -146,6 +154,7 @@ def test_schedulable_queryset_is_exactly_the_stored_rule():
             mig_enabled=mig,
             mps_shared=mps,
             refuses_unconfined=node.refuses_unconfined,
+            held_outside=held,
         )
         expected[gpu.pk] = why is None
     found = set(Gpu.objects.schedulable(now).values_list("pk", flat=True))

@@ -270,7 +270,7 @@ def with_held_gpus(
     ``gres_used`` is a count without indexes (``gpu:5``); its jobs' ``gres_detail`` has them."""
     held: dict[str, set[int]] = {}
     for job in jobs:
-        if job.state in ("RUNNING", "SUSPENDED") or "COMPLETING" in (job.state, *job.state_flags):
+        if job.holds_gpus:
             for name, indexes in job.gpus.items():
                 held.setdefault(name, set()).update(indexes)
     return tuple(

@@ -9,6 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+# A job holds the GPUs of its ``gpus`` while it runs, is suspended (its processes and their GPU
+# memory stay) or completes (its epilog runs): one of these base states, or the COMPLETING
+# flag. Slurm's answer may still list a finished job's GPUs; they are free.
+HOLDING_STATES = ("RUNNING", "SUSPENDED", "COMPLETING")
+HOLDING_FLAG = "COMPLETING"
+
+
+def holds_gpus(state: str, flags: tuple[str, ...] | list[str]) -> bool:
+    """Whether a job of this base state and these flags holds its GPUs (``HOLDING_STATES``)."""
+    return state in HOLDING_STATES or HOLDING_FLAG in flags
+
 
 @dataclass(frozen=True)
 class SlurmNode:
@@ -59,6 +70,11 @@ class SlurmJob:
     start_time: datetime | None = None  # of a pending job: Slurm's expected start, if any
     end_time: datetime | None = None
     time_limit_min: int | None = None  # None: unlimited
+
+    @property
+    def holds_gpus(self) -> bool:
+        """It holds its ``gpus`` now (``HOLDING_STATES``)."""
+        return holds_gpus(self.state, self.state_flags)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,10 @@ from health.models import HealthEvent
 from integrations.slurm import services, tasks
 from integrations.slurm.models import PollState, SlurmCluster, SlurmJob, SlurmNode, SlurmPartition
 from integrations.slurm.rest import model
+from inventory.models import Gpu
+from inventory.signals import gpus_became_schedulable
 from tests.integrations.slurm.mirror import add_reversed_node, answer, job, node, register
+from tests.scheduling.conftest import broker  # noqa: F401  (a fixture: the loop's wakes)
 
 pytestmark = pytest.mark.django_db
 
@@ -200,3 +203,54 @@ def test_local_authentication_sends_no_token(admin_user, slurmrestd):
     slurmrestd.operations["read_cluster"] = lambda: answer([], [])
     services.poll(cluster)
     assert slurmrestd.calls == [("unix:/run/slurmrestd.sock", "", "", "read_cluster", ())]
+
+
+def test_only_jobs_that_run_hold_their_gpus_and_deleting_the_cluster_frees_them(
+    cluster,
+    admin_user,
+    broker,  # noqa: F811  (the loop's wakes go nowhere)
+    django_capture_on_commit_callbacks,
+):
+    """A running, suspended or completing job holds its catalogued GPUs (not schedulable, the
+    job named); a finished job Slurm still lists with its GPUs holds none; a job's end, or the
+    cluster's deletion, gives them back and announces it once committed."""
+
+    def holders() -> dict[int, str]:
+        rows = Gpu.objects.exclude(held_outside="").values_list("index", "held_outside")
+        return dict(rows.order_by("index"))
+
+    services.sync(
+        cluster,
+        answer(
+            [node("gpu01", "MIXED")],
+            [
+                job(31, {"gpu01": (0,)}),  # GPU 7
+                job(32, {"gpu01": (1,)}, state="SUSPENDED"),  # GPU 6
+                job(33, {"gpu01": (2,)}, state="CANCELLED", state_flags=("COMPLETING",)),
+                job(34, {"gpu01": (3,)}, state="COMPLETED"),  # GPU 4: free
+            ],
+        ),
+    )
+    held = {7: "Slurm job 31 on hpc", 6: "Slurm job 32 on hpc", 5: "Slurm job 33 on hpc"}
+    assert holders() == held
+    assert not Gpu.objects.schedulable().filter(held_outside__gt="").exists()
+    announced: list[list[int]] = []
+
+    def receiver(sender: object, gpu_ids: list[int], **kwargs: object) -> None:
+        announced.append(gpu_ids)
+
+    gpus_became_schedulable.connect(receiver, dispatch_uid="test.slurm_released")
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            services.sync(cluster, answer([node("gpu01", "MIXED")], [job(32, {"gpu01": (1,)})]))
+        assert holders() == {6: "Slurm job 32 on hpc"}
+        index = dict(Gpu.objects.filter(node__hostname="gpu01").values_list("pk", "index"))
+        assert [sorted(index[pk] for pk in ids) for ids in announced] == [[5, 7]]
+        with django_capture_on_commit_callbacks(execute=True):
+            services.delete_cluster(cluster, actor=admin_user)
+        assert holders() == {}
+        assert [sorted(index[pk] for pk in ids) for ids in announced] == [[5, 7], [6]]
+    finally:
+        gpus_became_schedulable.disconnect(dispatch_uid="test.slurm_released")
+    events = AuditEvent.objects.filter(event_type="gpu.held_outside_changed")
+    assert events.count() == 6  # 3 held, 2 released, 1 released with the cluster

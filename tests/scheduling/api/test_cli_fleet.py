@@ -167,6 +167,14 @@ def test_gpus_show_the_fleet_page_columns_and_the_job_on_each(gpuadmin, fleet_wi
     assert gpuadmin("gpus", "--state", "draining")[1].splitlines()[1:] == []
 
 
+def test_the_job_column_names_a_slurm_job_holding_the_gpu():
+    """The API's ``job`` is only ever a gpuadmin job; a Slurm job is named by ``held_by``."""
+    slurm = {"job": None, "held_by": "Slurm job 7 on hpc", "held_by_kind": "slurm"}
+    assert fleet_cli._holder(slurm) == "Slurm job 7 on hpc"
+    assert fleet_cli._holder({"job": 12, "held_by": "job #12", "held_by_kind": "job"}) == 12
+    assert fleet_cli._holder({"job": None, "held_by": None, "held_by_kind": None}) is None
+
+
 def test_nodes(gpuadmin, fleet_with_samples):
     status, out, err = gpuadmin("nodes")
     assert status == 0, err

@@ -69,6 +69,19 @@ def test_one_gpu_on_each_node_is_said_as_one(operator, fleet, broker):
     )
 
 
+def test_a_gpu_work_outside_gpuadmin_holds_is_not_given_by_hand(operator, fleet):
+    """A Slurm job holds it (``Gpu.held_outside``, written by the Slurm mirror's poll)."""
+    job = submit(operator.user, gpu_count=1)
+    [held] = uuids("dgx-01", 4)
+    Gpu.objects.filter(uuid=held).update(held_outside="Slurm job 7 on hpc")
+    response = allocate(operator, job, [held])
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": f"GPUs not usable now: {held} (it is held by Slurm job 7 on hpc)"
+    }
+    assert not job.allocations.exists()
+
+
 def test_a_gpu_is_never_given_twice_and_nothing_is_half_written(operator, fleet):
     first, second = submit(operator.user, gpu_count=2), submit(operator.user, gpu_count=2)
     assert allocate(operator, first, uuids("dgx-01", 0, 1)).status_code == 201
