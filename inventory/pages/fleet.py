@@ -47,7 +47,7 @@ class Status(StrEnum):
     RESETTING = "resetting"
     DEGRADED = "degraded"  # fenced by a health policy, or NVML fails on it
     MISSING = "missing"  # the last scan of its node did not see it
-    OFFLINE = "offline"  # the GPU or its node, or its node's agent unreachable
+    OFFLINE = "offline"  # the GPU or its node, its node's agent unreachable, or no confinement
 
 
 # What each status means, for the dashboard's legend.
@@ -73,6 +73,7 @@ _STATUS_OF = {
     Reason.RESETTING: Status.RESETTING,
     Reason.DEGRADED: Status.DEGRADED,
     Reason.DRAINING: Status.DRAINING,
+    Reason.UNCONFINED: Status.OFFLINE,  # out of service until an admin allows unconfined jobs
     Reason.HELD_OUTSIDE: Status.BUSY,
     Reason.MIG: Status.MIG,
     Reason.MPS: Status.MPS,

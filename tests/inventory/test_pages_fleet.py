@@ -118,6 +118,21 @@ def test_unreachable_node_greys_its_gpus_offline(client):
     assert (count(html, "offline"), count(html, "free")) == (8, 0)
 
 
+def test_a_real_node_that_confines_no_job_shows_its_gpus_out_of_service(client):
+    """The one rule refuses such a node's GPUs (``Reason.UNCONFINED``) until an admin allows
+    unconfined jobs there: the page counts them offline and says why, never fails."""
+    host = unique_host()
+    add_node(host)
+    free = count(client.get("/fleet/").content.decode(), "free")
+    Node.objects.filter(hostname=host).update(nvml_backend="real", isolation="none")
+
+    html = client.get("/fleet/").content.decode()
+
+    assert (count(html, "offline"), count(html, "free")) == (8, 0)
+    Node.objects.filter(hostname=host).update(allow_unconfined=True)
+    assert count(client.get("/fleet/").content.decode(), "free") == free
+
+
 def test_missing_gpus_count_as_missing_and_failing_ones_as_degraded(client):
     host = unique_host()
     scanned = add_node(host)
