@@ -44,16 +44,6 @@ def client_of(user: User) -> APIClient:
     return client
 
 
-@pytest.fixture
-def admin() -> User:
-    return person("root", Role.ADMIN)
-
-
-@pytest.fixture
-def cluster(ray_cluster, admin) -> RayCluster:
-    return services.save_cluster(RayCluster(name="lab", address=ray_cluster.address), actor=admin)
-
-
 def events(job: RayJob) -> list[str]:
     rows = AuditEvent.objects.filter(target_type="ray.rayjob", target_id=str(job.pk))
     return list(rows.order_by("pk").values_list("event_type", flat=True))
