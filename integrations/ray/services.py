@@ -1,6 +1,7 @@
 """Reading a Ray cluster and running jobs on it through Ray's Jobs API, under gpuadmin's rules:
-who may submit (the roles), the pool's quotas of GPUs at once, and an audit row for every
-submission, cancel request and change of state.
+who may submit (the roles), the quotas of the cluster's pool (``quotas.quota_refusal``, the
+placement loop's rule; ``usage`` counts the jobs' GPUs in them and in fair share), and an audit
+row for every submission, cancel request and change of state.
 
 A submission is stored first (state ``pending``, with the ``submission_id`` gpuadmin chose),
 then sent; a send that gets no answer is retried by the poll with the same id, and a send Ray
@@ -18,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
@@ -34,8 +35,7 @@ from integrations.ray.models import (
     RayJob,
     RayJobState,
 )
-from scheduling.models import Quota
-from scheduling.policies.quotas import lock_holders
+from scheduling.policies.quotas import lock_holders, quota_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -126,29 +126,6 @@ def read_cluster(cluster: RayCluster) -> RayCluster:
     return cluster
 
 
-def _check_quota(owner: User, cluster: RayCluster, gpus: float) -> None:
-    """The owner's quota of GPUs at once in the cluster's pool, counted over their active Ray
-    jobs on the clusters of that pool (gpuadmin's own jobs there are the placement loop's)."""
-    if cluster.pool is None or not gpus:
-        return
-    quota = Quota.objects.filter(user=owner, pool=cluster.pool, max_gpus__isnull=False).first()
-    if quota is None or quota.max_gpus is None:
-        return
-    lock_holders(owner, "")
-    held = (
-        RayJob.objects.filter(
-            owner=owner, cluster__pool=cluster.pool, state__in=ACTIVE_STATES
-        ).aggregate(gpus=Sum("gpus"))["gpus"]
-        or 0.0
-    )
-    if held + gpus > quota.max_gpus:
-        raise RayJobRefused(
-            "gpus",
-            f"user {owner.get_username()} may use {quota.max_gpus} GPUs at once in pool "
-            f"{cluster.pool.name}; their Ray jobs hold {held:g} and this asks for {gpus:g}",
-        )
-
-
 def submit(
     *,
     owner: User,
@@ -164,7 +141,13 @@ def submit(
     if not entrypoint.strip():
         raise RayJobRefused("entrypoint", "Give the command Ray runs.")
     with transaction.atomic():
-        _check_quota(owner, cluster, gpus)
+        # Ray decides when the job runs, so gpuadmin's quotas are weighed now, with what the
+        # owner holds (their Ray jobs that have not ended included), one submission at a time.
+        if cluster.pool is not None and gpus:
+            lock_holders(owner, "")
+            refusal = quota_refusal(owner, "", cluster.pool, gpus)
+            if refusal is not None:
+                raise RayJobRefused("gpus", refusal)
         job = RayJob.objects.create(
             owner=owner,
             cluster=cluster,
@@ -265,6 +248,8 @@ def _change(
     with transaction.atomic():
         before = RayJob.objects.select_for_update().get(pk=job.pk).state
         job.state, job.message = state, message
+        if state not in ACTIVE_STATES and job.ended_at is None:
+            job.ended_at = timezone.now()  # Ray gave no end (it forgot the job, or never had it)
         job.save(update_fields=["state", "message", "started_at", "ended_at"])
         if before != state:
             record(

@@ -203,4 +203,4 @@ def test_submissions_follow_roles_and_the_pools_quota(db, admin, free_port):
         "/api/v1/ray/jobs/", {"cluster": "gone", "entrypoint": "true", "gpus": 1}
     )
     assert over.status_code == 400
-    assert "may use 2 GPUs at once in pool ray-lab" in over.content.decode()
+    assert "user frank uses 2 of 2 GPUs in pool ray-lab" in over.content.decode()
