@@ -19,12 +19,15 @@ JOBS_SHOWN = 50  # the newest; the API lists them all
 
 
 def jobs_context(user: User) -> dict[str, Any]:
-    """The newest Ray jobs ``user`` sees, each with its state's colour, and how many there
-    are (the context of ``ray/partials/ray_jobs.html``)."""
+    """The newest Ray jobs ``user`` sees, each with its state's colour and whether ``user``
+    reads its entrypoint, and how many there are (``ray/partials/ray_jobs.html``'s context)."""
     jobs = services.visible_jobs(user)
     shown = list(jobs[:JOBS_SHOWN])
     return {
-        "ray_jobs": [(job, STATE_COLOURS.get(job.state, "grey")) for job in shown],
+        "ray_jobs": [
+            (job, STATE_COLOURS.get(job.state, "grey"), can_read_private(user, job))
+            for job in shown
+        ],
         "ray_jobs_total": jobs.count() if len(shown) == JOBS_SHOWN else len(shown),
     }
 

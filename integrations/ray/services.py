@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import at_least, can_act_on
+from gpuadmin.access.services import at_least, can_act_on, visible_to
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
 from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
@@ -264,10 +264,10 @@ def _change(
 
 
 def visible_jobs(user: User) -> QuerySet[RayJob]:
-    """The Ray jobs ``user`` sees: their own; operators and admins everyone's (with their
-    cluster and owner, which the API and the jobs page show)."""
-    jobs = RayJob.objects.select_related("cluster", "owner")
-    return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
+    """The Ray jobs ``user`` sees, by the rule of gpuadmin's jobs (``visible_to``: users their
+    own, viewers, operators and admins everyone's), with their cluster and owner, which the
+    API and the pages show. Their entrypoint, environment and log: ``can_read_private``."""
+    return visible_to(user, RayJob.objects.select_related("cluster", "owner"))
 
 
 def cancel(*, actor: User, job: RayJob) -> RayJob:

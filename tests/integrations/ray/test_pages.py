@@ -83,10 +83,18 @@ def test_a_job_from_the_form_is_shown_logged_and_canceled(
     follow_until(job, lambda job: "hello from the form" in services.logs(job))
     log = alice.get(f"/ray/jobs/{job.pk}/log/").content.decode()
     assert "hello from the form" in log and 'hx-trigger="every 2s"' in log
-    # Another user neither sees it nor cancels it.
+    # Another user neither sees it nor cancels it; a viewer sees it as a gpuadmin job, not
+    # its entrypoint, environment or log, and cannot cancel it.
     bob = browser_of("bob")
     assert bob.get(f"/ray/jobs/{job.pk}/").status_code == 404
     assert bob.post(f"/ray/jobs/{job.pk}/cancel/").status_code == 404
+    viewer = browser_of("vic", Role.VIEWER)
+    shown = viewer.get(f"/ray/jobs/{job.pk}/").content.decode()
+    assert 'data-state="running"' in shown and "Cancel job" not in shown
+    assert "sleep 120" not in shown and "GREETING" not in shown and "private to" in shown
+    assert "sleep 120" not in viewer.get("/ray/").content.decode()
+    assert viewer.get(f"/ray/jobs/{job.pk}/log/").status_code == 403
+    assert viewer.post(f"/ray/jobs/{job.pk}/cancel/").status_code == 403
     assert alice.get(f"/ray/jobs/{job.pk}/cancel/").status_code == 405
     answer = alice.post(f"/ray/jobs/{job.pk}/cancel/", follow=True)
     assert "Cancel requested: Ray is stopping job" in answer.content.decode()
