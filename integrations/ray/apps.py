@@ -8,6 +8,8 @@ class RayConfig(AppConfig):
 
     def ready(self) -> None:
         from gpuadmin import registry
+        from gpuadmin.metrics import register
+        from integrations.ray.metrics import RayCollector
         from integrations.ray.sections import fleet_section, jobs_section
         from integrations.ray.usage import gpu_use
 
@@ -17,3 +19,5 @@ class RayConfig(AppConfig):
         registry.page_sections.register(jobs_section)
         # Ray jobs' GPUs count against quotas and in fair share, as allocations do.
         registry.gpu_use.register(gpu_use)
+        # /metrics: each cluster's state, nodes, GPUs and jobs, as the poll last read them.
+        register(RayCollector())
