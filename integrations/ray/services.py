@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from dataclasses import asdict
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +28,16 @@ from gpuadmin.access.models import Role
 from gpuadmin.access.services import at_least, can_act_on, visible_to
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
-from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
+from integrations.ray.jobs_api import (
+    ClusterView,
+    JobInfo,
+    PollAnswer,
+    RayError,
+    RayJobsClient,
+    RayRefused,
+    RayUnreachable,
+    ask_all,
+)
 from integrations.ray.models import (
     ACTIVE_STATES,
     RAY_STATES,
@@ -104,15 +115,22 @@ READ_FIELDS = [
 
 
 def read_cluster(cluster: RayCluster) -> RayCluster:
-    """Read the cluster's nodes and resources and store them; a cluster that does not answer,
-    or refuses, keeps its last nodes and says why in ``state`` and ``last_error``."""
-    now = timezone.now()
+    """Read the cluster's nodes and resources and store them (``store_read``)."""
     try:
-        view = client_for(cluster).cluster()
-    except RayUnreachable as exc:
-        cluster.state, cluster.last_error = ClusterState.UNREACHABLE, str(exc)
-    except RayRefused as exc:
-        cluster.state, cluster.last_error = ClusterState.REFUSED, str(exc)
+        view: ClusterView | RayError = client_for(cluster).cluster()
+    except RayError as exc:
+        view = exc
+    return store_read(cluster, view)
+
+
+def store_read(cluster: RayCluster, view: ClusterView | RayError) -> RayCluster:
+    """Store what a read of the cluster found; a cluster that did not answer, or refused,
+    keeps its last nodes and says why in ``state`` and ``last_error``."""
+    now = timezone.now()
+    if isinstance(view, RayRefused):
+        cluster.state, cluster.last_error = ClusterState.REFUSED, str(view)
+    elif isinstance(view, RayError):
+        cluster.state, cluster.last_error = ClusterState.UNREACHABLE, str(view)
     else:
         alive = view.alive
         cluster.state, cluster.last_error = ClusterState.OK, ""
@@ -215,6 +233,11 @@ def _read(job: RayJob) -> RayJob:
     except RayError as exc:
         logger.info("Ray job %s not followed: %s", job.submission_id, exc)
         return job
+    return _found(job, info)
+
+
+def _found(job: RayJob, info: JobInfo | None) -> RayJob:
+    """Store what Ray said of the job (None: it has no job of that id)."""
     if info is None:
         return _change(
             job,
@@ -296,16 +319,35 @@ def logs(job: RayJob) -> str:
 
 
 def poll() -> dict[str, int]:
-    """Beat's tick: read every cluster, then follow every active job on the clusters that
-    answered (pending ones are sent again)."""
-    reachable = set()
-    for cluster in RayCluster.objects.all():
-        if read_cluster(cluster).state == ClusterState.OK:
-            reachable.add(cluster.pk)
-    followed = 0
-    for job in RayJob.objects.filter(state__in=ACTIVE_STATES, cluster__in=reachable).select_related(
-        "cluster", "owner"
-    ):
-        follow(job)
-        followed += 1
-    return {"clusters": len(reachable), "jobs": followed}
+    """Beat's tick: read every cluster and the state of its active jobs, then store what each
+    answered and send its pending jobs again. The clusters are asked at once (``ask_all``: a
+    few threads, nothing waited for past ``GPUADMIN_RAY_TIMEOUT_S``) and each answer is stored
+    as it comes, here, in this thread and its database connection: a cluster that does not
+    answer delays neither the others nor the next tick."""
+    clusters = {cluster.pk: cluster for cluster in RayCluster.objects.all()}
+    active: dict[int, list[RayJob]] = defaultdict(list)
+    for job in RayJob.objects.filter(state__in=ACTIVE_STATES).select_related("cluster", "owner"):
+        active[job.cluster_id].append(job)
+    questions = {
+        pk: partial(
+            client_for(cluster).poll,
+            {job.pk: job.submission_id for job in active[pk] if job.state != RayJobState.PENDING},
+        )
+        for pk, cluster in clusters.items()
+    }
+    reachable = followed = 0
+    for pk, answer in ask_all(questions, deadline_s=settings.GPUADMIN_RAY_TIMEOUT_S):
+        view, infos = (answer.view, answer.jobs) if isinstance(answer, PollAnswer) else (answer, {})
+        if store_read(clusters[pk], view).state != ClusterState.OK:
+            continue
+        reachable += 1
+        for job in active[pk]:
+            followed += 1
+            info = infos.get(job.pk)
+            if job.state == RayJobState.PENDING:
+                send(job)  # rare: a job whose first send found its cluster silent
+            elif isinstance(info, RayError):
+                logger.info("Ray job %s not followed: %s", job.submission_id, info)
+            else:
+                _found(job, info)
+    return {"clusters": reachable, "jobs": followed}

@@ -67,6 +67,7 @@ def test_the_clusters_and_their_jobs_on_metrics(cluster, admin, free_port):
     }
     assert gone.state == "unreachable"
     services.cancel(actor=owner, job=job)
+    follow_until(job, lambda job: not job.active)  # its GPU free again for the next tests
 
 
 def test_the_collector_reads_two_queries_and_asks_no_cluster(
