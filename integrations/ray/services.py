@@ -36,6 +36,7 @@ from integrations.ray.jobs_api import (
     RayJobsClient,
     RayRefused,
     RayUnreachable,
+    answer_or_error,
     ask_all,
 )
 from integrations.ray.models import (
@@ -116,11 +117,7 @@ READ_FIELDS = [
 
 def read_cluster(cluster: RayCluster) -> RayCluster:
     """Read the cluster's nodes and resources and store them (``store_read``)."""
-    try:
-        view: ClusterView | RayError = client_for(cluster).cluster()
-    except RayError as exc:
-        view = exc
-    return store_read(cluster, view)
+    return store_read(cluster, answer_or_error(client_for(cluster).cluster))
 
 
 def store_read(cluster: RayCluster, view: ClusterView | RayError) -> RayCluster:
@@ -335,19 +332,21 @@ def poll() -> dict[str, int]:
         )
         for pk, cluster in clusters.items()
     }
-    reachable = followed = 0
+    reachable, followed, unsent = 0, 0, []
     for pk, answer in ask_all(questions, deadline_s=settings.GPUADMIN_RAY_TIMEOUT_S):
         view, infos = (answer.view, answer.jobs) if isinstance(answer, PollAnswer) else (answer, {})
         if store_read(clusters[pk], view).state != ClusterState.OK:
             continue
-        reachable += 1
+        reachable, followed = reachable + 1, followed + len(active[pk])
         for job in active[pk]:
-            followed += 1
             info = infos.get(job.pk)
             if job.state == RayJobState.PENDING:
-                send(job)  # rare: a job whose first send found its cluster silent
+                unsent.append(job)
             elif isinstance(info, RayError):
                 logger.info("Ray job %s not followed: %s", job.submission_id, info)
             else:
                 _found(job, info)
+    # Rare (a job whose first send found its cluster silent), and after every answer is stored.
+    for job in unsent:
+        send(job)
     return {"clusters": reachable, "jobs": followed}
