@@ -19,6 +19,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.celery import app
 from gpuadmin.text import is_api_view
 from health.alerts import open_alert
+from integrations.ray.models import RayCluster, RayJob
 from inventory.models import Node
 from scheduling.models import Quota
 from scheduling.reservations import services as reservations
@@ -112,6 +113,11 @@ def the_site() -> dict[str, str]:
         summary="GPU 0 runs hot",
         node=Node.objects.get(hostname=host),
     )
+    # A Ray cluster not read yet (nothing listens there), with a job not yet sent to it.
+    ray = RayCluster.objects.create(name="lab", address="http://127.0.0.1:9")
+    ray_job = RayJob.objects.create(
+        owner=alice, cluster=ray, entrypoint="python train.py", gpus=1, submission_id="sweep-1"
+    )
     return {
         "": "/",
         "accounts/login/": "/accounts/login/",
@@ -128,6 +134,10 @@ def the_site() -> dict[str, str]:
         "jobs/<int:pk>/": f"/jobs/{job.pk}/",
         "jobs/<int:pk>/log/": f"/jobs/{job.pk}/log/",
         "usage/": "/usage/",
+        "ray/": "/ray/",
+        "ray/jobs/new/": "/ray/jobs/new/",
+        "ray/jobs/<int:pk>/": f"/ray/jobs/{ray_job.pk}/",
+        "ray/jobs/<int:pk>/log/": f"/ray/jobs/{ray_job.pk}/log/",
         "reservations/": "/reservations/",
         "policies/": "/policies/",
         "policies/<str:pool>/": "/policies/~/",

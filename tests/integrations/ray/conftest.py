@@ -93,6 +93,22 @@ def started_by(token: str, sessions: set[int]) -> list[psutil.Process]:
     return found
 
 
+@pytest.fixture
+def admin(db):  # noqa: ANN001, ANN201 - Django's models load with the database
+    from django.contrib.auth.models import User
+
+    return User.objects.create_user("root", is_staff=True)
+
+
+@pytest.fixture
+def cluster(ray_cluster: RayTestCluster, admin):  # noqa: ANN001, ANN201
+    """The session's Ray cluster registered (and read) as ``lab``."""
+    from integrations.ray import services
+    from integrations.ray.models import RayCluster
+
+    return services.save_cluster(RayCluster(name="lab", address=ray_cluster.address), actor=admin)
+
+
 @dataclass(frozen=True)
 class RayTestCluster:
     address: str  # the dashboard's, for gpuadmin
