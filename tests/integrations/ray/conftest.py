@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import IO
 
 import psutil
 import pytest
+
+from scheduling.agent.ray_launch import NODE_PORT_OPTIONS, free_ports
 
 REPO_DIR = Path(__file__).resolve().parents[3]
 MARKER = "GPUADMIN_TEST_RAY_CLUSTER"
@@ -50,27 +51,10 @@ def ray_binary() -> str:
     return str(found)
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def node_ports() -> list[str]:
-    """The ports one Ray node listens on besides the head's GCS and dashboard."""
-    names = [
-        "--node-manager-port",
-        "--object-manager-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--metrics-export-port",
-        "--runtime-env-agent-port",
-    ]
+    """The ports one Ray node listens on besides the head's GCS and dashboard (those a
+    gpuadmin Ray application's launcher chooses too)."""
+    names = NODE_PORT_OPTIONS
     return [f"{name}={port}" for name, port in zip(names, free_ports(len(names)), strict=True)]
 
 
