@@ -6,6 +6,7 @@ the ``answer`` last (or ``refused``)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -14,6 +15,8 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 
 from assistant import services
@@ -26,6 +29,22 @@ EXAMPLES = (
     "Who holds the H100s and how busy are they?",
     "Is dgx-a100-02 healthy?",
 )
+
+
+# A Markdown link to one of gpuadmin's own pages: ``[job 42](/jobs/42/)`` (not ``//host``).
+LINK = re.compile(r"\[([^\]\n]+)\]\((/(?!/)[^)\s]*)\)")
+
+
+def linked(text: str) -> SafeString:
+    """The answer's text, escaped, with its Markdown links to gpuadmin's pages made links
+    (``static/assistant/assistant.js`` does the same to a streamed answer)."""
+    parts, end = [], 0
+    for match in LINK.finditer(text):
+        parts.append(escape(text[end : match.start()]))
+        parts.append(format_html('<a href="{}">{}</a>', match[2], match[1]))
+        end = match.end()
+    parts.append(escape(text[end:]))
+    return mark_safe("".join(parts))  # noqa: S308 - every part escaped above
 
 
 def _context(**extra: Any) -> dict[str, Any]:
@@ -54,7 +73,8 @@ def page(request: HttpRequest) -> HttpResponse:
             _context(question=question, error=exc.message),
             status=400,
         )
-    return render(request, "assistant/page.html", _context(question=question, answer=answer))
+    context = _context(question=question, answer=answer, answer_html=linked(answer.text))
+    return render(request, "assistant/page.html", context)
 
 
 def _event(name: str, data: Any) -> bytes:

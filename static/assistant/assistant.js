@@ -19,6 +19,24 @@
     parent.appendChild(li);
   }
 
+  // The answer's Markdown links to gpuadmin's own pages ("[job 42](/jobs/42/)", not "//host")
+  // made links, the rest left text (assistant.views.linked does the same without script).
+  var LINK = /\[([^\]\n]+)\]\((\/(?!\/)[^)\s]*)\)/g;
+  function linked(answer) {
+    text.textContent = "";
+    var end = 0, match;
+    LINK.lastIndex = 0;
+    while ((match = LINK.exec(answer)) !== null) {
+      text.appendChild(document.createTextNode(answer.slice(end, match.index)));
+      var link = document.createElement("a");
+      link.href = match[2];
+      link.textContent = match[1];
+      text.appendChild(link);
+      end = match.index + match[0].length;
+    }
+    text.appendChild(document.createTextNode(answer.slice(end)));
+  }
+
   function handle(name, data) {
     if (name === "text") {
       text.textContent += data.text;
@@ -27,7 +45,7 @@
       code.textContent = data.name + "(" + data.arguments + ")" + (data.ok ? "" : ": " + data.error);
       item(steps, data.ok ? "ok" : "bad", code);
     } else if (name === "answer") {
-      text.textContent = data.text;
+      linked(data.text);
       data.citations.forEach(function (citation) {
         var link = document.createElement("a");
         link.href = citation.url;

@@ -11,6 +11,7 @@ from django.http import StreamingHttpResponse
 from django.test import Client
 from rest_framework.test import APIClient
 
+from assistant.views import linked
 from tests.assistant.chat_server import call, say
 
 pytestmark = pytest.mark.django_db
@@ -94,10 +95,19 @@ def test_the_page_streams_the_answer_and_answers_whole_without_script(model, ali
     page = client.post("/assistant/", {"question": "Which GPU is free?"})
     body = page.content.decode()
     assert page.status_code == 200
-    assert "[GPU 0 of dgx-01] is free." in body
+    assert "[GPU 0 of dgx-01] is free." in body  # not a link to a page: left as it is
     assert f'<a href="{answer["citations"][0]["url"]}">GPU 0 of dgx-01</a>' in body
     assert "<code>list_gpus(" in body
 
     refused = client.post("/assistant/stream/", {"question": "  "})
     assert refused.status_code == 400
     assert refused.content == b'event: refused\ndata: {"detail": "ask a question"}\n\n'
+
+
+def test_the_answers_links_to_gpuadmins_pages_are_made_links_and_nothing_else():
+    text = "See [job 4](/jobs/4/), [x](//evil.example/), [y](javascript:alert(1)) & <b>."
+
+    assert linked(text) == (
+        'See <a href="/jobs/4/">job 4</a>, [x](//evil.example/), '
+        "[y](javascript:alert(1)) &amp; &lt;b&gt;."
+    )

@@ -28,7 +28,9 @@ def model(settings) -> Iterator[ChatServer]:
 
 def test_the_answer_streams_in_with_its_steps_and_citations(page, live_server, model):
     alert = open_alert(fingerprint="hot", severity="warning", summary="GPU 0 of dgx-01 runs hot")
-    answer = f"One alert fires: GPU 0 of dgx-01 runs hot (alert {alert.pk})."
+    answer = (
+        f"One alert fires: GPU 0 of dgx-01 runs hot ([alert {alert.pk}](/alerts/?id={alert.pk}))."
+    )
     model.script.append(say(answer))
     log_in(page.context, live_server, User.objects.create_user("alice"))
     page.context.add_init_script(RECORD_VIOLATIONS)
@@ -38,7 +40,9 @@ def test_the_answer_streams_in_with_its_steps_and_citations(page, live_server, m
     page.get_by_role("button", name="Ask").click()
 
     page.locator("#assistant-citations a").wait_for()
-    assert page.locator("#assistant-text").inner_text() == answer
+    text = page.locator("#assistant-text")
+    assert text.inner_text() == f"One alert fires: GPU 0 of dgx-01 runs hot (alert {alert.pk})."
+    assert text.locator("a").get_attribute("href") == f"/alerts/?id={alert.pk}"
     assert page.locator("#assistant-steps").inner_text() == 'list_alerts({"state": "firing"})'
     link = page.locator("#assistant-citations a")
     assert link.inner_text() == f"alert {alert.pk}"
