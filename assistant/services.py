@@ -165,7 +165,7 @@ class _Rollback(Exception):
     pass
 
 
-def _read_only(call: Any) -> Any:
+def read_only(call: Any) -> Any:
     """``call()`` in a read-only transaction (PostgreSQL refuses any write), rolled back."""
     result = None
     try:
@@ -190,7 +190,7 @@ def _run(user: User, question: str, call: ToolCall, *, refused: bool) -> tuple[S
         if tool is None:
             raise ToolRefused(f"no tool {call.name!r}; the tools are {', '.join(TOOLS)}")
         kwargs = bind(tool.function, call.arguments)
-        result = _read_only(lambda: tool.function(user, **kwargs))
+        result = read_only(lambda: tool.function(user, **kwargs))
         content = cap(result, settings.GPUADMIN_ASSISTANT_RESULT_BYTES)
         step = Step(call.name, call.arguments, ok=True)
     except (ToolRefused, ArgumentsInvalid) as exc:

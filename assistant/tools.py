@@ -127,7 +127,7 @@ def alert_ref(alert: Alert) -> dict[str, str]:
 # --------------------------------------------------------------------------- jobs
 
 
-def _job_facts(user: Asker, job: Job) -> dict[str, Any]:
+def _job_facts(job: Job) -> dict[str, Any]:
     facts: dict[str, Any] = {
         **job_ref(job.pk),
         "name": job.name,
@@ -163,7 +163,7 @@ def get_job(user: Asker, *, job_id: Annotated[int, "The job's number."]) -> dict
     job = with_details(visible_jobs(user)).filter(pk=job_id).first()
     if job is None:
         raise ToolRefused(no_job_text(user, job_id))
-    facts = _job_facts(user, job)
+    facts = _job_facts(job)
     facts["gpus"] = [
         {
             **gpu_ref(allocation.gpu),
@@ -201,7 +201,7 @@ def list_jobs(
         visible_jobs(user).select_related("owner", "pool"),
     )
     found = list(jobs[: _rows(limit)])
-    return {"jobs": [_job_facts(user, job) for job in found], "shown": len(found)}
+    return {"jobs": [_job_facts(job) for job in found], "shown": len(found)}
 
 
 # --------------------------------------------------------------------------- GPUs and nodes

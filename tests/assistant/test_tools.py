@@ -13,7 +13,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from assistant.schema import ArgumentsInvalid, bind
-from assistant.services import _read_only, cap
+from assistant.services import cap, read_only
 from assistant.tools import TOOLS, Tool, ToolRefused
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
@@ -62,7 +62,7 @@ def test_arguments_generated_from_each_schema_are_taken(tool: Tool, make_user, f
         validator.validate(arguments)
         kwargs = bind(tool.function, json.dumps(arguments))
         try:
-            result = _read_only(lambda kwargs=kwargs: tool.function(admin, **kwargs))
+            result = read_only(lambda kwargs=kwargs: tool.function(admin, **kwargs))
         except ToolRefused as refusal:
             assert str(refusal)
             continue
@@ -111,7 +111,7 @@ def test_a_tool_that_tried_to_write_would_be_refused_by_the_database(make_user):
     from django.db import DatabaseError
 
     with pytest.raises(DatabaseError, match="read-only transaction"):
-        _read_only(lambda: make_user("intruder"))
+        read_only(lambda: make_user("intruder"))
 
     assert not User.objects.filter(username="intruder").exists()
     make_user("after")  # the connection writes again outside it
