@@ -21,6 +21,7 @@ class Scripted:
     content: str = ""
     calls: tuple[tuple[str, str], ...] = ()
     status: int = 200
+    streamed: bool = True  # False: one JSON body, as a server that ignores "stream"
 
 
 def say(text: str) -> Scripted:
@@ -66,6 +67,24 @@ def chunks(reply: Scripted, model: str) -> Iterator[dict[str, Any]]:
     yield chunk({}, "tool_calls" if reply.calls else "stop")
 
 
+def whole(reply: Scripted, model: str) -> dict[str, Any]:
+    """The reply in one body (``"stream": false``)."""
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+        for i, (name, args) in enumerate(reply.calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if calls:
+        message["tool_calls"] = calls
+    finish = "tool_calls" if calls else "stop"
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+
+
 @dataclass
 class ChatServer:
     """``script``: the replies, in order (a callable decides from the request's body); the
@@ -103,6 +122,12 @@ class ChatServer:
                     self.send_header("Content-Type", "application/json")
                     self.end_headers()
                     self.wfile.write(b'{"error": {"message": "scripted failure"}}')
+                    return
+                if not reply.streamed:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(json.dumps(whole(reply, body["model"])).encode())
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
