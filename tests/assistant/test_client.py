@@ -34,7 +34,8 @@ def test_text_and_parallel_tool_calls_come_whole(server, streamed):
 
     *pieces, reply = client.stream([{"role": "user", "content": "H100s?"}], [])
 
-    assert "".join(pieces) == "Looking it up."
+    assert all(isinstance(piece, str) for piece in pieces)
+    assert "".join(map(str, pieces)) == "Looking it up."
     assert len(pieces) == (4 if streamed else 1)  # 4 characters a delta
     assert reply == Reply(
         "Looking it up.",
