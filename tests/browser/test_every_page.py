@@ -54,6 +54,7 @@ NOT_PAGES = (
     "accounts/logout/",
     "accounts/password_",
     "accounts/reset/",
+    "assistant/stream/",
 )
 # Live regions poll every 2 s (hx-trigger="every 2s"): wait two polls and their swaps, since the
 # second swaps into what the first left (a target the first swap lost is an error only then).
@@ -122,6 +123,7 @@ def the_site() -> dict[str, str]:
         "": "/",
         "accounts/login/": "/accounts/login/",
         "audit/": "/audit/",
+        "assistant/": "/assistant/",
         "fleet/": "/fleet/",
         "nodes/<str:hostname>/": f"/nodes/{host}/",
         "nodes/<str:hostname>/mig/": f"/nodes/{host}/mig/",

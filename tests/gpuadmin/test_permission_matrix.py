@@ -504,6 +504,15 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("ray/jobs/<int:pk>/cancel/", "POST"): Entry(
         "/ray/jobs/0/cancel/", by_role(LOGIN, 404, 404, 404, 404), form=True
     ),
+    # The assistant, for everyone signed in; no model is configured here (its tools' own
+    # permissions: tests/assistant/).
+    ("assistant/", "GET"): Entry("/assistant/", PAGE_READ),
+    ("assistant/stream/", "POST"): Entry(
+        "/assistant/stream/", by_role(LOGIN, 400, 400, 400, 400), {"question": "hi"}, form=True
+    ),
+    ("api/v1/assistant/ask/", "POST"): Entry(
+        "/api/v1/assistant/ask/", by_role(401, 503, 503, 503, 503), {"question": "hi"}
+    ),
 }
 
 WRITES_AND_GET = {"get", "post", "put", "patch", "delete"}
