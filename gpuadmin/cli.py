@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 CHILD_STOP_GRACE_S = 10.0
 # How long the web server lets requests in flight finish when it stops, within `up`'s grace.
 WEB_STOP_GRACE_S = 8
+GRPC_BIND = "127.0.0.1:50051"  # gRPC's customary port
 # How long `up` keeps the central worker, once the agents are gone, to record their jobs' ends.
 JOB_REPORT_WAIT_S = 15.0
 AGENT_LOG = logging.getLogger("gpuadmin.agent")
@@ -171,6 +172,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         respawn_interval=1.0,
         workers_kill_timeout=WEB_STOP_GRACE_S,  # requests in flight finish first
     ).serve()
+    return 0
+
+
+@_with_django
+def cmd_grpc(args: argparse.Namespace) -> int:
+    from gpuadmin.rpc import server
+
+    _stop_on_signals()
+    try:
+        server.serve(args.bind, threads=args.threads)
+    except server.CannotListen as exc:
+        print(f"gpuadmin grpc: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -631,6 +647,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--threads", type=positive_int, default=env_int("WEB_THREADS", 2, minimum=1))
     serve.set_defaults(run=cmd_serve)
+
+    grpc = verbs.add_parser("grpc", help="the gRPC API server (gpuadmin.v1)")
+    grpc.add_argument("--bind", type=bind_argument, default=GRPC_BIND)
+    grpc.add_argument(
+        "--threads",
+        type=positive_int,
+        default=32,
+        help="calls and streams served at once (a stream holds one while it lasts)",
+    )
+    grpc.set_defaults(run=cmd_grpc)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")
     worker.add_argument("--queues", default=None, help="default: GPUADMIN_CENTRAL_QUEUE (default)")

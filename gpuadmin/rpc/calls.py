@@ -1,0 +1,195 @@
+"""What every gRPC method shares: who calls (an API token in the call's metadata, checked as the
+REST API checks it, and the role the method needs), the request id and channel its audit rows
+carry, the database connections kept as a web request keeps them, and refusals answered as
+status codes that name the field at fault.
+
+A servicer's method is decorated with ``rpc(role)`` and takes ``(request, call)``: ``call.user``
+is the caller. Refusals become status codes:
+
+- ``FieldRefusal`` (a service's refusal of bad input) and the REST serializers'
+  ``ValidationError``: ``INVALID_ARGUMENT``, the message beginning with the field
+  (``gpu_count: ...``), which the trailing metadata ``gpuadmin-field`` names too;
+- Django's and DRF's ``PermissionDenied``: ``PERMISSION_DENIED``;
+- ``Refused``: the code it carries (``NOT_FOUND``, ``FAILED_PRECONDITION``,
+  ``RESOURCE_EXHAUSTED``...), raised by the servicers for the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db import close_old_connections
+from rest_framework import exceptions as drf
+
+from gpuadmin import request_id
+from gpuadmin.access.models import Role
+from gpuadmin.access.services import at_least, role_of
+from gpuadmin.access.tokens import InvalidToken, authenticate_key
+from gpuadmin.refusals import FieldRefusal
+
+log = logging.getLogger("gpuadmin.rpc")
+CHANNEL = "grpc"  # the audit rows' channel
+FIELD_KEY = "gpuadmin-field"  # trailing metadata: the field a refusal is about
+REQUEST_ID_KEY = "x-request-id"
+TOKEN_KEYWORDS = ("bearer", "token")
+
+
+class Refused(Exception):
+    """A refusal as a status code: ``message`` for the caller, ``field`` when one is at
+    fault, ``metadata`` added to the trailing metadata (``retry-after``)."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        field: str = "",
+        metadata: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.metadata = tuple(metadata)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call: its caller and grpc's context."""
+
+    user: User
+    context: grpc.ServicerContext
+
+    def is_active(self) -> bool:
+        return bool(self.context.is_active())
+
+
+def caller(context: grpc.ServicerContext) -> User:
+    """The user of the API token in the call's ``authorization`` metadata (``Bearer
+    gpa_...``); ``UNAUTHENTICATED`` without one or for a revoked one."""
+    metadata = dict(context.invocation_metadata())
+    words = str(metadata.get("authorization", "")).split()
+    if len(words) != 2 or words[0].lower() not in TOKEN_KEYWORDS:
+        raise Refused(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "Give an API token in the call's authorization metadata: Bearer gpa_... "
+            "(gpuadmin token create).",
+        )
+    try:
+        user, _ = authenticate_key(words[1])
+    except InvalidToken as exc:
+        raise Refused(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+    return user
+
+
+def refusal_of(exc: Exception) -> Refused | None:
+    """``exc`` as a ``Refused``, or None for an error that is no refusal (a bug: INTERNAL)."""
+    if isinstance(exc, Refused):
+        return exc
+    if isinstance(exc, FieldRefusal):
+        return Refused(grpc.StatusCode.INVALID_ARGUMENT, str(exc), field=exc.field)
+    if isinstance(exc, drf.ValidationError):
+        field, message = first_error(exc.detail)
+        said = f"{field}: {message}" if field else message
+        return Refused(grpc.StatusCode.INVALID_ARGUMENT, said, field=field)
+    if isinstance(exc, PermissionDenied | drf.PermissionDenied):
+        return Refused(grpc.StatusCode.PERMISSION_DENIED, str(exc) or "Not allowed.")
+    from gpuadmin.rpc.events import NotListening
+
+    if isinstance(exc, NotListening):
+        return Refused(grpc.StatusCode.UNAVAILABLE, str(exc))
+    return None
+
+
+def first_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """The first (field, message) of a DRF error ``detail`` (nested dicts and lists)."""
+    if isinstance(detail, dict):
+        for name, inner in detail.items():
+            prefix = "" if name == "non_field_errors" else str(name)
+            return first_error(inner, f"{path}.{prefix}" if path and prefix else path or prefix)
+    if isinstance(detail, list) and detail:
+        return first_error(detail[0], path)
+    return path, str(detail)
+
+
+def _abort(context: grpc.ServicerContext, refused: Refused) -> None:
+    metadata = list(refused.metadata)
+    if refused.field:
+        metadata.append((FIELD_KEY, refused.field))
+    if metadata:
+        context.set_trailing_metadata(metadata)
+    context.abort(refused.code, refused.message)
+
+
+def _begin(context: grpc.ServicerContext, role: str) -> Call:
+    """The call of a caller with ``role`` or stronger."""
+    user = caller(context)
+    if not at_least(user, role):
+        raise Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"This needs the {role} role; you are a {role_of(user)}.",
+        )
+    return Call(user, context)
+
+
+def _bound(context: grpc.ServicerContext) -> AbstractContextManager[Any]:
+    """The call's audit rows carry its ``x-request-id`` (a new one when it sends none) and
+    the channel ``grpc``."""
+    sent = dict(context.invocation_metadata()).get(REQUEST_ID_KEY)
+    return request_id.bound(request_id.parse(sent), CHANNEL)
+
+
+def _fail(context: grpc.ServicerContext, exc: Exception, name: str) -> None:
+    refused = refusal_of(exc)
+    if refused is None:
+        log.exception("%s failed", name)
+        refused = Refused(grpc.StatusCode.INTERNAL, "Internal error: see the server's log.")
+    _abort(context, refused)
+
+
+def rpc(role: str = Role.VIEWER) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A servicer's method ``(self, request, call)`` as grpc calls it, ``(self, request,
+    context)``, for callers of ``role`` or stronger (a unary method or a generator, for a
+    server stream)."""
+
+    def decorator(method: Callable[..., Any]) -> Callable[..., Any]:
+        name = method.__qualname__
+        if inspect.isgeneratorfunction(method):
+
+            @functools.wraps(method)
+            def streaming(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                close_old_connections()
+                try:
+                    with _bound(context):
+                        yield from method(self, request, _begin(context, role))
+                except Exception as exc:
+                    if context.is_active():  # else the client went away: no one to tell
+                        _fail(context, exc, name)
+                finally:
+                    close_old_connections()
+
+            return streaming
+
+        @functools.wraps(method)
+        def unary(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+            close_old_connections()
+            try:
+                with _bound(context):
+                    return method(self, request, _begin(context, role))
+            except Exception as exc:
+                _fail(context, exc, name)
+            finally:
+                close_old_connections()
+
+        return unary
+
+    return decorator

@@ -1,0 +1,232 @@
+"""The gRPC API through a real `gpuadmin grpc` process and a real grpcio client: jobs submitted
+(idempotently), read, listed, followed and canceled; refusals as status codes naming the field;
+tokens; the health service and reflection."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from django.contrib.auth import get_user_model
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from gpuadmin.access.models import Membership, Role
+from gpuadmin.access.services import create_token, revoke_token
+from gpuadmin.v1 import jobs_pb2 as pb
+from gpuadmin.v1 import jobs_pb2_grpc
+from scheduling.jobs import control
+from scheduling.models import Job, JobState
+from tests.conftest import REPO_DIR, session_database_url
+from tests.scheduling.conftest import add_sim_node
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+SUBMIT_RATE = 8  # a minute, for the server under test
+
+
+@pytest.fixture
+def channel(gpuadmin_env: dict[str, str], free_port: int, tmp_path: Path) -> Iterator[grpc.Channel]:
+    """A channel to `gpuadmin grpc` serving this session's database (and a simulated node of
+    8 GPUs, so that submissions fit the fleet)."""
+    add_sim_node("grpc-01")
+    bind = f"127.0.0.1:{free_port}"
+    log = tmp_path / "grpc.log"
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_SUBMIT_RATE": f"{SUBMIT_RATE}/min",
+    }
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuadmin", "grpc", "--bind", bind, "--threads", "8"],
+            env=env,
+            cwd=REPO_DIR,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    channel = grpc.insecure_channel(bind)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=60)
+        yield channel
+    finally:
+        channel.close()
+        process.terminate()
+        process.wait(timeout=30)
+        # What the server said: pytest shows it with a failure.
+        print(log.read_text())  # noqa: T201
+
+
+def token_of(username: str, role: str = Role.USER) -> list[tuple[str, str]]:
+    """A new user with ``role`` and the call metadata of a token of theirs."""
+    user = get_user_model().objects.create_user(username)
+    Membership.objects.create(user=user, role=role)
+    _, key = create_token(user, "grpc")
+    return [("authorization", f"Bearer {key}")]
+
+
+def refusal(call, request, metadata) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as raised:
+        call(request, metadata=metadata, timeout=30)
+    return raised.value
+
+
+def field_of(error: grpc.RpcError) -> str | None:
+    return dict(error.trailing_metadata() or ()).get("gpuadmin-field")
+
+
+def test_jobs_are_submitted_once_read_listed_followed_and_canceled(channel):
+    jobs = jobs_pb2_grpc.JobsStub(channel)
+    alice = token_of("alice")
+    request = pb.SubmitJobRequest(
+        idempotency_key="train-1",
+        command=["python", "train.py"],
+        gpu_count=2,
+        env={"SEED": "1"},
+        priority=pb.PRIORITY_HIGH,
+        hold=True,
+    )
+    first = jobs.SubmitJob(request, metadata=alice, timeout=30)
+    assert first.created
+    job = first.job
+    assert (job.state, job.gpu_count, job.priority) == (pb.JOB_STATE_PENDING, 2, pb.PRIORITY_HIGH)
+    assert (list(job.command), dict(job.env), job.owner) == (
+        ["python", "train.py"],
+        {"SEED": "1"},
+        "alice",
+    )
+    stored = Job.objects.get(pk=job.id)
+    assert (stored.idempotency_key, stored.state) == ("train-1", JobState.PENDING)
+
+    # A resend (the answer was lost) stores nothing more, whatever it asks.
+    request.gpu_count = 4
+    again = jobs.SubmitJob(request, metadata=alice, timeout=30)
+    assert (again.created, again.job.id, again.job.gpu_count) == (False, job.id, 2)
+    assert Job.objects.filter(owner__username="alice").count() == 1
+
+    assert jobs.GetJob(pb.GetJobRequest(id=job.id), metadata=alice, timeout=30).id == job.id
+    listed = jobs.ListJobs(pb.ListJobsRequest(), metadata=alice, timeout=30)
+    assert [listed_job.id for listed_job in listed.jobs] == [job.id]
+    assert listed.next_page_token == ""
+
+    # Followed as it changes: released into the queue here, then canceled over gRPC.
+    seen: queue.SimpleQueue[pb.JobEvent | None] = queue.SimpleQueue()
+
+    def follow() -> None:
+        for event in jobs.WatchJob(pb.WatchJobRequest(id=job.id), metadata=alice, timeout=60):
+            seen.put(event)
+        seen.put(None)  # the stream ended
+
+    threading.Thread(target=follow, daemon=True).start()
+    submitted = seen.get(timeout=30)
+    assert (submitted.event_type, submitted.state) == ("job.submitted", pb.JOB_STATE_PENDING)
+    control.release_job(stored, actor=stored.owner)
+    released = seen.get(timeout=30)
+    assert (released.state, released.previous_state) == (pb.JOB_STATE_QUEUED, pb.JOB_STATE_PENDING)
+
+    canceled = jobs.CancelJob(pb.CancelJobRequest(id=job.id), metadata=alice, timeout=30)
+    assert (canceled.canceling, canceled.job.state) == (False, pb.JOB_STATE_CANCELED)
+    end = seen.get(timeout=30)
+    assert (end.state, end.actor, end.message) == (
+        pb.JOB_STATE_CANCELED,
+        "alice",
+        "canceled by alice",
+    )
+    assert seen.get(timeout=30) is None  # the stream ended with the job
+    assert submitted.event_id < released.event_id < end.event_id
+
+    # Resumed after an event: only what came after it, and it ends at the end.
+    resumed = jobs.WatchJob(
+        pb.WatchJobRequest(id=job.id, after_event_id=submitted.event_id), metadata=alice, timeout=30
+    )
+    assert [event.event_id for event in resumed] == [released.event_id, end.event_id]
+    after_end = pb.WatchJobRequest(id=job.id, after_event_id=end.event_id)
+    assert list(jobs.WatchJob(after_end, metadata=alice, timeout=30)) == []
+
+    # The audit rows say it came through gRPC.
+    from gpuadmin.audit.models import AuditEvent
+
+    channels = set(
+        AuditEvent.objects.filter(target_type="scheduling.job", target_id=str(job.id))
+        .exclude(event_type="job.queued")  # released here, not over gRPC
+        .values_list("channel", flat=True)
+    )
+    assert channels == {"grpc"}
+
+
+def test_refusals_are_status_codes_naming_the_field(channel):
+    jobs = jobs_pb2_grpc.JobsStub(channel)
+    bob = token_of("bob")
+
+    # The serializer's bounds, and the job services' own rules.
+    error = refusal(jobs.SubmitJob, pb.SubmitJobRequest(command=["x"], gpu_count=0), bob)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details().startswith("gpu_count: ")
+    assert field_of(error) == "gpu_count"
+    relative = pb.SubmitJobRequest(command=["x"], working_dir="data")
+    error = refusal(jobs.SubmitJob, relative, bob)
+    assert (error.code(), field_of(error)) == (grpc.StatusCode.INVALID_ARGUMENT, "working_dir")
+    assert error.details() == "working_dir: 'data' is not an absolute path"
+
+    # Another's job is none of a user's; a viewer reads it but cannot submit or cancel.
+    carol = token_of("carol")
+    job = jobs.SubmitJob(pb.SubmitJobRequest(command=["x"], hold=True), metadata=carol).job
+    error = refusal(jobs.GetJob, pb.GetJobRequest(id=job.id), bob)
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert error.details() == f"No job {job.id} of yours (a user sees only their own jobs)."
+    viewer = token_of("vera", Role.VIEWER)
+    assert jobs.GetJob(pb.GetJobRequest(id=job.id), metadata=viewer).id == job.id
+    error = refusal(jobs.CancelJob, pb.CancelJobRequest(id=job.id), viewer)
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error.details() == "This needs the user role; you are a viewer."
+
+    # A state that does not allow it.
+    jobs.CancelJob(pb.CancelJobRequest(id=job.id), metadata=carol)
+    error = refusal(jobs.CancelJob, pb.CancelJobRequest(id=job.id), carol)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.details() == f"job {job.id} is already canceled"
+
+    # Tokens: none, not one, revoked.
+    error = refusal(jobs.ListJobs, pb.ListJobsRequest(), [])
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    error = refusal(jobs.ListJobs, pb.ListJobsRequest(), [("authorization", "Bearer nope")])
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    token = get_user_model().objects.get(username="bob").api_tokens.get()
+    revoke_token(token, actor=token.user)
+    error = refusal(jobs.ListJobs, pb.ListJobsRequest(), bob)
+    assert (error.code(), error.details()) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "Invalid or revoked API token.",
+    )
+
+    # The submission rate limit, counted with the REST API's.
+    dave = token_of("dave")
+    empty = pb.SubmitJobRequest(command=[""])
+    codes = [refusal(jobs.SubmitJob, empty, dave) for _ in range(SUBMIT_RATE + 1)]
+    assert [error.code() for error in codes[:-1]] == [
+        grpc.StatusCode.INVALID_ARGUMENT
+    ] * SUBMIT_RATE
+    assert codes[-1].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert int(dict(codes[-1].trailing_metadata())["retry-after"]) >= 1
+
+
+def test_the_health_service_and_reflection(channel):
+    checks = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "gpuadmin.v1.Jobs"):
+        answer = checks.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    asked = [
+        reflection_pb2.ServerReflectionRequest(list_services=""),
+        reflection_pb2.ServerReflectionRequest(file_containing_symbol="gpuadmin.v1.Jobs"),
+    ]
+    listed, described = list(reflection.ServerReflectionInfo(iter(asked), timeout=30))
+    names = {service.name for service in listed.list_services_response.service}
+    assert {"gpuadmin.v1.Jobs", "grpc.health.v1.Health"} <= names
+    assert described.file_descriptor_response.file_descriptor_proto  # jobs.proto, for grpcurl
