@@ -181,7 +181,8 @@ def cmd_grpc(args: argparse.Namespace) -> int:
 
     _stop_on_signals()
     try:
-        server.serve(args.bind, threads=args.threads)
+        tls = server.Tls.read(args.tls_cert, args.tls_key) if args.tls_cert else None
+        server.serve(args.bind, threads=args.threads, tls=tls)
     except server.CannotListen as exc:
         print(f"gpuadmin grpc: {exc}", file=sys.stderr)
         return 1
@@ -656,6 +657,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="calls and streams served at once (a stream holds one while it lasts)",
     )
+    grpc.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PATH",
+        help="serve over TLS with this certificate chain (PEM; with --tls-key)",
+    )
+    grpc.add_argument("--tls-key", type=Path, metavar="PATH", help="the certificate's key (PEM)")
     grpc.set_defaults(run=cmd_grpc)
 
     worker = verbs.add_parser("worker", help="the central Celery worker")
@@ -758,7 +766,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in PASS_THROUGH_VERBS:
         # Their arguments (options included) belong to Django's and the simulator's own CLIs.
         return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(verb=argv[0], rest=argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb == "grpc" and (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("grpc: give --tls-cert and --tls-key together")
     if args.verb in ("up", "serve"):
         export_public_url(args.bind)  # before Django reads it, here and in their children
     return args.run(args)

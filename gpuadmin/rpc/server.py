@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 from concurrent import futures
+from dataclasses import dataclass
 from importlib import import_module
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,8 +32,26 @@ class CannotListen(RuntimeError):
     """The address cannot be bound (in use, or not this machine's)."""
 
 
-def build(bind: str, *, threads: int) -> tuple[grpc.Server, health.HealthServicer]:
-    """A server with every service, bound to ``bind`` (``HOST:PORT``), not yet started."""
+@dataclass(frozen=True)
+class Tls:
+    """The server's certificate chain and private key (PEM), read at start."""
+
+    certificate: bytes
+    key: bytes
+
+    @classmethod
+    def read(cls, certificate: Path, key: Path) -> Tls:
+        try:
+            return cls(certificate.read_bytes(), key.read_bytes())
+        except OSError as exc:
+            raise CannotListen(f"cannot read {exc.filename}: {exc.strerror}") from None
+
+
+def build(
+    bind: str, *, threads: int, tls: Tls | None = None
+) -> tuple[grpc.Server, health.HealthServicer]:
+    """A server with every service, bound to ``bind`` (``HOST:PORT``; over TLS with
+    ``tls``), not yet started."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
         options=[
@@ -50,20 +70,25 @@ def build(bind: str, *, threads: int) -> tuple[grpc.Server, health.HealthService
         (*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        server.add_insecure_port(bind)
+        if tls is None:
+            server.add_insecure_port(bind)
+        else:
+            credentials = grpc.ssl_server_credentials([(tls.key, tls.certificate)])
+            server.add_secure_port(bind, credentials)
     except RuntimeError:
         raise CannotListen(f"cannot listen on {bind}: in use, or not this machine's") from None
     return server, checks
 
 
-def serve(bind: str, *, threads: int) -> None:
+def serve(bind: str, *, threads: int, tls: Tls | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C (a ``KeyboardInterrupt``), then stop: health says
     NOT_SERVING, calls in flight get ``STOP_GRACE_S``."""
-    server, checks = build(bind, threads=threads)
+    server, checks = build(bind, threads=threads, tls=tls)
     STATE_CHANGES.start()
     server.start()
     log.info("gpuadmin grpc: serving on %s", bind)
-    print(f"gpuadmin grpc: serving gpuadmin.v1 on {bind}", flush=True)  # noqa: T201
+    over = " over TLS" if tls else ""
+    print(f"gpuadmin grpc: serving gpuadmin.v1 on {bind}{over}", flush=True)  # noqa: T201
     try:
         server.wait_for_termination()
     finally:

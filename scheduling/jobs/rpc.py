@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 from django.contrib.auth.models import User
+from django.db import connection
 from django.db.models import QuerySet
 from django.utils.text import capfirst
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -282,6 +283,7 @@ class JobsServicer(jobs_pb2_grpc.JobsServicer):
             # Its state before its changes: an ended job's end is then among them.
             ended = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
             pending = events.changes_after(JOB_TYPE, job.pk, last)
+            connection.close()  # it waits without a connection of its own (a gap reconnects)
             while True:
                 for change in pending:
                     if change.id <= last:

@@ -1,6 +1,6 @@
 """The gRPC API through a real `gpuadmin grpc` process and a real grpcio client: jobs submitted
 (idempotently), read, listed, followed and canceled; refusals as status codes naming the field;
-tokens; the health service and reflection."""
+tokens; TLS, the health service and reflection."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -30,36 +31,42 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 SUBMIT_RATE = 8  # a minute, for the server under test
 
 
+@contextmanager
+def grpc_server(
+    gpuadmin_env: dict[str, str], bind: str, log: Path, *args: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`gpuadmin grpc --bind bind *args` on this session's database, its output in ``log``."""
+    env = {
+        **gpuadmin_env,
+        "DATABASE_URL": session_database_url(),
+        "GPUADMIN_SUBMIT_RATE": f"{SUBMIT_RATE}/min",
+    }
+    command = [sys.executable, "-m", "gpuadmin", "grpc", "--bind", bind, "--threads", "8", *args]
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command, env=env, cwd=REPO_DIR, stdout=output, stderr=subprocess.STDOUT
+        )
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        # What the server said: pytest shows it with a failure.
+        print(log.read_text())  # noqa: T201
+
+
 @pytest.fixture
 def channel(gpuadmin_env: dict[str, str], free_port: int, tmp_path: Path) -> Iterator[grpc.Channel]:
     """A channel to `gpuadmin grpc` serving this session's database (and a simulated node of
     8 GPUs, so that submissions fit the fleet)."""
     add_sim_node("grpc-01")
     bind = f"127.0.0.1:{free_port}"
-    log = tmp_path / "grpc.log"
-    env = {
-        **gpuadmin_env,
-        "DATABASE_URL": session_database_url(),
-        "GPUADMIN_SUBMIT_RATE": f"{SUBMIT_RATE}/min",
-    }
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", "grpc", "--bind", bind, "--threads", "8"],
-            env=env,
-            cwd=REPO_DIR,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    channel = grpc.insecure_channel(bind)
-    try:
+    with (
+        grpc_server(gpuadmin_env, bind, tmp_path / "grpc.log"),
+        grpc.insecure_channel(bind) as channel,
+    ):
         grpc.channel_ready_future(channel).result(timeout=60)
         yield channel
-    finally:
-        channel.close()
-        process.terminate()
-        process.wait(timeout=30)
-        # What the server said: pytest shows it with a failure.
-        print(log.read_text())  # noqa: T201
 
 
 def token_of(username: str, role: str = Role.USER) -> list[tuple[str, str]]:
@@ -215,18 +222,40 @@ def test_refusals_are_status_codes_naming_the_field(channel):
     assert int(dict(codes[-1].trailing_metadata())["retry-after"]) >= 1
 
 
-def test_the_health_service_and_reflection(channel):
-    checks = health_pb2_grpc.HealthStub(channel)
-    for service in ("", "gpuadmin.v1.Jobs"):
-        answer = checks.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
-        assert answer.status == health_pb2.HealthCheckResponse.SERVING
+def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    bind = f"127.0.0.1:{free_port}"
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key))
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with (
+        grpc_server(gpuadmin_env, bind, tmp_path / "grpc.log", *tls),
+        grpc.secure_channel(bind, credentials) as channel,
+    ):
+        grpc.channel_ready_future(channel).result(timeout=60)
+        checks = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "gpuadmin.v1.Jobs"):
+            answer = checks.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
-    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-    asked = [
-        reflection_pb2.ServerReflectionRequest(list_services=""),
-        reflection_pb2.ServerReflectionRequest(file_containing_symbol="gpuadmin.v1.Jobs"),
-    ]
-    listed, described = list(reflection.ServerReflectionInfo(iter(asked), timeout=30))
-    names = {service.name for service in listed.list_services_response.service}
-    assert {"gpuadmin.v1.Jobs", "grpc.health.v1.Health"} <= names
-    assert described.file_descriptor_response.file_descriptor_proto  # jobs.proto, for grpcurl
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        asked = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="gpuadmin.v1.Jobs"),
+        ]
+        listed, described = list(reflection.ServerReflectionInfo(iter(asked), timeout=30))
+        names = {service.name for service in listed.list_services_response.service}
+        assert {"gpuadmin.v1.Jobs", "grpc.health.v1.Health"} <= names
+        assert described.file_descriptor_response.file_descriptor_proto  # for grpcurl
+
+        with grpc.insecure_channel(bind) as plain:
+            error = refusal(
+                health_pb2_grpc.HealthStub(plain).Check, health_pb2.HealthCheckRequest(), []
+            )
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
