@@ -15,13 +15,13 @@ import json
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
+from django.db import connection, connections
 
 from gpuadmin.audit.models import AuditEvent
 
@@ -76,15 +76,17 @@ class StateChange:
         )
 
 
-def changes_after(target_type: str, target_id: str | int, after_id: int) -> list[StateChange]:
-    """The audited state changes of one object after the row ``after_id``, oldest first."""
+def changes_after(
+    target_type: str, target_id: str | int | None, after_id: int
+) -> list[StateChange]:
+    """The audited state changes of one object (every object of the type with ``target_id``
+    None) after the row ``after_id``, oldest first."""
     rows = AuditEvent.objects.filter(
-        target_type=target_type,
-        target_id=str(target_id),
-        pk__gt=after_id,
-        after__has_key="state",
-    ).order_by("pk")
-    return [StateChange.from_row(row) for row in rows]
+        target_type=target_type, pk__gt=after_id, after__has_key="state"
+    )
+    if target_id is not None:
+        rows = rows.filter(target_id=str(target_id))
+    return [StateChange.from_row(row) for row in rows.order_by("pk")]
 
 
 class Gap:
@@ -100,6 +102,55 @@ class NotListening(RuntimeError):
     """The listening connection could not be made in time (the database is unreachable)."""
 
 
+ANY = "*"  # a subscription to every object of a type
+# How often a follower waiting for a change looks whether its client is still there.
+TICK_S = 1.0
+
+
+class Follower:
+    """The state changes of one object (or of every object of a type), for one stream."""
+
+    def __init__(
+        self, inbox: queue.SimpleQueue[Item], target_type: str, target_id: str | int | None
+    ) -> None:
+        self.inbox = inbox
+        self.target_type = target_type
+        self.target_id = target_id
+
+    def changes(
+        self, after_id: int, active: Callable[[], bool], *, history: bool = True, live: bool = True
+    ) -> Iterator[StateChange]:
+        """The changes after the audit row ``after_id`` that the audit log holds now (with
+        ``history``), then those that commit from now on (with ``live``), each once, until
+        ``active()`` turns false (the client went away). After a ``GAP`` the audit log is read
+        again from the last change given."""
+        given: set[int] = set()
+        last = after_id
+        if history:
+            for change in changes_after(self.target_type, self.target_id, after_id):
+                given.add(change.id)
+                last = max(last, change.id)
+                yield change
+        # It waits without a database connection of its own (a gap reconnects).
+        connection.close()
+        while live and active():
+            try:
+                item = self.inbox.get(timeout=TICK_S)
+            except queue.Empty:
+                continue
+            found = (
+                changes_after(self.target_type, self.target_id, last)
+                if isinstance(item, Gap)
+                else [item]
+            )
+            for change in found:
+                if change.id in given:
+                    continue
+                given.add(change.id)
+                last = max(last, change.id)
+                yield change
+
+
 class StateChanges:
     """One listening connection per process, its notifications handed out by object."""
 
@@ -111,17 +162,24 @@ class StateChanges:
         self._thread: threading.Thread | None = None
 
     @contextmanager
+    def following(self, target_type: str, target_id: str | int | None = None) -> Iterator[Follower]:
+        """A ``Follower`` of the object's state changes (every object of the type with
+        ``target_id`` None) while the block runs. The connection listens before the block
+        starts, so what the follower then reads of the audit log and what it receives as the
+        changes commit leave nothing out."""
+        with self.subscribe(target_type, target_id) as inbox:
+            yield Follower(inbox, target_type, target_id)
+
+    @contextmanager
     def subscribe(
-        self, target_type: str, target_id: str | int
+        self, target_type: str, target_id: str | int | None = None
     ) -> Iterator[queue.SimpleQueue[Item]]:
         """A queue of the object's state changes from now on (and ``GAP``s), while the block
-        runs; the connection listens before the block starts, so what the block then reads of
-        the audit log and what the queue receives leave nothing out (they may overlap: the
-        ids tell)."""
+        runs (``following`` reads it)."""
         self.start()
         if not self._listening.wait(READY_TIMEOUT_S):
             raise NotListening("the database does not answer: state changes cannot be followed")
-        key = (target_type, str(target_id))
+        key = (target_type, ANY if target_id is None else str(target_id))
         inbox: queue.SimpleQueue[Item] = queue.SimpleQueue()
         with self._lock:
             self._subscribers.setdefault(key, set()).add(inbox)
@@ -179,7 +237,10 @@ class StateChanges:
             log.warning("unreadable state change: %r", payload[:200])
             return
         with self._lock:
-            inboxes = list(self._subscribers.get((change.target_type, change.target_id), ()))
+            inboxes = [
+                *self._subscribers.get((change.target_type, change.target_id), ()),
+                *self._subscribers.get((change.target_type, ANY), ()),
+            ]
         for inbox in inboxes:
             inbox.put(change)
 

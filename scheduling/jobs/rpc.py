@@ -5,7 +5,6 @@ watch follows the job's audited state changes as they commit (``gpuadmin.rpc.eve
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 from types import SimpleNamespace
@@ -13,7 +12,6 @@ from typing import Any
 
 import grpc
 from django.contrib.auth.models import User
-from django.db import connection
 from django.db.models import QuerySet
 from django.utils.text import capfirst
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -34,8 +32,6 @@ SERVICE = "gpuadmin.v1.Jobs"
 JOB_TYPE = Job._meta.label_lower  # the audit rows' target_type of a job
 PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
-# How often a waiting watch looks whether its client is still there.
-WATCH_TICK_S = 1.0
 
 UNSPECIFIED = pb.JOB_STATE_UNSPECIFIED
 # What a SubmitJobRequest field is to JobSubmitSerializer: optional scalars only when set, the
@@ -278,39 +274,14 @@ class JobsServicer(jobs_pb2_grpc.JobsServicer):
         terminal one: what the audit log holds first, then what the listening connection
         hands over (a change both give is sent once: the ids tell)."""
         job = visible(call.user, request.id, queries.visible_jobs(call.user))
-        last = max(request.after_event_id, 0)
-        with events.STATE_CHANGES.subscribe(JOB_TYPE, job.pk) as inbox:
+        with events.STATE_CHANGES.following(JOB_TYPE, job.pk) as follower:
             # Its state before its changes: an ended job's end is then among them.
-            ended = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
-            pending = events.changes_after(JOB_TYPE, job.pk, last)
-            connection.close()  # it waits without a connection of its own (a gap reconnects)
-            while True:
-                for change in pending:
-                    if change.id <= last:
-                        continue
-                    last = change.id
-                    yield event_message(change, job.pk)
-                    if change.state in TERMINAL_STATES:
-                        return
-                if ended in TERMINAL_STATES:
-                    return  # resumed after its end: nothing more will come
-                item = self._next(inbox, call)
-                if item is None:
-                    return  # the client went away
-                if isinstance(item, events.Gap):
-                    pending = events.changes_after(JOB_TYPE, job.pk, last)
-                else:
-                    pending = [item]
-
-    @staticmethod
-    def _next(inbox: Any, call: Call) -> events.Item | None:
-        """The next change (or gap) handed over; None once the client has gone away."""
-        while call.is_active():
-            try:
-                return inbox.get(timeout=WATCH_TICK_S)
-            except queue.Empty:
-                continue
-        return None
+            state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+            live = state not in TERMINAL_STATES  # else: resumed after its end, nothing more
+            for change in follower.changes(request.after_event_id, call.is_active, live=live):
+                yield event_message(change, job.pk)
+                if change.state in TERMINAL_STATES:
+                    return
 
 
 def add_to(server: grpc.Server) -> list[str]:
