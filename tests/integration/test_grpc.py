@@ -21,8 +21,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gpuadmin.access.models import Membership, Role
 from gpuadmin.access.services import create_token, revoke_token
+from gpuadmin.v1 import fleet_pb2, fleet_pb2_grpc, jobs_pb2_grpc
 from gpuadmin.v1 import jobs_pb2 as pb
-from gpuadmin.v1 import jobs_pb2_grpc
+from inventory.models import Gpu
+from inventory.services import change_state
 from scheduling.jobs import control
 from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR, session_database_url
@@ -252,6 +254,49 @@ def test_refusals_are_status_codes_naming_the_field(channel):
     assert int(dict(codes[-1].trailing_metadata())["retry-after"]) >= 1
 
 
+def test_the_fleet_is_listed_and_gpu_state_changes_followed(channel):
+    fleet = fleet_pb2_grpc.FleetStub(channel)
+    vera = token_of("vera", Role.VIEWER)
+    nodes = fleet.ListNodes(fleet_pb2.ListNodesRequest(), metadata=vera, timeout=30).nodes
+    assert [(node.hostname, node.state, node.gpu_count) for node in nodes] == [
+        ("grpc-01", "online", 8)
+    ]
+    listed = fleet.ListGpus(fleet_pb2.ListGpusRequest(node="grpc-01"), metadata=vera, timeout=30)
+    assert [gpu.index for gpu in listed.gpus] == list(range(8))
+    assert {gpu.state for gpu in listed.gpus} == {"available"}
+    assert "A100" in listed.gpus[0].name
+    error = refusal(fleet.ListGpus, fleet_pb2.ListGpusRequest(state="melted"), vera)
+    assert (error.code(), field_of(error)) == (grpc.StatusCode.INVALID_ARGUMENT, "state")
+
+    # Followed from the list on: an operator drains a GPU, then brings it back.
+    watch = fleet.WatchGpus(
+        fleet_pb2.WatchGpusRequest(after_event_id=listed.last_event_id), metadata=vera, timeout=60
+    )
+    gpu = Gpu.objects.get(uuid=listed.gpus[3].uuid)
+    operator = get_user_model().objects.create_user("olga", is_staff=True)
+    change_state(gpu, "draining", actor=operator, reason="fan noise")
+    change_state(gpu, "available", actor=operator, reason="fan replaced")
+    first, second = next(watch), next(watch)
+    watch.cancel()
+    assert (first.gpu_uuid, first.node, first.state, first.previous_state) == (
+        gpu.uuid,
+        "grpc-01",
+        "draining",
+        "available",
+    )
+    assert (first.actor, second.state) == ("olga", "available")
+    assert first.event_id < second.event_id
+
+    # Resumed after the first: the second again.
+    resumed = fleet.WatchGpus(
+        fleet_pb2.WatchGpusRequest(after_event_id=first.event_id, node="grpc-01"),
+        metadata=vera,
+        timeout=60,
+    )
+    assert next(resumed).event_id == second.event_id
+    resumed.cancel()
+
+
 def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
@@ -270,7 +315,7 @@ def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
     ):
         grpc.channel_ready_future(channel).result(timeout=60)
         checks = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "gpuadmin.v1.Jobs"):
+        for service in ("", "gpuadmin.v1.Jobs", "gpuadmin.v1.Fleet"):
             answer = checks.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
@@ -281,7 +326,7 @@ def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
         ]
         listed, described = list(reflection.ServerReflectionInfo(iter(asked), timeout=30))
         names = {service.name for service in listed.list_services_response.service}
-        assert {"gpuadmin.v1.Jobs", "grpc.health.v1.Health"} <= names
+        assert {"gpuadmin.v1.Jobs", "gpuadmin.v1.Fleet", "grpc.health.v1.Health"} <= names
         assert described.file_descriptor_response.file_descriptor_proto  # for grpcurl
 
         with grpc.insecure_channel(bind) as plain:
