@@ -214,10 +214,12 @@ class JobsServicer(jobs_pb2_grpc.JobsServicer):
             )
         serializer = s.JobSubmitSerializer(data=submitted_fields(request))
         serializer.is_valid(raise_exception=True)
-        job, created = submission.submit_once(
-            call.user, request.idempotency_key, **serializer.validated_data
-        )
-        job = visible(call.user, job.pk)
+        fields = serializer.validated_data
+        job, created = submission.submit_once(call.user, request.idempotency_key, **fields)
+        if created:  # as the REST API answers it, without reading it again
+            s.with_new_job_details(job, dependencies=bool(fields.get("dependency")))
+        else:
+            job = visible(call.user, job.pk)
         return pb.SubmitJobResponse(job=job_message(job, call.user), created=created)
 
     @rpc(Role.VIEWER)
