@@ -10,12 +10,11 @@ from typing import Any
 
 import grpc
 from django.db.models import Max
-from django_filters import FilterSet
 
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from gpuadmin.rpc import events
-from gpuadmin.rpc.calls import Call, Refused, rpc
+from gpuadmin.rpc.calls import Call, filtered, rpc
 from gpuadmin.v1 import fleet_pb2 as pb
 from gpuadmin.v1 import fleet_pb2_grpc
 from inventory.api.views import GpuViewSet, NodeViewSet
@@ -24,16 +23,6 @@ from inventory.models import Gpu
 
 SERVICE = "gpuadmin.v1.Fleet"
 GPU_TYPE = Gpu._meta.label_lower  # the audit rows' target_type of a GPU
-
-
-def filtered(filterset_class: type[FilterSet], data: dict[str, str], queryset: Any) -> Any:
-    """``queryset`` filtered by the FilterSet the REST API uses (the fields set in ``data``);
-    INVALID_ARGUMENT naming the field it refuses."""
-    filterset = filterset_class({name: value for name, value in data.items() if value}, queryset)
-    if not filterset.is_valid():
-        field, errors = next(iter(filterset.errors.items()))
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {errors[0]}", field=field)
-    return filterset.qs
 
 
 def _stamp(message: Any, name: str, value: datetime | None) -> None:
@@ -47,7 +36,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
     @rpc(Role.VIEWER)
     def ListNodes(self, request: pb.ListNodesRequest, call: Call) -> pb.ListNodesResponse:
         data = {"state": request.state, "pool": request.pool}
-        nodes = filtered(NodeFilterSet, data, NodeViewSet.queryset.all())
+        nodes = filtered(NodeFilterSet, data, NodeViewSet.queryset.all(), call.user)
         answer = pb.ListNodesResponse()
         for node in nodes:
             message = answer.nodes.add(
@@ -73,7 +62,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
             "pool": request.pool,
             "model": request.model,
         }
-        gpus = filtered(GpuFilterSet, data, GpuViewSet.queryset.all())
+        gpus = filtered(GpuFilterSet, data, GpuViewSet.queryset.all(), call.user)
         answer = pb.ListGpusResponse(last_event_id=last)
         for gpu in gpus:
             message = answer.gpus.add(

@@ -19,15 +19,18 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
 import grpc
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import close_old_connections
+from django.db.models import Model, QuerySet
+from django_filters import FilterSet
 from rest_framework import exceptions as drf
 
 from gpuadmin import request_id
@@ -41,6 +44,7 @@ CHANNEL = "grpc"  # the audit rows' channel
 FIELD_KEY = "gpuadmin-field"  # trailing metadata: the field a refusal is about
 REQUEST_ID_KEY = "x-request-id"
 TOKEN_KEYWORDS = ("bearer", "token")
+M = TypeVar("M", bound=Model)
 
 
 class Refused(Exception):
@@ -108,6 +112,20 @@ def refusal_of(exc: Exception) -> Refused | None:
     if isinstance(exc, NotListening):
         return Refused(grpc.StatusCode.UNAVAILABLE, str(exc))
     return None
+
+
+def filtered(
+    filterset_class: type[FilterSet], data: Mapping[str, Any], queryset: QuerySet[M], user: User
+) -> QuerySet[M]:
+    """``queryset`` filtered by the FilterSet the REST API and the pages use (the fields set
+    in ``data``: empty ones are left out), as ``user`` asks (``owner=me``); INVALID_ARGUMENT
+    naming the field it refuses."""
+    given = {name: value for name, value in data.items() if value not in ("", [], None)}
+    filterset = filterset_class(given, queryset, request=SimpleNamespace(user=user))
+    if not filterset.is_valid():
+        field, errors = next(iter(filterset.errors.items()))
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {errors[0]}", field=field)
+    return filterset.qs
 
 
 def first_error(detail: Any, path: str = "") -> tuple[str, str]:

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from gpuadmin.rpc.events import STATE_CHANGES
 
 log = logging.getLogger("gpuadmin.rpc")
-SERVICES = ("inventory.rpc", "scheduling.jobs.rpc")
+SERVICES = ("inventory.rpc", "scheduling.jobs.rpc", "scheduling.reservations.rpc")
 STOP_GRACE_S = 5.0  # calls in flight finish first; streams are ended after it
 # Bodies as large as the REST API's (GPUADMIN's parsers bound them there).
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024

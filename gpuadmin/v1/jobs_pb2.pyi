@@ -126,16 +126,20 @@ class GetJobRequest(_message.Message):
     def __init__(self, id: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("page_size", "page_token", "state", "owner")
+    __slots__ = ("page_size", "page_token", "states", "owner", "project", "node")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     page_size: int
     page_token: str
-    state: JobState
+    states: _containers.RepeatedScalarFieldContainer[JobState]
     owner: str
-    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., owner: _Optional[str] = ...) -> None: ...
+    project: str
+    node: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[_Union[JobState, str]]] = ..., owner: _Optional[str] = ..., project: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token")

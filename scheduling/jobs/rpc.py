@@ -20,10 +20,11 @@ from gpuadmin import throttling
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import can_act_on, role_of
 from gpuadmin.rpc import events
-from gpuadmin.rpc.calls import Call, Refused, rpc
+from gpuadmin.rpc.calls import Call, Refused, filtered, rpc
 from gpuadmin.v1 import jobs_pb2 as pb
 from gpuadmin.v1 import jobs_pb2_grpc
 from scheduling.allocations.services import AllocationRefused
+from scheduling.filters import JobFilterSet
 from scheduling.jobs import control, queries, submission, transitions
 from scheduling.jobs.api import serializers as s
 from scheduling.models import HOLDING_STATES, TERMINAL_STATES, Job
@@ -72,6 +73,11 @@ def job_state(state: str) -> pb.JobState:
         return pb.JobState.Value(f"JOB_STATE_{state.upper()}") if state else UNSPECIFIED
     except ValueError:
         return UNSPECIFIED
+
+
+def state_name(state: int) -> str:
+    """A ``JobState`` as the job's state is stored (``queued``)."""
+    return pb.JobState.Name(state).removeprefix("JOB_STATE_").lower()
 
 
 def timestamp(value: str | datetime | None) -> Timestamp | None:
@@ -239,12 +245,13 @@ class JobsServicer(jobs_pb2_grpc.JobsServicer):
         before = page_token(request.page_token)
         if before is not None:
             jobs = jobs.filter(pk__lt=before)
-        if request.state:
-            jobs = jobs.filter(
-                state=pb.JobState.Name(request.state).removeprefix("JOB_STATE_").lower()
-            )
-        if request.owner:
-            jobs = jobs.filter(owner__username=request.owner)
+        data = {
+            "state": [state_name(state) for state in request.states],
+            "owner": request.owner,
+            "project": request.project,
+            "node": request.node,
+        }
+        jobs = filtered(JobFilterSet, data, jobs, call.user)
         page = list(queries.with_details(jobs)[: size + 1])
         more = len(page) > size
         page = page[:size]

@@ -11,17 +11,25 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, timedelta
 from pathlib import Path
 
 import grpc
 import pytest
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from gpuadmin.access.models import Membership, Role
 from gpuadmin.access.services import create_token, revoke_token
-from gpuadmin.v1 import fleet_pb2, fleet_pb2_grpc, jobs_pb2_grpc
+from gpuadmin.v1 import (
+    fleet_pb2,
+    fleet_pb2_grpc,
+    jobs_pb2_grpc,
+    reservations_pb2,
+    reservations_pb2_grpc,
+)
 from gpuadmin.v1 import jobs_pb2 as pb
 from inventory.models import Gpu
 from inventory.services import change_state
@@ -125,6 +133,11 @@ def test_jobs_are_submitted_once_read_listed_followed_and_canceled(channel):
     listed = jobs.ListJobs(pb.ListJobsRequest(), metadata=alice, timeout=30)
     assert [listed_job.id for listed_job in listed.jobs] == [job.id]
     assert listed.next_page_token == ""
+    # Filtered by the REST API's FilterSet.
+    running = pb.ListJobsRequest(states=[pb.JOB_STATE_RUNNING, pb.JOB_STATE_QUEUED])
+    assert list(jobs.ListJobs(running, metadata=alice, timeout=30).jobs) == []
+    held = pb.ListJobsRequest(owner="me", states=[pb.JOB_STATE_PENDING])
+    assert [held.id for held in jobs.ListJobs(held, metadata=alice, timeout=30).jobs] == [job.id]
 
     # Followed as it changes: released into the queue here, then canceled over gRPC.
     seen: queue.SimpleQueue[pb.JobEvent | None] = queue.SimpleQueue()
@@ -297,6 +310,41 @@ def test_the_fleet_is_listed_and_gpu_state_changes_followed(channel):
     resumed.cancel()
 
 
+def test_reservations_are_requested_read_and_canceled(channel):
+    booked = reservations_pb2_grpc.ReservationsStub(channel)
+    fay = token_of("fay")
+    start = timezone.now().replace(microsecond=0) + timedelta(days=1)
+    request = reservations_pb2.RequestReservationRequest(gpu_count=2, note="paper deadline")
+    request.start.FromDatetime(start)
+    request.end.FromDatetime(start + timedelta(hours=4))
+    reservation = booked.RequestReservation(request, metadata=fay, timeout=30)
+    # Approved at once: GPUs in no pool, within the default quota.
+    assert (reservation.owner, reservation.gpu_count, reservation.state) == ("fay", 2, "approved")
+    assert len(reservation.gpus) == 2
+    assert reservation.start.ToDatetime(tzinfo=UTC) == start
+
+    got = booked.GetReservation(
+        reservations_pb2.GetReservationRequest(id=reservation.id), metadata=fay
+    )
+    assert got.note == "paper deadline"
+    mine = reservations_pb2.ListReservationsRequest(owner="me", states=["approved"])
+    listed = booked.ListReservations(mine, metadata=fay, timeout=30).reservations
+    assert [found.id for found in listed] == [reservation.id]
+
+    # The services' refusals: a window that ends before it starts, another's reservation.
+    request.end.FromDatetime(start - timedelta(hours=1))
+    error = refusal(booked.RequestReservation, request, fay)
+    assert (error.code(), field_of(error)) == (grpc.StatusCode.INVALID_ARGUMENT, "end")
+    cancel = reservations_pb2.CancelReservationRequest(id=reservation.id, reason="done early")
+    error = refusal(booked.CancelReservation, cancel, token_of("gil"))
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+
+    canceled = booked.CancelReservation(cancel, metadata=fay, timeout=30)
+    assert canceled.state == "canceled"
+    error = refusal(booked.CancelReservation, cancel, fay)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
 def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
@@ -315,7 +363,7 @@ def test_tls_health_and_reflection(gpuadmin_env, free_port, tmp_path):
     ):
         grpc.channel_ready_future(channel).result(timeout=60)
         checks = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "gpuadmin.v1.Jobs", "gpuadmin.v1.Fleet"):
+        for service in ("", "gpuadmin.v1.Jobs", "gpuadmin.v1.Fleet", "gpuadmin.v1.Reservations"):
             answer = checks.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
