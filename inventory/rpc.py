@@ -87,6 +87,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
         # A GPU's audit rows name it by UUID; its node, read when first met.
         nodes: dict[str, str] = {}
         with events.STATE_CHANGES.following(GPU_TYPE) as follower:
+            call.on_end(follower.stop)
             after = request.after_event_id
             if after <= 0:
                 after = AuditEvent.objects.aggregate(last=Max("pk"))["last"] or 0

@@ -19,8 +19,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -76,6 +77,10 @@ class Call:
     def is_active(self) -> bool:
         return bool(self.context.is_active())
 
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the call ends (the client went away, or the server stops)."""
+        self.context.add_callback(callback)
+
 
 def caller(context: grpc.ServicerContext) -> User:
     """The user of the API token in the call's ``authorization`` metadata (``Bearer
@@ -126,6 +131,37 @@ def filtered(
         field, errors = next(iter(filterset.errors.items()))
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {errors[0]}", field=field)
     return filterset.qs
+
+
+class Streams:
+    """How many streams may be open at once: each holds one of the server's threads while it
+    lasts, so that streams never take them all and leave no thread to answer the other calls
+    (``limit`` is set when the server is built; None: no limit)."""
+
+    def __init__(self) -> None:
+        self.limit: int | None = None
+        self._open = 0
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """One stream's place; RESOURCE_EXHAUSTED when all are taken."""
+        with self._lock:
+            if self.limit is not None and self._open >= self.limit:
+                raise Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"The server follows {self._open} streams, its most: try again later.",
+                    metadata=[("retry-after", "10")],
+                )
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open -= 1
+
+
+STREAMS = Streams()
 
 
 def first_error(detail: Any, path: str = "") -> tuple[str, str]:
@@ -187,7 +223,7 @@ def rpc(role: str = Role.VIEWER) -> Callable[[Callable[..., Any]], Callable[...,
             def streaming(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 close_old_connections()
                 try:
-                    with _bound(context):
+                    with _bound(context), STREAMS.held():
                         yield from method(self, request, _begin(context, role))
                 except Exception as exc:
                     if context.is_active():  # else the client went away: no one to tell

@@ -94,8 +94,12 @@ class Gap:
     changes may have been missed meanwhile, so a stream reads the audit log once."""
 
 
+class Stop:
+    """Handed to a follower whose client went away: it stops at once."""
+
+
 GAP = Gap()
-Item = StateChange | Gap
+Item = StateChange | Gap | Stop
 
 
 class NotListening(RuntimeError):
@@ -116,6 +120,11 @@ class Follower:
         self.inbox = inbox
         self.target_type = target_type
         self.target_id = target_id
+
+    def stop(self) -> None:
+        """End ``changes`` now (grpc calls it when the client goes away), not at the next
+        look at whether the client is there."""
+        self.inbox.put(Stop())
 
     def changes(
         self, after_id: int, active: Callable[[], bool], *, history: bool = True, live: bool = True
@@ -138,6 +147,8 @@ class Follower:
                 item = self.inbox.get(timeout=TICK_S)
             except queue.Empty:
                 continue
+            if isinstance(item, Stop):
+                return
             found = (
                 changes_after(self.target_type, self.target_id, last)
                 if isinstance(item, Gap)

@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from gpuadmin.rpc.calls import STREAMS
 from gpuadmin.rpc.events import STATE_CHANGES
 
 log = logging.getLogger("gpuadmin.rpc")
@@ -47,6 +48,12 @@ class Tls:
             raise CannotListen(f"cannot read {exc.filename}: {exc.strerror}") from None
 
 
+def stream_limit(threads: int) -> int:
+    """The streams open at once on a server of ``threads``: a quarter of its threads (at least
+    one) stay for the other calls."""
+    return max(1, threads - max(1, threads // 4))
+
+
 def build(
     bind: str, *, threads: int, tls: Tls | None = None
 ) -> tuple[grpc.Server, health.HealthServicer]:
@@ -59,6 +66,7 @@ def build(
             ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
         ],
     )
+    STREAMS.limit = stream_limit(threads)
     names: list[str] = []
     for module in SERVICES:
         names += import_module(module).add_to(server)

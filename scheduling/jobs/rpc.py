@@ -284,6 +284,7 @@ class JobsServicer(jobs_pb2_grpc.JobsServicer):
         hands over (a change both give is sent once: the ids tell)."""
         job = visible(call.user, request.id, queries.visible_jobs(call.user))
         with events.STATE_CHANGES.following(JOB_TYPE, job.pk) as follower:
+            call.on_end(follower.stop)
             # Its state before its changes: an ended job's end is then among them.
             state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
             live = state not in TERMINAL_STATES  # else: resumed after its end, nothing more

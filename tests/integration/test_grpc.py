@@ -39,6 +39,7 @@ from tests.conftest import REPO_DIR, session_database_url
 from tests.integration.stack import worker_and_agent
 from tests.scheduling.conftest import add_sim_node
 from tests.unix_accounts import runs_as_this_account
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 SUBMIT_RATE = 8  # a minute, for the server under test
@@ -308,6 +309,18 @@ def test_the_fleet_is_listed_and_gpu_state_changes_followed(channel):
     )
     assert next(resumed).event_id == second.event_id
     resumed.cancel()
+
+    # Streams never take every thread (8 here): the 7th is refused, other calls still answered.
+    streams = [
+        fleet.WatchGpus(fleet_pb2.WatchGpusRequest(), metadata=vera, timeout=60) for _ in range(7)
+    ]
+    wait_for(lambda: any(stream.done() for stream in streams), 30, "a stream refused")
+    refused = [stream.code() for stream in streams if stream.done()]
+    assert set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert len(streams) - len(refused) <= 6
+    assert fleet.ListNodes(fleet_pb2.ListNodesRequest(), metadata=vera, timeout=10).nodes
+    for stream in streams:
+        stream.cancel()
 
 
 def test_reservations_are_requested_read_and_canceled(channel):
