@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -309,6 +310,23 @@ def test_the_fleet_is_listed_and_gpu_state_changes_followed(channel):
     )
     assert next(resumed).event_id == second.event_id
     resumed.cancel()
+
+    # The server's listening connection lost (the database restarted, say): what changed
+    # meanwhile is read from the audit log once it listens again.
+    watch = fleet.WatchGpus(
+        fleet_pb2.WatchGpusRequest(after_event_id=second.event_id), metadata=vera, timeout=60
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE query = %s AND pid <> pg_backend_pid()",
+            ["LISTEN gpuadmin_state_changes"],
+        )
+        assert cursor.fetchone() == (True,)
+    change_state(gpu, "offline", actor=operator, reason="board swap")
+    lost = next(watch)
+    watch.cancel()
+    assert (lost.gpu_uuid, lost.state, lost.message) == (gpu.uuid, "offline", "board swap")
 
     # Streams never take every thread (8 here): the 7th is refused, other calls still answered.
     streams = [
