@@ -39,6 +39,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.access.services import at_least, role_of
 from gpuadmin.access.tokens import InvalidToken, authenticate_key
 from gpuadmin.refusals import FieldRefusal
+from gpuadmin.rpc.events import NotListening
 
 log = logging.getLogger("gpuadmin.rpc")
 CHANNEL = "grpc"  # the audit rows' channel
@@ -112,8 +113,6 @@ def refusal_of(exc: Exception) -> Refused | None:
         return Refused(grpc.StatusCode.INVALID_ARGUMENT, said, field=field)
     if isinstance(exc, PermissionDenied | drf.PermissionDenied):
         return Refused(grpc.StatusCode.PERMISSION_DENIED, str(exc) or "Not allowed.")
-    from gpuadmin.rpc.events import NotListening
-
     if isinstance(exc, NotListening):
         return Refused(grpc.StatusCode.UNAVAILABLE, str(exc))
     return None

@@ -98,7 +98,10 @@ def submitted_fields(request: pb.SubmitJobRequest) -> dict[str, Any]:
         if value:
             body[name] = value
     body["command"] = (
-        request.command[0] if request.use_shell and request.command else list(request.command)
+        # One string for a shell, as the REST API takes it; else argv.
+        request.command[0]
+        if request.use_shell and len(request.command) == 1
+        else list(request.command)
     )
     if request.env:
         body["env"] = dict(request.env)
