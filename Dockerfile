@@ -19,6 +19,8 @@ COPY gpuadmin gpuadmin
 COPY inventory inventory
 COPY health health
 COPY scheduling scheduling
+COPY integrations integrations
+COPY assistant assistant
 COPY templates templates
 COPY static static
 COPY --from=docs /src/site site

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
@@ -92,6 +93,21 @@ class Section:
     order: int = 100
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuUse:
+    """GPUs that work gpuadmin knows of but did not allocate holds (a job on an external Ray
+    cluster): ``gpus`` whole-GPU equivalents in the pool named ``pool`` for ``owner_id`` (and
+    ``project``, when it has one) from ``start`` to ``end`` (None: held now). Scheduling
+    counts it against quotas and in fair share as it counts its own allocations."""
+
+    pool: str | None
+    owner_id: int
+    project: str
+    gpus: float
+    start: datetime
+    end: datetime | None = None
+
+
 # The hooks. A ``Gpu`` or ``Node`` argument is typed ``Any``: the project package imports no app.
 
 # Called with a collection of GPU primary keys by ``inventory.occupancy.Occupancy`` (the fleet
@@ -108,6 +124,12 @@ gpu_occupants: Hook[Callable[[Collection[int]], Iterable[Occupant]]] = Hook("who
 # allocated to job 12", "a MIG re-layout owns it") or None; the first refusal wins and nothing
 # is sent. An answer that raises fails the change.
 mig_change_vetoes: Hook[Callable[[Any, str | None], str | None]] = Hook("may this MIG change go")
+
+# Called by ``scheduling.policies.quotas`` (what quotas and fair share count) with ``since``
+# and ``now``; returns the ``GpuUse`` of work held at some time in [since, now], in one query.
+gpu_use: Hook[Callable[[datetime, datetime], Iterable[GpuUse]]] = Hook(
+    "what GPUs outside gpuadmin's allocations are held"
+)
 
 # Called by the inventory pages with the page ("gpu", "node" or "fleet"), its object (the
 # ``Gpu``, the ``Node``, or None for the fleet) and the request, and by scheduling's jobs page

@@ -206,6 +206,7 @@ INSTALLED_APPS = [
     "scheduling",
     "integrations.slurm",
     "integrations.ray",
+    "assistant",
 ]
 
 MIDDLEWARE = [
@@ -419,6 +420,15 @@ CELERY_BEAT_SCHEDULE["ray-poll"] = {
     "schedule": float(GPUADMIN_RAY_POLL_S),
     "options": {"expires": float(GPUADMIN_RAY_POLL_S)},
 }
+# --- the assistant: an OpenAI-compatible chat-completions endpoint with tool calling (vLLM,
+# llama.cpp's server, Ollama); unset URL: the assistant is off and its page says how to set it.
+GPUADMIN_ASSISTANT_URL = env_str("GPUADMIN_ASSISTANT_URL")
+GPUADMIN_ASSISTANT_MODEL = env_str("GPUADMIN_ASSISTANT_MODEL")
+GPUADMIN_ASSISTANT_KEY = env_str("GPUADMIN_ASSISTANT_KEY")
+GPUADMIN_ASSISTANT_TIMEOUT_S = env_float("GPUADMIN_ASSISTANT_TIMEOUT_S", 120.0, minimum=1.0)
+# Rounds of tool calls one question may take, and the size of one tool result sent back.
+GPUADMIN_ASSISTANT_MAX_STEPS = env_int("GPUADMIN_ASSISTANT_MAX_STEPS", 8, minimum=1)
+GPUADMIN_ASSISTANT_RESULT_BYTES = env_int("GPUADMIN_ASSISTANT_RESULT_BYTES", 16000, minimum=500)
 
 LOG_LEVEL = env_choice("LOG_LEVEL", ("debug", "info", "warning", "error"), "info").upper()
 LOGGING = {

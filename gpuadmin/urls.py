@@ -39,6 +39,9 @@ urlpatterns = [
     path("", include("scheduling.sharing.urls")),
     path("", include("integrations.slurm.api")),
     path("", include("integrations.ray.api")),
+    path("", include("integrations.ray.urls")),
+    path("", include("assistant.urls")),
+    path("", include("assistant.api")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     # The split view serves its start-up script from a URL, not inline (the CSP allows none).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),

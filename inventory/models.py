@@ -150,7 +150,7 @@ class Node(CatalogFields, StateFields):
         max_length=253,
         blank=True,
         validators=[
-            RegexValidator(r"^[A-Za-z0-9_.:\[\]-]*$", "a host name or an IP address"),
+            RegexValidator(r"^[A-Za-z0-9_.:\[\]-]+$", "a host name or an IP address"),
             RegexValidator(r"^-", "a host name or an IP address", inverse_match=True),
         ],
         help_text="Where other nodes reach this one: a host name or IP address (Slurm's "

@@ -19,7 +19,7 @@ import pytest
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 # The application's packages (what the settings, command and architecture tests read).
-APP_PACKAGES = ("gpuadmin", "inventory", "health", "scheduling", "integrations")
+APP_PACKAGES = ("gpuadmin", "inventory", "health", "scheduling", "integrations", "assistant")
 SHARED_DIR = REPO_DIR.parent / "shared"
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
-from django.db import transaction
+from django.db import models, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from gpuadmin.access.models import ApiToken, Role, UnixAccount
@@ -53,6 +54,23 @@ def can_act_on(user: User | AnonymousUser, owned: Owned) -> bool:
     if at_least(user, Role.OPERATOR):
         return True
     return can_submit(user) and owned.owner_id == user.pk
+
+
+def sees_only_own(user: User | AnonymousUser) -> bool:
+    """Who sees whose jobs: users their own only; viewers, operators and admins everyone's
+    (what a job keeps private aside: ``can_read_private``)."""
+    return role_of(user) == Role.USER
+
+
+Row = TypeVar("Row", bound=models.Model)
+
+
+def visible_to(
+    user: User | AnonymousUser, rows: QuerySet[Row], owner: str = "owner_id"
+) -> QuerySet[Row]:
+    """The ``rows`` (jobs of any kind, arrays, their allocations: whose owner is the field
+    ``owner``) that ``user`` sees, by ``sees_only_own``."""
+    return rows.filter(**{owner: user.pk}) if sees_only_own(user) else rows
 
 
 def can_read_private(user: User | AnonymousUser, owned: Owned) -> bool:

@@ -1,6 +1,7 @@
 """``/api/v1/ray/clusters/`` (registered Ray clusters as their last read found them, for
 everyone signed in; admins register them in the admin) and ``/api/v1/ray/jobs/`` (submit,
-list, read, logs and cancel of jobs on them: users see their own, operators and admins all)."""
+list, read, logs and cancel of jobs on them, seen as gpuadmin's jobs are: users their own,
+viewers, operators and admins all; the entrypoint, environment and logs private as a job's)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from gpuadmin import api
-from gpuadmin.access.permissions import CanSubmit, IsAdminOrReadOnly, signed_in
+from gpuadmin.access.permissions import (
+    CanSubmit,
+    IsAdminOrReadOnly,
+    check_can_read_private,
+    signed_in,
+)
+from gpuadmin.access.services import can_read_private
 from integrations.ray import services
 from integrations.ray.jobs_api import RayError
 from integrations.ray.models import RayCluster, RayJob
@@ -67,10 +74,18 @@ class RayClusterSerializer(api.ModelSerializer):
 
 
 class RayJobSerializer(api.ModelSerializer):
+    """A Ray job. What it keeps private (``entrypoint``, ``runtime_env``) is shown to those
+    ``can_read_private`` lets read it, as a gpuadmin job's command and environment: to others
+    both are null."""
+
     owner = serializers.CharField(source="owner.username", read_only=True)
     cluster = serializers.SlugRelatedField(slug_field="name", queryset=RayCluster.objects.all())
+    entrypoint = serializers.CharField(
+        help_text="The shell command Ray runs; null when private (GPUADMIN_PRIVATE_DATA)."
+    )
     runtime_env = serializers.DictField(
-        required=False, help_text="Ray's runtime_env (env_vars, pip, working_dir...)."
+        required=False,
+        help_text="Ray's runtime_env (env_vars, pip, working_dir...); null when private.",
     )
     gpus = serializers.FloatField(min_value=0, default=0)
     cpus = serializers.FloatField(min_value=0, default=0)
@@ -102,6 +117,12 @@ class RayJobSerializer(api.ModelSerializer):
             "started_at",
             "ended_at",
         ]
+
+    def to_representation(self, instance: RayJob) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        if not can_read_private(self.context["request"].user, instance):
+            data["entrypoint"] = data["runtime_env"] = None
+        return data
 
 
 class RayClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -149,8 +170,10 @@ class RayJobViewSet(
     )
     @action(detail=True, methods=["get"])
     def logs(self, request: Request, pk: str | None = None) -> Response:
-        """The job's output as Ray keeps it (503 when the cluster does not answer)."""
+        """The job's output as Ray keeps it (403 to those it is private from, 503 when the
+        cluster does not answer)."""
         job = self.get_object()
+        check_can_read_private(request, job, f"log of Ray job {job.pk}")
         try:
             return Response({"logs": services.logs(job)})
         except RayError as exc:

@@ -4,6 +4,7 @@ logs, stop). Plain Python: gpuadmin needs neither Django here nor the ``ray`` pa
 
 Errors are of two kinds: ``RayUnreachable`` (no answer: refused connection, timeout, a name
 that does not resolve) and ``RayRefused`` (an answer that says no: an HTTP error status).
+``ask_all`` asks several questions at once, in a few threads, none waited for past a deadline.
 """
 
 from __future__ import annotations
@@ -12,8 +13,17 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+# Questions asked at once by ``ask_all``: a poll of many clusters keeps to a few threads.
+MAX_THREADS = 8
+
+Key = TypeVar("Key", bound=Hashable)
+Answer = TypeVar("Answer")
 
 
 class RayError(Exception):
@@ -81,6 +91,14 @@ class JobInfo:
             start_time_ms=data.get("start_time") or None,
             end_time_ms=data.get("end_time") or None,
         )
+
+
+@dataclass(frozen=True)
+class PollAnswer(Generic[Key]):
+    """What one cluster answered to a tick of the poll (``RayJobsClient.poll``)."""
+
+    view: ClusterView | RayError
+    jobs: dict[Key, JobInfo | None | RayError]
 
 
 class RayJobsClient:
@@ -194,6 +212,18 @@ class RayJobsClient:
             message = f"{self.address} did not answer as Ray's Jobs API: {exc!r}"
             raise RayRefused(200, message) from None
 
+    def poll(self, submission_ids: Mapping[Key, str]) -> PollAnswer[Key]:
+        """The cluster's view and, when it answered, each job's state (by the caller's key;
+        None: no such job; a ``RayError``: not read): what one tick of the poll asks."""
+        view = answer_or_error(self.cluster)
+        if isinstance(view, RayError):
+            return PollAnswer(view, {})
+        jobs = {
+            key: answer_or_error(partial(self.job, submission_id))
+            for key, submission_id in submission_ids.items()
+        }
+        return PollAnswer(view, jobs)
+
     def logs(self, submission_id: str) -> str:
         return self._request("GET", f"/api/jobs/{_quoted(submission_id)}/logs")["logs"]
 
@@ -205,3 +235,41 @@ class RayJobsClient:
 
 def _quoted(submission_id: str) -> str:
     return urllib.parse.quote(submission_id, safe="")
+
+
+def answer_or_error(question: Callable[[], Answer]) -> Answer | RayError:
+    """The question's answer, or the ``RayError`` it raised."""
+    try:
+        return question()
+    except RayError as exc:
+        return exc
+
+
+def ask_all(
+    questions: Mapping[Key, Callable[[], Answer]],
+    *,
+    deadline_s: float,
+    threads: int = MAX_THREADS,
+) -> Iterator[tuple[Key, Answer | RayError]]:
+    """Each question's key with its answer (or the ``RayError`` it raised), as they come:
+    the questions are asked at once in at most ``threads`` threads, so one that is not
+    answered delays no other. Those not answered within ``deadline_s`` come last, as a
+    ``RayUnreachable``; their threads are left to end by themselves (their requests' own
+    timeouts), not waited for. The questions must not touch the database: they run outside
+    the caller's thread (and transaction); the caller stores the answers as they come."""
+    if not questions:
+        return
+    executor = ThreadPoolExecutor(min(threads, len(questions)), thread_name_prefix="ray-ask")
+    try:
+        waiting = {
+            executor.submit(answer_or_error, question): key for key, question in questions.items()
+        }
+        try:
+            for future in as_completed(list(waiting), timeout=deadline_s):
+                yield waiting.pop(future), future.result()
+        except TimeoutError:
+            pass
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+    for key in waiting.values():
+        yield key, RayUnreachable(f"no answer within {deadline_s:g} s")

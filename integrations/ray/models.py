@@ -41,7 +41,7 @@ class RayCluster(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
-        help_text="The pool whose quotas (GPUs at once) apply to jobs submitted to it.",
+        help_text="The pool whose quotas and fair share its jobs count in.",
     )
     state = models.CharField(max_length=12, choices=ClusterState.choices, default=ClusterState.NEW)
     last_error = models.TextField(blank=True)

@@ -1,6 +1,7 @@
 """Reading a Ray cluster and running jobs on it through Ray's Jobs API, under gpuadmin's rules:
-who may submit (the roles), the pool's quotas of GPUs at once, and an audit row for every
-submission, cancel request and change of state.
+who may submit (the roles), the quotas of the cluster's pool (``quotas.quota_refusal``, the
+placement loop's rule; ``usage`` counts the jobs' GPUs in them and in fair share), and an audit
+row for every submission, cancel request and change of state.
 
 A submission is stored first (state ``pending``, with the ``submission_id`` gpuadmin chose),
 then sent; a send that gets no answer is retried by the poll with the same id, and a send Ray
@@ -10,22 +11,34 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import defaultdict
 from dataclasses import asdict
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import QuerySet, Sum
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from gpuadmin.access.models import Role
-from gpuadmin.access.services import at_least, can_act_on
+from gpuadmin.access.services import at_least, can_act_on, visible_to
 from gpuadmin.audit.services import changed_values, record
 from gpuadmin.refusals import FieldRefusal
-from integrations.ray.jobs_api import JobInfo, RayError, RayJobsClient, RayRefused, RayUnreachable
+from integrations.ray.jobs_api import (
+    ClusterView,
+    JobInfo,
+    PollAnswer,
+    RayError,
+    RayJobsClient,
+    RayRefused,
+    RayUnreachable,
+    answer_or_error,
+    ask_all,
+)
 from integrations.ray.models import (
     ACTIVE_STATES,
     RAY_STATES,
@@ -34,8 +47,7 @@ from integrations.ray.models import (
     RayJob,
     RayJobState,
 )
-from scheduling.models import Quota
-from scheduling.policies.quotas import lock_holders
+from scheduling.policies.quotas import lock_holders, quota_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +116,18 @@ READ_FIELDS = [
 
 
 def read_cluster(cluster: RayCluster) -> RayCluster:
-    """Read the cluster's nodes and resources and store them; a cluster that does not answer,
-    or refuses, keeps its last nodes and says why in ``state`` and ``last_error``."""
+    """Read the cluster's nodes and resources and store them (``store_read``)."""
+    return store_read(cluster, answer_or_error(client_for(cluster).cluster))
+
+
+def store_read(cluster: RayCluster, view: ClusterView | RayError) -> RayCluster:
+    """Store what a read of the cluster found; a cluster that did not answer, or refused,
+    keeps its last nodes and says why in ``state`` and ``last_error``."""
     now = timezone.now()
-    try:
-        view = client_for(cluster).cluster()
-    except RayUnreachable as exc:
-        cluster.state, cluster.last_error = ClusterState.UNREACHABLE, str(exc)
-    except RayRefused as exc:
-        cluster.state, cluster.last_error = ClusterState.REFUSED, str(exc)
+    if isinstance(view, RayRefused):
+        cluster.state, cluster.last_error = ClusterState.REFUSED, str(view)
+    elif isinstance(view, RayError):
+        cluster.state, cluster.last_error = ClusterState.UNREACHABLE, str(view)
     else:
         alive = view.alive
         cluster.state, cluster.last_error = ClusterState.OK, ""
@@ -124,29 +139,6 @@ def read_cluster(cluster: RayCluster) -> RayCluster:
     cluster.last_read_at = now
     cluster.save(update_fields=READ_FIELDS)  # an admin's edit meanwhile stays
     return cluster
-
-
-def _check_quota(owner: User, cluster: RayCluster, gpus: float) -> None:
-    """The owner's quota of GPUs at once in the cluster's pool, counted over their active Ray
-    jobs on the clusters of that pool (gpuadmin's own jobs there are the placement loop's)."""
-    if cluster.pool is None or not gpus:
-        return
-    quota = Quota.objects.filter(user=owner, pool=cluster.pool, max_gpus__isnull=False).first()
-    if quota is None or quota.max_gpus is None:
-        return
-    lock_holders(owner, "")
-    held = (
-        RayJob.objects.filter(
-            owner=owner, cluster__pool=cluster.pool, state__in=ACTIVE_STATES
-        ).aggregate(gpus=Sum("gpus"))["gpus"]
-        or 0.0
-    )
-    if held + gpus > quota.max_gpus:
-        raise RayJobRefused(
-            "gpus",
-            f"user {owner.get_username()} may use {quota.max_gpus} GPUs at once in pool "
-            f"{cluster.pool.name}; their Ray jobs hold {held:g} and this asks for {gpus:g}",
-        )
 
 
 def submit(
@@ -164,7 +156,13 @@ def submit(
     if not entrypoint.strip():
         raise RayJobRefused("entrypoint", "Give the command Ray runs.")
     with transaction.atomic():
-        _check_quota(owner, cluster, gpus)
+        # Ray decides when the job runs, so gpuadmin's quotas are weighed now, with what the
+        # owner holds (their Ray jobs that have not ended included), one submission at a time.
+        if cluster.pool is not None and gpus:
+            lock_holders(owner, "")
+            refusal = quota_refusal(owner, "", cluster.pool, gpus)
+            if refusal is not None:
+                raise RayJobRefused("gpus", refusal)
         job = RayJob.objects.create(
             owner=owner,
             cluster=cluster,
@@ -232,6 +230,11 @@ def _read(job: RayJob) -> RayJob:
     except RayError as exc:
         logger.info("Ray job %s not followed: %s", job.submission_id, exc)
         return job
+    return _found(job, info)
+
+
+def _found(job: RayJob, info: JobInfo | None) -> RayJob:
+    """Store what Ray said of the job (None: it has no job of that id)."""
     if info is None:
         return _change(
             job,
@@ -265,6 +268,8 @@ def _change(
     with transaction.atomic():
         before = RayJob.objects.select_for_update().get(pk=job.pk).state
         job.state, job.message = state, message
+        if state not in ACTIVE_STATES and job.ended_at is None:
+            job.ended_at = timezone.now()  # Ray gave no end (it forgot the job, or never had it)
         job.save(update_fields=["state", "message", "started_at", "ended_at"])
         if before != state:
             record(
@@ -279,10 +284,10 @@ def _change(
 
 
 def visible_jobs(user: User) -> QuerySet[RayJob]:
-    """The Ray jobs ``user`` sees: their own; operators and admins everyone's (with their
-    cluster and owner, which the API and the jobs page show)."""
-    jobs = RayJob.objects.select_related("cluster", "owner")
-    return jobs if at_least(user, Role.OPERATOR) else jobs.filter(owner=user)
+    """The Ray jobs ``user`` sees, by the rule of gpuadmin's jobs (``visible_to``: users their
+    own, viewers, operators and admins everyone's), with their cluster and owner, which the
+    API and the pages show. Their entrypoint, environment and log: ``can_read_private``."""
+    return visible_to(user, RayJob.objects.select_related("cluster", "owner"))
 
 
 def cancel(*, actor: User, job: RayJob) -> RayJob:
@@ -311,16 +316,37 @@ def logs(job: RayJob) -> str:
 
 
 def poll() -> dict[str, int]:
-    """Beat's tick: read every cluster, then follow every active job on the clusters that
-    answered (pending ones are sent again)."""
-    reachable = set()
-    for cluster in RayCluster.objects.all():
-        if read_cluster(cluster).state == ClusterState.OK:
-            reachable.add(cluster.pk)
-    followed = 0
-    for job in RayJob.objects.filter(state__in=ACTIVE_STATES, cluster__in=reachable).select_related(
-        "cluster", "owner"
-    ):
-        follow(job)
-        followed += 1
-    return {"clusters": len(reachable), "jobs": followed}
+    """Beat's tick: read every cluster and the state of its active jobs, then store what each
+    answered and send its pending jobs again. The clusters are asked at once (``ask_all``: a
+    few threads, nothing waited for past ``GPUADMIN_RAY_TIMEOUT_S``) and each answer is stored
+    as it comes, here, in this thread and its database connection: a cluster that does not
+    answer delays neither the others nor the next tick."""
+    clusters = {cluster.pk: cluster for cluster in RayCluster.objects.all()}
+    active: dict[int, list[RayJob]] = defaultdict(list)
+    for job in RayJob.objects.filter(state__in=ACTIVE_STATES).select_related("cluster", "owner"):
+        active[job.cluster_id].append(job)
+    questions = {
+        pk: partial(
+            client_for(cluster).poll,
+            {job.pk: job.submission_id for job in active[pk] if job.state != RayJobState.PENDING},
+        )
+        for pk, cluster in clusters.items()
+    }
+    reachable, followed, unsent = 0, 0, []
+    for pk, answer in ask_all(questions, deadline_s=settings.GPUADMIN_RAY_TIMEOUT_S):
+        view, infos = (answer.view, answer.jobs) if isinstance(answer, PollAnswer) else (answer, {})
+        if store_read(clusters[pk], view).state != ClusterState.OK:
+            continue
+        reachable, followed = reachable + 1, followed + len(active[pk])
+        for job in active[pk]:
+            info = infos.get(job.pk)
+            if job.state == RayJobState.PENDING:
+                unsent.append(job)
+            elif isinstance(info, RayError):
+                logger.info("Ray job %s not followed: %s", job.submission_id, info)
+            else:
+                _found(job, info)
+    # Rare (a job whose first send found its cluster silent), and after every answer is stored.
+    for job in unsent:
+        send(job)
+    return {"clusters": reachable, "jobs": followed}

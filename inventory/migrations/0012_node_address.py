@@ -14,6 +14,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='node',
             name='address',
-            field=models.CharField(blank=True, help_text="Where other nodes reach this one: a host name or IP address (Slurm's NodeAddr). Empty: its hostname. A Ray application's workers join its head here.", max_length=253, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.:\\[\\]-]*$', 'a host name or an IP address'), django.core.validators.RegexValidator('^-', 'a host name or an IP address', inverse_match=True)]),
+            field=models.CharField(blank=True, help_text="Where other nodes reach this one: a host name or IP address (Slurm's NodeAddr). Empty: its hostname. A Ray application's workers join its head here.", max_length=253, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.:\\[\\]-]+$', 'a host name or an IP address'), django.core.validators.RegexValidator('^-', 'a host name or an IP address', inverse_match=True)]),
         ),
     ]

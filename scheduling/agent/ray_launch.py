@@ -99,13 +99,14 @@ def _note_stop(signum: int, frame: FrameType | None) -> None:
 def _start_ray(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     """``ray start --block`` for this node, in a session of its own that dies with us."""
     gpus = [gpu for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu]
+    ports = free_ports(len(NODE_PORT_OPTIONS))
     command = [
         args.ray, "start", "--block", "--disable-usage-stats",
         f"--node-ip-address={args.node_address}",
         f"--num-gpus={len(gpus)}",
         f"--num-cpus={len(os.sched_getaffinity(0))}",
         f"--temp-dir={args.temp_dir}",
-        *(f"{name}={port}" for name, port in zip(NODE_PORT_OPTIONS, _free_ports(), strict=True)),
+        *(f"{name}={port}" for name, port in zip(NODE_PORT_OPTIONS, ports, strict=True)),
     ]  # fmt: skip
     if memory_mib := os.environ.get("GPUADMIN_HOST_MEMORY_MIB"):
         command.append(f"--memory={int(memory_mib) << 20}")
@@ -151,8 +152,10 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _free_ports() -> list[int]:
-    sockets = [socket.socket() for _ in NODE_PORT_OPTIONS]
+def free_ports(count: int) -> list[int]:
+    """``count`` ports free now (the kernel's choice; another process may take one before
+    its user binds it)."""
+    sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
             sock.bind(("", 0))

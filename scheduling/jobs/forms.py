@@ -31,6 +31,34 @@ from scheduling.placement.text import plural
 DURATION_HELP = "HH:MM:SS, D HH:MM:SS or seconds; empty for none."
 
 
+class EnvironmentField(forms.CharField):
+    """Environment variables typed as KEY=VALUE lines (blank lines and ``#`` comments skipped),
+    cleaned to a dict; an error names the line. The job form's and the Ray job form's."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 3}))
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("strip", False)  # a value keeps its spaces
+        kwargs.setdefault("label", "Environment")
+        kwargs.setdefault("help_text", "KEY=VALUE, one per line.")
+        super().__init__(**kwargs)
+
+    def clean(self, value: Any) -> dict[str, str]:
+        text: str = super().clean(value)
+        env: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, sep, setting = line.partition("=")
+            key = key.strip()
+            if not sep or not ENV_NAME.match(key):
+                raise forms.ValidationError(f"line {number}: expected KEY=VALUE, got {line!r}")
+            if key in env:
+                raise forms.ValidationError(f"line {number}: {key} is set twice")
+            env[key] = setting
+        return env
+
+
 class SubmitJobForm(forms.Form):
     command = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 2}),
@@ -80,13 +108,7 @@ class SubmitJobForm(forms.Form):
         required=False, help_text=DURATION_HELP + " Lets the scheduler estimate start times."
     )
     max_retries = forms.IntegerField(initial=0, **limit_bounds("max_retries"))
-    env = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 3}),
-        required=False,
-        strip=False,  # a value keeps its spaces
-        label="Environment",
-        help_text="KEY=VALUE, one per line.",
-    )
+    env = EnvironmentField()
     working_dir = forms.CharField(max_length=1024, required=False, label="Working directory")
     container_image = forms.CharField(
         max_length=Job._meta.get_field("container_image").max_length,
@@ -196,20 +218,6 @@ class SubmitJobForm(forms.Form):
         field = self.fields[name]
         assert isinstance(field, forms.ChoiceField)
         field.choices = [*first, *rest]
-
-    def clean_env(self) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for number, line in enumerate(self.cleaned_data["env"].splitlines(), start=1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            key, sep, value = line.partition("=")
-            key = key.strip()
-            if not sep or not ENV_NAME.match(key):
-                raise forms.ValidationError(f"line {number}: expected KEY=VALUE, got {line!r}")
-            if key in env:
-                raise forms.ValidationError(f"line {number}: {key} is set twice")
-            env[key] = value
-        return env
 
     def _seconds(self, name: str) -> int | None:
         """Whole seconds, as the API takes them (a fraction is an error on the field, not cut

@@ -28,8 +28,8 @@ from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from gpuadmin.access.models import ApiToken, Role
-from gpuadmin.access.services import role_of
+from gpuadmin.access.models import ApiToken
+from gpuadmin.access.services import sees_only_own, visible_to
 from gpuadmin.audit.models import AuditEvent
 from inventory import live
 from inventory.models import Gpu, Node
@@ -68,23 +68,21 @@ THROUGHPUT_WINDOW = timedelta(hours=1)
 
 def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
     """Users see their own jobs; viewers, operators and admins see everyone's."""
-    jobs = Job.objects.all()
-    return jobs.filter(owner_id=user.pk) if role_of(user) == Role.USER else jobs
+    return visible_to(user, Job.objects.all())
 
 
 def no_job_text(user: User | AnonymousUser, job_id: int | str) -> str:
     """What ``user`` is told of a job ``visible_jobs`` does not give them: ``no job 12``, and
     to a user ``no job 12 of yours (a user sees only their own jobs)``, whether it is
     another's or none at all (the API's 404, a dependency's refusal)."""
-    if role_of(user) == Role.USER:
+    if sees_only_own(user):
         return f"no job {job_id} of yours (a user sees only their own jobs)"
     return f"no job {job_id}"
 
 
 def visible_arrays(user: User | AnonymousUser) -> QuerySet[JobArray]:
     """The job arrays ``user`` sees: by the rule of ``visible_jobs``."""
-    arrays = JobArray.objects.all()
-    return arrays.filter(owner_id=user.pk) if role_of(user) == Role.USER else arrays
+    return visible_to(user, JobArray.objects.all())
 
 
 def task_count_name(state: str) -> str:
@@ -104,10 +102,7 @@ def with_task_counts(arrays: QuerySet[JobArray]) -> QuerySet[JobArray]:
 
 def visible_allocations(user: User | AnonymousUser) -> QuerySet[Allocation]:
     """The allocations of the jobs ``user`` sees."""
-    allocations = Allocation.objects.all()
-    if role_of(user) == Role.USER:
-        allocations = allocations.filter(job__owner_id=user.pk)
-    return allocations
+    return visible_to(user, Allocation.objects.all(), owner="job__owner_id")
 
 
 def own_tokens(user: User | AnonymousUser) -> QuerySet[ApiToken]:

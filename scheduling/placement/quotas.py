@@ -50,27 +50,38 @@ class QuotaBook:
         self._gpus: dict[tuple[str | None, tuple[str, str]], float] = defaultdict(float)
         self._hours: dict[tuple[str | None, tuple[str, str]], float] = defaultdict(float)
 
-    def _keys(self, job: JobRequest) -> list[tuple[str | None, tuple[str, str]]]:
+    def _keys(
+        self, pool: str | None, owner: str, project: str
+    ) -> list[tuple[str | None, tuple[str, str]]]:
         if not self._limits:
             return []
-        holders = [("user", job.owner)] + ([("project", job.project)] if job.project else [])
-        return [(job.pool, holder) for holder in holders if (job.pool, holder) in self._limits]
+        holders = [("user", owner)] + ([("project", project)] if project else [])
+        return [(pool, holder) for holder in holders if (pool, holder) in self._limits]
 
     def refusal(self, job: JobRequest) -> str | None:
         """The first limit `job` would exceed, as a sentence ("user alice uses 8 of 8 GPUs in
         pool a100"), or None within quota."""
-        for key in self._keys(job):
+        return self.refusal_for(
+            job.pool, job.owner, job.project, gpu_equivalents(job), gpu_hours(job)
+        )
+
+    def refusal_for(
+        self, pool: str | None, owner: str, project: str, gpus: float, hours: float = 0.0
+    ) -> str | None:
+        """`refusal` of work that is no `JobRequest` (a job on an external Ray cluster):
+        `gpus` whole-GPU equivalents for `hours` GPU-hours (0: unknown) in `pool`."""
+        for key in self._keys(pool, owner, project):
             limit = self._limits[key]
             kind, holder = limit.holder
             who = f"{kind} {limit.name or holder}"
             where = "" if limit.pool is None else f" in pool {limit.pool}"
             if limit.max_gpus is not None:
                 using = limit.gpus_in_use + self._gpus[key]
-                if using + gpu_equivalents(job) > limit.max_gpus + 1e-9:
+                if using + gpus > limit.max_gpus + 1e-9:
                     return f"{who} uses {_number(using)} of {_number(limit.max_gpus)} GPUs{where}"
             if limit.gpu_hours is not None:
                 used = limit.gpu_hours_used + self._hours[key]
-                if used + gpu_hours(job) > limit.gpu_hours + 1e-9:
+                if used + hours > limit.gpu_hours + 1e-9:
                     period = PERIOD_PHRASES[limit.period]
                     return (
                         f"{who} used {_number(used)} of {_number(limit.gpu_hours)} GPU-hours"
@@ -80,7 +91,7 @@ class QuotaBook:
 
     def charge(self, job: JobRequest) -> None:
         """Count `job`, started within quota in this pass."""
-        for key in self._keys(job):
+        for key in self._keys(job.pool, job.owner, job.project):
             self._gpus[key] += gpu_equivalents(job)
             self._hours[key] += gpu_hours(job)
 

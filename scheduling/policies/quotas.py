@@ -1,14 +1,18 @@
 """Quotas and the placement loop's policy inputs: each pool's policy, each quota with what its
 holder uses now, and fair-share usage (decayed GPU-seconds), each read from the allocations in
-one statement, whatever the history.
+one statement, whatever the history (and one more per ``registry.gpu_use`` answer: each
+"query" count below is with the Ray integration's one).
 
 A user holds ``("user", "<id>")`` and a project ``("project", "<name>")``, as in
 ``placement.QuotaLimit``. What counts against a quota and how usage decays:
-docs/users/policies.md, "Quotas" and "Fair share".
+docs/users/policies.md, "Quotas" and "Fair share". Besides the allocations, the GPUs that the
+apps above report through ``gpuadmin.registry.gpu_use`` (jobs on external Ray clusters) count
+the same way.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -23,6 +27,7 @@ from django.db.models import Q, QuerySet
 from django.http import Http404
 from django.utils import timezone
 
+from gpuadmin import registry
 from gpuadmin.access.models import Role
 from gpuadmin.access.services import role_of
 from gpuadmin.audit.services import changed_values, record
@@ -42,6 +47,7 @@ from scheduling.models import (
     ReservationState,
 )
 from scheduling.placement import fairshare
+from scheduling.placement.quotas import QuotaBook
 
 HolderKind = Literal["user", "project"]
 Holder = tuple[HolderKind, str]
@@ -191,8 +197,21 @@ def holders_of(owner_id: int, project: str) -> list[Holder]:
     return [("user", str(owner_id)), *((("project", project),) if project else ())]
 
 
+def external_use(since: datetime, now: datetime) -> list[registry.GpuUse]:
+    """The GPUs held outside gpuadmin's allocations at some time in [since, now], as the apps
+    above report them (``registry.gpu_use``: the Ray integration's jobs)."""
+    return [use for answer in registry.gpu_use.answers for use in answer(since, now)]
+
+
+def _seconds_since(use: registry.GpuUse, start: datetime, now: datetime) -> float:
+    """How long ``use`` held its GPUs between ``start`` and ``now``."""
+    end = min(use.end or now, now)
+    return max((end - max(use.start, start)).total_seconds(), 0.0)
+
+
 def _held(now: datetime, holders: Iterable[Holder] | None = None) -> dict[UsageKey, Held]:
-    """``Held`` by (pool name, holder): everyone's, or only ``holders``' (one statement)."""
+    """``Held`` by (pool name, holder): everyone's, or only ``holders``' (one statement, and
+    ``external_use``'s)."""
     starts = period_starts(now)
     params: dict[str, Any] = {
         "now": now,
@@ -214,6 +233,11 @@ def _held(now: datetime, holders: Iterable[Holder] | None = None) -> dict[UsageK
         spans = dict(zip(starts, map(float, seconds), strict=True))
         for holder in holders_of(owner_id, project):
             held[pool, holder].add(share, gpus, spans)
+    for use in external_use(params["since"], now):
+        spans = {period: _seconds_since(use, start, now) for period, start in starts.items()}
+        for holder in holders_of(use.owner_id, use.project):
+            if holders is None or holder in holders:
+                held[use.pool, holder].add(use.gpus, 1 if use.end is None else 0, spans)
     return held
 
 
@@ -238,14 +262,14 @@ def _limit(quota: Quota, held: Mapping[UsageKey, Held]) -> placement.QuotaLimit:
 
 
 def quota_limits(now: datetime) -> tuple[placement.QuotaLimit, ...]:
-    """Every quota with what its holder uses now and this period (two queries)."""
+    """Every quota with what its holder uses now and this period (three queries)."""
     quotas = list(Quota.objects.select_related("pool", "user"))
     held = _held(now) if quotas else {}
     return tuple(_limit(quota, held) for quota in quotas)
 
 
 def limits_of(quotas: Iterable[Quota], now: datetime) -> dict[int, placement.QuotaLimit]:
-    """These quotas (their pool and user loaded) with their use, by quota id (one query)."""
+    """These quotas (their pool and user loaded) with their use, by quota id (two queries)."""
     quotas = list(quotas)
     held = _held(now, map(holder_of, quotas)) if quotas else {}
     return {quota.pk: _limit(quota, held) for quota in quotas}
@@ -285,7 +309,8 @@ FAIRSHARE_SQL = """
 def fairshare_usage(
     now: datetime, configs: Mapping[str | None, placement.PoolConfig]
 ) -> dict[UsageKey, float]:
-    """Decayed GPU-seconds by (pool name, holder), with each pool's half-life (one query)."""
+    """Decayed GPU-seconds by (pool name, holder), with each pool's half-life (two queries:
+    the allocations', ``external_use``'s)."""
     default = placement.PoolConfig().fairshare_half_life_s
     lives = [config.fairshare_half_life_s for config in configs.values()]
     longest = max([default, *lives])
@@ -305,6 +330,17 @@ def fairshare_usage(
         share = gpu_share(kind, gpu_name, profile, mps_percent)
         for holder in holders_of(owner_id, project):
             usage[pool, holder] += share * float(decayed)
+    for use in external_use(params["since"], now):
+        config = configs.get(use.pool)
+        h = config.fairshare_half_life_s if config is not None else default
+        # FAIRSHARE_SQL's integral, for one span.
+        age_end = max((now - (use.end or now)).total_seconds(), 0.0)
+        age_start = min((now - use.start).total_seconds(), FAIRSHARE_HORIZON_HALF_LIVES * h)
+        if age_start <= age_end:
+            continue
+        decayed = h / math.log(2) * (2 ** (-age_end / h) - 2 ** (-age_start / h))
+        for holder in holders_of(use.owner_id, use.project):
+            usage[use.pool, holder] += use.gpus * decayed
     return dict(usage)
 
 
@@ -384,7 +420,7 @@ def visible_quotas(user: User | AnonymousUser) -> QuerySet[Quota]:
 
 
 def usage_summary(user: User, now: datetime | None = None) -> list[QuotaUse]:
-    """The quotas of ``user`` and of their projects, each with its use (two queries)."""
+    """The quotas of ``user`` and of their projects, each with its use (three queries)."""
     quotas = list(own_quotas(user).select_related("pool", "user"))
     limits = limits_of(quotas, now or timezone.now())
     return [QuotaUse(quota.pk, limits[quota.pk], mine=not quota.project) for quota in quotas]
@@ -392,7 +428,7 @@ def usage_summary(user: User, now: datetime | None = None) -> list[QuotaUse]:
 
 def budgets(viewer: User, now: datetime | None = None) -> list[QuotaUse]:
     """The quotas with GPU-hours per period that ``viewer`` may read (``visible_quotas``),
-    each with what its holder used in its current period, the fullest first (two queries)."""
+    each with what its holder used in its current period, the fullest first (three queries)."""
     quotas = list(visible_quotas(viewer).exclude(gpu_hours=None))
     limits = limits_of(quotas, now or timezone.now())
     uses = [
@@ -415,7 +451,7 @@ def quota_allows(
     ``project`` in ``pool``: None when it does, else why not (a sentence). Each holder's
     approved reservations count with it, so that bookings split in parts fit as the whole
     would: the most GPUs they hold at once inside the window against the GPUs at once, and
-    the GPU-hours they still hold from now against the GPU-hours left this period (three
+    the GPU-hours they still hold from now against the GPU-hours left this period (four
     queries)."""
     now = now or timezone.now()
     holders = Q(user=user) | (Q(project=project) if project else Q(pk__in=[]))
@@ -458,6 +494,24 @@ def quota_allows(
                 f"{PERIOD_WORDS[quota.period]} {where}; this needs {_number(asked)}{beside}"
             )
     return None
+
+
+def quota_refusal(
+    user: User, project: str, pool: Pool | None, gpus: float, *, now: datetime | None = None
+) -> str | None:
+    """Whether work of ``gpus`` whole-GPU equivalents that starts now, for an unknown time,
+    fits the quotas of ``user`` and ``project`` in ``pool``: the placement loop's rule
+    (``QuotaBook.refusal``) over what they hold now and used this period. None when it fits,
+    else why not (a sentence). For work gpuadmin does not place itself (a job on an external
+    Ray cluster), decided when it is submitted; the caller holds ``lock_holders`` (three
+    queries)."""
+    holders = Q(user=user) | (Q(project=project) if project else Q(pk__in=[]))
+    quotas = list(Quota.objects.filter(holders, pool=pool).select_related("pool", "user"))
+    if not quotas:
+        return None
+    limits = limits_of(quotas, now or timezone.now())
+    book = QuotaBook(limits.values())
+    return book.refusal_for(pool.name if pool else None, str(user.pk), project, gpus)
 
 
 # pg_advisory_xact_lock(class, key): a quota holder's bookings decided one at a time, the
@@ -654,7 +708,7 @@ def _ranked(
 def fairshare_board(pool: Pool | None, viewer: User, now: datetime | None = None) -> FairShareBoard:
     """Everyone's standing in ``pool`` from the loop's own inputs (``pool_configs``,
     ``fairshare_usage``, the quotas' weights) through the engine's ``FairShareTable``, and the
-    viewer's explanation (five queries)."""
+    viewer's explanation (six queries)."""
     now = now or timezone.now()
     name = pool.name if pool is not None else None
     configs = pool_configs()

@@ -19,6 +19,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.celery import app
 from gpuadmin.text import is_api_view
 from health.alerts import open_alert
+from integrations.ray.models import RayCluster, RayJob
 from inventory.models import Node
 from scheduling.models import Quota
 from scheduling.reservations import services as reservations
@@ -53,6 +54,7 @@ NOT_PAGES = (
     "accounts/logout/",
     "accounts/password_",
     "accounts/reset/",
+    "assistant/stream/",
 )
 # Live regions poll every 2 s (hx-trigger="every 2s"): wait two polls and their swaps, since the
 # second swaps into what the first left (a target the first swap lost is an error only then).
@@ -112,10 +114,16 @@ def the_site() -> dict[str, str]:
         summary="GPU 0 runs hot",
         node=Node.objects.get(hostname=host),
     )
+    # A Ray cluster not read yet (nothing listens there), with a job not yet sent to it.
+    ray = RayCluster.objects.create(name="lab", address="http://127.0.0.1:9")
+    ray_job = RayJob.objects.create(
+        owner=alice, cluster=ray, entrypoint="python train.py", gpus=1, submission_id="sweep-1"
+    )
     return {
         "": "/",
         "accounts/login/": "/accounts/login/",
         "audit/": "/audit/",
+        "assistant/": "/assistant/",
         "fleet/": "/fleet/",
         "nodes/<str:hostname>/": f"/nodes/{host}/",
         "nodes/<str:hostname>/mig/": f"/nodes/{host}/mig/",
@@ -128,6 +136,10 @@ def the_site() -> dict[str, str]:
         "jobs/<int:pk>/": f"/jobs/{job.pk}/",
         "jobs/<int:pk>/log/": f"/jobs/{job.pk}/log/",
         "usage/": "/usage/",
+        "ray/": "/ray/",
+        "ray/jobs/new/": "/ray/jobs/new/",
+        "ray/jobs/<int:pk>/": f"/ray/jobs/{ray_job.pk}/",
+        "ray/jobs/<int:pk>/log/": f"/ray/jobs/{ray_job.pk}/log/",
         "reservations/": "/reservations/",
         "policies/": "/policies/",
         "policies/<str:pool>/": "/policies/~/",

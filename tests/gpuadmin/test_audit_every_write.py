@@ -32,6 +32,7 @@ from scheduling.models import Job, JobArray, PoolPolicy, Quota, Reservation, Sch
 from scheduling.policies.api import PoolPolicySerializer
 from scheduling.reservations import services as reservations
 from scheduling.sharing import relayout
+from tests.assistant.chat_server import ChatServer, call, say
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -343,6 +344,14 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         f"/api/v1/mig-relayouts/{relayout.request(mig_gpu(), 'balanced', actor=w.root).pk}/cancel/",
         ["gpu.state_changed", "mig_relayout.canceled"],  # available again
     ),
+    # Reads only; each tool call the model makes is audited.
+    ("assistant-ask", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        "/api/v1/assistant/ask/",
+        ["assistant.tool_called"],
+        {"question": "Which GPU is free?"},
+    ),
     ("scheduling-api-v1:token-list", "POST"): lambda w: Call(
         w.alice, "post", "/api/v1/tokens/", ["token.created"], {"name": "laptop"}
     ),
@@ -361,10 +370,13 @@ def test_every_write_endpoint_has_an_entry():
 
 
 @pytest.fixture
-def world(django_user_model, monkeypatch) -> Iterator[World]:
+def world(django_user_model, monkeypatch, settings) -> Iterator[World]:
     monkeypatch.setattr(app, "send_task", RecordingBroker().send_task)  # no agent, no loop
     # A Ray cluster that accepts every stop request (tests/integrations/ray/ stops real ones).
     monkeypatch.setattr(RayJobsClient, "stop", lambda client, submission_id: True)
+    # The assistant's model: it looks one GPU up, then answers (tests/assistant/ has the rest).
+    model = ChatServer([call(("list_gpus", {"limit": 1})), say("GPU 0 of dgx-01.")]).start()
+    settings.GPUADMIN_ASSISTANT_URL = model.url
     add_sim_node("dgx-01")
     add_sim_node("dgx-02")
     ops = django_user_model.objects.create_user("ops")
@@ -374,6 +386,7 @@ def world(django_user_model, monkeypatch) -> Iterator[World]:
         ops=ops,
         root=django_user_model.objects.create_user("root", is_staff=True),
     )
+    model.stop()
 
 
 @pytest.mark.parametrize("endpoint", sorted(CASES), ids=lambda e: f"{e[1]} {e[0]}")

@@ -24,6 +24,8 @@ from gpuadmin.access.services import create_token
 from gpuadmin.audit.models import AuditEvent
 from health.alerts import open_alert
 from health.models import Alert, AlertRule, BreakerTrip, RecoveryPolicy
+from integrations.ray import services as ray_services
+from integrations.ray.models import RayCluster, RayJob
 from integrations.slurm import services as slurm_services
 from integrations.slurm.models import SlurmCluster
 from inventory.models import Gpu, Node
@@ -49,6 +51,10 @@ NOT_AUDITED = {
     "password_change",
     "password_reset",
     "password_reset_confirm",
+    # The assistant's question form and stream read only; each tool call they make is audited
+    # (tests/assistant/ and test_audit_every_write.py's assistant-ask).
+    "assistant:page",
+    "assistant:stream",
 }
 HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"}
 
@@ -135,6 +141,18 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     ),
     "scheduling:job-release": lambda w, r: Write(
         w.alice, f"/jobs/{w.job(hold=True).pk}/release/", ["job.queued"]
+    ),
+    # The Ray pages (a cluster where nothing listens: Ray hears of nothing, gpuadmin audits).
+    "ray:job-new": lambda w, r: Write(
+        w.alice,
+        "/ray/jobs/new/",
+        ["ray_job.submitted"],
+        {"cluster": ray_cluster().name, "entrypoint": "true", "gpus": "0", "cpus": "0"},
+    ),
+    "ray:job-cancel": lambda w, r: Write(
+        w.alice,
+        f"/ray/jobs/{ray_job(w).pk}/cancel/",
+        ["ray_job.cancel_requested"],
     ),
     "scheduling:array-cancel": lambda w, r: Write(
         w.alice,
@@ -268,6 +286,15 @@ def unix_account(w: World) -> Write:
         ["unix_account.changed"],
         {"username": "alice2"},
     )
+
+
+def ray_cluster() -> RayCluster:
+    return RayCluster.objects.create(name="lab", address="http://127.0.0.1:9")
+
+
+def ray_job(w: World) -> RayJob:
+    """Alice's Ray job, stored (its send waits for the commit, which a test never makes)."""
+    return ray_services.submit(owner=w.alice, cluster=ray_cluster(), entrypoint="true")
 
 
 def slurm_cluster(w: World) -> SlurmCluster:

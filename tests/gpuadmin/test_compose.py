@@ -6,7 +6,7 @@ import re
 import yaml
 
 from gpuadmin.env import NODE_SETTINGS
-from tests.conftest import REPO_DIR
+from tests.conftest import APP_PACKAGES, REPO_DIR
 from tests.gpuadmin.test_settings_documented import (
     documented_settings,
     env_example,
@@ -126,3 +126,10 @@ def test_prometheus_and_grafana_are_a_monitoring_profile_on_the_shipped_files():
     assert provider["options"]["path"] == "/etc/grafana/dashboards"
     dashboards = list((REPO_DIR / "deploy/grafana/dashboards").glob("*.json"))
     assert [json.loads(path.read_text())["uid"] for path in dashboards] == ["gpuadmin-gpus"]
+
+
+def test_the_image_holds_every_app_package():
+    """The image copies each package ``INSTALLED_APPS`` imports (one forgotten, the image's
+    processes fail at start with an ImportError that no test here would see otherwise)."""
+    copied = re.findall(r"^COPY (\S+) \1$", (REPO_DIR / "Dockerfile").read_text(), re.MULTILINE)
+    assert set(APP_PACKAGES) <= set(copied)

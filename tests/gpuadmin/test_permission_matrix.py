@@ -487,6 +487,32 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/ray/^jobs/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
         "/api/v1/ray/jobs/0/cancel/", by_role(401, 403, 404, 404, 404)
     ),
+    # The Ray pages: signed in; users and up submit (no cluster of that name: the form's
+    # error, 200); there is no Ray job 0 (the jobs' rules: tests/integrations/ray/)
+    ("ray/", "GET"): Entry("/ray/", PAGE_READ),
+    ("ray/jobs/new/", "GET"): Entry("/ray/jobs/new/", by_role(LOGIN, 403, 200, 200, 200)),
+    ("ray/jobs/new/", "POST"): Entry(
+        "/ray/jobs/new/",
+        by_role(LOGIN, 403, 200, 200, 200),
+        {"cluster": "none", "entrypoint": "true", "gpus": "0", "cpus": "0"},
+        form=True,
+    ),
+    ("ray/jobs/<int:pk>/", "GET"): Entry("/ray/jobs/0/", by_role(LOGIN, 404, 404, 404, 404)),
+    ("ray/jobs/<int:pk>/log/", "GET"): Entry(
+        "/ray/jobs/0/log/", by_role(LOGIN, 404, 404, 404, 404)
+    ),
+    ("ray/jobs/<int:pk>/cancel/", "POST"): Entry(
+        "/ray/jobs/0/cancel/", by_role(LOGIN, 404, 404, 404, 404), form=True
+    ),
+    # The assistant, for everyone signed in; no model is configured here (its tools' own
+    # permissions: tests/assistant/).
+    ("assistant/", "GET"): Entry("/assistant/", PAGE_READ),
+    ("assistant/stream/", "POST"): Entry(
+        "/assistant/stream/", by_role(LOGIN, 400, 400, 400, 400), {"question": "hi"}, form=True
+    ),
+    ("api/v1/assistant/ask/", "POST"): Entry(
+        "/api/v1/assistant/ask/", by_role(401, 503, 503, 503, 503), {"question": "hi"}
+    ),
 }
 
 WRITES_AND_GET = {"get", "post", "put", "patch", "delete"}

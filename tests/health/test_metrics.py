@@ -361,8 +361,9 @@ def test_a_scrape_costs_the_same_queries_for_any_fleet_size(
         scrape(client)
 
 
-# GPUs, XIDs, nodes, alerts; allocations, jobs, waits; Slurm clusters (none registered).
-QUERIES_PER_SCRAPE = 8
+# GPUs, XIDs, nodes, alerts; allocations, jobs, waits; Slurm clusters and Ray clusters (none
+# registered).
+QUERIES_PER_SCRAPE = 9
 
 
 def test_the_metrics_token_guards_the_endpoint(client, settings):

@@ -28,10 +28,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 FUZZ_S = 60
 CHECKS = "not_a_server_error,response_schema_conformance,content_type_conformance"
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
-# No agent runs here: discovery answers its documented 503, naming why, and nothing else may.
+# No agent runs here: discovery answers its documented 503, naming why; no model is configured
+# either: the assistant answers its documented 503. Nothing else may.
 CONFIG = """
 [[operations]]
 include-path = "/gpu/discover"
+checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]
+
+[[operations]]
+include-path = "/api/v1/assistant/ask/"
 checks.not_a_server_error.expected-statuses = ["2xx", "3xx", "4xx", "503"]
 """
 

@@ -116,7 +116,7 @@ def test_quota_limits_count_gpus_now_and_gpu_hours_in_each_period(
     Quota.objects.create(user=bob, gpu_hours=10, period="day", fairshare_weight=3)
     Quota.objects.create(project="vision", max_gpus=2)  # in no pool
 
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(3):  # the quotas, the allocations, the Ray jobs
         limits = by_holder(quotas.quota_limits(NOW))
 
     mine = limits["a100", ("user", str(alice.pk))]
@@ -167,15 +167,16 @@ def test_the_number_of_queries_does_not_grow_with_the_history(
     for n in range(30):
         held(alice, gpus[6], ago(100 - n), ago(99.5 - n), pool=a100, project=f"p{n}")
         Quota.objects.create(project=f"p{n}", pool=a100, gpu_hours=10)
-    with django_assert_num_queries(2):
+    # Each reading of the use also reads the Ray jobs (``registry.gpu_use``), once.
+    with django_assert_num_queries(3):
         assert len(quotas.quota_limits(NOW)) == 31
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(2):
         quotas.fairshare_usage(NOW, {"a100": placement.PoolConfig()})
     with django_assert_num_queries(1):
         quotas.pool_configs()
-    with django_assert_num_queries(2):
-        assert len(quotas.usage_summary(alice, NOW)) == 31
     with django_assert_num_queries(3):
+        assert len(quotas.usage_summary(alice, NOW)) == 31
+    with django_assert_num_queries(4):
         assert quotas.quota_allows(alice, "p3", a100, 1, *window(1), now=NOW) is None
 
 
@@ -183,7 +184,7 @@ def test_the_fair_share_page_reads_a_fixed_number_of_queries(
     history, alice, a100, django_assert_num_queries
 ):
     Quota.objects.create(user=alice, pool=a100, fairshare_weight=3)
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         board = quotas.fairshare_board(a100, alice, NOW)
     assert [(row.name, row.mine, row.standing.weight) for row in board.users] == [
         ("alice", True, 3)

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from typing import IO
 
 import psutil
 import pytest
+
+from scheduling.agent.ray_launch import NODE_PORT_OPTIONS, free_ports
 
 REPO_DIR = Path(__file__).resolve().parents[3]
 MARKER = "GPUADMIN_TEST_RAY_CLUSTER"
@@ -50,27 +51,10 @@ def ray_binary() -> str:
     return str(found)
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def node_ports() -> list[str]:
-    """The ports one Ray node listens on besides the head's GCS and dashboard."""
-    names = [
-        "--node-manager-port",
-        "--object-manager-port",
-        "--dashboard-agent-listen-port",
-        "--dashboard-agent-grpc-port",
-        "--metrics-export-port",
-        "--runtime-env-agent-port",
-    ]
+    """The ports one Ray node listens on besides the head's GCS and dashboard (those a
+    gpuadmin Ray application's launcher chooses too)."""
+    names = NODE_PORT_OPTIONS
     return [f"{name}={port}" for name, port in zip(names, free_ports(len(names)), strict=True)]
 
 
@@ -91,6 +75,22 @@ def started_by(token: str, sessions: set[int]) -> list[psutil.Process]:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess, OSError):
             continue
     return found
+
+
+@pytest.fixture
+def admin(db):  # noqa: ANN001, ANN201 - Django's models load with the database
+    from django.contrib.auth.models import User
+
+    return User.objects.create_user("root", is_staff=True)
+
+
+@pytest.fixture
+def cluster(ray_cluster: RayTestCluster, admin):  # noqa: ANN001, ANN201
+    """The session's Ray cluster registered (and read) as ``lab``."""
+    from integrations.ray import services
+    from integrations.ray.models import RayCluster
+
+    return services.save_cluster(RayCluster(name="lab", address=ray_cluster.address), actor=admin)
 
 
 @dataclass(frozen=True)

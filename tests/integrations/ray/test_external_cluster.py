@@ -44,16 +44,6 @@ def client_of(user: User) -> APIClient:
     return client
 
 
-@pytest.fixture
-def admin() -> User:
-    return person("root", Role.ADMIN)
-
-
-@pytest.fixture
-def cluster(ray_cluster, admin) -> RayCluster:
-    return services.save_cluster(RayCluster(name="lab", address=ray_cluster.address), actor=admin)
-
-
 def events(job: RayJob) -> list[str]:
     rows = AuditEvent.objects.filter(target_type="ray.rayjob", target_id=str(job.pk))
     return list(rows.order_by("pk").values_list("event_type", flat=True))
@@ -213,4 +203,4 @@ def test_submissions_follow_roles_and_the_pools_quota(db, admin, free_port):
         "/api/v1/ray/jobs/", {"cluster": "gone", "entrypoint": "true", "gpus": 1}
     )
     assert over.status_code == 400
-    assert "may use 2 GPUs at once in pool ray-lab" in over.content.decode()
+    assert "user frank uses 2 of 2 GPUs in pool ray-lab" in over.content.decode()
