@@ -34,5 +34,5 @@ RUN pip install --no-cache-dir . \
     && useradd --system --home /var/lib/gpuadmin gpuadmin \
     && mkdir -p /var/lib/gpuadmin && chown gpuadmin /var/lib/gpuadmin
 USER gpuadmin
-EXPOSE 8000
+EXPOSE 8000 50051
 CMD ["gpuadmin", "serve", "--bind", "0.0.0.0:8000"]

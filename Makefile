@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DOCS_VENV ?= .venv-docs
 DOCS_STAMP := $(DOCS_VENV)/.installed-stamp
 
-.PHONY: up test lint format bench docs clean
+.PHONY: up test lint format protos bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ lint: $(STAMP)  ## ruff check + format check + import contracts + missing migrat
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The gRPC API's code in gpuadmin/v1/, from protos/gpuadmin/v1/*.proto
+# (tests/gpuadmin/test_grpc_protos.py fails while the committed code is stale).
+protos: $(STAMP)  ## regenerate the gRPC code from protos/
+	$(BIN)/python protos/generate.py
 
 $(DOCS_STAMP): docs/requirements.txt
 	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)

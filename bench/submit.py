@@ -1,6 +1,7 @@
-"""Job submission through the real HTTP API: `gpuadmin serve`, token auth, POST /queue/submit.
+"""Job submission through the real HTTP API: `gpuadmin serve`, token auth, POST /queue/submit;
+and through the gRPC API (`gpuadmin grpc`, Jobs.SubmitJob) with a `grpc:T` config.
 
-    .venv/bin/python bench/submit.py [--configs serve:2x2 gthread:3x4] [--clients 1 4 8 16]
+    .venv/bin/python bench/submit.py [--configs serve:2x2 gthread:3x4 grpc:8] [--clients 1 4 8 16]
                                      [--runs 3] [--duration 15] [--warmup 3] [--profile 0]
                                      [--path /queue/submit|/api/v1/jobs/]
                                      [--answers minimal full] [--slurm-clients 1 4] [--no-slurm]
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from common import REPO_DIR, delete_redis_keys, load_sim_fleet, throwaway_database
@@ -45,6 +47,13 @@ os.environ["GPUADMIN_SUBMIT_RATE"] = "off"
 BODY = json.dumps(
     {"command": "python train.py --epochs 10", "name": "bench", "gpu_count": 2, "project": "b"}
 ).encode()
+# The same submission over gRPC (answered with the whole job: "full").
+GRPC_BODY: dict[str, Any] = {
+    "command": ["python", "train.py", "--epochs", "10"],
+    "name": "bench",
+    "gpu_count": 2,
+    "project": "b",
+}
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,37 @@ def client(
     return latencies, errors
 
 
+def grpc_client(
+    port: int, path: str, headers: dict[str, str], measure_from: float, stop_at: float
+) -> tuple[list[float], int]:
+    """``client`` over gRPC: Jobs.SubmitJob on one channel (``path`` unused; the token from
+    ``headers``), as an automation client keeps one open."""
+    import grpc
+
+    from gpuadmin.v1 import jobs_pb2, jobs_pb2_grpc
+
+    metadata = [("authorization", headers["Authorization"])]
+    request = jobs_pb2.SubmitJobRequest(**GRPC_BODY)
+    latencies: list[float] = []
+    errors = 0
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        submit = jobs_pb2_grpc.JobsStub(channel).SubmitJob
+        while (started := time.monotonic()) < stop_at:
+            try:
+                submit(request, metadata=metadata, timeout=30)
+                ok = True
+            except grpc.RpcError:
+                ok = False
+            if started >= measure_from:
+                latencies.append(time.monotonic() - started)
+                errors += not ok
+    return latencies, errors
+
+
+def is_grpc(config: str) -> bool:
+    return config.startswith("grpc:")
+
+
 def one_round(
     server: Server,
     path: str,
@@ -136,12 +176,16 @@ def one_round(
     clients: int,
     warmup_s: float,
     duration_s: float,
+    *,
+    grpc: bool = False,
 ) -> Round:
     start = time.monotonic() + 0.5  # let the processes start
     measure_from, stop_at = start + warmup_s, start + warmup_s + duration_s
     arguments = [(server.port, path, headers, measure_from, stop_at)] * clients
-    with multiprocessing.get_context("fork").Pool(clients) as pool:
-        pending = pool.starmap_async(client, arguments)
+    # Spawned for gRPC: grpcio's threads do not survive a fork.
+    method = "spawn" if grpc else "fork"
+    with multiprocessing.get_context(method).Pool(clients) as pool:
+        pending = pool.starmap_async(grpc_client if grpc else client, arguments)
         time.sleep(max(0.0, measure_from - time.monotonic()))
         cpu_from = server_cpu_s(server)
         time.sleep(max(0.0, stop_at - time.monotonic()))
@@ -223,10 +267,13 @@ def median_round(rounds: list[Round]) -> Round:
 
 
 def server_argv(config: str, port: int) -> list[str]:
-    """``serve:WxT`` as ``gpuadmin serve``'s command line; ``sync:W`` or ``gthread:WxT`` as
-    gunicorn's."""
+    """``serve:WxT`` as ``gpuadmin serve``'s command line, ``grpc:T`` as ``gpuadmin grpc``'s;
+    ``sync:W`` or ``gthread:WxT`` as gunicorn's."""
     kind, _, size = config.partition(":")
     workers, _, threads = size.partition("x")
+    if kind == "grpc":
+        argv = [sys.executable, "-m", "gpuadmin", "grpc", "--bind", f"127.0.0.1:{port}"]
+        return [*argv, "--threads", workers]
     if kind == "serve":
         argv = [sys.executable, "-m", "gpuadmin", "serve", "--bind", f"127.0.0.1:{port}"]
         return [*argv, "--workers", workers, "--threads", threads or "1"]
@@ -249,6 +296,15 @@ def start_server(config: str, database: str) -> Server:
     )
     server = Server(process, port, database)
     deadline = time.monotonic() + 60
+    if is_grpc(config):
+        import grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=60)
+                return server
+            except grpc.FutureTimeoutError:
+                pass
     while time.monotonic() < deadline:
         try:
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
@@ -330,11 +386,21 @@ def measure(
     for run in range(args.runs):
         print(f"run {run + 1} of {args.runs} (load average {os.getloadavg()[0]:.1f})", flush=True)
         for (config, server), answer in itertools.product(servers.items(), args.answers):
+            if is_grpc(config) and answer != "full":
+                continue  # gRPC answers with the whole job
             headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
             if answer == "minimal":
                 headers["Prefer"] = "return=minimal"
             for clients in args.clients:
-                found = one_round(server, args.path, headers, clients, args.warmup, args.duration)
+                found = one_round(
+                    server,
+                    args.path,
+                    headers,
+                    clients,
+                    args.warmup,
+                    args.duration,
+                    grpc=is_grpc(config),
+                )
                 rounds.setdefault((f"{config} {answer}", clients), []).append(found)
         if slurm is None:
             continue
@@ -432,6 +498,13 @@ def main() -> None:
         print(f"submit_latency_p95: {median.p95_ms:.1f} ms")
         print(f"submit_latency_p99: {median.p99_ms:.1f} ms")
         print(f"submit_server_cpu_per_job: {median.cpu_ms_per_job:.2f} ms")
+        grpc_full = {n: r for c, n, r in results if is_grpc(c) and c.endswith(" full")}
+        rest_full = {n: r for c, n, r in results if not is_grpc(c) and c.endswith(" full")}
+        for clients, figures in grpc_full.items():
+            if clients in rest_full:
+                ratio = figures.jobs_per_s / rest_full[clients].jobs_per_s
+                print(f"submit_grpc_{clients}_clients: {figures.jobs_per_s:.0f} jobs/s")
+                print(f"submit_grpc_vs_rest_full_{clients}_clients: {ratio:.2f} x")
         for (way, clients), figures in slurm_figures.items():
             print(f"slurm_{way}_{clients}_clients: {figures.jobs_per_s:.0f} jobs/s")
         for clients in args.slurm_clients:

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 CHILD_STOP_GRACE_S = 10.0
 # How long the web server lets requests in flight finish when it stops, within `up`'s grace.
 WEB_STOP_GRACE_S = 8
+GRPC_BIND = "127.0.0.1:50051"  # gRPC's customary port
 # How long `up` keeps the central worker, once the agents are gone, to record their jobs' ends.
 JOB_REPORT_WAIT_S = 15.0
 AGENT_LOG = logging.getLogger("gpuadmin.agent")
@@ -171,6 +172,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         respawn_interval=1.0,
         workers_kill_timeout=WEB_STOP_GRACE_S,  # requests in flight finish first
     ).serve()
+    return 0
+
+
+@_with_django
+def cmd_grpc(args: argparse.Namespace) -> int:
+    from gpuadmin.rpc import server
+
+    _stop_on_signals()
+    try:
+        tls = server.Tls.read(args.tls_cert, args.tls_key) if args.tls_cert else None
+        server.serve(args.bind, threads=args.threads, tls=tls)
+    except server.CannotListen as exc:
+        print(f"gpuadmin grpc: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -632,6 +649,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=positive_int, default=env_int("WEB_THREADS", 2, minimum=1))
     serve.set_defaults(run=cmd_serve)
 
+    grpc = verbs.add_parser("grpc", help="the gRPC API server (gpuadmin.v1)")
+    grpc.add_argument("--bind", type=bind_argument, default=GRPC_BIND)
+    grpc.add_argument(
+        "--threads",
+        type=positive_int,
+        default=32,
+        help="calls and streams served at once (a stream holds one while it lasts)",
+    )
+    grpc.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PATH",
+        help="serve over TLS with this certificate chain (PEM; with --tls-key)",
+    )
+    grpc.add_argument("--tls-key", type=Path, metavar="PATH", help="the certificate's key (PEM)")
+    grpc.set_defaults(run=cmd_grpc)
+
     worker = verbs.add_parser("worker", help="the central Celery worker")
     worker.add_argument("--queues", default=None, help="default: GPUADMIN_CENTRAL_QUEUE (default)")
     worker.add_argument("--concurrency", type=positive_int, default=2)
@@ -732,7 +766,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in PASS_THROUGH_VERBS:
         # Their arguments (options included) belong to Django's and the simulator's own CLIs.
         return PASS_THROUGH_VERBS[argv[0]](argparse.Namespace(verb=argv[0], rest=argv[1:]))
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verb == "grpc" and (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("grpc: give --tls-cert and --tls-key together")
     if args.verb in ("up", "serve"):
         export_public_url(args.bind)  # before Django reads it, here and in their children
     return args.run(args)

@@ -119,6 +119,29 @@ def _copy(instance: M) -> M:
 TOKENS = TokenCache()
 
 
+class InvalidToken(Exception):
+    """A key that is not a usable API token; the message says why, for the caller."""
+
+
+def authenticate_key(key: str) -> tuple[User, ApiToken]:
+    """The user of the unrevoked API token ``key`` (``gpa_...``) and the token, recording when
+    it was last used (at most once a minute); ``InvalidToken`` otherwise. The REST API's
+    ``Authorization`` header and the gRPC API's metadata both end here."""
+    if not key.startswith(ApiToken.PREFIX):
+        raise InvalidToken(
+            f"Not an API token: they begin {ApiToken.PREFIX} (gpuadmin token create)."
+        )
+    digest = ApiToken.hash(key)
+    token = TOKENS.lookup(digest)
+    if token is None or not token.user.is_active:
+        raise InvalidToken("Invalid or revoked API token.")
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        TOKENS.touch(digest, now)
+    return token.user, token
+
+
 class ApiTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer gpa_...`` (or ``Token gpa_...``)."""
 
@@ -128,20 +151,10 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).split()
         if len(header) != 2 or header[0].decode(errors="replace").lower() not in self.keywords:
             return None
-        key = header[1].decode(errors="replace")
-        if not key.startswith(ApiToken.PREFIX):
-            raise exceptions.AuthenticationFailed(
-                f"Not an API token: they begin {ApiToken.PREFIX} (gpuadmin token create)."
-            )
-        digest = ApiToken.hash(key)
-        token = TOKENS.lookup(digest)
-        if token is None or not token.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API token.")
-        now = timezone.now()
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-            TOKENS.touch(digest, now)
-        return token.user, token
+        try:
+            return authenticate_key(header[1].decode(errors="replace"))
+        except InvalidToken as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from None
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"

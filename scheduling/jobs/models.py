@@ -70,6 +70,9 @@ class Job(models.Model):
     env = models.JSONField(default=dict, blank=True)
     working_dir = models.CharField(max_length=1024, blank=True)
     container_image = models.CharField(max_length=500, blank=True)
+    # The client's key for this submission: a resend with the same key (per owner) returns this
+    # job instead of storing another (``submission.submit_job``).
+    idempotency_key = models.CharField(max_length=100, blank=True, default="")
 
     # What it needs
     gpu_count = models.PositiveSmallIntegerField(
@@ -230,6 +233,11 @@ class Job(models.Model):
                 name="job_mps_percent_range",
             ),
             models.UniqueConstraint(fields=["array", "array_index"], name="job_array_index_unique"),
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="job_owner_idempotency_key_unique",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.services import (
@@ -264,12 +264,20 @@ def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
     return {**after, **{name: value for name, value in optional.items() if value not in (None, "")}}
 
 
-def submit_job(owner: User, *, hold: bool = False, **request: Any) -> Job:
+def submit_job(
+    owner: User, *, hold: bool = False, idempotency_key: str = "", **request: Any
+) -> Job:
     """Validate a request (``check_submission``), store it QUEUED (PENDING when held) with
     its dependencies and audit ``job.submitted``; the placement loop is woken when the
-    transaction commits. Raises ``JobRejected`` for requests that could never run."""
+    transaction commits. Raises ``JobRejected`` for requests that could never run.
+    ``idempotency_key`` is stored with the job (``submit_once`` reads it)."""
     submission = check_submission(owner, **request)
-    job = Job(owner=owner, state=JobState.PENDING if hold else JobState.QUEUED, **submission.fields)
+    job = Job(
+        owner=owner,
+        state=JobState.PENDING if hold else JobState.QUEUED,
+        idempotency_key=idempotency_key,
+        **submission.fields,
+    )
     # The job and its audit row in one statement, atomic by itself (no BEGIN/COMMIT round
     # trips); a transaction only when its dependencies are rows of their own.
     with transaction.atomic() if submission.needs else nullcontext():
@@ -278,6 +286,33 @@ def submit_job(owner: User, *, hold: bool = False, **request: Any) -> Job:
         if not hold:
             transaction.on_commit(dispatch.wake)
     return job
+
+
+IDEMPOTENCY_KEY_CHARS = Job._meta.get_field("idempotency_key").max_length or 100
+
+
+def submit_once(owner: User, idempotency_key: str, **request: Any) -> tuple[Job, bool]:
+    """``submit_job`` under the client's ``idempotency_key``: the first call with a key
+    stores the job, and a resend with the same key by the same owner (after a lost answer, a
+    timeout) returns that job, whatever it asks, and stores nothing. The job and whether this
+    call stored it. The key is unique per owner in the database
+    (``job_owner_idempotency_key_unique``), so two resends racing store one job."""
+    if not idempotency_key:
+        return submit_job(owner, **request), True
+    check_text("idempotency_key", idempotency_key)
+    if len(idempotency_key) > IDEMPOTENCY_KEY_CHARS:
+        raise JobRejected("idempotency_key", f"at most {IDEMPOTENCY_KEY_CHARS} characters")
+    earlier = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+    if earlier is not None:
+        return earlier, False
+    try:
+        with transaction.atomic():  # a savepoint inside the caller's transaction
+            return submit_job(owner, idempotency_key=idempotency_key, **request), True
+    except IntegrityError:
+        earlier = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+        if earlier is None:
+            raise
+        return earlier, False
 
 
 @dataclass(frozen=True)

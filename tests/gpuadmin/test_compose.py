@@ -22,6 +22,7 @@ def test_services_and_images():
         "postgres",
         "redis",
         "web",
+        "grpc",
         "worker",
         "beat",
         "agent",
@@ -35,9 +36,11 @@ def test_services_and_images():
 def test_app_services_run_the_gpuadmin_verbs():
     assert "gpuadmin serve --bind 0.0.0.0:8000" in " ".join(SERVICES["web"]["command"])
     assert SERVICES["worker"]["command"] == ["gpuadmin", "worker"]
+    assert SERVICES["grpc"]["command"] == ["gpuadmin", "grpc", "--bind", "0.0.0.0:50051"]
+    assert SERVICES["grpc"]["depends_on"]["web"]["condition"] == "service_healthy"  # migrated
     assert SERVICES["beat"]["command"] == ["gpuadmin", "beat"]
     assert "gpuadmin agent --node" in " ".join(SERVICES["agent"]["command"])
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "grpc", "worker", "beat"):
         depends = SERVICES[name]["depends_on"]
         assert depends["postgres"]["condition"] == "service_healthy"
         assert depends["redis"]["condition"] == "service_healthy"

@@ -1,0 +1,2 @@
+"""The gRPC API's server (`gpuadmin grpc`): the calls' plumbing (who calls, refusals as status
+codes), the state changes that streams follow, and the server the apps' servicers join."""

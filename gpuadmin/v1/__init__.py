@@ -1,0 +1,1 @@
+"""Generated from protos/gpuadmin/v1/*.proto by protos/generate.py."""
