@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuadmin import fleet_cli, jobs_cli, ops_cli, ray_cli
+from gpuadmin import ask_cli, fleet_cli, jobs_cli, ops_cli, ray_cli
 from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
@@ -741,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cli.add_verbs(verbs)
     ops_cli.add_verbs(verbs)
     ray_cli.add_verbs(verbs)
+    ask_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")
     token_actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     token_create = token_actions.add_parser("create", help="create a token; prints its key once")
