@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -234,6 +235,19 @@ def prefers_minimal(request: HttpRequest) -> bool:
         preference.split(";")[0].replace(" ", "").lower() == "return=minimal"
         for preference in preferences.split(",")
     )
+
+
+IDEMPOTENCY_KEY = "Idempotency-Key"
+
+
+def idempotency_key(request: HttpRequest) -> str:
+    """The request's ``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header):
+    a Structured Field string, ``"a-uuid"``, whose quotes are taken off (and its ``\\"`` and
+    ``\\\\`` escapes undone); a bare token is taken as it is. ``""`` when absent."""
+    value = request.headers.get(IDEMPOTENCY_KEY, "").strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = re.sub(r"\\(.)", r"\1", value[1:-1])
+    return value
 
 
 # --------------------------------------------------------------------------- errors

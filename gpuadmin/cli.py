@@ -22,7 +22,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuadmin import fleet_cli, jobs_cli, ops_cli, ray_cli
+from gpuadmin import ask_cli, fleet_cli, jobs_cli, ops_cli, ray_cli
 from gpuadmin.client import verb_name
 from gpuadmin.demo_isolation import (
     JOB_ACCOUNT,
@@ -531,8 +531,8 @@ def _start_child(argv: list[str], name: str) -> subprocess.Popen[bytes]:
 
 def _stop_stack(supervisor: Supervisor, nodes: list[str]) -> None:
     """Stop placing jobs (a pass under way commits first), then stop the agents (they stop
-    their jobs, which are re-queued within their retries), the web server and beat; keep the
-    central worker until it has recorded those jobs' ends, then stop it."""
+    their jobs, which are re-queued within their retries), the web and gRPC servers and beat;
+    keep the central worker until it has recorded those jobs' ends, then stop it."""
     from django.db import DatabaseError
     from redis.exceptions import RedisError
 
@@ -591,6 +591,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not _isolate_demo_jobs([node for node, _ in demo]):
             return 1
         supervisor.start("web", ["serve", "--bind", args.bind], stop_grace_s=CHILD_STOP_GRACE_S)
+        if args.grpc_bind:
+            supervisor.start(
+                "grpc", ["grpc", "--bind", args.grpc_bind], stop_grace_s=CHILD_STOP_GRACE_S
+            )
         supervisor.start("worker", ["worker"], stop_grace_s=CHILD_STOP_GRACE_S)
         supervisor.start("beat", ["beat"], stop_grace_s=CHILD_STOP_GRACE_S)
         # An agent cancels its jobs on the way out: SIGTERM, then SIGKILL after the jobs' grace.
@@ -606,6 +610,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             )  # fmt: skip
             nodes.append(node)
         print(f"\ngpuadmin is up: http://{args.bind}/  (admin: http://{args.bind}/admin/)")
+        if args.grpc_bind:
+            print(f"gRPC API (gpuadmin.v1): {args.grpc_bind}")
         print("Press Ctrl-C to stop everything.\n", flush=True)
         while True:
             supervisor.poll()
@@ -636,8 +642,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuadmin", description=__doc__.splitlines()[0])
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    up = verbs.add_parser("up", help="the whole stack for one machine (web, worker, beat, agents)")
+    up = verbs.add_parser(
+        "up", help="the whole stack for one machine (web, gRPC, worker, beat, agents)"
+    )
     _add_bind(up)
+    grpc_bind = up.add_mutually_exclusive_group()
+    grpc_bind.add_argument(
+        "--grpc-bind",
+        type=bind_argument,
+        default=GRPC_BIND,
+        metavar="HOST:PORT",
+        help=f"where the gRPC API listens (default {GRPC_BIND})",
+    )
+    grpc_bind.add_argument(
+        "--no-grpc",
+        dest="grpc_bind",
+        action="store_const",
+        const="",
+        help="do not start the gRPC API server",
+    )
     up.add_argument("--no-agents", action="store_true", help="do not start simulated agents")
     up.set_defaults(run=cmd_up)
 
@@ -718,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs_cli.add_verbs(verbs)
     ops_cli.add_verbs(verbs)
     ray_cli.add_verbs(verbs)
+    ask_cli.add_verbs(verbs)
     token = verbs.add_parser("token", help="API tokens for the CLI and automation")
     token_actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
     token_create = token_actions.add_parser("create", help="create a token; prints its key once")

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -65,10 +65,19 @@ class Api:
             token = saved.token
         return cls(url, token, channel=channel)
 
-    def call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        """One JSON request; ``ApiError`` with the server's reason on anything but 2xx, and
-        for an answer that is not the API's. Redirects are not followed: they would turn a
-        POST into a GET and carry the token to wherever they point."""
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Any:
+        """One JSON request (with ``headers`` besides the API's own); ``ApiError`` with the
+        server's reason on anything but 2xx, and for an answer that is not the API's.
+        Redirects are not followed: they would turn a POST into a GET and carry the token to
+        wherever they point."""
         if self.token and not TOKEN_TEXT.fullmatch(self.token):
             raise ApiError(None, "GPUADMIN_TOKEN is not a token (printable ASCII, no spaces)")
         query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
@@ -86,15 +95,17 @@ class Api:
                 request.add_header("Authorization", f"Bearer {self.token}")
             if self.channel:
                 request.add_header(CHANNEL_HEADER, self.channel)
+            for name, value in (headers or {}).items():
+                request.add_header(name, value)
             with _OPENER.open(request, timeout=self.timeout_s) as response:
-                raw, headers = response.read(), response.headers
+                raw, answered = response.read(), response.headers
         except urllib.error.HTTPError as exc:
             raise ApiError(exc.code, _reason(exc.code, exc.read(), exc.headers)) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise ApiError(None, f"cannot reach {self.url}: {one_line(str(reason))}") from None
-        kind = headers.get_content_type()
-        if SERVER_HEADER not in headers or (raw and kind != "application/json"):
+        kind = answered.get_content_type()
+        if SERVER_HEADER not in answered or (raw and kind != "application/json"):
             raise ApiError(None, f"{self.url} answered {kind}, not as gpuadmin's API: {NOT_API}")
         return json.loads(raw) if raw else None
 

@@ -79,7 +79,10 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         "use_shell": args.shell,
         **{name: value for name, value in options.items() if value is not None},
     }
-    submitted = api.call("POST", "/queue/submit", body)
+    key = args.idempotency_key
+    # The draft's form of the header: a Structured Field string, quoted and escaped.
+    headers = {"Idempotency-Key": sf_string(key)} if key else None
+    submitted = api.call("POST", "/queue/submit", body, headers=headers)
     if "task_ids" in submitted:  # an array, as the server read --array (a blank one is none)
         ids = submitted["task_ids"]
         cap = submitted["max_running"]
@@ -94,6 +97,18 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     print(f"job {submitted['id']} submitted: {submitted['state']} ({needs})", file=out)
     print(f"  gpuadmin jobs show {submitted['id']}   # where it runs, or why it waits", file=out)
     return 0
+
+
+def sf_string(text: str) -> str:
+    """``text`` as an RFC 8941 Structured Field string: in quotes, ``"`` and ``\\`` escaped."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def idempotency_key(text: str) -> str:
+    """``--idempotency-key``: what a Structured Field string can carry (printable ASCII)."""
+    if not text or not all(" " <= char <= "~" for char in text):
+        raise argparse.ArgumentTypeError("printable ASCII characters only (a UUID, say)")
+    return text
 
 
 def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
@@ -477,6 +492,12 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     )
     submit.add_argument(
         "--array", metavar="SPEC", help="a job array, as Slurm's: 0-999%%50, 1,3,5-9, 0-15:4"
+    )
+    submit.add_argument(
+        "--idempotency-key",
+        type=idempotency_key,
+        metavar="KEY",
+        help="submit at most once: a resend with the same KEY answers with the job it stored",
     )
     submit.add_argument("--shell", action="store_true", help="run CMD through /bin/sh -c")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")

@@ -291,12 +291,17 @@ def submit_job(
 IDEMPOTENCY_KEY_CHARS = Job._meta.get_field("idempotency_key").max_length or 100
 
 
-def submit_once(owner: User, idempotency_key: str, **request: Any) -> tuple[Job, bool]:
+def submit_once(
+    owner: User, idempotency_key: str, *, array: str = "", **request: Any
+) -> tuple[Job, bool]:
     """``submit_job`` under the client's ``idempotency_key``: the first call with a key
     stores the job, and a resend with the same key by the same owner (after a lost answer, a
     timeout) returns that job, whatever it asks, and stores nothing. The job and whether this
     call stored it. The key is unique per owner in the database
-    (``job_owner_idempotency_key_unique``), so two resends racing store one job."""
+    (``job_owner_idempotency_key_unique``), so two resends racing store one job. A job
+    ``array`` takes no key (its tasks are jobs of their own, and a key names one job)."""
+    if array:
+        raise JobRejected("idempotency_key", "not with an array: a key names one job")
     if not idempotency_key:
         return submit_job(owner, **request), True
     check_text("idempotency_key", idempotency_key)

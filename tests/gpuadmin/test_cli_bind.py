@@ -6,7 +6,7 @@ import argparse
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from gpuadmin.cli import bind_address, build_parser
+from gpuadmin.cli import GRPC_BIND, bind_address, build_parser
 
 
 @pytest.mark.parametrize(
@@ -64,3 +64,16 @@ def test_their_settings_are_checked_too(monkeypatch, name, value, message):
     monkeypatch.setenv(name, "4")
     args = build_parser().parse_args(["serve"])
     assert (args.workers if name == "WEB_CONCURRENCY" else args.threads) == 4
+
+
+def test_up_starts_the_grpc_api_unless_told_not_to(capsys):
+    """``up``'s gRPC server: ``--grpc-bind`` (checked as ``--bind`` is), ``--no-grpc``: none."""
+    assert build_parser().parse_args(["up"]).grpc_bind == GRPC_BIND
+    assert build_parser().parse_args(["up", "--grpc-bind", "0.0.0.0:6000"]).grpc_bind == (
+        "0.0.0.0:6000"
+    )
+    assert build_parser().parse_args(["up", "--no-grpc"]).grpc_bind == ""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["up", "--grpc-bind", "6000"])
+    assert exited.value.code == 2
+    assert "argument --grpc-bind: '6000' is not HOST:PORT" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """Every verb and sub-verb of ``gpuadmin`` is documented in the site, in one of two homes: the
-API verbs (those ``fleet_cli``, ``jobs_cli``, ``ops_cli`` and ``ray_cli`` add) and
+API verbs (those ``fleet_cli``, ``jobs_cli``, ``ops_cli``, ``ray_cli`` and ``ask_cli`` add) and
 ``completion`` in the CLI page (docs/operations/cli.md), every other verb, the simulator's and
 the project's management commands in the command's reference page (docs/reference/commands.md).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuadmin import cli, fleet_cli, jobs_cli, ops_cli, ray_cli
+from gpuadmin import ask_cli, cli, fleet_cli, jobs_cli, ops_cli, ray_cli
 from inventory.nvml.sim.cli import _parser as sim_parser
 from tests.conftest import APP_PACKAGES, REPO_DIR
 from tests.gpuadmin.markdown_tables import CODE_SPAN, cells
@@ -53,7 +53,7 @@ def api_verbs() -> set[tuple[str, ...]]:
     """The verbs that talk to the web server over HTTP, and those documented with them."""
     parser = argparse.ArgumentParser()
     verbs = parser.add_subparsers()
-    for module in (fleet_cli, jobs_cli, ops_cli, ray_cli):
+    for module in (fleet_cli, jobs_cli, ops_cli, ray_cli, ask_cli):
         module.add_verbs(verbs)
     return set(verb_paths(parser)) | CLI_PAGE_VERBS
 
@@ -72,7 +72,9 @@ def server_commands() -> set[tuple[str, ...]]:
 
 
 def test_the_verbs_split_into_both_homes():
-    assert {("jobs", "submit"), ("status",), ("login",), ("reserve", "create")} <= api_verbs()
+    assert {("jobs", "submit"), ("status",), ("login",), ("reserve", "create"), ("ask",)} <= (
+        api_verbs()
+    )
     assert {("up",), ("token", "create"), ("sim", "inject", "xid")} <= server_commands()
     assert ("manage", "load_fleet") in server_commands()
 

@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,9 +18,11 @@ from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
 from django.utils import timezone
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import REPO_DIR, session_database_url
 from tests.unix_accounts import requires_root, runs_as_this_account
@@ -43,6 +46,13 @@ def read_until(process: subprocess.Popen, marker: str, timeout: float) -> str:
         if marker in line:
             return "".join(seen)
     raise AssertionError(f"{marker!r} not seen; output so far:\n{''.join(seen)}")
+
+
+def another_free_port() -> int:
+    """A second free port (the ``free_port`` fixture gives one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def log_in(base_url: str, username: str, password: str) -> urllib.request.OpenerDirector:
@@ -80,8 +90,12 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
         PYTHONUNBUFFERED="1",
     )
     base_url = f"http://127.0.0.1:{free_port}"
+    grpc_bind = f"127.0.0.1:{another_free_port()}"
     up = subprocess.Popen(
-        [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+        [
+            *(sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"),
+            *("--grpc-bind", grpc_bind),
+        ],
         env=env,
         cwd=REPO_DIR,
         stdout=subprocess.PIPE,
@@ -97,9 +111,15 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
             psutil.Process(int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])),
             psutil.Process(int((data_dir / "redis" / "redis.pid").read_text())),
         ]
-        assert {"web", "worker", "beat", "agent dgx-h100-01"} <= set(
+        assert {"web", "grpc", "worker", "beat", "agent dgx-h100-01"} <= set(
             re.findall(r"starting ([\w -]+?):", output)
         )
+        assert read_until(up, "gRPC API", 10) == f"gRPC API (gpuadmin.v1): {grpc_bind}\n"
+        with grpc.insecure_channel(grpc_bind) as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            checks = health_pb2_grpc.HealthStub(channel)
+            answer = checks.Check(health_pb2.HealthCheckRequest(), timeout=30)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
         deadline = time.monotonic() + 60
         while True:
@@ -178,7 +198,15 @@ def test_up_restarts_a_dead_child_and_requeues_the_demo_jobs_when_stopped(
     log = tmp_path / "up.log"
     with log.open("w") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+            [
+                sys.executable,
+                "-m",
+                "gpuadmin",
+                "up",
+                "--no-grpc",
+                "--bind",
+                f"127.0.0.1:{free_port}",
+            ],
             env=env,
             cwd=REPO_DIR,
             stdout=out,
@@ -278,7 +306,15 @@ def test_up_runs_demo_jobs_as_their_own_account_which_reads_nothing_of_the_insta
     log = server_dir / "up.log"
     with log.open("w") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+            [
+                sys.executable,
+                "-m",
+                "gpuadmin",
+                "up",
+                "--no-grpc",
+                "--bind",
+                f"127.0.0.1:{free_port}",
+            ],
             env=env,
             cwd=REPO_DIR,
             stdout=out,
@@ -377,7 +413,10 @@ def test_stops_and_starts_under_load_place_nothing_while_stopping_and_strand_not
         log = tmp_path / f"up-{cycle}.log"
         with log.open("w") as out:
             up = subprocess.Popen(
-                [sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"],
+                [
+                    *(sys.executable, "-m", "gpuadmin", "up", "--no-grpc"),
+                    *("--bind", f"127.0.0.1:{free_port}"),
+                ],
                 env=env,
                 cwd=REPO_DIR,
                 stdout=out,

@@ -137,7 +137,7 @@ def test_up_links_webhook_bodies_to_the_address_it_serves(gpuadmin_env, tmp_path
     log, bind = tmp_path / "up.log", f"127.0.0.1:{free_port}"
     with log.open("w") as out:
         up = subprocess.Popen(
-            [sys.executable, "-m", "gpuadmin", "up", "--no-agents", "--bind", bind],
+            [sys.executable, "-m", "gpuadmin", "up", "--no-agents", "--no-grpc", "--bind", bind],
             env=env,
             cwd=REPO_DIR,
             stdout=out,

@@ -223,16 +223,28 @@ class JobSubmitSerializer(api.SharedFieldsSerializer):
     def validate_pool(self, value: str | None) -> str | None:
         return None if value in ("", NO_POOL) else value
 
+    # Whether save() stored what it answers with: False for a resend under an
+    # ``idempotency_key`` (context) that answers with the job the first one stored.
+    created = True
+
     def create(self, validated_data: dict[str, Any]) -> Job | submission.SubmittedArray:
         # A JobRejected is the API's 400 naming its field (gpuadmin.api.exception_handler).
-        return submission.submit(self.context["request"].user, **validated_data)
+        owner = self.context["request"].user
+        key = self.context.get("idempotency_key", "")
+        if not key:
+            return submission.submit(owner, **validated_data)
+        job, self.created = submission.submit_once(owner, key, **validated_data)
+        return job
 
     def to_representation(self, instance: Job | submission.SubmittedArray) -> dict[str, Any]:
         if isinstance(instance, submission.SubmittedArray):
             return SubmittedArraySerializer(instance, context=self.context).data
         if self.context.get("minimal"):
             return SubmittedJobSerializer(instance).data
-        with_new_job_details(instance, dependencies=bool(self.validated_data.get("dependency")))
+        if self.created:
+            with_new_job_details(instance, dependencies=bool(self.validated_data.get("dependency")))
+        else:  # the earlier job, as it is now
+            instance = queries.with_details(Job.objects.filter(pk=instance.pk)).get()
         return JobSerializer(instance, context=self.context).data
 
 

@@ -37,12 +37,20 @@ from gpuadmin.access.permissions import (
     signed_in,
 )
 from gpuadmin.access.services import can_act_on, create_token, revoke_token, role_of
-from gpuadmin.api import MINIMAL_APPLIED, Conflict, ErrorSerializer, Pagination, prefers_minimal
+from gpuadmin.api import (
+    IDEMPOTENCY_KEY,
+    MINIMAL_APPLIED,
+    Conflict,
+    ErrorSerializer,
+    Pagination,
+    idempotency_key,
+    prefers_minimal,
+)
 from gpuadmin.throttling import SubmitThrottle, TokenThrottle
 from scheduling import filters
 from scheduling.allocations import manual
 from scheduling.allocations import services as allocation_services
-from scheduling.jobs import control, queries, transitions
+from scheduling.jobs import control, queries, submission, transitions
 from scheduling.jobs.api import serializers as s
 from scheduling.loop import switch
 from scheduling.models import HOLDING_STATES, Allocation, Job
@@ -140,17 +148,43 @@ CANCELED = {
 }
 
 
+IDEMPOTENT = OpenApiParameter(
+    IDEMPOTENCY_KEY,
+    str,
+    OpenApiParameter.HEADER,
+    description="A key of the client's (a UUID; at most "
+    f"{submission.IDEMPOTENCY_KEY_CHARS} characters), sent again with a resend of the same "
+    "submission: the first request with a key stores the job (201), a later one with the "
+    "same key by the same user answers 200 with that job, whatever its body asks, and stores "
+    "nothing (draft-ietf-httpapi-idempotency-key-header). Not with an array.",
+)
+RESENT = {
+    200: OpenApiResponse(
+        PolymorphicProxySerializer(
+            component_name="Resent",
+            serializers=[s.JobSerializer, s.SubmittedJobSerializer],
+            resource_type_field_name=None,
+            many=False,
+        ),
+        "A resend: the job its Idempotency-Key stored (its id, state and time only with "
+        "Prefer: return=minimal).",
+    )
+}
+
+
 def submit(request: Request) -> Response:
     """Submit what the body asks for: 201 with the job (with ``Prefer: return=minimal``, its
-    id, state and time only) or the job array."""
+    id, state and time only) or the job array; 200 with the job that an ``Idempotency-Key``
+    already stored (``submission.submit_once``)."""
     minimal = prefers_minimal(request)
-    context = {"request": request, "minimal": minimal}
+    context = {"request": request, "minimal": minimal, "idempotency_key": idempotency_key(request)}
     serializer = s.JobSubmitSerializer(data=request.data, context=context)
     serializer.is_valid(raise_exception=True)
     job = serializer.save()
     applied = minimal and isinstance(job, Job)  # an array's answer is the same either way
     headers = MINIMAL_APPLIED if applied else None
-    return Response(serializer.data, status=status.HTTP_201_CREATED, headers=headers)
+    answer = status.HTTP_201_CREATED if serializer.created else status.HTTP_200_OK
+    return Response(serializer.data, status=answer, headers=headers)
 
 
 # --------------------------------------------------------------------------- /api/v1
@@ -202,8 +236,8 @@ class JobViewSet(
 
     @extend_schema(
         request=s.JobSubmitSerializer,
-        parameters=[PREFER],
-        responses={201: SUBMITTED, **THROTTLED},
+        parameters=[PREFER, IDEMPOTENT],
+        responses={201: SUBMITTED, **RESENT, **THROTTLED},
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Submit a job, or a job array with ``array`` (same body as ``POST /queue/submit``)."""
@@ -324,9 +358,10 @@ class SubmitView(APIView):
 
     @extend_schema(
         request=s.JobSubmitSerializer,
-        parameters=[PREFER],
+        parameters=[PREFER, IDEMPOTENT],
         responses={
             201: SUBMITTED,
+            **RESENT,
             403: OpenApiResponse(ErrorSerializer, "Viewers."),
             **THROTTLED,
         },

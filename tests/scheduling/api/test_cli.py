@@ -126,6 +126,20 @@ def test_submit_takes_every_field_of_the_api(gpuadmin, fleet):
     assert (job.cpus, job.host_memory_mib) == (16, 64 * 1024)
 
 
+def test_submit_with_an_idempotency_key_stores_one_job(gpuadmin, fleet):
+    """A resend of ``--idempotency-key`` (a quote in it: the header's escapes) is the job the
+    first stored."""
+    argv = ("jobs", "submit", "--idempotency-key", 'run "7"', "--", "true")
+    first, again = gpuadmin(*argv), gpuadmin(*argv)
+    job = Job.objects.get()
+    assert first[0] == again[0] == 0
+    assert first[1] == again[1] and first[1].startswith(f"job {job.pk} submitted: queued")
+    assert job.idempotency_key == 'run "7"'
+    with pytest.raises(SystemExit) as usage:
+        gpuadmin("jobs", "submit", "--idempotency-key", "clé", "--", "true")
+    assert usage.value.code == 2
+
+
 # Options the live server would refuse together (a MIG device and an MPS share, in pools
 # and a reservation the test fleet lacks): only sent.
 SHARING_OPTIONS = (
