@@ -1,6 +1,6 @@
 """Time a Prometheus scrape of ``GET /metrics`` over a simulated fleet.
 
-    .venv/bin/python bench/metrics.py [--nodes 500] [--requests 10]
+    .venv/bin/python bench/metrics.py [--nodes 500] [--requests 10] [--profile]
 
 Creates a throwaway database ``gpuadmin_bench_<pid>`` on the configured PostgreSQL server
 (DATABASE_URL, or the embedded one when unset), migrates it, loads ``--nodes`` simulated 8-GPU
@@ -8,7 +8,7 @@ nodes through ``inventory.services.apply_discovery`` and publishes a live sample
 section (facts, metrics, health: what an agent publishes) with ``inventory.live.publish``,
 then times Django test-client scrapes as Prometheus makes them (gzip-compressed; the middleware
 compresses). The database and the Redis keys are dropped at the end. Ends with headline lines
-``name: value unit``.
+``name: value unit``. ``--profile`` prints cProfile's 25 costliest functions of one scrape first.
 """
 
 from __future__ import annotations
@@ -34,10 +34,20 @@ def _median_ms(client, runs: int, **headers: str) -> tuple[float, int]:  # noqa:
     return statistics.median(timings), size
 
 
+def _profile(client) -> None:  # noqa: ANN001
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(client.get, "/metrics")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="cProfile one scrape")
     args = parser.parse_args()
 
     # Agents' samples also go to the history stream: this run's own, deleted at the end.
@@ -59,6 +69,8 @@ def main() -> None:
 
             client = Client()
             client.get("/metrics")  # warm-up
+            if args.profile:
+                _profile(client)
             scrape_ms, gzip_bytes = _median_ms(client, args.requests, HTTP_ACCEPT_ENCODING="gzip")
             text = client.get("/metrics").content
             samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
