@@ -1,14 +1,18 @@
-"""Time a Prometheus scrape of ``GET /metrics`` over a simulated fleet.
+"""Time a Prometheus scrape of ``GET /metrics`` over a simulated fleet, and per node.
 
-    .venv/bin/python bench/metrics.py [--nodes 500] [--requests 10]
+    .venv/bin/python bench/metrics.py [--nodes 500] [--requests 10] [--profile]
 
 Creates a throwaway database ``gpuadmin_bench_<pid>`` on the configured PostgreSQL server
 (DATABASE_URL, or the embedded one when unset), migrates it, loads ``--nodes`` simulated 8-GPU
 nodes through ``inventory.services.apply_discovery`` and publishes a live sample of every
 section (facts, metrics, health: what an agent publishes) with ``inventory.live.publish``,
 then times Django test-client scrapes as Prometheus makes them (gzip-compressed; the middleware
-compresses). The database and the Redis keys are dropped at the end. Ends with headline lines
-``name: value unit``.
+compresses): ``/metrics`` (the whole fleet) ``--requests`` times, and ``/metrics/nodes/<hostname>``
+(what a per-node target scrapes) once for each of about ``--requests`` x 10 nodes spread over
+the fleet; and, for a ratio under the same load, the old way's work (prometheus-client's text,
+gzip level 6) without the HTTP request. The database and the Redis keys are dropped at the end.
+Ends with headline lines ``name: value unit``. ``--profile`` prints cProfile's 25 costliest
+functions of one scrape first.
 """
 
 from __future__ import annotations
@@ -21,23 +25,52 @@ import time
 
 from common import load_sim_fleet, throwaway_database
 
+# Main before the text format was written directly (issue 30), this machine, 500 nodes.
+BEFORE_MS, BEFORE_BYTES = 2007, 22_708_132
 
-def _median_ms(client, runs: int, **headers: str) -> tuple[float, int]:  # noqa: ANN001
-    timings, size = [], 0
+
+def _prometheus_client_ms(runs: int) -> float:
+    """The scrape's work as main did it before issue 30, timed in this run (the same load):
+    prometheus-client writing every collector's families, then GZipMiddleware's level 6."""
+    from django.utils.text import compress_string
+    from prometheus_client import generate_latest
+
+    from gpuadmin.metrics import REGISTRY
+
+    timings = []
     for _ in range(runs):
         started = time.perf_counter()
-        response = client.get("/metrics", **headers)
+        compress_string(generate_latest(REGISTRY))
+        timings.append((time.perf_counter() - started) * 1000)
+    return statistics.median(timings)
+
+
+def _median_ms(client, paths: list[str], **headers: str) -> tuple[float, int]:  # noqa: ANN001
+    timings, size = [], 0
+    for path in paths:
+        started = time.perf_counter()
+        response = client.get(path, **headers)
         timings.append((time.perf_counter() - started) * 1000)
         if response.status_code != 200:
-            sys.exit(f"GET /metrics answered {response.status_code}")
+            sys.exit(f"GET {path} answered {response.status_code}")
         size = len(response.content)
     return statistics.median(timings), size
+
+
+def _profile(client) -> None:  # noqa: ANN001
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(client.get, "/metrics")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--profile", action="store_true", help="cProfile one scrape")
     args = parser.parse_args()
 
     # Agents' samples also go to the history stream: this run's own, deleted at the end.
@@ -59,14 +92,33 @@ def main() -> None:
 
             client = Client()
             client.get("/metrics")  # warm-up
-            scrape_ms, gzip_bytes = _median_ms(client, args.requests, HTTP_ACCEPT_ENCODING="gzip")
+            if args.profile:
+                _profile(client)
+            gzip = {"HTTP_ACCEPT_ENCODING": "gzip"}
+            scrape_ms, gzip_bytes = _median_ms(client, ["/metrics"] * args.requests, **gzip)
             text = client.get("/metrics").content
             samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
-            print(f"{args.requests} scrapes")
+            picked = sorted(hostnames)[:: max(1, len(hostnames) // (args.requests * 10))]
+            node_ms, _ = _median_ms(client, [f"/metrics/nodes/{name}" for name in picked], **gzip)
+            node_text = client.get(f"/metrics/nodes/{picked[0]}").content
+            old_ms = _prometheus_client_ms(max(3, args.requests // 3))
+            print(f"{args.requests} fleet scrapes, {len(picked)} node scrapes")
             print()
-            print(f"metrics_scrape_median_ms: {scrape_ms:.0f} ms")
             print(f"metrics_samples: {samples}")
             print(f"metrics_bytes: {len(text)} bytes ({gzip_bytes} gzip-compressed)")
+            print(f"metrics_node_bytes: {len(node_text)} bytes")
+            print(
+                f"metrics_prometheus_client_median_ms: {old_ms:.0f} ms "
+                "(the pre-issue-30 text and gzip, this run)"
+            )
+            before = f"; before issue 30 at 500 nodes: {BEFORE_MS} ms" if args.nodes == 500 else ""
+            print(
+                f"metrics_scrape_median_ms: {scrape_ms:.0f} ms ({old_ms / scrape_ms:.1f}x faster "
+                f"than this run's prometheus-client{before})"
+            )
+            before = f" (before: {BEFORE_BYTES / 1e6:.1f} MB)" if args.nodes == 500 else ""
+            print(f"metrics_scrape_mb: {len(text) / 1e6:.1f} MB{before}")
+            print(f"metrics_node_scrape_median_ms: {node_ms:.1f} ms")
         finally:
             redis = live.client()
             if hostnames:

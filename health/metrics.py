@@ -26,7 +26,9 @@ from prometheus_client.core import (
     UnknownMetricFamily,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
+from gpuadmin.metrics import UnknownNode
 from health.choices import AlertState, EventKind, Severity
 from health.models import Alert, HealthEvent
 from inventory import live
@@ -53,13 +55,15 @@ class DcgmField:
     counter: bool = False  # a counter in dcgm-exporter (exposed untyped: see the module doc)
 
 
-def key(name: str) -> Callable[[LiveSample, Instance], Any]:
-    """The sample's own field ``name`` (the same for every MIG instance of the GPU)."""
+@dataclass(frozen=True)
+class key:  # noqa: N801 - reads as the function it stands for
+    """The sample's own field ``name`` (the same for every MIG instance of the GPU); the text
+    writer reads ``name`` itself, without a call per sample."""
 
-    def read(sample: LiveSample, instance: Instance) -> Any:
-        return sample.get(name)
+    name: str
 
-    return read
+    def __call__(self, sample: LiveSample, instance: Instance) -> Any:
+        return sample.get(self.name)
 
 
 def memory_used(sample: LiveSample, instance: Instance) -> Any:
@@ -184,6 +188,11 @@ DCGM_FIELDS = (
     ),
 )
 XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
+NVLINK_HELP = "NVLink CRC (flit and data), replay and recovery errors, summed over the GPU's links."
+GPU_STATE_HELP = "1 for the GPU's state (stored, or missing when its node no longer reports it)."
+GPUS_HELP = "GPUs per state."
+REACHABLE_HELP = "1 while the node's agent heartbeats within GPUADMIN_HEARTBEAT_GRACE_S, else 0."
+ALERTS_HELP = "Alerts firing, by severity."
 
 
 @dataclass(frozen=True)
@@ -207,9 +216,10 @@ class GpuRow:
         }
 
 
-def gpu_rows() -> list[GpuRow]:
-    """Every GPU of the catalog, in one query."""
-    rows = Gpu.objects.order_by("node__hostname", "index").values_list(
+def gpu_rows(hostname: str | None = None) -> list[GpuRow]:
+    """Every GPU of the catalog (or of one node), in one query."""
+    gpus = Gpu.objects.all() if hostname is None else Gpu.objects.filter(node__hostname=hostname)
+    rows = gpus.order_by("node__hostname", "index").values_list(
         "pk", "uuid", "index", "name", "state", "missing_since", "node__hostname"
     )
     return [
@@ -218,13 +228,14 @@ def gpu_rows() -> list[GpuRow]:
     ]
 
 
-def last_xids() -> dict[int, int | None]:
-    """GPU id -> the XID of its latest XID event (one query, on the GPU/time index)."""
+def last_xids(gpu_ids: list[int] | None = None) -> dict[int, int | None]:
+    """GPU id -> the XID of its latest XID event (one query, on the GPU/time index), of every
+    GPU or of those named."""
+    events = HealthEvent.objects.filter(kind=EventKind.XID, gpu__isnull=False, xid__isnull=False)
+    if gpu_ids is not None:
+        events = events.filter(gpu_id__in=gpu_ids)
     return dict(
-        HealthEvent.objects.filter(kind=EventKind.XID, gpu__isnull=False, xid__isnull=False)
-        .order_by("gpu_id", "-occurred_at")
-        .distinct("gpu_id")
-        .values_list("gpu_id", "xid")
+        events.order_by("gpu_id", "-occurred_at").distinct("gpu_id").values_list("gpu_id", "xid")
     )
 
 
@@ -260,8 +271,56 @@ def number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def gpu_state(row: GpuRow) -> str:
+    return MISSING if row.missing else row.state
+
+
+def state_counts(rows: list[GpuRow]) -> list[tuple[str, int]]:
+    """(state, GPUs) for every state, 0 included, in name order."""
+    counts: Counter[str] = Counter(dict.fromkeys([*GpuState.values, MISSING], 0))
+    counts.update(gpu_state(row) for row in rows)
+    return sorted(counts.items())
+
+
+def node_reachability(hostname: str | None = None) -> list[tuple[str, float]]:
+    """(hostname, 1.0 or 0.0) of every node (or of the one named), in hostname order."""
+    cutoff = heartbeat_cutoff()
+    nodes = Node.objects.all() if hostname is None else Node.objects.filter(hostname=hostname)
+    return [
+        (name, float(heartbeat is not None and heartbeat >= cutoff))
+        for name, heartbeat in nodes.order_by("hostname").values_list(
+            "hostname", "last_heartbeat_at"
+        )
+    ]
+
+
+def firing_alerts() -> list[tuple[str, int]]:
+    """(severity, alerts firing) for every severity, 0 included."""
+    counts = dict.fromkeys(Severity.values, 0)
+    counts.update(
+        Alert.objects.filter(state=AlertState.FIRING)
+        .order_by()
+        .values_list("severity")
+        .annotate(n=Count("pk"))
+    )
+    return list(counts.items())
+
+
 class HealthCollector(Collector):
-    """Reads the catalog, the live samples, XID events and firing alerts at each scrape."""
+    """Reads the catalog, the live samples, XID events and firing alerts at each scrape.
+
+    ``/metrics`` is served by ``text()``, which writes the same lines directly; ``collect()``
+    (prometheus-client's families) is the reference the tests hold ``text()`` to."""
+
+    def text(self, hostname: str | None = None, *, nodes: bool = True, fleet: bool = True) -> str:
+        """The text format of what ``collect()`` yields, in its order: the series of every node
+        (or of ``hostname``'s alone) when ``nodes``, the fleet's totals when ``fleet``. An
+        unknown ``hostname`` raises ``UnknownNode``."""
+        return HealthText(hostname).render(nodes=nodes, fleet=fleet)
+
+    def hostnames(self) -> list[str]:
+        """The nodes a per-node scrape can name (``/metrics/targets``)."""
+        return list(Node.objects.order_by("hostname").values_list("hostname", flat=True))
 
     def collect(self) -> Iterator[Metric]:
         rows = gpu_rows()
@@ -281,10 +340,7 @@ class HealthCollector(Collector):
             for field in DCGM_FIELDS
         }
         xid = GaugeMetricFamily(*XID_ERRORS)
-        nvlink = CounterMetricFamily(
-            "gpuadmin_gpu_nvlink_errors",
-            "NVLink CRC (flit and data), replay and recovery errors, summed over the GPU's links.",
-        )
+        nvlink = CounterMetricFamily("gpuadmin_gpu_nvlink_errors", NVLINK_HELP)
         xids = last_xids()
         for row in rows:
             sample = samples_by_node.get(row.hostname, {}).get(row.uuid)
@@ -306,45 +362,157 @@ class HealthCollector(Collector):
         yield from (family for family in (*families.values(), xid, nvlink) if family.samples)
 
     def gpu_states(self, rows: list[GpuRow]) -> Iterator[Metric]:
-        per_gpu = GaugeMetricFamily(
-            "gpuadmin_gpu_state",
-            "1 for the GPU's state (stored, or missing when its node no longer reports it).",
-        )
-        counts: Counter[str] = Counter(dict.fromkeys([*GpuState.values, MISSING], 0))
+        per_gpu = GaugeMetricFamily("gpuadmin_gpu_state", GPU_STATE_HELP)
         for row in rows:
-            state = MISSING if row.missing else row.state
-            counts[state] += 1
-            per_gpu.add_sample(per_gpu.name, {**row.labels, "state": state}, 1.0)
-        totals = GaugeMetricFamily("gpuadmin_gpus", "GPUs per state.", labels=["state"])
-        for state, count in sorted(counts.items()):
+            per_gpu.add_sample(per_gpu.name, {**row.labels, "state": gpu_state(row)}, 1.0)
+        totals = GaugeMetricFamily("gpuadmin_gpus", GPUS_HELP, labels=["state"])
+        for state, count in state_counts(rows):
             totals.add_metric([state], count)
         yield per_gpu
         yield totals
 
     def nodes(self) -> Iterator[Metric]:
         reachable = GaugeMetricFamily(
-            "gpuadmin_node_reachable",
-            "1 while the node's agent heartbeats within GPUADMIN_HEARTBEAT_GRACE_S, else 0.",
-            labels=["Hostname"],
+            "gpuadmin_node_reachable", REACHABLE_HELP, labels=["Hostname"]
         )
-        cutoff = heartbeat_cutoff()
-        for hostname, heartbeat in Node.objects.order_by("hostname").values_list(
-            "hostname", "last_heartbeat_at"
-        ):
-            reachable.add_metric([hostname], float(heartbeat is not None and heartbeat >= cutoff))
+        for hostname, up in node_reachability():
+            reachable.add_metric([hostname], up)
         yield reachable
 
     def alerts(self) -> Iterator[Metric]:
-        firing = GaugeMetricFamily(
-            "gpuadmin_alerts_firing", "Alerts firing, by severity.", labels=["severity"]
-        )
-        counts = dict.fromkeys(Severity.values, 0)
-        counts.update(
-            Alert.objects.filter(state=AlertState.FIRING)
-            .order_by()
-            .values_list("severity")
-            .annotate(n=Count("pk"))
-        )
-        for severity, count in counts.items():
+        firing = GaugeMetricFamily("gpuadmin_alerts_firing", ALERTS_HELP, labels=["severity"])
+        for severity, count in firing_alerts():
             firing.add_metric([severity], count)
         yield firing
+
+
+# The text format written directly: at 500 nodes x 8 GPUs a scrape is ~128,000 samples, and a
+# prometheus-client sample object per series (a labels dict, sorted and escaped at each line)
+# took most of the scrape's time. The lines are byte for byte what generate_latest() writes
+# for the families collect() yields (tests/health/test_metrics.py compares them).
+
+
+def _escape(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value  # the common case: three scans, no copies
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def label_text(labels: dict[str, str]) -> str:
+    """``{a="1",b="2"}``: prometheus-client's order (sorted names) and escaping."""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+
+
+def header(name: str, documentation: str, kind: str) -> str:
+    help_text = documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
+
+
+class _Values(dict[Any, str]):
+    """A sample value -> its text (Go's float format), each distinct value formatted once."""
+
+    def __missing__(self, value: Any) -> str:
+        text = self[value] = floatToGoString(float(value))
+        return text
+
+
+class HealthText:
+    """``HealthCollector.collect()``'s families as text, for the fleet or one node."""
+
+    def __init__(self, hostname: str | None) -> None:
+        self.hostname = hostname
+        self.values = _Values()
+
+    def render(self, *, nodes: bool, fleet: bool) -> str:
+        parts: list[str] = []
+        if nodes or fleet:
+            rows = gpu_rows(self.hostname)
+        if nodes:
+            reachable = node_reachability(self.hostname)
+            if self.hostname is not None and not reachable:
+                raise UnknownNode(self.hostname)
+            parts += self.dcgm(rows, live.latest(sorted({row.hostname for row in rows})))
+            parts.append(header("gpuadmin_gpu_state", GPU_STATE_HELP, "gauge"))
+            parts += [
+                f"gpuadmin_gpu_state{label_text({**row.labels, 'state': gpu_state(row)})} 1.0\n"
+                for row in rows
+            ]
+        if fleet:
+            parts.append(header("gpuadmin_gpus", GPUS_HELP, "gauge"))
+            parts += [
+                f'gpuadmin_gpus{{state="{_escape(state)}"}} {self.values[count]}\n'
+                for state, count in state_counts(rows)
+            ]
+        if nodes:
+            parts.append(header("gpuadmin_node_reachable", REACHABLE_HELP, "gauge"))
+            parts += [
+                f'gpuadmin_node_reachable{{Hostname="{_escape(name)}"}} {self.values[up]}\n'
+                for name, up in reachable
+            ]
+        if fleet:
+            parts.append(header("gpuadmin_alerts_firing", ALERTS_HELP, "gauge"))
+            parts += [
+                f'gpuadmin_alerts_firing{{severity="{_escape(severity)}"}} {self.values[count]}\n'
+                for severity, count in firing_alerts()
+            ]
+        return "".join(parts)
+
+    def dcgm(
+        self, rows: list[GpuRow], samples_by_node: dict[str, dict[str, LiveSample]]
+    ) -> list[str]:
+        values = self.values
+        xids = last_xids([row.pk for row in rows] if self.hostname else None)
+        # (label text and its space, sample, MIG instance, XID text) of each series: the labels
+        # written once for all its fields.
+        series: list[tuple[str, LiveSample, Instance, str]] = []
+        nvlink: list[str] = []
+        for row in rows:
+            sample = samples_by_node.get(row.hostname, {}).get(row.uuid)
+            if sample is None:
+                continue  # no live sample: nothing to say, as dcgm-exporter on a down node
+            base = row.labels
+            base_text = label_text(base)
+            xid = values[xids.get(row.pk) or 0]  # DCGM's XID field is 0 until the first XID
+            series += [
+                (
+                    (label_text({**base, **extra}) if extra else base_text) + " ",
+                    sample,
+                    instance,
+                    xid,
+                )
+                for extra, instance in gpu_instances(sample)
+            ]
+            errors = sample.get("nvlink_errors")
+            if errors is not None:
+                nvlink.append(f"{NVLINK_TOTAL}{base_text} {values[errors]}\n")
+        parts: list[str] = []
+        for field in DCGM_FIELDS:
+            name, read = field.name, field.read
+            if isinstance(read, key):
+                sample_key = read.name
+                lines = [
+                    f"{name}{labels}{values[raw]}\n"
+                    for labels, sample, _, _ in series
+                    if (raw := sample.get(sample_key)) is not None
+                ]
+            else:
+                lines = [
+                    f"{name}{labels}{values[raw]}\n"
+                    for labels, sample, instance, _ in series
+                    if (raw := read(sample, instance)) is not None
+                ]
+            if lines:  # a field no GPU reports is left out, as dcgm-exporter leaves it
+                kind = "untyped" if field.counter else "gauge"
+                parts.append(header(name, field.documentation, kind))
+                parts += lines
+        if series:
+            name, documentation = XID_ERRORS
+            parts.append(header(name, documentation, "gauge"))
+            parts += [f"{name}{labels}{xid}\n" for labels, _, _, xid in series]
+        if nvlink:
+            parts.append(header(NVLINK_TOTAL, NVLINK_HELP, "counter"))
+            parts += nvlink
+        return parts
+
+
+NVLINK_TOTAL = "gpuadmin_gpu_nvlink_errors_total"

@@ -109,6 +109,15 @@ def test_prometheus_and_grafana_are_a_monitoring_profile_on_the_shipped_files():
     (job,) = scrape["scrape_configs"]
     assert job["metrics_path"] == "/metrics"
     assert job["static_configs"] == [{"targets": ["web:8000"]}]
+    # Or one target per node, discovered from web, and the fleet's own series beside them.
+    per_node = yaml.safe_load((REPO_DIR / "deploy/prometheus/prometheus-per-node.yml").read_text())
+    fleet, nodes = per_node["scrape_configs"]
+    assert (fleet["metrics_path"], fleet["static_configs"]) == (
+        "/metrics/fleet",
+        [{"targets": ["web:8000"]}],
+    )
+    (discovery,) = nodes["http_sd_configs"]
+    assert discovery["url"] == "http://web:8000/metrics/targets"
     assert SERVICES["web"]["ports"] == ["8000:8000"]
     assert prometheus["depends_on"] == {"web": {"condition": "service_healthy"}}
     # Grafana: the data source is that Prometheus, the dashboards those of deploy/grafana.

@@ -5,6 +5,7 @@ may read it."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import re
 import uuid
@@ -15,9 +16,12 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuadmin import metrics
 from health.choices import AlertState, EventKind, Severity
+from health.metrics import HealthCollector
 from health.models import Alert, HealthEvent
 from inventory import live
 from inventory.choices import GpuState
@@ -393,3 +397,116 @@ def test_the_grafana_dashboard_queries_only_series_we_export(client, sim_node):
     used = {name for query in queries for name in re.findall(r"\b(?:DCGM_FI|gpuadmin)_\w+", query)}
     assert len(used) >= 20
     assert used - exported == set()
+
+
+@pytest.fixture
+def test_fleet(sim_node) -> list[Node]:
+    """Three nodes: a MIG one, one with an XID, a firing alert and an escaped model name, and
+    one without a live sample with a missing GPU."""
+    mig, xid, quiet = sim_node("dgx-a100-40gb"), sim_node(), sim_node()
+    gpu = Gpu.objects.filter(node=xid).order_by("index").first()
+    assert gpu is not None
+    HealthEvent.objects.create(
+        node=xid,
+        gpu=gpu,
+        kind=EventKind.XID,
+        xid=79,
+        severity=Severity.CRITICAL,
+        occurred_at=timezone.now(),
+        dedupe_key=f"{xid.hostname}:xid:{gpu.uuid}:79",
+    )
+    Gpu.objects.filter(pk=gpu.pk).update(name='NVIDIA "H100" \\ 80GB')
+    Alert.objects.create(fingerprint=f"test:{uuid.uuid4().hex}", severity=Severity.WARNING)
+    live.client().delete(live.KEY_PREFIX + quiet.hostname)
+    Gpu.objects.filter(node=quiet, index=7).update(missing_since=timezone.now())
+    return [mig, xid, quiet]
+
+
+def samples(text: str) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+    found = [
+        (s.name, frozenset(s.labels.items()), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+    assert len(found) == len(set(found))
+    return set(found)
+
+
+def test_the_text_is_what_prometheus_client_writes_for_the_same_families(client, test_fleet):
+    """The health series are written directly (fast at fleet size): byte for byte what
+    generate_latest() writes from collect()'s prometheus-client families."""
+    collector = HealthCollector()
+    assert collector.text() == generate_latest(collector).decode()
+    assert client.get("/metrics").text == generate_latest(metrics.REGISTRY).decode()
+
+
+def test_a_node_scrape_is_the_fleets_series_of_that_node(client, test_fleet):
+    """/metrics/nodes/<hostname> says what /metrics says with that Hostname; /metrics/fleet the
+    rest: together, /metrics."""
+    fleet = samples(client.get("/metrics").text)
+    per_node = set()
+    for node in test_fleet:
+        response = client.get(f"/metrics/nodes/{node.hostname}")
+        assert response.status_code == 200, response.content
+        assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        mine = samples(response.text)
+        assert mine == {s for s in fleet if ("Hostname", node.hostname) in s[1]}
+        per_node |= mine
+    rest = samples(client.get("/metrics/fleet").text)
+    assert {name for name, _, _ in rest} >= {"gpuadmin_gpus", "gpuadmin_alerts_firing"}
+    assert all(not any(k == "Hostname" for k, _ in labels) for _, labels, _ in rest)
+    assert per_node.isdisjoint(rest)
+    assert per_node | rest == fleet
+    assert client.get("/metrics/nodes/no-such-node").status_code == 404
+
+
+def test_a_node_scrape_costs_the_same_few_queries_for_any_fleet_size(
+    client, sim_node, django_assert_num_queries
+):
+    node = sim_node()
+    # GPUs, the node's reachability, XIDs; nothing of the fleet's totals.
+    with django_assert_num_queries(3):
+        client.get(f"/metrics/nodes/{node.hostname}")
+    sim_node(), sim_node()
+    with django_assert_num_queries(3):
+        client.get(f"/metrics/nodes/{node.hostname}")
+
+
+def test_targets_list_a_scrape_per_node_for_http_service_discovery(client, settings, sim_node):
+    settings.ALLOWED_HOSTS = ["gpuadmin.example"]
+    nodes = sorted([sim_node(), sim_node()], key=lambda node: node.hostname)
+    response = client.get("/metrics/targets", HTTP_HOST="gpuadmin.example:8000")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
+    mine = [t for t in response.json() if t["labels"]["instance"] in {n.hostname for n in nodes}]
+    assert mine == [
+        {
+            "targets": ["gpuadmin.example:8000"],
+            "labels": {
+                "__metrics_path__": f"/metrics/nodes/{node.hostname}",
+                "instance": node.hostname,
+            },
+        }
+        for node in nodes
+    ]
+
+
+@pytest.mark.parametrize("path", ["/metrics/fleet", "/metrics/targets", "/metrics/nodes/x"])
+def test_the_metrics_token_guards_the_fleet_node_and_target_endpoints(client, settings, path):
+    settings.GPUADMIN_METRICS_TOKEN = "scrape-me-0123456789"
+    refused = client.get(path)
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == 'Bearer realm="metrics"'
+    assert client.get(path, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    allowed = client.get(path, HTTP_AUTHORIZATION="Bearer scrape-me-0123456789")
+    assert allowed.status_code in (200, 404)
+
+
+def test_a_gzip_scrape_is_compressed_once_to_the_same_text(client, sim_node):
+    sim_node()
+    plain = client.get("/metrics")
+    compressed = client.get("/metrics", HTTP_ACCEPT_ENCODING="gzip")
+    assert compressed["Content-Encoding"] == "gzip"
+    assert "Accept-Encoding" in compressed["Vary"]
+    assert gzip.decompress(compressed.content) == plain.content
+    assert "Content-Encoding" not in plain

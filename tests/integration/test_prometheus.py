@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's ``prometheus`` package, installed by .ci/install-prometheus)
-scrapes a real HTTP server's ``/metrics`` with the shipped scrape configuration and answers a
-PromQL query for a GPU's utilization."""
+scrapes a real HTTP server with each shipped scrape configuration (the whole fleet's
+``/metrics``; one target per node through ``/metrics/targets``) and answers a PromQL query for a
+GPU's utilization with the same labels."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.scheduling.conftest import add_sim_node
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 SCRAPE_CONFIG = REPO_DIR / "deploy" / "prometheus" / "prometheus.yml"
+PER_NODE_CONFIG = REPO_DIR / "deploy" / "prometheus" / "prometheus-per-node.yml"
 TOKEN = "prometheus-test-token-0123456789"
 WAIT_S = 60
 
@@ -62,19 +64,26 @@ def get_json(url: str) -> dict[str, Any]:
         return json.load(response)
 
 
-@pytest.fixture
-def prometheus(live_server, settings, tmp_path: Path, free_port: int) -> Iterator[str]:
-    """Prometheus scraping the live server every second with the shipped job, its bearer
-    token included; its HTTP API's base URL."""
+@pytest.fixture(params=[SCRAPE_CONFIG, PER_NODE_CONFIG], ids=["fleet", "per-node"])
+def prometheus(request, live_server, settings, tmp_path: Path, free_port: int) -> Iterator[str]:
+    """Prometheus scraping the live server every second with a shipped configuration's jobs
+    (service discovery every second too), their bearer token included; its HTTP API's base
+    URL."""
     binary = prometheus_binary()
     settings.GPUADMIN_METRICS_TOKEN = TOKEN
-    config = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    config = yaml.safe_load(request.param.read_text())
     config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
-    (job,) = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [urllib.parse.urlsplit(live_server.url).netloc]}]
+    address = urllib.parse.urlsplit(live_server.url).netloc
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    job["authorization"] = {"type": "Bearer", "credentials_file": str(token_file)}
+    authorization = {"type": "Bearer", "credentials_file": str(token_file)}
+    for job in config["scrape_configs"]:
+        job["authorization"] = authorization
+        if "static_configs" in job:
+            job["static_configs"] = [{"targets": [address]}]
+        for discovery in job.get("http_sd_configs", ()):
+            discovery["url"] = discovery["url"].replace("web:8000", address)
+            discovery.update(refresh_interval="1s", authorization=authorization)
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
     base_url = f"http://127.0.0.1:{free_port}"
@@ -141,6 +150,8 @@ def wait_for(base_url: str, promql: str) -> list[dict[str, Any]]:
 
 
 def test_prometheus_scrapes_metrics_and_answers_a_gpus_utilization(prometheus, sim_node):
+    """The same series and labels whichever configuration scraped them; per node, the instance
+    is the node's hostname."""
     gpu = Gpu.objects.get(node__hostname=sim_node, index=0)
     (series,) = wait_for(prometheus, f'DCGM_FI_DEV_GPU_UTIL{{UUID="{gpu.uuid}"}}')
     assert series["value"][1] == "37"
@@ -156,17 +167,20 @@ def test_prometheus_scrapes_metrics_and_answers_a_gpus_utilization(prometheus, s
     }
     # dcgm-exporter's counters keep their names (no "_total" added).
     assert query(prometheus, f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{UUID="{gpu.uuid}"}}')
-    (available,) = query(prometheus, 'gpuadmin_gpus{state="available"}')
+    # Per node, the fleet's totals come from the other job's scrape: waited for too.
+    (available,) = wait_for(prometheus, 'gpuadmin_gpus{state="available"}')
     assert available["value"][1] == "8"
-    # The scrape went through the bearer token.
-    (up,) = query(prometheus, 'up{job="gpuadmin"}')
-    assert up["value"][1] == "1"
+    # The scrapes went through the bearer token: the fleet's, and the node's when per node.
+    ups = query(prometheus, 'up{job="gpuadmin"}')
+    assert {up["value"][1] for up in ups} == {"1"}
+    assert len(ups) == (1 if series["metric"]["instance"] != sim_node else 2)
 
 
-def test_the_shipped_scrape_configuration_is_valid():
+@pytest.mark.parametrize("config", [SCRAPE_CONFIG, PER_NODE_CONFIG], ids=["fleet", "per-node"])
+def test_the_shipped_scrape_configuration_is_valid(config: Path):
     promtool = Path(prometheus_binary()).with_name("promtool")
     check = subprocess.run(
-        [str(promtool), "check", "config", str(SCRAPE_CONFIG)],
+        [str(promtool), "check", "config", str(config)],
         capture_output=True,
         text=True,
         check=False,
