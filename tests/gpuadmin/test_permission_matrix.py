@@ -122,6 +122,13 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("favicon.ico", "GET"): Entry("/favicon.ico", by_role(302, 302, 302, 302, 302)),
     # Prometheus scrapes it (GPUADMIN_METRICS_TOKEN, when set, guards it: tests/health/)
     ("metrics", "GET"): Entry("/metrics", PUBLIC),
+    # Its parts, for Prometheus's HTTP service discovery (guarded the same way; no such node:
+    # a 404, whoever asks)
+    ("metrics/fleet", "GET"): Entry("/metrics/fleet", PUBLIC),
+    ("metrics/targets", "GET"): Entry("/metrics/targets", PUBLIC),
+    ("metrics/nodes/<str:hostname>", "GET"): Entry(
+        "/metrics/nodes/no-such-node", by_role(404, 404, 404, 404, 404)
+    ),
     ("api/schema/", "GET"): Entry("/api/schema/", PUBLIC),
     ("api/docs/", "GET"): Entry("/api/docs/", PUBLIC),
     # The documentation site is not built for the tests: its pages are the 404 saying how.
