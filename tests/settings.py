@@ -35,3 +35,5 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 GPUADMIN_DOCS_DIR = BASE_DIR / "tests" / "no-docs-site"  # noqa: F405
 # One test database per session, so that test runs side by side on one server never collide.
 DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
+# PostgreSQL, with a flush after each transactional test that deletes rather than truncates.
+DATABASES["default"]["ENGINE"] = "tests.postgres_backend"  # noqa: F405
