@@ -12,13 +12,16 @@ import pytest
 from inventory.nvml.parsers import parse_smi_text, parse_topo_matrix
 from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
-from inventory.nvml.sim.importer import _nic_numa, model_from_capture, model_from_smi_text
+from inventory.nvml.sim.importer import model_from_capture, model_from_smi_text
 from tests.nvml.captures import OWN, REAL, needs_real_captures
 from tests.nvml.test_importer import _assert_topology, _fields
 
 GH200 = OWN / "smi-q__thamada-gls__GH200-480GB__550.127.05_mig-disabled_bar1-na.txt"
 H100_NVL = OWN / "smi-q__thamada-gls__2xH100-NVL__550.54.14_mig-disabled.txt"
 HGX_H100_TOPO = OWN / "code-index-69641790152__8xH100-HBM3-12NIC__topo-m_numa-0-55,112-167.txt"
+DELLA_TOPO = (
+    OWN / "code-index-23161972012__della-8xH100-6NIC__topo-m_node-across-numa_nic-beside-numa1.txt"
+)
 H100_XML = OWN / "smi-q-x__gpuadmin-device__H100-80GB-HBM3__580.159.04.xml"
 H100_TOPO = OWN / "gpuadmin-device__1xH100-80GB-HBM3__topo-m_gpu-numa-id-column.txt"
 
@@ -124,10 +127,15 @@ def test_hgx_h100_12_nic_capture_round_trips_with_each_nic_on_its_gpus_node() ->
     assert [nic["numa_node"] for nic in model["nics"]] == [0] * 6 + [1] * 6
 
 
-def test_a_nic_takes_the_numa_node_of_its_nearest_gpu() -> None:
-    """NODE can span a socket's NUMA nodes (NPS, sub-NUMA clustering: the hpc-docs capture):
-    a NIC NODE to GPU0 (node 0) and PIX to GPU2 (node 1) sits on node 1, not on GPU0's."""
-    levels = {(0, 3): "NODE", (1, 3): "SYS", (2, 3): "PIX"}
-    assert _nic_numa(3, [0, 1, 1], levels) == 1
-    assert _nic_numa(3, [0, 1, 1], {(0, 3): "NODE", (2, 3): "NODE"}) == 0  # equals: the first
-    assert _nic_numa(3, [0, 1, 1], {}) is None  # SYS to every GPU
+@needs_real_captures
+def test_nics_beside_the_second_sockets_gpus_are_on_its_numa_node() -> None:
+    """Della's 8x H100: every GPU-NIC pair is NODE or PIX across both NUMA nodes. NIC3 and NIC4
+    are PIX to GPU4 and NIC5 to GPU6 (node 1), NODE to GPU0 (node 0): the nearest GPU decides."""
+    xml = (REAL / "nvidia-smi-q-xml" / "k8s-test-infra__hardware__qx-h100.xml").read_bytes()
+    text = DELLA_TOPO.read_text()
+    model = model_from_capture(xml, text, name="della")
+
+    assert [(nic["name"], nic["numa_node"]) for nic in model["nics"]] == [
+        ("mlx5_0", 0), ("mlx5_1", 0), ("mlx5_2", 0), ("mlx5_3", 1), ("mlx5_4", 1), ("mlx5_5", 1)
+    ]  # fmt: skip
+    _assert_topology(scan(SimulatedNvml.from_model(model, node_name="della-01")), text)
