@@ -31,6 +31,7 @@ VALUE_FIELDS = (
     "memory_total_mib",
     "power_limit_default_w",
     "numa_node",
+    "gpu_numa_node",
     "socket",
 )
 # Every field a clean scan sets (the keys of ``gpu_fields``), in display order: the one list

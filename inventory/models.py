@@ -252,6 +252,12 @@ class Gpu(CatalogFields, StateFields):
     memory_total_mib = models.PositiveIntegerField("memory (MiB)", default=0)
     power_limit_default_w = models.FloatField("default power limit (W)", null=True, blank=True)
     numa_node = models.SmallIntegerField("NUMA node", null=True, blank=True)
+    gpu_numa_node = models.SmallIntegerField(
+        "GPU NUMA node",
+        null=True,
+        blank=True,
+        help_text="The GPU's own memory as a NUMA node (Grace Hopper; topo -m's GPU NUMA ID).",
+    )
     socket = models.SmallIntegerField(
         null=True, blank=True, help_text="CPU socket, named by its lowest NUMA node."
     )

@@ -402,6 +402,10 @@ class TopologySerializer(api.Serializer):
         child=serializers.ListField(child=serializers.IntegerField())
     )
     numa_nodes = serializers.ListField(child=serializers.IntegerField(allow_null=True))
+    gpu_numa_nodes = serializers.ListField(
+        child=serializers.IntegerField(allow_null=True),
+        help_text="Each GPU's own NUMA node (topo -m GPU NUMA ID: Grace Hopper); null: N/A.",
+    )
     cpu_affinity = serializers.ListField(child=serializers.CharField())
     nics = serializers.ListField(child=serializers.CharField())
     nic_links = MatrixField()

@@ -240,6 +240,9 @@ class GpuFacts(Record):
     # Every NUMA node the GPU's memory is affine to, as `topo -m` prints "NUMA Affinity" ("0-3"
     # on AMD NPS4 / Intel SNC boxes); `numa_node` is the lowest of them.
     numa_affinity: str | None = None
+    # The GPU's own NUMA node (nvmlDeviceGetNumaNodeId, topo -m "GPU NUMA ID"): its memory as a
+    # NUMA node of the host, on coherent Grace Hopper GPUs only; None elsewhere.
+    gpu_numa_node: int | None = None
     # The CPU socket, named by the lowest NUMA node on it (NVML speaks of sockets only as
     # sets of NUMA nodes): GPUs with the same value hang off the same socket.
     socket: int | None = None
@@ -763,6 +766,7 @@ class _NodeScanner:
         facts.update(
             numa_node=None if nodes is None else _lowest_bit(nodes),
             numa_affinity=None if nodes is None else cpulist(nodes) or None,
+            gpu_numa_node=_optional(nvml.nvmlDeviceGetNumaNodeId, handle),
             socket=None if socket_nodes is None else _lowest_bit(socket_nodes),
             cpu_affinity=None if affinity is None else cpulist(affinity) or None,
             nvlink_count=links.active,

@@ -109,6 +109,7 @@ class TopologyMatrix:
     matrix: list[list[str | None]]
     nvlink_counts: list[list[int]]
     numa_nodes: list[int | None]
+    gpu_numa_nodes: list[int | None]  # topo -m "GPU NUMA ID" (Grace Hopper), None: N/A
     cpu_affinity: list[str]
     nics: list[str]
     nic_links: list[list[str | None]]  # [GPU][NIC]: PIX ... SYS
@@ -132,6 +133,7 @@ def topology_matrix(node: Node) -> TopologyMatrix:
         ],
         nvlink_counts=[[getattr(link(a, b), "nvlink_count", 0) for b in gpus] for a in gpus],
         numa_nodes=[gpu.numa_node for gpu in gpus],
+        gpu_numa_nodes=[gpu.gpu_numa_node for gpu in gpus],
         cpu_affinity=[gpu.cpu_affinity for gpu in gpus],
         nics=nics,
         nic_links=[[by_nic.get((gpu.pk, nic)) for nic in nics] for gpu in gpus],

@@ -23,7 +23,7 @@ from inventory.nvml.sim.model import load_model, parse_cpulist
 from inventory.services import apply_discovery
 from tests.inventory.conftest import model_with_uuids, simulated_agent_sync
 from tests.inventory.pages import add_node, unique_host
-from tests.nvml.captures import REAL, needs_real_captures
+from tests.nvml.captures import OWN, REAL, needs_real_captures
 
 TIB = 1024 * 1024
 
@@ -47,7 +47,7 @@ def test_the_simulator_reports_its_machine_models_cpus_and_memory(model):
     [
         ("dgx-a100-40gb", 256, 1 * TIB),  # DGX A100 320GB: 1 TB
         ("dgx-a100-80gb", 256, 2 * TIB),  # DGX A100 640GB: 2 TB
-        ("dgx-h100", 208, 2 * TIB),
+        ("dgx-h100", 224, 2 * TIB),  # 2x Xeon Platinum 8480C, 56 cores + SMT each
         ("dgx-1-v100", 80, TIB // 2),
     ],
 )
@@ -70,7 +70,10 @@ def _captured_topo(path: str) -> str:
     [
         ("dgx-a100-40gb", "topo/gengwg__DGX-A100__topo-m.txt"),
         ("dgx-a100-80gb", "topo/gengwg__DGX-A100__topo-m.txt"),
-        ("dgx-h100", "topo/stas00-ml-engineering__8xH100-SXM__topo-m_no-NICs.txt"),
+        (
+            "dgx-h100",
+            str(OWN / "code-index-69641790152__8xH100-HBM3-12NIC__topo-m_numa-0-55,112-167.txt"),
+        ),
         ("dgx-1-v100", "topo/gengwg__DGX-1__topo-mp.txt"),
         (
             "rtx-4080-super",
@@ -134,20 +137,20 @@ def _node() -> Node:
 @pytest.mark.django_db
 def test_discovery_stores_the_figures_and_audits_a_change(sim_scan):
     apply_discovery("dgx-01", sim_scan("dgx-h100", "dgx-01"))
-    assert (_node().cpu_count, _node().memory_total_mib) == (208, 2 * TIB)
+    assert (_node().cpu_count, _node().memory_total_mib) == (224, 2 * TIB)
     assert not AuditEvent.objects.filter(event_type="node.host_changed").exists()  # first report
 
     # Hyper-threading off on socket 1 and half its DIMMs gone.
     changed = model_with_uuids("dgx-h100", "dgx-01")
-    changed["numa_nodes"]["1"]["cpus"] = "52-103"
+    changed["numa_nodes"]["1"]["cpus"] = "56-111"
     changed["host_memory_mib"] = TIB
     apply_discovery("dgx-01", sim_scan(changed, "dgx-01"))
 
-    assert (_node().cpu_count, _node().memory_total_mib) == (156, TIB)
+    assert (_node().cpu_count, _node().memory_total_mib) == (168, TIB)
     event = AuditEvent.objects.get(event_type="node.host_changed")
     assert (event.actor_name, event.target_id) == ("discovery", str(_node().pk))
-    assert event.before == {"cpu_count": 208, "memory_total_mib": 2 * TIB}
-    assert event.after == {"cpu_count": 156, "memory_total_mib": TIB}
+    assert event.before == {"cpu_count": 224, "memory_total_mib": 2 * TIB}
+    assert event.after == {"cpu_count": 168, "memory_total_mib": TIB}
     assert not AuditEvent.objects.filter(event_type="node.driver_changed").exists()
 
     assert apply_discovery("dgx-01", sim_scan(changed, "dgx-01")).is_empty  # nothing new
@@ -171,7 +174,7 @@ def test_a_scan_that_cannot_read_the_figures_keeps_the_stored_ones(sim_scan):
     unread = dataclasses.replace(failed.system, cpu_count=None, memory_total_mib=None)
     assert apply_discovery("dgx-01", dataclasses.replace(failed, system=unread)).is_empty
 
-    assert (_node().cpu_count, _node().memory_total_mib) == (208, 2 * TIB)
+    assert (_node().cpu_count, _node().memory_total_mib) == (224, 2 * TIB)
     assert AuditEvent.objects.count() == events
 
 

@@ -37,18 +37,12 @@ TRIMMED = {
     "netdata__rtx-pro-6000-driver-580.xml": "no driver version (a trimmed fragment?)",
     "telegraf__gtx-1070-ti.xml": "no driver version (a trimmed fragment?)",
 }
-# Captured values the simulator cannot represent yet. The fixtures give no profile ids, SM counts,
-# per-profile MiB or placements for Blackwell MIG (the v580 MIG guide's B200 table has names,
-# fractions, engines and instance counts only; GB200/GB300 appear only in mig-parted configs).
-_NO_MIG_TABLE = "MIG-capable (MIG Disabled) but no table in inventory/nvml/mig_profiles"
-# NVML's volatile ECC counts of a GPU in MIG mode: nvidia-smi prints N/A, the simulator counts.
+# Captured values the simulator cannot represent yet. NVML's volatile ECC counts of a GPU in
+# MIG mode: nvidia-smi prints N/A, the simulator counts.
 _MIG_VOLATILE_ECC = "MIG mode: the capture's volatile ECC counts are N/A, the simulator's 0"
 KNOWN_GAPS = {
     ("netdata__a100-sxm4-mig.xml", "ecc_volatile_corrected"): _MIG_VOLATILE_ECC,
     ("netdata__a100-sxm4-mig.xml", "ecc_volatile_uncorrected"): _MIG_VOLATILE_ECC,
-    ("k8s-test-infra__hardware__qx-b200.xml", "mig_enabled"): _NO_MIG_TABLE,
-    ("k8s-test-infra__hardware__qx-gb200.xml", "mig_enabled"): _NO_MIG_TABLE,
-    ("k8s-test-infra__hardware__qx-gb300.xml", "mig_enabled"): _NO_MIG_TABLE,
 }
 
 
@@ -536,7 +530,7 @@ def test_board_facts_and_sources() -> None:
     }
     sources = model["sources"]
     assert "k8s-test-infra__hardware__qx-h100.xml" in sources["gpu_types.H100-80GB-HBM3"]
-    assert sources["gpu_types.H100-80GB-HBM3.num_gpu_cores, gpu_numa_id"].startswith("assumed:")
+    assert sources["gpu_types.H100-80GB-HBM3.num_gpu_cores"].startswith("assumed:")
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,9 @@ LEVEL = {
 }
 
 
+DGX_H100_TOPO = "code-index-69641790152__8xH100-HBM3-12NIC__topo-m_numa-0-55,112-167.txt"
+
+
 def _sim(model: str) -> tuple[SimulatedNvml, list[object]]:
     nvml = SimulatedNvml.from_model(model, node_name="topo-01")
     nvml.nvmlInit()
@@ -126,16 +129,18 @@ def test_dgx_a100_nvlinks_go_to_six_nvswitches() -> None:
         nvml.nvmlDeviceGetNvLinkState(h[0], pynvml.NVML_NVLINK_MAX_LINKS)
 
 
-def test_dgx_h100_matrix_is_nv18_with_two_numa_nodes() -> None:
-    # topo/stas00-ml-engineering__8xH100-SXM__topo-m_no-NICs.txt
+def test_dgx_h100_matrix_is_nv18_with_the_captured_numa_layout() -> None:
+    """A real 8x H100 NV18 capture: 2x 56 cores with SMT, as a DGX H100's 2x Xeon 8480C."""
+    captured = parse_topo_matrix((OWN / DGX_H100_TOPO).read_text()).gpus
     nvml, handles = _sim("dgx-h100")
 
     matrix = _nv_matrix(nvml, handles)
 
     assert matrix == [["X" if i == j else "NV18" for j in range(8)] for i in range(8)]
-    assert [_cpulist(nvml.nvmlDeviceGetCpuAffinity(h, 4)) for h in handles] == (
-        ["0-51,104-155"] * 4 + ["52-103,156-207"] * 4
-    )
+    assert [_cpulist(nvml.nvmlDeviceGetCpuAffinity(h, 4)) for h in handles] == [
+        gpu.cpu_affinity for gpu in captured
+    ]
+    assert [gpu.facts.numa_node for gpu in scan(nvml).gpus] == [gpu.numa_node for gpu in captured]
     assert nvml.nvmlDeviceGetNvLinkVersion(handles[0], 17) == pynvml.NVML_NVLINK_VERSION_4_0
     assert nvml.nvmlDeviceGetTopologyCommonAncestor(handles[0], handles[1]) == LEVEL["NODE"]
 

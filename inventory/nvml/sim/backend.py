@@ -688,7 +688,9 @@ class SimulatedNvml:
             total, used = int(per_slice * obj.gi_profile.memory_slices) * _MIB, 0
         else:
             mem = obj.type.memory
-            total, used = mem["bar1_total_mib"] * _MIB, mem["bar1_idle_used_mib"] * _MIB
+            # null: "BAR1 Memory Usage: N/A" (GH200's C2C memory has no BAR1 aperture).
+            total = _supported(mem["bar1_total_mib"]) * _MIB
+            used = mem["bar1_idle_used_mib"] * _MIB
         return pynvml.c_nvmlBAR1Memory_t(bar1Total=total, bar1Free=total - used, bar1Used=used)
 
     def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
@@ -727,12 +729,9 @@ class SimulatedNvml:
     # --- NUMA / affinity ----------------------------------------------------------------------
 
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
-        # Only coherent-memory GPUs are NUMA nodes themselves; every x86 capture says
-        # "GPU NUMA ID: N/A" (use nvmlDeviceGetMemoryAffinity for the nearest node).
-        gpu = self._gpu(handle)
-        if not gpu.type.gpu_numa_id or gpu.slot.numa_node is None:
-            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return gpu.slot.numa_node
+        # Only coherent-memory GPUs (Grace Hopper) are NUMA nodes themselves; every x86 capture
+        # says "GPU NUMA ID: N/A" (nvmlDeviceGetMemoryAffinity gives the nearest CPU node).
+        return _supported(self._gpu(handle).slot.gpu_numa_id)
 
     def _numa_nodes(self, gpu: _Gpu, scope: int) -> list[int]:
         nodes = gpu.slot.memory_nodes
@@ -923,7 +922,8 @@ class SimulatedNvml:
             if i < len(gpus):
                 cpus = self._node_cpus(gpus[i])
                 numa = format_cpu_list(gpus[i].memory_nodes) or "N/A"
-                cells += [format_cpu_list(cpus) if cpus else "N/A", numa, "", "N/A"]
+                own = "N/A" if gpus[i].gpu_numa_id is None else str(gpus[i].gpu_numa_id)
+                cells += [format_cpu_list(cpus) if cpus else "N/A", numa, "", own]
             lines.append("\t".join(cells))
         if nics:
             lines += ["", "NIC Legend:", ""]
@@ -1053,6 +1053,9 @@ class SimulatedNvml:
         gpu = self._mig_gpu(device)
         if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if mode == pynvml.NVML_DEVICE_MIG_ENABLE and gpu.type.mig_table is None:
+            # A captured MIG-capable board without a catalog table: no geometry to enable.
+            raise _err(pynvml.NVML_ERROR_NOT_SUPPORTED)
         if gpu.procs:
             raise _err(pynvml.NVML_ERROR_IN_USE)
 

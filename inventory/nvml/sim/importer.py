@@ -261,6 +261,8 @@ def _build(
             entry["cpu_affinity"] = topo.own_cpus[index]
         if topo.roots is not None:
             entry["root_complex"] = topo.roots[index]
+        if topo.gpu_numa_ids[index] is not None:
+            entry["gpu_numa_id"] = topo.gpu_numa_ids[index]
         entry.update(_identity(gpu, log.gpus))
         if gpu.uuid is not None and "uuid" not in entry:
             src.note(
@@ -420,7 +422,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
     pstate = src.pick(
         "pstate.idle", parse_int((gpu.performance_state or "")[1:]), 0, "P0 (not captured)"
     )
-    src.note("num_gpu_cores, gpu_numa_id", "assumed: null / false (not in -q output)")
+    src.note("num_gpu_cores", "assumed: null (not in -q output)")
     src.note(
         "pstate.load, mem_util_at_full_load, pcie_kbs.full_load",
         f"assumed: P{pstate if load else 0}, {_MEM_UTIL_AT_FULL_LOAD} %, "
@@ -454,22 +456,13 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
             0,
             "0 / Default (not captured)",
         ),
-        "gpu_numa_id": False,
         "memory": {
             "total_mib": gpu.fb_memory.total_mib,
             "reserved_mib": src.pick(
                 "memory.reserved_mib", gpu.fb_memory.reserved_mib, 0, "0 (not captured)"
             ),
             "idle_used_mib": _idle_memory(gpu, load, src),
-            "bar1_total_mib": src.pick(
-                "memory.bar1_total_mib",
-                gpu.bar1_memory.total_mib,
-                _FALLBACK_BAR1_MIB,
-                f"{_FALLBACK_BAR1_MIB} MiB (legacy BAR1 size)",
-            ),
-            "bar1_idle_used_mib": src.pick(
-                "memory.bar1_idle_used_mib", gpu.bar1_memory.used_mib, 0, "0"
-            ),
+            **_bar1(gpu, node, src),
         },
         "clocks_max_mhz": _clocks(gpu.max_clocks, gpu.clocks, "clocks_max_mhz", src),
         "clocks_idle_mhz": _clocks(gpu.clocks, gpu.max_clocks, "clocks_idle_mhz", src),
@@ -480,7 +473,7 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
         "ecc": _ecc(gpu),
         "page_retirement": gpu.retired_pages.single_bit is not None,
         "row_remapper_banks": _row_remapper_banks(gpu, node, src),
-        "mig_table": _mig_table(gpu, src),
+        **_mig(gpu, src),
         "mem_util_at_full_load": _MEM_UTIL_AT_FULL_LOAD,
         "pcie_kbs": {
             "idle": src.pick(
@@ -492,6 +485,25 @@ def _gpu_type(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, Any]:
             "full_load": _PCIE_FULL_LOAD_KBS,
         },
         "nvlink": None,
+    }
+
+
+def _bar1(gpu: GpuInfo, node: Node, src: _Sources) -> dict[str, int | None]:
+    """BAR1 total and idle use. "N/A" (coherent C2C GPUs such as GH200 have no BAR1) stays
+    unknown: NVML answers NOT_SUPPORTED; a capture without the section gets the legacy size."""
+    if node.at("bar1_memory_usage", "total") is not None and gpu.bar1_memory.total_mib is None:
+        src.not_supported("memory.bar1_total_mib, bar1_idle_used_mib", None)
+        return {"bar1_total_mib": None, "bar1_idle_used_mib": None}
+    return {
+        "bar1_total_mib": src.pick(
+            "memory.bar1_total_mib",
+            gpu.bar1_memory.total_mib,
+            _FALLBACK_BAR1_MIB,
+            f"{_FALLBACK_BAR1_MIB} MiB (legacy BAR1 size)",
+        ),
+        "bar1_idle_used_mib": src.pick(
+            "memory.bar1_idle_used_mib", gpu.bar1_memory.used_mib, 0, "0"
+        ),
     }
 
 
@@ -681,19 +693,23 @@ def _row_remapper_banks(gpu: GpuInfo, node: Node, src: _Sources) -> int | None:
     )
 
 
-def _mig_table(gpu: GpuInfo, src: _Sources) -> str | None:
+def _mig(gpu: GpuInfo, src: _Sources) -> dict[str, Any]:
+    """``mig_table`` (the catalog's table, else null) and, for a MIG-capable GPU the catalog has
+    no table for, ``mig_capable``: its captured MIG mode is a fact the scan must give back."""
     if gpu.mig_current is None:  # not MIG-capable: nvidia-smi prints MIG Mode N/A
-        return None
+        return {"mig_table": None}
     assert gpu.product_name is not None, "_check_complete refuses a GPU without a name"
     table = mig_catalog.table_for_gpu(gpu.product_name)
-    if table is None:
-        src.note(
-            "mig_table",
-            f"assumed: null (MIG-capable, but no table for "
-            f"{gpu.product_name!r} in inventory/nvml/mig_profiles)",
-        )
-        return None
-    return table.name
+    if table is not None:
+        return {"mig_table": table.name}
+    src.note(
+        "mig_table",
+        f"not kept: no table for {gpu.product_name!r} in inventory/nvml/mig_profiles; the GPU "
+        "is MIG-capable (mig_capable) with MIG disabled, enabling it is refused (NOT_SUPPORTED)",
+    )
+    if gpu.mig_current or gpu.mig_pending:
+        src.note("mig_mode", "not kept: MIG enabled (current or pending) without a table")
+    return {"mig_table": None, "mig_capable": True}
 
 
 # --------------------------------------------------------------------------- captured state
@@ -828,6 +844,8 @@ class _Topology:
         self.multi_numa: list[list[int]] = [[] for _ in range(count)]  # when several
         # The GPU's own CPU affinity: with NUMA N/A, or with several NUMA nodes.
         self.own_cpus: list[str | None] = [None] * count
+        # The GPU's own NUMA node ("GPU NUMA ID": Grace Hopper's GPU memory), None: N/A.
+        self.gpu_numa_ids: list[int | None] = [None] * count
         self.numa_nodes: dict[str, dict[str, Any]] = {}
         self.paths: list[list[str]] = [[f"hb{i}"] for i in range(count)]
         self.roots: list[int] | None = None  # None: one root complex per NUMA node
@@ -844,8 +862,8 @@ def _topology(
     if topo_text is None:
         src.note(
             "gpus[].numa_node, pcie_path",
-            "assumed: no topo -m: NUMA unknown (null), each "
-            "GPU on its own host bridge (every pair NODE), no NVLink",
+            "assumed: no topo -m: NUMA unknown (null), no GPU NUMA ID (gpu_numa_id: "
+            "NOT_SUPPORTED), each GPU on its own host bridge (every pair NODE), no NVLink",
         )
         return topo
     try:
@@ -896,7 +914,7 @@ def _topology(
             topo.gpu_links[a] += [b] * n
             topo.gpu_links[b] += [a] * n
     src.note(
-        "gpus[].numa_node, numa_nodes[].cpus, pcie_path, nvlinks, nics",
+        "gpus[].numa_node, gpu_numa_id, numa_nodes[].cpus, pcie_path, nvlinks, nics",
         f"{topo_source} (PCIe paths synthesized to reproduce its matrix)",
     )
     if roots is not None:
@@ -906,7 +924,9 @@ def _topology(
             "root complexes synthesized",
         )
     if topo.nics:
-        src.note("nics[].numa_node", "derived: the NUMA node of the GPUs it is nearer than SYS to")
+        src.note(
+            "nics[].numa_node", "derived: the NUMA node of the nearest GPU (PIX < PXB < PHB < NODE)"
+        )
     if _share_sockets(topo.numa_nodes, numa, roots):
         src.note(
             "numa_nodes[].socket",
@@ -944,11 +964,15 @@ def _share_sockets(
 def _nic_numa(
     nic: int, numa: Sequence[int | None], levels: dict[tuple[int, int], str]
 ) -> int | None:
-    """A NIC's NUMA node: that of the first GPU it reaches without crossing sockets."""
-    for gpu, node in enumerate(numa):
-        if levels.get((gpu, nic), "SYS") != "SYS":
-            return node
-    return None
+    """A NIC's NUMA node: that of the nearest GPU it reaches without crossing sockets (PIX
+    before PXB before PHB before NODE; the first GPU among equals). NODE can span a socket's
+    NUMA nodes (NPS, sub-NUMA clustering), so the first non-SYS GPU may be on another node."""
+    reachable = [
+        (_RANK[level], gpu)
+        for gpu in range(len(numa))
+        if (level := levels.get((gpu, nic), "SYS")) != "SYS"
+    ]
+    return numa[min(reachable)[1]] if reachable else None
 
 
 def _is_fabric(count: int, nvlinks: dict[tuple[int, int], int], log: SmiLog) -> bool:
@@ -984,6 +1008,7 @@ def _numa(
         device = matrix.device(gpu_name)
         node = by_cpus.get(device.cpu_affinity or "", device.numa_node)
         topo.numa[index] = node
+        topo.gpu_numa_ids[index] = device.gpu_numa_id
         if node is None:
             topo.own_cpus[index] = device.cpu_affinity if device.cpus else None
             continue

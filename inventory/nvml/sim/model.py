@@ -83,8 +83,7 @@ class GpuType:
     multi_gpu_board: int
     persistence_mode: int | None  # None: NOT_SUPPORTED (Windows drivers)
     compute_mode: int
-    gpu_numa_id: bool
-    memory: dict[str, int]
+    memory: dict[str, int]  # bar1_total_mib, bar1_idle_used_mib: None = NOT_SUPPORTED
     clocks_max: dict[str, int]
     clocks_idle: dict[str, int]
     # default_limit, min_limit, max_limit, enforced_limit (None: no power management),
@@ -97,6 +96,8 @@ class GpuType:
     page_retirement: bool
     row_remapper_banks: int | None
     mig_table: mig_catalog.MigTable | None
+    # MIG-capable: a table, or a captured MIG mode on a board the catalog has no table for.
+    mig_capable: bool
     mem_util_at_full_load: int
     pcie_kbs: dict[str, int]
     nvlink_version: int | None
@@ -134,6 +135,9 @@ class GpuSlot:
     # Memory affine to several NUMA nodes (AMD NPS, Intel SNC: topo -m "0-3"), numa_node the
     # lowest; () for one node.
     numa_nodes: tuple[int, ...] = ()
+    # The GPU's own NUMA node: its memory as a NUMA node of the host (Grace Hopper's coherent
+    # C2C memory; topo -m "GPU NUMA ID"). None: NOT_SUPPORTED, as on every PCIe/SXM x86 GPU.
+    gpu_numa_id: int | None = None
 
     @property
     def memory_nodes(self) -> tuple[int, ...]:
@@ -232,7 +236,6 @@ def _gpu_type(key: str, spec: dict[str, Any]) -> GpuType:
         multi_gpu_board=spec["multi_gpu_board"],
         persistence_mode=spec["persistence_mode"],
         compute_mode=spec["compute_mode"],
-        gpu_numa_id=spec["gpu_numa_id"],
         memory=spec["memory"],
         clocks_max=spec["clocks_max_mhz"],
         clocks_idle=spec["clocks_idle_mhz"],
@@ -244,6 +247,7 @@ def _gpu_type(key: str, spec: dict[str, Any]) -> GpuType:
         page_retirement=spec["page_retirement"],
         row_remapper_banks=spec["row_remapper_banks"],
         mig_table=mig_catalog.load_table(spec["mig_table"]) if spec["mig_table"] else None,
+        mig_capable=bool(spec["mig_table"]) or spec.get("mig_capable", False),
         mem_util_at_full_load=spec["mem_util_at_full_load"],
         pcie_kbs=spec["pcie_kbs"],
         nvlink_version=_const(nvlink["version"]) if nvlink else None,
@@ -281,6 +285,7 @@ def parse_model(data: dict[str, Any]) -> MachineModel:
                 else None,
                 root_complex=merged.get("root_complex"),
                 minor_number=merged.get("minor_number", index),
+                gpu_numa_id=merged.get("gpu_numa_id"),
             )
         )
         slot = gpus[-1]

@@ -74,7 +74,7 @@ def new_state(
         "seq": 0,
         "events": [],
         "processes": [],
-        "gpus": [new_gpu_state(g.type.mig_table is not None) for g in machine.gpus],
+        "gpus": [new_gpu_state(g.type.mig_capable) for g in machine.gpus],
     }
     for index, captured in machine.initial_state.get("gpus", {}).items():
         gpu = state["gpus"][int(index)]
