@@ -21,6 +21,7 @@ from inventory.nvml.parsers import (
     parse_mig_gpu_instances,
     parse_mig_placements,
 )
+from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.nvml.sim.model import MACHINE_DIR
 from tests.nvml.captures import OWN
@@ -213,3 +214,25 @@ def test_fit_counts_the_a30s_slices() -> None:
     # Slice 0 taken: 3 more 1g (1g+me too), one 2g at 2 (or its +me twin), no 4g.
     assert room == {"1g.6gb": 3, "1g.6gb+me": 1, "2g.12gb": 1, "2g.12gb+me": 1, "4g.24gb": 0}
     assert mig_fit.free_starts(one_1g, A30.by_name("2g.12gb")) == [2]
+
+
+def test_a_scan_of_the_a30_reads_back_the_captured_table_and_layout() -> None:
+    # The scanner over NVML (here the simulator) gives -lgip's rows, Free column included, and
+    # -lgi's GI ids and placements of the capture's layout (1g at 0, 1g at 1, 2g at 2).
+    nvml = _a30_node({"0": ["1g.6gb", "1g.6gb", "2g.12gb"]})  # the capture's creation order
+    nvml.nvmlShutdown()
+    mig = scan(nvml).gpus[0].mig
+    assert mig is not None and mig.profiles_source == "nvml"
+
+    lgip = {r.profile_id: r for r in parse_mig_gi_profiles(_read(f"{NEW}__mig-lgip.txt"))}
+    # (NVML enumerates by profile index, nvidia-smi prints the +me rows beside their twins.)
+    assert sorted((p.id, p.name, p.instances, p.sm) for p in mig.profiles) == sorted(
+        (r.profile_id, r.name.removeprefix("MIG "), r.instances_total, r.sm) for r in lgip.values()
+    )
+    assert all(p.remaining == 0 for p in mig.profiles)  # the GPU is full
+    lgi = parse_mig_gpu_instances(_read(f"{NEW}__mig-cgi-14-14-5.txt"))[-3:]
+    assert [
+        (gi.gi_id, gi.profile_id, gi.placement_start, gi.placement_size) for gi in mig.gpu_instances
+    ] == sorted(
+        (gi.instance_id, gi.profile_id, gi.placement_start, gi.placement_size) for gi in lgi
+    )
