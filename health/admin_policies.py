@@ -112,6 +112,7 @@ class HealthEventAdmin(ReadOnlyAdmin):
         "gpu",
         "kind",
         "xid",
+        "gpu_instance_id",
         "severity",
         "message",
         "occurred_at",

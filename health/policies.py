@@ -6,7 +6,10 @@ the "unknown XID" policy) and applies its actions in ``Action``'s order, in one 
 with their audit rows: alert, fail or requeue the GPU's jobs (scheduling does it on commit,
 told by ``jobs_on_gpus_must_stop``), fence the GPU (degraded, draining, offline), drain the
 node, reset the GPU through its node's agent. Repeated firings on one GPU escalate. What was
-done is written to ``event.outcome``.
+done is written to ``event.outcome``. An XID the driver attributed to one MIG GPU instance and
+that NVIDIA's catalog says stays with the application that met it (``contained_instance``: XID
+94, or an application's own fault) acts on that instance's jobs only and never fences or resets
+the whole GPU; XID 95 (uncontained) acts on the whole GPU as before.
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ class _Run:
     def _stop_jobs(self, action: str) -> None:
         if self._no_gpu(f"{action} jobs"):
             return
+        instance = contained_instance(self.event)
         gpu_ids = [gpu.pk for gpu in self.gpus]
         info = xids.lookup(self.event.xid) if self.event.xid is not None else None
         blamed = info is not None and info.fault == xids.APPLICATION
@@ -237,7 +241,10 @@ class _Run:
         )
         pid = pid_of(self.event)
         what = f"the job of pid {pid}" if pid else "the jobs"
-        self.steps.append(f"{action} {what} on {self._gpu_names()}")
+        where = self._gpu_names()
+        if instance is not None:
+            where = f"GPU instance {instance} of {where}"
+        self.steps.append(f"{action} {what} on {where}")
 
     def _drain_gpu(self) -> None:
         self._fence_all(Action.DRAIN_GPU)
@@ -249,9 +256,21 @@ class _Run:
         self._fence_all(Action.OFFLINE_GPU)
 
     def _fence_all(self, action: str) -> None:
-        if not self._no_gpu(action):
+        if not self._no_gpu(action) and not self._contained(action):
             for gpu in self.gpus:
                 self.steps.append(self._fence(gpu, FENCES[action]))
+
+    def _contained(self, action: str) -> bool:
+        """Whether the event is contained to one MIG GPU instance: then ``action`` (a fence,
+        a reset) is not done to the whole GPU, and the outcome says so."""
+        instance = contained_instance(self.event)
+        if instance is None:
+            return False
+        self.steps.append(
+            f"{action}: not done to {self._gpu_names()}, the error was contained to its "
+            f"GPU instance {instance}"
+        )
+        return True
 
     def _fence(self, gpu: Gpu, to_state: str) -> str:
         """Quarantine ``gpu`` in ``to_state`` (``health.quarantine.fence``: never back to a
@@ -278,7 +297,7 @@ class _Run:
         self.steps.append(f"node {node.hostname}: online -> draining")
 
     def _reset_gpu(self) -> None:
-        if self._no_gpu("reset"):
+        if self._no_gpu("reset") or self._contained(Action.RESET_GPU):
             return
         node = self.event.node
         if quarantine.breaker_open() is not None:
@@ -331,6 +350,20 @@ def _evidence(data: Any) -> dict[str, Any]:
 def _delta(data: Any) -> float:
     value = _evidence(data).get("delta")
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def contained_instance(event: HealthEvent) -> int | None:
+    """The MIG GPU instance an XID stays in: the event names one (NVML's gpuInstanceId, the
+    kernel line's GPU-I) and NVIDIA's catalog says the error is contained to the application
+    that met it (XID 94) or is that application's own fault (XID 13, 31, 43...). None: the
+    whole GPU (XID 95, uncontained; or no instance named). The one rule for the policy's
+    steps and for the jobs scheduling stops."""
+    if event.gpu_instance_id is None or event.xid is None or event.gpu_id is None:
+        return None
+    info = xids.lookup(event.xid)
+    if info is None or not (info.contained or info.fault == xids.APPLICATION):
+        return None
+    return event.gpu_instance_id
 
 
 def pid_of(event: HealthEvent) -> int | None:

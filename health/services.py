@@ -49,6 +49,7 @@ def record_reports(hostname: str, reports: list[HealthReport]) -> list[int]:
                 gpu=target,
                 kind=report.kind,
                 xid=report.xid,
+                gpu_instance_id=_gpu_instance(report),
                 severity=severity_for(report.kind, report.xid),
                 message=_message(report),
                 data=report.to_dict(),
@@ -67,6 +68,13 @@ def record_reports(hostname: str, reports: list[HealthReport]) -> list[int]:
         .order_by("pk")
         .values_list("pk", flat=True)
     )
+
+
+def _gpu_instance(report: HealthReport) -> int | None:
+    """The MIG GPU instance an XID report names (the agent's NVML event carries it in
+    ``data``), None for the whole GPU."""
+    value = report.data.get("gpu_instance_id") if report.kind == EventKind.XID else None
+    return value if isinstance(value, int) and 0 <= value < 2**15 else None
 
 
 def _message(report: HealthReport) -> str:

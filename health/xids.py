@@ -79,6 +79,13 @@ class XidInfo:
             return "memory"
         return "nvlink" if self.mnemonic.startswith("NVLINK") else ""
 
+    @property
+    def contained(self) -> bool:
+        """Whether the catalog says the error stays with the application that met it: XID 94
+        (ROBUST_CHANNEL_CONTAINED_ERROR, "all other applications ... are unaffected"), not 95
+        (ROBUST_CHANNEL_UNCONTAINED_ERROR). On a MIG GPU the driver names the GPU instance."""
+        return "_CONTAINED_" in f"_{self.mnemonic}_"
+
     def adds_to_name(self, text: str) -> bool:
         """Whether an XID's text (the driver's, the simulator's) says more than its name."""
         said = text.strip().rstrip(".").casefold()

@@ -9,7 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from health.models import HealthEvent
-from health.policies import pid_of
+from health.policies import contained_instance, pid_of
 from inventory.models import Gpu
 from scheduling.jobs import control, transitions
 from scheduling.loop import dispatch
@@ -49,13 +49,15 @@ def stop_jobs_for_health(
     **kwargs: Any,
 ) -> list[int]:
     """A recovery policy says the jobs on these GPUs must stop: requeue or fail them (only
-    the job of the XID's pid when the event names one of theirs)."""
+    the job of the XID's pid when the event names one of theirs; only the jobs on its MIG GPU
+    instance when the error was contained to one)."""
     event = HealthEvent.objects.filter(pk=event_id).first() if event_id is not None else None
     return control.stop_jobs_on_gpus(
         gpu_ids,
         requeue=action != "fail",
         reason=reason or "a health policy stopped it",
         pid=pid_of(event) if event is not None else None,
+        gpu_instance_id=contained_instance(event) if event is not None else None,
     )
 
 

@@ -85,6 +85,11 @@ class HealthEventSerializer(api.Serializer):
     gpu_index = serializers.IntegerField(source="event.gpu.index", default=None, allow_null=True)
     kind = serializers.CharField(source="event.kind")
     xid = serializers.IntegerField(source="event.xid", allow_null=True)
+    gpu_instance_id = serializers.IntegerField(
+        source="event.gpu_instance_id",
+        allow_null=True,
+        help_text="The MIG GPU instance the driver attributed the XID to; null: the whole GPU.",
+    )
     xid_name = serializers.CharField(
         source="xid_info.name", default=None, allow_null=True, help_text="The XID catalog's."
     )

@@ -26,6 +26,13 @@ class HealthEvent(models.Model):
     )
     kind = models.CharField(max_length=24, choices=EventKind.choices)
     xid = models.PositiveIntegerField("XID", null=True, blank=True)
+    gpu_instance_id = models.PositiveSmallIntegerField(
+        "GPU instance ID",
+        null=True,
+        blank=True,
+        help_text="The MIG GPU instance the driver attributed the XID to (NVML's gpuInstanceId, "
+        "the kernel line's GPU-I); empty: the whole GPU.",
+    )
     severity = models.CharField(max_length=10, choices=Severity.choices)
     message = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)  # the raw report: counters, XID text...
@@ -61,10 +68,13 @@ class HealthEvent(models.Model):
         return self.get_kind_display()
 
     def describe(self, gpu: Gpu | None = None) -> str:
-        """``XID 79 (GPU has fallen off the bus) on GPU 3 of dgx-01``; ``gpu``: another GPU
-        the event's policy acts on (a node-wide policy)."""
+        """``XID 79 (GPU has fallen off the bus) on GPU 3 of dgx-01``, ``XID 94 (...) on GPU
+        instance 5 of GPU 1 of dgx-01`` for one the driver attributed to a MIG instance;
+        ``gpu``: another GPU the event's policy acts on (a node-wide policy)."""
         gpu = gpu or self.gpu
         where = f"GPU {gpu.index} of {gpu.node.hostname}" if gpu else f"node {self.node.hostname}"
+        if gpu is not None and gpu == self.gpu and self.gpu_instance_id is not None:
+            where = f"GPU instance {self.gpu_instance_id} of {where}"
         return f"{self.title} on {where}"
 
     def summary(self, gpu: Gpu | None = None) -> str:

@@ -67,7 +67,8 @@ class CiProfile:
 
 @dataclasses.dataclass(frozen=True)
 class MigTable:
-    """The MIG geometry of one GPU model."""
+    """The MIG geometry of one GPU model: how many compute and memory slices it has (7 and 8 on
+    an A100/H100, 4 and 4 on an A30) comes from its table, never from a constant."""
 
     name: str
     gpu_name: str
@@ -76,6 +77,28 @@ class MigTable:
     max_mig_devices: int
     bar1_mib_per_memory_slice: float
     profiles: tuple[MigProfile, ...]
+    # The sizes a compute instance may have (all of CI_PROFILE_FOR_SLICES unless the table
+    # names fewer: an A30's 4g GI has 1c, 2c and 4g CIs, no 3c).
+    compute_instance_slices: tuple[int, ...] = tuple(CI_PROFILE_FOR_SLICES)
+
+    def gpu_instance_id(self, start: int, size: int) -> int:
+        """The GI id NVML gives a placement: a buddy-tree index over the memory slices, the
+        whole GPU 0, then its halves, quarters... left to right. On 8 slices: 4-slice GIs at
+        0 and 4 are 1 and 2, 2-slice ones 3..6, 1-slice ones 7..14; on an A30's 4: 2-slice
+        GIs 1 and 2, 1-slice ones 3..6 (``mig -lgi`` captures of both)."""
+        return self.memory_slices // size - 1 + start // size
+
+    def gpu_instance_size(self, gi_id: int) -> int:
+        """Memory slices of the GI with id ``gi_id`` (the inverse of :meth:`gpu_instance_id`)."""
+        size = self.memory_slices
+        while size > 1 and gi_id >= 2 * (self.memory_slices // size) - 1:
+            size //= 2
+        return size
+
+    def gpu_instance_start(self, gi_id: int) -> int:
+        """The first memory slice of the GI with id ``gi_id``."""
+        size = self.gpu_instance_size(gi_id)
+        return (gi_id - (self.memory_slices // size - 1)) * size
 
     def by_index(self, index: int) -> MigProfile | None:
         return next((p for p in self.profiles if p.index == index), None)
@@ -95,11 +118,13 @@ class MigTable:
         for profile in self.profiles:
             sms = slice_sms.get(profile.compute_slices, profile.sm)
             slice_sms[profile.compute_slices] = min(sms, profile.sm)
-        return _ci_profiles(gi, tuple(sorted(slice_sms.items())))
+        return _ci_profiles(gi, tuple(sorted(slice_sms.items())), self.compute_instance_slices)
 
 
 @cache
-def _ci_profiles(gi: MigProfile, slice_sms: tuple[tuple[int, int], ...]) -> dict[int, CiProfile]:
+def _ci_profiles(
+    gi: MigProfile, slice_sms: tuple[tuple[int, int], ...], sizes: tuple[int, ...]
+) -> dict[int, CiProfile]:
     """CI profiles of a GI: k-slice CIs start on multiples of k rounded up to a power of two.
 
     Reproduces ``mig -lcip`` on a 3g.20gb GI (1c x3, 2c x1, 3g x1) and the 7g lcipp
@@ -112,7 +137,7 @@ def _ci_profiles(gi: MigProfile, slice_sms: tuple[tuple[int, int], ...]) -> dict
     out = {}
     size = gi.compute_slices
     for slices, index in CI_PROFILE_FOR_SLICES.items():
-        if slices > size:
+        if slices > size or (slices < size and slices not in sizes):
             continue
         step = 1 if slices == 1 else 2 if slices == 2 else 4
         starts = tuple(range(0, size - slices + 1, step))
@@ -136,6 +161,7 @@ def load_table(name: str) -> MigTable:
         memory_slices=data["memory_slices"],
         max_mig_devices=data["max_mig_devices"],
         bar1_mib_per_memory_slice=data["mig_bar1_mib_per_memory_slice"],
+        compute_instance_slices=tuple(data.get("compute_instance_slices", CI_PROFILE_FOR_SLICES)),
         profiles=tuple(
             MigProfile.from_dict({**row, "index": getattr(pynvml, row["profile"])})
             for row in data["gpu_instance_profiles"]

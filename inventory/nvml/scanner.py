@@ -37,7 +37,7 @@ _MIB = 1024 * 1024
 # Words of 64 CPUs passed to nvmlDeviceGetCpuAffinity: 1024 CPUs, more than GPU servers have.
 _CPU_SET_WORDS = 16
 _NODE_SET_WORDS = 4
-# Room for the placements of one MIG profile: a GPU has 8 memory slices, so at most 8.
+# Room for the placements of one MIG profile: no GPU has more than 8 memory slices (an A30 has 4).
 MAX_MIG_PLACEMENTS = 16
 # NVML reports "not applicable" instance ids (no MIG) as 0xFFFFFFFF.
 _NO_ID = 0xFFFFFFFF

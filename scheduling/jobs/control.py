@@ -165,6 +165,7 @@ def stop_jobs_on_gpus(
     reason: str,
     pid: int | None = None,
     actor_name: str = HEALTH_ACTOR,
+    gpu_instance_id: int | None = None,
 ) -> list[int]:
     """Stop now the jobs holding any of ``gpu_ids`` because the hardware under them failed (a
     health policy, or the GPUs went offline) or is reconfigured (a MIG re-layout that preempts,
@@ -174,12 +175,17 @@ def stop_jobs_on_gpus(
     their GPUs released at once,
     and their processes canceled through their nodes' agents (the agent's later report of
     the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
-    process it is, when one of them is. A job that already moved on is left alone; the ids of
-    the jobs stopped."""
+    process it is, when one of them is. With ``gpu_instance_id`` (an error contained to one
+    MIG GPU instance): only the jobs holding a MIG device of that instance. A job that already
+    moved on is left alone; the ids of the jobs stopped."""
+    on_instance = (
+        {} if gpu_instance_id is None else {"allocations__mig_instance__gi_id": gpu_instance_id}
+    )
     holding = Job.objects.filter(
         state__in=HOLDING_STATES,
         allocations__gpu_id__in=gpu_ids,
         allocations__released_at__isnull=True,
+        **on_instance,
     )
     jobs = list(holding.distinct().order_by("pk"))
     if pid is not None and any(job.pid == pid for job in jobs):

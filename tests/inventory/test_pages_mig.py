@@ -88,6 +88,23 @@ def test_layout_is_drawn_on_eight_memory_slices():
     assert layout.compute_bar == [True] * 5 + [False] * 2
 
 
+def test_an_a30_is_drawn_on_its_four_memory_slices():
+    # The A30 capture's layout (tests/nvml/captures/mig__code-index-25510043945__A30__*):
+    # 1g.6gb at 0 and 1, 2g.12gb at 2.
+    placed = (("1g.6gb", 0, 1), ("1g.6gb", 1, 1), ("2g.12gb", 2, 2))
+    layout = mig_layout(Gpu(name="NVIDIA A30", mig_capable=True), instances(*placed))
+    assert (layout.memory_slices, layout.compute_slices, layout.compute_used) == (4, 4, 4)
+    assert [card.grid_column for card in layout.cards] == ["1 / span 1", "2 / span 1", "3 / span 2"]
+    assert layout.free_slices == [] and list(layout.slice_indexes) == [0, 1, 2, 3]
+    assert fits(("1g.6gb", 0, 1), gpu_name="NVIDIA A30") == {
+        "1g.6gb": (3, [1, 2, 3]),
+        "1g.6gb+me": (1, [1]),
+        "2g.12gb": (1, [2]),
+        "2g.12gb+me": (1, [2]),
+        "4g.24gb": (0, []),
+    }
+
+
 def test_a_gpu_without_a_table_draws_its_instances_and_fits_nothing():
     layout = mig_layout(Gpu(name="Some Future GPU", mig_capable=True), instances(("2g.24gb", 0, 2)))
     assert not layout.known_table and layout.fits == []

@@ -156,3 +156,29 @@ def test_message_repeating_the_nvrm_tag() -> None:
     events = parse_xid_log(log)
     assert [e.xid for e in events] == [13, 13]
     assert events[0].message.startswith("Graphics TEX Exception on (GPC 0, TPC 0):")
+
+
+def test_mig_attributed_lines_keep_their_gpu_instance() -> None:
+    # NVIDIA's examples: a contained 94 attributed to GPU instance 5, the same without MIG,
+    # and an uncontained 95 (no instance: the whole GPU).
+    log = (OWN / "xid__nvidia-a100-mem-error-mgmt__xid94-95-mig-gpu-i.log").read_text()
+    events = parse_xid_log(log)
+
+    assert [(e.xid, e.gpu_instance_id, e.compute_instance_id, e.pid) for e in events] == [
+        (94, 5, None, 7194),
+        (94, None, None, 7062),
+        (95, None, None, 7062),
+    ]
+    assert {e.pci_bus_id for e in events} == {"00000000:01:00.0"}
+    assert events[0].message == "Contained: CE User Channel (0x9). RST: No, D-RST: No"
+
+
+def test_gpu_and_compute_instance_attribution() -> None:
+    # Formatted by the driver's own format string for an error attributed to both
+    # ("NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): %d, pid=%s, name=%s, %s").
+    event = parse_xid_line(
+        "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, pid=9, name=python, Graphics Exception"
+    )
+    assert event is not None
+    assert (event.xid, event.gpu_instance_id, event.compute_instance_id) == (13, 1, 2)
+    assert (event.pci_bus_id, event.process_name) == ("00000000:3B:00.0", "python")

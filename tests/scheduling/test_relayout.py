@@ -22,6 +22,7 @@ from tests.inventory.conftest import node  # noqa: F401 - the simulated node fix
 
 A100_40 = mig_catalog.load_table("a100-sxm4-40gb")
 H100 = mig_catalog.load_table("h100-sxm5-80gb")
+A30 = mig_catalog.load_table("a30-pcie-24gb")
 # The simulated GPU 0: 2g.10gb at 0 and 2, 3g.20gb at 4.
 INITIAL = [("2g.10gb", 0), ("2g.10gb", 2), ("3g.20gb", 4)]
 
@@ -46,6 +47,19 @@ def test_named_layouts_follow_the_placement_rules():
         ("3g.40gb", 4),
     ]
     assert pairs(named_layout(H100, "all-3g.40gb")) == [("3g.40gb", 0), ("3g.40gb", 4)]
+
+
+def test_named_and_custom_layouts_of_a_four_slice_a30():
+    # NVIDIA mig-parted's A30 (0x20B710DE) "all-balanced" is 2x 1g.6gb + 1x 2g.12gb and
+    # "all-1g.6gb" 4x 1g.6gb (../shared/fixtures/real/mig-profiles/mig-parted__config-default.yaml).
+    assert relayout.layout_names(A30) == ("all-1g.6gb", "balanced")
+    assert pairs(named_layout(A30, "all-1g.6gb")) == [("1g.6gb", s) for s in range(4)]
+    assert pairs(named_layout(A30, "balanced")) == [("1g.6gb", 2), ("1g.6gb", 3), ("2g.12gb", 0)]
+    assert pairs(fit(A30, [{"profile": "4g.24gb"}])) == [("4g.24gb", 0)]
+    with pytest.raises(RelayoutRefused, match="do not fit together"):
+        fit(A30, [{"profile": "2g.12gb"}, {"profile": "2g.12gb+me"}, {"profile": "1g.6gb"}])
+    with pytest.raises(RelayoutRefused, match="2g.12gb starts at 0, 2, not 1"):
+        fit(A30, [{"profile": "2g.12gb", "start": 1}])
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,9 @@ PCI domains other than 0000, and the timestamp prefixes of ``dmesg`` (``[24128.8
 it; the kernel's own bracket time wins where a line has both). Drivers of the
 300 series and older print the bus id without ``PCI:`` (``NVRM: Xid (0000:03:00): 13, 0003 ...``);
 396-series lines may repeat the tag in the message (``13, NVRM: Graphics TEX Exception ...``).
+On a MIG GPU the driver names the GPU instance (and compute instance) an error is attributed to
+inside the parenthesis: ``NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: ...``
+(NVIDIA's memory error management guide), ``(PCI:... GPU-I:01 GPU-CI:02)`` (the driver's format).
 Lines that merely mention Xid (``_kgspLogXid119:`` banners, "fallen off the bus" blocks) are not
 events.
 """
@@ -24,7 +27,8 @@ __all__ = ["XidEvent", "parse_xid_line", "parse_xid_log"]
 
 _XID_RE = re.compile(
     r"NVRM: Xid \((?P<pci>(?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-    r"(?:\.[0-7])?)\):\s*"
+    r"(?:\.[0-7])?)"
+    r"(?:\s+GPU-I:(?P<gi>\d{1,5}))?(?:\s+GPU-CI:(?P<ci>\d{1,5}))?\):\s*"
     r"(?P<xid>\d{1,18}),\s*"
     r"(?:pid=(?P<pid>'[^']*'|[^,\s]*),\s*)?"
     r"(?:name=(?P<name>[^,]*),\s*)?"
@@ -43,7 +47,9 @@ _CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d{1,18})")
 class XidEvent:
     """One Xid report. ``timestamp`` is the prefix as printed (seconds since boot for plain
     ``dmesg``, wall-clock text for ``-T``/ISO/syslog), ``None`` when the line had none. Syslog
-    prints no year: its ``"May 15 08:57:36"`` is kept as is, no year is guessed."""
+    prints no year: its ``"May 15 08:57:36"`` is kept as is, no year is guessed.
+    ``gpu_instance_id``/``compute_instance_id``: the MIG instance the driver attributed the
+    error to (``GPU-I:``/``GPU-CI:``), ``None`` when the line names none."""
 
     xid: int
     pci_bus_id: str
@@ -52,6 +58,8 @@ class XidEvent:
     process_name: str | None = None
     caused_by_xid: int | None = None
     timestamp: str | None = None
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 def _timestamp(prefix: str) -> str | None:
@@ -83,6 +91,8 @@ def parse_xid_line(line: str) -> XidEvent | None:
         process_name=None if not name or name == "<unknown>" else name,
         caused_by_xid=int(caused_by[1]) if caused_by else None,
         timestamp=_timestamp(prefix),
+        gpu_instance_id=parse_int(match["gi"]),
+        compute_instance_id=parse_int(match["ci"]),
     )
 
 

@@ -795,15 +795,10 @@ def _initial_mig(
     if layouts:
         src.note(
             "initial_state.mig",
-            f"{smi_source} (MIG devices: GI size from GI id, profile "
-            "from SM counts; placements by NVML's default rule, largest GIs and CIs first)",
+            f"{smi_source} (MIG devices: GI size and start from GI id by the table's memory "
+            "slices, profile from SM counts; CIs largest first by NVML's default rule)",
         )
     return layouts
-
-
-def _gi_size(gi_id: int) -> int:
-    """Memory slices of a GI from its id (inverse of ``sim.mig.gpu_instance_id``)."""
-    return 8 if gi_id == 0 else 4 if gi_id <= 2 else 2 if gi_id <= 6 else 1
 
 
 def _layout(gpu: GpuInfo, table: mig_catalog.MigTable) -> list[Any]:
@@ -812,10 +807,11 @@ def _layout(gpu: GpuInfo, table: mig_catalog.MigTable) -> list[Any]:
         if dev.gpu_instance_id is not None:
             by_gi.setdefault(dev.gpu_instance_id, []).append(dev.multiprocessor_count or 0)
     layout = []
-    # Largest GIs first: NVML's default placement then lands them where the capture has them.
-    for gi_id in sorted(by_gi, key=lambda i: (-_gi_size(i), i)):
+    # Each GI where its id says it is (the ids are a buddy tree over the table's memory slices).
+    for gi_id in sorted(by_gi):
         sms = by_gi[gi_id]
-        candidates = [p for p in table.profiles if p.memory_slices == _gi_size(gi_id)]
+        size = table.gpu_instance_size(gi_id)
+        candidates = [p for p in table.profiles if p.memory_slices == size]
         if not candidates:
             raise CaptureError(f"{table.name}: no MIG profile for GPU instance {gi_id}")
         profile = next((p for p in candidates if p.sm == sum(sms)), candidates[0])
@@ -823,7 +819,8 @@ def _layout(gpu: GpuInfo, table: mig_catalog.MigTable) -> list[Any]:
         layout.append(
             {
                 "gpu_instance": profile.name,
-                # Largest CIs first too: a 2c.3g CI fits only at slice 0, beside a 1c at 2.
+                "start": table.gpu_instance_start(gi_id),
+                # Largest CIs first: a 2c.3g CI fits only at slice 0, beside a 1c at 2.
                 "compute_instances": [
                     ci_names.get(sm, profile.name) for sm in sorted(sms, reverse=True)
                 ],

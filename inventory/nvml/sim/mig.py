@@ -20,15 +20,6 @@ def nvml_error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-def gpu_instance_id(start: int, size: int) -> int:
-    """GI id NVML assigns to a placement (a buddy-tree index over the 8 memory slices).
-
-    Matches every capture with ids: 1-slice GIs at 0..6 are 7..13, 2-slice GIs at 0,2,4,6 are
-    3..6, 4-slice GIs at 0 and 4 are 1 and 2, the full GPU is 0.
-    """
-    return {8: 0, 4: 1, 2: 3, 1: 7}[size] + start // size
-
-
 def _span(start: int, size: int) -> range:
     return range(start, start + size)
 
@@ -105,7 +96,7 @@ def create_gpu_instance(
         ):
             raise nvml_error(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
     gi = {
-        "id": gpu_instance_id(start, profile.memory_slices),
+        "id": table.gpu_instance_id(start, profile.memory_slices),
         "profile_id": profile.id,
         "start": start,
         "size": profile.memory_slices,
@@ -153,16 +144,18 @@ def ci_remaining_capacity(table: MigTable, gi: dict[str, Any], ci_profile: int) 
 def apply_layout(table: MigTable, mig: dict[str, Any], layout: list[Any]) -> None:
     """Create GIs (each with CIs) from a layout such as ``["3g.20gb", "2g.10gb"]``.
 
-    An entry may also be ``{"gpu_instance": "3g.20gb", "compute_instances": ["1c.3g.20gb", ...]}``;
-    a plain string gets one full-size CI, like ``nvidia-smi mig -cgi ... -C``.
+    An entry may also be ``{"gpu_instance": "3g.20gb", "compute_instances": ["1c.3g.20gb", ...]}``
+    (with ``"start"``: at that memory slice, else where NVML's default rule puts it); a plain
+    string gets one full-size CI, like ``nvidia-smi mig -cgi ... -C``.
     """
     for entry in layout:
         if isinstance(entry, str):
-            gi_name, ci_names = entry, None
+            gi_name, ci_names, start = entry, None, None
         else:
             gi_name, ci_names = entry["gpu_instance"], entry.get("compute_instances")
+            start = entry.get("start")
         profile = table.by_name(gi_name)
-        gi = create_gpu_instance(table, mig, profile.id)
+        gi = create_gpu_instance(table, mig, profile.id, start)
         ci_by_name = {p.name: p.index for p in table.ci_profiles(profile).values()}
         for ci_name in ci_names or [profile.name]:
             bare = ci_name.removeprefix("MIG ")
