@@ -101,9 +101,9 @@ def _exposition(request: HttpRequest, text: str) -> HttpResponse:
 def _cycle_collection_paused() -> Iterator[None]:
     """A whole-fleet scrape allocates some 100,000 containers (the samples decoded from Redis,
     the catalog's rows, the families' lists) and frees them all by reference counting, but the
-    allocations set off the cycle collector, whose walks of the whole heap took a third of the
-    scrape's CPU time (docs/development/benchmarks.md). Paused for the scrape; resumed only if
-    it was running."""
+    allocations set off the cycle collector: about a tenth of the scrape's CPU time with
+    start-up's objects frozen (gpuadmin/wsgi.py), a third without (docs/development/
+    benchmarks.md). Paused for the scrape; resumed only if it was running."""
     if not gc.isenabled():
         yield
         return
