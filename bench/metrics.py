@@ -112,7 +112,7 @@ def main() -> None:
                 _profile(client)
             gzip = {"HTTP_ACCEPT_ENCODING": "gzip"}
             scrape_ms, scrape_cpu_ms = _median_ms(client, ["/metrics"] * args.requests, **gzip)
-            gzip_bytes = len(client.get("/metrics", **gzip).content)
+            gzip_bytes = len(client.get("/metrics", HTTP_ACCEPT_ENCODING="gzip").content)
             text = client.get("/metrics").content
             samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
             picked = sorted(hostnames)[:: max(1, len(hostnames) // (args.requests * 10))]
