@@ -185,6 +185,16 @@ else:
         DATABASES["default"]["OPTIONS"].update(
             server_side_binding=True, prepare_threshold=_prepare_threshold
         )
+    # What sits between gpuadmin and PostgreSQL (docs/administration/high-availability.md):
+    # "session" (a direct connection, or PgBouncer's session pooling) or "transaction"
+    # (PgBouncer's transaction pooling: no cursor outlives its transaction). Nothing gpuadmin
+    # keeps depends on the session (leases are rows), but LISTEN does: the listeners connect
+    # to DATABASE_DIRECT_URL (default: DATABASE_URL), which must reach PostgreSQL directly
+    # or through session pooling.
+    _pool_mode = env_choice("DATABASE_POOL_MODE", ("session", "transaction"), "session")
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = _pool_mode == "transaction"
+_direct_url = env_str("DATABASE_DIRECT_URL")
+DATABASE_DIRECT = parse_database_url(_direct_url) if _direct_url else None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [

@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import beat, schedules
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, connection
 
 from gpuadmin.leases import services
 
@@ -84,15 +84,18 @@ class LeaderScheduler(beat.PersistentScheduler):
 
     def _keep_lease(self) -> None:
         """Renew the lease, or take it when free; ``held`` says the outcome."""
-        close_old_connections()  # one that died (a database restart) is opened again
         was_leader = self.held is not None
         try:
             if self.held is not None:
                 services.renew(self.held)
             else:
                 self.held = services.try_take(LEASE_NAME, self.ttl_s, self.holder)
-        except (services.LeaseLost, DatabaseError) as exc:
+        except services.LeaseLost as exc:
             log.warning("beat: not the leader any more: %s", exc)
+            self.held = None
+        except DatabaseError as exc:  # the next try opens a new connection
+            log.warning("beat: cannot reach the database, not sending: %s", exc)
+            connection.close()
             self.held = None
         if self.held is not None and not was_leader:
             log.warning("beat: leader now (%s, token %d)", self.holder, self.held.token)
@@ -108,7 +111,7 @@ class LeaderScheduler(beat.PersistentScheduler):
             return
         except DatabaseError as exc:
             log.warning("beat: %s not sent: cannot claim its period: %s", entry.name, exc)
-            close_old_connections()
+            connection.close()
             return
         if claimed:
             super().apply_entry(entry, producer=producer)
@@ -116,7 +119,6 @@ class LeaderScheduler(beat.PersistentScheduler):
     def close(self) -> None:
         """Give the lease back: the standby beat takes over at its next try."""
         if self.held is not None:
-            close_old_connections()
             services.give_back_quietly(self.held)
             self.held = None
         super().close()

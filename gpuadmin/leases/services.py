@@ -39,26 +39,29 @@ def holder_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-# The row is created, or taken when it is free (expired, or given back). A lease held is left
-# alone (not even locked, as ON CONFLICT DO UPDATE would lock it); a free row locked by a
-# holder's fenced write (a tenth of a second) is waited for, then read again.
+# The row is created, or taken when it is free (expired, or given back) or its holder's already
+# (beat's leader, once cut from the database, takes its lease back at once). A lease another
+# holds is left alone (not even locked, as ON CONFLICT DO UPDATE would lock it); a row locked
+# by a holder's fenced write (a tenth of a second) is waited for, then read again.
 _TAKE = """
     INSERT INTO leases_lease (name, holder, token, expires_at)
     SELECT %(name)s::text, %(holder)s::text, 1,
            clock_timestamp() + make_interval(secs => %(ttl)s::float8)
     WHERE NOT EXISTS (
-        SELECT FROM leases_lease WHERE name = %(name)s::text AND expires_at >= clock_timestamp()
+        SELECT FROM leases_lease
+        WHERE name = %(name)s::text AND expires_at >= clock_timestamp()
+          AND holder <> %(holder)s::text
     )
     ON CONFLICT (name) DO UPDATE
     SET holder = excluded.holder, token = leases_lease.token + 1, expires_at = excluded.expires_at
-    WHERE leases_lease.expires_at < clock_timestamp()
+    WHERE leases_lease.expires_at < clock_timestamp() OR leases_lease.holder = excluded.holder
     RETURNING token
 """
 _RENEW = """
     UPDATE leases_lease SET expires_at = clock_timestamp() + make_interval(secs => %s::float8)
     WHERE name = %s AND token = %s
 """
-_GIVE_BACK = "UPDATE leases_lease SET expires_at = '-infinity' WHERE name = %s AND token = %s"
+_GIVE_BACK = "UPDATE leases_lease SET expires_at = clock_timestamp() WHERE name = %s AND token = %s"
 
 
 def try_take(name: str, ttl_s: float, holder: str | None = None) -> Held | None:
