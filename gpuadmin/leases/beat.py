@@ -56,8 +56,7 @@ def claim_period(held: services.Held, entry_name: str, period: float) -> bool:
     """Whether this leader may send ``entry_name`` now: its current period was not sent for
     yet (claimed now), and ``held`` is still the beat lease's holder."""
     with services.fenced(held), connection.cursor() as cursor:
-        params = {"task": entry_name, "period": period, "holder": held.holder}
-        cursor.execute(_CLAIM, params)
+        cursor.execute(_CLAIM, {"task": entry_name, "period": period, "holder": held.holder})
         return cursor.fetchone() is not None
 
 
@@ -70,6 +69,7 @@ class LeaderScheduler(beat.PersistentScheduler):
         self.holder = services.holder_name()
         self.held: services.Held | None = None
         self.next_renewal = 0.0
+        self.standing_by = False
         super().__init__(*args, **kwargs)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
@@ -99,6 +99,9 @@ class LeaderScheduler(beat.PersistentScheduler):
             self.held = None
         if self.held is not None and not was_leader:
             log.warning("beat: leader now (%s, token %d)", self.holder, self.held.token)
+        elif self.held is None and not self.standing_by:
+            log.warning("beat: standing by (%s): another beat sends", self.holder)
+        self.standing_by = self.held is None
 
     def apply_entry(self, entry: beat.ScheduleEntry, producer: Any = None) -> None:
         if self.held is None:

@@ -66,11 +66,11 @@ _GIVE_BACK = "UPDATE leases_lease SET expires_at = clock_timestamp() WHERE name 
 
 def try_take(name: str, ttl_s: float, holder: str | None = None) -> Held | None:
     """The lease ``name`` for ``ttl_s`` seconds if it is free now, else ``None``."""
-    params = {"name": name, "holder": holder or holder_name(), "ttl": ttl_s}
+    holder = holder or holder_name()
     with connection.cursor() as cursor:
-        cursor.execute(_TAKE, params)
+        cursor.execute(_TAKE, {"name": name, "holder": holder, "ttl": ttl_s})
         row = cursor.fetchone()
-    return None if row is None else Held(name, params["holder"], row[0], ttl_s)
+    return None if row is None else Held(name, holder, row[0], ttl_s)
 
 
 def take(name: str, ttl_s: float, poll_s: float = 0.05) -> Held:

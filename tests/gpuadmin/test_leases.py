@@ -22,8 +22,10 @@ from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from gpuadmin.env import parse_database_url
 from gpuadmin.leases import services as leases
 from gpuadmin.leases.models import Lease
+from gpuadmin.postgres.direct import direct_connection
 from tests.conftest import REPO_DIR
 from tests.waiting import wait_for
 
@@ -198,3 +200,25 @@ def test_passes_from_two_processes_behind_pgbouncer_never_overlap(
     errors = [counter.communicate(timeout=120)[1] for counter in counters]
     assert [counter.returncode for counter in counters] == [0] * COUNTERS, errors
     assert Lease.objects.get(name=row).token == COUNTERS * COUNTS
+
+
+# --------------------------------------------------------------------------- LISTEN
+
+
+def test_listeners_connect_to_the_direct_url_when_one_is_set(settings) -> None:
+    """LISTEN needs a session: behind transaction pooling, the listeners of the gRPC streams
+    connect to DATABASE_DIRECT_URL's server, with the rest of the default's settings."""
+    assert direct_connection().settings_dict == connection.settings_dict  # unset: DATABASE_URL
+    settings.DATABASE_DIRECT = parse_database_url(
+        "postgresql://listener:secret@db-primary.example:5433/gpuadmin?sslmode=require"
+    )
+    direct = direct_connection().settings_dict
+
+    assert (direct["HOST"], direct["PORT"], direct["NAME"], direct["USER"]) == (
+        "db-primary.example",
+        "5433",
+        "gpuadmin",
+        "listener",
+    )
+    assert direct["OPTIONS"] == {**connection.settings_dict["OPTIONS"], "sslmode": "require"}
+    assert direct["CONN_MAX_AGE"] == connection.settings_dict["CONN_MAX_AGE"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -70,6 +71,8 @@ def test_a_pass_asked_for_while_another_runs_returns_at_once(
 
     assert passes == []
     assert live.client().get(dispatch.wake_key()) == dispatch.DEFERRED  # left to that pass
+    # For as long as that pass's lease: should its worker die, wakes send tasks again then.
+    assert 0 < live.client().ttl(dispatch.wake_key()) <= settings.GPUADMIN_LEASE_TTL_S
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from gpuadmin.leases import services as leases
+from gpuadmin.leases.models import Lease
 from scheduling.jobs import transitions
 from scheduling.loop import passes as loop
 from scheduling.models import NOT_WAITING, Job, JobState
@@ -175,3 +177,24 @@ def test_a_pass_reads_the_fleet_and_queue_in_a_fixed_number_of_queries(
             summary = loop.run_pass()
         # Only the new jobs' rows are written: the others keep their word and position.
         assert (summary.placed, summary.waiting, summary.pending_saved) == (0, waiting, added)
+
+
+def test_a_pass_that_lost_the_loops_lease_places_nothing(api_as, fleet, broker, monkeypatch):
+    """A worker that stalls in its pass past the lease's time to live (another worker took the
+    loop over meanwhile) commits none of its decisions: they may be stale."""
+    job = submit(api_as("alice").user, gpu_count=8)
+    plan = loop.placement.plan
+
+    def plan_then_stall(snapshot):
+        result = plan(snapshot)
+        Lease.objects.filter(name=loop.lease_name()).update(expires_at=timezone.now())
+        assert leases.try_take(loop.lease_name(), 60) is not None  # another worker's
+        return result
+
+    monkeypatch.setattr(loop.placement, "plan", plan_then_stall)
+    summary = loop.run_pass()
+
+    assert (summary.placed, summary.skipped) == (0, "another worker took the loop's lease over")
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert broker.named("scheduling.run_jobs") == []
