@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from kombu import Connection
 
 from gpuadmin.access.nodes import node_token
 from gpuadmin.audit.models import AuditEvent
@@ -47,7 +47,7 @@ from tests.integration.stack import worker_and_agent
 from tests.unix_accounts import runs_as_this_account
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.integration
 
 MASTER = "gpuadmin"
 PASSWORD = "redis-secret"
@@ -192,22 +192,31 @@ def sentinel_redis() -> Iterator[SentinelRedis]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_redis_client_follows_the_primary_sentinels_name(sentinel_redis):
+def test_the_redis_client_broker_and_results_reach_the_primary_sentinels_name(sentinel_redis):
     """The processes' own client (latest samples, marks) on a sentinel:// URL writes to the
-    primary, and the Celery URL and options parsed from the same URL reach it too."""
-    client = sentinel_redis.target.client(socket_timeout=2)
+    primary; Celery's broker and result backend, configured from the same parsed URL as
+    settings.py configures them, reach it too."""
+    target = sentinel_redis.target
+    client = target.client(socket_timeout=2)
     client.set("gpuadmin:sentinel-probe", "1")
     primary = sentinel_redis.server(sentinel_redis.primary_port())
     assert primary.get("gpuadmin:sentinel-probe") == b"1"
-    with Connection(
-        sentinel_redis.target.celery_url,
-        transport_options=sentinel_redis.target.celery_transport_options,
-    ) as connection:
-        connection.ensure_connection(max_retries=1)
+    app = Celery("sentinel-probe", set_as_current=False)
+    app.conf.update(
+        broker_url=target.celery_url,
+        broker_transport_options=target.celery_transport_options,
+        result_backend=target.celery_url,
+        result_backend_transport_options=target.celery_transport_options,
+    )
+    with app.connection_for_write() as connection:
         queue = connection.SimpleQueue(f"sentinel-probe-{uuid.uuid4().hex[:6]}")
         queue.put({"n": 1})
         assert queue.get(timeout=5).payload == {"n": 1}
         queue.close()
+    task_id = uuid.uuid4().hex
+    app.backend.store_result(task_id, {"gpus": 8}, "SUCCESS")
+    assert app.AsyncResult(task_id).get(timeout=5) == {"gpus": 8}
+    assert primary.exists(f"celery-task-meta-{task_id}")
 
 
 # The health reports sent 0.2 s apart, and when the primary is killed.
@@ -215,6 +224,7 @@ REPORTS = 20
 KILL_AFTER_S = 1.5
 
 
+@pytest.mark.django_db(transaction=True)
 def test_the_primary_lost_under_load_loses_no_report_job_or_sample(
     sentinel_redis, gpuadmin_env, tmp_path, report_figure
 ):
