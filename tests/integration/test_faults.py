@@ -511,16 +511,19 @@ def test_postgres_primary_switched_to_its_standby_while_agents_report(servers, r
     url = servers.database("fault_pg_reports")
     env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_SCHEDULED_CONFIRM_S="86400")
     with servers.standby() as switch_over:
-        servers.run(env, "manage", "load_fleet", "--sim", "dgx-a100-80gb", "--nodes", "1")
-        (host,) = (name for (name,) in servers.sql(url, "SELECT hostname FROM inventory_node"))
-        servers.sql(url, "UPDATE inventory_node SET last_heartbeat_at = now() RETURNING id")
-        token = servers.run(env, "node", "credential", "create", host).split()[0]
-        jobs = servers.django(
+        # One process: a node heard from, its credential, two jobs queued for it.
+        host, token, *jobs = servers.django(
             env,
-            "import json; from django.contrib.auth.models import User; "
-            "from scheduling.jobs import submission; u = User.objects.create_user('pgreports'); "
-            "print(json.dumps([submission.submit_job(u, command=['true'], gpu_count=1).pk "
-            "for _ in range(2)]))",
+            "import json; from django.core.management import call_command; "
+            "from django.contrib.auth.models import User; from django.utils import timezone; "
+            "from gpuadmin.access.nodes import create_credential; "
+            "from inventory.models import Node; from scheduling.jobs import submission; "
+            "call_command('load_fleet', sim='dgx-a100-80gb', nodes=1, verbosity=0); "
+            "node = Node.objects.get(); Node.objects.update(last_heartbeat_at=timezone.now()); "
+            "u = User.objects.create_user('pgreports'); "
+            "print(json.dumps([node.hostname, create_credential(node.hostname, "
+            "actor_name='tests')[1], *(submission.submit_job(u, command=['true'], "
+            "gpu_count=1).pk for _ in range(2))]))",
         )
         servers.start(env, "worker-pg", "worker", "--concurrency", "2")
 
