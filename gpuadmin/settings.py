@@ -22,6 +22,7 @@ from gpuadmin.env import (
     env_str,
     env_unix_user,
     parse_database_url,
+    parse_redis_url,
     public_url,
 )
 
@@ -170,6 +171,9 @@ if not _redis_url or not (_database_url or GPUADMIN_AGENT):
         "servers when they are unset."
     )
 REDIS_URL = _redis_url
+# One server, or the primary Redis Sentinels name (sentinel://): the broker, the results and
+# the processes' own client all go through it (gpuadmin.env.RedisTarget).
+REDIS_TARGET = parse_redis_url(_redis_url)
 if GPUADMIN_AGENT:
     DATABASES: dict[str, dict[str, Any]] = {"default": {"ENGINE": "gpuadmin.nodb"}}
 else:
@@ -327,8 +331,10 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-CELERY_BROKER_URL = _redis_url
-CELERY_RESULT_BACKEND = _redis_url
+CELERY_BROKER_URL = REDIS_TARGET.celery_url
+CELERY_RESULT_BACKEND = REDIS_TARGET.celery_url
+CELERY_BROKER_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
 # The central worker's queue (placement passes, agents' reports); node agents use node.<name>.
 GPUADMIN_CENTRAL_QUEUE = env_str("GPUADMIN_CENTRAL_QUEUE") or "default"
 CELERY_TASK_DEFAULT_QUEUE = GPUADMIN_CENTRAL_QUEUE
