@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.access.models import Role
 from scheduling.allocations import manual
+from scheduling.jobs.pages import job_page
 from scheduling.models import Job, JobState
 from tests.scheduling.api.conftest import submit
 
@@ -65,5 +66,10 @@ def test_a_list_of_running_ray_jobs_does_not_query_each_jobs_dashboard(api_as, f
     one = queries(viewer, "/api/v1/jobs/")
     add_running_ray_jobs(operator.user, gpus, 4)
     assert queries(viewer, "/api/v1/jobs/") == one == LISTS["/api/v1/jobs/"]
-    dashboards = {job["ray_dashboard"] for job in viewer.get("/api/v1/jobs/").json()["results"]}
-    assert dashboards == {f"http://{fleet[0].reached_at}:6381/"}
+    url = f"http://{fleet[0].reached_at}:6381/"
+    listed = viewer.get("/api/v1/jobs/").json()["results"]
+    assert {job["ray_dashboard"] for job in listed} == {url}
+    # The job's own answer and page link to the same dashboard.
+    job = Job.objects.get(pk=listed[0]["id"])
+    assert viewer.get(f"/api/v1/jobs/{job.pk}/").json()["ray_dashboard"] == url
+    assert job_page(job, viewer.user).ray_dashboard == url
