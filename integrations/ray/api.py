@@ -80,12 +80,17 @@ class RayJobSerializer(api.ModelSerializer):
 
     owner = serializers.CharField(source="owner.username", read_only=True)
     cluster = serializers.SlugRelatedField(slug_field="name", queryset=RayCluster.objects.all())
+    # Both are null in answers to those they are private from, so the schema says nullable;
+    # a null entrypoint in a submission is refused by ``services.submit`` as an empty one.
     entrypoint = serializers.CharField(
-        help_text="The shell command Ray runs; null when private (GPUADMIN_PRIVATE_DATA)."
+        allow_null=True,
+        help_text="The shell command Ray runs; null when private (GPUADMIN_PRIVATE_DATA).",
     )
     runtime_env = serializers.DictField(
         required=False,
-        help_text="Ray's runtime_env (env_vars, pip, working_dir...); null when private.",
+        allow_null=True,
+        help_text="Ray's runtime_env (env_vars, pip, working_dir...); null when private, "
+        "none when null or left out in a submission.",
     )
     gpus = serializers.FloatField(min_value=0, default=0)
     cpus = serializers.FloatField(min_value=0, default=0)
@@ -158,7 +163,7 @@ class RayJobViewSet(
         serializer.instance = services.submit(
             owner=signed_in(self.request),
             cluster=data["cluster"],
-            entrypoint=data["entrypoint"],
+            entrypoint=data["entrypoint"] or "",
             runtime_env=data.get("runtime_env") or {},
             gpus=data["gpus"],
             cpus=data["cpus"],

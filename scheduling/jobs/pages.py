@@ -474,7 +474,7 @@ class JobPage(JobView):
 
     @property
     def ray_dashboard(self) -> str | None:
-        return ray.dashboard_url(self.job)
+        return ray.dashboard_url(self.job, self.allocations)
 
     @property
     def ray_token(self) -> str | None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import transaction
@@ -21,26 +22,36 @@ from inventory.models import Node
 from scheduling.agent.wire import RayPart
 from scheduling.jobs.models import HOLDING_STATES, Job, JobState
 
+if TYPE_CHECKING:
+    from scheduling.allocations.models import Allocation
+
 #: Each head listens on three ports from its first: GCS, dashboard, client server.
 PORTS_PER_HEAD = 3
 
 
-def cluster_parts(job: Job, hostnames: Sequence[str]) -> list[RayPart]:
-    """Each node's part of the job's Ray cluster in its current attempt, by rank (the nodes
-    by hostname, the first the head's), its head's port chosen (``head_port``)."""
-    nodes = {node.hostname: node for node in Node.objects.filter(hostname__in=hostnames)}
-    head = nodes[hostnames[0]]
+def head_of(hostnames: Iterable[str]) -> str:
+    """The node of a Ray application's nodes that runs its head: the first by hostname (rank
+    0 in dispatch's order). The one rule for the cluster dispatch starts and the dashboard the
+    pages link to."""
+    return min(hostnames)
+
+
+def cluster_parts(job: Job, hostnames: Iterable[str]) -> dict[str, RayPart]:
+    """Each node's part of the job's Ray cluster in its current attempt, by hostname (the
+    head's on ``head_of``), its head's port chosen (``head_port``)."""
+    nodes = {node.hostname: node for node in Node.objects.filter(hostname__in=set(hostnames))}
+    head = nodes[head_of(nodes)]
     port = head_port(job, head)
-    return [
-        RayPart(
+    return {
+        hostname: RayPart(
             head_address=head.reached_at,
             port=port,
-            node_address=nodes[hostname].reached_at,
-            nodes=len(hostnames),
-            head=rank == 0,
+            node_address=node.reached_at,
+            nodes=len(nodes),
+            head=node == head,
         )
-        for rank, hostname in enumerate(hostnames)
-    ]
+        for hostname, node in nodes.items()
+    }
 
 
 def head_port(job: Job, head: Node) -> int:
@@ -93,16 +104,13 @@ def environment(job: Job) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token(job)}
 
 
-def dashboard_url(job: Job) -> str | None:
+def dashboard_url(job: Job, allocations: Iterable[Allocation]) -> str | None:
     """The Ray dashboard of a running Ray application (its head's node, by its address);
-    None for another job."""
+    None for another job. ``allocations``: the job's, with their nodes (a list's prefetched
+    ones: no query per job); the released ones are left out."""
     if not job.ray or job.ray_port is None or job.state != JobState.RUNNING:
         return None
-    head = (
-        Node.objects.filter(allocations__job=job, allocations__released_at__isnull=True)
-        .order_by("hostname")
-        .first()
-    )
-    if head is None:
+    nodes = {a.node.hostname: a.node for a in allocations if a.released_at is None}
+    if not nodes:
         return None
-    return f"http://{head.reached_at}:{job.ray_port + 1}/"
+    return f"http://{nodes[head_of(nodes)].reached_at}:{job.ray_port + 1}/"

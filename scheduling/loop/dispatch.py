@@ -234,9 +234,7 @@ def _node_specs(
         by_node[allocation.node.hostname].append(allocation)
     hostnames = sorted(by_node)
     try:
-        ray_parts: list[RayPart | None] = [None] * len(hostnames)
-        if job.ray:
-            ray_parts = list(ray.cluster_parts(job, hostnames))
+        ray_parts: dict[str, RayPart] = ray.cluster_parts(job, hostnames) if job.ray else {}
         return [
             (
                 host,
@@ -247,7 +245,7 @@ def _node_specs(
                     rank,
                     hostnames,
                     confinement=_confinement(by_node[host], *facts),
-                    ray_part=ray_parts[rank],
+                    ray_part=ray_parts.get(host),
                 ),
             )
             for rank, host in enumerate(hostnames)

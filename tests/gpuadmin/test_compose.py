@@ -21,6 +21,7 @@ def test_services_and_images():
     assert set(SERVICES) == {
         "postgres",
         "redis",
+        "migrate",
         "web",
         "grpc",
         "worker",
@@ -34,17 +35,32 @@ def test_services_and_images():
 
 
 def test_app_services_run_the_gpuadmin_verbs():
-    assert "gpuadmin serve --bind 0.0.0.0:8000" in " ".join(SERVICES["web"]["command"])
+    assert SERVICES["web"]["command"] == ["gpuadmin", "serve", "--bind", "0.0.0.0:8000"]
     assert SERVICES["worker"]["command"] == ["gpuadmin", "worker"]
     assert SERVICES["grpc"]["command"] == ["gpuadmin", "grpc", "--bind", "0.0.0.0:50051"]
-    assert SERVICES["grpc"]["depends_on"]["web"]["condition"] == "service_healthy"  # migrated
     assert SERVICES["beat"]["command"] == ["gpuadmin", "beat"]
     assert "gpuadmin agent --node" in " ".join(SERVICES["agent"]["command"])
-    for name in ("web", "grpc", "worker", "beat"):
-        depends = SERVICES[name]["depends_on"]
-        assert depends["postgres"]["condition"] == "service_healthy"
-        assert depends["redis"]["condition"] == "service_healthy"
     assert SERVICES["agent"]["depends_on"] == {"redis": {"condition": "service_healthy"}}
+
+
+def test_the_central_services_start_after_the_migration_has_finished():
+    """One one-shot service migrates; web, grpc, worker and beat start only once it has exited
+    0 (a worker or beat on an unmigrated schema fails on missing tables or columns)."""
+    datastores = {
+        "postgres": {"condition": "service_healthy"},
+        "redis": {"condition": "service_healthy"},
+    }
+    migrate = SERVICES["migrate"]
+    assert migrate["command"] == ["gpuadmin", "manage", "migrate", "--noinput"]
+    assert migrate["depends_on"] == datastores
+    # A restart policy would start it again after it exits 0, and it never counts as completed.
+    assert migrate["restart"] == "no"
+    for name in ("web", "grpc", "worker", "beat"):
+        assert SERVICES[name]["depends_on"] == {
+            **datastores,
+            "migrate": {"condition": "service_completed_successfully"},
+        }, name
+        assert "migrate" not in " ".join(SERVICES[name]["command"]), name
 
 
 def test_a_gpu_node_gets_the_broker_and_its_credential_only():

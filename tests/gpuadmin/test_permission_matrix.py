@@ -594,9 +594,14 @@ def fenced(gpu: Gpu) -> Quarantine:
 
 
 @pytest.fixture
-def world(agent_broker, monkeypatch) -> dict[str, Person]:  # noqa: F811
+def world(agent_broker, monkeypatch, settings) -> dict[str, Person]:  # noqa: F811
     """Two simulated nodes; a person per role and someone else, each owning the objects of
     ``own_objects``. No agent answers a discovery or a MIG change."""
+    # The nodes heartbeat once, here, and must stay reachable for the whole table: on a loaded
+    # host the table outlasts the default grace (30 s), and then a job's log (503), a manual
+    # allocation (409) and a release (200, nothing to ask an agent) answered for the node being
+    # unreachable, not for the requester's role.
+    settings.GPUADMIN_HEARTBEAT_GRACE_S = 24 * 3600
 
     def no_agent(hostname: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
         raise inventory_services.AgentTimedOut(f"node {hostname} did not answer (no agent)")

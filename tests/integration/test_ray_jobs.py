@@ -151,7 +151,7 @@ def test_a_ray_application_runs_on_its_own_cluster_and_leaves_nothing(ray_nodes,
     )
     wait_for(lambda: "UP" in control_log(Job.objects.get(pk=long.pk)), 120, "the entrypoint to run")
     long.refresh_from_db()
-    url = ray.dashboard_url(long)
+    url = ray.dashboard_url(long, long.allocations.select_related("node"))
     assert url == f"http://127.0.0.1:{long.ray_port + 1}/"
     assert sum(node["state"] == "ALIVE" for node in dashboard_nodes(url, ray.token(long))) == 2
     with pytest.raises(urllib.error.HTTPError) as refused:

@@ -435,7 +435,7 @@ class JobSerializer(api.ModelSerializer):
 
     @extend_schema_field(serializers.URLField(allow_null=True))
     def get_ray_dashboard(self, job: Job) -> str | None:
-        return ray.dashboard_url(job)
+        return ray.dashboard_url(job, job.allocations.all())  # prefetched: ``with_details``
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_ray_token(self, job: Job) -> str | None:

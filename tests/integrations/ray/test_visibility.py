@@ -73,3 +73,15 @@ def test_a_viewer_cancels_nothing_and_a_user_not_anothers(alices):
     assert client_of(person("bob")).post(f"/api/v1/ray/jobs/{alices.pk}/cancel/").status_code == 404
     alices.refresh_from_db()
     assert alices.state == "pending"
+
+
+def test_the_schema_says_what_can_be_null_and_a_null_entrypoint_is_refused_by_name(alices):
+    schema = client_of(alices.owner).get("/api/schema/?format=json").json()
+    fields = schema["components"]["schemas"]["RayJob"]["properties"]
+    assert fields["entrypoint"]["nullable"] is True
+    assert fields["runtime_env"]["nullable"] is True
+    refused = client_of(alices.owner).post(
+        "/api/v1/ray/jobs/", {"cluster": "lab", "entrypoint": None}, format="json"
+    )
+    assert refused.status_code == 400
+    assert set(refused.json()) == {"entrypoint"}
