@@ -359,6 +359,8 @@ def main() -> None:
     print(f"loop_queries_per_placement: {statistics.median(queries['placing']) / placed:.3f}")
     print(f"placing_pass_per_s: {placed / (columns['placing']['pass'] / 1000):.0f} placements/s")
     print(f"placements_per_s: {placed / commit_s if commit_s else 0:.0f} placements/s")
+    print(f"loop_nodes: {args.nodes} nodes")
+    print(f"loop_waiting_jobs: {args.jobs} jobs")
     print(f"blocked_pass_ms: {columns['blocked']['pass']:.0f} ms")
     print(f"blocked_pass_cpu_ms: {statistics.median(blocked_cpu_ms):.0f} ms")
     print(f"unchanged_rows_written: {sum(s.pending_saved for s in blocked)} rows")

@@ -21,7 +21,7 @@ from inventory.models import Gpu, Node
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import heartbeat_cutoff, pool_name
-from inventory.usability import refuses_unconfined_jobs, why_unusable
+from inventory.usability import refuses_unconfined_jobs, unusable_code
 from scheduling import placement
 from scheduling.allocations import services as allocation_services
 from scheduling.allocations.accounting import gpu_share
@@ -224,10 +224,18 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     shares = sharing.mps_use()
     no_share = (0, 0, ())
     inputs: list[tuple[int, SlotInputs]] = []
+    refusing = {node.pk for node in nodes if node.refuses_unconfined}
     for gpu in gpus:
         node = by_pk[gpu.node_id]
         sample = samples.get(node.hostname, {}).get(gpu.uuid)
-        unavailable = _unavailable(gpu, node, node.hostname in reachable, sample, gpu.pk in in_use)
+        unavailable = _unavailable(
+            gpu,
+            node,
+            node.pk in refusing,
+            node.hostname in reachable,
+            sample,
+            gpu.pk in in_use,
+        )
         inputs.append(
             (
                 gpu.pk,
@@ -581,25 +589,30 @@ def _free_mib(gpu: GpuRow, sample: Mapping[str, Any] | None) -> int:
 
 
 def _unavailable(
-    gpu: GpuRow, node: NodeRow, reachable: bool, sample: Mapping[str, Any] | None, allocated: bool
+    gpu: GpuRow,
+    node: NodeRow,
+    refuses_unconfined: bool,
+    reachable: bool,
+    sample: Mapping[str, Any] | None,
+    allocated: bool,
 ) -> str | None:
     """Why the GPU cannot take a whole-GPU job now, as the one rule's machine code (the
     snapshot holds present GPUs only), or None. ``allocated``: an active allocation (a job,
-    a MIG device's or an MPS share's) accounts for its processes."""
-    why = why_unusable(
+    a MIG device's or an MPS share's) accounts for its processes; ``refuses_unconfined``:
+    its node's (``NodeRow.refuses_unconfined``)."""
+    code = unusable_code(
         node_state=node.state,
         reachable=reachable,
         gpu_state=gpu.state,
-        missing=False,
         error_message=gpu.error_message,
         mig_enabled=gpu.mig_enabled,
         mps_shared=gpu.mps_shared,
         held_outside=gpu.held_outside,
-        refuses_unconfined=node.refuses_unconfined,
+        refuses_unconfined=refuses_unconfined,
         sample=sample,
         allocated=allocated,
     )
-    return None if why is None else str(why.code)
+    return None if code is None else str(code)
 
 
 def _timestamp(moment: datetime | None) -> float | None:

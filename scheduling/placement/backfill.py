@@ -11,7 +11,7 @@ from bisect import insort
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
+from scheduling.placement.fleet import Fleet, FleetNode, Shape, available, matches
 from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig
 from scheduling.placement.topology import choose
 
@@ -62,10 +62,8 @@ def shadow(fleet: Fleet, job: JobRequest, now: float, closed: frozenset[int]) ->
             continue
         free = {gpu.id for gpu in node.free}
         timeline = []
-        for gpu in node.gpus:
-            if gpu.id in closed or not is_available(node.info, gpu):
-                continue
-            if not matches(gpu, model, min_memory):
+        for gpu in available(node.info, node.gpus):
+            if gpu.id in closed or not matches(gpu, model, min_memory):
                 continue
             if gpu.id in free:
                 # Memory some other process holds may never be given back.

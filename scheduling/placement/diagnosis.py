@@ -13,7 +13,7 @@ from typing import NamedTuple
 from inventory.units import memory_text
 from inventory.usability import Reason as UsabilityReason
 from scheduling.placement.decisions import Pending, Reason
-from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
+from scheduling.placement.fleet import Fleet, FleetNode, Shape, available, matches
 from scheduling.placement.hosts import ask_phrase, most_phrase
 from scheduling.placement.snapshot import GpuSlot, JobRequest, NodeInfo, Snapshot
 from scheduling.placement.text import (
@@ -89,10 +89,7 @@ class View:
     def starts(self, count: int) -> list[float]:
         """When each node could first hold `count` GPUs in one group, ascending."""
         if count not in self._starts:
-            self._starts[count] = sorted(
-                min((_ready_at(free, busy, count) for free, busy in b.groups), default=math.inf)
-                for b in self.blocks
-            )
+            self._starts[count] = sorted(_node_ready_at(b.groups, count) for b in self.blocks)
         return self._starts[count]
 
     def best_free(self) -> Blocks:
@@ -309,12 +306,12 @@ class Diagnosis:
             nodes = self._hardware if model is None else self._with_model.get(model, [])
             for node, models, least_memory in nodes:
                 if (model is None or len(models) == 1) and least_memory >= min_memory:
-                    # Every GPU of the node matches: the same size in every such view.
+                    # Every GPU of the node matches: the same size in every such view, read
+                    # off the groups that its full view (made next, by `_explain`) reads too.
                     size = self._largest.get((node.index, requirement))
                     if size is None:
-                        size = self._largest[node.index, requirement] = _largest(
-                            node.gpus, grouping
-                        )
+                        groups = self._node_groups(node, requirement)
+                        size = self._largest[node.index, requirement] = max(g.size for g in groups)
                 else:
                     gpus = [gpu for gpu in node.gpus if matches(gpu, model, min_memory)]
                     if not gpus:
@@ -335,9 +332,7 @@ class Diagnosis:
                 key = (node.index, requirement, min_memory)
                 blocks = whole_nodes.get(key)
                 if blocks is None:
-                    groups = self._groups.get(key[:2])
-                    if groups is None:
-                        groups = self._groups[key[:2]] = self._group(node, node.gpus, requirement)
+                    groups = self._node_groups(node, requirement)
                     blocks = whole_nodes[key] = _blocks_of(node, groups, min_memory)
                 views.append(blocks)
                 continue
@@ -346,6 +341,14 @@ class Diagnosis:
                 views.append(_blocks_of(node, self._group(node, gpus, requirement), min_memory))
         return views
 
+    def _node_groups(self, node: FleetNode, requirement: str) -> list[Group]:
+        """The groups of all of `node`'s GPUs (`_group`), worked out once per requirement."""
+        key = (node.index, requirement)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = self._group(node, node.gpus, requirement)
+        return groups
+
     def _group(self, node: FleetNode, gpus: list[GpuSlot], requirement: str) -> list[Group]:
         """`gpus` (of `node`) in the groups `requirement` keeps a part in."""
         grouping = REQUIREMENT_GROUPING[requirement]
@@ -353,9 +356,11 @@ class Diagnosis:
         release_at = self.fleet.release_at
         found = []
         for group in [gpus] if grouping is None else grouped(gpus, grouping):
-            up = [gpu for gpu in group if is_available(node.info, gpu)]
-            free_memory = sorted(gpu.memory_free_mib for gpu in up if gpu.id in free_ids)
-            busy = sorted(release_at.get(gpu.id, math.inf) for gpu in up if gpu.id not in free_ids)
+            up = available(node.info, group)
+            free_memory = [gpu.memory_free_mib for gpu in up if gpu.id in free_ids]
+            busy = [release_at.get(gpu.id, math.inf) for gpu in up if gpu.id not in free_ids]
+            free_memory.sort()
+            busy.sort()
             found.append(Group(len(group), len(up), tuple(free_memory), tuple(busy)))
         return found
 
@@ -376,6 +381,10 @@ def _largest(gpus: list[GpuSlot], grouping: GroupKey | None) -> int:
 
 def _blocks_of(node: FleetNode, groups: list[Group], min_memory: int) -> Blocks:
     """The node's blocks from its groups, counting free GPUs with `min_memory` free."""
+    if len(groups) == 1:  # the whole node, or one NUMA node or NVLink domain: no maxima
+        [(size, up, free_memory, busy)] = groups
+        with_memory = len(free_memory) - bisect_left(free_memory, min_memory)
+        return Blocks(node, size, up, with_memory, len(free_memory), ((with_memory, busy),))
     hardware = available = free = idle = 0
     timelines = []
     for size, up, free_memory, busy in groups:
@@ -388,12 +397,17 @@ def _blocks_of(node: FleetNode, groups: list[Group], min_memory: int) -> Blocks:
     return Blocks(node, hardware, available, free, idle, tuple(timelines))
 
 
-def _ready_at(free: int, busy: tuple[float, ...], count: int) -> float:
-    """When a group with `free` GPUs free now and `busy` release times first has `count`."""
-    missing = count - free
-    if missing <= 0:
-        return -math.inf
-    return busy[missing - 1] if missing <= len(busy) else math.inf
+def _node_ready_at(groups: tuple[tuple[int, tuple[float, ...]], ...], count: int) -> float:
+    """When a node first has `count` GPUs in one of its `groups` (`Blocks.groups`: each
+    group's GPUs free now and its busy ones' release times, ascending); -inf: now."""
+    ready = math.inf
+    for free, busy in groups:
+        missing = count - free
+        if missing <= 0:
+            return -math.inf
+        if missing <= len(busy) and busy[missing - 1] < ready:
+            ready = busy[missing - 1]
+    return ready
 
 
 def _enough(view: View, field: str, count: int, wanted: int) -> bool:

@@ -31,14 +31,19 @@ class Shape(NamedTuple):
 
     @classmethod
     def of(cls, job: JobRequest) -> Shape:
-        return cls(
-            job.gpus_per_node,
-            job.node_count,
-            job.min_memory_mib,
-            job.gpu_model,
-            grouping(job.topology),
-            job.cpus,
-            job.host_memory_mib,
+        # tuple.__new__: without the NamedTuple constructor's call (a pass makes one per
+        # job several times over).
+        return tuple.__new__(
+            cls,
+            (
+                job.gpus_per_node,
+                job.node_count,
+                job.min_memory_mib,
+                job.gpu_model,
+                grouping(job.topology),
+                job.cpus,
+                job.host_memory_mib,
+            ),
         )
 
     @property
@@ -96,6 +101,11 @@ class Pool:
 
 def is_available(info: NodeInfo, gpu: GpuSlot) -> bool:
     return info.schedulable and gpu.unavailable is None
+
+
+def available(info: NodeInfo, gpus: Iterable[GpuSlot]) -> list[GpuSlot]:
+    """Those of `gpus` (on the node of `info`) that `is_available`, the node read once."""
+    return [gpu for gpu in gpus if gpu.unavailable is None] if info.schedulable else []
 
 
 def matches(gpu: GpuSlot, model: str | None, min_memory_mib: int) -> bool:

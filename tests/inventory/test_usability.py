@@ -13,7 +13,13 @@ from django.utils import timezone
 from inventory import usability
 from inventory.choices import GpuState
 from inventory.models import Gpu, Node
-from inventory.usability import Reason, sample_unusable, stored_unusable, why_unusable
+from inventory.usability import (
+    Reason,
+    sample_unusable,
+    stored_unusable,
+    unusable_code,
+    why_unusable,
+)
 
 USABLE = {
     "node_state": "online",
@@ -102,7 +108,40 @@ def test_the_rule_is_pure_python():
         for node in ast.walk(tree)
         if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert imported <= {"__future__", "collections", "dataclasses", "enum", "typing"}
+    assert imported <= {"__future__", "collections", "dataclasses", "enum", "functools", "typing"}
+
+
+def test_the_memoised_code_is_the_rule_s():
+    """``unusable_code`` (the placement loop's, memoised) gives ``why_unusable``'s code for
+    every combination, asked twice, a sample with a list in it included (not memoised)."""
+    samples = [None, {}, {"sampled_at": 1.0}, LOST, {"processes": 2}, {"processes": [1]}]
+    for _ in range(2):
+        for values in itertools.product(
+            ("online", "draining", "offline"),
+            (True, False),
+            ("available", "degraded", "offline"),
+            ("", "Xid 79"),
+            (False, True),
+            samples,
+            (False, True),
+            (False, True),
+            ("", "Slurm job 7 on hpc"),
+        ):
+            node, reachable, gpu, error, mig, sample, allocated, refuses, held = values
+            rule = {
+                "node_state": node,
+                "reachable": reachable,
+                "gpu_state": gpu,
+                "error_message": error,
+                "mig_enabled": mig,
+                "sample": sample,
+                "allocated": allocated,
+                "mps_shared": mig and allocated,
+                "refuses_unconfined": refuses,
+                "held_outside": held,
+            }
+            why = why_unusable(missing=False, **rule)
+            assert unusable_code(**rule) == (None if why is None else why.code), values
 
 
 @pytest.mark.django_db
