@@ -29,6 +29,8 @@ test: $(STAMP) $(DOCS_STAMP)  ## the whole suite (browser and integration tests 
 	sh .ci/install-chromium
 	sh .ci/install-prometheus
 	sh .ci/install-slurm
+	sh .ci/install-pgbouncer
+	sh .ci/install-redis-sentinel
 	PYTHON=$(BIN)/python sh .ci/install-ray
 	DOCS_VENV=$(DOCS_VENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 

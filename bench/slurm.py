@@ -72,6 +72,29 @@ def _exited(pid: int) -> Callable[[], bool]:
     return exited
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        taken = []
+        try:
+            for port in range(first, first + count):
+                held = socket.socket()
+                taken.append(held)
+                held.bind(("", port))
+        except OSError:
+            continue
+        finally:
+            for held in taken:
+                held.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
 class UnixHTTPConnection(http.client.HTTPConnection):
     """HTTP/1.1 over a Unix socket, kept open between requests."""
 
@@ -85,7 +108,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class SlurmCluster:
-    """slurmctld on ``port``, slurmd on ``port + 1``, and slurmrestd on a Unix socket
+    """slurmctld on ``port``, slurmd on ``port + 1`` (two free ones when ``port`` is None: other
+    clusters, a test session's or another bench's, may run beside it), and slurmrestd on a Unix socket
     (``rest_auth/local``) and, given ``rest_port``, on 127.0.0.1:``rest_port`` too (JWT:
     ``token()``), speaking the ``openapi`` plugins' versions."""
 
@@ -93,12 +117,12 @@ class SlurmCluster:
         self,
         *,
         tuned: bool = True,
-        port: int = 16817,
+        port: int | None = None,
         rest_port: int | None = None,
         openapi: tuple[str, ...] = (REST_VERSION,),
     ) -> None:
         self.tuned = tuned
-        self.port = port
+        self.port = free_ports(2) if port is None else port
         self.rest_port = rest_port
         self.openapi = openapi
         self.dir = Path(tempfile.mkdtemp(prefix="gpuadmin-slurm-"))
@@ -220,6 +244,8 @@ AccountingStorageType=accounting_storage/none
 # (10,000 by default, after which every submission is refused): a submission bench makes
 # tens of thousands of jobs within minutes.
 MaxJobCount=1000000
+# Slurm's default (1001) refuses an --array of more tasks: bench/arrays.py submits 0-1999 and more.
+MaxArraySize=100001
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import sys
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -14,6 +15,7 @@ from django.db import InterfaceError, OperationalError
 from django.forms.utils import from_current_timezone
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template import loader
 from django.urls import URLResolver, get_resolver
 from django.utils import timezone
 from django.views import defaults
@@ -415,7 +417,19 @@ def permission_denied(request: HttpRequest, exception: Exception) -> HttpRespons
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: JSON under the API's paths, ``500.html`` elsewhere, rendered without
     the request's context (no context processor runs), so that it shows while the database
-    is down."""
+    is down. A database that cannot be reached (the exception being handled: Django calls
+    this inside its ``except``) is a 503 with ``Retry-After`` instead, as the API's views
+    answer it (``exception_handler``): pages and middleware reach it through here."""
+    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+        logging.getLogger("gpuadmin.api").error("database unavailable: %s", sys.exc_info()[1])
+        if is_api_path(request):
+            response: HttpResponse = JsonResponse(
+                {"detail": DatabaseUnavailable.default_detail}, status=503
+            )
+        else:
+            response = HttpResponse(loader.get_template("503.html").render(), status=503)
+        response["Retry-After"] = str(DatabaseUnavailable.retry_after_s)
+        return response
     if is_api_path(request):
         return JsonResponse({"detail": APIException.default_detail}, status=500)
     return defaults.server_error(request)

@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from celery import Celery
+from celery import Task as CeleryTask
 from celery.result import AsyncResult
+from django.db import InterfaceError, OperationalError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
+
+
+#: What a task meets when the database is out of reach: it is retried (``Task``).
+DATABASE_AWAY = (OperationalError, InterfaceError)
+
+
+class Task(CeleryTask):
+    """Every task of the app (an agent's report, a placement pass, beat's): one that finds
+    the database out of reach (a restart, a switch to the standby: the connection is refused
+    or dies mid-task, its transaction rolled back) is sent again with an exponential backoff
+    (1, 2, 4... s, then at most 10 s, jittered so that 500 nodes' reports do not come back
+    at once), for about five minutes (ten at most), instead of failing: its message is
+    acknowledged only once the retry is queued (``task_acks_late``), so a report is never
+    dropped on the way. A task that gives its own ``autoretry_for`` adds ``DATABASE_AWAY``."""
+
+    autoretry_for = DATABASE_AWAY
+    retry_backoff = 1
+    retry_backoff_max = 10
+    max_retries = 60
+
+    def on_retry(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # Celery's own line for a retry is INFO, which settings.py keeps out of the log.
+        logging.getLogger("gpuadmin.tasks").warning(
+            "%s: %s; retried (%s of %s)", self.name, exc, self.request.retries + 1, self.max_retries
+        )
 
 
 class App(Celery):
@@ -22,7 +50,7 @@ class App(Celery):
         return super().send_task(name, *args, **options)
 
 
-app = App("gpuadmin")
+app = App("gpuadmin", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

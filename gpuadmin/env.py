@@ -12,11 +12,14 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+import redis
 from django.core.exceptions import ImproperlyConfigured
+from redis.sentinel import Sentinel
 
 #: Every setting a node agent reads: the broker, its credential, what it scans, how it samples
 #: and reports, and how it runs jobs. Never the database or ``SECRET_KEY``: the one list of what
@@ -261,3 +264,127 @@ def parse_database_url(url: str) -> dict[str, Any]:
         "PORT": str(parts.port or ""),
         "OPTIONS": options,
     }
+
+
+SENTINEL_PORT = 26379
+# How long a Redis Sentinel may take to answer which server is the primary: a Sentinel that
+# does not answer is skipped for the next one (the URL lists several), not waited on.
+SENTINEL_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """The Redis gpuadmin uses (``REDIS_URL``), parsed once for its three users: Celery's
+    broker, its result backend, and the processes' own client (latest samples, marks,
+    throttles). Either one server (``redis://``, ``rediss://``, ``unix://``: the URL as
+    given) or the primary that a set of Redis Sentinels names (``sentinel://``), found again
+    through them after a failover."""
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master: str = ""
+    db: int = 0
+    username: str = ""
+    password: str = ""
+    sentinel_password: str = ""
+
+    @property
+    def celery_url(self) -> str:
+        """Celery's form: the URL itself, or one ``sentinel://`` URL per Sentinel joined by
+        ``;`` (kombu and Celery's result backend read the database and the credentials from
+        the first)."""
+        if not self.sentinels:
+            return self.url
+        auth = ""
+        if self.username or self.password:
+            auth = f"{quote(self.username, safe='')}:{quote(self.password, safe='')}@"
+        return ";".join(
+            f"sentinel://{auth}{_url_host(host)}:{port}/{self.db}" for host, port in self.sentinels
+        )
+
+    @property
+    def celery_transport_options(self) -> dict[str, Any]:
+        """Celery's ``broker_transport_options`` and ``result_backend_transport_options``."""
+        if not self.sentinels:
+            return {}
+        return {"master_name": self.master, "sentinel_kwargs": self._sentinel_kwargs()}
+
+    def client(self, **options: Any) -> redis.Redis:
+        """A client (its own connection pool) with ``options`` (``socket_timeout``...); on
+        Sentinels, it asks them for the primary on each new connection and again after a
+        connection error, so it follows a failover."""
+        if not self.sentinels:
+            return redis.Redis.from_url(self.url, **options)
+        sentinel = Sentinel(self.sentinels, sentinel_kwargs=self._sentinel_kwargs())
+        return sentinel.master_for(
+            self.master,
+            db=self.db,
+            username=self.username or None,
+            password=self.password or None,
+            **options,
+        )
+
+    def _sentinel_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "socket_timeout": SENTINEL_TIMEOUT_S,
+            "socket_connect_timeout": SENTINEL_TIMEOUT_S,
+        }
+        if self.sentinel_password:
+            kwargs["password"] = self.sentinel_password
+        return kwargs
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """``REDIS_URL``: ``redis://[:PASSWORD@]HOST:PORT/DB`` (``rediss://``, ``unix://`` too) or
+    ``sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/DB?master=NAME`` (Redis Sentinels,
+    port 26379 unless given; ``sentinel_password=`` when the Sentinels ask for one: the
+    password before the ``@`` is the Redis servers')."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("redis", "rediss", "unix", "sentinel"):
+        raise ImproperlyConfigured(
+            f"REDIS_URL scheme {scheme!r} is not supported: use redis://HOST:6379/0, rediss://, "
+            "unix:// or sentinel://HOST:26379,HOST:26379/0?master=NAME"
+        )
+    if scheme != "sentinel":
+        return RedisTarget(url)
+    location, _, query_string = rest.partition("?")
+    netloc, _, path = location.partition("/")
+    credentials, _, hosts = netloc.rpartition("@")
+    username, _, password = credentials.partition(":")
+    query = {key: values[-1] for key, values in parse_qs(query_string).items()}
+    master = query.pop("master", "")
+    sentinel_password = query.pop("sentinel_password", "")
+    if query:
+        raise ImproperlyConfigured(f"REDIS_URL has unknown parameters: {', '.join(query)}")
+    if not master:
+        raise ImproperlyConfigured(
+            "REDIS_URL names no primary: add ?master=NAME (the name the Sentinels monitor)"
+        )
+    path = path.strip("/") or "0"
+    if not path.isdecimal():
+        raise ImproperlyConfigured(f"REDIS_URL database {path!r} is not a number")
+    return RedisTarget(
+        url,
+        sentinels=tuple(_sentinel_address(item) for item in hosts.split(",")),
+        master=master,
+        db=int(path),
+        username=unquote(username),
+        password=unquote(password),
+        sentinel_password=sentinel_password,
+    )
+
+
+def _sentinel_address(item: str) -> tuple[str, int]:
+    """``HOST[:PORT]`` (``[IPv6]:PORT``) of one Sentinel."""
+    parts = urlsplit(f"//{item.strip()}")
+    try:
+        port = parts.port or SENTINEL_PORT
+    except ValueError:
+        port = 0
+    if not parts.hostname or not port:
+        raise ImproperlyConfigured(f"REDIS_URL: {item!r} is not a Sentinel's HOST:PORT")
+    return parts.hostname, port

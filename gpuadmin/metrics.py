@@ -13,8 +13,10 @@ itself (``TextCollector``) serves all three; any other says nothing per node.
 
 from __future__ import annotations
 
-import gzip
+import gc
 import hmac
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 from django.conf import settings
@@ -23,6 +25,7 @@ from django.middleware.gzip import re_accepts_gzip
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET
+from isal import igzip
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
@@ -83,23 +86,42 @@ def _exposition(request: HttpRequest, text: str) -> HttpResponse:
     body = text.encode()
     if not re_accepts_gzip.search(request.headers.get("Accept-Encoding", "")):
         return HttpResponse(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
-    # Compressed here at level 1, not by GZipMiddleware at its 6: a whole fleet's 23 MB took
-    # 2.5 times as long at 6 for a body a fifth smaller (docs/development/benchmarks.md).
+    # Compressed here by ISA-L at its level 1, not by GZipMiddleware (zlib at level 6): a whole
+    # fleet's 23 MB took zlib 120 ms at level 1 and 2.5 times that at 6, ISA-L 22 ms for a body
+    # smaller than zlib's level 1 (docs/development/benchmarks.md).
     response = HttpResponse(
-        gzip.compress(body, compresslevel=1, mtime=0), content_type=CONTENT_TYPE_PLAIN_0_0_4
+        igzip.compress(body, compresslevel=1, mtime=0), content_type=CONTENT_TYPE_PLAIN_0_0_4
     )
     response["Content-Encoding"] = "gzip"
     patch_vary_headers(response, ("Accept-Encoding",))
     return response
 
 
+@contextmanager
+def _cycle_collection_paused() -> Iterator[None]:
+    """A whole-fleet scrape allocates some 100,000 containers (the samples decoded from Redis,
+    the catalog's rows, the families' lists) and frees them all by reference counting, but the
+    allocations set off the cycle collector: about a tenth of the scrape's CPU time with
+    start-up's objects frozen (gpuadmin/wsgi.py), a third without (docs/development/
+    benchmarks.md). Paused for the scrape; resumed only if it was running."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _fleet_text(*, nodes: bool) -> str:
-    return "".join(
-        collector.text(nodes=nodes)
-        if isinstance(collector, TextCollector)
-        else generate_latest(collector).decode()
-        for collector in _collectors
-    )
+    with _cycle_collection_paused():
+        return "".join(
+            collector.text(nodes=nodes)
+            if isinstance(collector, TextCollector)
+            else generate_latest(collector).decode()
+            for collector in _collectors
+        )
 
 
 @require_GET

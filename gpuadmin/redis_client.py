@@ -15,8 +15,8 @@ log = logging.getLogger("gpuadmin.auth")
 
 @cache
 def client() -> redis.Redis:
-    """One connection pool per process, to ``REDIS_URL``."""
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
+    """One connection pool per process, to ``REDIS_URL`` (its primary, on Sentinels)."""
+    return settings.REDIS_TARGET.client(socket_timeout=2)
 
 
 def bump_epoch(key: str, what: str) -> None:

@@ -22,6 +22,7 @@ from gpuadmin.env import (
     env_str,
     env_unix_user,
     parse_database_url,
+    parse_redis_url,
     public_url,
 )
 
@@ -107,6 +108,9 @@ GPUADMIN_GPU_RESET = env_choice("GPUADMIN_GPU_RESET", ("auto", "on", "off"), "au
 # Scheduling: beat's backstop placement pass (passes also run on every submit/finish), and how
 # node agents run jobs: SIGTERM-to-SIGKILL grace on cancel/timeout, log size limit and rotation.
 GPUADMIN_PLACEMENT_INTERVAL_S = env_int("GPUADMIN_PLACEMENT_INTERVAL_S", 30, minimum=1)
+# How long the holder of a lease (the placement loop's, beat's) keeps it without renewing it: a
+# worker or beat that dies mid-way is replaced after at most this long (gpuadmin.leases).
+GPUADMIN_LEASE_TTL_S = env_int("GPUADMIN_LEASE_TTL_S", 15, minimum=3)
 GPUADMIN_ACCOUNTING_INTERVAL_S = env_int("GPUADMIN_ACCOUNTING_INTERVAL_S", 300, minimum=10)
 # How long a placed job may stay SCHEDULED before its agent reports it started; then it is
 # re-queued (like Slurm's batch job launch timeout).
@@ -167,6 +171,9 @@ if not _redis_url or not (_database_url or GPUADMIN_AGENT):
         "servers when they are unset."
     )
 REDIS_URL = _redis_url
+# One server, or the primary Redis Sentinels name (sentinel://): the broker, the results and
+# the processes' own client all go through it (gpuadmin.env.RedisTarget).
+REDIS_TARGET = parse_redis_url(_redis_url)
 if GPUADMIN_AGENT:
     DATABASES: dict[str, dict[str, Any]] = {"default": {"ENGINE": "gpuadmin.nodb"}}
 else:
@@ -182,6 +189,16 @@ else:
         DATABASES["default"]["OPTIONS"].update(
             server_side_binding=True, prepare_threshold=_prepare_threshold
         )
+    # What sits between gpuadmin and PostgreSQL (docs/administration/high-availability.md):
+    # "session" (a direct connection, or PgBouncer's session pooling) or "transaction"
+    # (PgBouncer's transaction pooling: no cursor outlives its transaction). Nothing gpuadmin
+    # keeps depends on the session (leases are rows), but LISTEN does: the listeners connect
+    # to DATABASE_DIRECT_URL (default: DATABASE_URL), which must reach PostgreSQL directly
+    # or through session pooling.
+    _pool_mode = env_choice("DATABASE_POOL_MODE", ("session", "transaction"), "session")
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = _pool_mode == "transaction"
+_direct_url = env_str("DATABASE_DIRECT_URL")
+DATABASE_DIRECT = parse_database_url(_direct_url) if _direct_url else None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -201,6 +218,7 @@ INSTALLED_APPS = [
     "template_partials",
     "gpuadmin.audit",
     "gpuadmin.access",
+    "gpuadmin.leases",
     "inventory",
     "health",
     "scheduling",
@@ -313,8 +331,10 @@ SPECTACULAR_SETTINGS = {
     ],
 }
 
-CELERY_BROKER_URL = _redis_url
-CELERY_RESULT_BACKEND = _redis_url
+CELERY_BROKER_URL = REDIS_TARGET.celery_url
+CELERY_RESULT_BACKEND = REDIS_TARGET.celery_url
+CELERY_BROKER_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
 # The central worker's queue (placement passes, agents' reports); node agents use node.<name>.
 GPUADMIN_CENTRAL_QUEUE = env_str("GPUADMIN_CENTRAL_QUEUE") or "default"
 CELERY_TASK_DEFAULT_QUEUE = GPUADMIN_CENTRAL_QUEUE
@@ -335,6 +355,9 @@ CELERY_DB_REUSE_MAX = sys.maxsize
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Every beat runs, only the holder of the beat lease sends, each task once per period
+# (gpuadmin/leases/beat.py): two beats on two machines are a leader and its standby.
+CELERY_BEAT_SCHEDULER = "gpuadmin.leases.beat:LeaderScheduler"
 CELERY_BEAT_SCHEDULE = {
     "placement-pass": {
         "task": "scheduling.placement_pass",

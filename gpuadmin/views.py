@@ -28,7 +28,7 @@ def _service_status() -> dict[str, str]:
     except DatabaseError as exc:
         status["database"] = f"error: {exc}"
     try:
-        redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=1).ping()
+        settings.REDIS_TARGET.client(socket_timeout=1).ping()
         status["redis"] = "ok"
     except redis.RedisError as exc:
         status["redis"] = f"error: {exc}"

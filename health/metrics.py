@@ -14,9 +14,11 @@ every counter's samples as ``<name>_total``, which would rename the series dashb
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain, compress, repeat
+from operator import is_not
+from typing import Any, ClassVar, NamedTuple
 
 from django.db.models import Count
 from prometheus_client.core import (
@@ -187,6 +189,8 @@ DCGM_FIELDS = (
         key("remapped_rows_pending"),
     ),
 )
+# The DCGM fields that are a sample's own field, read for all of them at once.
+SAMPLE_KEYS = tuple(field.read.name for field in DCGM_FIELDS if isinstance(field.read, key))
 XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
 NVLINK_HELP = "NVLink CRC (flit and data), replay and recovery errors, summed over the GPU's links."
 GPU_STATE_HELP = "1 for the GPU's state (stored, or missing when its node no longer reports it)."
@@ -195,15 +199,22 @@ REACHABLE_HELP = "1 while the node's agent heartbeats within GPUADMIN_HEARTBEAT_
 ALERTS_HELP = "Alerts firing, by severity."
 
 
-@dataclass(frozen=True)
-class GpuRow:
+class GpuRow(NamedTuple):
+    """What a scrape reads of a GPU (a tuple: 4,000 built per whole-fleet scrape)."""
+
     pk: int
     uuid: str
-    index: int
+    # Shadows tuple.index on purpose (the label's source): legal at runtime, refused by mypy.
+    index: int  # type: ignore[assignment]
     model_name: str
     state: str
     missing: bool
     hostname: str
+
+    @property
+    def label_values(self) -> tuple[str, str, int, str]:
+        """What ``labels`` is written from: a key for its text (``LabelTexts``)."""
+        return (self.hostname, self.uuid, self.index, self.model_name)
 
     @property
     def labels(self) -> dict[str, str]:
@@ -409,11 +420,53 @@ def header(name: str, documentation: str, kind: str) -> str:
 
 
 class _Values(dict[Any, str]):
-    """A sample value -> its text (Go's float format), each distinct value formatted once."""
+    """A sample value -> its text (Go's float format) and the line's end, each distinct value
+    formatted once."""
 
     def __missing__(self, value: Any) -> str:
-        text = self[value] = floatToGoString(float(value))
+        text = self[value] = floatToGoString(float(value)) + "\n"
         return text
+
+
+def family_lines(name: str, labels: Sequence[str], raws: Sequence[Any], values: _Values) -> str:
+    """The lines ``name{labels} value`` of the series whose value (``raws``, one per entry of
+    ``labels``) is not None. Written by C loops (zip, map, join) over the family, not a Python
+    statement per sample: 27 families x ~5,000 series at 500 nodes."""
+    if None in raws:
+        kept = list(map(is_not, raws, repeat(None)))
+        labels, raws = list(compress(labels, kept)), list(compress(raws, kept))
+    return "".join(chain.from_iterable(zip(repeat(name), labels, map(values.__getitem__, raws))))
+
+
+class LabelTexts:
+    """The label text (and its space) of a GPU's series, by the values it is written from.
+
+    A whole-fleet scrape reads the previous one's texts and keeps its own for the next (about
+    9,700 at 500 nodes; writing them took a sixth of a scrape's CPU). Only label text is kept,
+    each under the values it was written from: a renamed model, a GPU's new index or node, a
+    new MIG layout or state is a new key, never a stale text, and the texts no scrape asked
+    for go with the old dict. A node's scrape reads them and keeps nothing."""
+
+    _kept: ClassVar[dict[tuple[Any, ...], str]] = {}
+
+    def __init__(self, *, keep: bool) -> None:
+        self.keep = keep
+        self.previous = LabelTexts._kept
+        self.texts: dict[tuple[Any, ...], str] = {}
+
+    def __call__(self, row: GpuRow, extra: dict[str, str] | None = None) -> str:
+        """``label_text`` of the row's labels and ``extra``, a space after it."""
+        key = (row.label_values, tuple(extra.items()) if extra else ())
+        text = self.previous.get(key)
+        if text is None:
+            text = label_text({**row.labels, **extra} if extra else row.labels) + " "
+        self.texts[key] = text
+        return text
+
+    def done(self) -> None:
+        """The scrape is written: its texts are the next one's, when it keeps them."""
+        if self.keep:
+            LabelTexts._kept = self.texts
 
 
 class HealthText:
@@ -422,9 +475,11 @@ class HealthText:
     def __init__(self, hostname: str | None) -> None:
         self.hostname = hostname
         self.values = _Values()
+        self.labels = LabelTexts(keep=hostname is None)
 
     def render(self, *, nodes: bool, fleet: bool) -> str:
         parts: list[str] = []
+        values = self.values
         if nodes or fleet:
             rows = gpu_rows(self.hostname)
         if nodes:
@@ -433,28 +488,33 @@ class HealthText:
                 raise UnknownNode(self.hostname)
             parts += self.dcgm(rows, live.latest(sorted({row.hostname for row in rows})))
             parts.append(header("gpuadmin_gpu_state", GPU_STATE_HELP, "gauge"))
-            parts += [
-                f"gpuadmin_gpu_state{label_text({**row.labels, 'state': gpu_state(row)})} 1.0\n"
-                for row in rows
-            ]
+            parts.append(
+                family_lines(
+                    "gpuadmin_gpu_state",
+                    [self.labels(row, {"state": gpu_state(row)}) for row in rows],
+                    [1.0] * len(rows),
+                    values,
+                )
+            )
         if fleet:
             parts.append(header("gpuadmin_gpus", GPUS_HELP, "gauge"))
             parts += [
-                f'gpuadmin_gpus{{state="{_escape(state)}"}} {self.values[count]}\n'
+                f'gpuadmin_gpus{{state="{_escape(state)}"}} {values[count]}'
                 for state, count in state_counts(rows)
             ]
         if nodes:
             parts.append(header("gpuadmin_node_reachable", REACHABLE_HELP, "gauge"))
             parts += [
-                f'gpuadmin_node_reachable{{Hostname="{_escape(name)}"}} {self.values[up]}\n'
+                f'gpuadmin_node_reachable{{Hostname="{_escape(name)}"}} {values[up]}'
                 for name, up in reachable
             ]
         if fleet:
             parts.append(header("gpuadmin_alerts_firing", ALERTS_HELP, "gauge"))
             parts += [
-                f'gpuadmin_alerts_firing{{severity="{_escape(severity)}"}} {self.values[count]}\n'
+                f'gpuadmin_alerts_firing{{severity="{_escape(severity)}"}} {values[count]}'
                 for severity, count in firing_alerts()
             ]
+        self.labels.done()
         return "".join(parts)
 
     def dcgm(
@@ -462,56 +522,51 @@ class HealthText:
     ) -> list[str]:
         values = self.values
         xids = last_xids([row.pk for row in rows] if self.hostname else None)
-        # (label text and its space, sample, MIG instance, XID text) of each series: the labels
-        # written once for all its fields.
-        series: list[tuple[str, LiveSample, Instance, str]] = []
-        nvlink: list[str] = []
+        # Each series' label text (and its space), sample, MIG instance and XID, in parallel
+        # lists: the labels written once for all its fields.
+        labels: list[str] = []
+        samples: list[LiveSample] = []
+        instances: list[Instance] = []
+        sample_values: list[tuple[Any, ...]] = []  # the SAMPLE_KEYS' values
+        xid_values: list[int] = []
+        nvlink_labels: list[str] = []
+        nvlink_values: list[Any] = []
         for row in rows:
             sample = samples_by_node.get(row.hostname, {}).get(row.uuid)
             if sample is None:
                 continue  # no live sample: nothing to say, as dcgm-exporter on a down node
-            base = row.labels
-            base_text = label_text(base)
-            xid = values[xids.get(row.pk) or 0]  # DCGM's XID field is 0 until the first XID
-            series += [
-                (
-                    (label_text({**base, **extra}) if extra else base_text) + " ",
-                    sample,
-                    instance,
-                    xid,
-                )
-                for extra, instance in gpu_instances(sample)
-            ]
-            errors = sample.get("nvlink_errors")
-            if errors is not None:
-                nvlink.append(f"{NVLINK_TOTAL}{base_text} {values[errors]}\n")
+            base_text = self.labels(row)
+            own = tuple(map(sample.get, SAMPLE_KEYS))
+            xid = xids.get(row.pk) or 0  # DCGM's XID field is 0 until the GPU's first XID
+            for extra, instance in gpu_instances(sample):
+                labels.append(self.labels(row, extra) if extra else base_text)
+                samples.append(sample)
+                instances.append(instance)
+                sample_values.append(own)
+                xid_values.append(xid)
+            nvlink_labels.append(base_text)
+            nvlink_values.append(sample.get("nvlink_errors"))
+        if not labels:
+            return []  # no GPU has a live sample
+        # A column per sample key (zip transposes the rows): read once per GPU, not per field.
+        columns = dict(zip(SAMPLE_KEYS, zip(*sample_values, strict=True), strict=True))
         parts: list[str] = []
         for field in DCGM_FIELDS:
-            name, read = field.name, field.read
-            if isinstance(read, key):
-                sample_key = read.name
-                lines = [
-                    f"{name}{labels}{values[raw]}\n"
-                    for labels, sample, _, _ in series
-                    if (raw := sample.get(sample_key)) is not None
-                ]
-            else:
-                lines = [
-                    f"{name}{labels}{values[raw]}\n"
-                    for labels, sample, instance, _ in series
-                    if (raw := read(sample, instance)) is not None
-                ]
-            if lines:  # a field no GPU reports is left out, as dcgm-exporter leaves it
+            read = field.read
+            raws = (
+                columns[read.name] if isinstance(read, key) else list(map(read, samples, instances))
+            )
+            # A field no GPU reports is left out, as dcgm-exporter leaves it.
+            if lines := family_lines(field.name, labels, raws, values):
                 kind = "untyped" if field.counter else "gauge"
-                parts.append(header(name, field.documentation, kind))
-                parts += lines
-        if series:
-            name, documentation = XID_ERRORS
-            parts.append(header(name, documentation, "gauge"))
-            parts += [f"{name}{labels}{xid}\n" for labels, _, _, xid in series]
-        if nvlink:
-            parts.append(header(NVLINK_TOTAL, NVLINK_HELP, "counter"))
-            parts += nvlink
+                parts += [header(field.name, field.documentation, kind), lines]
+        name, documentation = XID_ERRORS
+        parts += [
+            header(name, documentation, "gauge"),
+            family_lines(name, labels, xid_values, values),
+        ]
+        if lines := family_lines(NVLINK_TOTAL, nvlink_labels, nvlink_values, values):
+            parts += [header(NVLINK_TOTAL, NVLINK_HELP, "counter"), lines]
         return parts
 
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from gpuadmin.access.node_orders import NodeOrder
 from gpuadmin.access.node_signing import send_as_node
 from gpuadmin.access.nodes import speaks_for
+from gpuadmin.celery import DATABASE_AWAY
 from health import quarantine, resets, rules, services, telemetry, webhooks
 from health.wire import HealthReport
 
@@ -31,7 +32,7 @@ def resend_to_alertmanager() -> None:
 @shared_task(
     name=webhooks.DELIVER_TASK,
     bind=True,
-    autoretry_for=(webhooks.DeliveryFailed,),
+    autoretry_for=(webhooks.DeliveryFailed, *DATABASE_AWAY),
     retry_backoff=settings.GPUADMIN_WEBHOOK_BACKOFF_S,
     retry_backoff_max=600,
     retry_jitter=False,

@@ -190,7 +190,7 @@ def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
     env.update(
         {
             "DATABASE_URL": os.environ["DATABASE_URL"],
-            "REDIS_URL": settings.CELERY_BROKER_URL,
+            "REDIS_URL": settings.REDIS_URL,
             "GPUADMIN_DATA_DIR": str(tmp_path / "data"),
             "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
             "PYTHONUNBUFFERED": "1",

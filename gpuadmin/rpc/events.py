@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connection
 
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.postgres.direct import direct_connection
 
 log = logging.getLogger("gpuadmin.rpc")
 CHANNEL = "gpuadmin_state_changes"
@@ -218,7 +219,7 @@ class StateChanges:
     def _run(self) -> None:
         tries = 0
         while not self._stopping.is_set():
-            wrapper = connections.create_connection("default")
+            wrapper = direct_connection()  # LISTEN needs a session (no transaction pooling)
             try:
                 wrapper.ensure_connection()
                 raw: Any = wrapper.connection

@@ -100,6 +100,7 @@ _THROTTLE_REASONS = (
     (0x100, "display_clock_setting"),
 )
 _KNOWN_REASON_BITS = sum(bit for bit, _ in _THROTTLE_REASONS)
+_THROTTLE_BITS = {name: bit for bit, name in _THROTTLE_REASONS}
 # The reasons that say heat slowed the GPU down (the fleet page's "hot" mark, the health
 # watcher's thermal events), and the hardware power brake (a power fault, not the cap).
 THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
@@ -513,9 +514,12 @@ def throttle_reason_names(mask: int) -> tuple[str, ...]:
 
 
 def throttle_reason_mask(names: Iterable[str]) -> int:
-    """The NVML bitmask of these reason names (the inverse of ``throttle_reason_names``)."""
-    bits = {name: bit for bit, name in _THROTTLE_REASONS}
-    return sum(bits[name] if name in bits else int(name, 16) for name in set(names))
+    """The NVML bitmask of these reason names (the inverse of ``throttle_reason_names``): once
+    per GPU series in a ``/metrics`` scrape."""
+    mask = 0
+    for name in names:
+        mask |= _THROTTLE_BITS.get(name) or int(name, 16)
+    return mask
 
 
 def _lowest_bit(words: Iterable[int], word_bits: int = 64) -> int | None:

@@ -46,6 +46,9 @@ def running_key() -> str:
 
 
 WAKE_TTL_S = 60
+# A wake left to a running pass (``DEFERRED``) lasts as long as that pass's lease unrenewed
+# (``GPUADMIN_LEASE_TTL_S``): should its worker die (no ``pass_done``), wakes send tasks again
+# once its lease has expired, and their pass takes the loop over.
 # Longer than a pass takes at 10,000 waiting jobs (bench/loop.py); a pass that outlives it,
 # or a worker that dies in one, only brings back the tasks that find the lock taken
 # (``defer_wake``).
@@ -58,7 +61,7 @@ DEFERRED = b"deferred"
 _WAKE = """
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 return 0
 """
 _PASS_DONE = """
@@ -73,7 +76,9 @@ def wake() -> None:
     woken pass runs: the wake is then left to it (``pass_done`` asks for the next pass)."""
     try:
         keys = (wake_key(), running_key())
-        send = live.client().eval(_WAKE, 2, *keys, str(WAKE_TTL_S), DEFERRED.decode())
+        send = live.client().eval(
+            _WAKE, 2, *keys, str(WAKE_TTL_S), DEFERRED.decode(), str(settings.GPUADMIN_LEASE_TTL_S)
+        )
     except RedisError as exc:  # beat's backstop pass will come
         log.warning("cannot wake the placement loop: %s", exc)
         return
@@ -85,7 +90,7 @@ def defer_wake() -> None:
     """Before a pass that was asked for tries the loop's lock: mark the wake as left to the
     pass that holds the lock, should one hold it (``pass_done`` then asks again)."""
     with suppress(RedisError):  # the pass holding the lock, or beat's, will come
-        live.client().set(wake_key(), DEFERRED, xx=True, ex=WAKE_TTL_S)
+        live.client().set(wake_key(), DEFERRED, xx=True, ex=settings.GPUADMIN_LEASE_TTL_S)
 
 
 def pass_running() -> None:

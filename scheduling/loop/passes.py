@@ -2,7 +2,10 @@
 
 Woken on commit by submit/cancel/finish and other state changes (``dispatch.wake``, coalesced
 through a Redis key so a burst of submissions wakes it once), and by beat as a backstop. One
-pass runs at a time: a PostgreSQL advisory lock serialises passes across workers. The engine
+pass runs at a time: the loop's lease (``gpuadmin.leases``, a row, not a session lock, so that
+it holds behind PgBouncer's transaction pooling) serialises passes across workers, and each of
+a pass's commits is fenced by it (a pass that lost it, its worker stalled past the lease's
+time to live, commits nothing more). The engine
 (``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` (a
 fixed number of queries, whatever the fleet's and the queue's sizes) and its decisions back
 into the database: placements ``COMMIT_BATCH`` at a time (``allocation_services.allocate_many``,
@@ -13,8 +16,10 @@ changed.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -26,6 +31,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from redis.exceptions import RedisError
 
+from gpuadmin.leases import services as leases
 from inventory import live
 from scheduling import placement
 from scheduling.allocations import services as allocation_services
@@ -51,8 +57,11 @@ from scheduling.sharing import services as sharing
 log = logging.getLogger("gpuadmin.placement")
 
 
-# Any 64-bit number unique to this lock within the database.
-PASS_LOCK_ID = 0x67707561_646D696E  # "gpuadmin"
+# The placement loop's lease (``gpuadmin.leases``), one per central queue.
+def lease_name() -> str:
+    return f"placement-pass:{settings.GPUADMIN_CENTRAL_QUEUE}"
+
+
 # How long the mark set by ``stop_placing`` lasts at most (the stack that set it died).
 STOPPING_TTL_S = 300
 # Placements committed per transaction: a handful of statements each, however many. Larger
@@ -76,16 +85,42 @@ class PassSummary:
     mig_requested: int = 0  # MIG instances asked of agents for waiting jobs
 
 
+# The loop's lease while this thread holds it.
+_holding = threading.local()
+
+
+def _held() -> leases.Held | None:
+    held: leases.Held | None = getattr(_holding, "lease", None)
+    return held
+
+
+@contextmanager
+def _hold(held: leases.Held) -> Iterator[None]:
+    _holding.lease = held
+    try:
+        with leases.holding(held):
+            yield
+    finally:
+        _holding.lease = None
+
+
 @contextmanager
 def pass_lock() -> Iterator[None]:
-    """Hold the placement loop's advisory lock (waits for a pass on another worker)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [PASS_LOCK_ID])
-    try:
+    """Hold the placement loop's lease (waits for a pass on another worker to end, or for a
+    dead worker's lease to expire); nests in this thread."""
+    if _held() is not None:
         yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_ID])
+        return
+    with _hold(leases.take(lease_name(), settings.GPUADMIN_LEASE_TTL_S)):
+        yield
+
+
+def fenced() -> contextlib.AbstractContextManager[None]:
+    """A transaction for what a pass decided: it commits only while the pass still holds the
+    loop's lease (``leases.fenced``). Outside a pass (a test, a bench), what the callee does
+    on its own."""
+    held = _held()
+    return contextlib.nullcontext() if held is None else leases.fenced(held)
 
 
 def stopping_key() -> str:
@@ -95,7 +130,7 @@ def stopping_key() -> str:
 
 def stop_placing() -> None:
     """No pass places anything from now on (``gpuadmin up`` stops, before its agents): a
-    mark that every pass reads under the loop's lock, then the lock taken once, so that a
+    mark that every pass reads under the loop's lease, then the lease taken once, so that a
     pass already running has committed what it placed when this returns (its jobs reach the
     agents, still running, or are re-queued by ``reports.requeue_unconfirmed``)."""
     live.client().set(stopping_key(), "1", ex=STOPPING_TTL_S)
@@ -131,9 +166,14 @@ def run_pass() -> PassSummary:
             summary.skipped = "the stack is stopping"
         elif not config.enabled:
             summary.skipped = "the scheduler is stopped"
-            summary.pending_saved = explain_stopped()
+            with fenced():
+                summary.pending_saved = explain_stopped()
         else:
-            _place_and_explain(summary)
+            try:
+                _place_and_explain(summary)
+            except leases.LeaseLost as exc:  # the pass that took it over places instead
+                log.warning("placement pass stopped: %s", exc)
+                summary.skipped = "another worker took the loop's lease over"
     summary.duration_ms = (time.perf_counter() - started) * 1000
     if summary.refused:
         wake()  # refused decisions are retried by the next pass
@@ -174,7 +214,8 @@ def _place_and_explain(summary: PassSummary) -> None:
     summary.placed = len(summary.dispatched)
     summary.preempting = start_preemptions(result.preemptions, read.snapshot)
     for creation in result.mig_creates:
-        sharing.request_mig_instance(creation)
+        with fenced():
+            sharing.request_mig_instance(creation)
     summary.mig_requested = len(result.mig_creates)
     clock.lap("commit")
     pending = (*result.pending, *read.dependent)
@@ -191,17 +232,12 @@ def run_woken_pass() -> PassSummary | None:
     so a job's end during a pass still gets a pass after it. (A worker that dies in its pass
     leaves such a wake to beat's backstop pass.)"""
     defer_wake()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_ID])
-        [(free,)] = cursor.fetchall()
-    if not free:
+    held = leases.try_take(lease_name(), settings.GPUADMIN_LEASE_TTL_S)
+    if held is None:
         return None
     pass_running()
-    try:
-        summary = run_pass()  # takes the lock again (advisory locks nest within a session)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_ID])
+    with _hold(held):
+        summary = run_pass()  # holds the lease already (``pass_lock`` nests)
     pass_done()
     return summary
 
@@ -251,9 +287,10 @@ def commit_placements(
     refused = 0
     for start in range(0, len(decisions), COMMIT_BATCH):
         grants = [_grant(decision, slots) for decision in decisions[start : start + COMMIT_BATCH]]
-        outcome = allocation_services.allocate_many(
-            grants, actor_name=transitions.LOOP_ACTOR, decided_at=decided_at
-        )
+        with fenced():
+            outcome = allocation_services.allocate_many(
+                grants, actor_name=transitions.LOOP_ACTOR, decided_at=decided_at
+            )
         for job_id, why in outcome.refused.items():
             log.info("placement of job %d refused: %s", job_id, why)
         # Committed, so this runs now (or when a transaction the caller holds commits); the
@@ -298,11 +335,11 @@ def start_preemptions(
     marked = 0
     for decision in decisions:
         signal, grace_s = signals.get(pools.get(decision.job_id), _DEFAULT_SIGNAL)
-        marked += len(
-            preemption.preempt(
+        with fenced():
+            victims = preemption.preempt(
                 decision, signal=signal, grace_s=grace_s, actor_name=transitions.LOOP_ACTOR
             )
-        )
+        marked += len(victims)
     return marked
 
 
@@ -338,7 +375,7 @@ def save_pending(
         return 0
     columns = [list(column) for column in zip(*rows, strict=True)]
     columns[4] = [epoch_datetime(start) for start in columns[4]]
-    with connection.cursor() as cursor:
+    with fenced(), connection.cursor() as cursor:
         cursor.execute(SAVE_PENDING_SQL, [*columns, JobState.QUEUED])
         return cursor.rowcount
 

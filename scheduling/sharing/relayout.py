@@ -18,10 +18,11 @@ from typing import Any
 from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.services import record
+from gpuadmin.leases import services as leases
 from gpuadmin.refusals import FieldRefusal
 from inventory.choices import GpuState
 from inventory.models import Gpu, MigInstance
@@ -55,8 +56,10 @@ APPLY_STEP_S = 2 * MIG_TASK_TIMEOUT_S
 VERIFY_S = 60.0
 # Refusals that a later try may not meet (the drained jobs' processes still going away).
 _TRANSIENT = frozenset({"busy", "no_live_sample", "node_unreachable"})
-# pg_try_advisory_lock(class, id): one advance of a re-layout at a time.
-_LOCK_CLASS = 0x4D49_4752  # "MIGR"
+# One advance of a re-layout at a time: a lease (``gpuadmin.leases``) per re-layout, as long as
+# its longest step (an apply and a roll-back of the largest layouts, 7 instances each), so that
+# it outlives a step and a dead worker's advance is taken over after at most that.
+_LEASE_S = APPLY_STEP_S * 14 + VERIFY_S
 
 Layout = list[dict[str, Any]]
 
@@ -447,17 +450,12 @@ def _describe(layout: Layout) -> str:
 
 @contextmanager
 def _claimed(pk: int) -> Iterator[MigRelayout | None]:
-    """The re-layout, loaded, while this process holds its advisory lock; ``None`` when
-    another holds it. A session lock, not a transaction: the agent calls inside take seconds
-    each and commit on their own."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_CLASS, pk])
-        [(locked,)] = cursor.fetchall()
-    if not locked:
+    """The re-layout, loaded, while this process holds its lease; ``None`` when another
+    holds it. A lease, not a transaction: the agent calls inside take seconds each and commit
+    on their own."""
+    held = leases.try_take(f"mig-relayout:{pk}", _LEASE_S)
+    if held is None:
         yield None
         return
-    try:
+    with leases.holding(held):
         yield MigRelayout.objects.select_related("gpu__node").get(pk=pk)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [_LOCK_CLASS, pk])

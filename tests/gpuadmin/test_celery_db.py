@@ -10,7 +10,8 @@ from celery import signals
 from celery.fixups.django import DjangoWorkerFixup
 from django.db import connection
 
-from gpuadmin.celery import app
+from gpuadmin.access.node_orders import NodeOrder
+from gpuadmin.celery import DATABASE_AWAY, app
 from scheduling import tasks
 
 # Not in a test transaction: a worker's connection is in autocommit between tasks.
@@ -45,3 +46,19 @@ def test_a_connection_past_its_age_is_closed_after_a_task() -> None:
     run_task_signals(fixup)
 
     assert connection.connection is None
+
+
+def test_every_central_task_is_retried_while_the_database_is_away() -> None:
+    """A report or a pass that finds PostgreSQL restarting is sent again, not dropped
+    (gpuadmin.celery.Task; tests/integration/test_faults.py restarts it for real). The orders
+    an agent carries out touch no database."""
+    app.loader.import_default_modules()
+    central = {
+        name: task
+        for name, task in app.tasks.items()
+        if not name.startswith("celery.") and not isinstance(task, NodeOrder)
+    }
+    assert {"health.report", "scheduling.job_events", "scheduling.placement_pass"} <= set(central)
+    for name, task in central.items():
+        assert set(DATABASE_AWAY) <= set(task.autoretry_for), name
+        assert task.max_retries * task.retry_backoff_max >= 300, name

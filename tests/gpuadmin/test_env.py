@@ -12,6 +12,7 @@ from gpuadmin.env import (
     env_unix_user,
     node_environment,
     parse_database_url,
+    parse_redis_url,
 )
 
 
@@ -106,6 +107,52 @@ def test_parse_database_url_tcp_and_socket():
 def test_parse_database_url_refuses_bad_urls(url, message):
     with pytest.raises(ImproperlyConfigured, match=message):
         parse_database_url(url)
+
+
+def test_parse_redis_url_one_server_is_taken_as_given():
+    target = parse_redis_url("redis://:pw@redis.internal:6379/3")
+    assert target.celery_url == "redis://:pw@redis.internal:6379/3"
+    assert target.celery_transport_options == {}
+    assert target.sentinels == ()
+
+
+def test_parse_redis_url_sentinels_for_celery_and_the_client():
+    target = parse_redis_url(
+        "sentinel://:s%40cret@10.0.0.1:26380,sentinel-b,[fd00::3]:26381/2"
+        "?master=gpuadmin&sentinel_password=spw"
+    )
+    assert target.sentinels == (("10.0.0.1", 26380), ("sentinel-b", 26379), ("fd00::3", 26381))
+    assert (target.master, target.db, target.password) == ("gpuadmin", 2, "s@cret")
+    # Celery's own form: one URL per Sentinel, the first carrying the database and password.
+    assert target.celery_url == (
+        "sentinel://:s%40cret@10.0.0.1:26380/2;sentinel://:s%40cret@sentinel-b:26379/2;"
+        "sentinel://:s%40cret@[fd00::3]:26381/2"
+    )
+    options = target.celery_transport_options
+    assert options["master_name"] == "gpuadmin"
+    assert options["sentinel_kwargs"]["password"] == "spw"
+    pool = target.client(socket_timeout=2).connection_pool
+    assert pool.service_name == "gpuadmin"
+    assert pool.connection_kwargs["db"] == 2 and pool.connection_kwargs["password"] == "s@cret"
+    assert [
+        s.connection_pool.connection_kwargs["password"] for s in pool.sentinel_manager.sentinels
+    ] == ["spw"] * 3
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("memcached://h:11211", "scheme 'memcached' is not supported"),
+        ("sentinel://h:26379/0", "names no primary: add \\?master=NAME"),
+        ("sentinel://h:26379/x?master=m", "database 'x' is not a number"),
+        ("sentinel://h:26379/0?master=m&ssl=1", "unknown parameters: ssl"),
+        ("sentinel://h:port/0?master=m", "'h:port' is not a Sentinel's HOST:PORT"),
+        ("sentinel://a,,b/0?master=m", "'' is not a Sentinel's HOST:PORT"),
+    ],
+)
+def test_parse_redis_url_refuses_bad_urls(url, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        parse_redis_url(url)
 
 
 def test_env_rate_reads_n_per_period_or_off(monkeypatch):

@@ -5,7 +5,9 @@ reach; the favicon; the browsable API within the Content-Security-Policy."""
 from __future__ import annotations
 
 import pytest
+from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import PermissionDenied
+from django.db import InterfaceError, OperationalError
 from django.test import Client, RequestFactory
 
 from gpuadmin.access.models import Role
@@ -110,3 +112,25 @@ def test_the_browsable_api_has_no_inline_style(client):
     assert response.status_code == 200 and "Django REST framework" in html
     assert "<style" not in html
     assert '<link rel="icon" href="/static/gpuadmin/favicon.svg"' in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("error", [OperationalError, InterfaceError])
+def test_a_page_while_the_database_is_away_is_a_503_not_a_500(monkeypatch, error):
+    """The database restarting under a page (here: the session's lookup, in no view's code)
+    is the site's 503 page with Retry-After, as the API answers; a server error stays a 500
+    (tests/integration/test_faults.py restarts PostgreSQL for real)."""
+    client = Client(raise_request_exception=False)
+    client.force_login(person("vic"))
+
+    def away(self: SessionStore, *args: object) -> None:
+        raise error("connection to server at 127.0.0.1, port 5432 failed: Connection refused")
+
+    monkeypatch.setattr(SessionStore, "load", away)
+    response = client.get("/fleet/")
+    html = response.content.decode()
+    assert (response.status_code, response["Retry-After"]) == (503, "5")
+    assert LAYOUT in html and "Database unavailable (503)" in html
+    api = client.get("/api/v1/jobs/")
+    assert (api.status_code, api["Retry-After"]) == (503, "5")
+    assert api.json() == {"detail": "The database cannot be reached right now; retry shortly."}

@@ -5,6 +5,7 @@ may read it."""
 from __future__ import annotations
 
 import csv
+import gc
 import gzip
 import json
 import re
@@ -440,6 +441,39 @@ def test_the_text_is_what_prometheus_client_writes_for_the_same_families(client,
     assert client.get("/metrics").text == generate_latest(metrics.REGISTRY).decode()
 
 
+def test_the_label_text_kept_from_the_last_scrape_follows_the_catalog(client, test_fleet):
+    """A whole-fleet scrape keeps its series' label text for the next one: a renamed GPU, a
+    GPU's new state and a new MIG layout are written anew, never as they were."""
+    mig, xid, _ = test_fleet
+    client.get("/metrics")
+    gpu = Gpu.objects.filter(node=mig).order_by("index").first()
+    assert gpu is not None
+    Gpu.objects.filter(pk=gpu.pk).update(name="NVIDIA A100 (renamed)")
+    Gpu.objects.filter(node=xid, index=1).update(state=GpuState.DRAINING)
+    redis, key = live.client(), live.KEY_PREFIX + mig.hostname
+    sample = json.loads(redis.hget(key, gpu.uuid))
+    for instance in sample["mig"]:
+        instance["gi_id"] += 100
+    redis.hset(key, gpu.uuid, json.dumps(sample))
+
+    text = client.get("/metrics").text
+    assert text == generate_latest(metrics.REGISTRY).decode()
+    found = [(name, dict(labels)) for name, labels, _ in samples(text)]
+    renamed = [labels for _, labels in found if labels.get("UUID") == gpu.uuid]
+    assert {labels["modelName"] for labels in renamed} == {"NVIDIA A100 (renamed)"}
+    assert {labels.get("GPU_I_ID") for labels in renamed} == {
+        None,  # its state and NVLink series
+        *(str(instance["gi_id"]) for instance in sample["mig"]),
+    }
+    assert [
+        labels["state"]
+        for name, labels in found
+        if name == "gpuadmin_gpu_state"
+        and labels["Hostname"] == xid.hostname
+        and labels["gpu"] == "1"
+    ] == ["draining"]
+
+
 def test_a_node_scrape_is_the_fleets_series_of_that_node(client, test_fleet):
     """/metrics/nodes/<hostname> says what /metrics says with that Hostname; /metrics/fleet the
     rest: together, /metrics."""
@@ -500,6 +534,20 @@ def test_the_metrics_token_guards_the_fleet_node_and_target_endpoints(client, se
     assert client.get(path, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
     allowed = client.get(path, HTTP_AUTHORIZATION="Bearer scrape-me-0123456789")
     assert allowed.status_code in (200, 404)
+
+
+def test_a_scrape_leaves_the_cycle_collector_as_it_found_it(client, sim_node):
+    """The whole-fleet scrape pauses the cycle collector: running again after it, and still
+    off if something else had turned it off."""
+    sim_node()
+    assert client.get("/metrics").status_code == 200
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        assert client.get("/metrics").status_code == 200
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_a_gzip_scrape_is_compressed_once_to_the_same_text(client, sim_node):

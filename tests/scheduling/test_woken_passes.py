@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from gpuadmin.leases import services as leases
 from inventory import live
 from scheduling import tasks
 from scheduling.loop import dispatch
@@ -30,21 +32,23 @@ def no_wake_asked_for() -> Iterator[None]:
 
 @pytest.fixture
 def other_worker() -> Iterator[BaseDatabaseWrapper]:
-    """Another worker's database session. Its advisory locks are released before it closes:
-    the server ends a closed session's backend, and frees its locks, a moment after the close
-    returns, and the next test could find the pass lock still held."""
+    """Another worker's database session (its own transactions, committed): the lease it
+    takes is gone afterwards."""
     other = connections.create_connection("default")
     yield other
     with other.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock_all()")
+        cursor.execute("DELETE FROM leases_lease WHERE name = %s", [loop.lease_name()])
     other.close()
 
 
-def try_pass_lock(session: BaseDatabaseWrapper) -> bool:
+def take_pass_lease(session: BaseDatabaseWrapper) -> None:
+    """``session`` holds the loop's lease, as a worker whose pass runs."""
     with session.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [loop.PASS_LOCK_ID])
-        [(got,)] = cursor.fetchall()
-    return bool(got)
+        cursor.execute(
+            "INSERT INTO leases_lease (name, holder, token, expires_at) "
+            "VALUES (%s, 'another worker', 1, now() + interval '1 minute')",
+            [loop.lease_name()],
+        )
 
 
 def test_a_pass_asked_for_while_another_runs_returns_at_once(
@@ -58,8 +62,8 @@ def test_a_pass_asked_for_while_another_runs_returns_at_once(
         return real_pass()
 
     monkeypatch.setattr(loop, "run_pass", run_pass)
-    assert try_pass_lock(other_worker)  # its pass runs
-    with connection.cursor() as cursor:  # waiting on the lock would fail instead of hang
+    take_pass_lease(other_worker)  # its pass runs
+    with connection.cursor() as cursor:  # waiting on the lease's row would fail, not hang
         cursor.execute("SET lock_timeout = '2s'")
     dispatch.wake()
 
@@ -67,6 +71,8 @@ def test_a_pass_asked_for_while_another_runs_returns_at_once(
 
     assert passes == []
     assert live.client().get(dispatch.wake_key()) == dispatch.DEFERRED  # left to that pass
+    # For as long as that pass's lease: should its worker die, wakes send tasks again then.
+    assert 0 < live.client().ttl(dispatch.wake_key()) <= settings.GPUADMIN_LEASE_TTL_S
 
 
 @pytest.mark.parametrize(
@@ -81,7 +87,6 @@ def test_a_pass_asked_for_while_another_runs_returns_at_once(
     ],
 )
 def test_a_pass_asks_for_the_next_when_a_wake_was_left_to_it(
-    other_worker: BaseDatabaseWrapper,
     broker: RecordingBroker,
     monkeypatch: pytest.MonkeyPatch,
     during_the_pass: str,
@@ -107,7 +112,7 @@ def test_a_pass_asks_for_the_next_when_a_wake_was_left_to_it(
     assert sent_during_the_pass == [sent_meanwhile]
     # The wake's own pass, if it sent one, and the pass asked for again, after this one.
     assert len(broker.named("scheduling.placement_pass")) == sent_meanwhile + asks_again
-    assert try_pass_lock(other_worker)  # released
+    assert leases.try_take(loop.lease_name(), 1) is not None  # given back
     assert not live.client().exists(dispatch.running_key())
 
 

@@ -5,34 +5,10 @@ authentication) and on a port of the session's own (JWT), speaking v0.0.37 and v
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 
 import pytest
-from slurm import SlurmCluster, ensure_installed  # bench/slurm.py (see __init__.py)
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive TCP ports that nothing listens on now."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        taken = []
-        try:
-            for port in range(first, first + count):
-                held = socket.socket()
-                taken.append(held)
-                held.bind(("", port))
-        except OSError:
-            continue
-        finally:
-            for held in taken:
-                held.close()
-        return first
-    raise RuntimeError(f"no {count} consecutive free ports found")
+from slurm import SlurmCluster, ensure_installed, free_ports  # bench/slurm.py (see __init__.py)
 
 
 @pytest.fixture(scope="session")

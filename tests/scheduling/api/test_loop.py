@@ -10,6 +10,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from gpuadmin.leases import services as leases
+from gpuadmin.leases.models import Lease
 from scheduling.jobs import transitions
 from scheduling.loop import passes as loop
 from scheduling.models import NOT_WAITING, Job, JobState
@@ -162,14 +164,37 @@ def test_a_pass_reads_the_fleet_and_queue_in_a_fixed_number_of_queries(
     for _ in range(3):
         submit(alice, gpu_count=8, estimated_duration_s=600)
     loop.run_pass()  # two placed, one waits
-    # lock, settings, lost jobs; nodes, GPUs, allocations, NVLink links, MPS shares, running
-    # jobs, dependencies, earlier attempts' service, the queue, pool policies, quotas,
-    # reservations, array caps; the pending rows, unlock (the fair-share usage is cached)
+    # the loop's lease, settings, lost jobs; nodes, GPUs, allocations, NVLink links, MPS
+    # shares, running jobs, dependencies, earlier attempts' service, the queue, pool policies,
+    # quotas, reservations, array caps; the pending rows in a transaction fenced by the lease
+    # (a savepoint here, its renewal, its release), the lease given back (the fair-share usage
+    # is cached)
     for added in (20, 40):  # the same queries however long the queue
         for _ in range(added):
             submit(alice, gpu_count=2)
         waiting = Job.objects.filter(state=JobState.QUEUED).count()
-        with django_assert_max_num_queries(18):
+        with django_assert_max_num_queries(20):
             summary = loop.run_pass()
         # Only the new jobs' rows are written: the others keep their word and position.
         assert (summary.placed, summary.waiting, summary.pending_saved) == (0, waiting, added)
+
+
+def test_a_pass_that_lost_the_loops_lease_places_nothing(api_as, fleet, broker, monkeypatch):
+    """A worker that stalls in its pass past the lease's time to live (another worker took the
+    loop over meanwhile) commits none of its decisions: they may be stale."""
+    job = submit(api_as("alice").user, gpu_count=8)
+    plan = loop.placement.plan
+
+    def plan_then_stall(snapshot):
+        result = plan(snapshot)
+        Lease.objects.filter(name=loop.lease_name()).update(expires_at=timezone.now())
+        assert leases.try_take(loop.lease_name(), 60) is not None  # another worker's
+        return result
+
+    monkeypatch.setattr(loop.placement, "plan", plan_then_stall)
+    summary = loop.run_pass()
+
+    assert (summary.placed, summary.skipped) == (0, "another worker took the loop's lease over")
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert broker.named("scheduling.run_jobs") == []

@@ -1,0 +1,328 @@
+"""Redis behind Sentinel (``REDIS_URL=sentinel://...``): Debian's redis-server as a primary and
+a replica, two redis-sentinel processes, all on loopback ports of the session's own; the
+primary is SIGKILLed while a central worker, beat and a simulated node's agent run on it.
+
+"Lost" here: a report an agent was told the broker took that the central side never stored,
+a job that never reached its end, a node that stopped being heard from, or live samples that
+stopped. A send the broker refused is not lost: the agent sends it again (its job events are
+kept until sent, its heartbeats and samples repeat), as the sender below does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from gpuadmin.access.nodes import node_token
+from gpuadmin.audit.models import AuditEvent
+from gpuadmin.env import RedisTarget, parse_redis_url
+from health.choices import EventKind
+from health.models import HealthEvent
+from health.wire import HealthReport
+from inventory import live
+from inventory.models import Node
+from scheduling.jobs import submission
+from scheduling.models import Job, JobState
+from tests.conftest import REPO_DIR
+from tests.integration.reports import send_reports
+from tests.integration.stack import worker_and_agent
+from tests.unix_accounts import runs_as_this_account
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+MASTER = "gpuadmin"
+PASSWORD = "redis-secret"
+SENTINEL_PASSWORD = "sentinel-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def sentinel_binary() -> str:
+    """Debian's redis-sentinel, installed now if missing; a skip (a failure under CI) only
+    when it cannot be installed."""
+    if shutil.which("redis-sentinel") is None:
+        install = subprocess.run(
+            ["sh", str(REPO_DIR / ".ci" / "install-redis-sentinel")],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if shutil.which("redis-sentinel") is None:
+            message = (
+                "Debian's redis-sentinel is not installed and .ci/install-redis-sentinel could "
+                f"not install it (root or sudo and the Debian archive needed): {install.stderr}"
+            )
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    return str(shutil.which("redis-sentinel"))
+
+
+def sentinel_table(sentinel: redis.Redis, what: str) -> list[dict[str, str]]:
+    """``SENTINEL REPLICAS|SENTINELS <master>`` as dicts (redis-py 6.4's own parser of these
+    answers fails)."""
+    rows = sentinel.execute_command("SENTINEL", what, MASTER)
+    return [{row[i].decode(): row[i + 1].decode() for i in range(0, len(row), 2)} for row in rows]
+
+
+def health_report(key: str) -> HealthReport:
+    """A node's health report that no recovery policy acts on (a correctable ECC count)."""
+    return HealthReport(EventKind.ECC_CORRECTED, key, time.time(), message=key)
+
+
+@dataclass
+class SentinelRedis:
+    """A primary, its replica and two Sentinels; ``url`` is gpuadmin's REDIS_URL for them."""
+
+    url: str
+    target: RedisTarget
+    servers: dict[int, subprocess.Popen[bytes]]  # by port
+    sentinel_ports: list[int]
+
+    def sentinel(self) -> redis.Redis:
+        return redis.Redis(port=self.sentinel_ports[0], password=SENTINEL_PASSWORD)
+
+    def primary_port(self) -> int:
+        answer = self.sentinel().execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER)
+        return int(answer[1])
+
+    def server(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, password=PASSWORD, socket_timeout=2)
+
+
+@pytest.fixture(scope="session")
+def sentinel_redis() -> Iterator[SentinelRedis]:
+    """Started once per session (about a second): the primary and replica ask for a
+    password, so do the Sentinels (another one), as a production setup would."""
+    binary = sentinel_binary()
+    root = Path(tempfile.mkdtemp(prefix="gpuadmin-sentinel-"))
+    primary, replica = free_port(), free_port()
+    sentinel_ports = [free_port(), free_port()]
+    processes: list[subprocess.Popen[bytes]] = []
+    servers: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(args: list[str], log: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            args, cwd=root, stdout=(root / log).open("w"), stderr=subprocess.STDOUT
+        )
+        processes.append(process)
+        return process
+
+    try:
+        for port, extra in ((primary, []), (replica, ["--replicaof", "127.0.0.1", str(primary)])):
+            (root / str(port)).mkdir()
+            servers[port] = start(
+                [
+                    "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    "--dir", str(root / str(port)), "--save", "", "--appendonly", "no",
+                    "--requirepass", PASSWORD, "--masterauth", PASSWORD, *extra,
+                ],
+                f"redis-{port}.log",
+            )  # fmt: skip
+        down_after_ms = dict(zip(sentinel_ports, (1000, 4000), strict=True))
+        for port in sentinel_ports:
+            conf = root / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {root}\nrequirepass {SENTINEL_PASSWORD}\n"
+                f"sentinel monitor {MASTER} 127.0.0.1 {primary} 1\n"
+                f"sentinel auth-pass {MASTER} {PASSWORD}\n"
+                # The first Sentinel sees the primary down first and asks the other's vote:
+                # alike, both would ask at once, split the vote and wait out the failover
+                # timeout to try again (10 s more).
+                f"sentinel down-after-milliseconds {MASTER} {down_after_ms[port]}\n"
+                f"sentinel failover-timeout {MASTER} 5000\n"
+                # Sentinels find each other through the primary with this password.
+                f"sentinel sentinel-pass {SENTINEL_PASSWORD}\n"
+            )
+            start([binary, str(conf)], f"sentinel-{port}.log")
+        hosts = ",".join(f"127.0.0.1:{port}" for port in sentinel_ports)
+        url = (
+            f"sentinel://:{PASSWORD}@{hosts}/0?master={MASTER}"
+            f"&sentinel_password={SENTINEL_PASSWORD}"
+        )
+        setup = SentinelRedis(url, parse_redis_url(url), servers, sentinel_ports)
+
+        def ready() -> bool:
+            """Both Sentinels see the replica in sync and each other (a failover needs a
+            known replica and a vote)."""
+            try:
+                for port in sentinel_ports:
+                    sentinel = redis.Redis(port=port, password=SENTINEL_PASSWORD)
+                    replicas = sentinel_table(sentinel, "REPLICAS")
+                    if not (
+                        replicas
+                        and replicas[0]["master-link-status"] == "ok"
+                        and len(sentinel_table(sentinel, "SENTINELS")) == 1
+                    ):
+                        return False
+            except redis.RedisError:
+                return False
+            return True
+
+        wait_for(ready, 30, "the Sentinels to see the replica and each other")
+        yield setup
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=10)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_redis_client_broker_and_results_reach_the_primary_sentinels_name(sentinel_redis):
+    """The processes' own client (latest samples, marks) on a sentinel:// URL writes to the
+    primary; Celery's broker and result backend, configured from the same parsed URL as
+    settings.py configures them, reach it too."""
+    target = sentinel_redis.target
+    client = target.client(socket_timeout=2)
+    client.set("gpuadmin:sentinel-probe", "1")
+    primary = sentinel_redis.server(sentinel_redis.primary_port())
+    assert primary.get("gpuadmin:sentinel-probe") == b"1"
+    app = Celery("sentinel-probe", set_as_current=False)
+    app.conf.update(
+        broker_url=target.celery_url,
+        broker_transport_options=target.celery_transport_options,
+        result_backend=target.celery_url,
+        result_backend_transport_options=target.celery_transport_options,
+    )
+    with app.connection_for_write() as connection:
+        queue = connection.SimpleQueue(f"sentinel-probe-{uuid.uuid4().hex[:6]}")
+        queue.put({"n": 1})
+        assert queue.get(timeout=5).payload == {"n": 1}
+        queue.close()
+    task_id = uuid.uuid4().hex
+    app.backend.store_result(task_id, {"gpus": 8}, "SUCCESS")
+    assert app.AsyncResult(task_id).get(timeout=5) == {"gpus": 8}
+    assert primary.exists(f"celery-task-meta-{task_id}")
+
+
+# The health reports sent 0.2 s apart, and when the primary is killed.
+REPORTS = 20
+KILL_AFTER_S = 1.5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_primary_lost_under_load_loses_no_report_job_or_sample(
+    sentinel_redis, gpuadmin_env, tmp_path, report_figure
+):
+    """A central worker, beat and a simulated DGX's agent on the Sentinels' URL; jobs run
+    and signed reports stream in while the primary is SIGKILLed. The replica is promoted,
+    and afterwards: every report the broker took is stored once, every job submitted before
+    and after ends completed (its start and end reported once each), the node's heartbeats
+    and its live samples come from after the failover."""
+    hostname = f"sen-{uuid.uuid4().hex[:6]}"
+    owner = get_user_model().objects.create_user("sentinel")
+    runs_as_this_account(owner)
+    with worker_and_agent(
+        gpuadmin_env,
+        hostname,
+        ("--sim", "dgx-a100-80gb"),
+        8,
+        tmp_path,
+        beat=True,
+        REDIS_URL=sentinel_redis.url,
+        # Beat's backstop pass places the jobs: this process wakes passes through its own
+        # Redis, not the Sentinels'.
+        GPUADMIN_PLACEMENT_INTERVAL_S="1",
+        GPUADMIN_HEARTBEAT_GRACE_S="60",
+    ):
+        before = [
+            submission.submit_job(owner, command="sleep 2", use_shell=True, gpu_count=1)
+            for _ in range(4)
+        ]
+        target = sentinel_redis.target
+        reports = [
+            ("health.report", [hostname, [health_report(f"failover-{index}").to_dict()]])
+            for index in range(REPORTS)
+        ]
+        sent: list[int] = []
+        refused: list[int] = []
+        sender = threading.Thread(
+            target=send_reports,
+            args=(
+                target.celery_url,
+                target.celery_transport_options,
+                settings.GPUADMIN_CENTRAL_QUEUE,
+                hostname,
+                node_token(hostname, actor_name="tests"),
+                reports,
+                sent,
+                refused,
+            ),
+        )
+        sender.start()
+        time.sleep(KILL_AFTER_S)
+        old = sentinel_redis.primary_port()
+        sentinel_redis.servers[old].send_signal(signal.SIGKILL)
+        killed_at, killed_wall = time.monotonic(), timezone.now()
+        failover_s = wait_for(
+            lambda: sentinel_redis.primary_port() != old, 30, "a Sentinel to promote the replica"
+        )
+        after = [
+            submission.submit_job(owner, command="true", use_shell=True, gpu_count=1)
+            for _ in range(4)
+        ]
+        sender.join()
+        jobs = [*before, *after]
+
+        def ended() -> bool:
+            states = Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list(
+                "state", flat=True
+            )
+            return set(states) == {JobState.COMPLETED}
+
+        wait_for(ended, 60, "every job to end")
+        stored = HealthEvent.objects.filter(node__hostname=hostname, kind=EventKind.ECC_CORRECTED)
+        wait_for(
+            lambda: stored.count() == len(sent),
+            60,
+            "every report the broker took to be stored",
+        )
+        wait_for(
+            lambda: Node.objects.get(hostname=hostname).last_heartbeat_at > killed_wall,
+            30,
+            "a heartbeat after the failover",
+        )
+        samples = sentinel_redis.target.client().hgetall(live.KEY_PREFIX + hostname)
+        newest = max(json.loads(value)["sampled_at"] for value in samples.values())
+        recovered_s = time.monotonic() - killed_at
+
+    keys = sorted(stored.values_list("dedupe_key", flat=True))
+    report_figure(
+        f"Redis primary SIGKILLed: promoted in {failover_s:.1f} s, reports taken {len(sent)} "
+        f"(refusals resent {len(refused)}), stored {len(keys)}, jobs "
+        f"{len(jobs)} completed, all caught up {recovered_s:.1f} s after the kill"
+    )
+    assert len(sent) == REPORTS and refused, "the broker took every report, refused some"
+    assert keys == sorted(f"{hostname}:failover-{index}" for index in sent)  # each once
+    assert newest > killed_wall.timestamp()
+    for job in jobs:  # its start and its end each applied once
+        rows = list(
+            AuditEvent.objects.filter(
+                target_type="scheduling.job", target_id=str(job.pk)
+            ).values_list("event_type", flat=True)
+        )
+        assert rows.count("job.running") == 1 and rows.count("job.completed") == 1, rows
