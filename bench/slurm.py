@@ -109,8 +109,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 class SlurmCluster:
     """slurmctld on ``port``, slurmd on ``port + 1`` (two free ones when ``port`` is None: other
-    clusters, a test session's or another bench's, may run beside it), and slurmrestd on a Unix socket
-    (``rest_auth/local``) and, given ``rest_port``, on 127.0.0.1:``rest_port`` too (JWT:
+    clusters, a test session's or another bench's, may run beside it), and slurmrestd on a Unix
+    socket (``rest_auth/local``) and, given ``rest_port``, on 127.0.0.1:``rest_port`` too (JWT:
     ``token()``), speaking the ``openapi`` plugins' versions."""
 
     def __init__(

@@ -514,6 +514,13 @@ def main() -> None:
                 continue
             best = max(r.jobs_per_s for _, r in ours)
             print(f"submit_vs_slurmrestd_{clients}_clients: {best / theirs.jobs_per_s:.2f} x")
+            # CPU per accepted job, the server's (its cheapest answer) against slurmrestd's:
+            # steadier than jobs/s on a shared host, where the clients take cores too.
+            cheapest = min(r.cpu_ms_per_job for _, r in ours)
+            print(f"slurm_slurmrestd_cpu_per_job_{clients}_clients: {theirs.cpu_ms_per_job:.2f} ms")
+            print(f"submit_cpu_per_job_{clients}_clients: {cheapest:.2f} ms")
+            ratio = cheapest / theirs.cpu_ms_per_job
+            print(f"submit_cpu_per_job_vs_slurmrestd_{clients}_clients: {ratio:.2f} x")
             full = [r.jobs_per_s for c, r in ours if c.endswith(" full")]
             if full:
                 ratio = max(full) / theirs.jobs_per_s

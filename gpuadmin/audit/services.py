@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field
+from django.db.models import NOT_PROVIDED, Field
 
 from gpuadmin import request_id as request_ids
 from gpuadmin.audit.models import AuditEvent
@@ -173,8 +173,13 @@ def create_recorded(instance: models.Model, event_type: str, **fields: Any) -> N
         instance.pk = None
     database = transaction.get_connection()  # not the proxy: a lookup per use
     values = _db_values(instance, database)
-    # The audit row as one parameter (a JSON object of its columns): psycopg caches its
-    # parsing of a statement only up to 50 parameters, and a job has 43 columns.
+    # psycopg caches its parsing of a statement only up to 50 parameters, and a job has 53
+    # columns: the NULL ones are left out (``_create_recorded_sql``), and the audit row is one
+    # parameter (a JSON object of its columns).
+    given = tuple(
+        value is not None or kept
+        for value, kept in zip(values, _kept_when_null(model), strict=True)
+    )
     audit_row = {
         field.column: getattr(event, field.attname)
         for field in _columns(AuditEvent)
@@ -182,8 +187,12 @@ def create_recorded(instance: models.Model, event_type: str, **fields: Any) -> N
     }
     with database.cursor() as cursor:
         cursor.execute(
-            _create_recorded_sql(model),
-            [*values, text_parts, json.dumps(audit_row, default=_json_column)],
+            _create_recorded_sql(model, given),
+            [
+                *(value for value, named in zip(values, given, strict=True) if named),
+                text_parts,
+                json.dumps(audit_row, default=_json_column),
+            ],
         )
         (instance.pk,) = cursor.fetchone()
     instance._state.adding = False
@@ -261,9 +270,19 @@ def _columns(model: type[models.Model]) -> list[Field]:
 
 
 @functools.cache
-def _create_recorded_sql(model: type[models.Model]) -> str:
-    """``create_recorded``'s statement for ``model``: the same text every time, so that a
-    connection prepares it once (server-side binding)."""
+def _kept_when_null(model: type[models.Model]) -> tuple[bool, ...]:
+    """For each of ``_columns(model)``, whether a NULL is written as such: a column left out of
+    an INSERT takes its database default (``db_default``), which is NULL only without one."""
+    return tuple(field.db_default is not NOT_PROVIDED for field in _columns(model))
+
+
+@functools.cache
+def _create_recorded_sql(model: type[models.Model], given: tuple[bool, ...]) -> str:
+    """``create_recorded``'s statement for ``model`` with a value for each of ``_columns()``
+    whose flag in ``given`` is set, the others left NULL: the same text for every row with
+    the same NULL columns (a job's submission: a handful of shapes), so that a connection
+    prepares it once (server-side binding)."""
+    columns = [field for field, named in zip(_columns(model), given, strict=True) if named]
     quote = connection.ops.quote_name
     pk, audit_table = quote(model._meta.pk.column), quote(AuditEvent._meta.db_table)
     from_new_row = {
@@ -276,8 +295,8 @@ def _create_recorded_sql(model: type[models.Model]) -> str:
     )
     return (
         f"WITH new AS (INSERT INTO {quote(model._meta.db_table)} "
-        f"({', '.join(quote(field.column) for field in _columns(model))}) "
-        f"VALUES ({', '.join(['%s'] * len(_columns(model)))}) RETURNING {pk}), "
+        f"({', '.join(quote(field.column) for field in columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))}) RETURNING {pk}), "
         f"recorded AS (INSERT INTO {audit_table} "
         f"({', '.join(quote(field.column) for field in audit_columns)}) "
         f"SELECT {select} FROM new, jsonb_populate_record(NULL::{audit_table}, %s::jsonb) audit) "

@@ -2,7 +2,8 @@
 
 Every audit row whose ``after`` has a ``state`` is announced by PostgreSQL on the channel
 ``gpuadmin_state_changes`` when its transaction commits (the trigger of
-``gpuadmin/audit/migrations/0004_notify_state_changes.py``). A server process listens on one
+``gpuadmin/audit/migrations/0004_notify_state_changes.py``, one call per statement since
+``0005_notify_state_changes_per_statement.py``). A server process listens on one
 connection of its own (``StateChanges``) and hands each change to the streams that follow its
 object: no stream reads the database while it waits. A stream reads the audit log only to
 start or resume (the rows after the event id it was given) and after the listening connection

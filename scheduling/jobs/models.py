@@ -95,6 +95,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,  # job_pool: its jobs only
         help_text="The pool whose GPUs it runs on; none: the GPUs in no pool.",
     )
     # Sharing: a MIG device of this profile, or an MPS share of one GPU (then gpu_count is 1).
@@ -145,6 +146,7 @@ class Job(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="jobs",
+        db_index=False,  # job_reservation: its jobs only
         help_text="Runs on this reservation's GPUs, inside its window.",
     )
 
@@ -190,7 +192,12 @@ class Job(models.Model):
     # Set when the loop asked its agents to stop it for another job (signal, then the grace);
     # its end is then a preemption: it is re-queued, not canceled.
     preempted_by = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,  # job_preempted_by: its jobs only
     )
     preempt_requested_at = models.DateTimeField(null=True, blank=True)
     # Set when its owner (or an operator) asked its agents to stop it: its end is a cancel
@@ -202,8 +209,22 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "submitted_at"], name="job_state_submitted"),
             models.Index(fields=["owner", "state"], name="job_owner_state"),
-            models.Index(fields=["array", "state"], name="job_array_state"),
             models.Index(fields=["project"], name="job_project"),
+            # Partial: most jobs are in no array, pool or reservation and preempted by none,
+            # and each index a row is in costs its INSERT (a job array's thousands of tasks,
+            # every submission's server time); a lookup by one of them (= or IN, never IS NULL)
+            # implies it is set, so PostgreSQL uses the index all the same.
+            *(
+                models.Index(
+                    fields=fields, name=name, condition=Q(**{f"{fields[0]}__isnull": False})
+                )
+                for fields, name in (
+                    (["array", "state"], "job_array_state"),
+                    (["pool"], "job_pool"),
+                    (["reservation"], "job_reservation"),
+                    (["preempted_by"], "job_preempted_by"),
+                )
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(gpu_count__gte=1), name="job_gpu_count_positive"),
@@ -232,7 +253,11 @@ class Job(models.Model):
                 condition=Q(mps_percent__isnull=True) | Q(mps_percent__gte=1, mps_percent__lte=100),
                 name="job_mps_percent_range",
             ),
-            models.UniqueConstraint(fields=["array", "array_index"], name="job_array_index_unique"),
+            models.UniqueConstraint(
+                fields=["array", "array_index"],
+                condition=Q(array__isnull=False),
+                name="job_array_index_unique",
+            ),
             models.UniqueConstraint(
                 fields=["owner", "idempotency_key"],
                 condition=~Q(idempotency_key=""),

@@ -154,6 +154,32 @@ def test_a_row_written_with_its_audit_row_is_the_row_django_writes(monkeypatch):
     assert (event.target_id, event.actor_id) == (str(ours.pk), owner.pk)
 
 
+@pytest.mark.django_db
+def test_a_jobs_row_and_audit_row_are_one_statement_psycopg_parses_once():
+    """A submission's statement leaves its NULL columns out: within psycopg's limits for
+    caching its parsing of a statement (at most 50 parameters), where all of a job's 53
+    columns were not."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+
+    owner = User.objects.create_user("parsed")
+    sent: list[tuple[str, int]] = []
+
+    def record(execute, sql, params, many, context):  # noqa: ANN001, ANN202
+        sent.append((sql, len(params)))
+        return execute(sql, params, many, context)
+
+    for name in ("a", "b"):
+        job = Job(owner=owner, command=["python", "x.py"], name=name, state=JobState.QUEUED)
+        with connection.execute_wrapper(record):
+            audit_services.create_recorded(job, "job.submitted", actor=owner, after={})
+    (first_sql, parameters), (second_sql, _) = sent
+    assert first_sql == second_sql  # one text: prepared once
+    assert parameters <= MAX_CACHED_STATEMENT_PARAMS
+    assert len(first_sql.encode()) <= MAX_CACHED_STATEMENT_LENGTH
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.pool_id, stored.started_at, stored.array_index) == (None, None, None)
+
+
 @pytest.fixture
 def wrapper(db):
     """A connection of its own, outside the test's transaction."""

@@ -1,11 +1,15 @@
 """The settings module refuses to start on unsafe or unusable configuration."""
 
+import os
 import socket
 import subprocess
 import sys
 
 import pytest
+from django.db import connections
 
+from gpuadmin.env import parse_database_url
+from gpuadmin.postgres import base as gpuadmin_postgres
 from tests.conftest import REPO_DIR
 
 GOOD_KEY = "k" * 40
@@ -68,7 +72,9 @@ def test_bad_settings_fail_loudly(env, message):
 
 
 def test_database_settings_come_from_the_url(settings):
-    assert settings.DATABASES["default"]["ENGINE"] == "gpuadmin.postgres"
+    assert parse_database_url(os.environ["DATABASE_URL"])["ENGINE"] == "gpuadmin.postgres"
+    # The tests' engine is gpuadmin's with a faster flush (tests/postgres_backend).
+    assert isinstance(connections["default"], gpuadmin_postgres.DatabaseWrapper)
     assert settings.CELERY_BROKER_URL.startswith("redis://")
     assert settings.CELERY_RESULT_BACKEND == settings.CELERY_BROKER_URL
 

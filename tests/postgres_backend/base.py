@@ -1,4 +1,4 @@
-"""The test database's backend: PostgreSQL's own, with a faster flush.
+"""The test database's backend: gpuadmin's (``gpuadmin.postgres``), with a faster flush.
 
 Every transactional test (the integration, browser and concurrency tests) ends with Django's
 flush, which truncates every table. TRUNCATE gives each table, index and telemetry partition
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.backends.postgresql import base, operations
+from django.db.backends.postgresql import operations
+
+from gpuadmin.postgres import base
 
 KEPT = frozenset({"django_content_type", "auth_permission"})
 
