@@ -3,16 +3,20 @@ whole life and of faults end to end."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import psutil
+from django.db import connection
 
 from inventory.models import Node
 from tests.conftest import REPO_DIR, agent_env, session_database_url
@@ -65,23 +69,33 @@ def worker_and_agent(
     one's output in `logs`/<verb>.log; ready once the node is reachable with its `gpus`
     GPUs; the processes by verb. All are stopped on the way out (``stop_warmly``)."""
     env = stack_env(gpuadmin_env, **settings)
-    commands = [
-        ("worker", "--concurrency", "2"),
-        *([("beat",)] if beat else []),
-        ("agent", "--node", hostname, *agent_args),
-    ]
-    processes = {
-        args[0]: _start(args, agent_env(env, hostname) if args[0] == "agent" else env, logs)
-        for args in commands
+    commands = {
+        "worker": (("worker", "--concurrency", "2"), env),
+        **({"beat": (("beat",), env)} if beat else {}),
+        "agent": (("agent", "--node", hostname, *agent_args), agent_env(env, hostname)),
     }
-    try:
+    with running(commands, logs) as processes:
         wait_until_registered(hostname, gpus)
         yield processes
+
+
+@contextmanager
+def running(
+    commands: Mapping[str, tuple[Sequence[str], dict[str, str]]], logs: Path
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """`gpuadmin ARGS...` for each name, on its environment, all started at once, each one's
+    output in `logs`/<name>.log; the processes by name. Those still running are stopped on
+    the way out (``stop_warmly``; one the test killed is left), and every log is shown."""
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, (args, env) in commands.items():
+            processes[name] = _start(args, env, logs, f"{name}.log")
+        yield processes
     finally:
-        stop_warmly(processes.values())
+        stop_warmly(process for process in processes.values() if process.poll() is None)
         # What the processes said: pytest shows it with a failure (a fixture's too).
-        for args in commands:
-            _show_log(logs / f"{args[0]}.log")
+        for name in processes:
+            _show_log(logs / f"{name}.log")
 
 
 @contextmanager
@@ -117,6 +131,68 @@ def stack_env(gpuadmin_env: dict[str, str], **settings: str) -> dict[str, str]:
         "GPUADMIN_SAMPLE_INTERVAL_S": "1",
         **settings,
     }
+
+
+def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
+    """Every worker consumes its queue: Celery logs "<name> ready." when it sends worker_ready
+    (the shared broker has other sessions' workers, so a ping could be answered by those)."""
+    deadline = time.monotonic() + timeout
+    while not all(" ready." in log.read_text() for log in logs):
+        texts = "\n".join(log.read_text() for log in logs)
+        assert all(worker.poll() is None for worker in workers), f"a worker exited:\n{texts}"
+        assert time.monotonic() < deadline, f"workers not ready in {timeout} s:\n{texts}"
+        time.sleep(0.1)
+
+
+def wait_until_serving(base: str, server: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until `gpuadmin serve` at ``base`` answers its health check."""
+
+    def healthy() -> bool:
+        assert server.poll() is None, f"the web server at {base} exited"
+        try:
+            return urllib.request.urlopen(f"{base}/-/health", timeout=5).status == 200
+        except OSError:
+            return False
+
+    wait_for(healthy, timeout, f"the web server at {base} to answer")
+
+
+def submit_over_http(base: str, key: str, body: dict[str, Any]) -> tuple[str, int | None]:
+    """``POST /api/v1/jobs/``: the status (``"no answer"`` when none came) and the job's id."""
+    request = urllib.request.Request(
+        f"{base}/api/v1/jobs/",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return str(response.status), json.load(response)["id"]
+    except urllib.error.HTTPError as exc:
+        return str(exc.code), None
+    except OSError:
+        return "no answer", None
+
+
+def kill_hard(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a process and its children (a worker's pool), as losing its machine does."""
+    for child in psutil.Process(process.pid).children(recursive=True):
+        child.send_signal(signal.SIGKILL)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def overlapping_allocations() -> list[tuple]:
+    """Pairs of allocations of one GPU whose lifetimes overlap (released ones included)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT a.gpu_id, a.job_id, b.job_id FROM scheduling_allocation a
+            JOIN scheduling_allocation b ON a.gpu_id = b.gpu_id AND a.id < b.id
+            WHERE tstzrange(a.allocated_at, a.released_at)
+               && tstzrange(b.allocated_at, b.released_at)
+            """
+        )
+        return cursor.fetchall()
 
 
 def wait_until_registered(hostname: str, gpus: int) -> None:

@@ -19,8 +19,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -39,6 +37,7 @@ from health.wire import HealthReport
 from scheduling.agent.wire import FinalState, JobFinished, JobStarted, executor_id
 from tests.conftest import REPO_DIR
 from tests.integration.reports import send_reports
+from tests.integration.stack import submit_over_http, wait_until_serving
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -238,32 +237,9 @@ def private_servers() -> Iterator[Servers]:
 def serve(servers: Servers, env: dict[str, str], port: int) -> str:
     """`gpuadmin serve` (granian) on ``env``'s database, once it answers; its base URL."""
     base = f"http://127.0.0.1:{port}"
-    servers.start(env, f"web-{port}", "serve", "--bind", f"127.0.0.1:{port}")
-
-    def healthy() -> bool:
-        try:
-            return urllib.request.urlopen(f"{base}/-/health", timeout=5).status == 200
-        except OSError:
-            return False
-
-    wait_for(healthy, 60, "the web server to answer")
+    server = servers.start(env, f"web-{port}", "serve", "--bind", f"127.0.0.1:{port}")
+    wait_until_serving(base, server, 60)
     return base
-
-
-def submit_over_http(base: str, key: str, body: dict[str, Any]) -> tuple[str, int | None]:
-    """``POST /api/v1/jobs/``: the status (``"no answer"`` when none came) and the job's id."""
-    request = urllib.request.Request(
-        f"{base}/api/v1/jobs/",
-        data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return str(response.status), json.load(response)["id"]
-    except urllib.error.HTTPError as exc:
-        return str(exc.code), None
-    except OSError:
-        return "no answer", None
 
 
 def job_states(servers: Servers, url: str) -> dict[str, int]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from inventory.models import Node
@@ -20,38 +18,13 @@ from scheduling.jobs import reports
 from scheduling.loop import passes as loop
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobState, SchedulerSettings
 from tests.conftest import REPO_DIR, session_database_url
-from tests.integration.stack import stop_warmly
+from tests.integration.stack import overlapping_allocations, stop_warmly, wait_until_ready
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 CLIENTS = 3
 CHURN_S = 20
-
-
-def overlapping_allocations() -> list[tuple]:
-    """Pairs of allocations of one GPU whose lifetimes overlap (released ones included)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT a.gpu_id, a.job_id, b.job_id FROM scheduling_allocation a
-            JOIN scheduling_allocation b ON a.gpu_id = b.gpu_id AND a.id < b.id
-            WHERE tstzrange(a.allocated_at, a.released_at)
-               && tstzrange(b.allocated_at, b.released_at)
-            """
-        )
-        return cursor.fetchall()
-
-
-def wait_until_ready(workers: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
-    """Every worker consumes its queue: Celery logs "<name> ready." when it sends worker_ready
-    (the shared broker has other sessions' workers, so a ping could be answered by those)."""
-    deadline = time.monotonic() + timeout
-    while not all(" ready." in log.read_text() for log in logs):
-        texts = "\n".join(log.read_text() for log in logs)
-        assert all(worker.poll() is None for worker in workers), f"a worker exited:\n{texts}"
-        assert time.monotonic() < deadline, f"workers not ready in {timeout} s:\n{texts}"
-        time.sleep(0.1)
 
 
 def test_concurrent_churn_breaks_no_invariant(gpuadmin_env, tmp_path):
