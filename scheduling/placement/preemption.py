@@ -16,7 +16,7 @@ from scheduling.placement.engine import PlacementPass, View
 from scheduling.placement.fairshare import FairShareTable
 from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, matches
 from scheduling.placement.hosts import HostAsk, fits_free
-from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy
+from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy, Qssf
 from scheduling.placement.reservations import moment
 from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
 from scheduling.placement.text import listing, plural
@@ -222,7 +222,7 @@ class Victims:
     def _reason(self, victim: RunningJob, job: JobRequest) -> str | None:
         if PRIORITY_RANK[victim.priority] < PRIORITY_RANK[job.priority]:
             return f"higher priority ({job.priority} over {victim.priority})"
-        if isinstance(self.policy, Las):
+        if isinstance(self.policy, (Las, Qssf)):
             mine = self.policy.queue(job, self.now)
             theirs = self.policy.queue(self._as_waiting(victim), self.now)
             if mine < theirs:

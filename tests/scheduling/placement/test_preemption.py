@@ -275,6 +275,28 @@ def test_las_counts_earlier_attempts_and_spares_a_fresh_start() -> None:
     assert again.id in preemption.victims
 
 
+def test_the_default_policy_stops_preemptible_work_past_a_threshold_for_fresh_work() -> None:
+    """The default pool (qssf, preemption on) puts preemptible jobs in Tiresias' queues: a
+    fresh job stops the preemptible job that attained 14,400 GPU-seconds (queue 1), not the
+    one at 3,200 (queue 0), nor work that may not be preempted; a pool that does not preempt
+    stops nothing."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    served = fleet.run("dgx-01", range(4), None, preemptible=True, started_at=NOW - HOUR)
+    fleet.run("dgx-01", range(4, 8), None, preemptible=True, started_at=NOW - 800)
+    fresh = job(1, gpus=4, predicted_runtime_s=10 * HOUR)
+    default = {None: PoolConfig()}
+
+    [preemption] = fleet.plan(fresh, pools=default).preemptions
+    assert preemption.victims == (served.id,)
+    assert preemption.reason == "less attained service (queue 0 before queue 1)"
+    assert fleet.plan(fresh, pools={None: PoolConfig(preemption=False)}).preemptions == ()
+    assert fleet.plan(replace(fresh, gpus_per_node=8), pools=default).preemptions == ()
+
+    fleet.running = [replace(served, preemptible=False), *fleet.running[1:]]
+    assert fleet.plan(fresh, pools=default).preemptions == ()
+
+
 def test_never_a_victim_that_would_wait_ahead_of_the_job() -> None:
     """The rule follows the pool's own order: a job is stopped only for one that would come
     first were both waiting. FCFS ignores priorities, so a high job submitted after a low
