@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import cast
 
 import replay_traces
+from placement import percentile
 from replay_baselines import baselines
 from replay_sim import EngineScheduler, Result, Scheduler, SharingScheduler, simulate, unusable_gpus
 from replay_traces import TRACES_DIR, Workload
@@ -187,8 +188,39 @@ def ratios(results: dict[str, Result], base: str = "fifo") -> dict[str, tuple[fl
 
 def philly_report(results: dict[str, Result], headlines: list[str]) -> None:
     table = ratios(results)
-    if not table:
+    if table:
+        fifo_report(results, table, headlines)
+    thrashing_report(results)
+    against = ratios(results, base="tiresias").get("default")
+    if against is not None:
+        # Issue 30's target (with --preemptible): the default at most Tiresias' on both.
+        jct, wait = against
+        met = "met" if max(jct, wait) <= 1.0 else "not met"
+        print(f"\ndefault / Tiresias: {jct:.2f} / {wait:.2f} (target <= 1.00 / 1.00: {met})")
+        headlines.append(f"philly_default_jct_vs_tiresias: {jct:.2f} ratio")
+        headlines.append(f"philly_default_wait_vs_tiresias: {wait:.2f} ratio")
+
+
+def thrashing_report(results: dict[str, Result]) -> None:
+    """How soon preempted runs were stopped, and how often one job was."""
+    stopped = {name: result for name, result in results.items() if result.preempted_after_s}
+    if not stopped:
         return
+    print("\nPreempted runs: how long they had run (minutes), the share stopped within 10")
+    print("minutes of their start, and the most times one job was stopped")
+    for result in stopped.values():
+        ran = sorted(result.preempted_after_s)
+        soon = sum(seconds < 600 for seconds in ran) / len(ran)
+        print(
+            f"  {result.policy:24} {len(ran):7d} stops, p10 {percentile(ran, 0.1) / 60:6.1f}"
+            f"  p50 {percentile(ran, 0.5) / 60:6.1f}, {soon:4.0%} within 10 min,"
+            f" at most {result.most_preemptions} of one job"
+        )
+
+
+def fifo_report(
+    results: dict[str, Result], table: dict[str, tuple[float, float]], headlines: list[str]
+) -> None:
     print("\nRatios to strict FIFO (avg JCT / avg waiting); published on this window (Helios):")
     for name, (jct, wait) in table.items():
         print(f"  {results[name].policy:24} {jct:5.2f} / {wait:5.2f}")

@@ -40,6 +40,7 @@ from scheduling.placement import (
     plan,
 )
 from scheduling.placement.decisions import Placement
+from scheduling.placement.policies import attained_thresholds
 from scheduling.placement.predict import Completed, History, Predictor
 from scheduling.placement.sharing import Packing, SharingPass
 from scheduling.placement.sharing import unusable_gpus as sharing_unusable_gpus
@@ -220,11 +221,12 @@ class Cluster:
         self.used_milli -= run.milli * len(run.gpu_ids)
         return run
 
-    def preempt(self, job_id: int, now: float) -> None:
+    def preempt(self, job_id: int, now: float) -> Run:
         run = self.stop(job_id, now)
         run.state.preemptions += 1
         run.state.queued_at = now
         self.enqueue(run.state)
+        return run
 
 
 class Scheduler(Protocol):
@@ -271,6 +273,10 @@ class Result:
     busy_while_waiting_gpu_s: float = 0.0
     fragmented_gpu_s: float = 0.0
     preemptions: int = 0
+    # Thrashing: how long each preempted run had run when stopped, and the most times one
+    # job was stopped.
+    preempted_after_s: list[float] = field(default_factory=list)
+    most_preemptions: int = 0
     passes: int = 0
     decide_s: float = 0.0
     considered: int = 0  # queued jobs summed over passes
@@ -286,6 +292,8 @@ class Result:
     def merge(self, other: Result) -> None:
         self.jct += other.jct
         self.wait += other.wait
+        self.preempted_after_s += other.preempted_after_s
+        self.most_preemptions = max(self.most_preemptions, other.most_preemptions)
         self.first_submit = min(self.first_submit, other.first_submit)
         self.last_end = max(self.last_end, other.last_end)
         for name in (
@@ -405,6 +413,7 @@ def simulate(
             cluster.stop(job_id, now)
             result.jct.append(now - run.state.job.submit)
             result.wait.append(now - run.state.job.submit - run.state.job.duration)
+            result.most_preemptions = max(result.most_preemptions, run.state.preemptions)
             result.last_end = max(result.last_end, now)
             changed = True
         arrived = False
@@ -422,8 +431,9 @@ def simulate(
             result.decide_s += decision.seconds
             result.passes += 1
             for job_id in decision.preempt:
-                cluster.preempt(job_id, now)
+                stopped = cluster.preempt(job_id, now)
                 result.preemptions += 1
+                result.preempted_after_s.append(now - stopped.started)
             for job_id, gpu_ids in decision.starts:
                 run = cluster.start(job_id, gpu_ids, now)
                 result.placed_gpus += len(gpu_ids) * run.milli / FULL
@@ -700,9 +710,12 @@ class EngineScheduler:
         return Decision([(p.job_id, p.gpu_ids) for p in result.placements], preempt, seconds)
 
     def wake_at(self, cluster: Cluster, now: float) -> float | None:
-        if self.config.policy != "las":
+        """When a running job crosses into a lower queue of attained service: under `las`,
+        and under `qssf` when the jobs are preemptible (`attained_thresholds`)."""
+        thresholds = attained_thresholds(self.config)
+        if not thresholds or (self.config.policy != "las" and not self.preemptible):
             return None
-        return las_crossing(cluster.running.values(), self.config.las_thresholds_gpu_s, now)
+        return las_crossing(cluster.running.values(), thresholds, now)
 
 
 def _declared_end(run: Run) -> float | None:

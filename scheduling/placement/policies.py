@@ -48,6 +48,30 @@ class Policy(Protocol):
     def order(self, jobs: Iterable[JobRequest], now: float) -> list[JobRequest]: ...
 
 
+def _check_las(thresholds_gpu_s: tuple[float, ...], starve_multiple: float) -> None:
+    if any(t <= 0 for t in thresholds_gpu_s) or list(thresholds_gpu_s) != sorted(
+        set(thresholds_gpu_s)
+    ):
+        raise ValueError("thresholds_gpu_s must be positive and increasing")
+    if starve_multiple <= 0:
+        raise ValueError("starve_multiple must be positive")
+
+
+def las_queue(
+    job: JobRequest, now: float, thresholds_gpu_s: tuple[float, ...], starve_multiple: float
+) -> int:
+    """Tiresias' discretized queue of `job`: how many of `thresholds_gpu_s` its attained
+    GPU-seconds reach, but 0 (the top queue) once it has waited `starve_multiple` times its
+    own service (its GPU-seconds over its GPU count: the time it ran) since it last went back
+    to the queue (`queued_at`, else its submission): Tiresias' STARVELIMIT."""
+    service = job.attained_service_s
+    level = bisect_right(thresholds_gpu_s, service)
+    since = job.submitted_at if job.queued_at is None else job.queued_at
+    if level and now - since >= starve_multiple * service / job.gpu_count:
+        return 0
+    return level
+
+
 def _age_points(job: JobRequest, now: float, aging_interval_s: float) -> float:
     return max(0.0, now - job.submitted_at) / aging_interval_s
 
@@ -140,16 +164,27 @@ class Qssf:
     goes after known ones of equal score), plus one point per `aging_interval_s` waited. So
     a job waits at most the priority and size points' range in aging intervals before it is
     ahead of every job submitted after it, whatever their size: no job starves. With no
-    history and no estimates it orders as `PriorityWithAging`."""
+    history and no estimates it orders as `PriorityWithAging`.
+
+    With `las_thresholds_gpu_s` (the pool preempts: `policy_for`), preemptible jobs are first
+    put in Tiresias' queues of attained service (`las_queue`: lower queues first, a starving
+    job back in the top one), and ordered by the score inside a queue; a job that may not be
+    preempted is always in the top queue. Predictions are often wrong and a running job's
+    service is a fact: a preemptible job that has run past a threshold yields to the work
+    that has run less (preemption stops it, `preemption.Victims`), so a long job
+    mispredicted as short cannot hold its GPUs against a stream of short ones."""
 
     priority_points: Mapping[str, float] = field(default_factory=lambda: DEFAULT_PRIORITY_POINTS)
     aging_interval_s: float = 60.0
     points_per_halving: float = PoolConfig().qssf_points_per_halving
+    las_thresholds_gpu_s: tuple[float, ...] = ()
+    starve_multiple: float = LAS_STARVE_MULTIPLE
 
     def __post_init__(self) -> None:
         _check_points(self.priority_points, self.aging_interval_s)
         if self.points_per_halving < 0:
             raise ValueError("points_per_halving must be >= 0")
+        _check_las(self.las_thresholds_gpu_s, self.starve_multiple)
 
     @staticmethod
     def service_gpu_s(job: JobRequest) -> float | None:
@@ -171,18 +206,25 @@ class Qssf:
             + _age_points(job, now, self.aging_interval_s)
         )
 
+    def queue(self, job: JobRequest, now: float) -> int:
+        """The job's queue of attained service (0 without thresholds, or not preemptible)."""
+        if not (self.las_thresholds_gpu_s and job.preemptible):
+            return 0
+        return las_queue(job, now, self.las_thresholds_gpu_s, self.starve_multiple)
+
     @property
     def starvation_limit_s(self) -> float:
-        """How long a job waits before its age alone outweighs any priority and size."""
+        """How long a job in the top queue waits before its age alone outweighs any priority
+        and size (a job in a lower one is back in the top one after `las_queue`'s wait)."""
         points = self.priority_points.values()
         halvings = math.log2(QSSF_LARGEST_GPU_S / QSSF_SMALLEST_GPU_S)
         spread = max(points) - min(points) + self.points_per_halving * halvings
         return spread * self.aging_interval_s
 
     def order(self, jobs: Iterable[JobRequest], now: float) -> list[JobRequest]:
-        def key(job: JobRequest) -> tuple[float, bool, float, int]:
+        def key(job: JobRequest) -> tuple[int, float, bool, float, int]:
             unknown = job.likely_runtime_s is None
-            return (-self.score(job, now), unknown, job.submitted_at, job.id)
+            return (self.queue(job, now), -self.score(job, now), unknown, job.submitted_at, job.id)
 
         return sorted(jobs, key=key)
 
@@ -249,19 +291,10 @@ class Las:
     starve_multiple: float = LAS_STARVE_MULTIPLE
 
     def __post_init__(self) -> None:
-        thresholds = self.thresholds_gpu_s
-        if any(t <= 0 for t in thresholds) or list(thresholds) != sorted(set(thresholds)):
-            raise ValueError("thresholds_gpu_s must be positive and increasing")
-        if self.starve_multiple <= 0:
-            raise ValueError("starve_multiple must be positive")
+        _check_las(self.thresholds_gpu_s, self.starve_multiple)
 
     def queue(self, job: JobRequest, now: float) -> int:
-        service = job.attained_service_s
-        level = bisect_right(self.thresholds_gpu_s, service)
-        since = job.submitted_at if job.queued_at is None else job.queued_at
-        if level and now - since >= self.starve_multiple * service / job.gpu_count:
-            return 0
-        return level
+        return las_queue(job, now, self.thresholds_gpu_s, self.starve_multiple)
 
     def order(self, jobs: Iterable[JobRequest], now: float) -> list[JobRequest]:
         return sorted(jobs, key=lambda job: (self.queue(job, now), job.submitted_at, job.id))
@@ -281,10 +314,24 @@ def policy_for(config: PoolConfig, snapshot: Snapshot, pool: str | None = None) 
         shares = FairShareTable.of(snapshot, pool)
         return FairShare(shares, weight=config.fairshare_weight, aging_interval_s=aging)
     if config.policy == "las":
-        return Las(tuple(config.las_thresholds_gpu_s) or DEFAULT_LAS_THRESHOLDS_GPU_S)
+        return Las(attained_thresholds(config))
     if config.policy == "qssf":
-        return Qssf(aging_interval_s=aging, points_per_halving=config.qssf_points_per_halving)
+        return Qssf(
+            aging_interval_s=aging,
+            points_per_halving=config.qssf_points_per_halving,
+            las_thresholds_gpu_s=attained_thresholds(config),
+        )
     raise ValueError(f"unknown policy {config.policy!r}")
+
+
+def attained_thresholds(config: PoolConfig) -> tuple[float, ...]:
+    """The queues of attained service (GPU-seconds) the pool's order puts jobs in: `las`
+    always puts every job in them; `qssf` puts preemptible jobs in them when the pool
+    preempts (else none: `()`)."""
+    thresholds = tuple(config.las_thresholds_gpu_s) or DEFAULT_LAS_THRESHOLDS_GPU_S
+    if config.policy == "las" or (config.policy == "qssf" and config.preemption):
+        return thresholds
+    return ()
 
 
 # Policies by the name settings and the UI use; each builds with defaults (benches, tests).

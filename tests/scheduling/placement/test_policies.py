@@ -1,4 +1,5 @@
-"""Queue order: FCFS, priority with aging, SJF, weighted fair share, least attained service."""
+"""Queue order: FCFS, priority with aging, SJF, weighted fair share, least attained service,
+QSSF (with attained-service queues for preemptible jobs)."""
 
 from __future__ import annotations
 
@@ -259,11 +260,16 @@ def test_las_returns_a_starving_job_to_the_top_queue() -> None:
         (PoolConfig(policy="sjf", aging_interval_s=5), Sjf(aging_interval_s=5)),
         (PoolConfig(policy="las", las_thresholds_gpu_s=()), Las((3600.0, 36_000.0))),
         (PoolConfig(policy="las", las_thresholds_gpu_s=(60, 600)), Las((60, 600))),
-        (PoolConfig(policy="qssf", aging_interval_s=5), Qssf(aging_interval_s=5)),
         (
-            PoolConfig(policy="qssf", qssf_points_per_halving=1000),
-            Qssf(points_per_halving=1000),
+            PoolConfig(policy="qssf", aging_interval_s=5),
+            Qssf(aging_interval_s=5, las_thresholds_gpu_s=(3600.0, 36_000.0)),
         ),
+        (
+            PoolConfig(policy="qssf", qssf_points_per_halving=1000, las_thresholds_gpu_s=(60,)),
+            Qssf(points_per_halving=1000, las_thresholds_gpu_s=(60,)),
+        ),
+        # A pool that does not preempt has no queues of attained service.
+        (PoolConfig(policy="qssf", preemption=False), Qssf()),
     ],
 )
 def test_policy_for_builds_the_policy_a_pool_names(config: PoolConfig, expected: Policy) -> None:
@@ -393,3 +399,82 @@ def test_a_pools_qssf_points_per_halving_decide_how_long_a_large_job_waits(
 def test_qssf_rejects_negative_points() -> None:
     with pytest.raises(ValueError, match="points_per_halving"):
         Qssf(points_per_halving=-1)
+
+
+def test_qssf_puts_preemptible_jobs_in_queues_of_attained_service_then_orders_by_size() -> None:
+    """With thresholds (a pool that preempts), a preemptible job's queue comes first: one
+    that ran past 3,600 GPU-seconds waits behind every job that did not, however small it is
+    predicted to be; inside a queue the likely service orders as before. A job that may not
+    be preempted is never put in a lower queue."""
+    policy = Qssf(las_thresholds_gpu_s=(3600, 36_000))
+    served = {"preemptible": True, "queued_at": NOW - 60}
+    jobs = [
+        job(1, predicted_runtime_s=60, attained_service_s=4000, submitted_at=NOW - 100, **served),
+        job(2, gpus=8, predicted_runtime_s=10 * HOUR, submitted_at=NOW, preemptible=True),
+        job(3, predicted_runtime_s=HOUR, submitted_at=NOW, preemptible=True),
+        job(4, predicted_runtime_s=60, attained_service_s=40_000, submitted_at=NOW, **served),
+        job(5, predicted_runtime_s=2 * HOUR, attained_service_s=40_000, submitted_at=NOW),
+        job(6, predicted_runtime_s=30 * HOUR, attained_service_s=5000, submitted_at=NOW, **served),
+    ]
+
+    assert [policy.queue(j, NOW) for j in jobs] == [1, 0, 0, 2, 0, 1]
+    assert ids(policy.order(jobs, NOW)) == [3, 5, 2, 1, 6, 4]
+    # Without thresholds it is QSSF alone.
+    assert ids(Qssf().order(jobs, NOW)) == [1, 4, 3, 5, 6, 2]
+
+
+def test_qssf_returns_a_starving_preemptible_job_to_the_top_queue() -> None:
+    """Tiresias' guard: 4 GPUs for an hour (14,400 GPU-seconds, an hour of service) are back
+    in the top queue once the job has waited twice that since it was stopped, and then its
+    size and age order it among the others as QSSF does."""
+    policy = Qssf(las_thresholds_gpu_s=(3600,), starve_multiple=2)
+    served = job(
+        1,
+        gpus=4,
+        predicted_runtime_s=2 * HOUR,
+        attained_service_s=14_400,
+        queued_at=NOW - 7_199,
+        submitted_at=NOW - 9_000,
+        preemptible=True,
+    )
+    newcomer = job(2, gpus=4, predicted_runtime_s=2 * HOUR, submitted_at=NOW, preemptible=True)
+
+    assert ids(policy.order([served, newcomer], NOW)) == [2, 1]
+    assert ids(policy.order([served, newcomer], NOW + 1)) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"las_thresholds_gpu_s": (36_000, 3600)}, "increasing"),
+        ({"las_thresholds_gpu_s": (0,)}, "positive"),
+        ({"starve_multiple": 0}, "starve_multiple"),
+    ],
+)
+def test_qssf_rejects_nonsense_queues(options: dict, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Qssf(**options)
+
+
+def test_the_default_pool_runs_a_fresh_job_before_a_preemptible_one_that_ran_long() -> None:
+    """The default policy in a pass: the fleet holds one of two 8-GPU jobs; the one predicted
+    shorter ran two hours before it was stopped, so the fresh one starts. Where the pool
+    does not preempt, or the jobs may not be preempted, QSSF's size order stands."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    ran = job(
+        1,
+        gpus=8,
+        predicted_runtime_s=HOUR,
+        attained_service_s=16 * HOUR,
+        queued_at=NOW - 60,
+        preemptible=True,
+    )
+    fresh = job(2, gpus=8, predicted_runtime_s=3 * HOUR, preemptible=True)
+
+    default = {None: PoolConfig()}
+    assert [p.job_id for p in fleet.plan(ran, fresh, pools=default).placements] == [2]
+    off = {None: PoolConfig(preemption=False)}
+    assert [p.job_id for p in fleet.plan(ran, fresh, pools=off).placements] == [1]
+    solid = [replace(j, preemptible=False) for j in (ran, fresh)]
+    assert [p.job_id for p in fleet.plan(*solid, pools=default).placements] == [1]

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from scheduling.placement import GpuSlot, PoolConfig, Reason, RunningJob
 from scheduling.placement.policies import PRIORITY_RANK
+from scheduling.placement.preemption import LAS_MIN_RUN_S
 from scheduling.placement.topology import choose
 from tests.scheduling.placement.builders import NOW, Fleet, job, pending
 from tests.scheduling.placement.test_properties import PASSES
@@ -264,15 +265,60 @@ def test_las_counts_earlier_attempts_and_spares_a_fresh_start() -> None:
     fleet = Fleet()
     fleet.dgx("dgx-01")
     again = fleet.run(
-        "dgx-01", range(4), None, preemptible=True, started_at=NOW - 300, attained_service_s=HOUR
+        "dgx-01", range(4), None, preemptible=True, started_at=NOW - 900, attained_service_s=HOUR
     )
     fleet.run("dgx-01", range(4, 8), None, borrowed=True, owner="bob", started_at=NOW - 10)
 
-    [preemption] = fleet.plan(job(1, gpus=4), pools=las(600)).preemptions
+    [preemption] = fleet.plan(job(1, gpus=4), pools=las(1200)).preemptions
     assert preemption.reason == "reclaims GPUs lent over quota"
-    assert fleet.plan(job(1, gpus=8), pools=las(600)).preemptions == ()
-    [preemption] = fleet.plan(job(1, gpus=8), pools=las(300)).preemptions
+    assert fleet.plan(job(1, gpus=8), pools=las(1200)).preemptions == ()
+    [preemption] = fleet.plan(job(1, gpus=8), pools=las(900)).preemptions
     assert again.id in preemption.victims
+
+
+def test_a_run_is_not_stopped_for_attained_service_in_its_first_minutes() -> None:
+    """A job resumed (or backfilled) a moment ago is not stopped for less attained service,
+    whatever `preempt_exempt_s`: `LAS_MIN_RUN_S` of its run first, then it may be."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    resumed = fleet.run(
+        "dgx-01", range(8), None, preemptible=True, started_at=NOW - 60, attained_service_s=HOUR
+    )
+    assert fleet.plan(job(1, gpus=8), pools=las(0)).preemptions == ()
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    resumed = fleet.run(
+        "dgx-01",
+        range(8),
+        None,
+        preemptible=True,
+        started_at=NOW - LAS_MIN_RUN_S,
+        attained_service_s=HOUR,
+    )
+    [preemption] = fleet.plan(job(1, gpus=8), pools=las(0)).preemptions
+    assert preemption.victims == (resumed.id,)
+
+
+def test_the_default_policy_stops_preemptible_work_past_a_threshold_for_fresh_work() -> None:
+    """The default pool (qssf, preemption on) puts preemptible jobs in Tiresias' queues: a
+    fresh job stops the preemptible job that attained 14,400 GPU-seconds (queue 1), not the
+    one at 3,200 (queue 0), nor work that may not be preempted; a pool that does not preempt
+    stops nothing."""
+    fleet = Fleet()
+    fleet.dgx("dgx-01")
+    served = fleet.run("dgx-01", range(4), None, preemptible=True, started_at=NOW - HOUR)
+    fleet.run("dgx-01", range(4, 8), None, preemptible=True, started_at=NOW - 800)
+    fresh = job(1, gpus=4, predicted_runtime_s=10 * HOUR)
+    default = {None: PoolConfig()}
+
+    [preemption] = fleet.plan(fresh, pools=default).preemptions
+    assert preemption.victims == (served.id,)
+    assert preemption.reason == "less attained service (queue 0 before queue 1)"
+    assert fleet.plan(fresh, pools={None: PoolConfig(preemption=False)}).preemptions == ()
+    assert fleet.plan(replace(fresh, gpus_per_node=8), pools=default).preemptions == ()
+
+    fleet.running = [replace(served, preemptible=False), *fleet.running[1:]]
+    assert fleet.plan(fresh, pools=default).preemptions == ()
 
 
 def test_never_a_victim_that_would_wait_ahead_of_the_job() -> None:

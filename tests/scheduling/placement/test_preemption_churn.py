@@ -22,7 +22,7 @@ from tests.scheduling.placement.builders import NOW, Fleet
 PASS_S = 60.0
 HOUR = 3600.0
 USERS = ("alice", "bob")
-POLICIES = ("fcfs", "priority", "sjf", "fairshare", "las")
+POLICIES = ("fcfs", "priority", "sjf", "fairshare", "las", "qssf")
 # Orders in which two jobs never swap places as time passes (they age alike; runtimes,
 # priorities and submissions are fixed): a job that stopped another is never stopped by it.
 FIXED_ORDER = ("fcfs", "priority", "sjf")
