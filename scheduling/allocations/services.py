@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -95,6 +96,7 @@ def allocate_many(
     actor_name: str | None = None,
     manual: bool = False,
     decided_at: datetime | None = None,
+    fence: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Allocated:
     """Commit ``grants`` (each job's all or nothing) in one transaction of a fixed number of
     statements however many there are: the jobs locked, then their GPUs (the module's lock
@@ -108,12 +110,17 @@ def allocate_many(
     twice), nothing of it is written and its grants are committed one by one instead, so that
     one refusal never costs the others.
 
+    ``fence`` is entered around each of those transactions (the placement loop's lease,
+    ``loop.passes.fenced``), each one apart: one transaction holding the locks of a grant
+    committed one by one while taking the next grant's would lock a job after GPUs, against
+    the lock order, and deadlock with an allocation by hand.
+
     ``decided_at`` (default: now) is the jobs' ``scheduled_at``: the placement loop gives the
     time its pass saw, so that the next pass expects a placed job to end when the pass that
     placed it did (from the commit's time, a second or two later, every waiting job's estimated
     start behind it would move and be rewritten)."""
     try:
-        with transaction.atomic():
+        with fence(), transaction.atomic():
             return _allocate(grants, actor, actor_name, manual, decided_at)
     except IntegrityError as exc:
         if len(grants) == 1:
@@ -123,7 +130,12 @@ def allocate_many(
     for grant in grants:
         outcome.add(
             allocate_many(
-                [grant], actor=actor, actor_name=actor_name, manual=manual, decided_at=decided_at
+                [grant],
+                actor=actor,
+                actor_name=actor_name,
+                manual=manual,
+                decided_at=decided_at,
+                fence=fence,
             )
         )
     return outcome

@@ -287,10 +287,9 @@ def commit_placements(
     refused = 0
     for start in range(0, len(decisions), COMMIT_BATCH):
         grants = [_grant(decision, slots) for decision in decisions[start : start + COMMIT_BATCH]]
-        with fenced():
-            outcome = allocation_services.allocate_many(
-                grants, actor_name=transitions.LOOP_ACTOR, decided_at=decided_at
-            )
+        outcome = allocation_services.allocate_many(
+            grants, actor_name=transitions.LOOP_ACTOR, decided_at=decided_at, fence=fenced
+        )
         for job_id, why in outcome.refused.items():
             log.info("placement of job %d refused: %s", job_id, why)
         # Committed, so this runs now (or when a transaction the caller holds commits); the

@@ -33,7 +33,8 @@ def test_the_documentation_navigates_and_searches_under_the_policy(page, docs_se
     search.click()
     search.fill("quarantine")
     results = page.locator(".md-search-result__item")
-    expect(results.first).to_be_visible()
+    # The search index loads in a web worker: seconds on a loaded 2-core machine.
+    expect(results.first).to_be_visible(timeout=30_000)
     expect(page.locator(".md-search-result__meta")).to_contain_text("matching document")
     results.first.locator("a").first.click()
     expect(page.locator("article")).to_contain_text("quarantine")

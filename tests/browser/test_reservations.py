@@ -11,6 +11,7 @@ from playwright.sync_api import expect
 
 from gpuadmin.celery import app
 from scheduling.reservations import services as reservations
+from scheduling.reservations.pages import week_start
 from tests.browser.test_scheduling_pages import log_in
 from tests.inventory.pages import add_node, unique_host
 from tests.scheduling.pages.helpers import AgentBroker, person
@@ -30,9 +31,12 @@ def test_the_week_changes_in_place(page, live_server):
     add_node(host)
     alice = person("alice")
     start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    next_week = week_start(timezone.localdate(start) + timedelta(days=7))
+    if start + timedelta(hours=8) > next_week:  # late on a Sunday: the week would cut it short
+        start = next_week + timedelta(hours=1)
     reservation = reservations.request(alice, 2, start, start + timedelta(hours=8))
     log_in(page.context, live_server, alice)
-    page.goto(f"{live_server.url}/nodes/{host}/calendar/")
+    page.goto(f"{live_server.url}/nodes/{host}/calendar/?week={timezone.localdate(start)}")
     bar = page.locator("td.cal-mine").first
     assert bar.inner_text() == f"#{reservation.pk} alice"
     assert bar.get_attribute("colspan") == "8"

@@ -155,7 +155,7 @@ def test_the_primary_lost_under_load_loses_no_report_job_or_sample(
             )
             return set(states) == {JobState.COMPLETED}
 
-        wait_for(ended, 60, "every job to end")
+        wait_for(ended, 120, "every job to end")  # workers reconnect on kombu's backoff
         stored = HealthEvent.objects.filter(node__hostname=hostname, kind=EventKind.ECC_CORRECTED)
         wait_for(
             lambda: stored.count() == len(sent),

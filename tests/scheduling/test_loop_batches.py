@@ -8,10 +8,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
@@ -272,3 +274,28 @@ def test_many_clients_committing_batches_at_once_never_give_a_gpu_twice(alice, g
     assert {event.target_id for event in audited("job.scheduled")} == {
         str(job.pk) for job in placed
     }
+
+
+def test_a_refused_batchs_grants_are_fenced_each_in_a_transaction_of_its_own(alice, gpus):
+    """When the database refuses a batch, its grants are committed one by one, each in a fence
+    (the loop's lease) and a transaction of its own: one transaction holding a committed
+    grant's locks while taking the next grant's would lock a job after GPUs, against the lock
+    order (a deadlock with allocations by hand, seen under churn)."""
+    first, second, third = queued(alice, 3)
+    depths: list[int] = []
+
+    @contextmanager
+    def fence() -> Iterator[None]:
+        depths.append(len(connection.savepoint_ids))  # how deep in transactions it starts
+        with transaction.atomic():
+            yield
+
+    outcome = allocation_services.allocate_many(
+        # The second takes the first's GPU: the database refuses the batch.
+        [grant(first, gpus[0]), grant(second, gpus[0]), grant(third, gpus[1])],
+        actor_name="placement-loop",
+        fence=fence,
+    )
+    assert [job.pk for job, _ in outcome.granted] == [first.pk, third.pk]
+    assert list(outcome.refused) == [second.pk]
+    assert len(depths) == 4 and len(set(depths)) == 1  # the batch, then each grant: none nested
