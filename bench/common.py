@@ -8,6 +8,7 @@ import atexit
 import functools
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -115,6 +116,25 @@ def wait_for(
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def wait_for_port(port: int, timeout: float, what: str, log: Path | None = None) -> None:
+    """Until ``what`` accepts TCP connections on 127.0.0.1:``port``; a RuntimeError naming it,
+    the port and ``log``'s tail (where given) after ``timeout``."""
+
+    def accepts() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    try:
+        wait_for(accepts, timeout, f"{what} on port {port}", poll_s=0.1)
+    except RuntimeError as error:
+        if log is None or not log.exists():
+            raise
+        raise RuntimeError(f"{error}:\n{log.read_text(errors='replace')[-2000:]}") from None
 
 
 def start_gpuadmin(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

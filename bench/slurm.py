@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from common import wait_for
+from common import wait_for, wait_for_port
 
 INSTALL_SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "install-slurm"
 REST_VERSION = "v0.0.38"
@@ -155,7 +155,7 @@ class SlurmCluster:
             )
             wait_for(lambda: Path(self.socket).exists(), 60, "slurmrestd's socket")
             if self.rest_port is not None:
-                wait_for(self._rest_port_open, 60, f"slurmrestd on port {self.rest_port}")
+                wait_for_port(self.rest_port, 60, "slurmrestd", log=self.dir / "slurmrestd-jwt.log")
         except BaseException:
             self.__exit__(None, None, None)  # no daemon left behind by a start that failed
             raise
@@ -181,10 +181,6 @@ class SlurmCluster:
             stdout=subprocess.DEVNULL,
             stderr=(self.dir / f"slurmrestd-{auth}.log").open("wb"),
         )
-
-    def _rest_port_open(self) -> bool:
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", self.rest_port or 0)) == 0
 
     def __exit__(
         self,

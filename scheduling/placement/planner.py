@@ -135,6 +135,7 @@ class _Partition:
                 policy,
                 self.config.preempt_exempt_s,
                 self.config.preemption,
+                self.config.las_min_run_s,
             )
         return self._victims
 

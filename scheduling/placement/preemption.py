@@ -18,7 +18,7 @@ from scheduling.placement.fleet import Fleet, FleetNode, Shape, is_available, ma
 from scheduling.placement.hosts import HostAsk, fits_free
 from scheduling.placement.policies import PRIORITY_RANK, Fcfs, Las, Policy, Qssf
 from scheduling.placement.reservations import moment
-from scheduling.placement.snapshot import GpuSlot, JobRequest, RunningJob
+from scheduling.placement.snapshot import GpuSlot, JobRequest, PoolConfig, RunningJob
 from scheduling.placement.text import listing, plural
 from scheduling.placement.topology import choose
 
@@ -27,10 +27,6 @@ NODES = 64
 # Fair share: the waiting job's factor must exceed the victim's by this much (factors are in
 # [0, 1]; 0.5 is a holder that used exactly its share).
 FAIRSHARE_MARGIN = 0.1
-# A run stopped for less attained service has run this long first (seconds). A job resumed
-# into GPUs a top-queue job cannot use yet would otherwise be stopped the moment that job
-# fits: on Philly at 30 %, 48 % of the default's stops came within 10 minutes of a start.
-LAS_MIN_RUN_S = 600.0
 
 Cost = tuple[bool, int, int, float, int]
 # Why no job was preempted for a waiting one, most hopeful first: what it waits for.
@@ -80,11 +76,14 @@ class Victims:
         policy: Policy | None = None,
         exempt_s: float = 0.0,
         enabled: bool = True,
+        las_min_run_s: float = PoolConfig().las_min_run_s,
     ) -> None:
         """`shares` gives the pool's fair-share table (built when first needed); `policy`
         the pool's order (FCFS when None), which a victim must rank below the waiting job in;
         `exempt_s` how long a job runs before it may be stopped for anything but a
-        reclaim; `enabled` whether the pool preempts at all (else only `refusal` is asked)."""
+        reclaim; `enabled` whether the pool preempts at all (else only `refusal` is asked);
+        `las_min_run_s` how long a job runs before it may be stopped for less attained
+        service (the pool's `PoolConfig.las_min_run_s`)."""
         self.placement_pass = placement_pass
         self.now = placement_pass.now
         node_of = placement_pass.fleet.node_of
@@ -104,6 +103,7 @@ class Victims:
         self.policy: Policy = policy if policy is not None else Fcfs()
         self.exempt_s = exempt_s
         self.enabled = enabled
+        self.las_min_run_s = las_min_run_s
         self._waiting: dict[int, JobRequest] = {}
         self._gone: set[int] = set()
         self._failed: set[tuple[Shape, View, str, str, str]] = set()
@@ -226,7 +226,10 @@ class Victims:
     def _reason(self, victim: RunningJob, job: JobRequest) -> str | None:
         if PRIORITY_RANK[victim.priority] < PRIORITY_RANK[job.priority]:
             return f"higher priority ({job.priority} over {victim.priority})"
-        if isinstance(self.policy, (Las, Qssf)) and self.now - victim.started_at >= LAS_MIN_RUN_S:
+        if (
+            isinstance(self.policy, (Las, Qssf))
+            and self.now - victim.started_at >= self.las_min_run_s
+        ):
             mine = self.policy.queue(job, self.now)
             theirs = self.policy.queue(self._as_waiting(victim), self.now)
             if mine < theirs:

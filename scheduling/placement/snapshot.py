@@ -231,6 +231,11 @@ class PoolConfig:
     # long since its latest start (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed
     # at once.
     preempt_exempt_s: float = 0.0
+    # A run is stopped for less attained service only after this long since its latest start
+    # (seconds). A job resumed into GPUs a top-queue job cannot use yet would otherwise be
+    # stopped the moment that job fits: on Philly at 30 %, 48 % of the default's stops came
+    # within 10 minutes of a start.
+    las_min_run_s: float = 600.0
     dynamic_mig: bool = False
     # qssf: points (aging intervals) a job gains per halving of its likely GPU-service.
     qssf_points_per_halving: float = 250.0

@@ -53,6 +53,7 @@ class PoolPolicyAdmin(admin.ModelAdmin):
                     "allow_borrowing",
                     "preemption",
                     "preempt_exempt_s",
+                    "las_min_run_s",
                     "preempt_signal",
                     "preempt_grace_s",
                 )

@@ -90,6 +90,13 @@ class PoolPolicy(models.Model):
         "before it has run this long (Slurm's PreemptExemptTime); borrowed GPUs are reclaimed "
         "at once.",
     )
+    las_min_run_s = models.PositiveIntegerField(
+        "attained-service exemption (seconds)",
+        default=600,
+        help_text="las, and qssf for preemptible work: a job is not preempted for another's "
+        "less attained service before it has run this long since its latest start (so that "
+        "work resumed a moment ago is not stopped again at once); 0: at once.",
+    )
     qssf_points_per_halving = models.PositiveIntegerField(
         "QSSF points per halving",
         default=250,

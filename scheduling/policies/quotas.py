@@ -96,6 +96,7 @@ def config_of(row: PoolPolicy) -> placement.PoolConfig:
         allow_borrowing=row.allow_borrowing,
         preemption=row.preemption,
         preempt_exempt_s=float(row.preempt_exempt_s),
+        las_min_run_s=float(row.las_min_run_s),
         dynamic_mig=row.dynamic_mig,
         qssf_points_per_halving=float(row.qssf_points_per_halving),
         prediction_trust_intervals=float(row.prediction_trust_intervals),

@@ -10,9 +10,10 @@ docs/users/sharing.md, "MIG re-layout".
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from celery import current_app
@@ -58,8 +59,13 @@ VERIFY_S = 60.0
 _TRANSIENT = frozenset({"busy", "no_live_sample", "node_unreachable"})
 # One advance of a re-layout at a time: a lease (``gpuadmin.leases``) per re-layout, as long as
 # its longest step (an apply and a roll-back of the largest layouts, 7 instances each), so that
-# it outlives a step and a dead worker's advance is taken over after at most that.
+# it outlives a step and a dead worker's advance is taken over after at most that. Each of the
+# step's commits is fenced by it (``leases.fenced``): an advance that lost it, its worker
+# stalled past the lease's time, commits nothing more.
 _LEASE_S = APPLY_STEP_S * 14 + VERIFY_S
+
+# A transaction that commits only while this advance holds the re-layout's lease.
+Fence = Callable[[], AbstractContextManager[object]]
 
 Layout = list[dict[str, Any]]
 
@@ -263,10 +269,11 @@ def request(
 def cancel(relayout: MigRelayout, *, actor: User) -> MigRelayout:
     """Cancel a re-layout that is still draining: the GPU is available again."""
     with _claimed(relayout.pk) as claimed:
-        if claimed is None or claimed.state != R.DRAINING:
+        if claimed is None or claimed[0].state != R.DRAINING:
             raise RelayoutRefused("state", "only a re-layout still draining can be canceled")
-        _finish(claimed, R.CANCELED, f"canceled by {actor.get_username()}", actor=actor)
-        return claimed
+        relayout, fence = claimed
+        _finish(relayout, fence, R.CANCELED, f"canceled by {actor.get_username()}", actor=actor)
+        return relayout
 
 
 def nudge() -> None:
@@ -290,62 +297,67 @@ def advance_open() -> list[int]:
 
 def advance(pk: int) -> MigRelayout:
     """Take the next step of a re-layout if it can be taken now (another worker taking it
-    meanwhile is left to it)."""
-    with _claimed(pk) as relayout:
-        if relayout is None:
+    meanwhile, or taking it over from this one, stalled past its lease, is left to it)."""
+    with _claimed(pk) as claimed:
+        if claimed is None:
             return MigRelayout.objects.get(pk=pk)
+        relayout, fence = claimed
         gpu_state = relayout.gpu.state
-        if relayout.state in (R.DRAINING, R.APPLYING) and gpu_state != GpuState.DRAINING:
-            # Health fenced it or an admin took it offline meanwhile: its hardware is not
-            # this workflow's to change any more (a rollback would change it too).
-            why = f"the GPU left draining (it is {gpu_state}): nothing more applied"
-            _fail(relayout, why, roll_back=False)
-        elif relayout.state == R.DRAINING:
-            _drain(relayout)
-        elif relayout.state == R.APPLYING:
-            _apply_step(relayout)
-        elif relayout.state == R.VERIFYING:
-            _verify(relayout)
+        try:
+            if relayout.state in (R.DRAINING, R.APPLYING) and gpu_state != GpuState.DRAINING:
+                # Health fenced it or an admin took it offline meanwhile: its hardware is not
+                # this workflow's to change any more (a rollback would change it too).
+                why = f"the GPU left draining (it is {gpu_state}): nothing more applied"
+                _fail(relayout, fence, why, roll_back=False)
+            elif relayout.state == R.DRAINING:
+                _drain(relayout, fence)
+            elif relayout.state == R.APPLYING:
+                _apply_step(relayout, fence)
+            elif relayout.state == R.VERIFYING:
+                _verify(relayout, fence)
+        except leases.LeaseLost:
+            log.warning("MIG re-layout %d: its lease was taken over, nothing committed", pk)
+            return MigRelayout.objects.get(pk=pk)
         return relayout
 
 
-def _drain(relayout: MigRelayout) -> None:
+def _drain(relayout: MigRelayout, fence: Fence) -> None:
     if Allocation.objects.active().filter(gpu_id=relayout.gpu_id).exists():
         if _late(relayout):
-            _fail(relayout, "its jobs did not end before the drain deadline")
+            _fail(relayout, fence, "its jobs did not end before the drain deadline")
         return
-    _enter(
-        relayout, R.APPLYING, APPLY_STEP_S * (len(relayout.layout) + len(relayout.previous_layout))
-    )
+    steps = len(relayout.layout) + len(relayout.previous_layout)
+    _enter(relayout, fence, R.APPLYING, APPLY_STEP_S * steps)
 
 
-def _apply_step(relayout: MigRelayout) -> None:
+def _apply_step(relayout: MigRelayout, fence: Fence) -> None:
     try:
         _apply(relayout.gpu, relayout.layout)
     except MigChangeRefused as exc:
         if exc.code in _TRANSIENT and not _late(relayout):
             return  # e.g. a drained job's processes still going away: try again
-        _fail(relayout, f"the agent refused: {exc.message}")
+        _fail(relayout, fence, f"the agent refused: {exc.message}")
         return
     except AgentTimedOut as exc:
-        _fail(relayout, str(exc))
+        _fail(relayout, fence, str(exc))
         return
-    _enter(relayout, R.VERIFYING, VERIFY_S)
+    _enter(relayout, fence, R.VERIFYING, VERIFY_S)
 
 
-def _verify(relayout: MigRelayout) -> None:
+def _verify(relayout: MigRelayout, fence: Fence) -> None:
     gpu = relayout.gpu
     try:
         discover_node(gpu.node, actor_name=ACTOR)
     except DiscoveryFailed as exc:
         if _late(relayout):
-            _fail(relayout, f"the re-scan failed: {exc}")
+            _fail(relayout, fence, f"the re-scan failed: {exc}")
         return
     found = current_layout(gpu)
     if _key(found) != _key(relayout.layout):
-        _fail(relayout, f"the re-scan shows {_describe(found)}, not {_describe(relayout.layout)}")
+        shows = f"the re-scan shows {_describe(found)}, not {_describe(relayout.layout)}"
+        _fail(relayout, fence, shows)
         return
-    _finish(relayout, R.DONE, f"{_describe(found)} verified by a re-scan")
+    _finish(relayout, fence, R.DONE, f"{_describe(found)} verified by a re-scan")
 
 
 def _apply(gpu: Gpu, target: Layout) -> None:
@@ -367,7 +379,7 @@ def _apply(gpu: Gpu, target: Layout) -> None:
             )
 
 
-def _fail(relayout: MigRelayout, why: str, *, roll_back: bool = True) -> None:
+def _fail(relayout: MigRelayout, fence: Fence, why: str, *, roll_back: bool = True) -> None:
     """Roll the GPU back to its previous layout (as far as its agent allows; not when the GPU
     is no longer the workflow's, ``roll_back`` False: the message says what it was left with)
     and return it."""
@@ -384,14 +396,16 @@ def _fail(relayout: MigRelayout, why: str, *, roll_back: bool = True) -> None:
             message += f"; the rollback failed too ({exc}): its layout is {left}"
         else:
             message += f"; rolled back to {_describe(relayout.previous_layout)}"
-    _finish(relayout, R.FAILED, message)
+    _finish(relayout, fence, R.FAILED, message)
 
 
-def _finish(relayout: MigRelayout, state: str, message: str, *, actor: User | None = None) -> None:
+def _finish(
+    relayout: MigRelayout, fence: Fence, state: str, message: str, *, actor: User | None = None
+) -> None:
     """End the re-layout in ``state`` and give the GPU back (unless someone else changed its
     state meanwhile, e.g. an admin took it offline)."""
     gpu = relayout.gpu
-    with transaction.atomic():
+    with fence(), transaction.atomic():
         try:
             set_gpu_state(
                 gpu,
@@ -407,8 +421,8 @@ def _finish(relayout: MigRelayout, state: str, message: str, *, actor: User | No
     log.info("MIG re-layout %d of GPU %d: %s (%s)", relayout.pk, gpu.pk, state, message)
 
 
-def _enter(relayout: MigRelayout, state: str, seconds: float) -> None:
-    with transaction.atomic():
+def _enter(relayout: MigRelayout, fence: Fence, state: str, seconds: float) -> None:
+    with fence(), transaction.atomic():
         _set_state(relayout, state, step_deadline=timezone.now() + timedelta(seconds=seconds))
 
 
@@ -448,14 +462,21 @@ def _describe(layout: Layout) -> str:
     return " + ".join(f"{item['profile']}@{item['start']}" for item in layout) or "no instances"
 
 
+def lease_name(pk: int) -> str:
+    """The lease of re-layout ``pk``'s advances."""
+    return f"mig-relayout:{pk}"
+
+
 @contextmanager
-def _claimed(pk: int) -> Iterator[MigRelayout | None]:
-    """The re-layout, loaded, while this process holds its lease; ``None`` when another
-    holds it. A lease, not a transaction: the agent calls inside take seconds each and commit
-    on their own."""
-    held = leases.try_take(f"mig-relayout:{pk}", _LEASE_S)
+def _claimed(pk: int) -> Iterator[tuple[MigRelayout, Fence] | None]:
+    """The re-layout, loaded, while this process holds its lease, and the fence of its
+    commits; ``None`` when another holds the lease. A lease, not a transaction: the agent
+    calls inside take seconds each and commit on their own (what the node did, whoever
+    asked)."""
+    held = leases.try_take(lease_name(pk), _LEASE_S)
     if held is None:
         yield None
         return
     with leases.holding(held):
-        yield MigRelayout.objects.select_related("gpu__node").get(pk=pk)
+        relayout = MigRelayout.objects.select_related("gpu__node").get(pk=pk)
+        yield relayout, partial(leases.fenced, held)

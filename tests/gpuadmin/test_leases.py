@@ -28,7 +28,7 @@ from gpuadmin.leases.models import Lease
 from gpuadmin.postgres.direct import direct_connection
 from scheduling.loop import passes
 from tests.conftest import REPO_DIR
-from tests.waiting import wait_for
+from tests.waiting import wait_for_port
 
 pytestmark = pytest.mark.django_db
 
@@ -148,20 +148,12 @@ pidfile = {scratch}/pgbouncer.pid
         user = ["-u", pwd.getpwuid(owner).pw_name]
     process = subprocess.Popen([_pgbouncer(), *user, str(scratch / "pgbouncer.ini")])
     try:
-        wait_for(lambda: _accepts(listen), timeout=10, what="pgbouncer listening")
+        wait_for_port(listen, 10, "pgbouncer", process=process, log=scratch / "pgbouncer.log")
         yield f"postgresql://{db['USER']}:{db['PASSWORD']}@127.0.0.1:{listen}/{db['NAME']}"
     finally:
         process.terminate()
         process.wait(timeout=10)
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
 
 
 def test_passes_from_two_processes_behind_pgbouncer_never_overlap(

@@ -88,6 +88,7 @@ POLICY_FORM = {
     "prediction_trust_intervals": "360",
     "allow_borrowing": "on",
     "preempt_exempt_s": "0",
+    "las_min_run_s": "600",
     "preempt_signal": "SIGTERM",
     "preempt_grace_s": "30",
     "reservation_release_after_s": "900",

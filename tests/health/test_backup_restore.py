@@ -1,8 +1,14 @@
 """The restore procedure of docs/administration/backups.md, run for real with pg_dump and
-pg_restore on a database that has telemetry partitions."""
+pg_restore on a database that has telemetry partitions, the client programs of the test
+server's major version (the docs' rule: Debian's ``pg_dump`` on PATH is a wrapper that picks a
+version of its own)."""
 
 from __future__ import annotations
 
+import functools
+import os
+import re
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -20,13 +26,49 @@ pytestmark = pytest.mark.django_db(transaction=True)
 NOW = datetime(2032, 7, 8, 9, 30, tzinfo=UTC)
 
 
+@functools.cache
+def server_major() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW server_version_num")
+        return int(cursor.fetchone()[0]) // 10000
+
+
+def client_major(path: str) -> int | None:
+    """The major version ``path --version`` prints (``pg_dump (PostgreSQL) 15.20 ...``)."""
+    done = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"\(PostgreSQL\) (\d+)", done.stdout)
+    return int(found[1]) if found else None
+
+
+@functools.cache
+def program(name: str) -> str:
+    """PostgreSQL's client program ``name`` of the server's major version: Debian's
+    ``/usr/lib/postgresql/<major>/bin/<name>``, else the one on PATH if it is of that version.
+    A skip where there is none (a failure under CI)."""
+    major = server_major()
+    debian = Path(f"/usr/lib/postgresql/{major}/bin/{name}")
+    if debian.exists():
+        return str(debian)
+    on_path = shutil.which(name)
+    if on_path and client_major(on_path) == major:
+        return on_path
+    seen = f"{on_path} is version {client_major(on_path)}" if on_path else f"no {name} on PATH"
+    message = (
+        f"PostgreSQL {major}'s {name} (the server's major version) is not installed: not at "
+        f"{debian}, and {seen} (Debian: apt install postgresql-client-{major})"
+    )
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def pg(*command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """A PostgreSQL client program against the test server."""
+    """A PostgreSQL client program (of the server's version) against the test server."""
     db = settings.DATABASES["default"]
     where = ["--host", db["HOST"] or "127.0.0.1", "--port", str(db["PORT"] or 5432)]
     where += ["--username", db["USER"]]
     return subprocess.run(
-        [command[0], *where, *command[1:]], capture_output=True, text=True, check=check
+        [program(command[0]), *where, *command[1:]], capture_output=True, text=True, check=check
     )
 
 

@@ -26,6 +26,7 @@ def policy_form(**changes: str) -> dict[str, str]:
         "allow_borrowing": "on",
         "preemption": "on",
         "preempt_exempt_s": "0",
+        "las_min_run_s": "600",
         "preempt_signal": "SIGTERM",
         "preempt_grace_s": "30",
         "reservation_auto_approve": "on",

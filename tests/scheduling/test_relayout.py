@@ -10,6 +10,8 @@ import pytest
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
+from gpuadmin.leases import services as leases
+from gpuadmin.leases.models import Lease
 from inventory.agent import node_backend
 from inventory.choices import GpuState
 from inventory.models import Gpu, MigInstance
@@ -335,3 +337,46 @@ def test_an_agent_that_times_out_while_applying_fails_it_and_rolls_back(node, ad
     assert "agent did not answer within 20 s" in failed.message
     assert failed.message.endswith("rolled back to 2g.10gb@0 + 2g.10gb@2 + 3g.20gb@4")
     assert pairs(current_layout(gpu)) == INITIAL
+
+
+@pytest.mark.parametrize(
+    ("step", "state"),
+    [
+        ("_apply", RelayoutState.APPLYING),  # to verifying (_enter)
+        ("discover_node", RelayoutState.VERIFYING),  # to done, the GPU given back (_finish)
+    ],
+)
+def test_an_advance_whose_lease_was_taken_over_commits_nothing(
+    node,  # noqa: F811
+    admin,
+    monkeypatch,
+    step,
+    state,
+):
+    """The worker advancing a re-layout stalls in a step past its lease's time (the agent's
+    calls take seconds each) and another worker takes the lease over: the stalled one's step
+    commits nothing (real leases, on this test's PostgreSQL), and leaves it to the other."""
+    gpu = node.gpu(0)
+    item = relayout.request(gpu, "balanced", actor=admin)
+    while MigRelayout.objects.get(pk=item.pk).state != state:
+        advance(item)
+    real = getattr(relayout, step)
+    successors: list[leases.Held | None] = []
+
+    def stalled(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        Lease.objects.filter(name=relayout.lease_name(item.pk)).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        successors.append(leases.try_take(relayout.lease_name(item.pk), 60, holder="successor"))
+        return outcome
+
+    monkeypatch.setattr(relayout, step, stalled)
+    before = steps(item)
+
+    assert advance(item).state == state
+    assert successors and successors[0] is not None  # the lease was taken over
+    gpu.refresh_from_db()
+    assert (MigRelayout.objects.get(pk=item.pk).state, gpu.state) == (state, GpuState.DRAINING)
+    assert steps(item) == before  # no step audited
+    leases.renew(successors[0])  # still the successor's

@@ -10,6 +10,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from scheduling.models import Allocation, Job, JobState, PoolPolicy, Quota
 from scheduling.placement.snapshot import DEFAULT_POLICY
+from scheduling.policies import quotas
 from tests.scheduling.api.conftest import events
 from tests.scheduling.pages.helpers import add_fleet
 
@@ -70,6 +71,20 @@ def test_admins_change_a_pools_policy_audited_field_by_field(admin, a100):
     assert events("scheduling.poolpolicy") == ["scheduler.policy_changed"] * 2
 
 
+def test_the_attained_service_exemption_is_the_pools_600_s_by_default(admin, a100):
+    """``las_min_run_s``: 600 s until changed (the engine's default too), then what the pool
+    says, as the engine reads it."""
+    assert admin.get("/api/v1/policies/a100/").json()["las_min_run_s"] == 600
+    assert quotas.config_of(quotas.policy_of(a100)).las_min_run_s == 600.0
+    response = admin.patch("/api/v1/policies/a100/", {"las_min_run_s": 1800}, format="json")
+    assert (response.status_code, response.json()["las_min_run_s"]) == (200, 1800)
+    assert quotas.pool_configs()["a100"].las_min_run_s == 1800.0
+    event = AuditEvent.objects.get(event_type="scheduler.policy_changed")
+    assert (event.before, event.after) == ({"las_min_run_s": 600}, {"las_min_run_s": 1800})
+    zero = admin.patch("/api/v1/policies/a100/", {"las_min_run_s": 0}, format="json")
+    assert zero.status_code == 200  # attained service may stop a run at once
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
@@ -86,6 +101,9 @@ def test_admins_change_a_pools_policy_audited_field_by_field(admin, a100):
         ({"preempt_grace_s": 3601}, "preempt_grace_s"),
         ({"preempt_exempt_s": -1}, "preempt_exempt_s"),
         ({"preempt_exempt_s": 7 * 24 * 3600 + 1}, "preempt_exempt_s"),
+        ({"las_min_run_s": -1}, "las_min_run_s"),
+        ({"las_min_run_s": 7 * 24 * 3600 + 1}, "las_min_run_s"),
+        ({"las_min_run_s": "ten minutes"}, "las_min_run_s"),
         ({"reservation_release_after_s": -5}, "reservation_release_after_s"),
         ({"backfill": "maybe"}, "backfill"),
         ({"qssf_points_per_halving": 0}, "qssf_points_per_halving"),

@@ -48,8 +48,14 @@ def test_everyone_signed_in_reads_every_pools_policy_and_admins_may_edit(client,
         r'<tr id="policy-a100" data-policy="las">.*?<td class="num">60</td>', html, re.S
     )
     assert "/policies/~/" not in html  # no edit link for users
-    # preempt_exempt_s 0 by default: preemptible work is stopped at once.
-    assert re.search(r'<tr id="policy-~".*?at once; SIGTERM, 30 s to checkpoint', html, re.S)
+    # preempt_exempt_s 0 by default: preemptible work is stopped at once; for less attained
+    # service (qssf, las) after the pool's las_min_run_s, 600 s by default.
+    assert re.search(
+        r'<tr id="policy-~".*?at once; for less attained service after 10 min; SIGTERM, 30 s to '
+        "checkpoint",
+        html,
+        re.S,
+    )
     # Each pool's qssf weight and trust in predicted runtimes, as set.
     assert re.search(
         r'<tr id="policy-~".*?250 points per halving.*?under 360 aging intervals', html, re.S
@@ -106,6 +112,7 @@ def test_an_admin_changes_a_policy_through_the_form_audited(client, admin):
         ({"policy": "lottery"}, "policy"),
         ({"qssf_points_per_halving": "0"}, "qssf_points_per_halving"),
         ({"prediction_trust_intervals": "-1"}, "prediction_trust_intervals"),
+        ({"las_min_run_s": str(7 * 24 * 3600 + 1)}, "las_min_run_s"),
     ],
 )
 def test_a_bad_value_shows_on_its_field(client, admin, change, field):

@@ -7,12 +7,12 @@ from dataclasses import replace
 from itertools import combinations
 from random import Random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.placement import GpuSlot, PoolConfig, Reason, RunningJob
 from scheduling.placement.policies import PRIORITY_RANK
-from scheduling.placement.preemption import LAS_MIN_RUN_S
 from scheduling.placement.topology import choose
 from tests.scheduling.placement.builders import NOW, Fleet, job, pending
 from tests.scheduling.placement.test_properties import PASSES
@@ -276,27 +276,30 @@ def test_las_counts_earlier_attempts_and_spares_a_fresh_start() -> None:
     assert again.id in preemption.victims
 
 
-def test_a_run_is_not_stopped_for_attained_service_in_its_first_minutes() -> None:
+@pytest.mark.parametrize(
+    ("min_run_s", "ran_s", "stopped"),
+    [
+        (None, 540.0, False),  # the default, 600 s
+        (None, 600.0, True),
+        (1800.0, 900.0, False),  # the pool's own
+        (1800.0, 1800.0, True),
+        (0.0, 0.0, True),  # none: at once
+    ],
+)
+def test_a_run_is_not_stopped_for_attained_service_in_its_first_minutes(
+    min_run_s, ran_s, stopped
+) -> None:
     """A job resumed (or backfilled) a moment ago is not stopped for less attained service,
-    whatever `preempt_exempt_s`: `LAS_MIN_RUN_S` of its run first, then it may be."""
+    whatever `preempt_exempt_s`: the pool's `las_min_run_s` of its run first (default 600 s),
+    then it may be."""
     fleet = Fleet()
     fleet.dgx("dgx-01")
     resumed = fleet.run(
-        "dgx-01", range(8), None, preemptible=True, started_at=NOW - 60, attained_service_s=HOUR
+        "dgx-01", range(8), None, preemptible=True, started_at=NOW - ran_s, attained_service_s=HOUR
     )
-    assert fleet.plan(job(1, gpus=8), pools=las(0)).preemptions == ()
-    fleet = Fleet()
-    fleet.dgx("dgx-01")
-    resumed = fleet.run(
-        "dgx-01",
-        range(8),
-        None,
-        preemptible=True,
-        started_at=NOW - LAS_MIN_RUN_S,
-        attained_service_s=HOUR,
-    )
-    [preemption] = fleet.plan(job(1, gpus=8), pools=las(0)).preemptions
-    assert preemption.victims == (resumed.id,)
+    pools = LAS if min_run_s is None else {None: replace(LAS[None], las_min_run_s=min_run_s)}
+    preemptions = fleet.plan(job(1, gpus=8), pools=pools).preemptions
+    assert [p.victims for p in preemptions] == ([(resumed.id,)] if stopped else [])
 
 
 def test_the_default_policy_stops_preemptible_work_past_a_threshold_for_fresh_work() -> None:
