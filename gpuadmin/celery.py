@@ -10,6 +10,7 @@ from celery import Celery
 from celery import Task as CeleryTask
 from celery.result import AsyncResult
 from django.db import InterfaceError, OperationalError
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpuadmin.settings")
 
@@ -49,6 +50,12 @@ class App(Celery):
         options.setdefault("ignore_result", self.conf.task_ignore_result)
         return super().send_task(name, *args, **options)
 
+
+# sentinel:// broker URLs get kombu's Sentinel transport made to come through a failover with
+# messages unacknowledged (gpuadmin/broker.py). The URL's scheme picks it, not the
+# broker_transport setting: kombu's failover to the next URL of the list resets the transport
+# to the scheme's.
+TRANSPORT_ALIASES["sentinel"] = "gpuadmin.broker:SentinelTransport"
 
 app = App("gpuadmin", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")

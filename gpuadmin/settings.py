@@ -88,6 +88,9 @@ GPUADMIN_ALERT_INTERVAL_S = env_int("GPUADMIN_ALERT_INTERVAL_S", 10, minimum=1)
 GPUADMIN_WEBHOOK_MAX_ATTEMPTS = env_int("GPUADMIN_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 GPUADMIN_WEBHOOK_BACKOFF_S = env_int("GPUADMIN_WEBHOOK_BACKOFF_S", 5, minimum=1)
 GPUADMIN_WEBHOOK_TIMEOUT_S = env_int("GPUADMIN_WEBHOOK_TIMEOUT_S", 10, minimum=1)
+# The backoff's cap: the longest countdown any task is sent again with (other tasks' retries
+# wait at most 10 s, gpuadmin/celery.py), which the broker's visibility timeout must exceed.
+GPUADMIN_WEBHOOK_BACKOFF_MAX_S = 600
 # Unset: the address `up`/`serve` listen on (GPUADMIN_BIND), which they export to their children.
 GPUADMIN_PUBLIC_URL = env_str("GPUADMIN_PUBLIC_URL") or public_url(
     env_str("GPUADMIN_BIND") or DEFAULT_BIND
@@ -333,7 +336,20 @@ SPECTACULAR_SETTINGS = {
 
 CELERY_BROKER_URL = REDIS_TARGET.celery_url
 CELERY_RESULT_BACKEND = REDIS_TARGET.celery_url
-CELERY_BROKER_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
+# Redis's visibility timeout (kombu's): a message a worker took and has not acknowledged
+# (acks late: not before its task ends) is given to another worker after this long. A task
+# sent with a countdown waits unacknowledged in the worker that took it until it is due, so
+# the timeout must exceed the longest countdown and the task's run after it, or the task is
+# delivered again and runs twice; 5 minutes are left for that run (a webhook's post gives up
+# after GPUADMIN_WEBHOOK_TIMEOUT_S) and for a wait for a free worker process, and a task sent
+# without a countdown must end within the whole. It is how long the messages of a worker that
+# was SIGKILLed wait (a stopped worker puts its messages back itself, and so does one that
+# lost its connection once it reconnects: gpuadmin/broker.py).
+GPUADMIN_BROKER_VISIBILITY_TIMEOUT_S = GPUADMIN_WEBHOOK_BACKOFF_MAX_S + 300
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    **REDIS_TARGET.celery_transport_options,
+    "visibility_timeout": GPUADMIN_BROKER_VISIBILITY_TIMEOUT_S,
+}
 CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = REDIS_TARGET.celery_transport_options
 # The central worker's queue (placement passes, agents' reports); node agents use node.<name>.
 GPUADMIN_CENTRAL_QUEUE = env_str("GPUADMIN_CENTRAL_QUEUE") or "default"

@@ -34,7 +34,7 @@ def resend_to_alertmanager() -> None:
     bind=True,
     autoretry_for=(webhooks.DeliveryFailed, *DATABASE_AWAY),
     retry_backoff=settings.GPUADMIN_WEBHOOK_BACKOFF_S,
-    retry_backoff_max=600,
+    retry_backoff_max=settings.GPUADMIN_WEBHOOK_BACKOFF_MAX_S,
     retry_jitter=False,
     max_retries=settings.GPUADMIN_WEBHOOK_MAX_ATTEMPTS - 1,
 )
