@@ -57,6 +57,7 @@ def preempt(
             and locked[pk].state in HOLDING_STATES
             and locked[pk].preempted_by_id is None
             and locked[pk].cancel_requested_at is None
+            and locked[pk].ending is None
         ]
         preemptor = locked.get(decision.job_id)
         if not victims or preemptor is None or preemptor.state != JobState.QUEUED:
@@ -84,9 +85,9 @@ def preempt(
             ]
         )
         for victim in victims:
-            nodes = transitions.job_nodes(victim)
-            if nodes and all(node.is_reachable() for node in nodes):
-                hostnames = [node.hostname for node in nodes]
+            # It keeps its GPUs until its reachable nodes' agents report its parts gone.
+            hostnames = transitions.reachable_parts(victim)
+            if hostnames:
                 transaction.on_commit(
                     partial(
                         dispatch.send_cancel,
