@@ -2,6 +2,8 @@
 retries, preempted jobs requeued), and the reconciliation of what an agent says it runs. No
 job's process outlives what is decided here: the part of a gang that ends its attempt has the
 others stopped, and an attempt a returning agent runs that gpuadmin ended there is stopped.
+No GPU is given twice meanwhile: a job whose end is decided while parts of it still run keeps
+its GPUs until their agents report them gone (``transitions.stop_parts``).
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def job_events(
     one INSERT. An end adds its run's CPU time and peak memory to the job's earlier runs' (retries
     and preempted runs count too); a multi-node gang's parts add theirs with statements of their own
     (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes nothing.
+    A gang's part whose end ends the attempt while its parts on other reachable nodes run on
+    makes the job stop (``transitions.stop_parts``: its end decided and stored, its GPUs held);
+    the report of the last of them takes that end (``take_end``), whatever they said.
     The end of a preempted job takes ``_requeue_preempted``'s path, in the same transaction: its
     GPUs are released by a statement of their own, so when others end with it, all their GPUs are
     locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the

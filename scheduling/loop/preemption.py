@@ -3,9 +3,11 @@
 The engine (``scheduling.placement``) picks the victims; here each victim still holding its
 GPUs is marked (``preempted_by``, ``preempt_requested_at``, a message on both jobs, audited
 ``job.preempt_requested``) and its agents send it the pool's signal with its grace for a
-checkpoint, then SIGKILL. The victim keeps its GPUs until its agent reports its processes
-gone; ``reports.job_finished`` then re-queues it (``job.preempted``; the attempt does not
-count against its retries). A victim whose node cannot be reached is re-queued at once.
+checkpoint, then SIGKILL. The victim keeps its GPUs until the agents of its reachable nodes
+report its processes gone (a gang's: every part, ``transitions.stop_parts``);
+``reports.job_events`` then re-queues it (``job.preempted``; the attempt does not count
+against its retries). A victim none of whose nodes can be reached is re-queued at once, and a
+job already stopping (``Job.ending``) is no victim.
 """
 
 from __future__ import annotations

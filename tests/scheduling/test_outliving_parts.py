@@ -14,7 +14,7 @@ from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
 from scheduling import placement
 from scheduling.agent.wire import FinalState, JobFinished
-from scheduling.jobs import control, reports, submission, transitions
+from scheduling.jobs import control, queries, reports, submission, transitions
 from scheduling.loop import passes as loop
 from scheduling.loop.preemption import preempt
 from scheduling.models import Allocation, Job, JobState
@@ -296,20 +296,27 @@ def placed_on(owner) -> Job:
     return job
 
 
+@pytest.mark.parametrize(
+    ("outcome", "code", "why"),
+    [
+        (FinalState.FAILED, 1, "exited with code 1"),
+        (FinalState.TIMED_OUT, -15, "ran past its maximum runtime of 60 s"),  # its time limit
+    ],
+)
 def test_the_gpus_of_a_gangs_other_parts_are_held_until_their_agents_report_them_gone(
-    alice, fleet, broker, django_capture_on_commit_callbacks
+    alice, fleet, broker, django_capture_on_commit_callbacks, outcome, code, why
 ):
-    """Part dgx-02 failed: the job is stopping, its part on dgx-01 dies for up to the kill
-    grace, and its GPUs there go to nobody else until dgx-01's agent says the part is gone.
-    The job then ends as its failed part said, and its GPUs are free."""
-    job = gang(alice)
+    """Part dgx-02 failed (or ran past its time limit): the job is stopping, its part on
+    dgx-01 dies for up to the kill grace, and its GPUs there go to nobody else until dgx-01's
+    agent says the part is gone. The job then ends as its part said, and its GPUs are free."""
+    job = gang(alice, max_runtime_s=60)
     held = gpus_of(job, "dgx-01")
     with django_capture_on_commit_callbacks(execute=True):
-        reached = part_ended(job, "dgx-02", FinalState.FAILED, 1, "exited with code 1", 3.0)
+        reached = part_ended(job, "dgx-02", outcome, code, why, 3.0)
     other = placed_on(alice)
     assert other.state == JobState.QUEUED  # no GPU of dgx-01's is free
     assert reached is None  # not over yet
-    said = "stopped: its part on dgx-02 ended (exited with code 1)"
+    said = f"stopped: its part on dgx-02 ended ({why})"
     assert cancels(broker) == [((job.pk, 1, said), "node.dgx-01")]
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
@@ -322,7 +329,7 @@ def test_the_gpus_of_a_gangs_other_parts_are_held_until_their_agents_report_them
     )
     assert {**stopping.after, "finished_at": None} == {
         "state": JobState.FAILED,
-        "exit_code": 1,
+        "exit_code": code,
         "failures": 1,
         "finished_at": None,
         "nodes": ["dgx-01"],
@@ -333,12 +340,19 @@ def test_the_gpus_of_a_gangs_other_parts_are_held_until_their_agents_report_them
             JobState.FAILED
         )
     job.refresh_from_db()
-    assert (job.state, job.exit_code, job.message) == (JobState.FAILED, 1, "exited with code 1")
+    assert (job.state, job.exit_code, job.message) == (JobState.FAILED, code, why)
     assert job.cpu_seconds == 7.5
     assert not Allocation.objects.active().filter(job=job).exists()
     ended = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
     assert ended.before == {"state": JobState.RUNNING}
     assert len(ended.after["released_gpus"]) == 16
+    [run] = queries.job_attempts(job, job.allocations.select_related("node", "gpu"))
+    assert (run.ended, run.exit_code, run.reason, run.ended_at) == (
+        JobState.FAILED,
+        code,
+        why,
+        ended.time,
+    )
     assert len(cancels(broker)) == 1
     loop.run_pass()
     other.refresh_from_db()
@@ -414,7 +428,9 @@ def test_a_gang_stopped_for_its_hardware_keeps_its_gpus_until_its_parts_are_gone
     assert sorted(queue for _, queue in cancels(broker)) == ["node.dgx-01", "node.dgx-02"]
     with django_capture_on_commit_callbacks(execute=True):
         assert part_ended(job, "dgx-02", FinalState.CANCELED, -15, "canceled", 1.0) is None
-    assert placed_on(alice).state == JobState.QUEUED
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert Allocation.objects.active().filter(job=job, attempt=1).count() == 16
     with django_capture_on_commit_callbacks(execute=True):
         assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == (
             JobState.QUEUED
@@ -422,3 +438,27 @@ def test_a_gang_stopped_for_its_hardware_keeps_its_gpus_until_its_parts_are_gone
     job.refresh_from_db()
     assert (job.message, job.failures) == ("XID 79 on dgx-02", 0)
     assert len(cancels(broker)) == 2
+
+
+def test_a_gang_stopped_for_a_lost_node_waits_only_for_its_reachable_parts(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """dgx-02 went silent and a policy (or an admin) stops its jobs: the gang's part there
+    can be neither signalled nor waited for; its part on dgx-01 is, and holds the GPUs until
+    it is gone."""
+    job = gang(alice)
+    Node.objects.filter(hostname="dgx-02").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    gpus = list(Gpu.objects.filter(node__hostname="dgx-02").values_list("pk", flat=True))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert control.stop_jobs_on_gpus(gpus, requeue=True, reason="node dgx-02 lost") == [job.pk]
+    assert cancels(broker) == [((job.pk, 1, "node dgx-02 lost"), "node.dgx-01")]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert job.ending["nodes"] == ["dgx-01"]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == (
+            JobState.QUEUED
+        )
+    assert not Allocation.objects.active().filter(job=job).exists()
