@@ -393,7 +393,8 @@ CELERY_BEAT_SCHEDULE["scheduling-advance-relayouts"] = {
     "schedule": 10.0,
     "options": {"expires": 10.0},
 }
-# Re-queues jobs placed longer than GPUADMIN_SCHEDULED_CONFIRM_S ago that no agent started.
+# Re-queues jobs placed longer than GPUADMIN_SCHEDULED_CONFIRM_S ago that no agent started,
+# and ends the stops that wait for silent nodes (scheduling.jobs.reports).
 CELERY_BEAT_SCHEDULE["scheduling-requeue-unconfirmed"] = {
     "task": "scheduling.requeue_unconfirmed",
     "schedule": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S)),

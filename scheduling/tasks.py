@@ -46,8 +46,10 @@ def sweep_reservations() -> None:
 
 @shared_task(name="scheduling.requeue_unconfirmed")
 def requeue_unconfirmed() -> None:
-    """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started."""
+    """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started, and
+    stopping jobs that wait for silent nodes (``reports.end_stops_on_silent_nodes``)."""
     reports.requeue_unconfirmed()
+    reports.end_stops_on_silent_nodes()
 
 
 @shared_task(name="scheduling.job_event", bind=True)

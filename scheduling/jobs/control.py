@@ -26,7 +26,8 @@ from scheduling.jobs.transitions import (
     TRANSITIONS,
     IllegalTransition,
     attempt_end,
-    job_nodes,
+    reachable_parts,
+    stop_parts,
     transition,
 )
 from scheduling.loop import dispatch
@@ -51,19 +52,19 @@ def release_job(job: Job, *, actor: User) -> Job:
 
 def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -> Job:
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
-    nodes' agents and keeps its GPUs until an agent reports its processes gone (SIGTERM, then
-    SIGKILL after the grace), so the next job never shares a GPU with a dying one; when a node
-    is unreachable its part cannot be signalled and the job ends at once, its parts on the
-    reachable nodes of a gang told to stop all the same (on commit: their GPUs are released;
-    the unreachable node's agent stops its part when it comes back,
-    ``reports.cancel_strays``). With ``kill`` (the
+    reachable nodes' agents and keeps its GPUs until they report its processes gone (SIGTERM,
+    then SIGKILL after the grace; a gang's: every part, ``transitions.stop_parts``), so the
+    next job never shares a GPU with a dying one. A part on an unreachable node cannot be
+    signalled nor waited for (its node's GPUs are unschedulable meanwhile, and its agent stops
+    it when it comes back, ``reports.cancel_strays``): a job with no reachable node ends at
+    once. A job already stopping (``Job.ending``) ends as decided then. With ``kill`` (the
     seed's force kill, ``gpuadmin jobs kill``) its processes get SIGKILL at once, no grace,
     even when a cancel is already under way (its grace is cut short)."""
     message = reason or f"{'killed' if kill else 'canceled'} by {actor.get_username()}"
     stop: dict[str, Any] = {"signal": "SIGKILL", "grace_s": 0} if kill else {}
     job.refresh_from_db()  # decide on the stored state and attempt, never a stale copy
-    nodes = job_nodes(job) if job.state in HOLDING_STATES else []
-    if nodes and all(node.is_reachable() for node in nodes):
+    hostnames = reachable_parts(job) if job.state in HOLDING_STATES else []
+    if hostnames:
         with transaction.atomic():
             # A cancel overrides a preemption under way, and no later pass may start one: its
             # end is a cancel, not a re-queue (``attempt_end``).
@@ -78,16 +79,9 @@ def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -
                 after=stop or None,
                 message=message,
             )
-            hostnames = [node.hostname for node in nodes]
             transaction.on_commit(lambda: dispatch.send_cancel(job, hostnames, message, **stop))
         return job
-    reachable = [node.hostname for node in nodes if node.is_reachable()]
-    with transaction.atomic():
-        canceled = transition(job, S.CANCELED, actor=actor, message=message)
-        if reachable:
-            send = partial(dispatch.send_cancel, canceled, reachable, message, **stop)
-            transaction.on_commit(send)
-    return canceled
+    return transition(job, S.CANCELED, actor=actor, message=message)
 
 
 def cancel_waiting(
@@ -172,9 +166,11 @@ def stop_jobs_on_gpus(
     as ``actor_name``): requeue them (their next placement is their next
     attempt) or fail their run, which counts against their retries as a non-zero exit does
     (``attempt_end``: re-queued while retries are left), with ``reason`` in the job's message,
-    their GPUs released at once,
-    and their processes canceled through their nodes' agents (the agent's later report of
-    the old attempt's end is stale and changes nothing). With ``pid``: only the job whose
+    and their processes canceled through their reachable nodes' agents: as for a cancel, a job
+    keeps its GPUs until those agents report its processes gone (``transitions.stop_parts``),
+    and ends at once when none of its nodes is reachable (their GPUs are unschedulable then; a
+    returning agent stops what it still runs, ``reports.cancel_strays``). A job already being
+    canceled or stopped ends as decided then. With ``pid``: only the job whose
     process it is, when one of them is. With ``gpu_instance_id`` (an error contained to one
     MIG GPU instance): only the jobs holding a MIG device of that instance. A job that already
     moved on is left alone; the ids of the jobs stopped."""
@@ -196,14 +192,20 @@ def stop_jobs_on_gpus(
             current = holding.filter(pk=job.pk).select_for_update(of=("self",)).first()
             if current is None:
                 continue  # ended, or requeued and placed elsewhere, since the query
-            hostnames = [node.hostname for node in job_nodes(job) if node.is_reachable()]
+            hostnames = reachable_parts(current)
+            stopped.append(job.pk)
+            if hostnames and (
+                current.ending is not None or current.cancel_requested_at is not None
+            ):
+                continue  # its stop is under way on every node, its end decided by it
             to, message, fields = (
                 (S.QUEUED, reason, {}) if requeue else attempt_end(current, "failed", None, reason)
             )
-            locked = transition(job.pk, to, actor_name=actor_name, message=message, **fields)
-            if hostnames:
-                transaction.on_commit(partial(dispatch.send_cancel, locked, hostnames, message))
-        stopped.append(job.pk)
+            if not hostnames:
+                transition(current, to, actor_name=actor_name, message=message, **fields)
+                continue
+            stop_parts(current, to, message, fields, hostnames, why=message, actor_name=actor_name)
+            transaction.on_commit(partial(dispatch.send_cancel, current, hostnames, message))
     return stopped
 
 

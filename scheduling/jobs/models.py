@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
@@ -203,6 +204,11 @@ class Job(models.Model):
     # Set when its owner (or an operator) asked its agents to stop it: its end is a cancel
     # whatever its processes made of the signal, and no pass picks it as a victim meanwhile.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Set when its attempt's end was decided while its processes may still run on some of its
+    # nodes (a gang's part ended, or it was stopped for its hardware): the end to take once the
+    # agents of ``nodes`` have reported their parts gone; it keeps its GPUs until then
+    # (``scheduling.jobs.transitions.stop_parts``). {"state", "message", "fields", "nodes"}.
+    ending = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
 
     class Meta:
         ordering = ["-pk"]

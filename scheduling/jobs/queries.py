@@ -36,6 +36,7 @@ from inventory.models import Gpu, Node
 from inventory.services import AgentTimedOut, run_on_node
 from inventory.usability import Unusable
 from scheduling.jobs.slurm import array_label, compact_indexes
+from scheduling.jobs.transitions import STOPPING
 from scheduling.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -212,14 +213,15 @@ class Attempt:
 
 
 # Audit rows that say why a run is about to end, before its end is reported.
-STOP_REQUESTS = ("job.preempt_requested", "job.cancel_requested")
+STOP_REQUESTS = ("job.preempt_requested", "job.cancel_requested", STOPPING)
 
 
 def job_attempts(job: Job, allocations: Iterable[Allocation]) -> list[Attempt]:
     """The job's runs, oldest first, from its ``allocations`` (every attempt's, with GPU and
     node) and its audit rows (one query): ``job.scheduled`` places attempt N, ``job.running``
     starts it, the first move out of scheduled or running ends it (its state, exit code and
-    message); a preemption's or a cancel's request gives the reason an end without one."""
+    message); a preemption's or a cancel's request, or a stop that waits for its parts
+    (``job.stopping``), gives the reason an end without one."""
     attempts: dict[int, Attempt] = {}
     for allocation in sorted(allocations, key=lambda a: (a.node.hostname, a.gpu.index)):
         attempt = attempts.setdefault(allocation.attempt, Attempt(allocation.attempt, []))

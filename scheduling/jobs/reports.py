@@ -2,6 +2,8 @@
 retries, preempted jobs requeued), and the reconciliation of what an agent says it runs. No
 job's process outlives what is decided here: the part of a gang that ends its attempt has the
 others stopped, and an attempt a returning agent runs that gpuadmin ended there is stopped.
+No GPU is given twice meanwhile: a job whose end is decided while parts of it still run keeps
+its GPUs until their agents report them gone (``transitions.stop_parts``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gpuadmin.audit.services import (
     record,
     record_all,
 )
-from inventory.models import Gpu
+from inventory.models import Gpu, Node
 from scheduling.agent.wire import (
     ExecutorEvent,
     FinalState,
@@ -35,6 +37,7 @@ from scheduling.agent.wire import (
     executor_id,
     parse_executor_id,
 )
+from scheduling.jobs import ray
 from scheduling.jobs.transitions import (
     AGENT_ACTOR,
     LOOP_ACTOR,
@@ -44,7 +47,10 @@ from scheduling.jobs.transitions import (
     audited_fields,
     change_state,
     job_nodes,
+    reachable_parts,
     release_allocations_of,
+    stop_parts,
+    take_end,
     transition,
 )
 from scheduling.loop import dispatch
@@ -92,6 +98,9 @@ def job_events(
     one INSERT. An end adds its run's CPU time and peak memory to the job's earlier runs' (retries
     and preempted runs count too); a multi-node gang's parts add theirs with statements of their own
     (``_add_gang_part``). A stale report (another attempt, or a job that moved on) changes nothing.
+    A gang's part whose end ends the attempt while its parts on other reachable nodes run on
+    makes the job stop (``transitions.stop_parts``: its end decided and stored, its GPUs held);
+    the report of the last of them takes that end (``take_end``), whatever they said.
     The end of a preempted job takes ``_requeue_preempted``'s path, in the same transaction: its
     GPUs are released by a statement of their own, so when others end with it, all their GPUs are
     locked first, in id order (the module's lock order). ``node_stopped``: the executor ids of the
@@ -116,6 +125,7 @@ def job_events(
         moves = _Moves(AGENT_ACTOR)
         gang_parts: list[tuple[int, int, JobFinished]] = []
         gang_ends: dict[int, tuple[Job, str | None, str]] = {}  # job, the part's node, why
+        stopping: set[int] = set()  # jobs whose parts on other nodes are waited for
         for job_id, attempt, event in reports:
             job = jobs.get(job_id)
             if sender is not None and attempt not in getattr(job, "placed_there", ()):
@@ -139,40 +149,47 @@ def job_events(
                 if gang:
                     gang_parts.append((job_id, attempt, event))
                 continue
-            preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
-            if preempted and event.state != "completed":
+            if gang:  # the run's usage: by part (else added to its earlier runs' below)
+                gang_parts.append((job_id, attempt, event))
+            if job.ending is not None:
+                # Its end was decided while parts of it still ran: this one is gone (the
+                # central side's own report speaks for every node).
+                end = take_end(job, job.ending["nodes"] if sender is None else {sender})
+                if end is None:
+                    continue
+                to, message, fields = end
+                fields.setdefault("exit_code", event.exit_code)
+            else:
+                to, message, fields = _decide_end(job, event, event.job_id in node_stopped, sender)
+                told = job.preempted_by_id is not None or job.cancel_requested_at is not None
+                if job.node_count > 1 and not told:
+                    # Its other parts run on unless told (a preemption's or a cancel's stop
+                    # was sent to every node of the attempt already).
+                    gang_ends[job_id] = (job, sender, event.message or event.state)
+                others = reachable_parts(job, besides=sender) if gang else []
+                if others:
+                    why = gang_end_message(sender, event.message or event.state)
+                    stop_parts(job, to, message, fields, others, why=why, actor_name=AGENT_ACTOR)
+                    stopping.add(job_id)
+                    continue
+            if to == S.PREEMPTED:
                 reached.update(moves.write())
-                if gang:
-                    gang_parts.append((job_id, attempt, event))
-                else:
+                if not gang:
                     _add_usage(job_id, event)
-                if (state := _requeue_preempted(job_id, event.exit_code)) is not None:
+                if (state := _requeue_preempted(job_id, fields.get("exit_code"))) is not None:
                     reached[job_id] = state
                 del jobs[job_id]  # its row changed under this copy; later reports are stale
                 continue
-            if (
-                job.node_count > 1
-                and job.preempted_by_id is None
-                and job.cancel_requested_at is None
-            ):
-                # Its other parts run on unless told (a preemption's or a cancel's stop was
-                # sent to every node of the attempt already).
-                gang_ends[job_id] = (job, sender, event.message or event.state)
-            stopped_by = sender if event.job_id in node_stopped else None
-            to, message, fields = attempt_end(
-                job, event.state, event.exit_code, event.message, node_stopped=stopped_by
-            )
-            fields["exit_code"] = event.exit_code
-            if not gang:  # the run's usage, added to its earlier runs' (a gang's: by part)
+            if not gang:
                 fields["cpu_seconds"] = _total(job.cpu_seconds, event.cpu_seconds)
                 fields["max_memory_bytes"] = _peak(job.max_memory_bytes, event.max_memory_bytes)
-            if to != S.QUEUED:
-                fields["finished_at"] = event.finished_at
             moves.add(job, to, message, **fields)
-            if gang:
-                gang_parts.append((job_id, attempt, event))
         reached.update(moves.write())
-        ended = [end for job_id, end in gang_ends.items() if reached.get(job_id) in ATTEMPT_OVER]
+        ended = [
+            end
+            for job_id, end in gang_ends.items()
+            if job_id in stopping or reached.get(job_id) in ATTEMPT_OVER
+        ]
         if ended:
             _cancel_other_parts(ended)
         for job_id, attempt, event in gang_parts:
@@ -184,6 +201,44 @@ def job_events(
 
 # The states a job's attempt ends in (re-queued: its next placement is its next attempt).
 ATTEMPT_OVER = frozenset({*TERMINAL_STATES, S.QUEUED})
+
+
+def _decide_end(
+    job: Job, event: JobFinished, node_stopped: bool, sender: str | None
+) -> tuple[str, str, dict[str, Any]]:
+    """What the end ``event`` reports makes of the job's attempt (its state, message and
+    fields): a preempted job's end (unless it completed first) is its preemption
+    (``_requeue_preempted``, PREEMPTED standing for it), else ``attempt_end``'s (the node
+    ``sender`` stopped it when ``node_stopped``). A Ray application's status is its
+    entrypoint's, on the head (as Ray's own jobs): a worker that leaves its cluster first
+    ends the attempt as any gang's part does, but never as a success."""
+    preempted = job.preempted_by_id is not None and job.cancel_requested_at is None
+    if preempted and event.state != "completed":
+        return S.PREEMPTED, "", {"exit_code": event.exit_code}
+    outcome: str = event.state
+    said = event.message
+    if outcome == "completed" and job.ray and sender is not None:
+        head = ray.head_of(node.hostname for node in job_nodes(job))
+        if sender != head:
+            outcome, said = "failed", f"its Ray worker on {sender} ended before the entrypoint"
+    to, message, fields = attempt_end(
+        job,
+        outcome,
+        event.exit_code,
+        said,
+        node_stopped=sender if node_stopped else None,
+    )
+    fields["exit_code"] = event.exit_code
+    if to != S.QUEUED:
+        fields["finished_at"] = event.finished_at
+    return to, message, fields
+
+
+def gang_end_message(node: str | None, why: str) -> str:
+    """What the agents of a gang's other nodes are told, and the job's audit says, when its
+    part on ``node`` ended its attempt (``why``)."""
+    where = f"its part on {node} ended" if node else "its attempt ended"
+    return f"stopped: {where} ({why})"
 
 
 def _cancel_other_parts(ended: Sequence[tuple[Job, str | None, str]]) -> None:
@@ -198,8 +253,7 @@ def _cancel_other_parts(ended: Sequence[tuple[Job, str | None, str]]) -> None:
         others = [host for host in hostnames.get((job.pk, job.attempt), ()) if host != sender]
         if not others:
             continue
-        where = f"its part on {sender} ended" if sender else "its attempt ended"
-        message = f"stopped: {where} ({why})"
+        message = gang_end_message(sender, why)
         transaction.on_commit(partial(dispatch.send_cancel, job, others, message))
 
 
@@ -400,6 +454,33 @@ def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
     except IllegalTransition:
         return None
     return S.QUEUED
+
+
+def end_stops_on_silent_nodes() -> list[int]:
+    """The stopping jobs (``transitions.stop_parts``) stop waiting for their parts on nodes
+    silent past the heartbeat grace (beat, with ``requeue_unconfirmed``): those agents cannot
+    report, the nodes' GPUs are unschedulable while they are silent, and a returning agent
+    stops what it still runs (``cancel_strays``), as for a cancel of a job on a silent node.
+    A job left with none to wait for takes its stored end (its GPUs released). The ids of
+    the jobs that ended."""
+    silent = set(Node.objects.unreachable().values_list("hostname", flat=True))
+    stopping = Job.objects.filter(state__in=HOLDING_STATES, ending__isnull=False)
+    ended = []
+    for job_id in stopping.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            locked = stopping.select_for_update().filter(pk=job_id).first()
+            if locked is None:
+                continue  # ended meanwhile
+            end = take_end(locked, silent)
+            if end is None:
+                continue  # it still waits for a reachable node
+            to, message, fields = end
+            if to == S.PREEMPTED:
+                _requeue_preempted(job_id, fields.get("exit_code"))
+            else:
+                transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
+        ended.append(job_id)
+    return ended
 
 
 def reconcile_node_jobs(hostname: str, running: set[tuple[int, int]]) -> list[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Collection, Iterable
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -133,6 +134,8 @@ def change_state(
             fields.setdefault("preempt_requested_at", None)
         if locked.cancel_requested_at is not None:  # and so does a cancel asked for
             fields.setdefault("cancel_requested_at", None)
+    if to not in HOLDING_STATES and locked.ending is not None:  # and the end it waited for
+        fields.setdefault("ending", None)
     if message:
         fields["message"] = message
     # A job that stops waiting drops the loop's word on its wait (not audited, like it).
@@ -184,6 +187,72 @@ RELEASE_SQL = f"""
     WHERE allocation.id = active.id
     RETURNING allocation.job_id, active.gpu_id, active.uuid
 """
+
+
+# The audit row of an attempt whose end is decided while parts of it may still run
+# (``stop_parts``): the job keeps its GPUs until their agents report them gone.
+STOPPING = "job.stopping"
+
+
+def stop_parts(
+    locked: Job,
+    to: str,
+    message: str,
+    fields: dict[str, Any],
+    nodes: list[str],
+    *,
+    why: str,
+    actor: User | None = None,
+    actor_name: str | None = None,
+) -> None:
+    """The end of ``locked``'s attempt is decided (``to``, with ``message`` and ``fields`` as
+    ``change_state`` takes them) while its processes may still run on ``nodes`` (reachable:
+    their agents are told to stop them, SIGTERM then SIGKILL after the kill grace). As for a
+    cancel, the job keeps its state and every GPU of the attempt until those agents have
+    reported their parts gone (``take_end``), so no GPU is given to another job while a
+    process of this one dies on it: the end is stored on the job (``Job.ending``) and audited
+    ``job.stopping`` (``why``; the decided state, its fields and the nodes waited for). Inside the
+    caller's transaction, the job's row locked; the caller tells the agents."""
+    locked.ending = {"state": to, "message": message, "fields": fields, "nodes": nodes}
+    Job.objects.filter(pk=locked.pk).update(ending=locked.ending)
+    record(
+        STOPPING,
+        actor=actor,
+        actor_name=actor_name,
+        target=locked,
+        before={"state": locked.state},
+        after={"state": to, **audited_fields(fields), "nodes": nodes},
+        message=why,
+    )
+    log.info("job %d: %s, stopping on %s (%s)", locked.pk, locked.state, ", ".join(nodes), why)
+
+
+def take_end(locked: Job, gone: Collection[str]) -> tuple[str, str, dict[str, Any]] | None:
+    """A stopping job's (``stop_parts``) parts on ``gone`` are over (their agents reported
+    them ended, or lost them, or the nodes went silent past the heartbeat grace: their GPUs
+    are unschedulable then, ``Node.is_reachable``). The stored end (state, message, fields)
+    once no part is left to wait for, else ``None`` with the nodes still waited for stored
+    (inside the caller's transaction, the job's row locked)."""
+    assert locked.ending is not None, "only a stopping job takes its stored end"
+    left = [node for node in locked.ending["nodes"] if node not in gone]
+    if left:
+        if left != locked.ending["nodes"]:
+            locked.ending = {**locked.ending, "nodes": left}
+            Job.objects.filter(pk=locked.pk).update(ending=locked.ending)
+        return None
+    fields = dict(locked.ending["fields"])
+    if isinstance(fields.get("finished_at"), str):
+        fields["finished_at"] = datetime.fromisoformat(fields["finished_at"])
+    return locked.ending["state"], locked.ending["message"], fields
+
+
+def reachable_parts(job: Job, *, besides: str | None = None) -> list[str]:
+    """The nodes (hostnames) whose agents can be told to stop the job's attempt and will
+    report its part there gone: those holding its GPUs and heard from within the heartbeat
+    grace (``besides``: a node whose part is known gone)."""
+    return [
+        node.hostname for node in job_nodes(job) if node.hostname != besides and node.is_reachable()
+    ]
 
 
 def job_nodes(job: Job) -> list[Node]:

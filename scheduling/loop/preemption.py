@@ -3,9 +3,11 @@
 The engine (``scheduling.placement``) picks the victims; here each victim still holding its
 GPUs is marked (``preempted_by``, ``preempt_requested_at``, a message on both jobs, audited
 ``job.preempt_requested``) and its agents send it the pool's signal with its grace for a
-checkpoint, then SIGKILL. The victim keeps its GPUs until its agent reports its processes
-gone; ``reports.job_finished`` then re-queues it (``job.preempted``; the attempt does not
-count against its retries). A victim whose node cannot be reached is re-queued at once.
+checkpoint, then SIGKILL. The victim keeps its GPUs until the agents of its reachable nodes
+report its processes gone (a gang's: every part, ``transitions.stop_parts``);
+``reports.job_events`` then re-queues it (``job.preempted``; the attempt does not count
+against its retries). A victim none of whose nodes can be reached is re-queued at once, and a
+job already stopping (``Job.ending``) is no victim.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def preempt(
             and locked[pk].state in HOLDING_STATES
             and locked[pk].preempted_by_id is None
             and locked[pk].cancel_requested_at is None
+            and locked[pk].ending is None
         ]
         preemptor = locked.get(decision.job_id)
         if not victims or preemptor is None or preemptor.state != JobState.QUEUED:
@@ -84,9 +87,9 @@ def preempt(
             ]
         )
         for victim in victims:
-            nodes = transitions.job_nodes(victim)
-            if nodes and all(node.is_reachable() for node in nodes):
-                hostnames = [node.hostname for node in nodes]
+            # It keeps its GPUs until its reachable nodes' agents report its parts gone.
+            hostnames = transitions.reachable_parts(victim)
+            if hostnames:
                 transaction.on_commit(
                     partial(
                         dispatch.send_cancel,

@@ -12,7 +12,17 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from django.db.models import F, FloatField, Func, Max, Sum, Value
+from django.db.models import (
+    BooleanField,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    Max,
+    Q,
+    Sum,
+    Value,
+)
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
@@ -333,6 +343,7 @@ class HeldRow(NamedTuple):
     borrowed: bool
     preempt_requested_at: float | None
     cancel_requested_at: float | None
+    parts_stopping: bool  # its end decided, its parts on other nodes stopping (``Job.ending``)
     array_id: int | None
     gpu_count: int
     node_count: int
@@ -363,6 +374,7 @@ def _running_jobs(
     rows = (
         Job.objects.filter(state__in=HOLDING_STATES)
         .order_by()
+        .annotate(parts_stopping=ExpressionWrapper(Q(ending__isnull=False), BooleanField()))
         .values_list(*_columns(HeldRow, HELD_EPOCHS))
     )
     clock = now.timestamp()
@@ -406,7 +418,9 @@ def _running_job(inputs: RunningInputs) -> placement.RunningJob:
         submitted_at=job.submitted_at,
         preemptible=job.preemptible,
         borrowed=job.borrowed,
-        stopping=job.preempt_requested_at is not None or job.cancel_requested_at is not None,
+        stopping=job.preempt_requested_at is not None
+        or job.cancel_requested_at is not None
+        or job.parts_stopping,
         array=job.array_id,
         attained_service_s=0.0 if attained is None else attained[0],
         cpus=job.cpus,

@@ -89,6 +89,12 @@ def start(job: Job, pid: int = 4242) -> None:
     return job
 
 
+def job_stopped(job: Job) -> str | None:
+    """The agent of the job a policy stopped reports its processes gone (the job keeps its
+    GPUs until then): the state the job reached."""
+    return scheduling_fixtures.processes_gone(job)
+
+
 def gpu_of(job: Job) -> Gpu:
     return job.allocations.select_related("node").get(released_at__isnull=True).gpu
 
@@ -102,10 +108,9 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
     job, other = running_job(alice, pid=100), running_job(alice, pid=200)
     gpu = gpu_of(job)
     [event_id] = receive("dgx-01", report(gpu, xid=13, pid=100))
-    job.refresh_from_db()
+    assert job_stopped(job) == JobState.FAILED
     other.refresh_from_db()
     gpu.refresh_from_db()
-    assert job.state == JobState.FAILED
     assert job.message == (
         f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01: an application error"
     )
@@ -119,8 +124,11 @@ def test_xid_13_fails_only_its_job(broker, receive, alice):
         f"fail the job of pid 100 on GPU {gpu.index}",
     ]
     assert event.message == "agent text"  # the title says "XID 13 (Graphics Engine Exception)"
+    [stopping] = audited("job.stopping")  # health decided; its agent reported it gone
+    assert (stopping.actor_name, stopping.target_id) == ("health", str(job.pk))
+    assert stopping.after["state"] == JobState.FAILED
     [failed] = audited("job.failed")
-    assert (failed.actor_name, failed.target_id) == ("health", str(job.pk))
+    assert (failed.actor_name, failed.target_id) == ("agent", str(job.pk))
 
 
 def test_an_application_xid_counts_a_failed_run_against_the_jobs_retries(broker, receive, alice):
@@ -132,7 +140,7 @@ def test_an_application_xid_counts_a_failed_run_against_the_jobs_retries(broker,
     for run in (1, 2, 3):
         gpu = gpu_of(job)
         receive("dgx-01", report(gpu, key=str(run), xid=13, pid=100))
-        job.refresh_from_db()
+        job_stopped(job)
         what = f"XID 13 (Graphics Engine Exception) on GPU {gpu.index} of dgx-01"
         said.append(f"{what}: an application error")
         if run < 3:
@@ -141,15 +149,18 @@ def test_an_application_xid_counts_a_failed_run_against_the_jobs_retries(broker,
             start(job, pid=100)
     assert (job.state, job.failures, job.message) == (JobState.FAILED, 3, said[-1])
     rows = [
-        (row.event_type, row.after["failures"], row.actor_name)
-        for row in AuditEvent.objects.filter(target_id=str(job.pk), actor_name="health")
-        .filter(event_type__in=("job.queued", "job.failed"))
+        (row.event_type, row.after["state"], row.after["failures"], row.actor_name)
+        for row in AuditEvent.objects.filter(target_id=str(job.pk))
+        .filter(event_type__in=("job.stopping", "job.queued", "job.failed"))
         .order_by("pk")
     ]
     assert rows == [
-        ("job.queued", 1, "health"),
-        ("job.queued", 2, "health"),
-        ("job.failed", 3, "health"),
+        ("job.stopping", "queued", 1, "health"),
+        ("job.queued", "queued", 1, "agent"),
+        ("job.stopping", "queued", 2, "health"),
+        ("job.queued", "queued", 2, "agent"),
+        ("job.stopping", "failed", 3, "health"),
+        ("job.failed", "failed", 3, "agent"),
     ]
     assert [args[2] for args, _ in broker.named("scheduling.cancel_job")] == [
         f"retry 1/2 after attempt 1 failed: {said[0]}",
@@ -164,7 +175,7 @@ def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
     gpu = gpu_of(job)
     [event_id] = receive("dgx-01", report(gpu, xid=79))
     gpu.refresh_from_db()
-    job.refresh_from_db()
+    assert job_stopped(job) == JobState.QUEUED
     assert gpu.state == GpuState.OFFLINE
     reason = f"XID 79 (GPU has fallen off the bus) on GPU {gpu.index} of dgx-01"
     assert gpu.state_reason == f"{reason}: agent text"
@@ -177,7 +188,7 @@ def test_xid_79_offlines_the_gpu_and_requeues_its_job(broker, receive, alice):
     assert Alert.objects.get(event=event).state == AlertState.FIRING
     [changed] = audited("gpu.state_changed")
     assert (changed.actor_name, changed.after["state"]) == ("health", "offline")
-    assert [row.actor_name for row in audited("job.queued")][-1] == "health"
+    assert [row.actor_name for row in audited("job.stopping")] == ["health"]
     assert len(audited("health.event_handled")) == 1
     # The loop places it again, elsewhere: its second attempt.
     loop.run_pass()
@@ -199,7 +210,7 @@ def test_a_duplicate_report_acts_once(broker, receive, alice):
     assert receive("dgx-01", report(gpu, xid=79)) == []  # the agent resent it
     assert policies.handle(first[0]) == HealthEvent.objects.get(pk=first[0]).outcome  # a 2nd worker
     assert HealthEvent.objects.count() == 1
-    assert len(audited("job.queued")) == 1  # requeued once
+    assert len(audited("job.stopping")) == 1  # requeued once
     assert len(audited("health.event_handled")) == 1
     assert len(broker.named("scheduling.cancel_job")) == 1
 

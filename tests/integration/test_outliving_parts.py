@@ -1,6 +1,7 @@
 """No job's process outlives what gpuadmin decided about it, through real processes: a central
 worker and simulated nodes' agents running jobs as real subprocesses. A multi-node gang's part
-that fails ends the job, and the agent of its other node kills its part; an agent stopped while
+that fails ends the job once the agent of its other node has killed its part (its GPUs held
+until then); an agent stopped while
 its job ran (the job re-queued meanwhile, no cancel could reach it) re-adopts the job's process
 when it starts again, and kills it at gpuadmin's word."""
 
@@ -85,9 +86,13 @@ def test_a_gangs_failed_part_makes_the_agent_of_its_other_node_kill_its_part(
     assert alive(survivor)
 
     wait_for(lambda: state_of(job) == JobState.FAILED, 60, "the failed part to end the job")
+    # The job ended (its GPUs released) only once its agent reported its other part gone.
+    assert not alive(survivor)
+    stopping = AuditEvent.objects.get(event_type="job.stopping", target_id=str(job.pk))
+    assert stopping.after["nodes"] == [first]
     job.refresh_from_db()
     assert (job.exit_code, job.message) == (3, "exited with code 3")
-    wait_for(lambda: not alive(survivor), 30, f"the part on {first} to be killed")
+    assert not job.allocations.filter(released_at__isnull=True).exists()
     # Its end is reported: stale for the job, which stays as its failed part left it, but
     # its usage counts (where the node measures it: a cgroup's).
     parts = AuditEvent.objects.filter(event_type="job.part_usage", target_id=str(job.pk))

@@ -16,6 +16,9 @@ from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from inventory.services import apply_discovery
 from scheduling.agent.supervisor import Executor
+from scheduling.agent.wire import FinalState, JobFinished, executor_id
+from scheduling.jobs import reports
+from scheduling.models import Job
 from tests.scheduling.executors import GRACE_S, POLL_S, MakeExecutor, Recorder
 
 
@@ -24,6 +27,21 @@ def add_sim_node(hostname: str, model: str = "dgx-a100-80gb") -> Node:
     apply_discovery(hostname, scan(SimulatedNvml.from_model(model, node_name=hostname)))
     Node.objects.filter(hostname=hostname).update(last_heartbeat_at=timezone.now())
     return Node.objects.get(hostname=hostname)
+
+
+def processes_gone(job: Job, *, exit_code: int = -15) -> str | None:
+    """The agents that ``job``'s stop waits for (``Job.ending``) report its processes there
+    gone (stopped by the signal): the state it reached then, if any."""
+    job.refresh_from_db()
+    assert job.ending is not None, f"job {job.pk} is not stopping"
+    reached = None
+    for node in job.ending["nodes"]:
+        ended = JobFinished(
+            executor_id(job.pk, job.attempt), FinalState.CANCELED, exit_code, timezone.now()
+        )
+        reached = reports.job_events([ended], sender=node).reached.get(job.pk)
+    job.refresh_from_db()
+    return reached
 
 
 @dataclass

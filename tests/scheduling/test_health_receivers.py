@@ -17,7 +17,7 @@ from inventory.services import set_gpu_state
 from scheduling.jobs import reports, submission
 from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
-from tests.scheduling.conftest import add_sim_node
+from tests.scheduling.conftest import add_sim_node, processes_gone
 
 pytestmark = pytest.mark.django_db
 REASON = "XID 95 (Uncontained memory error) on GPU 0 of dgx-01"
@@ -61,19 +61,30 @@ def test_a_requeue_cancels_releases_and_counts_the_attempt(
     gpu = gpu_of(job)
     stop([gpu], "requeue", django_capture_on_commit_callbacks)
     job.refresh_from_db()
-    other.refresh_from_db()
-    assert (job.state, job.message, job.pid) == (JobState.QUEUED, REASON, None)
-    assert other.state == JobState.RUNNING
-    assert not job.allocations.filter(released_at__isnull=True).exists()
+    assert job.state == JobState.RUNNING  # until its agent reports its process gone
+    assert job.allocations.filter(released_at__isnull=True).exists()
     assert broker.named("scheduling.cancel_job") == [((job.pk, 1, REASON), "node.dgx-01")]
-    assert broker.named("scheduling.placement_pass")  # the loop is woken
-    row = AuditEvent.objects.filter(event_type="job.queued", target_id=str(job.pk)).last()
-    assert row is not None
-    assert (row.actor_name, row.before, row.message) == ("health", {"state": "running"}, REASON)
+    row = AuditEvent.objects.get(event_type="job.stopping", target_id=str(job.pk))
+    assert (row.actor_name, row.before, row.after, row.message) == (
+        "health",
+        {"state": "running"},
+        {"state": "queued", "nodes": ["dgx-01"]},  # no failure counted
+        REASON,
+    )
     # Once more (a duplicate, or the GPU's offline signal after the policy's requeue): nothing.
     stop([gpu], "requeue", django_capture_on_commit_callbacks)
-    assert AuditEvent.objects.filter(event_type="job.queued", target_id=str(job.pk)).count() == 1
+    assert AuditEvent.objects.filter(event_type="job.stopping", target_id=str(job.pk)).count() == 1
     assert len(broker.named("scheduling.cancel_job")) == 1
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert processes_gone(job) == JobState.QUEUED
+    other.refresh_from_db()
+    assert (job.state, job.message, job.pid, job.ending) == (JobState.QUEUED, REASON, None, None)
+    assert other.state == JobState.RUNNING
+    assert not job.allocations.filter(released_at__isnull=True).exists()
+    assert broker.named("scheduling.placement_pass")  # the loop is woken
+    row = AuditEvent.objects.get(event_type="job.queued", target_id=str(job.pk))
+    assert (row.actor_name, row.before, row.message) == ("agent", {"state": "running"}, REASON)
     # Placed again: attempt 2; the agent's late end of attempt 1 changes nothing.
     set_gpu_state(gpu, GpuState.OFFLINE, actor_name="health", reason=REASON)
     loop.run_pass()
@@ -87,7 +98,7 @@ def test_a_requeue_cancels_releases_and_counts_the_attempt(
 def test_a_fail_ends_the_job_with_the_reason(two_jobs, broker, django_capture_on_commit_callbacks):
     job, _ = two_jobs
     stop([gpu_of(job)], "fail", django_capture_on_commit_callbacks)
-    job.refresh_from_db()
+    assert processes_gone(job) == JobState.FAILED
     assert (job.state, job.message) == (JobState.FAILED, REASON)
     assert job.finished_at is not None
     assert broker.named("scheduling.cancel_job") == [((job.pk, 1, REASON), "node.dgx-01")]
@@ -109,9 +120,9 @@ def test_the_events_pid_picks_its_job_among_the_gpus(
         data={"xid": 13, "data": {"pid": 200}},
     )
     stop(gpus, "fail", django_capture_on_commit_callbacks, event_id=event.pk)
+    assert processes_gone(other) == JobState.FAILED
     job.refresh_from_db()
-    other.refresh_from_db()
-    assert (job.state, other.state) == (JobState.RUNNING, JobState.FAILED)
+    assert (job.state, job.ending) == (JobState.RUNNING, None)
 
 
 def test_gpus_taken_offline_requeue_their_jobs(
@@ -122,7 +133,7 @@ def test_gpus_taken_offline_requeue_their_jobs(
     admin = django_user_model.objects.create_user("ops")
     with django_capture_on_commit_callbacks(execute=True):
         set_gpu_state(gpu, GpuState.OFFLINE, actor=admin, reason="reseating the card")
-    job.refresh_from_db()
+    assert processes_gone(job) == JobState.QUEUED
     other.refresh_from_db()
     assert (job.state, job.message) == (
         JobState.QUEUED,

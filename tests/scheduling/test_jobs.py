@@ -354,7 +354,8 @@ def test_a_jobs_usage_adds_up_its_runs_retried_and_preempted_ones_too(alice, fle
 
 def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
     """Each node of a multi-node gang reports its part: CPU seconds summed, the largest peak
-    memory kept; the first part ends the job, a repeated report counts nothing."""
+    memory kept; the first part ends the job's attempt, the last one's end the job (its GPUs
+    held until then), a repeated report counts nothing."""
     gang = place(alice, gpu_count=8, node_count=2, gpu_model="NVIDIA A100-SXM4-80GB")
     gang.cpu_seconds, gang.max_memory_bytes = 999.0, 200  # a previous run's: added to
     gang.save(update_fields=["cpu_seconds", "max_memory_bytes"])
@@ -363,10 +364,10 @@ def test_a_gangs_usage_adds_up_its_nodes_parts_each_counted_once(alice, fleet):
     def part(cpu: float, memory: int) -> JobFinished:
         return JobFinished(f"{gang.pk}.1", FinalState.COMPLETED, 0, now, "", cpu, memory)
 
-    assert reports.job_events([part(10.5, 300)], sender="dgx-01").reached == {
+    assert reports.job_events([part(10.5, 300)], sender="dgx-01").reached == {}
+    assert reports.job_events([part(4.5, 200)], sender="dgx-02").reached == {
         gang.pk: JobState.COMPLETED
     }
-    reports.job_events([part(4.5, 200)], sender="dgx-02")
     reports.job_events([part(4.5, 200)], sender="dgx-02")  # delivered twice
     reports.job_events([part(10.5, 300)], sender="dgx-01")
     gang.refresh_from_db()

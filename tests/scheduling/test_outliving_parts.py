@@ -12,9 +12,11 @@ from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Gpu, Node
+from scheduling import placement
 from scheduling.agent.wire import FinalState, JobFinished
-from scheduling.jobs import control, reports, submission, transitions
+from scheduling.jobs import control, queries, reports, submission, transitions
 from scheduling.loop import passes as loop
+from scheduling.loop.preemption import preempt
 from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
@@ -69,52 +71,44 @@ def cancels(broker: RecordingBroker) -> list[tuple[tuple, str | None]]:
     return broker.named("scheduling.cancel_job")
 
 
-def test_a_gangs_part_that_ends_its_attempt_stops_the_other_parts(
-    alice, fleet, broker, django_capture_on_commit_callbacks
-):
-    job = gang(alice)
-    with django_capture_on_commit_callbacks(execute=True):
-        reached = part_ended(job, "dgx-02", FinalState.FAILED, 1, "exited with code 1", 3.0)
-    assert reached == JobState.FAILED
-    said = "stopped: its part on dgx-02 ended (exited with code 1)"
-    assert cancels(broker) == [((job.pk, 1, said), "node.dgx-01")]
-    assert not Allocation.objects.active().filter(job=job).exists()
-
-    # The stopped part's end is stale for the job's state, but its usage counts; nobody else
-    # is told anything.
-    with django_capture_on_commit_callbacks(execute=True):
-        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 4.5) is None
-    job.refresh_from_db()
-    assert (job.state, job.exit_code, job.message) == (JobState.FAILED, 1, "exited with code 1")
-    assert job.cpu_seconds == 7.5
-    assert len(cancels(broker)) == 1
-
-
 def test_a_completed_part_ends_the_attempt_too_and_the_message_says_so(
     alice, fleet, broker, django_capture_on_commit_callbacks
 ):
     job = gang(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        assert part_ended(job, "dgx-01", FinalState.COMPLETED, 0, "", 1.0) == JobState.COMPLETED
+        assert part_ended(job, "dgx-01", FinalState.COMPLETED, 0, "", 1.0) is None
     said = "stopped: its part on dgx-01 ended (completed)"
     assert cancels(broker) == [((job.pk, 1, said), "node.dgx-02")]
+    assert part_ended(job, "dgx-02", FinalState.CANCELED, -15, "canceled", 1.0) == (
+        JobState.COMPLETED
+    )
+    job.refresh_from_db()
+    assert (job.exit_code, job.ending) == (0, None)
 
 
-def test_a_requeued_gangs_other_part_is_stopped_and_its_late_report_still_counts(
+def test_a_requeued_gangs_part_on_a_silent_node_is_not_waited_for_and_its_late_report_counts(
     alice, fleet, broker, django_capture_on_commit_callbacks
 ):
-    """Re-queued (a retry), the gang may be placed again before its stopped part's end
-    arrives: that report, of an earlier attempt, adds its usage and changes nothing else."""
+    """dgx-02 is silent when the gang's part on dgx-01 fails (a retry): its part there can be
+    neither signalled nor waited for (its GPUs are unschedulable while it is silent), so the
+    gang is re-queued at once and may be placed again before that part's end arrives. That
+    report, of an earlier attempt, adds its usage and changes nothing else."""
+    add_sim_node("dgx-03")
     job = gang(alice, max_retries=1)
+    assert hosts(job) == ["dgx-01", "dgx-02"]
+    Node.objects.filter(hostname="dgx-02").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
     with django_capture_on_commit_callbacks(execute=True):
         reached = part_ended(job, "dgx-01", FinalState.FAILED, 2, "exited with code 2", 1.0)
     assert reached == JobState.QUEUED
     said = "stopped: its part on dgx-01 ended (exited with code 2)"
-    assert cancels(broker) == [((job.pk, 1, said), "node.dgx-02")]
+    assert cancels(broker) == [((job.pk, 1, said), "node.dgx-02")]  # when its agent is back
     loop.run_pass()
     job.refresh_from_db()
-    assert (job.state, job.attempt) == (JobState.SCHEDULED, 2)
+    assert (job.state, job.attempt, hosts(job)) == (JobState.SCHEDULED, 2, ["dgx-01", "dgx-03"])
 
+    Node.objects.filter(hostname="dgx-02").update(last_heartbeat_at=timezone.now())
     assert part_ended(job, "dgx-02", FinalState.CANCELED, -15, "canceled", 2.5) is None
     assert part_ended(job, "dgx-02", FinalState.CANCELED, -15, "canceled", 2.5) is None  # again
     job.refresh_from_db()
@@ -137,6 +131,10 @@ def test_a_gang_whose_stop_was_already_sent_to_every_node_gets_no_second_one(
     assert sorted(str(queue) for _, queue in cancels(broker)) == ["node.dgx-01", "node.dgx-02"]
     with django_capture_on_commit_callbacks(execute=True):
         ended = part_ended(canceled, "dgx-01", FinalState.CANCELED, -15, "canceled by alice", 1)
+    assert ended is None  # its part on dgx-02 is still dying
+    assert len(cancels(broker)) == 2
+    with django_capture_on_commit_callbacks(execute=True):
+        ended = part_ended(canceled, "dgx-02", FinalState.CANCELED, -15, "canceled by alice", 1)
     assert ended == JobState.CANCELED
     assert len(cancels(broker)) == 2
 
@@ -148,8 +146,14 @@ def test_a_gang_whose_stop_was_already_sent_to_every_node_gets_no_second_one(
     )
     with django_capture_on_commit_callbacks(execute=True):
         ended = part_ended(preempted, "dgx-02", FinalState.CANCELED, -15, "canceled", 1.0)
+    assert ended is None
+    assert Allocation.objects.active().filter(job=preempted).count() == 16
+    with django_capture_on_commit_callbacks(execute=True):
+        ended = part_ended(preempted, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0)
     assert ended == JobState.QUEUED
     assert len(cancels(broker)) == 2
+    preempted.refresh_from_db()
+    assert (preempted.preemptions, preempted.exit_code) == (1, -15)
 
 
 def test_a_gangs_part_lost_with_its_agent_stops_the_other_parts(
@@ -157,11 +161,14 @@ def test_a_gangs_part_lost_with_its_agent_stops_the_other_parts(
 ):
     job = gang(alice)
     with django_capture_on_commit_callbacks(execute=True):
-        assert reports.reconcile_node_jobs("dgx-02", set()) == [job.pk]
+        assert reports.reconcile_node_jobs("dgx-02", set()) == []  # not over yet
     job.refresh_from_db()
-    assert job.state == JobState.FAILED
+    assert job.state == JobState.RUNNING
     said = "stopped: its part on dgx-02 ended (the agent of dgx-02 restarted and no longer runs it)"
     assert cancels(broker) == [((job.pk, 1, said), "node.dgx-01")]
+    assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == JobState.FAILED
+    job.refresh_from_db()
+    assert job.message == "the agent of dgx-02 restarted and no longer runs it"
 
 
 def test_a_single_node_jobs_end_tells_nobody(
@@ -240,8 +247,9 @@ def test_an_agent_is_left_alone_with_what_gpuadmin_still_places_there(
 def test_a_gang_canceled_with_a_silent_node_stops_its_parts_on_the_others(
     alice, fleet, broker, django_capture_on_commit_callbacks
 ):
-    """Its part on the silent node cannot be signalled: the job ends at once, and its parts
-    that can be told are (the silent node's agent stops its own when it comes back)."""
+    """Its part on the silent node can be neither signalled nor waited for (the silent node's
+    agent stops its own when it comes back); its parts that can be told are, and the job keeps
+    its GPUs until they report their processes gone."""
     job = gang(alice)
     Node.objects.filter(hostname="dgx-02").update(
         last_heartbeat_at=timezone.now() - timedelta(hours=1)
@@ -249,6 +257,208 @@ def test_a_gang_canceled_with_a_silent_node_stops_its_parts_on_the_others(
     with django_capture_on_commit_callbacks(execute=True):
         control.cancel_job(job, actor=alice, kill=True)
     job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert Allocation.objects.active().filter(job=job).count() == 16
+    assert cancels(broker) == [((job.pk, 1, "killed by alice", "SIGKILL", 0), "node.dgx-01")]
+    with django_capture_on_commit_callbacks(execute=True):
+        ended = part_ended(job, "dgx-01", FinalState.CANCELED, -9, "killed by alice", 1.0)
+    assert ended == JobState.CANCELED
+    assert not Allocation.objects.active().filter(job=job).exists()
+
+
+def test_a_gang_whose_nodes_are_all_silent_is_canceled_at_once(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    job = gang(alice)
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        control.cancel_job(job, actor=alice)
+    job.refresh_from_db()
     assert job.state == JobState.CANCELED
     assert not Allocation.objects.active().filter(job=job).exists()
-    assert cancels(broker) == [((job.pk, 1, "killed by alice", "SIGKILL", 0), "node.dgx-01")]
+    assert cancels(broker) == []
+
+
+# ------------------------------------------------------- GPUs held until every part is gone
+
+
+def gpus_of(job: Job, node: str) -> set[int]:
+    """The GPUs the job holds on ``node`` now."""
+    held = Allocation.objects.active().filter(job=job, node__hostname=node)
+    return set(held.values_list("gpu_id", flat=True))
+
+
+def placed_on(owner) -> Job:
+    """A job for a whole node, after a placement pass."""
+    job = submission.submit_job(owner, command=["true"], gpu_model=A100, gpu_count=8)
+    loop.run_pass()
+    job.refresh_from_db()
+    return job
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "why"),
+    [
+        (FinalState.FAILED, 1, "exited with code 1"),
+        (FinalState.TIMED_OUT, -15, "ran past its maximum runtime of 60 s"),  # its time limit
+    ],
+)
+def test_the_gpus_of_a_gangs_other_parts_are_held_until_their_agents_report_them_gone(
+    alice, fleet, broker, django_capture_on_commit_callbacks, outcome, code, why
+):
+    """Part dgx-02 failed (or ran past its time limit): the job is stopping, its part on
+    dgx-01 dies for up to the kill grace, and its GPUs there go to nobody else until dgx-01's
+    agent says the part is gone. The job then ends as its part said, and its GPUs are free."""
+    job = gang(alice, max_runtime_s=60)
+    held = gpus_of(job, "dgx-01")
+    with django_capture_on_commit_callbacks(execute=True):
+        reached = part_ended(job, "dgx-02", outcome, code, why, 3.0)
+    other = placed_on(alice)
+    assert other.state == JobState.QUEUED  # no GPU of dgx-01's is free
+    assert reached is None  # not over yet
+    said = f"stopped: its part on dgx-02 ended ({why})"
+    assert cancels(broker) == [((job.pk, 1, said), "node.dgx-01")]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert gpus_of(job, "dgx-01") == held
+    stopping = AuditEvent.objects.get(event_type="job.stopping", target_id=str(job.pk))
+    assert (stopping.actor_name, stopping.before, stopping.message) == (
+        transitions.AGENT_ACTOR,
+        {"state": JobState.RUNNING},
+        said,
+    )
+    assert {**stopping.after, "finished_at": None} == {
+        "state": JobState.FAILED,
+        "exit_code": code,
+        "failures": 1,
+        "finished_at": None,
+        "nodes": ["dgx-01"],
+    }
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 4.5) == (
+            JobState.FAILED
+        )
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.message) == (JobState.FAILED, code, why)
+    assert job.cpu_seconds == 7.5
+    assert not Allocation.objects.active().filter(job=job).exists()
+    ended = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
+    assert ended.before == {"state": JobState.RUNNING}
+    assert len(ended.after["released_gpus"]) == 16
+    [run] = queries.job_attempts(job, job.allocations.select_related("node", "gpu"))
+    assert (run.ended, run.exit_code, run.reason, run.ended_at) == (
+        JobState.FAILED,
+        code,
+        why,
+        ended.time,
+    )
+    assert len(cancels(broker)) == 1
+    loop.run_pass()
+    other.refresh_from_db()
+    assert other.state == JobState.SCHEDULED
+
+
+def test_a_stop_waits_for_no_node_gone_silent_past_the_heartbeat_grace(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """dgx-01's agent, told to stop the gang's part, goes silent before it reports: once past
+    the heartbeat grace its GPUs are unschedulable and its agent stops the part when it comes
+    back, so the job takes its end (the beat's sweep), its GPUs not held forever."""
+    job = gang(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-02", FinalState.FAILED, 1, "exited with code 1", 3.0) is None
+    assert reports.end_stops_on_silent_nodes() == []  # dgx-01 is heard from: its report counts
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+
+    Node.objects.filter(hostname="dgx-01").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_stops_on_silent_nodes() == [job.pk]
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.message) == (JobState.FAILED, 1, "exited with code 1")
+    assert not Allocation.objects.active().filter(job=job).exists()
+    ended = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
+    assert ended.actor_name == transitions.LOOP_ACTOR
+    assert reports.end_stops_on_silent_nodes() == []
+
+
+def test_a_gangs_preemption_waits_only_for_its_reachable_parts(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """A preempted gang with a silent node: its reachable parts are signalled and waited for,
+    its GPUs held until they are gone; then it is re-queued (a preemption, no failure)."""
+    job = gang(alice, preemptible=True)
+    high = submission.submit_job(alice, command=["true"], gpu_model=A100, gpu_count=8)
+    Node.objects.filter(hostname="dgx-02").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    decision = placement.Preemption(
+        job_id=high.pk, victims=(job.pk,), gpu_ids=(), reason="higher priority"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert preempt(decision, signal="SIGTERM", grace_s=30) == [job.pk]
+    said = f"preempted by job {high.pk}: higher priority"
+    assert cancels(broker) == [((job.pk, 1, said, "SIGTERM", 30), "node.dgx-01")]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert Allocation.objects.active().filter(job=job).count() == 16
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == (
+            JobState.QUEUED
+        )
+    job.refresh_from_db()
+    assert (job.preemptions, job.failures) == (1, 0)
+    assert not Allocation.objects.active().filter(job=job).exists()
+
+
+def test_a_gang_stopped_for_its_hardware_keeps_its_gpus_until_its_parts_are_gone(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """A health policy (or an admin's offline) stops the gang for a GPU of dgx-02: both parts
+    are told to stop, and the job is re-queued once both agents reported them gone."""
+    job = gang(alice)
+    gpu = Gpu.objects.filter(node__hostname="dgx-02").order_by("index").first()
+    assert gpu is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        stopped = control.stop_jobs_on_gpus([gpu.pk], requeue=True, reason="XID 79 on dgx-02")
+    assert stopped == [job.pk]
+    assert sorted(queue for _, queue in cancels(broker)) == ["node.dgx-01", "node.dgx-02"]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-02", FinalState.CANCELED, -15, "canceled", 1.0) is None
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert Allocation.objects.active().filter(job=job, attempt=1).count() == 16
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == (
+            JobState.QUEUED
+        )
+    job.refresh_from_db()
+    assert (job.message, job.failures) == ("XID 79 on dgx-02", 0)
+    assert len(cancels(broker)) == 2
+
+
+def test_a_gang_stopped_for_a_lost_node_waits_only_for_its_reachable_parts(
+    alice, fleet, broker, django_capture_on_commit_callbacks
+):
+    """dgx-02 went silent and a policy (or an admin) stops its jobs: the gang's part there
+    can be neither signalled nor waited for; its part on dgx-01 is, and holds the GPUs until
+    it is gone."""
+    job = gang(alice)
+    Node.objects.filter(hostname="dgx-02").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    gpus = list(Gpu.objects.filter(node__hostname="dgx-02").values_list("pk", flat=True))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert control.stop_jobs_on_gpus(gpus, requeue=True, reason="node dgx-02 lost") == [job.pk]
+    assert cancels(broker) == [((job.pk, 1, "node dgx-02 lost"), "node.dgx-01")]
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert job.ending["nodes"] == ["dgx-01"]
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-01", FinalState.CANCELED, -15, "canceled", 1.0) == (
+            JobState.QUEUED
+        )
+    assert not Allocation.objects.active().filter(job=job).exists()

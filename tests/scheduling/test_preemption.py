@@ -21,7 +21,7 @@ from scheduling.jobs import control, reports, submission
 from scheduling.loop.preemption import preempt
 from scheduling.models import Allocation, Job, JobState
 from scheduling.policies import services as policy_services
-from tests.scheduling.conftest import add_sim_node
+from tests.scheduling.conftest import add_sim_node, processes_gone
 
 pytestmark = pytest.mark.django_db
 
@@ -208,7 +208,19 @@ def test_a_job_being_canceled_that_its_hardware_stops_is_canceled(
         control.cancel_job(victim, actor=alice)
     control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79 on its GPU")
     victim.refresh_from_db()
-    assert (victim.state, victim.message) == (
+    assert (victim.state, victim.ending) == (JobState.RUNNING, None)  # its cancel goes on
+    ended = reports.job_finished(victim.pk, 1, "failed", -15, "", timezone.now())
+    assert ended == JobState.CANCELED
+    victim.refresh_from_db()
+    assert victim.message == "canceled (failed as it stopped)"
+
+    gone = running(alice, gpus[1])  # no node to wait for: it ends at once, canceled as asked
+    with django_capture_on_commit_callbacks(execute=True):
+        control.cancel_job(gone, actor=alice)
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    control.stop_jobs_on_gpus([gpus[1].pk], requeue=True, reason="XID 79 on its GPU")
+    gone.refresh_from_db()
+    assert (gone.state, gone.message) == (
         JobState.CANCELED,
         "canceled (queued as it stopped: XID 79 on its GPU)",
     )
@@ -218,7 +230,7 @@ def test_requeues_for_the_hardware_count_no_failure(alice, gpus):
     """A re-layout's or a fault's re-queue is not the job's failure: max_retries is left."""
     job = running(alice, gpus[0], max_retries=1)
     control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="its GPU went offline")
-    job.refresh_from_db()
+    assert processes_gone(job) == JobState.QUEUED
     allocation_services.allocate(job, [gpus[1].pk], actor=alice)
     reports.job_started(job.pk, 2, 4343, timezone.now())
     assert reports.job_finished(job.pk, 2, "failed", 3, "", timezone.now()) == "queued"
@@ -272,7 +284,7 @@ def test_a_victim_requeued_otherwise_is_no_longer_being_preempted(alice, gpus):
     victim, high = running(alice, gpus[0]), waiting(alice)
     preempt(decision(high, victim), signal="SIGTERM", grace_s=30)
     control.stop_jobs_on_gpus([gpus[0].pk], requeue=True, reason="XID 79")
-    victim.refresh_from_db()
+    assert processes_gone(victim) == JobState.QUEUED
     assert (victim.state, victim.preempted_by_id, victim.preempt_requested_at) == (
         JobState.QUEUED,
         None,

@@ -7,13 +7,14 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from django.utils import timezone
 
 from inventory.models import Node
-from scheduling.agent.wire import JobSpec, RayPart
-from scheduling.jobs import ray, submission
+from scheduling.agent.wire import FinalState, JobFinished, JobSpec, RayPart, executor_id
+from scheduling.jobs import ray, reports, submission
 from scheduling.jobs.limits import JobRejected
 from scheduling.loop import passes as loop
-from scheduling.models import Job
+from scheduling.models import Allocation, Job, JobState
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -110,3 +111,32 @@ def test_without_ray_installed_the_option_is_refused(nodes, django_user_model, m
     owner = django_user_model.objects.create_user("rosa")
     with pytest.raises(JobRejected, match=r"pip install 'gpuadmin\[ray\]'"):
         submission.submit_job(owner, command=["python", "app.py"], ray=True)
+
+
+def test_a_ray_worker_that_ends_first_ends_the_attempt_never_as_a_success(
+    nodes, django_user_model, broker, django_capture_on_commit_callbacks
+) -> None:
+    """A Ray application's status is its entrypoint's (on the head, dgx-01): its worker on
+    dgx-02 leaving the cluster, even with status 0, fails the attempt (re-queued while retries
+    are left), and the head's part is stopped; the job keeps every GPU until it is gone."""
+    owner = django_user_model.objects.create_user("rosa")
+    job = submission.submit_job(
+        owner, command=["python", "app.py"], gpu_count=8, node_count=2, ray=True
+    )
+    loop.run_pass()
+    job.refresh_from_db()
+    now = timezone.now()
+    worker = JobFinished(executor_id(job.pk, 1), FinalState.COMPLETED, 0, now, "", 1.0)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.job_events([worker], sender="dgx-02").reached == {}
+    said = "stopped: its part on dgx-02 ended (completed)"
+    assert broker.named("scheduling.cancel_job") == [((job.pk, 1, said), "node.dgx-01")]
+    assert Allocation.objects.active().filter(job=job).count() == 16
+    head = JobFinished(executor_id(job.pk, 1), FinalState.CANCELED, -15, now, "canceled", 1.0)
+    assert reports.job_events([head], sender="dgx-01").reached == {job.pk: JobState.FAILED}
+    job.refresh_from_db()
+    assert (job.exit_code, job.message) == (
+        0,
+        "its Ray worker on dgx-02 ended before the entrypoint",
+    )
+    assert not Allocation.objects.active().filter(job=job).exists()

@@ -21,6 +21,7 @@ from scheduling.models import Allocation, Job, JobState, MigRelayout, RelayoutSt
 from scheduling.sharing import relayout
 from scheduling.sharing.relayout import RelayoutRefused, current_layout, fit, named_layout
 from tests.inventory.conftest import node  # noqa: F401 - the simulated node fixture
+from tests.scheduling.conftest import processes_gone
 
 A100_40 = mig_catalog.load_table("a100-sxm4-40gb")
 H100 = mig_catalog.load_table("h100-sxm5-80gb")
@@ -150,7 +151,9 @@ def test_refusals_name_the_field(node, admin):  # noqa: F811
 
 
 def holding_job(owner, gpu: Gpu) -> Job:
-    job = Job.objects.create(owner=owner, command=["x"], state="running", mig_profile="2g.10gb")
+    job = Job.objects.create(
+        owner=owner, command=["x"], state="running", attempt=1, mig_profile="2g.10gb"
+    )
     device = gpu.mig_instances.order_by("gi_id").first()
     Allocation.objects.create(
         job=job, gpu=gpu, node=gpu.node, attempt=1, kind="mig", mig_instance=device
@@ -177,15 +180,20 @@ def test_it_waits_for_the_jobs_then_gives_up_at_the_deadline(node, admin):  # no
     assert steps(item)[-1] == "mig_relayout.failed"
 
 
-def test_preempting_requeues_the_jobs_at_once(node, admin, monkeypatch):  # noqa: F811
+def test_preempting_requeues_the_jobs_once_their_processes_are_gone(node, admin, monkeypatch):  # noqa: F811
+    """The jobs are stopped at once; the layout changes once their agents report their
+    processes gone (no process on the GPU while it is re-laid out)."""
     gpu = node.gpu(0)
     job = holding_job(admin, gpu)
     item = relayout.request(gpu, "balanced", actor=admin, preempt=True)
     job.refresh_from_db()
-    assert job.state == JobState.QUEUED
-    assert job.message == f"preempted: GPU 0 of {gpu.node.hostname} gets a new MIG layout"
-    stopped = AuditEvent.objects.get(event_type="job.queued", target_id=str(job.pk))
-    assert stopped.actor_name == "mig-relayout"  # not health: nothing failed
+    assert job.state == JobState.RUNNING
+    said = f"preempted: GPU 0 of {gpu.node.hostname} gets a new MIG layout"
+    stopped = AuditEvent.objects.get(event_type="job.stopping", target_id=str(job.pk))
+    assert (stopped.actor_name, stopped.message) == ("mig-relayout", said)  # not health
+    assert advance(item).state == RelayoutState.DRAINING
+    assert processes_gone(job) == JobState.QUEUED
+    assert job.message == said
     assert advance(item).state == RelayoutState.APPLYING
 
 
