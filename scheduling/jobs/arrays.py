@@ -55,7 +55,10 @@ def split_due(fence: Callable[[], AbstractContextManager[object]] = nullcontext)
         # as its snapshot, a splitter that waited for the lock would not see the tasks the
         # one before it made.
         arrays = list(
-            unsplit_arrays().select_for_update(of=("self",)).select_related("owner").order_by("pk")
+            unsplit_arrays()
+            .select_for_update(of=("self",))
+            .select_related("owner", "pool")
+            .order_by("pk")
         )
         if not arrays:
             return 0
@@ -90,6 +93,8 @@ def split(array: JobArray, most: int) -> int:
         owner=array.owner,
         state=array.unsplit_state,
         array=array,
+        pool=array.pool,
+        reservation_id=array.reservation_id,
         submitted_at=array.submitted_at,  # it waits since the array's submission
         **array.template,
     )

@@ -309,8 +309,22 @@ class JobArray(models.Model):
     )
     submitted_at = models.DateTimeField(auto_now_add=True)
     held = models.BooleanField(default=False, help_text="Submitted held: its tasks are pending.")
+    # What its tasks name, as a job's own keys: kept while it may still make tasks of them.
+    pool = models.ForeignKey(
+        Pool, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    reservation = models.ForeignKey(
+        "Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+    )
     template = models.JSONField(
-        default=dict, blank=True, help_text="The checked Job fields each of its tasks is made with."
+        default=dict,
+        blank=True,
+        help_text="The other checked Job fields each of its tasks is made with.",
     )
     dependency = models.TextField(
         blank=True, help_text="What each task depends on, as Slurm writes it: afterok:12:13."

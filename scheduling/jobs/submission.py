@@ -13,7 +13,6 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db.models import Model
 from django.utils import timezone
 
 from gpuadmin.audit.services import (
@@ -345,17 +344,15 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
             f"{len(parsed.indexes)} tasks each depending on "
             f"{plural(len(submission.needs), 'job')}: at most {most} dependencies in one array",
         )
-    # Its tasks' fields as JSON: a pool or reservation by its id.
-    template = dict(
-        (f"{name}_id", value.pk) if isinstance(value, Model) else (name, value)
-        for name, value in submission.fields.items()
-    )
+    template = dict(submission.fields)  # its tasks' fields, the rows as the array's own keys
     array = JobArray(
         owner=owner,
         spec=spec.strip(),
         size=len(parsed.indexes),
         max_running=parsed.max_running,
         held=hold,
+        pool=template.pop("pool", None),
+        reservation=template.pop("reservation", None),
         template=template,
         dependency=submission.dependency_text,
     )

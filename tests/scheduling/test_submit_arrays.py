@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.db.models import ProtectedError
 from django.test.utils import CaptureQueriesContext
 
 from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
+from inventory.models import Pool
+from inventory.services import delete_pool
 from scheduling.allocations import manual
 from scheduling.jobs import arrays, control, dependencies, limits, submission
 from scheduling.jobs.slurm import SpecError, compact_indexes, parse_array
@@ -213,6 +216,18 @@ def test_its_tasks_depend_as_the_array_does(alice):
     }
     after = AuditEvent.objects.filter(event_type="job.submitted", target_id=str(made[0])).get()
     assert after.after["dependency"] == f"afterok:{first.pk}"
+
+
+def test_what_its_tasks_will_name_cannot_be_deleted_while_it_waits(alice, fleet):  # noqa: F811
+    """Its pool and reservation are the array's own foreign keys, as a job's: a pool named
+    by an array with tasks still to make is kept, as one named by a job is."""
+    pool = Pool.objects.create(name="spare")
+    stored = array(alice.user, "0-9")
+    JobArray.objects.filter(pk=stored.pk).update(pool=pool)
+    with pytest.raises(ProtectedError):
+        delete_pool(pool, actor=alice.user)
+    arrays.split_due()
+    assert set(stored.tasks.values_list("pool", flat=True)) == {pool.pk}
 
 
 def test_its_cost_does_not_grow_with_its_tasks(alice):
