@@ -25,23 +25,17 @@ from django.db.models import Count, F, Q
 from django.db.models.query import QuerySet
 
 from gpuadmin.audit.services import record_each
-from scheduling.jobs import dependencies, slurm
-from scheduling.jobs.submission import parse_array, submitted_after
-from scheduling.models import TERMINAL_STATES, Job, JobArray, JobState
+from scheduling.jobs import dependencies, queries, slurm
+from scheduling.jobs.submission import submitted_after
+from scheduling.models import TERMINAL_STATES, Job, JobArray
 
 # Tasks made per array and pass, at most; an uncapped array keeps as many waiting.
 SPLIT_CHUNK = 500
-WAITING_STATES = (JobState.PENDING, JobState.QUEUED)
 
 
 def unsplit_arrays() -> QuerySet[JobArray]:
     """The arrays with tasks still to make jobs (partial index ``jobarray_unsplit``)."""
     return JobArray.objects.filter(split__lt=F("size"), canceled_at__isnull=True)
-
-
-def unsplit_indexes(array: JobArray) -> tuple[int, ...]:
-    """The indexes of ``array``'s tasks not made jobs, in order."""
-    return parse_array(array.spec).indexes[array.split :]
 
 
 def split_due(fence: Callable[[], AbstractContextManager[object]] = nullcontext) -> int:
@@ -69,7 +63,8 @@ def split_due(fence: Callable[[], AbstractContextManager[object]] = nullcontext)
             .order_by()
             .values("array_id")
             .annotate(
-                unfinished=Count("pk"), waiting=Count("pk", filter=Q(state__in=WAITING_STATES))
+                unfinished=Count("pk"),
+                waiting=Count("pk", filter=Q(state__in=queries.WAITING_STATES)),
             )
         }
         made = 0
@@ -86,7 +81,7 @@ def split_due(fence: Callable[[], AbstractContextManager[object]] = nullcontext)
 def split(array: JobArray, most: int) -> int:
     """Make jobs of ``array``'s next ``most`` tasks at most (in the caller's transaction,
     ``array`` locked and current); the number made."""
-    indexes = unsplit_indexes(array)[: max(most, 0)]
+    indexes = queries.unsplit_indexes(array)[: max(most, 0)]
     if not indexes:
         return 0
     task = Job(

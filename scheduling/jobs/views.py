@@ -179,7 +179,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
             if isinstance(submitted, submission.SubmittedArray):
                 array = submitted.array
                 messages.success(
-                    request, f"Array {array.pk} submitted: {plural(array.size, 'task')}."
+                    request,
+                    f"Array {array.pk} submitted: {plural(array.size, 'task')}, each a job "
+                    "once the placement loop reaches it.",
                 )
                 return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
             messages.success(request, f"Job {submitted.pk} submitted.")
