@@ -14,6 +14,7 @@ from gpuadmin.leases import services as leases
 from gpuadmin.leases.models import Lease
 from scheduling.jobs import submission, transitions
 from scheduling.loop import passes as loop
+from scheduling.loop import switch
 from scheduling.models import NOT_WAITING, Job, JobState
 from scheduling.placement import Pending, Reason
 from tests.scheduling.api.conftest import submit
@@ -223,3 +224,14 @@ def test_a_pass_makes_an_arrays_tasks_jobs_then_places_them_within_its_cap(api_a
         2,
         3,
     }
+
+
+def test_a_stopped_scheduler_still_makes_an_arrays_tasks_jobs_to_wait(api_as, fleet, broker):
+    """Its queue says why nothing runs, the array's tasks among it, as a job's would."""
+    alice = api_as("alice")
+    switch.set_scheduler_enabled(False, actor=alice.user)
+    stored = submission.submit_array(alice.user, "0-9%2", command=["true"]).array
+    summary = loop.run_pass()
+    assert (summary.skipped, summary.split, summary.placed) == ("the scheduler is stopped", 3, 0)
+    reasons = set(Job.objects.filter(array=stored).values_list("pending_reason", flat=True))
+    assert reasons == {loop.STOPPED_REASON}
