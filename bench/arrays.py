@@ -1,5 +1,6 @@
 """Job arrays: how long one ``--array`` submission of N tasks takes to be accepted, by gpuadmin
-and by Slurm 22.05's ``sbatch --array`` in the same run.
+and by Slurm 22.05's ``sbatch --array`` in the same run, and how long gpuadmin's placement loop
+then takes to make the first of its tasks jobs.
 
     .venv/bin/python bench/arrays.py [--tasks 2000] [--runs 15] [--cap 50] [--no-slurm]
 
@@ -9,18 +10,25 @@ embedded one), a simulated fleet of two DGX nodes and a user, and starts a priva
 
 - gpuadmin: one array ``0-<tasks-1>%<cap>`` submitted through the job service
   (``submission.submit_array``, what ``POST /api/v1/jobs/`` with ``"array"`` calls after
-  parsing the body): the checks, the ``JobArray`` row, every task's job, every audit row, one
-  transaction, timed from the call to its commit (PostgreSQL's work included; the loop's
-  wake-up is sent on commit, Redis must be reachable);
+  parsing the body): the checks, the ``JobArray`` row and its ``array.submitted`` audit row in
+  one statement, timed from the call to its commit (PostgreSQL's work included; the loop's
+  wake-up is sent on commit, Redis must be reachable). Its tasks are not jobs yet: as Slurm
+  keeps a pending array as one record, gpuadmin makes them jobs when the loop reaches them;
 - Slurm: ``sbatch --hold --array=<the same spec> --gres=gpu:1 --wrap ...``, timed from the
   start of the ``sbatch`` process to its exit (its start, the munge credential, the RPC to
   slurmctld, which stores the array as one job record, and the reply). Held, as gpuadmin's
-  tasks wait for a placement loop that does not run here.
+  tasks wait for a placement loop that does not run here;
+- gpuadmin's split, a second figure apart from the comparison: ``arrays.split_due()``, what
+  each placement pass does first, timed from the call to its commit, right after the
+  submission: it makes jobs of the first tasks the array may use (its cap and one more: 51
+  for ``%50``; 500 without a cap), with their ``job.submitted`` audit rows, and looks at the
+  earlier runs' arrays too (each locked, none with room: their tasks wait).
 
 Neither side's tasks are deleted between runs. Prints each run, then the medians, and ends
-with the headline lines ``array_<tasks>_ms``, ``slurm_array_<tasks>_ms`` and
-``array_<tasks>_vs_slurm`` (the median of the runs' ratios). Target (issue 30): at most 2x
-Slurm's time.
+with the headline lines ``array_<tasks>_ms``, ``slurm_array_<tasks>_ms``,
+``array_<tasks>_vs_slurm`` (the median of the runs' ratios) and
+``array_<tasks>_split_first_<n>_ms`` (the loop's split of its first n tasks). Target
+(issue 30): submission at most 2x Slurm's time.
 """
 
 from __future__ import annotations
@@ -54,12 +62,14 @@ def main() -> None:
     with throwaway_database("gpuadmin_bench_array"):
         from django.contrib.auth import get_user_model
 
-        from scheduling.jobs import submission
+        from scheduling.jobs import arrays, submission
 
         hostnames = load_sim_fleet(2)
         owner = get_user_model().objects.create_user("bench")
         ours_ms: list[float] = []
         theirs_ms: list[float] = []
+        split_ms: list[float] = []
+        made: set[int] = set()
         try:
             with SlurmCluster(tuned=True) if args.slurm else nullcontext() as slurm:
                 sbatch = ["--hold", f"--array={spec}", "--gres=gpu:1", "--wrap", " ".join(COMMAND)]
@@ -67,7 +77,7 @@ def main() -> None:
                     started = time.perf_counter()
                     submitted = submission.submit_array(owner, spec, command=COMMAND, gpu_count=1)
                     ours_ms.append((time.perf_counter() - started) * 1000)
-                    assert len(submitted.task_ids) == args.tasks
+                    assert submitted.array.size == args.tasks
                     line = f"run {run + 1}: gpuadmin {ours_ms[-1]:.1f} ms"
                     if slurm is not None:
                         client = slurm.client()
@@ -76,6 +86,10 @@ def main() -> None:
                         theirs_ms.append((time.perf_counter() - started) * 1000)
                         line += f", Slurm {theirs_ms[-1]:.1f} ms"
                         line += f" ({ours_ms[-1] / theirs_ms[-1]:.1f}x)"
+                    started = time.perf_counter()
+                    made.add(arrays.split_due())
+                    split_ms.append((time.perf_counter() - started) * 1000)
+                    line += f"; its first tasks made jobs in {split_ms[-1]:.1f} ms"
                     print(line, flush=True)
         finally:
             delete_redis_keys(set(hostnames))
@@ -92,10 +106,17 @@ def main() -> None:
             f"{min(theirs_ms):.1f} ms; gpuadmin/Slurm, median of the runs' ratios: {ratio:.2f}x "
             f"(target: at most {TARGET_RATIO:g}x)"
         )
+    [first] = made  # the same number each run
+    split_median = statistics.median(split_ms)
+    print(
+        f"the loop's split of its first {first} tasks (arrays.split_due, right after the "
+        f"submission): median {split_median:.1f} ms, min {min(split_ms):.1f} ms"
+    )
     print(f"array_{args.tasks}_ms: {median:.1f} ms")
     if theirs_ms:
         print(f"slurm_array_{args.tasks}_ms: {slurm_median:.1f} ms")
         print(f"array_{args.tasks}_vs_slurm: {ratio:.2f} x")
+    print(f"array_{args.tasks}_split_first_{first}_ms: {split_median:.1f} ms")
 
 
 if __name__ == "__main__":

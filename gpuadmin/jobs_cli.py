@@ -83,15 +83,20 @@ def cmd_submit(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     # The draft's form of the header: a Structured Field string, quoted and escaped.
     headers = {"Idempotency-Key": sf_string(key)} if key else None
     submitted = api.call("POST", "/queue/submit", body, headers=headers)
-    if "task_ids" in submitted:  # an array, as the server read --array (a blank one is none)
-        ids = submitted["task_ids"]
+    if "tasks_url" in submitted:  # an array, as the server read --array (a blank one is none)
         cap = submitted["max_running"]
         print(
-            f"array {submitted['id']} submitted: {plural(submitted['size'], 'task')}, jobs "
-            f"{ids[0]}-{ids[-1]}" + (f", at most {cap} at once" if cap else ""),
+            f"array {submitted['id']} submitted: {plural(submitted['size'], 'task')}"
+            + (f", at most {cap} at once" if cap else "")
+            + f" ({submitted['state']})",
             file=out,
         )
         print(f"  gpuadmin jobs array {submitted['id']}   # its tasks by state", file=out)
+        print(
+            f"  gpuadmin jobs list --array {submitted['id']}   # its tasks, each a job once "
+            "the placement loop reaches it",
+            file=out,
+        )
         return 0
     needs = ", ".join(filter(None, (_needs(submitted), _host(submitted))))
     print(f"job {submitted['id']} submitted: {submitted['state']} ({needs})", file=out)
@@ -111,6 +116,14 @@ def idempotency_key(text: str) -> str:
     return text
 
 
+def _tasks_listed(array: dict[str, Any]) -> str:
+    """What ``jobs list --array`` lists of ``array`` (an ``/api/v1/arrays/`` answer)."""
+    unsplit = array["size"] - array["split"]
+    if not unsplit or array["canceled_at"]:
+        return "the tasks"
+    return f"the tasks made jobs so far ({unsplit} to come as the placement loop reaches them)"
+
+
 def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     """A job array's tasks by state; with ``--cancel``, cancel its unfinished tasks."""
     path = f"/api/v1/arrays/{args.array_id}/"
@@ -119,9 +132,11 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         if args.json:
             print_json(out, result)
             return 0
+        canceled = len(result["canceled"]) + result["unsplit"]
         print(
-            f"array {args.array_id}: {plural(len(result['canceled']), 'task')} canceled, "
-            f"{len(result['canceling'])} stopping through their agents",
+            f"array {args.array_id}: {plural(canceled, 'task')} canceled"
+            f"{slurm.unsplit_text(result['unsplit'])}, {len(result['canceling'])} stopping through "
+            "their agents",
             file=out,
         )
         return 0
@@ -137,7 +152,7 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     )
     for state, count in array["tasks"].items():
         print(f"  {state + ':':<11}{count}", file=out)
-    print(f"  gpuadmin jobs list --array {array['id']}   # the tasks", file=out)
+    print(f"  gpuadmin jobs list --array {array['id']}   # {_tasks_listed(array)}", file=out)
     return 0
 
 

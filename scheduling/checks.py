@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
 from scheduling.jobs.reports import unconfirmed_jobs
-from scheduling.models import HOLDING_STATES, Allocation, Job
+from scheduling.models import HOLDING_STATES, Allocation, Job, JobArray
 from scheduling.placement.text import plural
 
 Check = Callable[[], list[str]]
@@ -42,6 +42,16 @@ def holding_jobs_with_wrong_allocations() -> list[str]:
         f"job {job.pk} is {job.state} with {plural(job.held, 'GPU')} allocated, "
         f"needs {job.total_gpus}"
         for job in jobs
+    ]
+
+
+def arrays_with_wrong_tasks() -> list[str]:
+    """A job array has exactly as many jobs as it says it made of its tasks (``split``): the
+    placement loop makes each of its indexes a job once."""
+    arrays = JobArray.objects.annotate(made=Count("tasks")).exclude(made=F("split"))
+    return [
+        f"array {array.pk} has {plural(array.made, 'job')} of its tasks, says it made {array.split}"
+        for array in arrays
     ]
 
 
@@ -125,6 +135,7 @@ CHECKS: dict[str, Check] = {
     "no allocation on offline or missing hardware": allocations_on_offline_hardware,
     "no job stays scheduled without its agent starting it": jobs_scheduled_too_long,
     "every job and allocation change is audited": audit_gaps,
+    "each job array's tasks are made jobs once": arrays_with_wrong_tasks,
 }
 
 

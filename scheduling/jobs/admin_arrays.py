@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from gpuadmin.access.permissions import signed_in
 from gpuadmin.access.services import can_act_on
 from scheduling.jobs import control, queries
-from scheduling.models import JobArray, JobDependency, JobState
+from scheduling.models import JobArray, JobDependency
 from scheduling.placement.text import plural
 
 
@@ -43,10 +43,8 @@ class JobArrayAdmin(admin.ModelAdmin):
 
     @admin.display(description="tasks waiting")
     def waiting(self, array: JobArray) -> int:
-        return sum(
-            getattr(array, queries.task_count_name(state))
-            for state in (JobState.PENDING, JobState.QUEUED)
-        )
+        counts = queries.task_counts(array)
+        return sum(counts.get(state, 0) for state in queries.WAITING_STATES)
 
     @admin.action(description="Cancel the unfinished tasks of the selected arrays")
     def cancel_arrays(self, request: HttpRequest, queryset: QuerySet[JobArray]) -> None:
@@ -56,7 +54,7 @@ class JobArrayAdmin(admin.ModelAdmin):
                 refused += 1
                 continue
             outcome = control.cancel_array(array, actor=signed_in(request))
-            canceled += len(outcome.canceled)
+            canceled += len(outcome.canceled) + outcome.unsplit
             canceling += len(outcome.canceling)
         self.message_user(
             request,

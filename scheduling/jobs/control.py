@@ -133,12 +133,31 @@ def cancel_waiting(
 class ArrayCanceled:
     canceled: list[int]  # tasks canceled now (those that were waiting, mostly)
     canceling: list[int]  # tasks on GPUs: their agents stop them (``cancel_job``)
+    unsplit: int = 0  # tasks not made jobs yet, that never will be
 
 
 def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
-    """Cancel every unfinished task of ``array`` (Slurm's ``scancel`` of an array job): the
-    waiting ones at once (``cancel_waiting``), those on GPUs through their agents."""
+    """Cancel every unfinished task of ``array`` (Slurm's ``scancel`` of an array job): its
+    tasks not made jobs yet are never made (``array.canceled``, audited, with their number),
+    the waiting ones are canceled at once (``cancel_waiting``), those on GPUs through their
+    agents."""
     message = f"array {array.pk} canceled by {actor.get_username()}"
+    with transaction.atomic():
+        # Locked: a placement pass splitting it waits, then sees it canceled.
+        locked = JobArray.objects.select_for_update().get(pk=array.pk)
+        unsplit = 0 if locked.canceled_at is not None else locked.unsplit
+        if unsplit:
+            record(
+                "array.canceled",
+                actor=actor,
+                target=locked,
+                before={"state": locked.unsplit_state, "unsplit": unsplit},
+                after={"state": S.CANCELED},
+                message=message,
+            )
+        if locked.canceled_at is None:
+            locked.canceled_at = timezone.now()
+            locked.save(update_fields=["canceled_at"])
     tasks = array.tasks.exclude(state__in=TERMINAL_STATES)
     waiting = list(tasks.filter(state__in=(S.PENDING, S.QUEUED)).values_list("pk", flat=True))
     canceled = cancel_waiting(dict.fromkeys(waiting, message), actor=actor)
@@ -149,7 +168,7 @@ def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
         except IllegalTransition:  # it ended meanwhile
             continue
         (canceled if task.is_terminal else canceling).append(task.pk)
-    return ArrayCanceled(canceled, canceling)
+    return ArrayCanceled(canceled, canceling, unsplit)
 
 
 def stop_jobs_on_gpus(

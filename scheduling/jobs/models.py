@@ -303,7 +303,9 @@ def expected_end(
 
 
 class JobArray(models.Model):
-    """One ``--array`` submission: its tasks are Jobs with an ``array_index``."""
+    """One ``--array`` submission, stored as one row as Slurm stores a pending array: its
+    tasks become Jobs with an ``array_index`` only when the placement loop reaches them
+    (``scheduling.jobs.arrays``), the first ``split`` of its indexes in the spec's order."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     spec = models.CharField(max_length=200, help_text="As submitted, e.g. 0-999%50.")
@@ -312,12 +314,63 @@ class JobArray(models.Model):
         null=True, blank=True, help_text="Tasks running at once (the %N); empty: no cap."
     )
     submitted_at = models.DateTimeField(auto_now_add=True)
+    held = models.BooleanField(default=False, help_text="Submitted held: its tasks are pending.")
+    # What its tasks name, as a job's own keys: kept while it may still make tasks of them.
+    pool = models.ForeignKey(
+        Pool, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    reservation = models.ForeignKey(
+        "Reservation",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+    )
+    template = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The other checked Job fields each of its tasks is made with.",
+    )
+    dependency = models.TextField(
+        blank=True, help_text="What each task depends on, as Slurm writes it: afterok:12:13."
+    )
+    split = models.PositiveIntegerField(
+        default=0, help_text="Its tasks made jobs so far: the first of its indexes, in order."
+    )
+    canceled_at = models.DateTimeField(
+        null=True, blank=True, help_text="Canceled: its tasks not made jobs yet never will be."
+    )
 
     class Meta:
         ordering = ["-pk"]
+        indexes = [
+            # The arrays a placement pass splits: few of all ever submitted.
+            models.Index(
+                fields=["id"],
+                name="jobarray_unsplit",
+                condition=Q(split__lt=F("size"), canceled_at__isnull=True),
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(split__lte=F("size")), name="jobarray_split_le_size")
+        ]
 
     def __str__(self) -> str:
         return f"array {self.pk} [{self.spec}]"
+
+    @property
+    def unsplit(self) -> int:
+        """Its tasks not made jobs (yet, or ever when it was canceled)."""
+        return self.size - self.split
+
+    @property
+    def unsplit_state(self) -> str:
+        """The state its tasks not made jobs are in, as Slurm shows a pending array's:
+        canceled with the array, else held (pending) or queued as it was submitted."""
+        if self.canceled_at is not None:
+            return JobState.CANCELED
+        return JobState.PENDING if self.held else JobState.QUEUED
 
 
 class DependencyKind(models.TextChoices):

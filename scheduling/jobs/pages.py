@@ -248,7 +248,8 @@ def _first_tasks(waiting: QuerySet[Job]) -> QuerySet[Job]:
 
 
 def _collapse_arrays(section: Section, waiting: QuerySet[Job]) -> None:
-    """Give the rows standing for arrays their tasks (one query for all of them)."""
+    """Give the rows standing for arrays their waiting tasks, those not made jobs yet with
+    them (one query for all of them)."""
     rows = {row.job.array_id: row for row in section.rows if row.job.array_id is not None}
     if not rows:
         return
@@ -262,10 +263,11 @@ def _collapse_arrays(section: Section, waiting: QuerySet[Job]) -> None:
     for found in tasks:
         row = rows[found["array_id"]]
         assert row.job.array is not None
+        every = queries.standing_for(row.job.array, queries.WAITING_STATES, found["indexes"])
         row.array_tasks = ArrayTasks(
             found["array_id"],
-            compact_indexes(found["indexes"]),
-            len(found["indexes"]),
+            compact_indexes(every),
+            len(every),
             row.job.array.max_running,
             f"{queue_url}?array={row.job.array_id}",
         )

@@ -4,7 +4,7 @@ and a job's log (read through its node's agent). Nothing here changes state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -35,6 +35,8 @@ from inventory import live
 from inventory.models import Gpu, Node
 from inventory.services import AgentTimedOut, run_on_node
 from inventory.usability import Unusable
+from scheduling.jobs import slurm
+from scheduling.jobs.limits import SUBMISSION_LIMITS
 from scheduling.jobs.slurm import array_label, compact_indexes
 from scheduling.jobs.transitions import STOPPING
 from scheduling.models import (
@@ -92,13 +94,40 @@ def task_count_name(state: str) -> str:
 
 
 def with_task_counts(arrays: QuerySet[JobArray]) -> QuerySet[JobArray]:
-    """Arrays with their owner and how many of their tasks are in each state (one query)."""
+    """Arrays with their owner and how many of their tasks made jobs are in each state (one
+    query); ``task_counts`` adds those not made jobs yet."""
     return arrays.select_related("owner").annotate(
         **{
             task_count_name(state): Count("tasks", filter=Q(tasks__state=state))
             for state in JobState
         }
     )
+
+
+def task_counts(array: JobArray) -> dict[str, int]:
+    """State -> how many of the tasks of ``array`` (of ``with_task_counts``) are in it: its
+    jobs', and its tasks not made jobs yet in theirs (``JobArray.unsplit_state``). States
+    with none are left out."""
+    counts: dict[str, int] = {state: getattr(array, task_count_name(state)) for state in JobState}
+    counts[array.unsplit_state] += array.unsplit
+    return {state: count for state, count in counts.items() if count}
+
+
+def unsplit_indexes(array: JobArray) -> tuple[int, ...]:
+    """The indexes of the tasks of ``array`` not made jobs (yet), in order: its spec's last."""
+    parsed = slurm.parse_array(
+        array.spec, max_tasks=array.size, max_index=SUBMISSION_LIMITS["array_index"][1]
+    )
+    return parsed.indexes[array.split :]
+
+
+def standing_for(array: JobArray, states: Collection[str], indexes: list[int]) -> list[int]:
+    """The indexes a collapsed row of the tasks of ``array`` in ``states`` stands for: those
+    of its jobs (``indexes``, ascending), and its tasks not made jobs yet when their state is
+    one of ``states`` (Slurm's pending array record: ``12_[50-1999%50]``)."""
+    if array.unsplit and array.unsplit_state in states:
+        return [*indexes, *unsplit_indexes(array)]  # made in the spec's order: all before
+    return indexes
 
 
 def visible_allocations(user: User | AnonymousUser) -> QuerySet[Allocation]:
@@ -154,7 +183,8 @@ def collapsed_arrays(jobs: QuerySet[Job]) -> QuerySet[Job]:
 
 def array_tasks_of(jobs: QuerySet[Job], rows: Iterable[Job]) -> dict[int, ArrayTasks]:
     """The tasks of ``jobs`` that each of ``rows`` (of ``collapsed_arrays(jobs)``) stands
-    for, by row id: only the rows that stand for tasks of an array (one query)."""
+    for, by row id: only the rows that stand for tasks of an array, with its tasks not made
+    jobs yet in the row of their state (``standing_for``; two queries)."""
     standing = {
         (row.array_id, row.state): row.pk
         for row in rows
@@ -167,16 +197,19 @@ def array_tasks_of(jobs: QuerySet[Job], rows: Iterable[Job]) -> dict[int, ArrayT
         .filter(array_id__in={array_id for array_id, _ in standing})
         .exclude(state__in=HOLDING_STATES)
         .order_by()
-        .values("array_id", "state", "array__max_running")
+        .values("array_id", "state")
         .annotate(indexes=ArrayAgg("array_index", order_by="array_index"))
     )
+    arrays = JobArray.objects.in_bulk({array_id for array_id, _ in standing})
     found: dict[int, ArrayTasks] = {}
     for group in tasks:
         row_id = standing.get((group["array_id"], group["state"]))
         if row_id is not None:
-            indexes = compact_indexes(group["indexes"])
-            label = array_label(group["array_id"], indexes, group["array__max_running"])
-            found[row_id] = ArrayTasks(label, indexes, len(group["indexes"]))
+            array = arrays[group["array_id"]]
+            every = standing_for(array, [group["state"]], group["indexes"])
+            indexes = compact_indexes(every)
+            label = array_label(array.pk, indexes, array.max_running)
+            found[row_id] = ArrayTasks(label, indexes, len(every))
     return found
 
 

@@ -153,3 +153,9 @@ def host_request_text(cpus: int, memory_mib: int) -> str:
     if memory_mib:
         parts.append(f"{memory_text(memory_mib)} RAM")
     return f"{', '.join(parts)} per node" if parts else ""
+
+
+def unsplit_text(unsplit: int) -> str:
+    """`` (3 of them not made jobs yet)`` after how many of an array's tasks were canceled,
+    for those the placement loop had not reached (the pages' and the CLI's words)."""
+    return f" ({unsplit} of them not made jobs yet)" if unsplit else ""

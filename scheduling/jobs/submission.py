@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import importlib.util
 import posixpath
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from gpuadmin.audit.services import (
     create_recorded,
-    record,
-    record_each,
 )
 from inventory.models import Pool
 from inventory.services import resolve_gpu_model
@@ -239,9 +237,9 @@ def parse_array(spec: str) -> slurm.ArraySpec:
     return parsed
 
 
-def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
-    """What ``job.submitted`` records of a job: its request's state, size and priority, and
-    what else it asked for."""
+def submitted_after(job: Job, dependency: str) -> dict[str, Any]:
+    """What ``job.submitted`` records of a job (of an array's task too): its request's
+    state, size and priority, and what else it asked for (``dependency`` as Slurm writes it)."""
     after = {
         "state": job.state,
         "gpu_count": job.gpu_count,
@@ -258,7 +256,7 @@ def _submitted(job: Job, submission: Submission) -> dict[str, Any]:
         "reservation": job.reservation_id,
         "array": job.array_id,
         "array_index": job.array_index,
-        "dependency": submission.dependency_text,
+        "dependency": dependency,
         "ray": job.ray or None,
     }
     return {**after, **{name: value for name, value in optional.items() if value not in (None, "")}}
@@ -281,7 +279,12 @@ def submit_job(
     # The job and its audit row in one statement, atomic by itself (no BEGIN/COMMIT round
     # trips); a transaction only when its dependencies are rows of their own.
     with transaction.atomic() if submission.needs else nullcontext():
-        create_recorded(job, "job.submitted", actor=owner, after=_submitted(job, submission))
+        create_recorded(
+            job,
+            "job.submitted",
+            actor=owner,
+            after=submitted_after(job, submission.dependency_text),
+        )
         dependencies.store([job.pk], submission.needs)
         if not hold:
             transaction.on_commit(dispatch.wake)
@@ -323,15 +326,15 @@ def submit_once(
 @dataclass(frozen=True)
 class SubmittedArray:
     array: JobArray
-    task_ids: list[int]  # in index order
 
 
 def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) -> SubmittedArray:
-    """One ``--array`` submission (``spec`` as in ``slurm.parse_array``): a ``JobArray`` and
-    a job per index, each as ``submit_job`` would store it, written in one transaction: the
-    jobs in one INSERT (``_insert_tasks``), their dependencies in one multi-row INSERT, their
-    audit rows (``job.submitted`` each) in one INSERT (``record_each``) and
-    ``array.submitted``; the placement loop is woken once."""
+    """One ``--array`` submission (``spec`` as in ``slurm.parse_array``), checked as a job
+    is (``check_submission``, once for all its tasks) and stored as Slurm stores a pending
+    array: one ``JobArray`` row with what each task is made with (``template``,
+    ``dependency``, ``held``) and its ``array.submitted`` audit row, in one statement; the
+    placement loop is woken. Its tasks become jobs (``job.submitted`` each) only when the
+    loop reaches them (``arrays.split_due``)."""
     parsed = parse_array(spec)
     submission = check_submission(owner, **request)
     most = SUBMISSION_LIMITS["array_dependencies"][1]
@@ -341,62 +344,23 @@ def submit_array(owner: User, spec: str, *, hold: bool = False, **request: Any) 
             f"{len(parsed.indexes)} tasks each depending on "
             f"{plural(len(submission.needs), 'job')}: at most {most} dependencies in one array",
         )
-    state = JobState.PENDING if hold else JobState.QUEUED
-    with transaction.atomic():
-        array = JobArray.objects.create(
-            owner=owner,
-            spec=spec.strip(),
-            size=len(parsed.indexes),
-            max_running=parsed.max_running,
-        )
-        task = Job(owner=owner, state=state, array=array, **submission.fields)
-        task_ids = _insert_tasks(task, parsed.indexes)
-        dependencies.store(task_ids, submission.needs)
-        record(
-            "array.submitted",
-            actor=owner,
-            target=array,
-            after={"size": array.size, "max_running": array.max_running, "state": state},
-        )
-        record_each(
-            "job.submitted",
-            _task_changes(task, task_ids, parsed.indexes, submission),
-            target_type=Job._meta.label_lower,
-            actor=owner,
-        )
-        if not hold:
-            transaction.on_commit(dispatch.wake)
-    return SubmittedArray(array, task_ids)
-
-
-def _task_changes(
-    task: Job, task_ids: Sequence[int], indexes: Sequence[int], submission: Submission
-) -> Iterator[tuple[int, str, dict[str, Any]]]:
-    """Each task's (id, text, ``job.submitted`` after), ``task`` standing for each in turn."""
-    after = _submitted(task, submission)
-    for task.pk, task.array_index in zip(task_ids, indexes, strict=True):
-        yield task.pk, str(task), {**after, "array_index": task.array_index}
-
-
-def _insert_tasks(task: Job, indexes: Sequence[int]) -> list[int]:
-    """Store ``task`` (unsaved) once per index as its ``array_index``, in one ``INSERT ...
-    SELECT`` over ``unnest()`` of the indexes: a parameter per column, however many tasks (a
-    multi-row ``VALUES`` takes one per column and row, and PostgreSQL at most 65,535 in all).
-    The ids, in the order of ``indexes``."""
-    meta = Job._meta
-    columns = [f for f in meta.concrete_fields if not f.primary_key and f.name != "array_index"]
-    quote = connection.ops.quote_name
-    values = [f.get_db_prep_save(f.pre_save(task, add=True), connection) for f in columns]
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} "
-        f"({', '.join(quote(f.column) for f in columns)}, {quote('array_index')}) "
-        f"SELECT {', '.join(f'%s::{f.db_type(connection)}' for f in columns)}, task.index "
-        "FROM unnest(%b::integer[]) WITH ORDINALITY AS task(index, n) ORDER BY task.n "
-        f"RETURNING {quote(meta.pk.column)}"
+    template = dict(submission.fields)  # its tasks' fields, the rows as the array's own keys
+    array = JobArray(
+        owner=owner,
+        spec=spec.strip(),
+        size=len(parsed.indexes),
+        max_running=parsed.max_running,
+        held=hold,
+        pool=template.pop("pool", None),
+        reservation=template.pop("reservation", None),
+        template=template,
+        dependency=submission.dependency_text,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, list(indexes)])
-        return [row[0] for row in cursor.fetchall()]
+    after = {"size": array.size, "max_running": array.max_running, "state": array.unsplit_state}
+    # The array and its audit row in one statement, atomic by itself (``submit_job``'s way).
+    create_recorded(array, "array.submitted", actor=owner, after=after)
+    transaction.on_commit(dispatch.wake)  # held or not: the loop makes its tasks jobs
+    return SubmittedArray(array)
 
 
 def submit(owner: User, *, array: str = "", **request: Any) -> Job | SubmittedArray:

@@ -28,7 +28,7 @@ from gpuadmin.access.services import can_act_on, can_submit
 from gpuadmin.htmx import HtmxHttpRequest, htmx_partial
 from inventory.pages.sections import requested_sections
 from scheduling.filters import JobFilterSet
-from scheduling.jobs import control, limits, pages, queries, submission, transitions
+from scheduling.jobs import control, limits, pages, queries, slurm, submission, transitions
 from scheduling.jobs.forms import SubmitJobForm
 from scheduling.models import Job
 from scheduling.placement.text import plural
@@ -146,8 +146,9 @@ def array_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     outcome = control.cancel_array(array, actor=signed_in(request))
     messages.success(
         request,
-        f"Array {array.pk}: {plural(len(outcome.canceled), 'task')} canceled, "
-        f"{len(outcome.canceling)} being stopped by their agents.",
+        f"Array {array.pk}: {plural(len(outcome.canceled) + outcome.unsplit, 'task')} "
+        f"canceled{slurm.unsplit_text(outcome.unsplit)}, {len(outcome.canceling)} being stopped by "
+        "their agents.",
     )
     return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
 
@@ -178,7 +179,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
             if isinstance(submitted, submission.SubmittedArray):
                 array = submitted.array
                 messages.success(
-                    request, f"Array {array.pk} submitted: {plural(array.size, 'task')}."
+                    request,
+                    f"Array {array.pk} submitted: {plural(array.size, 'task')}, each a job "
+                    "once the placement loop reaches it.",
                 )
                 return redirect(f"{reverse('scheduling:queue')}?array={array.pk}")
             messages.success(request, f"Job {submitted.pk} submitted.")

@@ -6,7 +6,8 @@ pass runs at a time: the loop's lease (``gpuadmin.leases``, a row, not a session
 it holds behind PgBouncer's transaction pooling) serialises passes across workers, and each of
 a pass's commits is fenced by it (a pass that lost it, its worker stalled past the lease's
 time to live, commits nothing more). The engine
-(``scheduling.placement``) is pure; this module turns the database into its ``Snapshot`` (a
+(``scheduling.placement``) is pure; this module makes job arrays' next tasks jobs
+(``scheduling.jobs.arrays``), turns the database into its ``Snapshot`` (a
 fixed number of queries, whatever the fleet's and the queue's sizes) and its decisions back
 into the database: placements ``COMMIT_BATCH`` at a time (``allocation_services.allocate_many``,
 which the database can refuse, one decision at a time), preemptions (``scheduling.loop.preemption``)
@@ -35,7 +36,7 @@ from gpuadmin.leases import services as leases
 from inventory import live
 from scheduling import placement
 from scheduling.allocations import services as allocation_services
-from scheduling.jobs import transitions
+from scheduling.jobs import arrays, transitions
 from scheduling.loop import preemption
 from scheduling.loop.dispatch import (
     defer_wake,
@@ -78,11 +79,13 @@ class PassSummary:
     skipped: str = ""
     duration_ms: float = 0.0
     dispatched: list[int] = field(default_factory=list)
-    # Milliseconds per phase: snapshot, plan, commit (placements and dispatch), save_pending.
+    # Milliseconds per phase: split, snapshot, plan, commit (placements and dispatch),
+    # save_pending.
     phase_ms: dict[str, float] = field(default_factory=dict)
     pending_saved: int = 0  # waiting jobs whose stored reason, position, ... changed
     preempting: int = 0  # running jobs asked to stop for a waiting one
     mig_requested: int = 0  # MIG instances asked of agents for waiting jobs
+    split: int = 0  # job arrays' tasks made jobs (``arrays.split_due``)
 
 
 # The loop's lease while this thread holds it.
@@ -166,6 +169,8 @@ def run_pass() -> PassSummary:
             summary.skipped = "the stack is stopping"
         elif not config.enabled:
             summary.skipped = "the scheduler is stopped"
+            # Its arrays' tasks are made jobs as ever, queued while it is stopped.
+            summary.split = arrays.split_due(fence=fenced)
             with fenced():
                 summary.pending_saved = explain_stopped()
         else:
@@ -175,19 +180,21 @@ def run_pass() -> PassSummary:
                 log.warning("placement pass stopped: %s", exc)
                 summary.skipped = "another worker took the loop's lease over"
     summary.duration_ms = (time.perf_counter() - started) * 1000
-    if summary.refused:
-        wake()  # refused decisions are retried by the next pass
+    if summary.refused or (summary.placed and arrays.unsplit_arrays().exists()):
+        wake()  # refused decisions are retried, an array's next tasks made, by the next pass
     changed = (
         summary.placed
         or summary.refused
         or summary.pending_saved
         or summary.preempting
         or summary.mig_requested
+        or summary.split
     )
     log.log(
         logging.INFO if changed else logging.DEBUG,  # beat's idle backstop passes are quiet
-        "placement pass: %d placed, %d refused, %d waiting, %d preempting, "
-        "%d MIG instances asked for in %.0f ms%s",
+        "placement pass: %d array tasks made jobs, %d placed, %d refused, %d waiting, "
+        "%d preempting, %d MIG instances asked for in %.0f ms%s",
+        summary.split,
         summary.placed,
         summary.refused,
         summary.waiting,
@@ -204,6 +211,8 @@ def _place_and_explain(summary: PassSummary) -> None:
     decides is gone when it returns, before the cyclic garbage collector runs again: it
     would otherwise walk all of it once more."""
     clock = _PhaseClock(summary.phase_ms)
+    summary.split = arrays.split_due(fence=fenced)  # as Slurm splits a pending array
+    clock.lap("split")
     read = read_pass_input()
     clock.lap("snapshot")
     result = placement.plan(read.snapshot)

@@ -27,7 +27,7 @@ from integrations.ray.jobs_api import RayJobsClient
 from integrations.ray.models import RayCluster, RayJob, RayJobState
 from inventory.models import Gpu
 from scheduling.allocations import services as allocation_services
-from scheduling.jobs import submission
+from scheduling.jobs import arrays, submission
 from scheduling.models import Job, JobArray, PoolPolicy, Quota, Reservation, SchedulerSettings
 from scheduling.policies.api import PoolPolicySerializer
 from scheduling.reservations import services as reservations
@@ -87,8 +87,10 @@ class World:
         return Quota.objects.create(project="vision", max_gpus=8)
 
     def array(self) -> JobArray:
-        """A job array of two tasks, held."""
-        return submission.submit_array(self.alice, "0-1", command=["true"], hold=True).array
+        """A job array of three tasks, held, two of them made jobs (its cap and one more)."""
+        array = submission.submit_array(self.alice, "0-2%1", command=["true"], hold=True).array
+        arrays.split_due()
+        return array
 
     def gpu(self, hostname: str = "dgx-01") -> Gpu:
         return Gpu.objects.get(node__hostname=hostname, index=0)
@@ -237,7 +239,8 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         w.alice,
         "post",
         f"/api/v1/arrays/{w.array().pk}/cancel/",
-        ["job.canceled", "job.canceled"],  # each of its two tasks
+        # the task not made a job yet, then each of its two jobs
+        ["array.canceled", "job.canceled", "job.canceled"],
     ),
     ("api-queue-priority", "PATCH"): lambda w: Call(
         w.alice,
@@ -421,15 +424,20 @@ def test_a_token_request_is_audited_under_the_token_owner(world):
     assert ApiToken.objects.filter(user=world.alice).count() == 1
 
 
-def test_an_array_submission_audits_every_task_under_the_request(world):
-    """A job array's tasks are written in bulk: each still has its row, actor and request."""
+def test_an_array_submission_audits_the_array_then_every_task_made_a_job(world):
+    """A job array is audited under the request; its tasks, made jobs in bulk by the
+    placement loop later, each have their row with the array's owner as actor."""
     client = APIClient()
     client.force_authenticate(world.alice)
     sent = uuid.uuid4()
     body = {**submit_body(), "array": "0-2"}
     response = client.post("/api/v1/jobs/", body, format="json", HTTP_X_REQUEST_ID=str(sent))
     assert response.status_code == 201, response.content
-    rows = AuditEvent.objects.filter(request_id=sent).order_by("pk")
-    assert [row.event_type for row in rows] == ["array.submitted", *["job.submitted"] * 3]
-    assert [row.target_id for row in rows[1:]] == [str(pk) for pk in response.json()["task_ids"]]
+    [row] = AuditEvent.objects.filter(request_id=sent)
+    assert (row.event_type, row.target_id) == ("array.submitted", str(response.json()["id"]))
+    assert (row.actor_id, row.actor_name) == (world.alice.pk, "alice")
+    arrays.split_due()
+    tasks = Job.objects.filter(array_id=response.json()["id"]).order_by("array_index")
+    rows = AuditEvent.objects.filter(event_type="job.submitted").order_by("pk")
+    assert [row.target_id for row in rows] == [str(task.pk) for task in tasks]
     assert {(row.actor_id, row.actor_name) for row in rows} == {(world.alice.pk, "alice")}

@@ -30,7 +30,6 @@ from integrations.slurm import services as slurm_services
 from integrations.slurm.models import SlurmCluster
 from inventory.models import Gpu, Node
 from inventory.services import destroy_mig_instance
-from scheduling.jobs import submission
 from scheduling.models import PoolPolicy
 from scheduling.sharing import relayout
 from tests.gpuadmin import test_audit_every_write as api_writes
@@ -156,8 +155,9 @@ PAGES: dict[str, Callable[[World, pytest.FixtureRequest], Write]] = {
     ),
     "scheduling:array-cancel": lambda w, r: Write(
         w.alice,
-        f"/arrays/{submission.submit_array(w.alice, '0-1', command=['true']).array.pk}/cancel/",
-        ["job.canceled", "job.canceled"],  # each waiting task
+        f"/arrays/{w.array().pk}/cancel/",
+        # the task not made a job yet, then each of its two jobs, waiting
+        ["array.canceled", "job.canceled", "job.canceled"],
     ),
     # One row: not discovery's view of the same change from the agent's fresh scan too.
     "inventory:mig-create": lambda w, r: Write(

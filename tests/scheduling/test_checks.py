@@ -12,7 +12,7 @@ from inventory.models import Gpu
 from scheduling.checks import report, run_checks
 from scheduling.jobs import reports, submission
 from scheduling.loop import passes as loop
-from scheduling.models import Job, JobState
+from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.conftest import add_sim_node
 
 pytestmark = pytest.mark.django_db
@@ -70,3 +70,17 @@ def test_each_broken_invariant_is_found(running_job):
     failed, lines = printed()
     assert (failed, lines[-1]) == (6, "6 violation(s)")
     assert "FAIL a job that ended holds no GPU" in lines
+
+
+def test_an_array_whose_jobs_are_not_those_it_made_is_found(running_job):
+    """Its tasks made jobs by the loop, then one more counted (or one deleted) behind its
+    back."""
+    array = submission.submit_array(running_job.owner, "0-9%2", command=["true"]).array
+    loop.run_pass()
+    assert violations() == {}
+    JobArray.objects.filter(pk=array.pk).update(split=4)
+    assert violations() == {
+        "each job array's tasks are made jobs once": [
+            f"array {array.pk} has 3 jobs of its tasks, says it made 4"
+        ]
+    }

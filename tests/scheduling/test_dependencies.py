@@ -10,11 +10,17 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
-from scheduling.jobs import control, dependencies, limits, submission
+from scheduling.jobs import arrays, control, dependencies, limits, submission
 from scheduling.jobs.slurm import SpecError, parse_dependency
 from scheduling.loop import passes as loop
-from scheduling.models import Job, JobDependency, JobState
-from tests.scheduling.api.conftest import api_as, fleet, make_user, submit  # noqa: F401 - fixtures
+from scheduling.models import Job, JobArray, JobDependency, JobState
+from tests.scheduling.api.conftest import (  # noqa: F401 - fixtures
+    api_as,
+    fleet,
+    make_user,
+    split_all,
+    submit,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -163,8 +169,11 @@ def test_every_task_of_an_array_depends(alice):
     submitted = submission.submit_array(
         alice.user, "0-2", command=["true"], dependency=f"afterok:{first.pk}"
     )
+    assert not JobDependency.objects.exists()  # its tasks are not jobs yet
+    arrays.split_due()  # as the placement loop makes them jobs
+    tasks = submitted.array.tasks.order_by("pk").values_list("pk", flat=True)
     assert sorted(JobDependency.objects.values_list("job_id", "on_id", "kind")) == [
-        (task, first.pk, "afterok") for task in submitted.task_ids
+        (task, first.pk, "afterok") for task in tasks
     ]
 
 
@@ -181,6 +190,7 @@ def test_an_array_depends_on_at_most_so_many_jobs_in_all(alice):
     assert not JobDependency.objects.exists()
     two = f"afterok:{firsts[0].pk}:{firsts[1].pk}"
     submission.submit_array(alice.user, "0-9999", command=["true"], dependency=two)
+    split_all(JobArray.objects.get())
     assert JobDependency.objects.count() == 20_000
 
 

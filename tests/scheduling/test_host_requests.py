@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from inventory.models import Node
-from scheduling.jobs import limits, shape, slurm, submission
+from scheduling.jobs import arrays, limits, shape, slurm, submission
 from scheduling.loop import dispatch
 from scheduling.loop import passes as loop
 from scheduling.loop import snapshot as loop_snapshot
@@ -177,7 +177,8 @@ def test_every_task_of_an_array_asks_for_the_same_host_resources(alice, broker):
         alice, "0-2", command=["x"], cpus=8, host_memory_mib=32 * GIB
     )
 
-    tasks = Job.objects.filter(pk__in=submitted.task_ids)
+    arrays.split_due()  # as the placement loop makes them jobs
+    tasks = submitted.array.tasks.all()
     assert set(tasks.values_list("cpus", "host_memory_mib")) == {(8, 32 * GIB)}
     assert tasks.count() == 3
 

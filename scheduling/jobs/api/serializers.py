@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -20,7 +21,6 @@ from scheduling.models import (
     Job,
     JobArray,
     JobDependency,
-    JobState,
     Priority,
     Topology,
 )
@@ -501,33 +501,55 @@ class SubmittedJobSerializer(api.SharedFieldsSerializer):
 
 
 class SubmittedArraySerializer(api.Serializer):
-    """A ``submission.SubmittedArray``: the answer to a submission with ``array``."""
+    """A ``submission.SubmittedArray``: the answer to a submission with ``array``. Its tasks
+    become jobs when the placement loop reaches them (as Slurm splits a pending array), so
+    the answer names where they are listed, not job ids."""
 
     id = serializers.IntegerField(source="array.pk", help_text="The array's id (not a job's).")
     spec = serializers.CharField(source="array.spec")
     size = serializers.IntegerField(source="array.size", help_text="Its tasks: one job each.")
     max_running = serializers.IntegerField(source="array.max_running", allow_null=True)
-    submitted_at = serializers.DateTimeField(source="array.submitted_at")
-    task_ids = serializers.ListField(
-        child=serializers.IntegerField(), help_text="The tasks' job ids, in index order."
+    state = serializers.CharField(
+        source="array.unsplit_state", help_text="Its tasks': queued, or pending when held."
     )
+    submitted_at = serializers.DateTimeField(source="array.submitted_at")
+    tasks_url = serializers.SerializerMethodField(
+        help_text="Its tasks as jobs, each listed once the placement loop has made it one "
+        "(/api/v1/jobs/?array=<id>); /api/v1/arrays/<id>/ counts them all by state."
+    )
+
+    def get_tasks_url(self, submitted: submission.SubmittedArray) -> str:
+        return f"{reverse('scheduling-api-v1:job-list')}?array={submitted.array.pk}"
 
 
 class ArraySerializer(api.ModelSerializer):
-    """A job array and how many of its tasks are in each state (``queries.with_task_counts``)."""
+    """A job array and how many of its tasks are in each state (``queries.task_counts``)."""
 
     owner = serializers.CharField(source="owner.get_username", read_only=True)
-    tasks = serializers.SerializerMethodField(help_text="State -> tasks in it (none: absent).")
+    tasks = serializers.SerializerMethodField(
+        help_text="State -> tasks in it (none: absent), those not made jobs yet included "
+        "(queued, pending when held, canceled with the array)."
+    )
 
     class Meta:
         model = JobArray
-        fields = ["id", "owner", "spec", "size", "max_running", "submitted_at", "tasks"]
+        fields = [
+            "id",
+            "owner",
+            "spec",
+            "size",
+            "max_running",
+            "held",
+            "submitted_at",
+            "split",
+            "canceled_at",
+            "tasks",
+        ]
         read_only_fields = fields
 
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_tasks(self, array: JobArray) -> dict[str, int]:
-        counts = {state: getattr(array, queries.task_count_name(state)) for state in JobState}
-        return {state: count for state, count in counts.items() if count}
+        return queries.task_counts(array)
 
 
 class ArrayCanceledSerializer(api.Serializer):
@@ -539,6 +561,10 @@ class ArrayCanceledSerializer(api.Serializer):
     canceling = serializers.ListField(
         child=serializers.IntegerField(),
         help_text="Tasks on GPUs: canceled once their agents report their processes gone.",
+    )
+    unsplit = serializers.IntegerField(
+        help_text="Tasks not made jobs yet (the loop had not reached them): canceled with the "
+        "array, never made."
     )
 
 

@@ -12,6 +12,7 @@ import pytest
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import EagerResult
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
 from rest_framework.test import APIClient
 
 from gpuadmin.access.models import Membership, Role
@@ -20,8 +21,8 @@ from gpuadmin.celery import app
 from inventory.models import Node
 from scheduling import tasks
 from scheduling.agent import jobs as agent
-from scheduling.jobs import submission
-from scheduling.models import Job
+from scheduling.jobs import arrays, submission
+from scheduling.models import Job, JobArray
 from tests.scheduling.conftest import RecordingBroker, add_sim_node
 
 
@@ -59,6 +60,15 @@ def api_as(make_user) -> Callable[..., APIClient]:
 
 def submit(owner: AbstractBaseUser, **fields: Any) -> Job:
     return submission.submit_job(owner, command=fields.pop("command", ["sleep", "60"]), **fields)
+
+
+def split_all(array: JobArray) -> list[int]:
+    """Every task of ``array`` made a job at once (a placement pass makes as many as the array
+    may use now: ``arrays.split_due``); its jobs' ids in index order."""
+    with transaction.atomic():
+        locked = JobArray.objects.select_for_update().select_related("owner").get(pk=array.pk)
+        arrays.split(locked, locked.unsplit)
+    return list(array.tasks.order_by("array_index").values_list("pk", flat=True))
 
 
 def events(target_type: str = "scheduling.job", target_id: Any = None) -> list[str]:

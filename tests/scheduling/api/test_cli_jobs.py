@@ -19,7 +19,7 @@ from gpuadmin.audit.models import AuditEvent
 from scheduling.allocations import manual
 from scheduling.jobs import reports, submission
 from scheduling.models import Job, JobArray, JobState
-from tests.scheduling.api.conftest import submit
+from tests.scheduling.api.conftest import split_all, submit
 from tests.scheduling.api.test_cli import gpuadmin  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,7 +89,7 @@ def test_list_collapses_an_arrays_tasks_per_state_and_says_held(
 ):
     owner = alice(django_user_model)
     array = submission.submit_array(owner, "0-9%5", command=["true"]).array
-    tasks = list(Job.objects.filter(array=array).order_by("array_index"))
+    tasks = list(Job.objects.filter(pk__in=split_all(array)).order_by("array_index"))
     node = fleet[0]
     manual.allocate_by_hand(tasks[0], [node.gpus.get(index=0).uuid], actor=owner)
     held = submit(owner, hold=True, name="later")
@@ -129,7 +129,7 @@ def test_list_and_show_print_json(gpuadmin, fleet):  # noqa: F811
     array = JobArray.objects.get()
     status, out, _ = gpuadmin("jobs", "array", str(array.pk), "--json")
     assert (status, json.loads(out)["tasks"]) == (0, {"queued": 4})
-    job = Job.objects.earliest("pk")
+    job = Job.objects.get(pk=split_all(array)[0])
     status, out, _ = gpuadmin("jobs", "show", str(job.pk), "--json")
     assert (status, json.loads(out)["id"]) == (0, job.pk)
 
@@ -137,7 +137,11 @@ def test_list_and_show_print_json(gpuadmin, fleet):  # noqa: F811
 def test_list_into_head_ends_quietly(gpuadmin, fleet, django_user_model):  # noqa: F811
     """``gpuadmin jobs list | head -1`` in a real shell, with more than a pipe holds (1000
     rows of 200 characters and more)."""
-    submission.submit_array(alice(django_user_model), "0-999", command=["true"], name="x" * 200)
+    split_all(
+        submission.submit_array(
+            alice(django_user_model), "0-999", command=["true"], name="x" * 200
+        ).array
+    )
     script = (
         f"{shlex.quote(sys.executable)} -m gpuadmin jobs list --expand --limit 1000 | head -1;"
         ' echo "status ${PIPESTATUS[0]}" >&2'

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from gpuadmin.leases import services as leases
 from gpuadmin.leases.models import Lease
-from scheduling.jobs import transitions
+from scheduling.jobs import submission, transitions
 from scheduling.loop import passes as loop
+from scheduling.loop import switch
 from scheduling.models import NOT_WAITING, Job, JobState
 from scheduling.placement import Pending, Reason
 from tests.scheduling.api.conftest import submit
@@ -164,16 +165,16 @@ def test_a_pass_reads_the_fleet_and_queue_in_a_fixed_number_of_queries(
     for _ in range(3):
         submit(alice, gpu_count=8, estimated_duration_s=600)
     loop.run_pass()  # two placed, one waits
-    # the loop's lease, settings, lost jobs; nodes, GPUs, allocations, NVLink links, MPS
-    # shares, running jobs, dependencies, earlier attempts' service, the queue, pool policies,
-    # quotas, reservations, array caps; the pending rows in a transaction fenced by the lease
-    # (a savepoint here, its renewal, its release), the lease given back (the fair-share usage
-    # is cached)
+    # the loop's lease, settings, lost jobs, job arrays to split; nodes, GPUs, allocations,
+    # NVLink links, MPS shares, running jobs, dependencies, earlier attempts' service, the
+    # queue, pool policies, quotas, reservations, array caps; the pending rows in a
+    # transaction fenced by the lease (a savepoint here, its renewal, its release), the lease
+    # given back (the fair-share usage is cached)
     for added in (20, 40):  # the same queries however long the queue
         for _ in range(added):
             submit(alice, gpu_count=2)
         waiting = Job.objects.filter(state=JobState.QUEUED).count()
-        with django_assert_max_num_queries(20):
+        with django_assert_max_num_queries(21):
             summary = loop.run_pass()
         # Only the new jobs' rows are written: the others keep their word and position.
         assert (summary.placed, summary.waiting, summary.pending_saved) == (0, waiting, added)
@@ -198,3 +199,39 @@ def test_a_pass_that_lost_the_loops_lease_places_nothing(api_as, fleet, broker, 
     job.refresh_from_db()
     assert job.state == JobState.QUEUED
     assert broker.named("scheduling.run_jobs") == []
+
+
+def test_a_pass_makes_an_arrays_tasks_jobs_then_places_them_within_its_cap(api_as, fleet, broker):
+    """The pass splits the array first (under the loop's lease), then places what it may
+    run: its cap, the one task more waiting with the array's word; a task's end lets the
+    next pass make and place the next."""
+    alice = api_as("alice")
+    stored = submission.submit_array(alice.user, "0-99%2", command=["true"]).array
+    summary = loop.run_pass()
+    assert (summary.split, summary.placed, summary.waiting) == (3, 2, 1)
+    waiting = Job.objects.get(array=stored, state=JobState.QUEUED)
+    assert (waiting.array_index, waiting.pending_code) == (2, "array_limit")
+    assert waiting.pending_reason == f"array {stored.pk} runs 2 tasks at once, its cap (%2)"
+    body = alice.get(f"/api/v1/arrays/{stored.pk}/").json()
+    assert body["tasks"] == {"queued": 98, "scheduled": 2} and body["split"] == 3
+    first = Job.objects.get(array=stored, array_index=0)
+    transitions.transition(first, JobState.CANCELED, actor_name="test")
+    summary = loop.run_pass()
+    assert (summary.split, summary.placed) == (1, 1)
+    assert set(Job.objects.filter(array=stored).values_list("array_index", flat=True)) == {
+        0,
+        1,
+        2,
+        3,
+    }
+
+
+def test_a_stopped_scheduler_still_makes_an_arrays_tasks_jobs_to_wait(api_as, fleet, broker):
+    """Its queue says why nothing runs, the array's tasks among it, as a job's would."""
+    alice = api_as("alice")
+    switch.set_scheduler_enabled(False, actor=alice.user)
+    stored = submission.submit_array(alice.user, "0-9%2", command=["true"]).array
+    summary = loop.run_pass()
+    assert (summary.skipped, summary.split, summary.placed) == ("the scheduler is stopped", 3, 0)
+    reasons = set(Job.objects.filter(array=stored).values_list("pending_reason", flat=True))
+    assert reasons == {loop.STOPPED_REASON}

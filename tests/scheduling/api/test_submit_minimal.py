@@ -54,7 +54,7 @@ def test_an_array_is_answered_as_ever(alice, fleet):
     body = {"command": "true", "array": "0-2"}
     response = alice.post("/queue/submit", body, format="json", **MINIMAL)
     assert response.status_code == 201
-    assert len(response.json()["task_ids"]) == 3
+    assert (response.json()["size"], response.json()["state"]) == (3, "queued")
     assert "Preference-Applied" not in response
 
 
