@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml
 up: $(STAMP)  ## the whole stack on this machine: web, worker, beat, simulated agents
 	$(BIN)/gpuadmin up
 
-# Test processes (pytest-xdist): most tests wait on PostgreSQL, a server or a browser, so two
+# Test processes (pytest-xdist): most tests wait on PostgreSQL, a server or a browser, so three
 # overlap well on 2 cores; 0 runs the suite in this process. Tests are handed out in
 # pytest-django's order (transactional tests, which flush the migrations' rows, last), not
-# grouped by file.
-TEST_WORKERS ?= 2
+# grouped by file, except that the tests of one session-wide system (Ray, Slurm, Sentinel, the
+# built docs: tests/conftest.py's SESSION_SYSTEMS) go to one process, which starts it once.
+TEST_WORKERS ?= 3
+TEST_DIST ?= --dist loadgroup --no-loadscope-reorder
 
 # The tests of /docs/ build the site with the documentation's environment (tests/conftest.py).
 test: $(STAMP) $(DOCS_STAMP)  ## the whole suite (browser and integration tests included)
@@ -32,7 +34,7 @@ test: $(STAMP) $(DOCS_STAMP)  ## the whole suite (browser and integration tests 
 	sh .ci/install-pgbouncer
 	sh .ci/install-redis-sentinel
 	PYTHON=$(BIN)/python sh .ci/install-ray
-	DOCS_VENV=$(DOCS_VENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	DOCS_VENV=$(DOCS_VENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) $(TEST_DIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff check + format check + import contracts + missing migrations + mypy
 	$(BIN)/ruff check .

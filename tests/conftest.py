@@ -36,6 +36,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             remove_tree(host_cgroups("auto", root))
 
 
+# Session fixtures that start a whole system: under ``--dist loadgroup`` (the Makefile's) the
+# tests that use one run in one test process, which starts it once, not once per process.
+SESSION_SYSTEMS = {
+    "ray_cluster": "ray",
+    "slurm_cluster": "slurm",
+    "sentinel_redis": "sentinel",
+    "built_docs": "docs",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in SESSION_SYSTEMS.items():
+            if fixture in fixtures:
+                item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures tests reported (``report_figure``), after the run's summary."""
     figures = [
