@@ -223,7 +223,9 @@ def latest(hostnames: Iterable[str]) -> dict[str, dict[str, LiveSample]]:
 def latest_for_loop(hostnames: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
     """``latest`` of the given nodes cut to ``LOOP_FIELDS``, in one round trip: the placement
     loop reads every GPU's every pass, and the whole samples cost its snapshot a third of its
-    time to fetch and decode (a sample is some 30 fields, the loop reads 3)."""
+    time to fetch and decode (a sample is some 30 fields, the loop reads 3). A node whose hash
+    lacks the field (an agent older than it: agents are upgraded with the central side) reads
+    as one that published nothing."""
     names = list(hostnames)
     pipe = client().pipeline(transaction=False)
     for name in names:
