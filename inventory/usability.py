@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any
 
 # The values of inventory.choices' NodeState/GpuState this rule reads (no Django here;
@@ -107,7 +106,8 @@ def refuses_unconfined_jobs(*, nvml_backend: str, isolation: str, allow_unconfin
 
 def sample_unusable(sample: Mapping[str, Any] | None, *, allocated: bool) -> Unusable | None:
     """The reason the GPU's latest live sample gives (``None`` when its agent published none):
-    an NVML error, or a process while no allocation holds the GPU."""
+    an NVML error, or a process while no allocation holds the GPU. It reads no other field
+    than those two: the placement loop reads samples cut to ``inventory.live.LOOP_FIELDS``."""
     if not sample:
         return None
     if error := sample.get("error_message"):
@@ -149,59 +149,6 @@ def why_unusable(
     )
     found = [why for why in (stored, sample_unusable(sample, allocated=allocated)) if why]
     return min(found, key=lambda why: _RANK[why.code], default=None)
-
-
-def unusable_code(
-    *,
-    node_state: str,
-    reachable: bool,
-    gpu_state: str,
-    error_message: str,
-    mig_enabled: bool,
-    sample: Mapping[str, Any] | None,
-    allocated: bool,
-    mps_shared: bool,
-    refuses_unconfined: bool,
-    held_outside: str,
-) -> Reason | None:
-    """``why_unusable``'s code alone for a present GPU, for a caller that asks of thousands
-    at once (the placement loop's snapshot, 10,000 GPUs a pass, most of them alike):
-    memoised on what decides it, the sample by the two values ``sample_unusable`` reads."""
-    live = (sample.get("error_message"), sample.get("processes")) if sample else None
-    key = (node_state, reachable, gpu_state, error_message, mig_enabled, live, allocated)
-    try:
-        return _unusable_code(*key, mps_shared, refuses_unconfined, held_outside)
-    except TypeError:  # an unhashable value in a sample: not memoised
-        return _unusable_code.__wrapped__(*key, mps_shared, refuses_unconfined, held_outside)
-
-
-@lru_cache(maxsize=4096)
-def _unusable_code(
-    node_state: str,
-    reachable: bool,
-    gpu_state: str,
-    error_message: str,
-    mig_enabled: bool,
-    live: tuple[Any, Any] | None,
-    allocated: bool,
-    mps_shared: bool,
-    refuses_unconfined: bool,
-    held_outside: str,
-) -> Reason | None:
-    why = why_unusable(
-        node_state=node_state,
-        reachable=reachable,
-        gpu_state=gpu_state,
-        missing=False,
-        error_message=error_message,
-        mig_enabled=mig_enabled,
-        sample=None if live is None else {"error_message": live[0], "processes": live[1]},
-        allocated=allocated,
-        mps_shared=mps_shared,
-        refuses_unconfined=refuses_unconfined,
-        held_outside=held_outside,
-    )
-    return None if why is None else why.code
 
 
 _RANK = {reason: rank for rank, reason in enumerate(Reason)}

@@ -31,7 +31,7 @@ from inventory.models import Gpu, Node
 from inventory.nvlink import GpuPlace, nvlink_domains
 from inventory.nvml.mig_catalog import table_for_gpu
 from inventory.querysets import heartbeat_cutoff, pool_name
-from inventory.usability import refuses_unconfined_jobs, unusable_code
+from inventory.usability import refuses_unconfined_jobs, why_unusable
 from scheduling import placement
 from scheduling.allocations import services as allocation_services
 from scheduling.allocations.accounting import gpu_share
@@ -228,32 +228,35 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     domains = nvlink_domains(
         [GpuPlace(gpu.pk, gpu.node_id, gpu.index, by_pk[gpu.node_id].hostname) for gpu in gpus]
     )
-    samples = live.latest(sorted(reachable))
+    samples = live.latest_for_loop(sorted(reachable))
     mig_mode = [gpu.pk for gpu in gpus if gpu.mig_enabled]
     devices = sharing.mig_slots(mig_mode, holders=device_holders) if mig_mode else {}
     shares = sharing.mps_use()
     no_share = (0, 0, ())
-    inputs: list[tuple[int, SlotInputs]] = []
-    refusing = {node.pk for node in nodes if node.refuses_unconfined}
-    for gpu in gpus:
-        node = by_pk[gpu.node_id]
-        sample = samples.get(node.hostname, {}).get(gpu.uuid)
-        unavailable = _unavailable(
-            gpu,
-            node,
-            node.pk in refusing,
+    places = {
+        node.pk: (
+            node.hostname,
+            node.state,
             node.hostname in reachable,
-            sample,
-            gpu.pk in in_use,
+            node.refuses_unconfined,
+            samples.get(node.hostname, {}),
         )
+        for node in nodes
+    }
+    inputs: list[tuple[int, SlotInputs]] = []
+    for gpu in gpus:
+        hostname, state, heard, refusing, node_samples = places[gpu.node_id]
         inputs.append(
             (
                 gpu.pk,
                 (
                     gpu,
-                    node.hostname,
-                    _free_mib(gpu, sample),
-                    unavailable,
+                    hostname,
+                    state,
+                    heard,
+                    refusing,
+                    node_samples.get(gpu.uuid),
+                    gpu.pk in in_use,
                     domains.get(gpu.pk),
                     whole.get(gpu.pk),
                     devices.get(gpu.pk, ()),
@@ -281,14 +284,20 @@ def read_pass_input(now: datetime | None = None) -> PassInput:
     return PassInput(snapshot, {slot.id: slot for slot in slots}, waiting, dependent)
 
 
-# A GpuSlot is made of its GPU's row, its node's hostname, its free memory and why it is
-# unavailable (the live sample's part), its NVLink domain, its whole-GPU holder, its MIG
-# devices and its MPS use: nothing else (see ``Reuse``).
+# A GpuSlot is made of its GPU's row; its node's hostname, state, whether its agent was heard
+# from lately and whether it refuses unconfined jobs (``NodeRow.refuses_unconfined``); the
+# GPU's latest live sample (``live.latest_for_loop``'s) or None; whether an active
+# allocation (a job's, a MIG device's or an MPS share's) accounts for its processes; its
+# NVLink domain, its whole-GPU holder, its MIG devices and its MPS use: nothing else (see
+# ``Reuse``: an unchanged GPU's slot is neither made nor judged usable again).
 SlotInputs = tuple[
     GpuRow,
     str,
-    int,
-    str | None,
+    str,
+    bool,
+    bool,
+    Mapping[str, Any] | None,
+    bool,
     str | None,
     int | None,
     tuple[placement.MigSlot, ...],
@@ -298,8 +307,33 @@ SlotInputs = tuple[
 
 def _gpu_slot(inputs: SlotInputs) -> placement.GpuSlot:
     """A GPU slot made of its inputs alone (``SlotInputs``)."""
-    gpu, hostname, free_mib, unavailable, domain, allocated_to, devices, share = inputs
+    (
+        gpu,
+        hostname,
+        node_state,
+        reachable,
+        refuses_unconfined,
+        sample,
+        allocated,
+        domain,
+        allocated_to,
+        devices,
+        share,
+    ) = inputs
     percent, memory, share_jobs = share
+    why = why_unusable(  # the snapshot holds present GPUs only
+        node_state=node_state,
+        reachable=reachable,
+        gpu_state=gpu.state,
+        missing=False,
+        error_message=gpu.error_message,
+        mig_enabled=gpu.mig_enabled,
+        sample=sample,
+        allocated=allocated,
+        mps_shared=gpu.mps_shared,
+        refuses_unconfined=refuses_unconfined,
+        held_outside=gpu.held_outside,
+    )
     return placement.GpuSlot(
         id=gpu.pk,
         uuid=gpu.uuid,
@@ -307,11 +341,11 @@ def _gpu_slot(inputs: SlotInputs) -> placement.GpuSlot:
         index=gpu.index,
         model=gpu.name,
         memory_total_mib=gpu.memory_total_mib or 0,
-        memory_free_mib=free_mib,
+        memory_free_mib=_free_mib(gpu, sample),
         numa_node=gpu.numa_node,
         socket=gpu.socket,
         nvlink_domain=domain,
-        unavailable=unavailable,
+        unavailable=None if why is None else str(why.code),
         allocated_to=allocated_to,
         pool=gpu.pool,
         mig_slots=devices,
@@ -600,33 +634,6 @@ def _free_mib(gpu: GpuRow, sample: Mapping[str, Any] | None) -> int:
     if not sample or sample.get("memory_used_mib") is None:
         return total
     return max(total - int(sample["memory_used_mib"]), 0)
-
-
-def _unavailable(
-    gpu: GpuRow,
-    node: NodeRow,
-    refuses_unconfined: bool,
-    reachable: bool,
-    sample: Mapping[str, Any] | None,
-    allocated: bool,
-) -> str | None:
-    """Why the GPU cannot take a whole-GPU job now, as the one rule's machine code (the
-    snapshot holds present GPUs only), or None. ``allocated``: an active allocation (a job,
-    a MIG device's or an MPS share's) accounts for its processes; ``refuses_unconfined``:
-    its node's (``NodeRow.refuses_unconfined``)."""
-    code = unusable_code(
-        node_state=node.state,
-        reachable=reachable,
-        gpu_state=gpu.state,
-        error_message=gpu.error_message,
-        mig_enabled=gpu.mig_enabled,
-        mps_shared=gpu.mps_shared,
-        held_outside=gpu.held_outside,
-        refuses_unconfined=refuses_unconfined,
-        sample=sample,
-        allocated=allocated,
-    )
-    return None if code is None else str(code)
 
 
 def _timestamp(moment: datetime | None) -> float | None:

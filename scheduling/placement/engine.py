@@ -45,10 +45,15 @@ class PlacementPass:
     """
 
     def __init__(
-        self, snapshot: Snapshot, scope: str = "the fleet", hosts: Hosts | None = None
+        self,
+        snapshot: Snapshot,
+        scope: str = "the fleet",
+        hosts: Hosts | None = None,
+        by_host: Mapping[str, list[GpuSlot]] | None = None,
     ) -> None:
+        """`by_host`: `fleet.gpus_by_host(snapshot)`, when the caller has it already."""
         self.now = snapshot.now
-        self.fleet = Fleet(snapshot, hosts)
+        self.fleet = Fleet(snapshot, hosts, by_host)
         self.hosts = self.fleet.hosts
         self.scope = scope
         # Per view, the shapes that failed in it (a dict of sets: the hot path is a lookup).

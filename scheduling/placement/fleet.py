@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from scheduling.placement.hosts import Host, HostAsk, Hosts
@@ -116,10 +116,17 @@ def matches(gpu: GpuSlot, model: str | None, min_memory_mib: int) -> bool:
 class Fleet:
     """Nodes in hostname order, schedulable ones in pools, and when each busy GPU frees up."""
 
-    def __init__(self, snapshot: Snapshot, hosts: Hosts | None = None) -> None:
-        """`hosts`: the pass's host ledger when it spans more than this snapshot's GPUs."""
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        hosts: Hosts | None = None,
+        by_host: Mapping[str, list[GpuSlot]] | None = None,
+    ) -> None:
+        """`hosts`: the pass's host ledger when it spans more than this snapshot's GPUs;
+        `by_host`: `gpus_by_host(snapshot)`, when the caller has it already."""
         infos = sorted(snapshot.nodes, key=lambda info: info.hostname)
-        by_host = gpus_by_host(snapshot)
+        if by_host is None:
+            by_host = gpus_by_host(snapshot)
         self.hosts = hosts or Hosts(snapshot)
         self.nodes = [
             FleetNode(

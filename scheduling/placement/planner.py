@@ -58,17 +58,18 @@ class _Partition:
         shares: Callable[[], FairShareTable],
         hosts: Hosts,
         held: dict[int, list[GpuSlot]] | None = None,
+        by_host: dict[str, list[GpuSlot]] | None = None,
     ) -> None:
         """`shares`: the pool's fair-share table, when preemption needs it; `hosts`: the
         pass's host CPUs and memory; `held`: GPUs of the pool that active windows hold, by
-        window id."""
+        window id; `by_host`: `gpus_by_host(snapshot)`, when the planner has it already."""
         self.snapshot = snapshot
         self.shares = shares
         self.held = held or {}
         self.book = book
         self.now = snapshot.now
         self.config = config
-        self.placement_pass = PlacementPass(snapshot, scope, hosts)
+        self.placement_pass = PlacementPass(snapshot, scope, hosts, by_host)
         node_of = self.placement_pass.fleet.node_of
         # Upcoming windows over these GPUs; closed[k]: the GPUs of the first k.
         self.upcoming = [w for w in book.upcoming if any(g in node_of for g in w.gpu_ids)]
@@ -224,7 +225,9 @@ class _Partition:
 
 class _Planner:
     def __init__(self, snapshot: Snapshot, policy: Policy | None) -> None:
-        gpus_by_host(snapshot)  # refuses a malformed snapshot, with or without a queue
+        # Refuses a malformed snapshot, with or without a queue; a partition of every GPU
+        # places on it.
+        self.by_host = gpus_by_host(snapshot)
         self.snapshot = snapshot
         self.policy = policy
         self.book = ReservationBook(snapshot.reservations, snapshot.now)
@@ -410,8 +413,9 @@ class _Planner:
         key = (pool, window)
         if key not in self.partitions:
             gpus = self.gpus.get(key, [])
+            by_host = None
             if len(self.gpus) == 1 and gpus:
-                snapshot = self.snapshot  # every GPU: no copy
+                snapshot, by_host = self.snapshot, self.by_host  # every GPU: no copy
             else:
                 snapshot = replace(self.snapshot, gpus=tuple(gpus), queue=())
             scope = self._scope(pool, window)
@@ -428,6 +432,7 @@ class _Planner:
                 partial(_shares, self.shares, self.snapshot, pool),
                 self.hosts,
                 held,
+                by_host,
             )
         return self.partitions[key]
 

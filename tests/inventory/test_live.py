@@ -90,3 +90,30 @@ def test_each_publish_adds_one_entry_to_the_sample_stream(settings):
         (3, "2g.10gb", 3000),
         (4, "2g.10gb", 0),
     ]
+
+
+def test_the_loop_reads_each_sample_cut_to_its_fields():
+    """``latest_for_loop`` gives what ``latest`` gives, each sample cut to ``LOOP_FIELDS``
+    (from the field ``publish`` writes beside the samples, which ``latest`` leaves out)."""
+    host, silent = (f"live-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    nvml = SimulatedNvml.from_model("dgx-a100-40gb", node_name=host)
+    faults.start_process(nvml, None, 5, 4343, used_mib=20_000, util=80)
+    live.publish(host, scan(nvml, include=SAMPLE_SECTIONS))
+    faults.fall_off_bus(nvml, None, 6)  # published under the UUID seen before, with its error
+    live.publish(host, scan(nvml, include=SAMPLE_SECTIONS))
+
+    everything = live.latest([host, silent])
+    found = live.latest_for_loop([host, silent])
+
+    assert found == {
+        host: {
+            gpu: {name: sample[name] for name in live.LOOP_FIELDS if name in sample}
+            for gpu, sample in everything[host].items()
+        },
+        silent: {},
+    }
+    samples = list(found[host].values())
+    assert len(samples) == 8
+    working = [sample for sample in samples if not sample["error_message"]]
+    assert sorted(sample["processes"] for sample in working) == [0] * 6 + [1]
+    assert sum("GPU_IS_LOST" in (sample["error_message"] or "") for sample in samples) == 1

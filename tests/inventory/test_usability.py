@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from inventory import usability
+from inventory import live, usability
 from inventory.choices import GpuState
 from inventory.models import Gpu, Node
 from inventory.usability import (
     Reason,
     sample_unusable,
     stored_unusable,
-    unusable_code,
     why_unusable,
 )
 
@@ -111,39 +110,6 @@ def test_the_rule_is_pure_python():
     assert imported <= {"__future__", "collections", "dataclasses", "enum", "functools", "typing"}
 
 
-def test_the_memoised_code_is_the_rule_s():
-    """``unusable_code`` (the placement loop's, memoised) gives ``why_unusable``'s code for
-    every combination, asked twice, a sample with a list in it included (not memoised)."""
-    samples = [None, {}, {"sampled_at": 1.0}, LOST, {"processes": 2}, {"processes": [1]}]
-    for _ in range(2):
-        for values in itertools.product(
-            ("online", "draining", "offline"),
-            (True, False),
-            ("available", "degraded", "offline"),
-            ("", "Xid 79"),
-            (False, True),
-            samples,
-            (False, True),
-            (False, True),
-            ("", "Slurm job 7 on hpc"),
-        ):
-            node, reachable, gpu, error, mig, sample, allocated, refuses, held = values
-            rule = {
-                "node_state": node,
-                "reachable": reachable,
-                "gpu_state": gpu,
-                "error_message": error,
-                "mig_enabled": mig,
-                "sample": sample,
-                "allocated": allocated,
-                "mps_shared": mig and allocated,
-                "refuses_unconfined": refuses,
-                "held_outside": held,
-            }
-            why = why_unusable(missing=False, **rule)
-            assert unusable_code(**rule) == (None if why is None else why.code), values
-
-
 @pytest.mark.django_db
 def test_schedulable_queryset_is_exactly_the_stored_rule():
     """Every combination of the stored reasons (3,840, every GPU state of the state machine):
@@ -231,3 +197,28 @@ def test_a_real_node_whose_agent_confines_nothing_takes_no_job_unless_allowed(
         )
         == refuses
     )
+
+
+class _Recording(dict):
+    """A sample that notes the fields read of it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> object:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("allocated", [False, True])
+@pytest.mark.parametrize("fields", [{}, LOST, {"processes": 2, "error_message": None}])
+def test_the_live_part_reads_only_the_fields_the_loop_reads(fields, allocated):
+    """The placement loop reads samples cut to ``live.LOOP_FIELDS``: the rule reads no other."""
+    sample = _Recording({"sampled_at": 1.0, "temperature_c": 40, "memory_used_mib": 7, **fields})
+    sample_unusable(sample, allocated=allocated)
+    assert sample.read <= set(live.LOOP_FIELDS)
