@@ -100,11 +100,14 @@ GPUADMIN_ALERTMANAGER_RESEND_S = env_int("GPUADMIN_ALERTMANAGER_RESEND_S", 60, m
 # max(GPUADMIN_BREAKER_MIN_GPUS, GPUADMIN_BREAKER_SHARE x the fleet) were fenced within
 # GPUADMIN_BREAKER_WINDOW_S; a GPU quarantined GPUADMIN_FLAP_LIMIT times in 24 h is held for a
 # human; a hot GPU's probation starts GPUADMIN_THERMAL_HYSTERESIS_C below the policy's threshold.
+# Beat moves open quarantines along (a cleared fault to probation, a passed probation back to
+# service) every GPUADMIN_QUARANTINE_REVIEW_S.
 GPUADMIN_BREAKER_WINDOW_S = env_int("GPUADMIN_BREAKER_WINDOW_S", 300, minimum=1)
 GPUADMIN_BREAKER_MIN_GPUS = env_int("GPUADMIN_BREAKER_MIN_GPUS", 3, minimum=0)
 GPUADMIN_BREAKER_SHARE = env_float("GPUADMIN_BREAKER_SHARE", 0.1, minimum=0, maximum=1)
 GPUADMIN_FLAP_LIMIT = env_int("GPUADMIN_FLAP_LIMIT", 3, minimum=2)
 GPUADMIN_THERMAL_HYSTERESIS_C = env_int("GPUADMIN_THERMAL_HYSTERESIS_C", 5, minimum=0)
+GPUADMIN_QUARANTINE_REVIEW_S = env_int("GPUADMIN_QUARANTINE_REVIEW_S", 10, minimum=1)
 # Recovery policies: whether a policy may reset a GPU through its node's agent ("auto": on for
 # simulated nodes, off on real hardware, where a reset stays an admin's decision).
 GPUADMIN_GPU_RESET = env_choice("GPUADMIN_GPU_RESET", ("auto", "on", "off"), "auto")
@@ -409,8 +412,8 @@ CELERY_BEAT_SCHEDULE["scheduling-sweep-reservations"] = {
 # --- health: periodic tasks on the central worker
 CELERY_BEAT_SCHEDULE["health-review-quarantines"] = {
     "task": "health.review_quarantines",
-    "schedule": 10.0,
-    "options": {"expires": 10.0},
+    "schedule": float(GPUADMIN_QUARANTINE_REVIEW_S),
+    "options": {"expires": float(GPUADMIN_QUARANTINE_REVIEW_S)},
 }
 CELERY_BEAT_SCHEDULE["health-ingest-samples"] = {
     "task": "health.ingest_samples",

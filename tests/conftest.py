@@ -124,11 +124,16 @@ def nodes_have_credentials() -> Iterator[None]:
     post_save.disconnect(sender=Node, dispatch_uid="tests.nodes_have_credentials")
 
 
-@pytest.fixture
-def free_port() -> int:
+def unused_port() -> int:
+    """A TCP port of 127.0.0.1 nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    return unused_port()
 
 
 @pytest.fixture
@@ -200,17 +205,23 @@ def drain_central_queue() -> Counter[str]:
 def gpuadmin_env(tmp_path: Path) -> dict[str, str]:
     """Environment for a `gpuadmin` child process sharing this session's servers, whose
     central queue holds nothing from earlier tests."""
-    from django.conf import settings
-
     if dropped := drain_central_queue():
         # Shown when a test fails.
         print(f"central queue: dropped {dropped.total()} tasks of earlier tests: {dropped}")  # noqa: T201
+    return child_env(tmp_path / "data")
+
+
+def child_env(data_dir: Path) -> dict[str, str]:
+    """Environment for a `gpuadmin` child process sharing this session's servers, its data
+    in ``data_dir`` (``gpuadmin_env``'s, for a process that outlives one test)."""
+    from django.conf import settings
+
     env = dict(os.environ)
     env.update(
         {
             "DATABASE_URL": os.environ["DATABASE_URL"],
             "REDIS_URL": settings.REDIS_URL,
-            "GPUADMIN_DATA_DIR": str(tmp_path / "data"),
+            "GPUADMIN_DATA_DIR": str(data_dir),
             "DJANGO_SETTINGS_MODULE": "gpuadmin.settings",
             "PYTHONUNBUFFERED": "1",
         }

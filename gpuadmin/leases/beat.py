@@ -19,6 +19,7 @@ from typing import Any
 from celery import beat, schedules
 from django.conf import settings
 from django.db import DatabaseError, connection
+from psycopg import pq
 
 from gpuadmin.leases import services
 
@@ -50,6 +51,13 @@ def period_s(entry: beat.ScheduleEntry) -> float:
     if isinstance(schedule, schedules.schedule) and not isinstance(schedule, schedules.crontab):
         return float(schedule.run_every.total_seconds())
     return CRONTAB_PERIOD_S
+
+
+def connection_busy() -> bool:
+    """Whether this process's database connection waits on a statement it sent (a signal
+    handler that interrupted it would wait on the connection's lock forever)."""
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status == pq.TransactionStatus.ACTIVE
 
 
 def claim_period(held: services.Held, entry_name: str, period: float) -> bool:
@@ -120,8 +128,10 @@ class LeaderScheduler(beat.PersistentScheduler):
             super().apply_entry(entry, producer=producer)
 
     def close(self) -> None:
-        """Give the lease back: the standby beat takes over at its next try."""
-        if self.held is not None:
+        """Give the lease back: the standby beat takes over at its next try. Celery's SIGTERM
+        handler calls this wherever the signal landed: in the middle of a claim's statement or
+        commit, the lease is left to expire instead (``connection_busy``)."""
+        if self.held is not None and not connection_busy():
             services.give_back_quietly(self.held)
-            self.held = None
+        self.held = None
         super().close()

@@ -40,6 +40,7 @@ STROKE_PIXELS = """
 UTILIZATION = '[data-chart-metric="utilization"]'
 PAGES_TIME_S = 25  # at most, from storing a test's history to its last page's request
 METRICS = ("utilization", "memory", "temperature", "power")
+GROUP = 'document.querySelector("[data-history-url]").gpuadminCharts'  # charts.js's chart group
 
 
 def minute(moment: datetime) -> datetime:
@@ -118,6 +119,7 @@ def test_the_gpu_page_draws_four_charts_with_their_ranges_zoom_and_events(
     watched, live_server, gpu
 ):
     page = watched
+    page.clock.install()  # the last hour's refresh, moved on to below
     page.goto(f"{live_server.url}/gpus/{gpu.uuid}/")  # anonymous: the page is public
     drawn(page)
     for metric in METRICS:
@@ -157,10 +159,7 @@ def test_the_gpu_page_draws_four_charts_with_their_ranges_zoom_and_events(
     page.mouse.up()
     expect(reset).to_be_visible()
     spans = page.evaluate(
-        """() => {
-          const plots = document.querySelector("[data-history-url]").gpuadminCharts.plots;
-          return Object.values(plots).map((p) => p.plot.scales.x.max - p.plot.scales.x.min);
-        }"""
+        f"Object.values({GROUP}.plots).map((p) => p.plot.scales.x.max - p.plot.scales.x.min)"
     )
     assert len(spans) == 4 and len(set(spans)) == 1
     assert 0.15 * 7 * 86400 < spans[0] < 0.25 * 7 * 86400
@@ -168,11 +167,14 @@ def test_the_gpu_page_draws_four_charts_with_their_ranges_zoom_and_events(
         reset.click()
     expect(reset).to_be_hidden()
 
-    # Back to the last hour: it refreshes by itself.
+    # Back to the last hour: it refreshes by itself, REFRESH_MS (10 s) after it was drawn.
+    timer = page.evaluate(f"{GROUP}.timer")
     page.click('button[data-chart-range="1h"]')
     drawn(page)
+    page.wait_for_function(f"(timer) => {GROUP}.timer !== timer", arg=timer)  # scheduled
     asked = len(page.history_requests)
-    page.wait_for_timeout(11_000)
+    with page.expect_request(lambda request: "range=1h" in request.url):
+        page.clock.fast_forward(10_000)
     assert len(page.history_requests) > asked
 
     assert page.evaluate("window.__csp") == []

@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 
 from gpuadmin.celery import app
 from inventory.models import Gpu
+from tests.browser.polling import on_clock, poll_interval_ms, run_polls
 from tests.browser.test_scheduling_pages import log_in
 from tests.inventory.pages import add_node, unique_host
 from tests.scheduling.pages.helpers import AgentBroker, person, place, submit
@@ -42,6 +43,7 @@ def test_no_page_violates_the_content_security_policy(page, live_server):
     console: list[str] = []
     page.on("console", lambda message: console.append(message.text))
     page.add_init_script(RECORD_VIOLATIONS)
+    on_clock(page)
     polled: list[str] = []
     page.on(
         "requestfinished",
@@ -72,7 +74,8 @@ def test_no_page_violates_the_content_security_policy(page, live_server):
         if selector:
             page.locator(selector).first.wait_for(timeout=10_000)
         if selector and selector.endswith("-live"):
-            page.wait_for_timeout(2_500)  # one 2 s poll
+            run_polls(page, 1)
+            page.wait_for_timeout(300)  # its requestfinished event reaches this process
             assert polled, f"{path} did not poll"
         found = page.evaluate("window.__csp")
         if found:
@@ -93,13 +96,18 @@ def test_polling_pauses_while_the_tab_is_hidden(page, live_server):
     add_node(unique_host())
     root = get_user_model().objects.create_superuser("root", "root@example.org", "pw-root-123")
     log_in(page.context, live_server, root)
+    on_clock(page)
     polled: list[str] = []
     page.on("request", lambda r: polled.append(r.url) if r.headers.get("hx-request") else None)
     page.goto(live_server.url + "/fleet/")
-    page.wait_for_timeout(2_500)
+    sent = run_polls(page, 1)
+    page.wait_for_timeout(300)  # its request event reaches this process
     assert polled  # visible: it polls
     page.evaluate("Object.defineProperty(document, 'visibilityState', {value: 'hidden'})")
     page.wait_for_timeout(300)  # a request already on its way
     polled.clear()
-    page.wait_for_timeout(4_500)
+    for _ in range(2):  # two polls due, each skipped
+        page.clock.fast_forward(poll_interval_ms(page))
+    page.wait_for_timeout(300)
     assert polled == []
+    assert page.evaluate("window.__polls.sent") == sent

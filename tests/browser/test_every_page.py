@@ -23,6 +23,7 @@ from integrations.ray.models import RayCluster, RayJob
 from inventory.models import Node
 from scheduling.models import Quota
 from scheduling.reservations import services as reservations
+from tests.browser.polling import on_clock, run_polls
 from tests.browser.test_csp import RECORD_VIOLATIONS
 from tests.browser.test_scheduling_pages import log_in
 from tests.inventory.pages import add_node, unique_host
@@ -56,9 +57,9 @@ NOT_PAGES = (
     "accounts/reset/",
     "assistant/stream/",
 )
-# Live regions poll every 2 s (hx-trigger="every 2s"): wait two polls and their swaps, since the
-# second swaps into what the first left (a target the first swap lost is an error only then).
-POLL_WAIT_MS = 4_600
+# Live regions poll (hx-trigger="every 2s"): two polls each and their swaps, since the second
+# swaps into what the first left (a target the first swap lost is an error only then).
+POLL_ROUNDS = 2
 
 
 # The elements that reach past the window's right edge, innermost first (the culprits).
@@ -181,8 +182,8 @@ def problems(page, url: str, status: int = 200) -> list[str]:  # noqa: ANN001 - 
         response = page.goto(url)
         if response.status != status:
             found.append(f"status {response.status}")
-        polls = page.locator('[hx-trigger^="every "]').count()
-        page.wait_for_timeout(POLL_WAIT_MS if polls else 300)
+        run_polls(page, POLL_ROUNDS)
+        page.wait_for_timeout(300)  # errors and violations are queued as tasks
         found.extend(f"CSP: {violation}" for violation in page.evaluate("window.__csp || []"))
         width, inner = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
         if width > inner:
@@ -207,6 +208,7 @@ def sweep(  # noqa: ANN201
         if user is not None:
             log_in(context, live_server, user)
         context.add_init_script(RECORD_VIOLATIONS)
+        on_clock(context)
         page = context.new_page()
         found = {path: problems(page, live_server.url + path, status) for path in paths}
         return {path: found for path, found in found.items() if found}

@@ -5,6 +5,8 @@ nothing. What is sent is read back from the central queue in Redis."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 from celery import current_app, schedules
 from celery.beat import ScheduleEntry
+from django.db import connection
 from django.utils import timezone
 
 from gpuadmin.leases import beat
@@ -87,3 +90,23 @@ def test_the_standby_takes_over_and_never_resends_the_old_leaders_period(beats) 
     standby.close()  # gives the lease back: the other takes it at its next try
     keep_lease(leader)
     assert leader.held is not None
+
+
+def test_a_sigterm_in_the_middle_of_a_statement_leaves_the_lease_to_expire(beats) -> None:
+    """Celery's SIGTERM handler closes the scheduler wherever the signal landed; a give-back on
+    a connection still waiting on a claim's statement or commit would wait on it forever (a
+    beat stuck in its shutdown). The statement runs in another thread here."""
+    leader, _ = beats
+    keep_lease(leader)
+    raw = connection.connection
+    statement = threading.Thread(target=raw.execute, args=("SELECT pg_sleep(2)",))
+    statement.start()
+    while not beat.connection_busy():
+        time.sleep(0.01)
+    started = time.monotonic()
+    leader.close()
+    took = time.monotonic() - started
+    statement.join()
+    assert took < 1, f"close() waited {took:.1f} s on the connection"
+    assert leader.held is None
+    assert Lease.objects.get(name=beat.LEASE_NAME).expires_at > timezone.now()  # not given back

@@ -36,7 +36,7 @@ from inventory.models import Gpu
 from inventory.services import change_state
 from scheduling.jobs import control
 from scheduling.models import Job, JobState
-from tests.conftest import REPO_DIR, session_database_url
+from tests.conftest import REPO_DIR, child_env, session_database_url, unused_port
 from tests.integration.stack import worker_and_agent
 from tests.scheduling.conftest import add_sim_node
 from tests.unix_accounts import runs_as_this_account
@@ -70,16 +70,23 @@ def grpc_server(
         print(log.read_text())  # noqa: T201
 
 
+@pytest.fixture(scope="module")
+def shared_server(django_db_setup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gpuadmin grpc` serving this session's database for the module's tests (it keeps no
+    state of a test's own: each test's users, tokens and jobs are rows, flushed after it);
+    its address."""
+    folder = tmp_path_factory.mktemp("grpc")
+    bind = f"127.0.0.1:{unused_port()}"
+    with grpc_server(child_env(folder / "data"), bind, folder / "grpc.log"):
+        yield bind
+
+
 @pytest.fixture
-def channel(gpuadmin_env: dict[str, str], free_port: int, tmp_path: Path) -> Iterator[grpc.Channel]:
-    """A channel to `gpuadmin grpc` serving this session's database (and a simulated node of
-    8 GPUs, so that submissions fit the fleet)."""
+def channel(shared_server: str) -> Iterator[grpc.Channel]:
+    """A channel to the module's `gpuadmin grpc` (and a simulated node of 8 GPUs, so that
+    submissions fit the fleet)."""
     add_sim_node("grpc-01")
-    bind = f"127.0.0.1:{free_port}"
-    with (
-        grpc_server(gpuadmin_env, bind, tmp_path / "grpc.log"),
-        grpc.insecure_channel(bind) as channel,
-    ):
+    with grpc.insecure_channel(shared_server) as channel:
         grpc.channel_ready_future(channel).result(timeout=60)
         yield channel
 
@@ -186,16 +193,14 @@ def test_jobs_are_submitted_once_read_listed_followed_and_canceled(channel):
     assert channels == {"grpc"}
 
 
-def test_a_job_is_followed_to_its_end_on_a_simulated_node(gpuadmin_env, free_port, tmp_path):
+def test_a_job_is_followed_to_its_end_on_a_simulated_node(gpuadmin_env, shared_server, tmp_path):
     """Its states as the placement loop (a central worker) and the node's agent change them,
     each as it commits, until the stream ends with the job."""
     hostname = f"grpc-{uuid.uuid4().hex[:6]}"
     agent_args = ("--sim", "dgx-a100-80gb")
-    bind = f"127.0.0.1:{free_port}"
     with (
         worker_and_agent(gpuadmin_env, hostname, agent_args, 8, tmp_path),
-        grpc_server(gpuadmin_env, bind, tmp_path / "grpc.log"),
-        grpc.insecure_channel(bind) as channel,
+        grpc.insecure_channel(shared_server) as channel,
     ):
         grpc.channel_ready_future(channel).result(timeout=60)
         erin = token_of("erin")

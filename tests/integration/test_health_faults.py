@@ -69,6 +69,7 @@ def fleet(shipped_defaults, gpuadmin_env, tmp_path, request) -> Iterator[Fleet]:
     settings = {
         "GPUADMIN_HEARTBEAT_GRACE_S": "4",
         "GPUADMIN_ALERT_INTERVAL_S": "1",
+        "GPUADMIN_QUARANTINE_REVIEW_S": "1",
         "GPUADMIN_PLACEMENT_INTERVAL_S": "2",
         "GPUADMIN_JOB_KILL_GRACE_S": "1",
         "GPUADMIN_BREAKER_MIN_GPUS": "100",
