@@ -253,3 +253,24 @@ def test_a_new_rows_column_values_are_djangos(monkeypatch):
 
     assert typed(ours) == typed(djangos)
     assert {type(v).__name__ for v in ours} >= {"Int2", "Int4", "bool", "str", "NoneType"}
+
+
+@pytest.mark.django_db
+def test_messages_are_set_up_for_pages_and_left_alone_by_api_requests(client):
+    from django.contrib.messages import constants
+    from django.contrib.messages.storage.base import Message
+    from django.contrib.messages.storage.cookie import CookieStorage
+    from django.test import RequestFactory
+
+    client.force_login(User.objects.create_user("mia"))
+    pending = CookieStorage(RequestFactory().get("/"))
+    client.cookies[pending.cookie_name] = pending._encode([Message(constants.INFO, "Saved.")])
+
+    answer = client.get("/api/v1/jobs/")
+    assert answer.status_code == 200
+    assert not hasattr(answer.wsgi_request, "_messages")  # no storage built for it
+    assert pending.cookie_name not in answer.cookies  # the pending message left as it was
+    page = client.get("/")
+    assert hasattr(page.wsgi_request, "_messages")
+    assert '<li class="message info">Saved.</li>' in page.content.decode()
+    assert page.cookies[pending.cookie_name].value == ""  # shown once, then cleared
