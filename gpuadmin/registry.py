@@ -55,6 +55,8 @@ class Occupant:
     mig_instance_id: int | None = None
     kind: OccupantKind = OccupantKind.JOB
     cluster: str = ""  # the Slurm cluster's name (kind SLURM)
+    # A gpuadmin job whose end is decided: it holds the GPU until its processes are gone.
+    stopping: bool = False
 
     @property
     def gpuadmin_job_id(self) -> int | None:

@@ -399,16 +399,19 @@ def set_node_state(
     )
 
 
-def jobs_holding(gpus: GpuQuerySet) -> list[int]:
+def jobs_holding(gpus: GpuQuerySet, *, stopping: bool = True) -> list[int]:
     """The gpuadmin jobs holding any of ``gpus`` (as the fleet page names them), each once, in
-    order (a Slurm job holding one is not gpuadmin's to requeue)."""
+    order (a Slurm job holding one is not gpuadmin's to requeue); without ``stopping``, not
+    those whose end is decided (they hold their GPUs until their processes are gone)."""
     ids = list(gpus.values_list("pk", flat=True))
     occupancy = Occupancy(ids)
     return sorted(
         {
             job_id
             for pk in ids
-            if (occupant := occupancy.get(pk)) and (job_id := occupant.gpuadmin_job_id)
+            if (occupant := occupancy.get(pk))
+            and (job_id := occupant.gpuadmin_job_id)
+            and (stopping or not occupant.stopping)
         }
     )
 
@@ -460,8 +463,9 @@ def set_held_outside(holders: Mapping[int, str], *, actor_name: str) -> list[int
 @dataclass(frozen=True)
 class StateChange:
     """What a maintenance change did: ``changed`` (``False``: it was in that state already),
-    the jobs still holding the GPUs (draining: they finish there) and those that held them
-    before and no longer do (offline: requeued)."""
+    the jobs still running on the GPUs (draining: they finish there) and those that ran there
+    before and no longer do (offline: requeued, or stopping: requeued once their processes are
+    gone, their GPUs held until then)."""
 
     changed: bool
     running: list[int]
@@ -480,7 +484,7 @@ def change_state(
         changed = set_gpu_state(row, state, actor=actor, reason=reason, requeue=force)
     else:
         changed = set_node_state(row, state, actor=actor, reason=reason, requeue=force)
-    running = jobs_holding(gpus)
+    running = jobs_holding(gpus, stopping=False)
     return StateChange(changed, running, [job for job in before if job not in running])
 
 

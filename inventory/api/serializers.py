@@ -214,13 +214,13 @@ class StateChangeResultSerializer(api.Serializer):
     running_jobs = serializers.ListField(
         source="running",
         child=serializers.IntegerField(),
-        help_text="Jobs holding its GPUs now (draining: they finish there).",
+        help_text="Jobs running on its GPUs now (draining: they finish there).",
     )
     stopped_jobs = serializers.ListField(
         source="stopped",
         child=serializers.IntegerField(),
-        help_text="Jobs that held its GPUs before the change and no longer do (offline with "
-        "force: requeued).",
+        help_text="Jobs that ran on its GPUs before the change and no longer do (offline with "
+        "force: requeued, each holding its GPUs until its processes are gone).",
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.contrib.postgres.aggregates import ArrayAgg
-from django.db.models import F, Prefetch, Q, QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, F, Prefetch, Q, QuerySet
 from django.urls import reverse
 
 from gpuadmin.access.models import Role
@@ -82,10 +82,15 @@ def gpu_occupants(gpu_ids: Collection[int]) -> list[Occupant]:
     """
     wanted = set(gpu_ids)
     url = url_format("scheduling:job-detail")
+    stopping = ExpressionWrapper(Q(job__ending__isnull=False), BooleanField())
     return [
-        Occupant(job_id, url.format(job_id), username, gpu_id, name, mig_instance_id)
-        for gpu_id, job_id, username, name, mig_instance_id in Allocation.objects.active()
-        .values_list("gpu_id", "job_id", "job__owner__username", "job__name", "mig_instance_id")
+        Occupant(
+            job_id, url.format(job_id), username, gpu_id, name, mig_instance_id, stopping=ending
+        )
+        for gpu_id, job_id, username, name, mig_instance_id, ending in Allocation.objects.active()
+        .values_list(
+            "gpu_id", "job_id", "job__owner__username", "job__name", "mig_instance_id", stopping
+        )
         .iterator()
         if gpu_id in wanted
     ]

@@ -16,7 +16,7 @@ from inventory.nvml.parsers import parse_xid_line
 from scheduling.jobs import submission
 from scheduling.models import Job, JobState
 from tests.health import test_policies
-from tests.health.test_policies import gpu_of, report, start
+from tests.health.test_policies import gpu_of, job_stopped, report, start
 from tests.nvml.captures import OWN
 from tests.scheduling import conftest as scheduling_fixtures
 from tests.scheduling.conftest import add_sim_node
@@ -62,12 +62,12 @@ def test_a_contained_94_requeues_only_its_instances_job(broker, receive, alice):
     # As the agent reports an NVML XID event (no pid: NVML's event carries none).
     [event_id] = receive("dgx-01", report(gpu, xid=94, gpu_instance_id=gi, compute_instance_id=0))
 
-    hit.refresh_from_db()
+    assert job_stopped(hit) == JobState.QUEUED  # its GPUs held until its agent reported
     spared.refresh_from_db()
     gpu.refresh_from_db()
     event = HealthEvent.objects.get(pk=event_id)
     assert event.gpu_instance_id == gi
-    assert (hit.state, spared.state) == (JobState.QUEUED, JobState.RUNNING)
+    assert (spared.state, spared.ending) == (JobState.RUNNING, None)  # not even stopping
     assert gpu.state == GpuState.AVAILABLE  # the shipped policy drains: not the whole GPU here
     assert hit.message == (
         f"XID 94 (Contained memory error) on GPU instance {gi} of GPU {gpu.index} of dgx-01"
@@ -108,10 +108,8 @@ def test_an_uncontained_95_on_an_instance_acts_on_the_whole_gpu(broker, receive,
 
     [event_id] = receive("dgx-01", report(gpu, xid=95, gpu_instance_id=instance_of(hit)))
 
-    hit.refresh_from_db()
-    other.refresh_from_db()
+    assert (job_stopped(hit), job_stopped(other)) == (JobState.QUEUED, JobState.QUEUED)
     gpu.refresh_from_db()
-    assert (hit.state, other.state) == (JobState.QUEUED, JobState.QUEUED)
     assert gpu.state == GpuState.DEGRADED  # fenced for a reset an admin does (simulator)
     assert HealthEvent.objects.get(pk=event_id).outcome[1] == (
         f"requeue the jobs on GPU {gpu.index}"
@@ -124,7 +122,7 @@ def test_a_94_without_an_instance_requeues_the_gpus_jobs_as_before(broker, recei
 
     receive("dgx-01", report(gpu_of(first), xid=94))
 
-    assert set(Job.objects.values_list("state", flat=True)) == {JobState.QUEUED}
+    assert {job_stopped(first), job_stopped(second)} == {JobState.QUEUED}
 
 
 def test_the_instance_of_a_non_xid_report_is_not_kept(receive):

@@ -34,6 +34,7 @@ from scheduling.models import Job, JobState
 from tests.conftest import REPO_DIR
 from tests.health import test_quarantine as quarantine_tests
 from tests.scheduling.api.conftest import submit
+from tests.scheduling.conftest import processes_gone
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
@@ -247,11 +248,9 @@ def test_drain_offline_online_a_node_as_scontrol(gpuadmin, fleet_with_samples):
 
     status, out, err = gpuadmin("offline", held, "--reason", "RMA", "--force")
     assert (status, out, err) == (0, f"node {held}: offline (job {job.pk} requeued)\n", "")
-    job.refresh_from_db()
-    assert job.state == JobState.QUEUED
     requeued = AuditEvent.objects.filter(target_id=str(job.pk), channel="cli offline")
-    assert requeued.exists()
-    assert set(requeued.values_list("actor_name", flat=True)) == {"ops"}
+    assert set(requeued.values_list("event_type", "actor_name")) == {("job.stopping", "ops")}
+    assert processes_gone(job) == JobState.QUEUED  # its GPUs held until then
 
     assert gpuadmin("online", held, "--reason", "fixed")[1] == f"node {held}: online\n"
     assert gpuadmin("online", held, "--reason", "again")[1] == f"node {held}: already online\n"
