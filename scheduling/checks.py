@@ -6,6 +6,7 @@ Each check is one query and returns human sentences; an empty list means the inv
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import TextIO
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
 from scheduling.jobs.reports import unconfirmed_jobs
+from scheduling.jobs.transitions import STOPPING
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobArray
 from scheduling.placement.text import plural
 
@@ -94,8 +96,40 @@ def jobs_scheduled_too_long() -> list[str]:
     ]
 
 
+def jobs_stopping_too_long() -> list[str]:
+    """No job waits longer than ``GPUADMIN_JOB_KILL_GRACE_S`` plus
+    ``GPUADMIN_HEARTBEAT_GRACE_S`` for its agents to report its processes gone, once its
+    cancel or its end (``Job.ending``) was decided: an agent kills them within the kill grace,
+    and a node silent past the heartbeat grace is no longer waited for. A job found here holds
+    GPUs for an agent that is heard from but never answers."""
+    kill, heartbeat = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_HEARTBEAT_GRACE_S
+    now = timezone.now()
+    rows = (
+        Job.objects.filter(state__in=HOLDING_STATES)
+        .filter(Q(ending__isnull=False) | Q(cancel_requested_at__isnull=False))
+        .order_by("pk")
+        .values_list("pk", "ending", "cancel_requested_at")
+    )
+    found = []
+    for pk, ending, cancel_requested_at in rows:
+        since = datetime.fromisoformat(ending["since"]) if ending else cancel_requested_at
+        assert since is not None  # the filter: a cancel's time where no end is stored
+        waited = (now - since).total_seconds()
+        if waited > kill + heartbeat:
+            waiting_for = f" (waiting for {', '.join(ending['nodes'])})" if ending else ""
+            found.append(
+                f"job {pk} has been stopping for {waited:.0f} s{waiting_for}, longer than "
+                f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_HEARTBEAT_GRACE_S "
+                f"({heartbeat} s), and holds its GPUs until its agents report its processes "
+                "gone"
+            )
+    return found
+
+
 def audit_gaps() -> list[str]:
-    """Every job's latest state event names its current state; every allocation is audited."""
+    """Every job's latest state event names its current state; every allocation is audited.
+    A ``job.stopping`` row names the state decided, not taken yet (the job keeps its own until
+    its agents report its processes gone): not a state event."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -105,10 +139,12 @@ def audit_gaps() -> list[str]:
                 SELECT after FROM audit_auditevent
                 WHERE target_type = 'scheduling.job' AND target_id = j.id::text
                   AND (event_type LIKE 'job.%%' AND after ? 'state')
+                  AND event_type <> %s
                 ORDER BY id DESC LIMIT 1
             ) e ON true
             WHERE e.after IS NULL OR e.after ->> 'state' <> j.state
-            """
+            """,
+            [STOPPING],
         )
         jobs = [
             f"job {pk} is {state} but its audit log says {logged or 'nothing'}"
@@ -134,6 +170,7 @@ CHECKS: dict[str, Check] = {
     "a job that ended holds no GPU": allocations_of_jobs_that_let_go,
     "no allocation on offline or missing hardware": allocations_on_offline_hardware,
     "no job stays scheduled without its agent starting it": jobs_scheduled_too_long,
+    "no stopped job holds its GPUs past the kill and heartbeat graces": jobs_stopping_too_long,
     "every job and allocation change is audited": audit_gaps,
     "each job array's tasks are made jobs once": arrays_with_wrong_tasks,
 }

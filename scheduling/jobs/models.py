@@ -207,7 +207,8 @@ class Job(models.Model):
     # Set when its attempt's end was decided while its processes may still run on some of its
     # nodes (a gang's part ended, or it was stopped for its hardware): the end to take once the
     # agents of ``nodes`` have reported their parts gone; it keeps its GPUs until then
-    # (``scheduling.jobs.transitions.stop_parts``). {"state", "message", "fields", "nodes"}.
+    # (``scheduling.jobs.transitions.stop_parts``). {"state", "message", "fields", "nodes",
+    # "since"}.
     ending = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
 
     class Meta:

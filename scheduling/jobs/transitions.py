@@ -211,9 +211,16 @@ def stop_parts(
     cancel, the job keeps its state and every GPU of the attempt until those agents have
     reported their parts gone (``take_end``), so no GPU is given to another job while a
     process of this one dies on it: the end is stored on the job (``Job.ending``) and audited
-    ``job.stopping`` (``why``; the decided state, its fields and the nodes waited for). Inside the
+    ``job.stopping`` (``why``; the decided state, its fields and the nodes waited for; ``since``
+    for ``gpuadmin check``). Inside the
     caller's transaction, the job's row locked; the caller tells the agents."""
-    locked.ending = {"state": to, "message": message, "fields": fields, "nodes": nodes}
+    locked.ending = {
+        "state": to,
+        "message": message,
+        "fields": fields,
+        "nodes": nodes,
+        "since": timezone.now(),
+    }
     Job.objects.filter(pk=locked.pk).update(ending=locked.ending)
     record(
         STOPPING,

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from inventory.choices import GpuState
 from inventory.models import Gpu
+from scheduling.agent.wire import FinalState, JobFinished, executor_id
 from scheduling.checks import report, run_checks
-from scheduling.jobs import reports, submission
+from scheduling.jobs import control, reports, submission
 from scheduling.loop import passes as loop
 from scheduling.models import Job, JobArray, JobState
 from tests.scheduling.conftest import add_sim_node
@@ -84,3 +86,41 @@ def test_an_array_whose_jobs_are_not_those_it_made_is_found(running_job):
             f"array {array.pk} has 3 jobs of its tasks, says it made 4"
         ]
     }
+
+
+@pytest.mark.parametrize("how", ["stopped", "canceled"])
+def test_a_job_its_agent_never_reports_gone_is_found_past_the_graces(running_job, settings, how):
+    """Its GPUs taken offline (its end decided, ``Job.ending``) or its cancel asked, and its
+    agent, heard from, never reports its processes gone: within the kill grace plus the
+    heartbeat grace it is no violation; past them it is."""
+    gpu_ids = list(running_job.allocations.values_list("gpu_id", flat=True))
+    if how == "stopped":
+        control.stop_jobs_on_gpus(gpu_ids, requeue=True, reason="went offline")
+    else:
+        control.cancel_job(running_job, actor=running_job.owner)
+    running_job.refresh_from_db()
+    assert running_job.state == JobState.RUNNING  # holds its GPUs, waiting for its agent
+    assert violations() == {}
+
+    bound = settings.GPUADMIN_JOB_KILL_GRACE_S + settings.GPUADMIN_HEARTBEAT_GRACE_S
+    long_ago = timezone.now() - timedelta(seconds=bound + 30)
+    if how == "stopped":
+        ending = {**running_job.ending, "since": long_ago.isoformat()}
+        Job.objects.filter(pk=running_job.pk).update(ending=ending)
+    else:
+        Job.objects.filter(pk=running_job.pk).update(cancel_requested_at=long_ago)
+    [found] = violations()["no stopped job holds its GPUs past the kill and heartbeat graces"]
+    waiting = " (waiting for chk-01)" if how == "stopped" else ""
+    kill, heartbeat = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_HEARTBEAT_GRACE_S
+    assert found in [
+        f"job {running_job.pk} has been stopping for {waited} s{waiting}, longer than "
+        f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_HEARTBEAT_GRACE_S ({heartbeat} s), "
+        "and holds its GPUs until its agents report its processes gone"
+        for waited in (bound + 30, bound + 31)
+    ]
+
+    gone = JobFinished(
+        executor_id(running_job.pk, running_job.attempt), FinalState.CANCELED, -15, timezone.now()
+    )
+    reports.job_events([gone], sender="chk-01")  # at last
+    assert violations() == {}
