@@ -28,6 +28,7 @@ from gpuadmin.leases.models import Lease
 from gpuadmin.postgres.direct import direct_connection
 from scheduling.loop import passes
 from tests.conftest import REPO_DIR
+from tests.tools import debian_program
 from tests.waiting import wait_for_port
 
 pytestmark = pytest.mark.django_db
@@ -106,10 +107,7 @@ def test_a_lease_held_is_not_locked_by_one_that_tries_to_take_it(
 
 
 def _pgbouncer() -> str:
-    found = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-    if not os.path.exists(found):
-        pytest.fail("pgbouncer is not installed: run .ci/install-pgbouncer (make test does)")
-    return found
+    return debian_program("pgbouncer", "install-pgbouncer")
 
 
 @pytest.fixture(scope="module")

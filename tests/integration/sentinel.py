@@ -4,9 +4,7 @@ names them)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -14,11 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import redis
 
 from gpuadmin.env import RedisTarget, parse_redis_url
-from tests.conftest import REPO_DIR
+from tests.conftest import unused_port
+from tests.tools import debian_program
 from tests.waiting import wait_for
 
 MASTER = "gpuadmin"
@@ -26,32 +24,8 @@ PASSWORD = "redis-secret"
 SENTINEL_PASSWORD = "sentinel-secret"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def sentinel_binary() -> str:
-    """Debian's redis-sentinel, installed now if missing; a skip (a failure under CI) only
-    when it cannot be installed."""
-    if shutil.which("redis-sentinel") is None:
-        install = subprocess.run(
-            ["sh", str(REPO_DIR / ".ci" / "install-redis-sentinel")],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        if shutil.which("redis-sentinel") is None:
-            message = (
-                "Debian's redis-sentinel is not installed and .ci/install-redis-sentinel could "
-                f"not install it (root or sudo and the Debian archive needed): {install.stderr}"
-            )
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    return str(shutil.which("redis-sentinel"))
+    return debian_program("redis-sentinel", "install-redis-sentinel")
 
 
 def sentinel_table(sentinel: redis.Redis, what: str) -> list[dict[str, str]]:
@@ -90,8 +64,8 @@ def sentinel_servers(down_after_ms: tuple[int, int] = (1000, 4000)) -> Iterator[
     test that wants none gives long ones: on a loaded host a Sentinel can miss a second)."""
     binary = sentinel_binary()
     root = Path(tempfile.mkdtemp(prefix="gpuadmin-sentinel-"))
-    primary, replica = free_port(), free_port()
-    sentinel_ports = [free_port(), free_port()]
+    primary, replica = unused_port(), unused_port()
+    sentinel_ports = [unused_port(), unused_port()]
     processes: list[subprocess.Popen[bytes]] = []
     servers: dict[int, subprocess.Popen[bytes]] = {}
 

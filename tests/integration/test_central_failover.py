@@ -48,8 +48,8 @@ from gpuadmin.leases.models import Lease
 from inventory.models import Node
 from scheduling.loop import passes as loop
 from scheduling.models import Job, JobState
-from tests.conftest import REPO_DIR
-from tests.integration.sentinel import PASSWORD, SentinelRedis, free_port, sentinel_servers
+from tests.conftest import REPO_DIR, unused_port
+from tests.integration.sentinel import PASSWORD, SentinelRedis, sentinel_servers
 from tests.integration.stack import (
     kill_hard,
     overlapping_allocations,
@@ -208,7 +208,7 @@ def test_two_of_everything_lose_a_worker_and_a_beat_under_load(
     env = stack_env(gpuadmin_env, REDIS_URL=sentinel_redis.url, **SETTINGS)
     owners = [get_user_model().objects.create_user(f"failover-{n}") for n in range(4)]
     keys = [create_token(owner, "failover", actor_name="tests")[1] for owner in owners]
-    bases = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    bases = [f"http://127.0.0.1:{unused_port()}" for _ in range(2)]
     commands = {
         **{
             f"web-{n}": (("serve", "--bind", base.removeprefix("http://"), "--workers", "1"), env)

@@ -6,8 +6,6 @@ GPU's utilization with the same labels."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -26,6 +24,7 @@ from inventory.nvml.scanner import scan
 from inventory.nvml.sim import SimulatedNvml
 from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
+from tests.tools import debian_program
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -36,27 +35,7 @@ WAIT_S = 60
 
 
 def prometheus_binary() -> str:
-    """Debian's prometheus, installed now if missing; a skip (a failure under CI) only when
-    it cannot be installed."""
-    found = shutil.which("prometheus")
-    if found is None:
-        install = subprocess.run(
-            ["sh", str(REPO_DIR / ".ci" / "install-prometheus")],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        found = shutil.which("prometheus")
-        if found is None:
-            message = (
-                "Debian's prometheus is not installed and .ci/install-prometheus could not "
-                f"install it (root or sudo and the Debian archive needed): {install.stderr[-400:]}"
-            )
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    return found
+    return debian_program("prometheus", "install-prometheus")
 
 
 def get_json(url: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import os
 import pwd
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 from django.utils import timezone
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import REPO_DIR, session_database_url
+from tests.conftest import REPO_DIR, session_database_url, unused_port
 from tests.unix_accounts import requires_root, runs_as_this_account
 from tests.waiting import wait_for
 
@@ -46,13 +45,6 @@ def read_until(process: subprocess.Popen, marker: str, timeout: float) -> str:
         if marker in line:
             return "".join(seen)
     raise AssertionError(f"{marker!r} not seen; output so far:\n{''.join(seen)}")
-
-
-def another_free_port() -> int:
-    """A second free port (the ``free_port`` fixture gives one)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def log_in(base_url: str, username: str, password: str) -> urllib.request.OpenerDirector:
@@ -90,7 +82,7 @@ def test_up_starts_everything_serves_the_admin_and_stops_without_orphans(server_
         PYTHONUNBUFFERED="1",
     )
     base_url = f"http://127.0.0.1:{free_port}"
-    grpc_bind = f"127.0.0.1:{another_free_port()}"
+    grpc_bind = f"127.0.0.1:{unused_port()}"
     up = subprocess.Popen(
         [
             *(sys.executable, "-m", "gpuadmin", "up", "--bind", f"127.0.0.1:{free_port}"),

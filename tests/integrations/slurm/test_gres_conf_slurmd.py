@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from integrations.slurm.gres import node_gres_conf
-from tests.conftest import REPO_DIR
 from tests.scheduling.conftest import add_sim_node
+from tests.tools import debian_program
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db]
 
@@ -36,28 +35,7 @@ FIELD = re.compile(r"(\w+)=(\S+)")
 
 
 def slurmd_binary() -> str:
-    """Debian's slurmd, installed now if missing; a skip (a failure under CI) only when it
-    cannot be installed."""
-    search = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
-    found = shutil.which("slurmd", path=search)
-    if found is None:
-        install = subprocess.run(
-            ["sh", str(REPO_DIR / ".ci" / "install-slurm")],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-        found = shutil.which("slurmd", path=search)
-        if found is None:
-            message = (
-                "Debian's slurmd is not installed and .ci/install-slurm could not install it "
-                f"(root or sudo and the Debian archive needed): {install.stderr[-400:]}"
-            )
-            if os.environ.get("CI"):
-                pytest.fail(message)
-            pytest.skip(message)
-    return found
+    return debian_program("slurmd", "install-slurm")
 
 
 def slurmd_reads(text: str, hostname: str, model: str, folder: Path) -> str:
