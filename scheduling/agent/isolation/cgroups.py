@@ -249,11 +249,15 @@ class JobCgroup:
         return [path / "cgroup.procs" for path in self.directories.values()]
 
     def pids(self) -> set[int]:
-        """The job's processes (in any hierarchy it uses)."""
+        """The job's processes (in any hierarchy it uses). A cgroup removed, or being removed
+        while it is read (ENODEV), holds none."""
         found: set[int] = set()
         for procs in self.procs_files():
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 found.update(int(pid) for pid in procs.read_text().split())
+            except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
         return found
 
     def signal(self, sig: signal.Signals) -> None:
