@@ -74,14 +74,19 @@ class Server:
 
 
 def server_cpu_s(server: Server) -> float:
-    """CPU seconds used so far by the server (its master and workers) and by the PostgreSQL backends
-    of the bench's database: what a submission costs the machine, steadier than jobs/s on a
-    shared host (Linux /proc)."""
+    """CPU seconds used so far by the server (its master and workers), by the PostgreSQL
+    backends of the bench's database and by the Redis server of REDIS_URL where it runs on this
+    machine (the wake on commit and the token cache's epoch; nothing else uses it during a
+    round): what a submission costs the machine, steadier than jobs/s on a shared host (Linux
+    /proc)."""
     database = server.database.encode()
+    # Redis's process title: "redis-server HOST:PORT".
+    redis_port = f":{urlsplit(os.environ['REDIS_URL']).port or 6379}".encode()
 
     def ours(pid: int, ppid: int, cmdline: bytes) -> bool:
         backend = cmdline.startswith(b"postgres:") and database in cmdline
-        return server.process.pid in (pid, ppid) or backend
+        redis = cmdline.startswith(b"redis-server ") and cmdline.rstrip(b"\0").endswith(redis_port)
+        return server.process.pid in (pid, ppid) or backend or redis
 
     return cpu_s(ours)
 
