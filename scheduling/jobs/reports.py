@@ -572,10 +572,18 @@ def end_unkillable_stops() -> list[int]:
             if not waited:
                 continue  # only silent nodes left: end_stops_on_silent_nodes' to end
             reason = unkillable_reason(job_id)
-            drained = []
-            for node in Node.objects.filter(hostname__in=waited).order_by("hostname"):
-                if set_node_state(node, NodeState.DRAINING, actor_name=LOOP_ACTOR, reason=reason):
-                    drained.append(node.hostname)
+            drained = [
+                node.hostname
+                for node in Node.objects.filter(hostname__in=waited).order_by("hostname")
+                if set_node_state(node, NodeState.DRAINING, actor_name=LOOP_ACTOR, reason=reason)
+            ]
+            log.warning(
+                "job %d: its processes on %s not reported gone %d s after SIGKILL; drained: %s",
+                job_id,
+                ", ".join(waited),
+                settings.GPUADMIN_UNKILLABLE_TIMEOUT_S,
+                ", ".join(drained) or "none (already draining or offline)",
+            )
             if locked.ending is not None:
                 end = take_end(locked, waited)
                 if end is None:
@@ -588,13 +596,6 @@ def end_unkillable_stops() -> list[int]:
                     f"{'node' if len(waited) == 1 else 'nodes'} drained"
                 )
                 transition(locked, S.CANCELED, actor_name=LOOP_ACTOR, message=message)
-        log.warning(
-            "job %d: processes on %s not gone %d s after SIGKILL; drained %s",
-            job_id,
-            ", ".join(waited),
-            settings.GPUADMIN_UNKILLABLE_TIMEOUT_S,
-            ", ".join(drained) or "none (already draining or offline)",
-        )
         ended.append(job_id)
     return ended
 
