@@ -15,7 +15,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
-from scheduling.jobs.reports import overdue_stops, stop_began, unconfirmed_jobs
+from scheduling.jobs.reports import overdue_stops, stop_began, stop_grace_s, unconfirmed_jobs
 from scheduling.jobs.transitions import STOPPING
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobArray
 from scheduling.placement.text import plural
@@ -98,12 +98,12 @@ def jobs_scheduled_too_long() -> list[str]:
 
 def jobs_stopping_too_long() -> list[str]:
     """No job's stop stays under way past the time it is overdue (``reports.stop_overdue_at``:
-    the kill grace and ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began) and a beat period
+    the stop's grace and ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began) and a beat period
     more (``GPUADMIN_REQUEUE_INTERVAL_S``): by then beat has drained the nodes that never
     reported its processes gone and ended it (``reports.end_unkillable_stops``), or stopped
     waiting for its silent nodes. A job found here holds its GPUs with nothing acting on it
     (beat is not running, or its nodes are silent and its cancel waits for their agents)."""
-    kill, unkillable = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    unkillable = settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
     beat = settings.GPUADMIN_REQUEUE_INTERVAL_S
     now = timezone.now()
     found = []
@@ -114,7 +114,7 @@ def jobs_stopping_too_long() -> list[str]:
         waiting_for = f" (waiting for {', '.join(job.ending['nodes'])})" if job.ending else ""
         found.append(
             f"job {job.pk} has been stopping for {waited:.0f} s{waiting_for}, longer than "
-            f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S "
+            f"its grace ({stop_grace_s(job)} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S "
             f"({unkillable} s) + a beat period ({beat:g} s), and holds its GPUs: its nodes "
             "should have been drained and the job ended"
         )

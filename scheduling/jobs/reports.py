@@ -491,36 +491,60 @@ def _end_as_stored(locked: Job, end: tuple[str, str, dict[str, Any]]) -> None:
 
 
 def stopping_jobs() -> QuerySet[Job]:
-    """The jobs whose stop is under way: their cancel asked for (``cancel_requested_at``) or
-    their end decided (``Job.ending``), their GPUs held until their agents report their
-    processes gone."""
+    """The jobs whose stop is under way: their cancel or preemption asked for
+    (``cancel_requested_at``, ``preempt_requested_at``) or their end decided (``Job.ending``),
+    their GPUs held until their agents report their processes gone."""
     return Job.objects.filter(state__in=HOLDING_STATES).filter(
-        Q(ending__isnull=False) | Q(cancel_requested_at__isnull=False)
+        Q(ending__isnull=False)
+        | Q(cancel_requested_at__isnull=False)
+        | Q(preempt_requested_at__isnull=False)
     )
 
 
 def stop_began(job: Job) -> datetime | None:
-    """When ``job``'s processes were told to stop: its cancel, or its end decided
-    (``Job.ending``'s ``since``), the earlier of the two (a canceled gang whose first part
-    ended stores its end then, its other parts told at the cancel); ``None`` when no stop is
-    under way."""
-    times = [job.cancel_requested_at] if job.cancel_requested_at is not None else []
+    """When ``job``'s processes were told to stop: its cancel or preemption, or its end
+    decided (``Job.ending``'s ``since``), the earliest (a canceled or preempted gang whose
+    first part ended stores its end then, its other parts told at the cancel or preemption);
+    ``None`` when no stop is under way."""
+    times = [at for at in (job.cancel_requested_at, job.preempt_requested_at) if at is not None]
     if job.ending is not None:
         since = job.ending["since"]
         times.append(since if isinstance(since, datetime) else datetime.fromisoformat(since))
     return min(times, default=None)
 
 
+def stop_grace_s(job: Job) -> int:
+    """How long ``job``'s processes were given between the stop's signal and SIGKILL: the
+    kill grace (``GPUADMIN_JOB_KILL_GRACE_S``), or a preemption's own grace where longer (the
+    pool's time to checkpoint, as its ``job.preempt_requested`` row recorded it when the
+    agents were told)."""
+    kill = settings.GPUADMIN_JOB_KILL_GRACE_S
+    if job.preempt_requested_at is None:
+        return kill
+    asked = (
+        AuditEvent.objects.filter(
+            target_type=Job._meta.label_lower,
+            target_id=str(job.pk),
+            event_type="job.preempt_requested",
+        )
+        .order_by("-pk")
+        .values_list("after", flat=True)
+        .first()
+    )
+    return max(kill, int((asked or {}).get("grace_s") or 0))
+
+
 def stop_overdue_at(job: Job) -> datetime | None:
     """When ``job``'s stop is overdue (the one rule: beat's ``end_unkillable_stops`` acts on
-    it, ``gpuadmin check`` reports a stop still under way a beat period later): the kill grace
-    (``GPUADMIN_JOB_KILL_GRACE_S``, SIGTERM to SIGKILL) and ``GPUADMIN_UNKILLABLE_TIMEOUT_S``
-    after it began, as Slurm's UnkillableStepTimeout; ``None`` when no stop is under way."""
+    it, ``gpuadmin check`` reports a stop still under way a beat period later): the stop's
+    grace (``stop_grace_s``: SIGTERM, or a preemption's signal, to SIGKILL) and
+    ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began, as Slurm's UnkillableStepTimeout;
+    ``None`` when no stop is under way."""
     began = stop_began(job)
     if began is None:
         return None
-    kill, unkillable = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
-    return began + timedelta(seconds=kill + unkillable)
+    grace_s = stop_grace_s(job) + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    return began + timedelta(seconds=grace_s)
 
 
 def overdue_stops(now: datetime | None = None, *, slack: timedelta = timedelta()) -> list[Job]:
@@ -550,12 +574,12 @@ def end_unkillable_stops() -> list[int]:
     executor wedged): as Slurm after UnkillableStepTimeout, each node still waited for is
     drained (``inventory.services.set_node_state``, audited, the reason naming the job and the
     timeout), so no job is placed on its GPUs until an admin resumes it, and the job takes
-    its end as if they had reported: its decided end (``take_end``), or canceled for a
-    cancel, its GPUs released. A node already draining or offline is left as it is (it takes
-    no work either). A silent node is not drained: ``end_stops_on_silent_nodes`` stops
-    waiting for it. The job's row is locked first (then its nodes', then its GPUs'), and a
-    report that ended it meanwhile wins: nothing is drained then. Beat, with
-    ``requeue_unconfirmed``; the ids of the jobs ended."""
+    its end as if they had reported: its decided end (``take_end``), re-queued for a
+    preemption, or canceled for a cancel, its GPUs released. A node already draining or
+    offline is left as it is (it takes no work either). A silent node is not drained:
+    ``end_stops_on_silent_nodes`` stops waiting for it. The job's row is locked first (then
+    its nodes', then its GPUs'), and a report that ended it meanwhile wins: nothing is drained
+    then. Beat, with ``requeue_unconfirmed``; the ids of the jobs ended."""
     ended = []
     for job_id in [job.pk for job in overdue_stops()]:
         with transaction.atomic():
@@ -589,6 +613,8 @@ def end_unkillable_stops() -> list[int]:
                 if end is None:
                     continue  # it still waits for a silent node (the other sweep's)
                 _end_as_stored(locked, end)
+            elif locked.cancel_requested_at is None:  # a preemption: re-queued, as it ends
+                _requeue_preempted(locked.pk, None)
             else:
                 message = (
                     f"canceled: its processes on {', '.join(waited)} were not reported gone "

@@ -123,7 +123,7 @@ def test_a_job_its_agent_never_reports_gone_is_found_past_the_timeout_and_a_beat
     waiting = " (waiting for chk-01)" if how == "stopped" else ""
     assert found in [
         f"job {running_job.pk} has been stopping for {waited:.0f} s{waiting}, longer than "
-        f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S ({unkillable} s) "
+        f"its grace ({kill} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S ({unkillable} s) "
         f"+ a beat period ({beat:g} s), and holds its GPUs: its nodes should have been drained "
         "and the job ended"
         for waited in (kill + unkillable + beat + 30, kill + unkillable + beat + 31)

@@ -470,7 +470,7 @@ def test_a_gang_stopped_for_a_lost_node_waits_only_for_its_reachable_parts(
 
 
 def stop_began_ago(job: Job, seconds: float) -> None:
-    """Time passes: ``job``'s stop (its cancel, or its decided end's ``since``) began
+    """Time passes: ``job``'s stop (its cancel or preemption, or its decided end's ``since``) began
     ``seconds`` ago, while its nodes' agents kept heartbeating."""
     at = timezone.now() - timedelta(seconds=seconds)
     job.refresh_from_db()
@@ -478,6 +478,8 @@ def stop_began_ago(job: Job, seconds: float) -> None:
         Job.objects.filter(pk=job.pk).update(ending={**job.ending, "since": at.isoformat()})
     if job.cancel_requested_at is not None:
         Job.objects.filter(pk=job.pk).update(cancel_requested_at=at)
+    if job.preempt_requested_at is not None:
+        Job.objects.filter(pk=job.pk).update(preempt_requested_at=at)
     for node in Node.objects.all():
         assert record_heartbeat(node.hostname)
 
@@ -586,6 +588,35 @@ def test_a_gang_part_past_its_time_limit_that_never_goes_drains_only_that_node(
     assert (ended.actor_name, len(ended.after["released_gpus"])) == (transitions.LOOP_ACTOR, 16)
     assert hosts(placed_on(alice)) == ["dgx-02"]
     assert placed_on(alice).state == JobState.QUEUED
+
+
+def test_a_preempted_job_is_given_its_pools_grace_before_its_node_is_drained(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """A preemption's signal comes with its pool's grace (time to checkpoint), longer here
+    than the kill grace and the timeout together: its node is not drained while that grace
+    runs, only the timeout after it; the job is then re-queued, as a preemption ends (no
+    failure counted), and its node drained."""
+    job = running(alice, gpu_count=8, preemptible=True)
+    [host] = hosts(job)
+    high = submission.submit_job(alice, command=["true"], gpu_model=A100, gpu_count=8)
+    grace_s = overdue_s(settings) + 600
+    decision = placement.Preemption(
+        job_id=high.pk, victims=(job.pk,), gpu_ids=(), reason="higher priority"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert preempt(decision, signal="SIGUSR1", grace_s=grace_s) == [job.pk]
+    stop_began_ago(job, overdue_s(settings) + 30)  # past the kill grace's rule, not its own
+    assert reports.end_unkillable_stops() == []
+    assert Node.objects.get(hostname=host).state == NodeState.ONLINE
+
+    stop_began_ago(job, grace_s + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_unkillable_stops() == [job.pk]
+    assert_drained_for(job, host)
+    job.refresh_from_db()
+    assert (job.state, job.preemptions, job.failures) == (JobState.QUEUED, 1, 0)
+    assert not Allocation.objects.active().filter(job=job).exists()
 
 
 def test_a_report_that_comes_first_ends_the_job_and_drains_nothing(
