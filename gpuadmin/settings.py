@@ -124,6 +124,10 @@ GPUADMIN_SCHEDULED_CONFIRM_S = env_int("GPUADMIN_SCHEDULED_CONFIRM_S", 120, mini
 # How long a MIG re-layout waits for the GPU's jobs to end before it gives up (rolled back).
 GPUADMIN_MIG_RELAYOUT_DRAIN_S = env_int("GPUADMIN_MIG_RELAYOUT_DRAIN_S", 86400, minimum=60)
 GPUADMIN_JOB_KILL_GRACE_S = env_int("GPUADMIN_JOB_KILL_GRACE_S", 10, minimum=0)
+# How long after the kill grace a stopping job waits for a reachable agent to report its
+# processes gone; then the node is drained ("Kill task failed") and the job ends (Slurm's
+# UnkillableStepTimeout, scheduling.jobs.reports.end_unkillable_stops).
+GPUADMIN_UNKILLABLE_TIMEOUT_S = env_int("GPUADMIN_UNKILLABLE_TIMEOUT_S", 60, minimum=1)
 GPUADMIN_JOB_LOG_MAX_BYTES = env_int("GPUADMIN_JOB_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=1024)
 GPUADMIN_JOB_LOG_BACKUPS = env_int("GPUADMIN_JOB_LOG_BACKUPS", 3, minimum=0)
 # What runs a node agent's jobs that give a container image (auto: the first of docker, podman,
@@ -398,11 +402,13 @@ CELERY_BEAT_SCHEDULE["scheduling-advance-relayouts"] = {
     "options": {"expires": 10.0},
 }
 # Re-queues jobs placed longer than GPUADMIN_SCHEDULED_CONFIRM_S ago that no agent started,
-# and ends the stops that wait for silent nodes (scheduling.jobs.reports).
+# ends the stops that wait for silent nodes and those past GPUADMIN_UNKILLABLE_TIMEOUT_S
+# (scheduling.jobs.reports); gpuadmin check allows a stop one period more.
+GPUADMIN_REQUEUE_INTERVAL_S = float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S))
 CELERY_BEAT_SCHEDULE["scheduling-requeue-unconfirmed"] = {
     "task": "scheduling.requeue_unconfirmed",
-    "schedule": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S)),
-    "options": {"expires": float(min(10, GPUADMIN_SCHEDULED_CONFIRM_S))},
+    "schedule": GPUADMIN_REQUEUE_INTERVAL_S,
+    "options": {"expires": GPUADMIN_REQUEUE_INTERVAL_S},
 }
 # Ends reservations, releases unused ones (scheduling.reservations.services.sweep).
 CELERY_BEAT_SCHEDULE["scheduling-sweep-reservations"] = {

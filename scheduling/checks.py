@@ -6,7 +6,7 @@ Each check is one query and returns human sentences; an empty list means the inv
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import timedelta
 from typing import TextIO
 
 from django.conf import settings
@@ -15,7 +15,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
-from scheduling.jobs.reports import unconfirmed_jobs
+from scheduling.jobs.reports import overdue_stops, stop_began, stop_grace_s, unconfirmed_jobs
 from scheduling.jobs.transitions import STOPPING
 from scheduling.models import HOLDING_STATES, Allocation, Job, JobArray
 from scheduling.placement.text import plural
@@ -97,32 +97,27 @@ def jobs_scheduled_too_long() -> list[str]:
 
 
 def jobs_stopping_too_long() -> list[str]:
-    """No job waits longer than ``GPUADMIN_JOB_KILL_GRACE_S`` plus
-    ``GPUADMIN_HEARTBEAT_GRACE_S`` for its agents to report its processes gone, once its
-    cancel or its end (``Job.ending``) was decided: an agent kills them within the kill grace,
-    and a node silent past the heartbeat grace is no longer waited for. A job found here holds
-    GPUs for an agent that is heard from but never answers."""
-    kill, heartbeat = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_HEARTBEAT_GRACE_S
+    """No job's stop stays under way past the time it is overdue (``reports.stop_overdue_at``:
+    the stop's grace and ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began) and a beat period
+    more (``GPUADMIN_REQUEUE_INTERVAL_S``): by then beat has drained the nodes that never
+    reported its processes gone and ended it (``reports.end_unkillable_stops``), or stopped
+    waiting for its silent nodes. A job found here holds its GPUs with nothing acting on it
+    (beat is not running, or its nodes are silent and its cancel waits for their agents)."""
+    unkillable = settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    beat = settings.GPUADMIN_REQUEUE_INTERVAL_S
     now = timezone.now()
-    rows = (
-        Job.objects.filter(state__in=HOLDING_STATES)
-        .filter(Q(ending__isnull=False) | Q(cancel_requested_at__isnull=False))
-        .order_by("pk")
-        .values_list("pk", "ending", "cancel_requested_at")
-    )
     found = []
-    for pk, ending, cancel_requested_at in rows:
-        since = datetime.fromisoformat(ending["since"]) if ending else cancel_requested_at
-        assert since is not None  # the filter: a cancel's time where no end is stored
-        waited = (now - since).total_seconds()
-        if waited > kill + heartbeat:
-            waiting_for = f" (waiting for {', '.join(ending['nodes'])})" if ending else ""
-            found.append(
-                f"job {pk} has been stopping for {waited:.0f} s{waiting_for}, longer than "
-                f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_HEARTBEAT_GRACE_S "
-                f"({heartbeat} s), and holds its GPUs until its agents report its processes "
-                "gone"
-            )
+    for job in overdue_stops(now, slack=timedelta(seconds=beat)):
+        began = stop_began(job)
+        assert began is not None  # overdue: its stop is under way
+        waited = (now - began).total_seconds()
+        waiting_for = f" (waiting for {', '.join(job.ending['nodes'])})" if job.ending else ""
+        found.append(
+            f"job {job.pk} has been stopping for {waited:.0f} s{waiting_for}, longer than "
+            f"its grace ({stop_grace_s(job)} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S "
+            f"({unkillable} s) + a beat period ({beat:g} s), and holds its GPUs: its nodes "
+            "should have been drained and the job ended"
+        )
     return found
 
 
@@ -170,7 +165,9 @@ CHECKS: dict[str, Check] = {
     "a job that ended holds no GPU": allocations_of_jobs_that_let_go,
     "no allocation on offline or missing hardware": allocations_on_offline_hardware,
     "no job stays scheduled without its agent starting it": jobs_scheduled_too_long,
-    "no stopped job holds its GPUs past the kill and heartbeat graces": jobs_stopping_too_long,
+    "no stopped job holds its GPUs past the kill grace and the unkillable timeout": (
+        jobs_stopping_too_long
+    ),
     "every job and allocation change is audited": audit_gaps,
     "each job array's tasks are made jobs once": arrays_with_wrong_tasks,
 }

@@ -46,10 +46,13 @@ def sweep_reservations() -> None:
 
 @shared_task(name="scheduling.requeue_unconfirmed")
 def requeue_unconfirmed() -> None:
-    """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started, and
-    stopping jobs that wait for silent nodes (``reports.end_stops_on_silent_nodes``)."""
+    """Jobs placed longer than ``GPUADMIN_SCHEDULED_CONFIRM_S`` ago that no agent started,
+    stopping jobs that wait for silent nodes (``reports.end_stops_on_silent_nodes``), and
+    those whose heard-from nodes never report their processes gone
+    (``reports.end_unkillable_stops``: the nodes drained)."""
     reports.requeue_unconfirmed()
     reports.end_stops_on_silent_nodes()
+    reports.end_unkillable_stops()
 
 
 @shared_task(name="scheduling.job_event", bind=True)

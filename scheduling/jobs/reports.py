@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, QuerySet, Value
+from django.db.models import F, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -28,7 +28,9 @@ from gpuadmin.audit.services import (
     record,
     record_all,
 )
+from inventory.choices import NodeState
 from inventory.models import Gpu, Node
+from inventory.services import set_node_state
 from scheduling.agent.wire import (
     ExecutorEvent,
     FinalState,
@@ -474,11 +476,152 @@ def end_stops_on_silent_nodes() -> list[int]:
             end = take_end(locked, silent)
             if end is None:
                 continue  # it still waits for a reachable node
-            to, message, fields = end
-            if to == S.PREEMPTED:
-                _requeue_preempted(job_id, fields.get("exit_code"))
+            _end_as_stored(locked, end)
+        ended.append(job_id)
+    return ended
+
+
+def _end_as_stored(locked: Job, end: tuple[str, str, dict[str, Any]]) -> None:
+    """``locked`` (its row locked) takes the end its stop stored (``take_end``)."""
+    to, message, fields = end
+    if to == S.PREEMPTED:
+        _requeue_preempted(locked.pk, fields.get("exit_code"))
+    else:
+        transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
+
+
+def stopping_jobs() -> QuerySet[Job]:
+    """The jobs whose stop is under way: their cancel or preemption asked for
+    (``cancel_requested_at``, ``preempt_requested_at``) or their end decided (``Job.ending``),
+    their GPUs held until their agents report their processes gone."""
+    return Job.objects.filter(state__in=HOLDING_STATES).filter(
+        Q(ending__isnull=False)
+        | Q(cancel_requested_at__isnull=False)
+        | Q(preempt_requested_at__isnull=False)
+    )
+
+
+def stop_began(job: Job) -> datetime | None:
+    """When ``job``'s processes were told to stop: its cancel or preemption, or its end
+    decided (``Job.ending``'s ``since``), the earliest (a canceled or preempted gang whose
+    first part ended stores its end then, its other parts told at the cancel or preemption);
+    ``None`` when no stop is under way."""
+    times = [at for at in (job.cancel_requested_at, job.preempt_requested_at) if at is not None]
+    if job.ending is not None:
+        since = job.ending["since"]
+        times.append(since if isinstance(since, datetime) else datetime.fromisoformat(since))
+    return min(times, default=None)
+
+
+def stop_grace_s(job: Job) -> int:
+    """How long ``job``'s processes were given between the stop's signal and SIGKILL: the
+    kill grace (``GPUADMIN_JOB_KILL_GRACE_S``), or a preemption's own grace where longer (the
+    pool's time to checkpoint, as its ``job.preempt_requested`` row recorded it when the
+    agents were told)."""
+    kill = settings.GPUADMIN_JOB_KILL_GRACE_S
+    if job.preempt_requested_at is None:
+        return kill
+    asked = (
+        AuditEvent.objects.filter(
+            target_type=Job._meta.label_lower,
+            target_id=str(job.pk),
+            event_type="job.preempt_requested",
+        )
+        .order_by("-pk")
+        .values_list("after", flat=True)
+        .first()
+    )
+    return max(kill, int((asked or {}).get("grace_s") or 0))
+
+
+def stop_overdue_at(job: Job) -> datetime | None:
+    """When ``job``'s stop is overdue (the one rule: beat's ``end_unkillable_stops`` acts on
+    it, ``gpuadmin check`` reports a stop still under way a beat period later): the stop's
+    grace (``stop_grace_s``: SIGTERM, or a preemption's signal, to SIGKILL) and
+    ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began, as Slurm's UnkillableStepTimeout;
+    ``None`` when no stop is under way."""
+    began = stop_began(job)
+    if began is None:
+        return None
+    grace_s = stop_grace_s(job) + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    return began + timedelta(seconds=grace_s)
+
+
+def overdue_stops(now: datetime | None = None, *, slack: timedelta = timedelta()) -> list[Job]:
+    """The ``stopping_jobs`` overdue (``stop_overdue_at``) by more than ``slack`` at ``now``,
+    in id order."""
+    bound = (now or timezone.now()) - slack
+    return [
+        job
+        for job in stopping_jobs().order_by("pk")
+        if (overdue := stop_overdue_at(job)) is not None and overdue < bound
+    ]
+
+
+def unkillable_reason(job_id: int) -> str:
+    """Why a node is drained by ``end_unkillable_stops`` (its ``state_reason``, and the
+    sentence of its audit row): Slurm's "Kill task failed", with the job and the timeout."""
+    timeout = settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    return (
+        f"Kill task failed: the processes of job {job_id} were not reported gone "
+        f"{timeout} s after SIGKILL (GPUADMIN_UNKILLABLE_TIMEOUT_S)"
+    )
+
+
+def end_unkillable_stops() -> list[int]:
+    """Stops overdue (``stop_overdue_at``) whose nodes are still heard from, their agents
+    never reporting the processes gone (stuck in the driver after SIGKILL, or the agent's
+    executor wedged): as Slurm after UnkillableStepTimeout, each node still waited for is
+    drained (``inventory.services.set_node_state``, audited, the reason naming the job and the
+    timeout), so no job is placed on its GPUs until an admin resumes it, and the job takes
+    its end as if they had reported: its decided end (``take_end``), re-queued for a
+    preemption, or canceled for a cancel, its GPUs released. A node already draining or
+    offline is left as it is (it takes no work either). A silent node is not drained:
+    ``end_stops_on_silent_nodes`` stops waiting for it. The job's row is locked first (then
+    its nodes', then its GPUs'), and a report that ended it meanwhile wins: nothing is drained
+    then. Beat, with ``requeue_unconfirmed``; the ids of the jobs ended."""
+    ended = []
+    for job_id in [job.pk for job in overdue_stops()]:
+        with transaction.atomic():
+            locked = stopping_jobs().select_for_update().filter(pk=job_id).first()
+            overdue = stop_overdue_at(locked) if locked is not None else None
+            if locked is None or overdue is None or overdue >= timezone.now():
+                continue  # ended, or stopped again, meanwhile
+            reachable = reachable_parts(locked)
+            waited = (
+                reachable
+                if locked.ending is None
+                else [node for node in locked.ending["nodes"] if node in reachable]
+            )
+            if not waited:
+                continue  # only silent nodes left: end_stops_on_silent_nodes' to end
+            reason = unkillable_reason(job_id)
+            drained = [
+                node.hostname
+                for node in Node.objects.filter(hostname__in=waited).order_by("hostname")
+                if set_node_state(node, NodeState.DRAINING, actor_name=LOOP_ACTOR, reason=reason)
+            ]
+            log.warning(
+                "job %d: its processes on %s not reported gone %d s after SIGKILL; drained: %s",
+                job_id,
+                ", ".join(waited),
+                settings.GPUADMIN_UNKILLABLE_TIMEOUT_S,
+                ", ".join(drained) or "none (already draining or offline)",
+            )
+            if locked.ending is not None:
+                end = take_end(locked, waited)
+                if end is None:
+                    continue  # it still waits for a silent node (the other sweep's)
+                _end_as_stored(locked, end)
+            elif locked.cancel_requested_at is None:  # a preemption: re-queued, as it ends
+                _requeue_preempted(locked.pk, None)
             else:
-                transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
+                message = (
+                    f"canceled: its processes on {', '.join(waited)} were not reported gone "
+                    f"{settings.GPUADMIN_UNKILLABLE_TIMEOUT_S} s after SIGKILL; "
+                    f"{'node' if len(waited) == 1 else 'nodes'} drained"
+                )
+                transition(locked, S.CANCELED, actor_name=LOOP_ACTOR, message=message)
         ended.append(job_id)
     return ended
 

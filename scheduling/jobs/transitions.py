@@ -4,7 +4,8 @@ transaction) and the release of what a job held.
 Lock order: a transaction that locks jobs and GPUs locks the jobs first, then the GPUs, each in
 id order. A transition locks its job and then the GPUs it releases;
 ``scheduling.allocations.services.allocate_many`` its jobs and then the GPUs it gives them;
-``scheduling.jobs.reports.job_events`` its jobs and then their GPUs, in one ordered statement
+``scheduling.jobs.reports.job_events`` its jobs and then their GPUs, in one ordered statement;
+``scheduling.jobs.reports.end_unkillable_stops`` its job, then the nodes it drains, then the GPUs
 (``tests/scheduling/test_lock_order.py``).
 """
 

@@ -10,7 +10,6 @@ from django.utils import timezone
 
 from inventory.choices import GpuState
 from inventory.models import Gpu
-from scheduling.agent.wire import FinalState, JobFinished, executor_id
 from scheduling.checks import report, run_checks
 from scheduling.jobs import control, reports, submission
 from scheduling.loop import passes as loop
@@ -89,10 +88,13 @@ def test_an_array_whose_jobs_are_not_those_it_made_is_found(running_job):
 
 
 @pytest.mark.parametrize("how", ["stopped", "canceled"])
-def test_a_job_its_agent_never_reports_gone_is_found_past_the_graces(running_job, settings, how):
+def test_a_job_its_agent_never_reports_gone_is_found_past_the_timeout_and_a_beat_period(
+    running_job, settings, how
+):
     """Its GPUs taken offline (its end decided, ``Job.ending``) or its cancel asked, and its
-    agent, heard from, never reports its processes gone: within the kill grace plus the
-    heartbeat grace it is no violation; past them it is."""
+    agent, heard from, never reports its processes gone: overdue past the kill grace plus
+    ``GPUADMIN_UNKILLABLE_TIMEOUT_S``, when beat drains its node and ends it; no violation
+    until a beat period later (beat may not have run yet), one past it (nothing acted)."""
     gpu_ids = list(running_job.allocations.values_list("gpu_id", flat=True))
     if how == "stopped":
         control.stop_jobs_on_gpus(gpu_ids, requeue=True, reason="went offline")
@@ -102,25 +104,30 @@ def test_a_job_its_agent_never_reports_gone_is_found_past_the_graces(running_job
     assert running_job.state == JobState.RUNNING  # holds its GPUs, waiting for its agent
     assert violations() == {}
 
-    bound = settings.GPUADMIN_JOB_KILL_GRACE_S + settings.GPUADMIN_HEARTBEAT_GRACE_S
-    long_ago = timezone.now() - timedelta(seconds=bound + 30)
-    if how == "stopped":
-        ending = {**running_job.ending, "since": long_ago.isoformat()}
-        Job.objects.filter(pk=running_job.pk).update(ending=ending)
-    else:
-        Job.objects.filter(pk=running_job.pk).update(cancel_requested_at=long_ago)
-    [found] = violations()["no stopped job holds its GPUs past the kill and heartbeat graces"]
+    def began(seconds_ago: float) -> None:
+        at = timezone.now() - timedelta(seconds=seconds_ago)
+        if how == "stopped":
+            ending = {**running_job.ending, "since": at.isoformat()}
+            Job.objects.filter(pk=running_job.pk).update(ending=ending)
+        else:
+            Job.objects.filter(pk=running_job.pk).update(cancel_requested_at=at)
+
+    kill, unkillable = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+    beat = settings.GPUADMIN_REQUEUE_INTERVAL_S
+    began(kill + unkillable + beat / 2)  # overdue: beat's to act on, within its period
+    assert violations() == {}
+    began(kill + unkillable + beat + 30)
+    [found] = violations()[
+        "no stopped job holds its GPUs past the kill grace and the unkillable timeout"
+    ]
     waiting = " (waiting for chk-01)" if how == "stopped" else ""
-    kill, heartbeat = settings.GPUADMIN_JOB_KILL_GRACE_S, settings.GPUADMIN_HEARTBEAT_GRACE_S
     assert found in [
-        f"job {running_job.pk} has been stopping for {waited} s{waiting}, longer than "
-        f"GPUADMIN_JOB_KILL_GRACE_S ({kill} s) + GPUADMIN_HEARTBEAT_GRACE_S ({heartbeat} s), "
-        "and holds its GPUs until its agents report its processes gone"
-        for waited in (bound + 30, bound + 31)
+        f"job {running_job.pk} has been stopping for {waited:.0f} s{waiting}, longer than "
+        f"its grace ({kill} s) + GPUADMIN_UNKILLABLE_TIMEOUT_S ({unkillable} s) "
+        f"+ a beat period ({beat:g} s), and holds its GPUs: its nodes should have been drained "
+        "and the job ended"
+        for waited in (kill + unkillable + beat + 30, kill + unkillable + beat + 31)
     ]
 
-    gone = JobFinished(
-        executor_id(running_job.pk, running_job.attempt), FinalState.CANCELED, -15, timezone.now()
-    )
-    reports.job_events([gone], sender="chk-01")  # at last
+    assert reports.end_unkillable_stops() == [running_job.pk]  # beat acts
     assert violations() == {}

@@ -5,19 +5,24 @@ The race, caught by the concurrency test under churn: the loop decided a batch w
 was still queued (A onto one GPU, B onto the GPU a client then gave A by hand). A's end is
 reported while the batch commits: the report locks A, then A's GPU to release it. Had the
 batch locked its GPUs before its jobs, it would hold that GPU while waiting for A: each waits
-for the other and PostgreSQL aborts one (a churn client died with ``deadlock detected``)."""
+for the other and PostgreSQL aborts one (a churn client died with ``deadlock detected``).
+
+Beat's drain of a node whose agent never reports a stopped job gone locks the job first too,
+and a report that ended it meanwhile wins."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from inventory.models import Gpu
+from inventory.choices import NodeState
+from inventory.models import Gpu, Node
 from scheduling.agent.wire import FinalState, JobFinished, executor_id
 from scheduling.allocations import services as allocation_services
 from scheduling.jobs import reports as job_reports
@@ -140,3 +145,36 @@ def test_ends_reported_together_with_a_preempted_jobs_do_not_deadlock_with_a_pla
     assert outcome["report"].reached == {a.pk: JobState.COMPLETED, b.pk: JobState.QUEUED}
     assert isinstance(outcome["placement"], allocation_services.Allocated), outcome
     assert not Allocation.objects.active().exists()
+
+
+def test_a_report_that_ends_a_job_while_beat_waits_for_it_wins_over_the_unkillable_drain(
+    django_user_model, broker, settings
+):
+    """Beat found job A's cancel overdue (``end_unkillable_stops``) while A's agent was
+    reporting its processes gone at last, A's row locked by the report: beat waits for it,
+    then finds A canceled by the report and drains nothing."""
+    add_sim_node("dgx-01")
+    owner = django_user_model.objects.create_user("alice")
+    a = Job.objects.create(owner=owner, command=["x"], state=JobState.QUEUED)
+    gpu = Gpu.objects.filter(node__hostname="dgx-01").order_by("pk").first()
+    assert gpu is not None
+    allocation_services.allocate(a, [gpu.pk], actor=owner)
+    job_reports.job_started(a.pk, a.attempt, 1000, timezone.now())
+    overdue = settings.GPUADMIN_JOB_KILL_GRACE_S + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S + 5
+    Job.objects.filter(pk=a.pk).update(
+        cancel_requested_at=timezone.now() - timedelta(seconds=overdue)
+    )
+    outcome: dict[str, object] = {}
+
+    with transaction.atomic():
+        Job.objects.select_for_update().get(pk=a.pk)  # A's end is being reported ...
+        beat = run(outcome, "beat", job_reports.end_unkillable_stops)
+        wait_for_waiters(1)  # beat found A overdue and waits for its row
+        gone = JobFinished(executor_id(a.pk, 1), FinalState.CANCELED, -9, timezone.now())
+        job_reports.job_events([gone], sender="dgx-01")
+    beat.join(timeout=30)
+
+    assert outcome["beat"] == [], outcome
+    a.refresh_from_db()
+    assert (a.state, a.exit_code) == (JobState.CANCELED, -9)
+    assert Node.objects.get(hostname="dgx-01").state == NodeState.ONLINE

@@ -11,8 +11,10 @@ import pytest
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
+from inventory.choices import NodeState
 from inventory.models import Gpu, Node
-from scheduling import placement
+from inventory.services import record_heartbeat
+from scheduling import placement, tasks
 from scheduling.agent.wire import FinalState, JobFinished
 from scheduling.jobs import control, queries, reports, submission, transitions
 from scheduling.loop import passes as loop
@@ -462,3 +464,199 @@ def test_a_gang_stopped_for_a_lost_node_waits_only_for_its_reachable_parts(
             JobState.QUEUED
         )
     assert not Allocation.objects.active().filter(job=job).exists()
+
+
+# ------------------------------------- agents heard from that never report the processes gone
+
+
+def stop_began_ago(job: Job, seconds: float) -> None:
+    """Time passes: ``job``'s stop (its cancel or preemption, or its decided end's ``since``) began
+    ``seconds`` ago, while its nodes' agents kept heartbeating."""
+    at = timezone.now() - timedelta(seconds=seconds)
+    job.refresh_from_db()
+    if job.ending is not None:
+        Job.objects.filter(pk=job.pk).update(ending={**job.ending, "since": at.isoformat()})
+    if job.cancel_requested_at is not None:
+        Job.objects.filter(pk=job.pk).update(cancel_requested_at=at)
+    if job.preempt_requested_at is not None:
+        Job.objects.filter(pk=job.pk).update(preempt_requested_at=at)
+    for node in Node.objects.all():
+        assert record_heartbeat(node.hostname)
+
+
+def overdue_s(settings) -> int:
+    return settings.GPUADMIN_JOB_KILL_GRACE_S + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
+
+
+def assert_drained_for(job: Job, hostname: str) -> None:
+    """``hostname`` was drained for ``job``'s processes that never went, audited."""
+    node = Node.objects.get(hostname=hostname)
+    assert node.state == NodeState.DRAINING
+    reason = reports.unkillable_reason(job.pk)
+    assert reason.startswith(f"Kill task failed: the processes of job {job.pk} ")
+    assert node.state_reason == reason
+    drained = AuditEvent.objects.get(event_type="node.state_changed", target_id=str(node.pk))
+    assert (drained.actor_name, drained.before, drained.after, drained.message) == (
+        transitions.LOOP_ACTOR,
+        {"state": NodeState.ONLINE},
+        {"state": NodeState.DRAINING},
+        reason,
+    )
+
+
+def test_a_canceled_job_whose_agent_never_reports_it_gone_drains_its_node_and_ends(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """Slurm's UnkillableStepTimeout: the agent of dgx-01 heartbeats but never reports the
+    canceled job's processes gone (stuck in the driver after SIGKILL). Until the kill grace
+    and ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` have passed nothing happens; then dgx-01 is drained
+    ("Kill task failed", audited) and the job is canceled, its GPUs released, and nothing new
+    is placed on dgx-01 until an admin resumes it."""
+    job = running(alice, gpu_count=8)
+    [host] = hosts(job)
+    with django_capture_on_commit_callbacks(execute=True):
+        control.cancel_job(job, actor=alice)
+    stop_began_ago(job, overdue_s(settings) - 5)
+    assert reports.end_unkillable_stops() == []  # not overdue yet
+    job.refresh_from_db()
+    assert (job.state, Node.objects.get(hostname=host).state) == (
+        JobState.RUNNING,
+        NodeState.ONLINE,
+    )
+
+    stop_began_ago(job, overdue_s(settings) + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_unkillable_stops() == [job.pk]
+    assert_drained_for(job, host)
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELED
+    assert job.message == (
+        f"canceled: its processes on {host} were not reported gone "
+        f"{settings.GPUADMIN_UNKILLABLE_TIMEOUT_S} s after SIGKILL; node drained"
+    )
+    assert not Allocation.objects.active().filter(job=job).exists()
+    canceled = AuditEvent.objects.get(event_type="job.canceled", target_id=str(job.pk))
+    assert canceled.actor_name == transitions.LOOP_ACTOR
+    assert len(canceled.after["released_gpus"]) == 8
+    assert reports.end_unkillable_stops() == []  # once
+
+    elsewhere, waits = placed_on(alice), placed_on(alice)
+    assert hosts(elsewhere) != [host]
+    assert waits.state == JobState.QUEUED  # dgx-01's GPUs are free, but it drains
+
+
+@pytest.mark.parametrize("sweep", ["end_unkillable_stops", "beat's task"])
+def test_a_gang_part_past_its_time_limit_that_never_goes_drains_only_that_node(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks, sweep
+):
+    """Its part on dgx-02 ran past its time limit; dgx-01's agent, told to stop the other
+    part, heartbeats but never reports it gone: past the timeout dgx-01 is drained and the
+    job takes its decided end (failed, with dgx-02's exit code), its GPUs released; dgx-02,
+    whose agent reported, stays online (beat's task runs it, after the silent-node sweep)."""
+
+    def beat() -> None:
+        if sweep == "beat's task":
+            tasks.requeue_unconfirmed()
+        else:
+            reports.end_unkillable_stops()
+
+    job = gang(alice, max_runtime_s=60)
+    why = "ran past its maximum runtime of 60 s"
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-02", FinalState.TIMED_OUT, -15, why, 3.0) is None
+    job.refresh_from_db()
+    assert job.ending["nodes"] == ["dgx-01"]
+    stop_began_ago(job, overdue_s(settings) - 5)
+    beat()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+
+    stop_began_ago(job, overdue_s(settings) + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        beat()
+    assert_drained_for(job, "dgx-01")
+    assert Node.objects.get(hostname="dgx-02").state == NodeState.ONLINE
+    job.refresh_from_db()
+    assert (job.state, job.exit_code, job.message, job.ending) == (
+        JobState.FAILED,
+        -15,
+        why,
+        None,
+    )
+    assert not Allocation.objects.active().filter(job=job).exists()
+    ended = AuditEvent.objects.get(event_type="job.failed", target_id=str(job.pk))
+    assert (ended.actor_name, len(ended.after["released_gpus"])) == (transitions.LOOP_ACTOR, 16)
+    assert hosts(placed_on(alice)) == ["dgx-02"]
+    assert placed_on(alice).state == JobState.QUEUED
+
+
+def test_a_preempted_job_is_given_its_pools_grace_before_its_node_is_drained(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """A preemption's signal comes with its pool's grace (time to checkpoint), longer here
+    than the kill grace and the timeout together: its node is not drained while that grace
+    runs, only the timeout after it; the job is then re-queued, as a preemption ends (no
+    failure counted), and its node drained."""
+    job = running(alice, gpu_count=8, preemptible=True)
+    [host] = hosts(job)
+    high = submission.submit_job(alice, command=["true"], gpu_model=A100, gpu_count=8)
+    grace_s = overdue_s(settings) + 600
+    decision = placement.Preemption(
+        job_id=high.pk, victims=(job.pk,), gpu_ids=(), reason="higher priority"
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert preempt(decision, signal="SIGUSR1", grace_s=grace_s) == [job.pk]
+    stop_began_ago(job, overdue_s(settings) + 30)  # past the kill grace's rule, not its own
+    assert reports.end_unkillable_stops() == []
+    assert Node.objects.get(hostname=host).state == NodeState.ONLINE
+
+    stop_began_ago(job, grace_s + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_unkillable_stops() == [job.pk]
+    assert_drained_for(job, host)
+    job.refresh_from_db()
+    assert (job.state, job.preemptions, job.failures) == (JobState.QUEUED, 1, 0)
+    assert not Allocation.objects.active().filter(job=job).exists()
+
+
+def test_a_report_that_comes_first_ends_the_job_and_drains_nothing(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """The agent's report arrives (late, but before beat acts): the job ends as it says, and
+    no node is drained."""
+    job = running(alice, gpu_count=8)
+    [host] = hosts(job)
+    with django_capture_on_commit_callbacks(execute=True):
+        control.cancel_job(job, actor=alice)
+    stop_began_ago(job, overdue_s(settings) + 30)
+    assert part_ended(job, host, FinalState.CANCELED, -9, "canceled by alice", 1.0) == (
+        JobState.CANCELED
+    )
+    assert reports.end_unkillable_stops() == []
+    assert Node.objects.get(hostname=host).state == NodeState.ONLINE
+    assert not AuditEvent.objects.filter(event_type="node.state_changed").exists()
+
+
+def test_a_stop_waiting_for_a_silent_node_is_the_silent_sweeps_and_drains_nothing(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """dgx-01 went silent past the heartbeat grace while the gang's part there stopped: its
+    agent can report nothing, so its stop is not overdue there but no longer waited for
+    (``end_stops_on_silent_nodes``); no node is drained."""
+    job = gang(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert part_ended(job, "dgx-02", FinalState.FAILED, 1, "exited with code 1", 3.0) is None
+    stop_began_ago(job, overdue_s(settings) + 30)
+    Node.objects.filter(hostname="dgx-01").update(
+        last_heartbeat_at=timezone.now() - timedelta(hours=1)
+    )
+    assert reports.end_unkillable_stops() == []
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    with django_capture_on_commit_callbacks(execute=True):
+        tasks.requeue_unconfirmed()
+    job.refresh_from_db()
+    assert (job.state, job.exit_code) == (JobState.FAILED, 1)
+    assert not Allocation.objects.active().filter(job=job).exists()
+    assert set(Node.objects.values_list("state", flat=True)) == {NodeState.ONLINE}
+    assert not AuditEvent.objects.filter(event_type="node.state_changed").exists()
