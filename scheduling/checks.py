@@ -108,7 +108,7 @@ def jobs_stopping_too_long() -> list[str]:
     now = timezone.now()
     found = []
     for job in overdue_stops(now, slack=timedelta(seconds=beat)):
-        began = stop_began(job)
+        began = stop_began(job, now)
         assert began is not None  # overdue: its stop is under way
         waited = (now - began).total_seconds()
         waiting_for = f" (waiting for {', '.join(job.ending['nodes'])})" if job.ending else ""

@@ -77,6 +77,7 @@ from scheduling.agent.wire import (
     JobSpec,
     JobStarted,
     base_environment,
+    time_limit_message,
 )
 
 logger = logging.getLogger(__name__)
@@ -852,7 +853,8 @@ def _final_state(
     if stop_reason is FinalState.CANCELED:
         return stop_reason, "canceled"
     if stop_reason is FinalState.TIMED_OUT:
-        return stop_reason, f"ran past its maximum runtime of {spec.max_runtime_s:g} s"
+        assert spec.max_runtime_s is not None  # only a job with a time limit times out
+        return stop_reason, time_limit_message(spec.max_runtime_s)
     if exit_code is None:
         return FinalState.LOST, "ended after an agent restart: exit status unknown"
     if exit_code == 0:

@@ -37,6 +37,12 @@ class FinalState(StrEnum):
     LOST = "lost"  # ended while no agent could see how (see the module docstring)
 
 
+def time_limit_message(max_runtime_s: float) -> str:
+    """Why a job's attempt ended TIMED_OUT: the agent's report, and the central side's end of
+    one whose processes never went after its time limit."""
+    return f"ran past its maximum runtime of {max_runtime_s:g} s"
+
+
 def executor_id(job_id: int, attempt: int) -> str:
     """gpuadmin's executor job id for one attempt of a job, so a retry never reads or signals
     an old run."""

@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, Q, QuerySet, Value
+from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -38,6 +38,7 @@ from scheduling.agent.wire import (
     JobStarted,
     executor_id,
     parse_executor_id,
+    time_limit_message,
 )
 from scheduling.jobs import ray
 from scheduling.jobs.transitions import (
@@ -490,26 +491,44 @@ def _end_as_stored(locked: Job, end: tuple[str, str, dict[str, Any]]) -> None:
         transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
 
 
-def stopping_jobs() -> QuerySet[Job]:
-    """The jobs whose stop is under way: their cancel or preemption asked for
-    (``cancel_requested_at``, ``preempt_requested_at``) or their end decided (``Job.ending``),
-    their GPUs held until their agents report their processes gone."""
-    return Job.objects.filter(state__in=HOLDING_STATES).filter(
-        Q(ending__isnull=False)
-        | Q(cancel_requested_at__isnull=False)
-        | Q(preempt_requested_at__isnull=False)
+def stopping_jobs(now: datetime | None = None) -> QuerySet[Job]:
+    """The jobs whose stop is under way at ``now``: their cancel or preemption asked for
+    (``cancel_requested_at``, ``preempt_requested_at``), their end decided (``Job.ending``),
+    or running past their time limit (their agents stop them then), their GPUs held until
+    their agents report their processes gone."""
+    limit = ExpressionWrapper(F("max_runtime_s") * Value(timedelta(seconds=1)), DurationField())
+    return (
+        Job.objects.filter(state__in=HOLDING_STATES)
+        .alias(time_limit_at=F("started_at") + limit)
+        .filter(
+            Q(ending__isnull=False)
+            | Q(cancel_requested_at__isnull=False)
+            | Q(preempt_requested_at__isnull=False)
+            | Q(state=S.RUNNING, time_limit_at__lt=now or timezone.now())
+        )
     )
 
 
-def stop_began(job: Job) -> datetime | None:
-    """When ``job``'s processes were told to stop: its cancel or preemption, or its end
-    decided (``Job.ending``'s ``since``), the earliest (a canceled or preempted gang whose
-    first part ended stores its end then, its other parts told at the cancel or preemption);
-    ``None`` when no stop is under way."""
+def time_limit_at(job: Job) -> datetime | None:
+    """When the agents stop ``job``'s attempt for its time limit (``max_runtime_s`` after it
+    started), if it has one and started."""
+    if job.max_runtime_s is None or job.started_at is None or job.state != S.RUNNING:
+        return None
+    return job.started_at + timedelta(seconds=job.max_runtime_s)
+
+
+def stop_began(job: Job, now: datetime | None = None) -> datetime | None:
+    """When ``job``'s processes were told to stop: its cancel or preemption, its end decided
+    (``Job.ending``'s ``since``) or its time limit passed (before ``now``), the earliest (a
+    canceled or preempted gang whose first part ended stores its end then, its other parts
+    told at the cancel or preemption); ``None`` when no stop is under way."""
     times = [at for at in (job.cancel_requested_at, job.preempt_requested_at) if at is not None]
     if job.ending is not None:
         since = job.ending["since"]
         times.append(since if isinstance(since, datetime) else datetime.fromisoformat(since))
+    limit = time_limit_at(job)
+    if limit is not None and limit < (now or timezone.now()):
+        times.append(limit)
     return min(times, default=None)
 
 
@@ -534,13 +553,13 @@ def stop_grace_s(job: Job) -> int:
     return max(kill, int((asked or {}).get("grace_s") or 0))
 
 
-def stop_overdue_at(job: Job) -> datetime | None:
+def stop_overdue_at(job: Job, now: datetime | None = None) -> datetime | None:
     """When ``job``'s stop is overdue (the one rule: beat's ``end_unkillable_stops`` acts on
     it, ``gpuadmin check`` reports a stop still under way a beat period later): the stop's
     grace (``stop_grace_s``: SIGTERM, or a preemption's signal, to SIGKILL) and
     ``GPUADMIN_UNKILLABLE_TIMEOUT_S`` after it began, as Slurm's UnkillableStepTimeout;
     ``None`` when no stop is under way."""
-    began = stop_began(job)
+    began = stop_began(job, now)
     if began is None:
         return None
     grace_s = stop_grace_s(job) + settings.GPUADMIN_UNKILLABLE_TIMEOUT_S
@@ -550,11 +569,11 @@ def stop_overdue_at(job: Job) -> datetime | None:
 def overdue_stops(now: datetime | None = None, *, slack: timedelta = timedelta()) -> list[Job]:
     """The ``stopping_jobs`` overdue (``stop_overdue_at``) by more than ``slack`` at ``now``,
     in id order."""
-    bound = (now or timezone.now()) - slack
+    now = now or timezone.now()
     return [
         job
-        for job in stopping_jobs().order_by("pk")
-        if (overdue := stop_overdue_at(job)) is not None and overdue < bound
+        for job in stopping_jobs(now).order_by("pk")
+        if (overdue := stop_overdue_at(job, now)) is not None and overdue < now - slack
     ]
 
 
@@ -574,18 +593,19 @@ def end_unkillable_stops() -> list[int]:
     executor wedged): as Slurm after UnkillableStepTimeout, each node still waited for is
     drained (``inventory.services.set_node_state``, audited, the reason naming the job and the
     timeout), so no job is placed on its GPUs until an admin resumes it, and the job takes
-    its end as if they had reported: its decided end (``take_end``), re-queued for a
-    preemption, or canceled for a cancel, its GPUs released. A node already draining or
-    offline is left as it is (it takes no work either). A silent node is not drained:
-    ``end_stops_on_silent_nodes`` stops waiting for it. The job's row is locked first (then
+    its end as if they had reported: its decided end (``take_end``), canceled for a cancel,
+    re-queued for a preemption, timed out for a time limit, its GPUs released. A node already
+    draining or offline is left as it is (it takes no work either). A silent node is not
+    drained: ``end_stops_on_silent_nodes`` stops waiting for it. The job's row is locked first (then
     its nodes', then its GPUs'), and a report that ended it meanwhile wins: nothing is drained
     then. Beat, with ``requeue_unconfirmed``; the ids of the jobs ended."""
     ended = []
     for job_id in [job.pk for job in overdue_stops()]:
         with transaction.atomic():
-            locked = stopping_jobs().select_for_update().filter(pk=job_id).first()
-            overdue = stop_overdue_at(locked) if locked is not None else None
-            if locked is None or overdue is None or overdue >= timezone.now():
+            now = timezone.now()
+            locked = stopping_jobs(now).select_for_update().filter(pk=job_id).first()
+            overdue = stop_overdue_at(locked, now) if locked is not None else None
+            if locked is None or overdue is None or overdue >= now:
                 continue  # ended, or stopped again, meanwhile
             reachable = reachable_parts(locked)
             waited = (
@@ -613,15 +633,22 @@ def end_unkillable_stops() -> list[int]:
                 if end is None:
                     continue  # it still waits for a silent node (the other sweep's)
                 _end_as_stored(locked, end)
-            elif locked.cancel_requested_at is None:  # a preemption: re-queued, as it ends
-                _requeue_preempted(locked.pk, None)
-            else:
+            elif locked.cancel_requested_at is not None:
                 message = (
                     f"canceled: its processes on {', '.join(waited)} were not reported gone "
                     f"{settings.GPUADMIN_UNKILLABLE_TIMEOUT_S} s after SIGKILL; "
                     f"{'node' if len(waited) == 1 else 'nodes'} drained"
                 )
                 transition(locked, S.CANCELED, actor_name=LOOP_ACTOR, message=message)
+            elif locked.preempt_requested_at is not None:  # re-queued, as a preemption ends
+                _requeue_preempted(locked.pk, None)
+            else:  # past its time limit: as its agents' report would end it
+                assert locked.max_runtime_s is not None  # stopping_jobs: a time limit passed
+                why = time_limit_message(locked.max_runtime_s)
+                to, message, fields = attempt_end(locked, FinalState.TIMED_OUT, None, why)
+                if to != S.QUEUED:
+                    fields["finished_at"] = timezone.now()
+                transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
         ended.append(job_id)
     return ended
 

@@ -619,6 +619,38 @@ def test_a_preempted_job_is_given_its_pools_grace_before_its_node_is_drained(
     assert not Allocation.objects.active().filter(job=job).exists()
 
 
+def test_a_job_past_its_time_limit_whose_agent_never_reports_it_gone_drains_its_node(
+    alice, fleet, broker, settings, django_capture_on_commit_callbacks
+):
+    """A single-node job's agent stops it at its time limit, by itself (nothing is recorded
+    centrally), and never reports it gone: the time limit is the stop's start, and past the
+    kill grace and the timeout its node is drained and the job ends as the agent's report of
+    a time-out would end it (failed: no retries left), its GPUs released."""
+    job = running(alice, gpu_count=8, max_runtime_s=60)
+    [host] = hosts(job)
+
+    def started_ago(seconds: float) -> None:
+        at = timezone.now() - timedelta(seconds=seconds)
+        Job.objects.filter(pk=job.pk).update(started_at=at)
+        for node in Node.objects.all():
+            assert record_heartbeat(node.hostname)
+
+    started_ago(50)  # within its limit
+    assert reports.end_unkillable_stops() == []
+    started_ago(60 + overdue_s(settings) - 5)  # past it, its processes given their time
+    assert reports.end_unkillable_stops() == []
+    assert Node.objects.get(hostname=host).state == NodeState.ONLINE
+
+    started_ago(60 + overdue_s(settings) + 1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_unkillable_stops() == [job.pk]
+    assert_drained_for(job, host)
+    job.refresh_from_db()
+    assert (job.state, job.message) == (JobState.FAILED, "ran past its maximum runtime of 60 s")
+    assert job.finished_at is not None
+    assert not Allocation.objects.active().filter(job=job).exists()
+
+
 def test_a_report_that_comes_first_ends_the_job_and_drains_nothing(
     alice, fleet, broker, settings, django_capture_on_commit_callbacks
 ):
