@@ -460,24 +460,30 @@ def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
 
 
 def end_stops_on_silent_nodes() -> list[int]:
-    """The stopping jobs (``transitions.stop_parts``) stop waiting for their parts on nodes
-    silent past the heartbeat grace (beat, with ``requeue_unconfirmed``): those agents cannot
-    report, the nodes' GPUs are unschedulable while they are silent, and a returning agent
-    stops what it still runs (``cancel_strays``), as for a cancel of a job on a silent node.
-    A job left with none to wait for takes its stored end (its GPUs released). The ids of
-    the jobs that ended."""
+    """The stopping jobs stop waiting for their parts on nodes silent past the heartbeat grace
+    (beat, with ``requeue_unconfirmed``): those agents cannot report, the nodes' GPUs are
+    unschedulable while they are silent, and a returning agent stops what it still runs
+    (``cancel_strays``), as for a cancel of a job on a silent node. A job left with none to
+    wait for ends: its stored end (``transitions.stop_parts``), else as its cancel or
+    preemption asked (``_end_unreported``), its GPUs released. The ids of the jobs that
+    ended."""
     silent = set(Node.objects.unreachable().values_list("hostname", flat=True))
-    stopping = Job.objects.filter(state__in=HOLDING_STATES, ending__isnull=False)
+    stopping = Job.objects.filter(STOP_RECORDED, state__in=HOLDING_STATES)
     ended = []
     for job_id in stopping.order_by("pk").values_list("pk", flat=True):
         with transaction.atomic():
             locked = stopping.select_for_update().filter(pk=job_id).first()
             if locked is None:
                 continue  # ended meanwhile
-            end = take_end(locked, silent)
-            if end is None:
-                continue  # it still waits for a reachable node
-            _end_as_stored(locked, end)
+            if locked.ending is not None:
+                end = take_end(locked, silent)
+                if end is None:
+                    continue  # it still waits for a reachable node
+                _end_as_stored(locked, end)
+            elif reachable_parts(locked):
+                continue  # its agents report its processes gone
+            else:
+                _end_unreported(locked, "its nodes went silent before reporting it gone")
         ended.append(job_id)
     return ended
 
@@ -491,21 +497,42 @@ def _end_as_stored(locked: Job, end: tuple[str, str, dict[str, Any]]) -> None:
         transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
 
 
+def _end_unreported(locked: Job, why: str) -> None:
+    """``locked`` (its row locked), stopping with no end stored, ends without its agents'
+    reports (``why`` they will not come): canceled for a cancel (``why`` its message),
+    re-queued for a preemption, else (past its time limit) as its agents' report of a time-out
+    would end it."""
+    if locked.cancel_requested_at is not None:
+        transition(locked, S.CANCELED, actor_name=LOOP_ACTOR, message=f"canceled: {why}")
+    elif locked.preempt_requested_at is not None:
+        _requeue_preempted(locked.pk, None)
+    else:
+        assert locked.max_runtime_s is not None  # stopping_jobs: its time limit passed
+        said = time_limit_message(locked.max_runtime_s)
+        to, message, fields = attempt_end(locked, FinalState.TIMED_OUT, None, said)
+        if to != S.QUEUED:
+            fields["finished_at"] = timezone.now()
+        transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
+
+
+# A stop asked for (a cancel, a preemption) or an end decided (``Job.ending``): the job holds
+# its GPUs until its agents report its processes gone.
+STOP_RECORDED = (
+    Q(ending__isnull=False)
+    | Q(cancel_requested_at__isnull=False)
+    | Q(preempt_requested_at__isnull=False)
+)
+
+
 def stopping_jobs(now: datetime | None = None) -> QuerySet[Job]:
-    """The jobs whose stop is under way at ``now``: their cancel or preemption asked for
-    (``cancel_requested_at``, ``preempt_requested_at``), their end decided (``Job.ending``),
-    or running past their time limit (their agents stop them then), their GPUs held until
-    their agents report their processes gone."""
+    """The jobs whose stop is under way at ``now``: recorded (``STOP_RECORDED``), or running
+    past their time limit (their agents stop them then), their GPUs held until their agents
+    report their processes gone."""
     limit = ExpressionWrapper(F("max_runtime_s") * Value(timedelta(seconds=1)), DurationField())
     return (
         Job.objects.filter(state__in=HOLDING_STATES)
         .alias(time_limit_at=F("started_at") + limit)
-        .filter(
-            Q(ending__isnull=False)
-            | Q(cancel_requested_at__isnull=False)
-            | Q(preempt_requested_at__isnull=False)
-            | Q(state=S.RUNNING, time_limit_at__lt=now or timezone.now())
-        )
+        .filter(STOP_RECORDED | Q(state=S.RUNNING, time_limit_at__lt=now or timezone.now()))
     )
 
 
@@ -633,22 +660,13 @@ def end_unkillable_stops() -> list[int]:
                 if end is None:
                     continue  # it still waits for a silent node (the other sweep's)
                 _end_as_stored(locked, end)
-            elif locked.cancel_requested_at is not None:
-                message = (
-                    f"canceled: its processes on {', '.join(waited)} were not reported gone "
+            else:
+                _end_unreported(
+                    locked,
+                    f"its processes on {', '.join(waited)} were not reported gone "
                     f"{settings.GPUADMIN_UNKILLABLE_TIMEOUT_S} s after SIGKILL; "
-                    f"{'node' if len(waited) == 1 else 'nodes'} drained"
+                    f"{'node' if len(waited) == 1 else 'nodes'} drained",
                 )
-                transition(locked, S.CANCELED, actor_name=LOOP_ACTOR, message=message)
-            elif locked.preempt_requested_at is not None:  # re-queued, as a preemption ends
-                _requeue_preempted(locked.pk, None)
-            else:  # past its time limit: as its agents' report would end it
-                assert locked.max_runtime_s is not None  # stopping_jobs: a time limit passed
-                why = time_limit_message(locked.max_runtime_s)
-                to, message, fields = attempt_end(locked, FinalState.TIMED_OUT, None, why)
-                if to != S.QUEUED:
-                    fields["finished_at"] = timezone.now()
-                transition(locked, to, actor_name=LOOP_ACTOR, message=message, **fields)
         ended.append(job_id)
     return ended
 

@@ -651,6 +651,41 @@ def test_a_job_past_its_time_limit_whose_agent_never_reports_it_gone_drains_its_
     assert not Allocation.objects.active().filter(job=job).exists()
 
 
+@pytest.mark.parametrize("stop", ["cancel", "preemption"])
+def test_a_stop_asked_for_whose_node_goes_silent_ends_without_its_report(
+    alice, fleet, broker, django_capture_on_commit_callbacks, stop
+):
+    """A cancel or a preemption is sent to dgx-01's agent, which goes silent past the
+    heartbeat grace before reporting: no report will come, so beat's silent sweep ends the
+    job as asked (canceled, or re-queued without a failure), its GPUs released, as a cancel
+    of a job on a node already silent does; the node is not drained (it is not heard from)."""
+    job = running(alice, gpu_count=8, preemptible=True)
+    [host] = hosts(job)
+    with django_capture_on_commit_callbacks(execute=True):
+        if stop == "cancel":
+            control.cancel_job(job, actor=alice)
+        else:
+            high = submission.submit_job(alice, command=["true"], gpu_model=A100, gpu_count=8)
+            decision = placement.Preemption(
+                job_id=high.pk, victims=(job.pk,), gpu_ids=(), reason="higher priority"
+            )
+            assert preempt(decision, signal="SIGTERM", grace_s=30) == [job.pk]
+    assert reports.end_stops_on_silent_nodes() == []  # its agent is heard from: it waits
+    Node.objects.filter(hostname=host).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reports.end_stops_on_silent_nodes() == [job.pk]
+    job.refresh_from_db()
+    if stop == "cancel":
+        assert (job.state, job.message) == (
+            JobState.CANCELED,
+            "canceled: its nodes went silent before reporting it gone",
+        )
+    else:
+        assert (job.state, job.preemptions, job.failures) == (JobState.QUEUED, 1, 0)
+    assert not Allocation.objects.active().filter(job=job).exists()
+    assert Node.objects.get(hostname=host).state == NodeState.ONLINE
+
+
 def test_a_report_that_comes_first_ends_the_job_and_drains_nothing(
     alice, fleet, broker, settings, django_capture_on_commit_callbacks
 ):
