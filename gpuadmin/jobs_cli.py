@@ -144,10 +144,9 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
         state = "pending" if args.hold else "queued"
         print(
             f"array {args.array_id} {'held' if args.hold else 'released'}: "
-            f"{plural(len(result['jobs']), 'job')} now {STATE_WORDS.get(state, state)}"
+            f"{plural(len(result['jobs']), 'job')} now {state}"
             + (
-                f", its {plural(result['unsplit'], 'task')} not made jobs yet to come "
-                f"{STATE_WORDS.get(state, state)}"
+                f", its {plural(result['unsplit'], 'task')} not made jobs yet to come {state}"
                 if result["unsplit"]
                 else ""
             ),
