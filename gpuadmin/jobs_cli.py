@@ -7,6 +7,7 @@ syntax).
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import time
@@ -30,6 +31,10 @@ STATES = (
     "failed",
     "canceled",
     "preempted",
+)
+# ``jobs cancel``'s argument: a job id, or an array's task (12_5) or tasks (12_[3-7,9]).
+JOB_OR_TASKS = re.compile(
+    r"(?P<id>[0-9]{1,18})(?:_(?:(?P<index>[0-9]{1,9})|\[(?P<indexes>[^\]]+)\]))?\Z"
 )
 # How the CLI says a state (``--state`` takes either word).
 STATE_WORDS = {"pending": "held"}
@@ -118,25 +123,33 @@ def idempotency_key(text: str) -> str:
 
 def _tasks_listed(array: dict[str, Any]) -> str:
     """What ``jobs list --array`` lists of ``array`` (an ``/api/v1/arrays/`` answer)."""
-    unsplit = array["size"] - array["split"]
+    unsplit = array["unsplit"]
     if not unsplit or array["canceled_at"]:
         return "the tasks"
     return f"the tasks made jobs so far ({unsplit} to come as the placement loop reaches them)"
 
 
 def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    """A job array's tasks by state; with ``--cancel``, cancel its unfinished tasks."""
+    """A job array's tasks by state; with ``--cancel``, cancel its unfinished tasks; with
+    ``--hold`` or ``--release``, hold its waiting tasks or release its held ones."""
     path = f"/api/v1/arrays/{args.array_id}/"
     if args.cancel:
-        result = api.call("POST", path + "cancel/")
+        return _array_canceled(args, api.call("POST", path + "cancel/"), out)
+    verb = "hold" if args.hold else "release" if args.release else ""
+    if verb:
+        result = api.call("POST", path + f"{verb}/")
         if args.json:
             print_json(out, result)
             return 0
-        canceled = len(result["canceled"]) + result["unsplit"]
+        state = "pending" if args.hold else "queued"
         print(
-            f"array {args.array_id}: {plural(canceled, 'task')} canceled"
-            f"{slurm.unsplit_text(result['unsplit'])}, {len(result['canceling'])} stopping through "
-            "their agents",
+            f"array {args.array_id} {'held' if args.hold else 'released'}: "
+            f"{plural(len(result['jobs']), 'job')} now {state}"
+            + (
+                f", its {plural(result['unsplit'], 'task')} not made jobs yet to come {state}"
+                if result["unsplit"]
+                else ""
+            ),
             file=out,
         )
         return 0
@@ -266,8 +279,45 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _array_canceled(args: argparse.Namespace, result: dict[str, Any], out: TextIO) -> int:
+    """Print what cancelling (some tasks of) array ``args.array_id`` did."""
+    if args.json:
+        print_json(out, result)
+        return 0
+    canceled = len(result["canceled"]) + result["unsplit"]
+    print(
+        f"array {args.array_id}: {plural(canceled, 'task')} canceled"
+        f"{slurm.unsplit_text(result['unsplit'])}, {len(result['canceling'])} stopping through "
+        "their agents",
+        file=out,
+    )
+    return 0
+
+
+def job_or_tasks(text: str) -> tuple[int, str | None]:
+    """``gpuadmin jobs cancel``'s argument: a job id (``12``: ``(12, None)``), or tasks of
+    an array as Slurm names them, ``12_5`` or ``12_[3-7,9]`` (``(12, "3-7,9")``: array 12,
+    the indexes as ``POST /api/v1/arrays/<id>/cancel/`` takes them)."""
+    match = JOB_OR_TASKS.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a job id (12), an array's task (12_5) or tasks (12_[3-7,9])"
+        )
+    return int(match["id"]), match["index"] or match["indexes"]
+
+
 def cmd_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    """Cancel a job, or tasks of an array (``12_5``, ``12_[3-7]``: Slurm's ``scancel``)."""
+    job_id, tasks = args.job
+    if tasks is not None:
+        args.array_id = job_id
+        result = api.call("POST", f"/api/v1/arrays/{job_id}/cancel/", {"tasks": tasks})
+        return _array_canceled(args, result, out)
+    args.job_id = job_id
     result = api.call("POST", f"/api/v1/jobs/{args.job_id}/cancel/")
+    if args.json:
+        print_json(out, result)
+        return 0
     if result["canceling"]:
         print(
             f"job {args.job_id}: canceling; its processes get SIGTERM (SIGKILL after the grace) "
@@ -543,14 +593,26 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
     add_json_flag(show)
     show.set_defaults(run=run_verb(cmd_show))
 
-    array = actions.add_parser("array", help="a job array's tasks by state (or --cancel it)")
+    array = actions.add_parser(
+        "array", help="a job array's tasks by state (or --cancel, --hold, --release it)"
+    )
     array.add_argument("array_id", type=int)
-    array.add_argument("--cancel", action="store_true", help="cancel its unfinished tasks")
+    acts = array.add_mutually_exclusive_group()
+    acts.add_argument("--cancel", action="store_true", help="cancel its unfinished tasks")
+    acts.add_argument("--hold", action="store_true", help="hold its waiting tasks (scontrol hold)")
+    acts.add_argument(
+        "--release", action="store_true", help="release its held tasks (scontrol release)"
+    )
     add_json_flag(array)
     array.set_defaults(run=run_verb(cmd_array))
 
-    cancel = actions.add_parser("cancel", help="cancel a job")
-    cancel.add_argument("job_id", type=int)
+    cancel = actions.add_parser(
+        "cancel", help="cancel a job (12), or tasks of an array (12_5, 12_[3-7,9])"
+    )
+    cancel.add_argument(
+        "job", type=job_or_tasks, metavar="JOB", help="12, 12_5 or 12_[3-7,9] (as scancel)"
+    )
+    add_json_flag(cancel)
     cancel.set_defaults(run=run_verb(cmd_cancel))
 
     kill = actions.add_parser(

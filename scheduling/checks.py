@@ -10,8 +10,9 @@ from datetime import timedelta
 from typing import TextIO
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import connection
-from django.db.models import Count, F, Q
+from django.db.models import Count, F, Func, IntegerField, Q
 from django.utils import timezone
 
 from inventory.choices import GpuState, NodeState
@@ -47,13 +48,30 @@ def holding_jobs_with_wrong_allocations() -> list[str]:
     ]
 
 
+INDEXES: ArrayField[list[int], list[int]] = ArrayField(IntegerField())
+
+
 def arrays_with_wrong_tasks() -> list[str]:
     """A job array has exactly as many jobs as it says it made of its tasks (``split``): the
-    placement loop makes each of its indexes a job once."""
+    placement loop makes each of its indexes a job once; and none of its tasks canceled
+    before they were made (``canceled_tasks``) is a job: it is never made."""
     arrays = JobArray.objects.annotate(made=Count("tasks")).exclude(made=F("split"))
+    made_canceled = (
+        Job.objects.filter(
+            array__isnull=False,
+            array__canceled_tasks__contains=Func(
+                F("array_index"), template="ARRAY[%(expressions)s]", output_field=INDEXES
+            ),
+        )
+        .order_by("array_id", "array_index")
+        .values_list("array_id", "array_index", "pk")
+    )
     return [
         f"array {array.pk} has {plural(array.made, 'job')} of its tasks, says it made {array.split}"
         for array in arrays
+    ] + [
+        f"array {array_id}'s task {index} was canceled before it was made, yet is job {job_id}"
+        for array_id, index, job_id in made_canceled
     ]
 
 

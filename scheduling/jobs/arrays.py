@@ -8,10 +8,13 @@ the array may use now:
 - an uncapped one keeps ``SPLIT_CHUNK`` waiting tasks made: the next chunk when the loop has
   placed the last one's tasks.
 
-Made at most ``SPLIT_CHUNK`` tasks per array and pass, in the order of its indexes, each as
+Made at most ``SPLIT_CHUNK`` tasks per array and pass, in the order of its indexes (those
+canceled before they were made, ``JobArray.canceled_tasks``, skipped), each as
 ``submission.submit_job`` would store it (with its dependencies and ``job.submitted``), in one
 transaction that holds each array's row locked: two splitters never make the same index (and
-``job_array_index_unique`` would refuse it). A canceled array makes none any more.
+``job_array_index_unique`` would refuse it), and what ``control`` does to an array under the
+same lock (cancel it or some of its tasks, hold or release it) is seen whole by the next
+split. A canceled array makes none any more.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from django.db.models.query import QuerySet
 
 from gpuadmin.audit.services import record_each
 from scheduling.jobs import dependencies, queries, slurm
+from scheduling.jobs.models import CANCELED_TASKS
 from scheduling.jobs.submission import submitted_after
 from scheduling.models import TERMINAL_STATES, Job, JobArray
 
@@ -35,7 +39,7 @@ SPLIT_CHUNK = 500
 
 def unsplit_arrays() -> QuerySet[JobArray]:
     """The arrays with tasks still to make jobs (partial index ``jobarray_unsplit``)."""
-    return JobArray.objects.filter(split__lt=F("size"), canceled_at__isnull=True)
+    return JobArray.objects.filter(split__lt=F("size") - CANCELED_TASKS, canceled_at__isnull=True)
 
 
 def split_due(fence: Callable[[], AbstractContextManager[object]] = nullcontext) -> int:

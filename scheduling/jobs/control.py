@@ -1,5 +1,10 @@
-"""Job control: release, cancel (one job, waiting jobs, an array), stop the jobs on failed GPUs,
-and change a job's priority.
+"""Job control: release, cancel (one job, waiting jobs, an array or some of its tasks), hold
+and release a whole array, stop the jobs on failed GPUs, and change a job's priority.
+
+What is done to an array is done with its row locked, as the placement loop locks it to make
+jobs of its tasks (``arrays.split_due``): a split running at the same moment either comes
+first (and its jobs are seen here) or sees the change whole (a task canceled is never made,
+a hold or release is the state of the tasks it makes).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from gpuadmin.audit.services import (
@@ -20,12 +26,15 @@ from gpuadmin.audit.services import (
     record,
     record_all,
 )
-from scheduling.jobs.limits import JobRejected
+from scheduling.jobs import queries, slurm
+from scheduling.jobs.limits import JobRejected, parse_array
 from scheduling.jobs.transitions import (
     HEALTH_ACTOR,
     TRANSITIONS,
     IllegalTransition,
     attempt_end,
+    audited_fields,
+    change_state,
     reachable_parts,
     stop_parts,
     transition,
@@ -158,7 +167,64 @@ def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
         if locked.canceled_at is None:
             locked.canceled_at = timezone.now()
             locked.save(update_fields=["canceled_at"])
-    tasks = array.tasks.exclude(state__in=TERMINAL_STATES)
+    canceled, canceling = _cancel_jobs(array.tasks.all(), message, actor)
+    return ArrayCanceled(canceled, canceling, unsplit)
+
+
+def task_indexes(array: JobArray, tasks: str) -> list[int]:
+    """The indexes ``tasks`` names (Slurm's array syntax without the cap: ``3-7,9``), each
+    one of ``array``'s; ``JobRejected`` naming ``tasks`` otherwise."""
+    parsed = parse_array(tasks, field="tasks")
+    if parsed.max_running is not None:
+        raise JobRejected("tasks", "no %N cap here: only indexes, e.g. 3-7,9")
+    outside = set(parsed.indexes).difference(queries.array_indexes(array))
+    if outside:
+        raise JobRejected(
+            "tasks",
+            f"array {array.pk} [{array.spec}] has no task {slurm.compact_indexes(outside)}",
+        )
+    return list(parsed.indexes)
+
+
+def cancel_tasks(array: JobArray, tasks: str, *, actor: User) -> ArrayCanceled:
+    """Cancel the tasks of ``array`` that ``tasks`` names (Slurm's ``scancel 12_[3-7]``; see
+    ``task_indexes``): those not made jobs yet are recorded on the array
+    (``canceled_tasks``, audited ``array.tasks_canceled`` naming them) and never made, its
+    jobs among them are canceled as ``cancel_array`` cancels them (the waiting ones at once,
+    those on GPUs through their agents). Tasks already ended are left alone."""
+    indexes = task_indexes(array, tasks)
+    named = slurm.compact_indexes(indexes)
+    message = f"array {array.pk} tasks [{named}] canceled by {actor.get_username()}"
+    with transaction.atomic():
+        # Locked, as the splitter locks it: a task is either a job by now (canceled below)
+        # or recorded here before a split could make it.
+        locked = JobArray.objects.select_for_update().get(pk=array.pk)
+        wanted = set(indexes)
+        unsplit = (
+            [index for index in queries.unsplit_indexes(locked) if index in wanted]
+            if locked.canceled_at is None
+            else []
+        )
+        if unsplit:
+            record(
+                "array.tasks_canceled",
+                actor=actor,
+                target=locked,
+                before={"state": locked.unsplit_state},
+                after={"state": S.CANCELED, "tasks": slurm.compact_indexes(unsplit)},
+                message=message,
+            )
+            locked.canceled_tasks = sorted([*locked.canceled_tasks, *unsplit])
+            locked.save(update_fields=["canceled_tasks"])
+    canceled, canceling = _cancel_jobs(array.tasks.filter(array_index__in=indexes), message, actor)
+    return ArrayCanceled(canceled, canceling, len(unsplit))
+
+
+def _cancel_jobs(tasks: QuerySet[Job], message: str, actor: User) -> tuple[list[int], list[int]]:
+    """Cancel the unfinished ones of ``tasks``: the waiting ones at once (``cancel_waiting``),
+    those on GPUs through their agents (``cancel_job``). The ids canceled, and those being
+    stopped."""
+    tasks = tasks.exclude(state__in=TERMINAL_STATES)
     waiting = list(tasks.filter(state__in=(S.PENDING, S.QUEUED)).values_list("pk", flat=True))
     canceled = cancel_waiting(dict.fromkeys(waiting, message), actor=actor)
     canceling: list[int] = []
@@ -168,7 +234,83 @@ def cancel_array(array: JobArray, *, actor: User) -> ArrayCanceled:
         except IllegalTransition:  # it ended meanwhile
             continue
         (canceled if task.is_terminal else canceling).append(task.pk)
-    return ArrayCanceled(canceled, canceling, unsplit)
+    return canceled, canceling
+
+
+@dataclass(frozen=True)
+class ArrayHeld:
+    """What holding or releasing a whole array did."""
+
+    jobs: list[int]  # its tasks made jobs that were held (released)
+    unsplit: int  # its tasks not made jobs yet, to be made held (queued) from now on
+
+
+def hold_array(array: JobArray, *, actor: User) -> ArrayHeld:
+    """Hold every waiting task of ``array`` (Slurm's ``scontrol hold`` of an array job): its
+    queued jobs become pending, its tasks not made jobs yet are made held. Tasks on GPUs or
+    ended are left alone. ``IllegalTransition`` for a canceled array, or one with no task to
+    hold."""
+    return _hold_or_release(array, held=True, actor=actor)
+
+
+def release_array(array: JobArray, *, actor: User) -> ArrayHeld:
+    """Let every held task of ``array`` into the queue (Slurm's ``scontrol release`` of an
+    array job): its pending jobs become queued, its tasks not made jobs yet are made queued.
+    ``IllegalTransition`` for a canceled array, or one with no held task."""
+    return _hold_or_release(array, held=False, actor=actor)
+
+
+def _hold_or_release(array: JobArray, *, held: bool, actor: User) -> ArrayHeld:
+    """Hold (``held``) or release ``array``: its flag for the tasks not made jobs yet (audited
+    ``array.held``/``array.released`` naming them), and its waiting jobs moved as
+    ``transition`` moves one (the state machine's ``change_state``), in one UPDATE and one
+    audit insert of ``job.<state>`` rows whatever their number; the loop is woken on commit."""
+    verb, frm, to = ("hold", S.QUEUED, S.PENDING) if held else ("release", S.PENDING, S.QUEUED)
+    message = f"array {array.pk} {'held' if held else 'released'} by {actor.get_username()}"
+    with transaction.atomic():
+        # Locked, as the splitter locks it: the tasks it made are seen here, the ones it makes
+        # next are made in the state set here.
+        locked = JobArray.objects.select_for_update().get(pk=array.pk)
+        if locked.canceled_at is not None:
+            raise IllegalTransition(f"array {array.pk} is canceled: nothing to {verb}")
+        unsplit = queries.unsplit_indexes(locked) if locked.held != held else ()
+        jobs = list(locked.tasks.select_for_update().filter(state=frm).order_by("pk"))
+        if not jobs and not unsplit:
+            waiting = "held" if not held else "queued"
+            raise IllegalTransition(f"array {array.pk} has no {waiting} task to {verb}")
+        if locked.held != held:
+            record(
+                f"array.{'held' if held else 'released'}",
+                actor=actor,
+                target=locked,
+                before={"held": locked.held},
+                after={"held": held, "tasks": slurm.compact_indexes(unsplit)},
+                message=message,
+            )
+            locked.held = held
+            locked.save(update_fields=["held"])
+        events = []
+        columns: set[str] = set()
+        for job in jobs:
+            fields: dict[str, Any] = {}
+            before, changed = change_state(job, to, message, None, fields)
+            columns.update(changed)
+            events.append(
+                audit_event(
+                    f"job.{to}",
+                    actor=actor,
+                    target=job,
+                    before=before,
+                    after={"state": to, **audited_fields(fields)},
+                    message=message,
+                )
+            )
+        if jobs:
+            Job.objects.bulk_update(jobs, sorted(columns))
+            record_all(events)
+        transaction.on_commit(dispatch.wake)
+    log.info("array %d: %s, %d jobs and %d tasks to come", array.pk, verb, len(jobs), len(unsplit))
+    return ArrayHeld([job.pk for job in jobs], len(unsplit))
 
 
 def stop_jobs_on_gpus(

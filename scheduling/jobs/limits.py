@@ -15,6 +15,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 
 from gpuadmin.refusals import FieldRefusal
 from gpuadmin.text import unstorable
+from scheduling.jobs import slurm
 
 # Submission limits beyond the fleet's own shape: absurd values are refused up front. The one
 # definition: the form and the serializer take their bounds from ``SUBMISSION_LIMITS``, and a
@@ -198,3 +199,21 @@ def split_command(command: str | list[str], use_shell: bool) -> list[str]:
 # string without these splits at runs of its whitespace, nothing else.
 _SHELL_QUOTING = re.compile(r"[\\'\"]")
 _SHELL_WORD = re.compile(r"[^ \t\r\n]+")
+
+
+def parse_array(spec: str, field: str = "array") -> slurm.ArraySpec:
+    """``spec`` (``0-999%50``) within ``SUBMISSION_LIMITS``; ``JobRejected`` naming ``field``
+    (``array``; ``tasks`` for the tasks of an array named to control them)."""
+    check_text(field, spec)
+    try:
+        parsed = slurm.parse_array(
+            spec,
+            max_tasks=SUBMISSION_LIMITS["array_tasks"][1],
+            max_index=SUBMISSION_LIMITS["array_index"][1],
+        )
+    except slurm.SpecError as exc:
+        raise JobRejected(field, str(exc)) from None
+    cap = SUBMISSION_LIMITS["array_max_running"][1]
+    if parsed.max_running is not None and parsed.max_running > cap:
+        raise JobRejected(field, f"a %N cap of at most {cap}")
+    return parsed

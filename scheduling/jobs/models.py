@@ -12,7 +12,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import F, Func, Q
 
 from inventory.models import Pool
 from scheduling.allocations.models import AllocationKind
@@ -303,10 +303,17 @@ def expected_end(
     return start + timedelta(seconds=runtime)
 
 
+# How many of an array's tasks were canceled before they were made jobs, in SQL.
+CANCELED_TASKS = Func(
+    F("canceled_tasks"), function="CARDINALITY", output_field=models.IntegerField()
+)
+
+
 class JobArray(models.Model):
     """One ``--array`` submission, stored as one row as Slurm stores a pending array: its
     tasks become Jobs with an ``array_index`` only when the placement loop reaches them
-    (``scheduling.jobs.arrays``), the first ``split`` of its indexes in the spec's order."""
+    (``scheduling.jobs.arrays``), the first ``split`` of its indexes in the spec's order,
+    skipping those canceled before they were made (``canceled_tasks``)."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     spec = models.CharField(max_length=200, help_text="As submitted, e.g. 0-999%50.")
@@ -337,10 +344,18 @@ class JobArray(models.Model):
         blank=True, help_text="What each task depends on, as Slurm writes it: afterok:12:13."
     )
     split = models.PositiveIntegerField(
-        default=0, help_text="Its tasks made jobs so far: the first of its indexes, in order."
+        default=0,
+        help_text="Its tasks made jobs so far: the first of its indexes not canceled, in order.",
     )
     canceled_at = models.DateTimeField(
         null=True, blank=True, help_text="Canceled: its tasks not made jobs yet never will be."
+    )
+    canceled_tasks = ArrayField(
+        models.PositiveIntegerField(),
+        default=list,
+        blank=True,
+        help_text="Indexes of its tasks canceled before they were made jobs (ascending): "
+        "never made; the others are made in order around them.",
     )
 
     class Meta:
@@ -350,11 +365,13 @@ class JobArray(models.Model):
             models.Index(
                 fields=["id"],
                 name="jobarray_unsplit",
-                condition=Q(split__lt=F("size"), canceled_at__isnull=True),
+                condition=Q(split__lt=F("size") - CANCELED_TASKS, canceled_at__isnull=True),
             )
         ]
         constraints = [
-            models.CheckConstraint(condition=Q(split__lte=F("size")), name="jobarray_split_le_size")
+            models.CheckConstraint(
+                condition=Q(split__lte=F("size") - CANCELED_TASKS), name="jobarray_split_le_size"
+            )
         ]
 
     def __str__(self) -> str:
@@ -362,8 +379,9 @@ class JobArray(models.Model):
 
     @property
     def unsplit(self) -> int:
-        """Its tasks not made jobs (yet, or ever when it was canceled)."""
-        return self.size - self.split
+        """Its tasks not made jobs (yet, or ever when it was canceled), those canceled one by
+        one (``canceled_tasks``) left out."""
+        return self.size - self.split - len(self.canceled_tasks)
 
     @property
     def unsplit_state(self) -> str:

@@ -106,28 +106,40 @@ def with_task_counts(arrays: QuerySet[JobArray]) -> QuerySet[JobArray]:
 
 def task_counts(array: JobArray) -> dict[str, int]:
     """State -> how many of the tasks of ``array`` (of ``with_task_counts``) are in it: its
-    jobs', and its tasks not made jobs yet in theirs (``JobArray.unsplit_state``). States
-    with none are left out."""
+    jobs', its tasks canceled before they were made jobs (``canceled_tasks``), and its tasks
+    not made jobs yet in theirs (``JobArray.unsplit_state``). States with none are left
+    out."""
     counts: dict[str, int] = {state: getattr(array, task_count_name(state)) for state in JobState}
+    counts[JobState.CANCELED] += len(array.canceled_tasks)
     counts[array.unsplit_state] += array.unsplit
     return {state: count for state, count in counts.items() if count}
 
 
-def unsplit_indexes(array: JobArray) -> tuple[int, ...]:
-    """The indexes of the tasks of ``array`` not made jobs (yet), in order: its spec's last."""
-    parsed = slurm.parse_array(
+def array_indexes(array: JobArray) -> tuple[int, ...]:
+    """The indexes of the tasks of ``array``, ascending (its spec's)."""
+    return slurm.parse_array(
         array.spec, max_tasks=array.size, max_index=SUBMISSION_LIMITS["array_index"][1]
-    )
-    return parsed.indexes[array.split :]
+    ).indexes
+
+
+def unsplit_indexes(array: JobArray) -> tuple[int, ...]:
+    """The indexes of the tasks of ``array`` not made jobs (yet), in order: its spec's last,
+    those canceled before they were made (``canceled_tasks``) left out."""
+    canceled = set(array.canceled_tasks)
+    return tuple(index for index in array_indexes(array) if index not in canceled)[array.split :]
 
 
 def standing_for(array: JobArray, states: Collection[str], indexes: list[int]) -> list[int]:
     """The indexes a collapsed row of the tasks of ``array`` in ``states`` stands for: those
-    of its jobs (``indexes``, ascending), and its tasks not made jobs yet when their state is
-    one of ``states`` (Slurm's pending array record: ``12_[50-1999%50]``)."""
+    of its jobs (``indexes``, ascending), its tasks not made jobs yet when their state is one
+    of ``states`` (Slurm's pending array record: ``12_[50-1999%50]``), and its tasks canceled
+    before they were made when ``states`` has canceled."""
+    every = list(indexes)
     if array.unsplit and array.unsplit_state in states:
-        return [*indexes, *unsplit_indexes(array)]  # made in the spec's order: all before
-    return indexes
+        every += unsplit_indexes(array)  # made in the spec's order: all after
+    if array.canceled_tasks and JobState.CANCELED in states:
+        return sorted([*every, *array.canceled_tasks])
+    return every
 
 
 def visible_allocations(user: User | AnonymousUser) -> QuerySet[Allocation]:

@@ -22,7 +22,7 @@ from inventory.models import Pool
 from inventory.services import resolve_gpu_model
 from scheduling import placement
 from scheduling.allocations.services import JobBooker
-from scheduling.jobs import dependencies, slurm
+from scheduling.jobs import dependencies
 from scheduling.jobs.limits import (
     MAX_ARGV,
     MAX_COMMAND_CHARS,
@@ -32,6 +32,7 @@ from scheduling.jobs.limits import (
     check_image,
     check_limits,
     check_text,
+    parse_array,
     split_command,
 )
 from scheduling.jobs.shape import FleetShape
@@ -220,23 +221,6 @@ def _reservation(
     if never is not None:
         raise JobRejected("max_runtime_s", never[0])
     return found, held
-
-
-def parse_array(spec: str) -> slurm.ArraySpec:
-    """``spec`` (``0-999%50``) within ``SUBMISSION_LIMITS``; ``JobRejected`` naming ``array``."""
-    check_text("array", spec)
-    try:
-        parsed = slurm.parse_array(
-            spec,
-            max_tasks=SUBMISSION_LIMITS["array_tasks"][1],
-            max_index=SUBMISSION_LIMITS["array_index"][1],
-        )
-    except slurm.SpecError as exc:
-        raise JobRejected("array", str(exc)) from None
-    cap = SUBMISSION_LIMITS["array_max_running"][1]
-    if parsed.max_running is not None and parsed.max_running > cap:
-        raise JobRejected("array", f"a %N cap of at most {cap}")
-    return parsed
 
 
 def submitted_after(job: Job, dependency: str) -> dict[str, Any]:

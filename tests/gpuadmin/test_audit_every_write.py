@@ -86,9 +86,10 @@ class World:
     def quota(self) -> Quota:
         return Quota.objects.create(project="vision", max_gpus=8)
 
-    def array(self) -> JobArray:
-        """A job array of three tasks, held, two of them made jobs (its cap and one more)."""
-        array = submission.submit_array(self.alice, "0-2%1", command=["true"], hold=True).array
+    def array(self, *, hold: bool = True) -> JobArray:
+        """A job array of three tasks, held (or not), two of them made jobs (its cap and one
+        more)."""
+        array = submission.submit_array(self.alice, "0-2%1", command=["true"], hold=hold).array
         arrays.split_due()
         return array
 
@@ -241,6 +242,18 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
         f"/api/v1/arrays/{w.array().pk}/cancel/",
         # the task not made a job yet, then each of its two jobs
         ["array.canceled", "job.canceled", "job.canceled"],
+    ),
+    ("scheduling-api-v1:array-release", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        f"/api/v1/arrays/{w.array().pk}/release/",
+        ["array.released", "job.queued", "job.queued"],  # the task to come, then its two jobs
+    ),
+    ("scheduling-api-v1:array-hold", "POST"): lambda w: Call(
+        w.alice,
+        "post",
+        f"/api/v1/arrays/{w.array(hold=False).pk}/hold/",
+        ["array.held", "job.pending", "job.pending"],
     ),
     ("api-queue-priority", "PATCH"): lambda w: Call(
         w.alice,

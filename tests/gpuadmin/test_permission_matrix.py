@@ -106,7 +106,7 @@ class Entry:
     ``{quarantine}`` (an open one), ``{quota}`` (the requester's own quota),
     ``{reservation}`` (the requester's own, approved, not started), ``{requested}``
     (someone's reservation waiting for an admin), ``{array}`` (the requester's held job
-    array)."""
+    array), ``{queued_array}`` (the requester's job array, not held, waiting for ``{job}``)."""
 
     path: str
     expect: dict[str, Expected]
@@ -267,6 +267,12 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/^arrays/(?P<pk>[^/.]+)/$", "GET"): Entry("/api/v1/arrays/{array}/", SEE_JOB),
     ("api/v1/^arrays/(?P<pk>[^/.]+)/cancel/$", "POST"): Entry(
         "/api/v1/arrays/{array}/cancel/", ACT_ON_JOB
+    ),
+    ("api/v1/^arrays/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
+        "/api/v1/arrays/{array}/release/", ACT_ON_JOB
+    ),
+    ("api/v1/^arrays/(?P<pk>[^/.]+)/hold/$", "POST"): Entry(
+        "/api/v1/arrays/{queued_array}/hold/", ACT_ON_JOB
     ),
     ("api/v1/^allocations/$", "GET"): Entry("/api/v1/allocations/", API_READ),
     ("api/v1/^allocations/(?P<pk>[^/.]+)/$", "GET"): Entry(
@@ -564,7 +570,7 @@ class Person:
 
 def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     """A held job, a job holding ``gpu`` (and its allocation), an API token, a quota, an
-    approved reservation and a held job array of ``user``."""
+    approved reservation, a held job array and one waiting for the held job of ``user``."""
     held = submission.submit_job(user, command=["true"], hold=True)
     # Gone (by its maximum runtime) before the reservations' windows, which may hold its GPU.
     placed = submission.submit_job(user, command=["sleep", "60"], gpu_count=1, max_runtime_s=3600)
@@ -576,6 +582,9 @@ def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     ids = {"job": held, "placed": placed, "allocation": allocation, "token": token, "quota": quota}
     ids["reservation"] = reservation
     ids["array"] = submission.submit_array(user, "0-1", command=["true"], hold=True).array
+    ids["queued_array"] = submission.submit_array(
+        user, "0-1", command=["true"], dependency=f"afterok:{held.pk}"
+    ).array
     return {name: str(row.pk) for name, row in ids.items()}
 
 

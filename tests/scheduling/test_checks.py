@@ -87,6 +87,23 @@ def test_an_array_whose_jobs_are_not_those_it_made_is_found(running_job):
     }
 
 
+def test_an_array_task_canceled_before_it_was_made_yet_a_job_is_found(running_job):
+    """Its unmade tasks canceled one by one are never made; one made anyway behind its back
+    (its index also recorded as canceled) is a violation."""
+    array = submission.submit_array(running_job.owner, "0-9%2", command=["true"]).array
+    control.cancel_tasks(array, "5-6", actor=running_job.owner)
+    loop.run_pass()
+    assert violations() == {}
+    made = array.tasks.get(array_index=1)
+    JobArray.objects.filter(pk=array.pk).update(canceled_tasks=[1, 5, 6], split=2)
+    assert violations() == {
+        "each job array's tasks are made jobs once": [
+            f"array {array.pk} has 3 jobs of its tasks, says it made 2",
+            f"array {array.pk}'s task 1 was canceled before it was made, yet is job {made.pk}",
+        ]
+    }
+
+
 @pytest.mark.parametrize("how", ["stopped", "canceled"])
 def test_a_job_its_agent_never_reports_gone_is_found_past_the_timeout_and_a_beat_period(
     running_job, settings, how

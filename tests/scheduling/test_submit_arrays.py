@@ -14,6 +14,7 @@ from gpuadmin.access.models import Role
 from gpuadmin.audit.models import AuditEvent
 from inventory.models import Pool
 from inventory.services import delete_pool
+from scheduling import checks
 from scheduling.allocations import manual
 from scheduling.jobs import arrays, control, dependencies, limits, submission
 from scheduling.jobs.slurm import SpecError, compact_indexes, parse_array
@@ -379,6 +380,175 @@ def test_cancel_an_array_before_the_loop_reaches_its_tasks(alice):
     again = alice.post(f"/api/v1/arrays/{stored.pk}/cancel/").json()
     assert again == {"canceled": [], "canceling": [], "unsplit": 0}
     assert AuditEvent.objects.filter(event_type="array.canceled").count() == 1
+
+
+def indexes_of(stored: JobArray, **filters) -> list[int]:
+    return list(
+        stored.tasks.filter(**filters).order_by("array_index").values_list("array_index", flat=True)
+    )
+
+
+def test_cancel_some_tasks_made_jobs_or_not(alice, api_as, fleet):  # noqa: F811
+    stored, made = split(alice.user, "0-9%2")  # indexes 0-2 jobs, 3-9 not yet
+    gpu = fleet[0].gpus.get(index=0)
+    manual.allocate_by_hand(Job.objects.get(pk=made[1]), [gpu.uuid], actor=alice.user)
+
+    response = alice.post(f"/api/v1/arrays/{stored.pk}/cancel/", {"tasks": "1-2,5,7-8"})
+
+    assert response.status_code == 200
+    assert response.json() == {"canceled": [made[2]], "canceling": [made[1]], "unsplit": 3}
+    body = alice.get(f"/api/v1/arrays/{stored.pk}/").json()
+    assert body["tasks"] == {"queued": 5, "scheduled": 1, "canceled": 4}  # 2 + 3 canceled
+    assert (body["canceled_tasks"], body["unsplit"], body["split"]) == ("5,7-8", 4, 3)
+    message = f"array {stored.pk} tasks [1-2,5,7-8] canceled by alice"
+    row = AuditEvent.objects.get(event_type="array.tasks_canceled")
+    assert (row.target_id, row.before, row.after, row.message) == (
+        str(stored.pk),
+        {"state": "queued"},
+        {"state": "canceled", "tasks": "5,7-8"},
+        message,
+    )
+    assert AuditEvent.objects.get(event_type="job.canceled").target_id == str(made[2])
+    assert AuditEvent.objects.get(event_type="job.cancel_requested").message == message
+    # The loop makes the others, in order, around the canceled ones, and never those.
+    Job.objects.filter(pk__in=made).update(state=JobState.COMPLETED)
+    assert arrays.split_due() == 3
+    assert indexes_of(stored, state=JobState.QUEUED) == [3, 4, 6]
+    Job.objects.filter(array=stored).update(state=JobState.COMPLETED)
+    assert arrays.split_due() == 1
+    assert indexes_of(stored, state=JobState.QUEUED) == [9]
+    assert not arrays.unsplit_arrays().exists()  # none left to make: not split again
+    assert indexes_of(stored) == [0, 1, 2, 3, 4, 6, 9]
+    assert checks.arrays_with_wrong_tasks() == []
+    # The whole array's cancel counts only the tasks still to make.
+    other, _ = split(alice.user, "0-9%2")
+    alice.post(f"/api/v1/arrays/{other.pk}/cancel/", {"tasks": "9"})
+    assert alice.post(f"/api/v1/arrays/{other.pk}/cancel/").json()["unsplit"] == 6
+    assert alice.get(f"/api/v1/arrays/{other.pk}/").json()["tasks"] == {"canceled": 10}
+    page = alice.get("/api/v1/jobs/", {"collapse_arrays": "true", "state": "canceled"}).json()
+    labels = {row["array_tasks"]["label"] for row in page["results"] if row["array_tasks"]}
+    assert f"{other.pk}_[0-9%2]" in labels
+
+
+def test_cancelling_tasks_again_or_ended_ones_does_nothing(alice):
+    stored, made = split(alice.user, "0-5%1")
+    Job.objects.filter(pk=made[0]).update(state=JobState.COMPLETED)
+    assert alice.post(f"/api/v1/arrays/{stored.pk}/cancel/", {"tasks": "0,3"}).json() == {
+        "canceled": [],
+        "canceling": [],
+        "unsplit": 1,
+    }
+    again = alice.post(f"/api/v1/arrays/{stored.pk}/cancel/", {"tasks": "0,3"}).json()
+    assert again == {"canceled": [], "canceling": [], "unsplit": 0}
+    assert AuditEvent.objects.filter(event_type="array.tasks_canceled").count() == 1
+    stored.refresh_from_db()
+    assert stored.canceled_tasks == [3]
+
+
+@pytest.mark.parametrize(
+    ("tasks", "said"),
+    [
+        ("x", "'x' is not an index"),
+        ("", "This field may not be blank."),
+        ("0-3%2", "no %N cap here"),
+        ("8-12,15", "has no task 10-12,15"),
+        ("3-1", "the range ends before it starts"),
+    ],
+)
+def test_tasks_outside_the_array_or_not_indexes_are_refused(alice, tasks, said):
+    stored = array(alice.user, "0-9")
+    response = alice.post(f"/api/v1/arrays/{stored.pk}/cancel/", {"tasks": tasks})
+    assert response.status_code == 400
+    assert list(response.json()) == ["tasks"]
+    assert said in response.json()["tasks"][0]
+    stored.refresh_from_db()
+    assert (stored.canceled_tasks, stored.canceled_at) == ([], None)
+    assert not AuditEvent.objects.filter(target_type="scheduling.jobarray").exclude(
+        event_type="array.submitted"
+    )
+
+
+@pytest.mark.parametrize("verb", ["cancel", "hold", "release"])
+def test_only_who_may_act_on_an_array_controls_it(alice, api_as, verb):  # noqa: F811
+    stored = array(alice.user, "0-3", hold=verb == "release")
+    path = f"/api/v1/arrays/{stored.pk}/{verb}/"
+    assert api_as("vera", Role.VIEWER).post(path, {"tasks": "1"}).status_code == 403
+    assert api_as("bob").post(path, {"tasks": "1"}).status_code == 404
+    stored.refresh_from_db()
+    assert (stored.held, stored.canceled_tasks, stored.canceled_at) == (verb == "release", [], None)
+    assert api_as("olga", Role.OPERATOR).post(path, {"tasks": "1"}).status_code == 200
+
+
+def test_hold_then_release_a_whole_array(alice, fleet):  # noqa: F811
+    stored, made = split(alice.user, "0-9%2")  # indexes 0-2 jobs, 3-9 not yet
+    gpu = fleet[0].gpus.get(index=0)
+    manual.allocate_by_hand(Job.objects.get(pk=made[0]), [gpu.uuid], actor=alice.user)
+
+    response = alice.post(f"/api/v1/arrays/{stored.pk}/hold/")
+
+    assert (response.status_code, response.json()) == (200, {"jobs": made[1:], "unsplit": 7})
+    body = alice.get(f"/api/v1/arrays/{stored.pk}/").json()
+    assert (body["held"], body["tasks"]) == (True, {"scheduled": 1, "pending": 9})
+    message = f"array {stored.pk} held by alice"
+    row = AuditEvent.objects.get(event_type="array.held")
+    assert (row.before, row.after, row.message) == (
+        {"held": False},
+        {"held": True, "tasks": "3-9"},
+        message,
+    )
+    pending = AuditEvent.objects.filter(event_type="job.pending").order_by("target_id")
+    assert [(int(r.target_id), r.before, r.after, r.message) for r in pending] == [
+        (pk, {"state": "queued"}, {"state": "pending"}, message) for pk in made[1:]
+    ]
+    refused = alice.post(f"/api/v1/arrays/{stored.pk}/hold/")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == f"array {stored.pk} has no queued task to hold"
+    Job.objects.filter(pk=made[0]).update(state=JobState.COMPLETED)
+    assert arrays.split_due() == 1
+    assert indexes_of(stored, state=JobState.PENDING) == [1, 2, 3]  # made held
+
+    response = alice.post(f"/api/v1/arrays/{stored.pk}/release/")
+
+    jobs = list(stored.tasks.filter(array_index__in=[1, 2, 3]).order_by("pk"))
+    assert response.json() == {"jobs": [job.pk for job in jobs], "unsplit": 6}
+    assert {job.state for job in jobs} == {JobState.QUEUED}
+    assert alice.get(f"/api/v1/arrays/{stored.pk}/").json()["tasks"] == {
+        "completed": 1,
+        "queued": 9,
+    }
+    released = AuditEvent.objects.get(event_type="array.released")
+    assert (released.before, released.after) == ({"held": True}, {"held": False, "tasks": "4-9"})
+    assert AuditEvent.objects.filter(event_type="job.queued").count() == 3
+    refused = alice.post(f"/api/v1/arrays/{stored.pk}/release/")
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == f"array {stored.pk} has no held task to release"
+    Job.objects.filter(array=stored).update(state=JobState.COMPLETED)
+    arrays.split_due()
+    assert indexes_of(stored, state=JobState.QUEUED) == [4, 5, 6]  # made queued again
+
+
+def test_release_an_array_submitted_held_and_its_tasks_released_one_by_one(alice):
+    stored, made = split(alice.user, "0-4%1", hold=True)
+    control.release_job(Job.objects.get(pk=made[0]), actor=alice.user)
+    assert alice.post(f"/api/v1/arrays/{stored.pk}/release/").json() == {
+        "jobs": [made[1]],
+        "unsplit": 3,
+    }
+    # A job released alone is held again with its array.
+    assert alice.post(f"/api/v1/arrays/{stored.pk}/hold/").json() == {
+        "jobs": made,
+        "unsplit": 3,
+    }
+
+
+def test_a_canceled_array_is_neither_held_nor_released(alice):
+    stored = array(alice.user, "0-3")
+    control.cancel_array(stored, actor=alice.user)
+    for verb in ("hold", "release"):
+        response = alice.post(f"/api/v1/arrays/{stored.pk}/{verb}/")
+        assert response.status_code == 409
+        assert response.json()["detail"] == f"array {stored.pk} is canceled: nothing to {verb}"
+    assert not AuditEvent.objects.filter(event_type__in=["array.held", "array.released"])
 
 
 def test_the_admin_cancels_the_selected_arrays_waiting_tasks(alice, admin_client):

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from gpuadmin import api
 from gpuadmin.access.models import ApiToken
 from gpuadmin.access.services import can_read_private
-from scheduling.jobs import dependencies, limits, queries, ray, submission
+from scheduling.jobs import dependencies, limits, queries, ray, slurm, submission
 from scheduling.models import (
     Allocation,
     DependencyKind,
@@ -542,14 +542,48 @@ class ArraySerializer(api.ModelSerializer):
             "held",
             "submitted_at",
             "split",
+            "unsplit",
             "canceled_at",
+            "canceled_tasks",
             "tasks",
         ]
         read_only_fields = fields
 
+    unsplit = serializers.IntegerField(
+        read_only=True,
+        help_text="Its tasks not made jobs yet (never, once it is canceled), those canceled "
+        "one by one left out.",
+    )
+    canceled_tasks = serializers.SerializerMethodField(
+        help_text="The indexes of its tasks canceled before they were made jobs, as Slurm "
+        "writes them (3-7,9); never made."
+    )
+
     @extend_schema_field({"type": "object", "additionalProperties": {"type": "integer"}})
     def get_tasks(self, array: JobArray) -> dict[str, int]:
         return queries.task_counts(array)
+
+    def get_canceled_tasks(self, array: JobArray) -> str:
+        return slurm.compact_indexes(array.canceled_tasks)
+
+
+class ArrayCancelSerializer(api.Serializer):
+    """``POST /api/v1/arrays/<id>/cancel/``: which tasks; none named, the whole array."""
+
+    tasks = serializers.CharField(
+        required=False,
+        trim_whitespace=False,
+        help_text="Indexes of its tasks, as Slurm's scancel 12_[3-7,9] names them: 3-7,9 "
+        "(indexes, ranges, steps 0-15:4; no %N cap). Absent: the whole array.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A form's blank field is dropped as absent (DRF): here it would cancel everything.
+        if "tasks" not in attrs and "tasks" in self.initial_data:
+            raise serializers.ValidationError(
+                {"tasks": self.fields["tasks"].error_messages["blank"]}
+            )
+        return attrs
 
 
 class ArrayCanceledSerializer(api.Serializer):
@@ -564,7 +598,20 @@ class ArrayCanceledSerializer(api.Serializer):
     )
     unsplit = serializers.IntegerField(
         help_text="Tasks not made jobs yet (the loop had not reached them): canceled with the "
-        "array, never made."
+        "array (or those of them named), never made."
+    )
+
+
+class ArrayHeldSerializer(api.Serializer):
+    """A ``control.ArrayHeld``: what holding or releasing an array did."""
+
+    jobs = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Its tasks made jobs that were held (queued -> pending) or released "
+        "(pending -> queued).",
+    )
+    unsplit = serializers.IntegerField(
+        help_text="Its tasks not made jobs yet, made held (or queued) from now on."
     )
 
 

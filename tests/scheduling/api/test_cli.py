@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 
 import pytest
@@ -212,6 +213,47 @@ def test_arrays_and_dependencies(gpuadmin, fleet):
     status, out, err = gpuadmin("jobs", "submit", "--array", "   ", "--", "true")
     assert status == 0, err
     assert out.startswith(f"job {Job.objects.latest('pk').pk} submitted: queued")
+
+
+def test_cancel_tasks_hold_and_release_an_array_as_slurm_users_do(gpuadmin, fleet, capsys):
+    """``gpuadmin jobs cancel 12_5`` and ``12_[3-7]`` as scancel, ``jobs array ID --hold``
+    and ``--release`` as scontrol."""
+    gpuadmin("jobs", "submit", "--array", "0-9%2", "--", "true")
+    array = JobArray.objects.get()
+    arrays.split_due()  # indexes 0-2 made jobs, 3-9 to come
+    status, out, err = gpuadmin("jobs", "cancel", f"{array.pk}_[2-4,8]")
+    assert (status, out) == (
+        0,
+        f"array {array.pk}: 4 tasks canceled (3 of them not made jobs yet), 0 stopping through "
+        "their agents\n",
+    ), err
+    status, out, _ = gpuadmin("jobs", "cancel", f"{array.pk}_1", "--json")
+    made = Job.objects.get(array=array, array_index=1)
+    assert json.loads(out) == {"canceled": [made.pk], "canceling": [], "unsplit": 0}
+    status, _, err = gpuadmin("jobs", "cancel", f"{array.pk}_[5-12]")
+    assert (status, err) == (
+        1,
+        f"gpuadmin jobs cancel: HTTP 400: tasks: array {array.pk} [0-9%2] has no task 10-12\n",
+    )
+    with pytest.raises(SystemExit):
+        gpuadmin("jobs", "cancel", f"{array.pk}_x")
+    assert "an array's task (12_5) or tasks (12_[3-7,9])" in capsys.readouterr().err
+    status, out, _ = gpuadmin("jobs", "array", str(array.pk), "--hold")
+    assert out == (
+        f"array {array.pk} held: 1 job now pending, its 4 tasks not made jobs yet to come pending\n"
+    )
+    status, out, _ = gpuadmin("jobs", "array", str(array.pk))
+    assert "  pending:   5\n  canceled:  5\n" in out
+    status, out, _ = gpuadmin("jobs", "array", str(array.pk), "--release")
+    assert out == (
+        f"array {array.pk} released: 1 job now queued, its 4 tasks not made jobs yet to come "
+        "queued\n"
+    )
+    status, _, err = gpuadmin("jobs", "array", str(array.pk), "--release")
+    assert (status, err) == (
+        1,
+        f"gpuadmin jobs array: HTTP 409: array {array.pk} has no held task to release\n",
+    )
 
 
 def test_show_says_what_a_waiting_job_waits_for(gpuadmin, fleet):
