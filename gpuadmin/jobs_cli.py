@@ -1,4 +1,4 @@
-"""``gpuadmin jobs ...``: submit, list, explain, release, cancel and read the log of jobs
+"""``gpuadmin jobs ...``: submit, list, explain, hold, release, cancel and read the log of jobs
 through the HTTP API (``gpuadmin.client``), so it works from any machine that reaches the web
 server (standard library only, and the pure-Python ``scheduling.jobs.slurm`` for Slurm's request
 syntax).
@@ -343,9 +343,13 @@ def cmd_kill(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def cmd_release(api: Api, args: argparse.Namespace, out: TextIO) -> int:
-    job = api.call("POST", f"/api/v1/jobs/{args.job_id}/release/")
-    print(f"job {job['id']} released: {job['state']}", file=out)
+def cmd_hold_or_release(api: Api, args: argparse.Namespace, out: TextIO) -> int:
+    """``release`` or ``hold`` (``args.action``) a job."""
+    job = api.call("POST", f"/api/v1/jobs/{args.job_id}/{args.action}/")
+    print(
+        f"job {job['id']} {'held' if args.action == 'hold' else 'released'}: {job['state']}",
+        file=out,
+    )
     return 0
 
 
@@ -501,7 +505,7 @@ LIST_COLUMNS = (
 def add_verbs(verbs: argparse._SubParsersAction) -> None:
     """The ``jobs`` verb group."""
     jobs = verbs.add_parser(
-        "jobs", help="submit, list, show, release, cancel jobs; read their logs (API)"
+        "jobs", help="submit, list, show, hold, release, cancel jobs; read their logs (API)"
     )
     actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -623,7 +627,10 @@ def add_verbs(verbs: argparse._SubParsersAction) -> None:
 
     release = actions.add_parser("release", help="let a held job into the queue")
     release.add_argument("job_id", type=int)
-    release.set_defaults(run=run_verb(cmd_release))
+    release.set_defaults(run=run_verb(cmd_hold_or_release))
+    hold = actions.add_parser("hold", help="hold a queued job until it is released")
+    hold.add_argument("job_id", type=int)
+    hold.set_defaults(run=run_verb(cmd_hold_or_release))
 
     log = actions.add_parser("log", help="a job's log, read through its node's agent")
     log.add_argument("job_id", type=int)

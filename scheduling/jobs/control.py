@@ -59,6 +59,12 @@ def release_job(job: Job, *, actor: User) -> Job:
     return transition(job, S.QUEUED, actor=actor, expect=[S.PENDING], message="released")
 
 
+def hold_job(job: Job, *, actor: User) -> Job:
+    """Hold a queued job (Slurm's ``scontrol hold``): it stays PENDING, never placed, until it
+    is released. A job on GPUs or ended cannot be held."""
+    return transition(job, S.PENDING, actor=actor, expect=[S.QUEUED], message="held")
+
+
 def cancel_job(job: Job, *, actor: User, reason: str = "", kill: bool = False) -> Job:
     """Cancel a job. A waiting one ends at once. One that holds GPUs is signalled through its
     reachable nodes' agents and keeps its GPUs until they report its processes gone (SIGTERM,

@@ -236,6 +236,9 @@ CASES: dict[tuple[str, str], Callable[[World], Call]] = {
     ("scheduling-api-v1:job-release", "POST"): lambda w: Call(
         w.alice, "post", f"/api/v1/jobs/{w.job(hold=True).pk}/release/", ["job.queued"]
     ),
+    ("scheduling-api-v1:job-hold", "POST"): lambda w: Call(
+        w.alice, "post", f"/api/v1/jobs/{w.job().pk}/hold/", ["job.pending"]
+    ),
     ("scheduling-api-v1:array-cancel", "POST"): lambda w: Call(
         w.alice,
         "post",

@@ -106,7 +106,8 @@ class Entry:
     ``{quarantine}`` (an open one), ``{quota}`` (the requester's own quota),
     ``{reservation}`` (the requester's own, approved, not started), ``{requested}``
     (someone's reservation waiting for an admin), ``{array}`` (the requester's held job
-    array), ``{queued_array}`` (the requester's job array, not held, waiting for ``{job}``)."""
+    array), ``{queued_array}`` (the requester's job array, not held, waiting for ``{job}``),
+    ``{queued_job}`` (the requester's queued job, waiting for ``{job}``)."""
 
     path: str
     expect: dict[str, Expected]
@@ -260,6 +261,9 @@ TABLE: dict[tuple[str, str], Entry] = {
     ("api/v1/^jobs/(?P<pk>[^/.]+)/kill/$", "POST"): Entry("/api/v1/jobs/{job}/kill/", ACT_ON_JOB),
     ("api/v1/^jobs/(?P<pk>[^/.]+)/release/$", "POST"): Entry(
         "/api/v1/jobs/{job}/release/", ACT_ON_JOB
+    ),
+    ("api/v1/^jobs/(?P<pk>[^/.]+)/hold/$", "POST"): Entry(
+        "/api/v1/jobs/{queued_job}/hold/", ACT_ON_JOB
     ),
     ("api/v1/^jobs/(?P<pk>[^/.]+)/log/$", "GET"): Entry("/api/v1/jobs/{placed}/log/", READ_PRIVATE),
     # Job arrays: as their tasks
@@ -570,7 +574,8 @@ class Person:
 
 def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     """A held job, a job holding ``gpu`` (and its allocation), an API token, a quota, an
-    approved reservation, a held job array and one waiting for the held job of ``user``."""
+    approved reservation, a held job array, and a job array and a job waiting for the held job
+    of ``user``."""
     held = submission.submit_job(user, command=["true"], hold=True)
     # Gone (by its maximum runtime) before the reservations' windows, which may hold its GPU.
     placed = submission.submit_job(user, command=["sleep", "60"], gpu_count=1, max_runtime_s=3600)
@@ -585,6 +590,9 @@ def own_objects(user: Any, gpu: Gpu) -> dict[str, str]:
     ids["queued_array"] = submission.submit_array(
         user, "0-1", command=["true"], dependency=f"afterok:{held.pk}"
     ).array
+    ids["queued_job"] = submission.submit_job(
+        user, command=["true"], dependency=f"afterok:{held.pk}"
+    )
     return {name: str(row.pk) for name, row in ids.items()}
 
 

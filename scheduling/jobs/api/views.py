@@ -4,7 +4,7 @@ into 4xx answers; the job services, ``manual``, ``switch`` and ``queries`` do th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -259,10 +259,21 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str) -> Response:
         """Release a held (pending) job into the queue."""
+        return self._move(request, control.release_job)
+
+    @extend_schema(request=None, responses={200: s.JobSerializer, **JOB_ERRORS})
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, pk: str) -> Response:
+        """Hold a queued job (pending: never placed until it is released)."""
+        return self._move(request, control.hold_job)
+
+    def _move(self, request: Request, move: Callable[..., Job]) -> Response:
+        """The URL's job moved by ``move`` (``control.release_job``, ``hold_job``) for the
+        requester, who must be allowed to act on it; answered with the job."""
         job = self.get_object()
         check_can_act(request, job)
         with domain_errors():
-            control.release_job(job, actor=signed_in(request))
+            move(job, actor=signed_in(request))
         return Response(job_body(request, visible_job(request, job.pk)))
 
     @extend_schema(

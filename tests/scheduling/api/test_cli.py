@@ -354,13 +354,17 @@ def test_new_lines():
     assert jobs_cli.new_lines(["a\n"], ["x\n", "y\n"]) == ["x\n", "y\n"]
 
 
-def test_a_held_job_is_released_and_shown_with_what_it_may_suffer(gpuadmin, fleet):
+def test_a_held_job_is_released_held_again_and_shown_with_what_it_may_suffer(gpuadmin, fleet):
     status, out, err = gpuadmin("jobs", "submit", "--hold", "--preemptible", "--", "true")
     assert status == 0, err
     job = Job.objects.get()
     assert gpuadmin("jobs", "release", str(job.pk))[:2] == (0, f"job {job.pk} released: queued\n")
     status, _, err = gpuadmin("jobs", "release", str(job.pk))
     assert status == 1 and "HTTP 409" in err
+    assert gpuadmin("jobs", "hold", str(job.pk))[:2] == (0, f"job {job.pk} held: pending\n")
+    status, _, err = gpuadmin("jobs", "hold", str(job.pk))
+    assert status == 1 and f"HTTP 409: job {job.pk} is pending, not queued" in err
+    assert gpuadmin("jobs", "release", str(job.pk))[:2] == (0, f"job {job.pk} released: queued\n")
     Job.objects.filter(pk=job.pk).update(preemptions=2, failures=1, max_retries=3)
     out = gpuadmin("jobs", "show", str(job.pk))[1]
     assert "  preemptible: yes\n" in out
