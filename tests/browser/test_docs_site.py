@@ -31,7 +31,10 @@ def test_the_documentation_navigates_and_searches_under_the_policy(page, docs_se
 
     search = page.locator("input.md-search__input")
     search.click()
-    search.fill("quarantine")
+    # Typed key by key, as a person types: Material reads the query on a key's release (or
+    # when its search worker becomes ready), not on the input event that fill() sends alone;
+    # a query filled in after the worker was ready would never be read.
+    search.press_sequentially("quarantine")
     results = page.locator(".md-search-result__item")
     # The search index loads in a web worker: seconds on a loaded 2-core machine.
     expect(results.first).to_be_visible(timeout=30_000)
