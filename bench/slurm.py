@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -45,18 +46,29 @@ def ensure_installed() -> None:
         )
 
 
-def ensure_munge() -> None:
-    """A running munged with a key (Slurm's authentication between its daemons)."""
-    if subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0:
-        return
-    key = Path("/etc/munge/munge.key")
-    if not key.exists():
-        key.write_bytes(os.urandom(1024))
-        shutil.chown(key, "munge", "munge")
-        key.chmod(0o400)
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", "/usr/sbin/munged --force"], check=True)
+def start_munge(directory: Path) -> Path:
+    """A munged of the cluster's own (Slurm's authentication between its daemons and of its
+    clients), its socket, key and state in ``directory``: no other cluster's credentials
+    fill its replay cache (it keeps each for its time to live, 5 min), so each run measures
+    Slurm from the same start. The socket's path."""
+    directory.mkdir(mode=0o755)
+    key = directory / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    for path in (directory, key):
+        shutil.chown(path, "munge", "munge")
+    socket_path = directory / "munge.socket"
+    options = {
+        "socket": socket_path,
+        "key-file": key,
+        "pid-file": directory / "munged.pid",
+        "log-file": directory / "munged.log",
+        "seed-file": directory / "munged.seed",
+    }
+    command = " ".join(["/usr/sbin/munged", "--force", *(f"--{o}={p}" for o, p in options.items())])
+    subprocess.run(["su", "-s", "/bin/sh", "munge", "-c", command], check=True)
+    wait_for(socket_path.exists, 30, "munged's socket")
+    return socket_path
 
 
 def _exited(pid: int) -> Callable[[], bool]:
@@ -135,8 +147,9 @@ class SlurmCluster:
 
     def __enter__(self) -> SlurmCluster:
         ensure_installed()
-        ensure_munge()
         try:
+            self.dir.chmod(0o755)  # munged (as munge) reaches its directory in it
+            self.munge_socket = start_munge(self.dir / "munge")
             self._write_config()
             self._run("slurmctld", "-c", "-f", str(self.conf))
             self._run("slurmd", "-f", str(self.conf))
@@ -199,6 +212,11 @@ class SlurmCluster:
             pid_file = self.dir / name
             if pid_file.exists():
                 wait_for(_exited(int(pid_file.read_text())), 60, f"{name} to stop")
+        munged = self.dir / "munge" / "munged.pid"
+        if munged.exists():
+            pid = int(munged.read_text())
+            os.kill(pid, signal.SIGTERM)
+            wait_for(_exited(pid), 60, "munged to stop")
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _write_config(self) -> None:
@@ -218,6 +236,7 @@ SlurmctldHost=localhost
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
 AuthAltTypes=auth/jwt
 AuthAltParameters=jwt_key={jwt_key}
 StateSaveLocation={self.dir}/state
