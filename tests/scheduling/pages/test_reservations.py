@@ -162,19 +162,29 @@ def test_lane_quantizes_bars_to_slots_and_fills_free_time():
     ]
 
 
+def within_a_week(hours: float) -> datetime:
+    """An hour from now, or the next Monday 01:00 where ``hours`` from then would run past
+    Sunday: the calendar shows a week from Monday, so a bar crossing its end would be cut."""
+    start = at(1)
+    if week_start(start.date()) != week_start((start + timedelta(hours=hours)).date()):
+        start = week_start(start.date() + timedelta(days=7)) + timedelta(hours=1)
+    return start
+
+
 def test_the_node_calendar_draws_reservations_and_jobs(client, node, alice, bob):
-    reservation = reservations.request(alice, 2, at(1), at(3))
+    start = within_a_week(3)
+    reservation = reservations.request(alice, 2, start, start + timedelta(hours=2))
     gpu = Gpu.objects.get(node=node, index=5)
     job = Job.objects.create(
         owner=bob,
         command=["sleep", "1"],
         state=JobState.RUNNING,
-        started_at=timezone.now(),
+        started_at=start - timedelta(minutes=30),
         max_runtime_s=7200,
     )
     Allocation.objects.create(job=job, gpu=gpu, node=node)
     client.force_login(alice)
-    response = client.get("/nodes/dgx-01/calendar/")
+    response = client.get(f"/nodes/dgx-01/calendar/?week={start.date()}")
     html = response.content.decode()
     assert response.status_code == 200
     assert html.count('class="cal-lane cal-lane-reserved"') == 8
