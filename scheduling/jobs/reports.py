@@ -18,8 +18,22 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection, transaction
-from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, QuerySet, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import (
+    Case,
+    CharField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce, Greatest
 from django.utils import timezone
 
 from gpuadmin.audit.models import AuditEvent
@@ -527,60 +541,57 @@ STOP_RECORDED = (
 def stopping_jobs(now: datetime | None = None) -> QuerySet[Job]:
     """The jobs whose stop is under way at ``now``: recorded (``STOP_RECORDED``), or running
     past their time limit (their agents stop them then), their GPUs held until their agents
-    report their processes gone."""
+    report their processes gone. Each carries ``time_limit_at`` (when a running job's agents
+    stop it for its time limit; None without one) and ``preempt_grace_s`` (the grace its
+    preemption gave it, as its ``job.preempt_requested`` row recorded it; None when it is not
+    being preempted), for ``stop_began`` and ``stop_grace_s``."""
     limit = ExpressionWrapper(F("max_runtime_s") * Value(timedelta(seconds=1)), DurationField())
+    asked = AuditEvent.objects.filter(
+        target_type=Job._meta.label_lower,
+        target_id=Cast(OuterRef("pk"), CharField()),
+        event_type="job.preempt_requested",
+    ).order_by("-time", "-pk")
+    grace = Subquery(asked.values(grace=Cast(KT("after__grace_s"), IntegerField()))[:1])
     return (
         Job.objects.filter(state__in=HOLDING_STATES)
-        .alias(time_limit_at=F("started_at") + limit)
-        .filter(STOP_RECORDED | Q(state=S.RUNNING, time_limit_at__lt=now or timezone.now()))
+        .annotate(
+            time_limit_at=Case(When(state=S.RUNNING, then=F("started_at") + limit)),
+            preempt_grace_s=Case(
+                When(
+                    preempt_requested_at__isnull=False,
+                    then=grace,
+                )
+            ),
+        )
+        .filter(STOP_RECORDED | Q(time_limit_at__lt=now or timezone.now()))
     )
 
 
-def time_limit_at(job: Job) -> datetime | None:
-    """When the agents stop ``job``'s attempt for its time limit (``max_runtime_s`` after it
-    started), if it has one and started."""
-    if job.max_runtime_s is None or job.started_at is None or job.state != S.RUNNING:
-        return None
-    return job.started_at + timedelta(seconds=job.max_runtime_s)
-
-
-def stop_began(job: Job, now: datetime | None = None) -> datetime | None:
-    """When ``job``'s processes were told to stop: its cancel or preemption, its end decided
-    (``Job.ending``'s ``since``) or its time limit passed (before ``now``), the earliest (a
-    canceled or preempted gang whose first part ended stores its end then, its other parts
-    told at the cancel or preemption); ``None`` when no stop is under way."""
+def stop_began(job: Job, now: datetime) -> datetime | None:
+    """When ``job`` (of ``stopping_jobs``) had its processes told to stop: its cancel or
+    preemption, its end decided (``Job.ending``'s ``since``) or its time limit passed (before
+    ``now``), the earliest (a canceled or preempted gang whose first part ended stores its end
+    then, its other parts told at the cancel or preemption); ``None`` when no stop is under
+    way."""
     times = [at for at in (job.cancel_requested_at, job.preempt_requested_at) if at is not None]
     if job.ending is not None:
         since = job.ending["since"]
         times.append(since if isinstance(since, datetime) else datetime.fromisoformat(since))
-    limit = time_limit_at(job)
-    if limit is not None and limit < (now or timezone.now()):
+    limit: datetime | None = job.time_limit_at  # type: ignore[attr-defined]  # annotated
+    if limit is not None and limit < now:
         times.append(limit)
     return min(times, default=None)
 
 
 def stop_grace_s(job: Job) -> int:
-    """How long ``job``'s processes were given between the stop's signal and SIGKILL: the
-    kill grace (``GPUADMIN_JOB_KILL_GRACE_S``), or a preemption's own grace where longer (the
-    pool's time to checkpoint, as its ``job.preempt_requested`` row recorded it when the
-    agents were told)."""
-    kill = settings.GPUADMIN_JOB_KILL_GRACE_S
-    if job.preempt_requested_at is None:
-        return kill
-    asked = (
-        AuditEvent.objects.filter(
-            target_type=Job._meta.label_lower,
-            target_id=str(job.pk),
-            event_type="job.preempt_requested",
-        )
-        .order_by("-pk")
-        .values_list("after", flat=True)
-        .first()
-    )
-    return max(kill, int((asked or {}).get("grace_s") or 0))
+    """How long ``job`` (of ``stopping_jobs``) gave its processes between the stop's signal and
+    SIGKILL: the kill grace (``GPUADMIN_JOB_KILL_GRACE_S``), or its preemption's own grace
+    where longer (the pool's time to checkpoint)."""
+    preempt_grace_s: int | None = job.preempt_grace_s  # type: ignore[attr-defined]  # annotated
+    return max(settings.GPUADMIN_JOB_KILL_GRACE_S, preempt_grace_s or 0)
 
 
-def stop_overdue_at(job: Job, now: datetime | None = None) -> datetime | None:
+def stop_overdue_at(job: Job, now: datetime) -> datetime | None:
     """When ``job``'s stop is overdue (the one rule: beat's ``end_unkillable_stops`` acts on
     it, ``gpuadmin check`` reports a stop still under way a beat period later): the stop's
     grace (``stop_grace_s``: SIGTERM, or a preemption's signal, to SIGKILL) and
