@@ -14,6 +14,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -122,6 +123,14 @@ def nodes_have_credentials() -> Iterator[None]:
     post_save.connect(issue, sender=Node, dispatch_uid="tests.nodes_have_credentials")
     yield
     post_save.disconnect(sender=Node, dispatch_uid="tests.nodes_have_credentials")
+
+
+def missing(message: str) -> NoReturn:
+    """A real part the tests need is missing (``message`` says which and how to get it): a
+    failure under CI, whose setup must install it, else a skip."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def unused_port() -> int:
@@ -252,10 +261,7 @@ def built_docs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     the session's own; a skip (a failure under CI) when the site's toolchain is missing."""
     mkdocs = REPO_DIR / os.environ.get("DOCS_VENV", ".venv-docs") / "bin" / "mkdocs"
     if not mkdocs.exists():
-        message = f"{mkdocs} is missing: `make docs` installs it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{mkdocs} is missing: `make docs` installs it")
     site = tmp_path_factory.mktemp("docs") / "site"
     subprocess.run(
         [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(site)],
