@@ -134,7 +134,7 @@ def cmd_array(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     ``--hold`` or ``--release``, hold its waiting tasks or release its held ones."""
     path = f"/api/v1/arrays/{args.array_id}/"
     if args.cancel:
-        return _array_canceled(args, api.call("POST", path + "cancel/"), out)
+        return _array_canceled(args.array_id, api.call("POST", path + "cancel/"), args, out)
     verb = "hold" if args.hold else "release" if args.release else ""
     if verb:
         result = api.call("POST", path + f"{verb}/")
@@ -279,14 +279,16 @@ def cmd_show(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _array_canceled(args: argparse.Namespace, result: dict[str, Any], out: TextIO) -> int:
-    """Print what cancelling (some tasks of) array ``args.array_id`` did."""
+def _array_canceled(
+    array_id: int, result: dict[str, Any], args: argparse.Namespace, out: TextIO
+) -> int:
+    """Print what cancelling (some tasks of) array ``array_id`` did (JSON with ``--json``)."""
     if args.json:
         print_json(out, result)
         return 0
     canceled = len(result["canceled"]) + result["unsplit"]
     print(
-        f"array {args.array_id}: {plural(canceled, 'task')} canceled"
+        f"array {array_id}: {plural(canceled, 'task')} canceled"
         f"{slurm.unsplit_text(result['unsplit'])}, {len(result['canceling'])} stopping through "
         "their agents",
         file=out,
@@ -310,22 +312,20 @@ def cmd_cancel(api: Api, args: argparse.Namespace, out: TextIO) -> int:
     """Cancel a job, or tasks of an array (``12_5``, ``12_[3-7]``: Slurm's ``scancel``)."""
     job_id, tasks = args.job
     if tasks is not None:
-        args.array_id = job_id
         result = api.call("POST", f"/api/v1/arrays/{job_id}/cancel/", {"tasks": tasks})
-        return _array_canceled(args, result, out)
-    args.job_id = job_id
-    result = api.call("POST", f"/api/v1/jobs/{args.job_id}/cancel/")
+        return _array_canceled(job_id, result, args, out)
+    result = api.call("POST", f"/api/v1/jobs/{job_id}/cancel/")
     if args.json:
         print_json(out, result)
         return 0
     if result["canceling"]:
         print(
-            f"job {args.job_id}: canceling; its processes get SIGTERM (SIGKILL after the grace) "
+            f"job {job_id}: canceling; its processes get SIGTERM (SIGKILL after the grace) "
             "and its GPUs are released once they are gone",
             file=out,
         )
     else:
-        print(f"job {args.job_id} canceled", file=out)
+        print(f"job {job_id} canceled", file=out)
     return 0
 
 
