@@ -48,9 +48,9 @@ def ensure_installed() -> None:
 
 def start_munge(directory: Path) -> Path:
     """A munged of the cluster's own (Slurm's authentication between its daemons and of its
-    clients), its socket, key and state in ``directory``: no other cluster's credentials
-    fill its replay cache (it keeps each for its time to live, 5 min), so each run measures
-    Slurm from the same start. The socket's path."""
+    clients), its socket, key and state in ``directory``: it shares its replay cache of
+    credentials with no other cluster (a test session's, an earlier run's) and stops with the
+    cluster. The socket's path."""
     directory.mkdir(mode=0o755)
     key = directory / "munge.key"
     key.write_bytes(os.urandom(1024))
