@@ -32,9 +32,8 @@ from scheduling.jobs.transitions import (
     HEALTH_ACTOR,
     TRANSITIONS,
     IllegalTransition,
+    Moves,
     attempt_end,
-    audited_fields,
-    change_state,
     reachable_parts,
     stop_parts,
     transition,
@@ -269,8 +268,8 @@ def release_array(array: JobArray, *, actor: User) -> ArrayHeld:
 def _hold_or_release(array: JobArray, *, held: bool, actor: User) -> ArrayHeld:
     """Hold (``held``) or release ``array``: its flag for the tasks not made jobs yet (audited
     ``array.held``/``array.released`` naming them), and its waiting jobs moved as
-    ``transition`` moves one (the state machine's ``change_state``), in one UPDATE and one
-    audit insert of ``job.<state>`` rows whatever their number; the loop is woken on commit."""
+    ``transition`` moves one (``transitions.Moves``: one UPDATE and one audit insert of
+    ``job.<state>`` rows whatever their number); the loop is woken on commit of a release."""
     verb, frm, to = ("hold", S.QUEUED, S.PENDING) if held else ("release", S.PENDING, S.QUEUED)
     message = f"array {array.pk} {'held' if held else 'released'} by {actor.get_username()}"
     with transaction.atomic():
@@ -295,26 +294,12 @@ def _hold_or_release(array: JobArray, *, held: bool, actor: User) -> ArrayHeld:
             )
             locked.held = held
             locked.save(update_fields=["held"])
-        events = []
-        columns: set[str] = set()
+        moves = Moves(actor=actor)
         for job in jobs:
-            fields: dict[str, Any] = {}
-            before, changed = change_state(job, to, message, None, fields)
-            columns.update(changed)
-            events.append(
-                audit_event(
-                    f"job.{to}",
-                    actor=actor,
-                    target=job,
-                    before=before,
-                    after={"state": to, **audited_fields(fields)},
-                    message=message,
-                )
-            )
-        if jobs:
-            Job.objects.bulk_update(jobs, sorted(columns))
-            record_all(events)
-        transaction.on_commit(dispatch.wake)
+            moves.add(job, to, message)
+        moves.write()  # woken on commit for the queued ones
+        if not held and unsplit:
+            transaction.on_commit(dispatch.wake)  # the tasks to come are made queued
     log.info("array %d: %s, %d jobs and %d tasks to come", array.pk, verb, len(jobs), len(unsplit))
     return ArrayHeld([job.pk for job in jobs], len(unsplit))
 

@@ -59,13 +59,11 @@ from scheduling.jobs.transitions import (
     AGENT_ACTOR,
     LOOP_ACTOR,
     IllegalTransition,
+    Moves,
     attempt_end,
     attempt_hostnames,
-    audited_fields,
-    change_state,
     job_nodes,
     reachable_parts,
-    release_allocations_of,
     stop_parts,
     take_end,
     transition,
@@ -73,7 +71,6 @@ from scheduling.jobs.transitions import (
 from scheduling.loop import dispatch
 from scheduling.models import (
     HOLDING_STATES,
-    NOT_WAITING,
     TERMINAL_STATES,
     Allocation,
     Job,
@@ -139,7 +136,7 @@ def job_events(
         jobs = {job.pk: job for job in locking.order_by("pk")}
         if len(jobs) > 1 and any(job.preempted_by_id is not None for job in jobs.values()):
             _lock_held_gpus(list(jobs))
-        moves = _Moves(AGENT_ACTOR)
+        moves = Moves(actor_name=AGENT_ACTOR)
         gang_parts: list[tuple[int, int, JobFinished]] = []
         gang_ends: dict[int, tuple[Job, str | None, str]] = {}  # job, the part's node, why
         stopping: set[int] = set()  # jobs whose parts on other nodes are waited for
@@ -359,96 +356,6 @@ def job_finished(
     for a stale report."""
     event = JobFinished(executor_id(job_id, attempt), FinalState(outcome), exit_code, at, message)
     return job_events([event]).reached.get(job_id)
-
-
-class _Moves:
-    """Transitions of locked jobs, decided in memory one after the other (``change_state``, as
-    ``transition`` decides them) and written together by ``write``: the jobs in one UPDATE,
-    the allocations of those that stopped holding GPUs released in one statement, each
-    transition's ``job.<state>`` audit row in one INSERT."""
-
-    def __init__(self, actor_name: str) -> None:
-        self.actor_name = actor_name
-        self.pending: list[tuple[Job, dict[str, Any], str, str, dict[str, Any]]] = []
-        self.written: list[tuple[int, str, str, str]] = []  # for ``log``, after the commit
-
-    def add(self, job: Job, to: str, message: str = "", **fields: Any) -> None:
-        """Move ``job`` (locked) to ``to`` in memory; a move the state machine refuses is
-        left out, as ``transition`` would refuse it."""
-        try:
-            before, _ = change_state(job, to, message, None, fields)
-        except IllegalTransition:
-            return
-        self.pending.append((job, before, to, message, fields))
-
-    def write(self) -> dict[int, str]:
-        """Write what was added since the last write (inside the caller's transaction); the
-        state each job reached, by id."""
-        if not self.pending:
-            return {}
-        jobs = {job.pk: job for job, *_ in self.pending}
-        columns = {"state"}
-        for _, _, to, _, fields in self.pending:
-            columns.update(fields)
-            if to != S.QUEUED:
-                columns.update(NOT_WAITING)
-        _update_jobs(list(jobs.values()), columns)
-        ended = [
-            job.pk
-            for job, before, to, _, _ in self.pending
-            if before["state"] in HOLDING_STATES and to not in HOLDING_STATES
-        ]
-        released = release_allocations_of(ended) if ended else {}
-        rows = []
-        for job, before, to, message, fields in self.pending:
-            after = {"state": to, **audited_fields(fields)}
-            stopped_holding = before["state"] in HOLDING_STATES and to not in HOLDING_STATES
-            if stopped_holding and released.get(job.pk):
-                after["released_gpus"] = released[job.pk]
-            rows.append(
-                audit_event(
-                    f"job.{to}",
-                    actor_name=self.actor_name,
-                    target=job,
-                    before=before,
-                    after=after,
-                    message=message,
-                )
-            )
-            self.written.append((job.pk, before["state"], to, message))
-        record_all(rows)
-        if any(to in TERMINAL_STATES or to == S.QUEUED for _, _, to, _, _ in self.pending):
-            transaction.on_commit(dispatch.wake)
-        reached = {job.pk: to for job, _, to, _, _ in self.pending}
-        self.pending = []
-        return reached
-
-    def log(self) -> None:
-        """The line ``transition`` logs, for each transition written."""
-        for job_id, before, to, message in self.written:
-            log.info("job %d: %s -> %s%s", job_id, before, to, f" ({message})" if message else "")
-
-
-def _update_jobs(jobs: Sequence[Job], names: Collection[str]) -> None:
-    """Write the fields ``names`` of ``jobs`` (locked) as they are in memory, in one
-    statement however many (an UPDATE from arrays: ``bulk_update``'s CASE per field and row
-    costs several times as much to build and to run)."""
-    fields = [field for field in Job._meta.concrete_fields if field.name in names]
-    quote = connection.ops.quote_name
-    columns = [quote(field.column) for field in fields]
-    arrays = [f"%s::{field.db_type(connection)}[]" for field in fields]
-    statement = (
-        f"UPDATE {quote(Job._meta.db_table)} AS job "
-        f"SET {', '.join(f'{column} = new.{column}' for column in columns)} "
-        f"FROM unnest(%s::bigint[], {', '.join(arrays)}) AS new (id, {', '.join(columns)}) "
-        "WHERE job.id = new.id"
-    )
-    values = [
-        [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
-        for field in fields
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [[job.pk for job in jobs], *values])
 
 
 def _requeue_preempted(job_id: int, exit_code: int | None) -> str | None:
