@@ -62,7 +62,8 @@ def test_a_half_hour_reservation_is_readable(page, live_server):
     start = timezone.now().replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     reservation = reservations.request(alice, 1, start, start + timedelta(minutes=30))
     log_in(page.context, live_server, alice)
-    page.goto(f"{live_server.url}/nodes/{host}/calendar/")
+    # The week it is in (the next one, late on a Sunday): the calendar shows Monday to Sunday.
+    page.goto(f"{live_server.url}/nodes/{host}/calendar/?week={timezone.localdate(start)}")
     bar = page.locator("td.cal-mine").first
     assert bar.get_attribute("colspan") == "1"
     chip = bar.locator(".cal-chip")

@@ -227,10 +227,11 @@ def test_weeks_change_by_htmx_with_the_table_alone(client, node, alice):
 
 
 def test_the_gpu_calendar_and_the_sections_on_the_gpu_and_node_pages(client, node, alice):
-    reservation = reservations.request(alice, 1, at(1), at(2))
+    start = within_a_week(1)
+    reservation = reservations.request(alice, 1, start, start + timedelta(hours=1))
     gpu = Gpu.objects.get(reservation_holds__reservation=reservation)
     client.force_login(alice)
-    html = client.get(f"/gpus/{gpu.uuid}/calendar/").content.decode()
+    html = client.get(f"/gpus/{gpu.uuid}/calendar/?week={start.date()}").content.decode()
     assert html.count('class="cal-lane cal-lane-reserved"') == 1
     assert f'title="Reservation {reservation.pk} of alice' in html
     assert 'class="cal-chip cal-short"' in html
